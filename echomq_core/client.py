@@ -1,0 +1,233 @@
+"""The entry points: :class:`EchoMQ` (synchronous) and :class:`AsyncEchoMQ` (asyncio).
+
+Both are thin: every method validates its arguments and hands an operation from
+:mod:`echomq_core.ops` / :mod:`echomq_core.flows` to its connection's driver. Nothing here
+builds a key or parses a reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from . import flows, ops
+from .connection import AsyncConnection, Connection, Op, connect, connect_async
+from .errors import FlowTimeout, ParentFailed
+from .keyspace import Keyspace, check_job_id, check_queue
+from .models import Child, FlowRef, FlowSnapshot, JobInfo, JsonSerializer, Serializer
+from .queue import Queue, check_int, check_seconds, encode_checked
+
+T = TypeVar("T")
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_MAX_PAYLOAD = 512 * 1024
+
+
+class _Base:
+    def __init__(self, *, prefix: str, serializer: Serializer | None,
+                 max_payload_bytes: int) -> None:
+        self.keys = Keyspace(prefix)
+        self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
+        self.max_payload_bytes = check_int("max_payload_bytes", max_payload_bytes, 1)
+
+    def encode(self, value: Any) -> bytes:
+        """Serialise a payload or result, enforcing ``max_payload_bytes``."""
+        return encode_checked(self.serializer, value, self.max_payload_bytes)
+
+    def _plan_flow(self, queue: str, children: list[Child], payload: Any,
+                   parent_id: str | None, max_attempts: int) -> Any:
+        return flows.plan(queue, parent_id or flows.new_parent_id(), self.encode(payload),
+                          children, default_attempts=check_int("max_attempts", max_attempts, 1),
+                          dumps=self.encode, max_payload=self.max_payload_bytes)
+
+    @staticmethod
+    def _check_flow(queue: str, parent_id: str) -> None:
+        check_queue(queue)
+        check_job_id(parent_id)
+
+
+class EchoMQ(_Base):
+    """A synchronous client.
+
+    >>> mq = EchoMQ("redis://localhost:6379/0")
+    >>> ref = mq.add_flow("reports", [Child({"n": i}, queue="work") for i in range(1000)])
+    >>> mq.dependencies(ref.queue, ref.parent_id)
+    1000
+
+    ``url``: ``redis://``, ``rediss://`` (TLS), ``unix://``; Cluster with ``redis+cluster://``
+    or ``cluster=True``. ``prefix`` namespaces every key; ``serializer`` replaces JSON;
+    ``max_payload_bytes`` bounds every payload and result. Extra keyword arguments go to the
+    redis-py client (timeouts, TLS files).
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, *, cluster: bool | None = None,
+                 prefix: str = "emq", serializer: Serializer | None = None,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+                 connection: Connection | None = None, **redis_options: Any) -> None:
+        super().__init__(prefix=prefix, serializer=serializer,
+                         max_payload_bytes=max_payload_bytes)
+        self.url = url
+        self.connection = connection or connect(url, cluster=cluster, **redis_options)
+        self._registered: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"EchoMQ({self.connection.where}, prefix={self.keys.prefix!r})"
+
+    def __enter__(self) -> EchoMQ:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def run(self, op: Op[T]) -> T:
+        """Drive one operation on this client's connection."""
+        return self.connection.run(op)
+
+    def register_queue(self, name: str) -> None:
+        """Record ``name`` in the queue registry (once per process) so Pumps find it."""
+        if name not in self._registered:
+            self.connection.execute([ops.Call.cmd("SADD", self.keys.queues(), name)])
+            self._registered.add(name)
+
+    def queues(self) -> list[str]:
+        """Every queue name this keyspace has used (the registry)."""
+        (members,) = self.connection.execute([ops.Call.cmd("SMEMBERS", self.keys.queues())])
+        return sorted(ops._s(m) for m in members)
+
+    def queue(self, name: str, **options: Any) -> Queue:
+        """A :class:`Queue` handle; options as documented there."""
+        return Queue(self, name, **options)
+
+    def get_job(self, queue: str, job_id: str) -> JobInfo:
+        return Queue(self, queue).get_job(job_id)
+
+    # -- flows ----------------------------------------------------------------------------
+    def add_flow(self, queue: str, children: list[Child], *, payload: Any = None,
+                 parent_id: str | None = None, max_attempts: int = 3) -> FlowRef:
+        """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
+
+        Safe to retry with the same ``parent_id`` (and child ids): a retry converges to
+        exactly the requested flow. Two round trips per tree level, whatever the size.
+        """
+        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
+        for name in flows.queues_of(root):
+            self.register_queue(name)
+        return self.run(flows.add_flow(self.keys, root))
+
+    def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
+        self._check_flow(queue, parent_id)
+        return self.run(flows.children_values(self.keys, queue, parent_id, self.serializer))
+
+    def dependencies(self, queue: str, parent_id: str) -> int:
+        self._check_flow(queue, parent_id)
+        return self.run(flows.dependencies(self.keys, queue, parent_id))
+
+    def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
+        self._check_flow(queue, parent_id)
+        return self.run(flows.ignored_failures(self.keys, queue, parent_id))
+
+    def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
+        self._check_flow(queue, parent_id)
+        return self.run(flows.failed_children(self.keys, queue, parent_id))
+
+    def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
+        self._check_flow(queue, parent_id)
+        return self.run(flows.snapshot(self.keys, queue, parent_id))
+
+    def iter_children_values(self, queue: str, parent_id: str, *,
+                             page: int = 1000) -> Iterator[tuple[str, Any]]:
+        """Every (child id, result), read in HSCAN pages: memory stays flat for any N."""
+        self._check_flow(queue, parent_id)
+        key, cursor = self.keys.processed(queue, parent_id), 0
+        check_int("page", page, 1, 100_000)
+        while True:
+            cursor, items = self.run(flows.scan_page(key, cursor, page))
+            for child_id, raw in items.items():
+                yield child_id, self.serializer.loads(raw)
+            if cursor == 0:
+                return
+
+    def wait(self, queue: str, parent_id: str, *, timeout: float = 60.0,
+             poll: float = 0.2) -> FlowSnapshot:
+        """Block until the parent is released (every child settled); raise
+        :class:`ParentFailed` at once if it failed, :class:`FlowTimeout` after ``timeout``."""
+        check_seconds("timeout", timeout)
+        check_seconds("poll", poll, 0.001)
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.snapshot(queue, parent_id)
+            if snap.parent_state == "failed":
+                raise ParentFailed(queue, parent_id, self.failed_children(queue, parent_id))
+            if snap.released:
+                return snap
+            if time.monotonic() >= deadline:
+                raise FlowTimeout(f"flow {parent_id} in {queue!r} not released after "
+                                  f"{timeout}s ({snap.dependencies} outstanding)")
+            time.sleep(poll)
+
+
+class AsyncEchoMQ(_Base):
+    """The asyncio client: flow adds and reads (for triggers and async applications)."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, cluster: bool | None = None,
+                 prefix: str = "emq", serializer: Serializer | None = None,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD, **redis_options: Any) -> None:
+        super().__init__(prefix=prefix, serializer=serializer,
+                         max_payload_bytes=max_payload_bytes)
+        self.connection: AsyncConnection = connect_async(url, cluster=cluster, **redis_options)
+
+    def __repr__(self) -> str:
+        return f"AsyncEchoMQ({self.connection.where}, prefix={self.keys.prefix!r})"
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+    async def add_flow(self, queue: str, children: list[Child], *, payload: Any = None,
+                       parent_id: str | None = None, max_attempts: int = 3) -> FlowRef:
+        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
+        names = flows.queues_of(root)
+        await self.connection.execute([ops.Call.cmd("SADD", self.keys.queues(), *names)])
+        return await self.connection.run(flows.add_flow(self.keys, root))
+
+    async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
+        self._check_flow(queue, parent_id)
+        return await self.connection.run(
+            flows.children_values(self.keys, queue, parent_id, self.serializer))
+
+    async def dependencies(self, queue: str, parent_id: str) -> int:
+        self._check_flow(queue, parent_id)
+        return await self.connection.run(flows.dependencies(self.keys, queue, parent_id))
+
+    async def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
+        self._check_flow(queue, parent_id)
+        return await self.connection.run(flows.ignored_failures(self.keys, queue, parent_id))
+
+    async def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
+        self._check_flow(queue, parent_id)
+        return await self.connection.run(flows.failed_children(self.keys, queue, parent_id))
+
+    async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
+        self._check_flow(queue, parent_id)
+        return await self.connection.run(flows.snapshot(self.keys, queue, parent_id))
+
+    async def wait(self, queue: str, parent_id: str, *, timeout: float = 60.0,
+                   poll: float = 0.2) -> FlowSnapshot:
+        """As :meth:`EchoMQ.wait`, without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + check_seconds("timeout", timeout)
+        while True:
+            snap = await self.snapshot(queue, parent_id)
+            if snap.parent_state == "failed":
+                raise ParentFailed(queue, parent_id, await self.failed_children(queue, parent_id))
+            if snap.released:
+                return snap
+            if loop.time() >= deadline:
+                raise FlowTimeout(f"flow {parent_id} in {queue!r} not released after "
+                                  f"{timeout}s ({snap.dependencies} outstanding)")
+            await asyncio.sleep(check_seconds("poll", poll, 0.001))
+

@@ -1,0 +1,122 @@
+"""The exception tree: every failure EchoMQ raises on purpose is an :class:`EchoMQError`.
+
+Two families matter to callers:
+
+* **Refusals** (:class:`InvalidInput` and its children) are raised *before* anything reaches
+  the server, or by a script that refused the call and changed nothing. They are also
+  ``ValueError`` subclasses, so generic validation code catches them too. Retrying the same
+  call cannot succeed.
+* **Outcomes** (:class:`JobNotFound`, :class:`LeaseLost`, :class:`FlowConflict`,
+  :class:`ParentFailed`) describe the state of the server: the call was well formed, the
+  state refused it.
+
+Server-side scripts answer with an error reply whose first word is a code (``EMQKIND``,
+``EMQNOJOB`` ...). :func:`from_reply` is the one place that maps those codes onto this tree;
+an error reply without a known code becomes :class:`ServerError`.
+"""
+
+from __future__ import annotations
+
+
+class EchoMQError(Exception):
+    """Root of every error EchoMQ raises on purpose."""
+
+
+class ConfigurationError(EchoMQError, ValueError):
+    """Raised when a connection URL, an option or a setting is malformed or unknown."""
+
+
+class ServerStartError(EchoMQError):
+    """Raised when an embedded server process fails to start or to form a cluster."""
+
+
+class ConnectionLost(EchoMQError):
+    """Raised when the server cannot be reached or the connection dropped mid-call.
+
+    The call may or may not have taken effect; every EchoMQ write is safe to retry by id.
+    """
+
+
+class ServerError(EchoMQError):
+    """Raised when the server answers with an error EchoMQ does not know (or a malformed reply)."""
+
+
+class InvalidInput(EchoMQError, ValueError):
+    """Raised when an argument is refused; nothing was written."""
+
+
+class InvalidQueueName(InvalidInput):
+    """Raised when a queue name is empty, too long, not a string, or could break the hash tag
+    or the key grammar (braces, colons, whitespace, control characters)."""
+
+
+class InvalidJobId(InvalidInput):
+    """Raised when a job id is not ``JOB-`` plus a safe tail (no braces, whitespace, control
+    characters; bounded length). Script code ``EMQKIND``."""
+
+
+class InvalidPayload(InvalidInput):
+    """Raised when a payload or result cannot be serialised, or is larger than the limit."""
+
+
+class InvalidFlow(InvalidInput):
+    """Raised when a flow is malformed: no children, duplicate child ids, a child with its
+    parent's id, a cycle, or an unknown failure policy."""
+
+
+class InvalidArgument(InvalidInput):
+    """Raised when a numeric or option argument is out of range (batch sizes, timeouts,
+    attempts, delays)."""
+
+
+class JobNotFound(EchoMQError):
+    """Raised when a job id names no job in that queue. Script code ``EMQNOJOB``."""
+
+
+class LeaseLost(EchoMQError):
+    """Raised when a completion, failure or heartbeat presents a token that is not the job's
+    current lease (the lease expired and the job was recovered or re-claimed). The call changed
+    nothing. Script code ``EMQLEASE``."""
+
+
+class FlowConflict(EchoMQError):
+    """Raised when a flow add names a parent that exists with a different number of children,
+    or an id that is already used by a job of another shape. Script code ``EMQFLOW``."""
+
+
+class ParentFailed(EchoMQError):
+    """Raised by waits (sensors, IO managers) when the flow's parent failed because a
+    fail-the-parent child died. ``failed`` maps each such child id to its error."""
+
+    def __init__(self, queue: str, parent_id: str, failed: dict[str, str]) -> None:
+        self.queue = queue
+        self.parent_id = parent_id
+        self.failed = dict(failed)
+        names = ", ".join(f"{k}: {v}" for k, v in sorted(self.failed.items())[:5])
+        more = "" if len(self.failed) <= 5 else f" (+{len(self.failed) - 5} more)"
+        super().__init__(f"flow parent {parent_id!r} in queue {queue!r} failed; "
+                         f"failed children: {names or 'none recorded'}{more}")
+
+
+class FlowTimeout(EchoMQError):
+    """Raised by bounded waits when a flow's parent is not released in time."""
+
+
+# Script error codes -> exception classes. The codes are the first word of the error reply.
+_CODES: dict[str, type[EchoMQError]] = {
+    "EMQKIND": InvalidJobId,
+    "EMQNOJOB": JobNotFound,
+    "EMQLEASE": LeaseLost,
+    "EMQFLOW": FlowConflict,
+    "EMQARG": InvalidArgument,
+}
+
+
+def from_reply(message: str) -> EchoMQError:
+    """Map a server error reply (``"EMQKIND job id ..."``) onto the exception tree."""
+    text = message.strip()
+    code = text.split(" ", 1)[0]
+    cls = _CODES.get(code)
+    if cls is None:
+        return ServerError(text)
+    return cls(text[len(code) :].strip() or code)

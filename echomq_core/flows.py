@@ -1,0 +1,189 @@
+"""Flows: a parent held until its N children settle, children in any queue, trees to any depth.
+
+Adding is parent-first and fail-closed (DESIGN.md, "Adding a flow"):
+
+1. step 0 holds the root on its slot: row in state ``held``, counter = N;
+2. step k lands the nodes of depth k: leaves through ``land`` (row + parent fields + policy
+   token + claimable, in one script), inner nodes through ``hold`` (held, with their own
+   counter and parent fields), chunked per queue and sent as ONE pipeline per depth.
+
+A node's parent is always held one step before the node lands, so no child can complete
+before its counter exists. The first failing call raises; the root stays held. Every step is
+idempotent by id (holding an existing parent does not reset it, landing an existing child
+does not re-queue it), so the caller's retry of the same add converges to the flow that was
+asked for, whatever a failed attempt left behind. An add of N leaves in one level costs two
+round trips, whatever N.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import Call, Op
+from .errors import InvalidFlow
+from .keyspace import Keyspace, check_job_id, check_queue
+from .models import Child, FlowRef, FlowSnapshot, Serializer
+from .ops import _s, chunks
+
+
+@dataclass(slots=True)
+class _Node:
+    queue: str
+    id: str
+    payload: bytes
+    max_attempts: int
+    parent: _Node | None
+    policy: str
+    children: list[_Node]
+
+
+def new_parent_id() -> str:
+    return "JOB-" + uuid.uuid4().hex
+
+
+def plan(queue: str, parent_id: str, payload: bytes, children: list[Child], *,
+         default_attempts: int, dumps: Any, max_payload: int) -> _Node:
+    """Validate a flow and give every node its queue, id and serialised payload.
+
+    Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
+    a node reached twice, a child that neither fails its parent nor is ignored) and the
+    keyspace errors for bad queues and ids - all before anything is sent.
+    """
+    check_queue(queue)
+    check_job_id(parent_id)
+    root = _Node(queue, parent_id, payload, default_attempts, None, "fp", [])
+    seen_ids = {parent_id}
+    seen_nodes: set[int] = set()
+
+    def build(parent: _Node, specs: list[Child], path: str) -> None:
+        if not isinstance(specs, list | tuple) or not specs:
+            raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
+        for index, spec in enumerate(specs):
+            if not isinstance(spec, Child):
+                raise InvalidFlow(f"child {index} of {path} is a {type(spec).__name__}, "
+                                  "not echomq_core.Child")
+            if id(spec) in seen_nodes:
+                raise InvalidFlow(f"child {index} of {path} appears twice in the tree (a cycle)")
+            seen_nodes.add(id(spec))
+            if not spec.fail_parent_on_failure and not spec.ignore_dependency_on_failure:
+                raise InvalidFlow(f"child {index} of {path}: a child must fail its parent or be "
+                                  "ignored on failure (set ignore_dependency_on_failure=True)")
+            child_queue = check_queue(spec.queue if spec.queue is not None else parent.queue)
+            child_id = check_job_id(spec.id if spec.id is not None else f"{parent.id}.{index}")
+            if child_id == parent.id:
+                raise InvalidFlow(f"child {index} of {path} has its parent's id {child_id!r}")
+            if child_id in seen_ids:
+                raise InvalidFlow(f"duplicate job id {child_id!r} in flow {parent_id!r}")
+            seen_ids.add(child_id)
+            attempts = spec.max_attempts if spec.max_attempts is not None else default_attempts
+            if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+                raise InvalidFlow(f"child {child_id}: max_attempts must be an int >= 1")
+            body = dumps(spec.payload)
+            if len(body) > max_payload:
+                from .errors import InvalidPayload
+
+                raise InvalidPayload(f"payload of {child_id} is {len(body)} bytes; the limit "
+                                     f"is {max_payload}")
+            node = _Node(child_queue, child_id, body, attempts, parent, spec.policy, [])
+            parent.children.append(node)
+            if spec.children:
+                build(node, spec.children, child_id)
+
+    build(root, children, parent_id)
+    return root
+
+
+def queues_of(root: _Node) -> set[str]:
+    """Every queue a planned flow touches."""
+    out, todo = set(), [root]
+    while todo:
+        node = todo.pop()
+        out.add(node.queue)
+        todo.extend(node.children)
+    return out
+
+
+def _hold_call(ks: Keyspace, node: _Node) -> Call:
+    parent = node.parent
+    up_id = parent.id if parent else ""
+    up_queue = parent.queue if parent and parent.queue != node.queue else ""
+    return Call.lua("hold", [ks.job(node.queue, node.id), ks.dependencies(node.queue, node.id)],
+                    [node.id, node.payload, len(node.children), node.max_attempts, up_id,
+                     up_queue, node.policy])
+
+
+def add_flow(ks: Keyspace, root: _Node) -> Op[FlowRef]:
+    """Hold the root, then land each depth of the tree in one pipelined step."""
+    yield [_hold_call(ks, root)]
+    level = root.children
+    while level:
+        calls = [_hold_call(ks, n) for n in level if n.children]
+        leaves: dict[str, list[_Node]] = defaultdict(list)
+        for node in level:
+            if not node.children:
+                leaves[node.queue].append(node)
+        for queue, nodes in leaves.items():
+            for part in chunks(nodes):
+                keys = [ks.pending(queue), *(ks.job(queue, n.id) for n in part)]
+                argv: list[Any] = [len(part)]
+                for n in part:
+                    assert n.parent is not None
+                    up_queue = n.parent.queue if n.parent.queue != queue else ""
+                    argv += [n.id, n.payload, n.parent.id, up_queue, n.policy, n.max_attempts]
+                calls.append(Call.lua("land", keys, argv))
+        yield calls
+        level = [c for n in level for c in n.children]
+    return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
+
+
+# -- reads: pure, one read command each ---------------------------------------------------
+
+
+def _pairs(flat: Any) -> dict[str, bytes]:
+    if isinstance(flat, dict):
+        return {_s(k): v for k, v in flat.items()}
+    return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def children_values(ks: Keyspace, queue: str, parent_id: str, ser: Serializer) -> Op[dict[str, Any]]:
+    """{child id: result} of every child that completed so far (HGETALL of ``:processed``)."""
+    (flat,) = yield [Call.cmd("HGETALL", ks.processed(queue, parent_id))]
+    return {k: ser.loads(v) for k, v in _pairs(flat).items()}
+
+
+def dependencies(ks: Keyspace, queue: str, parent_id: str) -> Op[int]:
+    """Outstanding children (GET of ``:dependencies``); 0 when there is no counter."""
+    (value,) = yield [Call.cmd("GET", ks.dependencies(queue, parent_id))]
+    return max(0, int(value)) if value is not None else 0
+
+
+def ignored_failures(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
+    """{child id: error} of children that died under ignore-dependency (``:unsuccessful``)."""
+    (flat,) = yield [Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id))]
+    return {k: _s(v) for k, v in _pairs(flat).items()}
+
+
+def failed_children(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
+    """{child id: error} of children that died and failed the parent (``:failed``)."""
+    (flat,) = yield [Call.cmd("HGETALL", ks.failed(queue, parent_id))]
+    return {k: _s(v) for k, v in _pairs(flat).items()}
+
+
+def scan_page(key: str, cursor: int, count: int) -> Op[tuple[int, dict[str, bytes]]]:
+    """One HSCAN page of a result hash: (next cursor, {field: raw value}); cursor 0 ends."""
+    ((nxt, flat),) = yield [Call.cmd("HSCAN", key, cursor, "COUNT", count)]
+    return int(nxt), _pairs(flat)
+
+
+def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
+    """Parent state, N, outstanding and the three record counts, read atomically."""
+    ((state, total, deps, processed, ignored, failed, error),) = yield [
+        Call.lua("flow_snapshot", ks.parent_keys(queue, parent_id), [])
+    ]
+    return FlowSnapshot(queue, parent_id, _s(state) if state else None,
+                        int(total) if total else 0, max(0, int(deps)) if deps else 0,
+                        int(processed), int(ignored), int(failed),
+                        _s(error) if error else None)

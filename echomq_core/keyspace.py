@@ -1,0 +1,153 @@
+"""The whole keyspace, built in one place.
+
+Every key of queue ``q`` is ``<prefix>:{q}:<suffix>``: the hash tag ``{q}`` puts a queue on one
+Cluster slot, so every script of that queue is single-slot. Nothing else in EchoMQ
+concatenates key strings, and no Lua script derives a key from a value it read: keys travel
+in ``KEYS`` so Cluster routing stays honest.
+
+Per queue:
+
+========================  ======  ===========================================================
+key                       type    holds
+========================  ======  ===========================================================
+``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields,
+                                  state once it is held or finished, result / error
+``job:<id>:dependencies`` string  a parent's outstanding-child counter
+``job:<id>:processed``    hash    child id -> result, for each child that completed
+``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
+``job:<id>:failed``       hash    child id -> error, for each child that died under ``fp``
+``pending``               zset    claimable jobs, scored by priority then arrival
+``active``                zset    leased jobs, scored by lease deadline (ms)
+``leases``                hash    job id -> current lease token (one HSET per claimed batch)
+``delayed``               zset    jobs waiting for a due time (retries, delayed adds)
+``dead``                  zset    the morgue, scored by time of death
+``stats``                 hash    counters: completed, dead (one HINCRBY per batch)
+``flow:outbox``           list    signals of this queue's children whose parent is elsewhere
+``flow:outbox:head``      hash    the Pump's ageing record of a head that does not deliver
+``flow:outbox:lease``     string  which Pump drains this outbox now (SET NX PX)
+``flow:poison``           list    signals moved aside after repeated failures, with reasons
+========================  ======  ===========================================================
+
+Global (not per queue): ``<prefix>:queues``, a set of queue names written when a queue is
+first used, so Pumps and operators can discover queues without ``KEYS``/``SCAN``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigurationError, InvalidJobId, InvalidQueueName
+
+#: A queue name: letters, digits and ``. _ - / @ +``; no braces (hash tag), no colon (key
+#: grammar), no whitespace or control characters. Bounded so keys stay small.
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9._\-/@+]{1,128}")
+#: A job id: ``JOB-`` plus a safe tail; the same rule is enforced by the scripts (EMQKIND).
+JOB_ID_RE = re.compile(r"JOB-[A-Za-z0-9._\-/@+=~#]{1,200}")
+PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,32}")
+
+
+def check_queue(name: object) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`InvalidQueueName`."""
+    if not isinstance(name, str):
+        raise InvalidQueueName(f"queue name must be a string, got {type(name).__name__}")
+    if not QUEUE_NAME_RE.fullmatch(name):
+        shown = name if len(name) <= 60 else name[:60] + "..."
+        raise InvalidQueueName(
+            f"invalid queue name {shown!r}: use 1-128 of letters, digits and . _ - / @ + "
+            "(no braces, colons, whitespace or control characters)"
+        )
+    return name
+
+
+def check_job_id(job_id: object) -> str:
+    """Return ``job_id`` if it is ``JOB-`` plus a safe tail, else raise :class:`InvalidJobId`."""
+    if not isinstance(job_id, str):
+        raise InvalidJobId(f"job id must be a string, got {type(job_id).__name__}")
+    if not JOB_ID_RE.fullmatch(job_id):
+        shown = job_id if len(job_id) <= 60 else job_id[:60] + "..."
+        raise InvalidJobId(
+            f"invalid job id {shown!r}: must be 'JOB-' followed by 1-200 of letters, digits "
+            "and . _ - / @ + = ~ #"
+        )
+    return job_id
+
+
+@dataclass(frozen=True, slots=True)
+class Keyspace:
+    """Typed key builders for one key prefix."""
+
+    prefix: str = "emq"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str) or not PREFIX_RE.fullmatch(self.prefix):
+            raise ConfigurationError(
+                f"invalid key prefix {self.prefix!r}: use 1-32 of letters, digits and . _ -"
+            )
+
+    # -- global ---------------------------------------------------------------------------
+    def queues(self) -> str:
+        """The set of known queue names (the Pump's discovery registry)."""
+        return f"{self.prefix}:queues"
+
+    # -- per queue ------------------------------------------------------------------------
+    def base(self, queue: str) -> str:
+        """``<prefix>:{queue}:``: every key of the queue starts with it (validated here)."""
+        return f"{self.prefix}:{{{check_queue(queue)}}}:"
+
+    def queue_key(self, queue: str, name: str) -> str:
+        """A per-queue structure: ``pending``, ``active``, ``flow:outbox`` ..."""
+        return self.base(queue) + name
+
+    def pending(self, queue: str) -> str:
+        return self.base(queue) + "pending"
+
+    def active(self, queue: str) -> str:
+        return self.base(queue) + "active"
+
+    def leases(self, queue: str) -> str:
+        return self.base(queue) + "leases"
+
+    def delayed(self, queue: str) -> str:
+        return self.base(queue) + "delayed"
+
+    def dead(self, queue: str) -> str:
+        return self.base(queue) + "dead"
+
+    def stats(self, queue: str) -> str:
+        return self.base(queue) + "stats"
+
+    def outbox(self, queue: str) -> str:
+        return self.base(queue) + "flow:outbox"
+
+    def outbox_head(self, queue: str) -> str:
+        return self.base(queue) + "flow:outbox:head"
+
+    def outbox_lease(self, queue: str) -> str:
+        return self.base(queue) + "flow:outbox:lease"
+
+    def poison(self, queue: str) -> str:
+        return self.base(queue) + "flow:poison"
+
+    # -- per job --------------------------------------------------------------------------
+    def job(self, queue: str, job_id: str) -> str:
+        return self.base(queue) + "job:" + check_job_id(job_id)
+
+    def dependencies(self, queue: str, job_id: str) -> str:
+        return self.job(queue, job_id) + ":dependencies"
+
+    def processed(self, queue: str, job_id: str) -> str:
+        return self.job(queue, job_id) + ":processed"
+
+    def unsuccessful(self, queue: str, job_id: str) -> str:
+        return self.job(queue, job_id) + ":unsuccessful"
+
+    def failed(self, queue: str, job_id: str) -> str:
+        return self.job(queue, job_id) + ":failed"
+
+    def parent_keys(self, queue: str, job_id: str) -> list[str]:
+        """The five keys of a parent, in the order every settling script takes them:
+        row, dependencies, processed, unsuccessful, failed."""
+        row = self.job(queue, job_id)
+        return [row, row + ":dependencies", row + ":processed", row + ":unsuccessful",
+                row + ":failed"]

@@ -1,0 +1,171 @@
+"""Plain data: what callers hand to EchoMQ and what they get back."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import InvalidArgument, InvalidPayload
+
+FAIL_PARENT = "fp"
+IGNORE = "id"
+
+
+class Serializer(Protocol):
+    """Turns payloads and results into bytes and back. Replaceable per client."""
+
+    def dumps(self, value: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+class JsonSerializer:
+    """The default: compact JSON, UTF-8. Refuses NaN and values JSON cannot carry."""
+
+    def dumps(self, value: Any) -> bytes:
+        try:
+            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise InvalidPayload(f"value is not JSON-serialisable: {exc}") from None
+
+    def loads(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with full jitter between attempts of a failing job.
+
+    delay(n) = uniform(0.5, 1.0) * min(cap_ms, base_ms * 2 ** (n - 1)) for the n-th failure:
+    jitter spreads retries of a burst of failures so they do not hit the server together.
+    """
+
+    base_ms: int = 1000
+    cap_ms: int = 300_000
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.base_ms, int) and self.base_ms >= 0):
+            raise InvalidArgument(f"backoff base_ms must be an int >= 0, got {self.base_ms!r}")
+        if not (isinstance(self.cap_ms, int) and self.cap_ms >= self.base_ms):
+            raise InvalidArgument(f"backoff cap_ms must be an int >= base_ms, got {self.cap_ms!r}")
+
+    def delay_ms(self, failures: int) -> int:
+        raw = min(self.cap_ms, self.base_ms * 2 ** max(0, min(failures - 1, 40)))
+        return int(raw * random.uniform(0.5, 1.0))
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRef:
+    """Where a child's parent lives, and the child's failure-policy token toward it."""
+
+    queue: str
+    id: str
+    policy: str = FAIL_PARENT
+
+
+@dataclass(slots=True)
+class Job:
+    """A claimed job: the holder of ``token`` may complete, fail or heartbeat it."""
+
+    queue: str
+    id: str
+    token: str
+    payload: Any
+    attempts: int
+    max_attempts: int
+    parent: ParentRef | None = None
+    stalls: int = 0
+    decode_error: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Job({self.queue!r}, {self.id!r}, attempts={self.attempts})"
+
+
+@dataclass(slots=True)
+class JobInfo:
+    """An inspection read of one job: where it stands and what it holds."""
+
+    queue: str
+    id: str
+    state: str  # pending | active | delayed | held | completed | dead | failed
+    attempts: int
+    max_attempts: int
+    payload: Any
+    result: Any = None
+    error: str | None = None
+    parent: ParentRef | None = None
+    total: int | None = None
+    stalls: int = 0
+    finished_ms: int | None = None
+
+
+@dataclass(slots=True)
+class Child:
+    """One node of a flow: a leaf job, or (with ``children``) a parent of its own.
+
+    ``queue`` defaults to the parent's queue; ``id`` to ``<parent id>.<index>``, so a retried
+    add derives the same ids. Failure policy: a child fails its parent when it dies (the
+    default) or, with ``ignore_dependency_on_failure=True``, is recorded as an ignored failure
+    and counted as settled; asking for both gives ignore - proceeding is the explicit opt-in.
+    """
+
+    payload: Any = None
+    queue: str | None = None
+    id: str | None = None
+    ignore_dependency_on_failure: bool = False
+    fail_parent_on_failure: bool = True
+    max_attempts: int | None = None
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def policy(self) -> str:
+        return IGNORE if self.ignore_dependency_on_failure else FAIL_PARENT
+
+
+@dataclass(frozen=True, slots=True)
+class FlowRef:
+    """A handle to an added flow: enough to read it from anywhere (it serialises to JSON)."""
+
+    queue: str
+    parent_id: str
+    children: tuple[tuple[str, str], ...] = ()  # (queue, id) of each direct child
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"queue": self.queue, "parent_id": self.parent_id,
+                "children": [list(c) for c in self.children]}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> FlowRef:
+        return FlowRef(str(data["queue"]), str(data["parent_id"]),
+                       tuple((str(q), str(i)) for q, i in data.get("children", ())))
+
+
+@dataclass(slots=True)
+class FlowSnapshot:
+    """The counts of one flow at one moment (one consistent server-side read)."""
+
+    queue: str
+    parent_id: str
+    parent_state: str | None  # held | pending | active | completed | failed | dead | None
+    total: int
+    dependencies: int
+    processed: int
+    ignored: int
+    failed: int
+    error: str | None = None
+
+    @property
+    def settled(self) -> int:
+        return self.processed + self.ignored
+
+    @property
+    def released(self) -> bool:
+        return self.parent_state not in (None, "held", "failed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"queue": self.queue, "parent_id": self.parent_id,
+                "parent_state": self.parent_state, "total": self.total,
+                "dependencies": self.dependencies, "processed": self.processed,
+                "ignored": self.ignored, "failed": self.failed, "error": self.error}

@@ -1,0 +1,232 @@
+"""Queue operations, written once as generators driven by the sync and the async connection.
+
+Each function here builds keys and arguments, yields one step (a list of calls sent as one
+pipeline) at a time, reads the replies and returns a result. Batches are cut into chunks of
+at most :data:`CHUNK` jobs per script call (Lua's unpack limit and a bounded time inside the
+server), and all chunks of a step travel in one pipeline: a bulk call costs one round trip,
+not one per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .connection import Call, Op
+from .keyspace import Keyspace
+from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer
+
+CHUNK = 500
+#: The row fields a claim reads for each job, in this order.
+ROW_FIELDS = ("payload", "attempts", "max_attempts", "parent", "parent_queue", "parent_policy",
+              "stalls")
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return default if value is None else int(value)
+
+
+# -- add --------------------------------------------------------------------------------
+
+
+def add(ks: Keyspace, queue: str, jobs: Sequence[tuple[str, bytes, int, int, int]],
+        *, check: bool) -> Op[list[bool]]:
+    """Add jobs ``(id, payload, max_attempts, delay_ms, priority)``; True where added, False
+    where the id existed (left untouched). ``check=False`` only for host-generated ids."""
+    calls = []
+    for part in chunks(jobs):
+        keys = [ks.pending(queue), ks.delayed(queue), *(ks.job(queue, j[0]) for j in part)]
+        argv: list[Any] = ["1" if check else "0", len(part)]
+        for job_id, payload, max_attempts, delay_ms, priority in part:
+            argv += [job_id, payload, max_attempts, delay_ms, priority]
+        calls.append(Call.lua("add", keys, argv))
+    replies = yield calls
+    return [bool(flag) for reply in replies for flag in reply]
+
+
+# -- claim ------------------------------------------------------------------------------
+
+
+def claim(ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int,
+          ser: Serializer) -> Op[list[Job]]:
+    """Lease up to ``count`` jobs: one script call, then one pipelined HMGET per job."""
+    keys = [ks.pending(queue), ks.active(queue), ks.leases(queue), ks.delayed(queue)]
+    (ids,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
+    if not ids:
+        return []
+    names = [_s(i) for i in ids]
+    rows = yield [Call.cmd("HMGET", ks.job(queue, n), *ROW_FIELDS) for n in names]
+    jobs = []
+    for job_id, row in zip(names, rows, strict=True):
+        payload, attempts, max_attempts, parent, parent_queue, policy, stalls = row
+        job = Job(queue, job_id, token, None, _int(attempts), _int(max_attempts, 1),
+                  stalls=_int(stalls))
+        if parent is not None:
+            job.parent = ParentRef(_s(parent_queue) if parent_queue else queue, _s(parent),
+                                   _s(policy) if policy else FAIL_PARENT)
+        if payload is None:
+            job.decode_error = "job row is missing (deleted while pending?)"
+        else:
+            try:
+                job.payload = ser.loads(payload)
+            except Exception as exc:  # any decoder error is the payload's fault
+                job.decode_error = f"payload cannot be decoded: {type(exc).__name__}: {exc}"
+        jobs.append(job)
+    return jobs
+
+
+# -- complete / fail --------------------------------------------------------------------
+
+
+def _parent_mode(job: Job, groups: dict[str, int]) -> tuple[str, str, str]:
+    """(mode, ref, parent_queue) for one job of a batch; same-queue parents get a group."""
+    parent = job.parent
+    if parent is None:
+        return "", "", ""
+    if parent.queue == job.queue:
+        if parent.id not in groups:
+            groups[parent.id] = len(groups) + 1
+        return "s", str(groups[parent.id]), ""
+    return "x", parent.id, parent.queue
+
+
+def _group_keys(ks: Keyspace, queue: str, groups: dict[str, int]) -> list[str]:
+    keys: list[str] = []
+    for parent_id in groups:  # insertion order == group index order
+        keys += ks.parent_keys(queue, parent_id)
+    return keys
+
+
+def complete(ks: Keyspace, queue: str, done: Sequence[tuple[Job, bytes]],
+             *, keep: bool) -> Op[list[bool]]:
+    """Complete ``(job, serialised result)`` pairs; True where the lease was current."""
+    calls = []
+    for part in chunks(done):
+        groups: dict[str, int] = {}
+        per_job: list[Any] = []
+        for job, result in part:
+            per_job += [job.id, job.token, result, *_parent_mode(job, groups)]
+        keys = [ks.active(queue), ks.leases(queue), ks.stats(queue), ks.outbox(queue),
+                ks.pending(queue), *(ks.job(queue, j.id) for j, _ in part),
+                *_group_keys(ks, queue, groups)]
+        argv = [queue, "1" if keep else "0", len(part), len(groups), *groups, *per_job]
+        calls.append(Call.lua("complete", keys, argv))
+    replies = yield calls
+    return [bool(flag) for reply in replies for flag in reply]
+
+
+def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op[list[int]]:
+    """Fail ``(job, error, delay_ms)`` triples (delay -1: bury now). Per job: 0 lease lost,
+    1 retry scheduled, 2 dead."""
+    calls = []
+    for part in chunks(failed):
+        groups: dict[str, int] = {}
+        per_job: list[Any] = []
+        for job, error, delay in part:
+            per_job += [job.id, job.token, error, delay, *_parent_mode(job, groups)]
+        keys = [ks.active(queue), ks.leases(queue), ks.stats(queue), ks.outbox(queue),
+                ks.pending(queue), ks.delayed(queue), ks.dead(queue),
+                *(ks.job(queue, j.id) for j, _, _ in part), *_group_keys(ks, queue, groups)]
+        argv = [queue, len(part), len(groups), *groups, *per_job]
+        calls.append(Call.lua("fail", keys, argv))
+    replies = yield calls
+    return [int(flag) for reply in replies for flag in reply]
+
+
+def heartbeat(ks: Keyspace, queue: str, jobs: Sequence[Job], lease_ms: int) -> Op[list[bool]]:
+    """Extend leases; False where the lease was lost."""
+    calls = []
+    for part in chunks(jobs):
+        argv: list[Any] = [lease_ms]
+        for job in part:
+            argv += [job.id, job.token]
+        calls.append(Call.lua("heartbeat", [ks.active(queue), ks.leases(queue)], argv))
+    replies = yield calls
+    return [bool(flag) for reply in replies for flag in reply]
+
+
+# -- maintenance (the Pump's other duties) ----------------------------------------------
+
+
+def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
+    """Move due delayed jobs to pending in every queue; the number moved."""
+    replies = yield [Call.lua("promote", [ks.delayed(q), ks.pending(q)], [limit]) for q in queues]
+    return sum(int(r) for r in replies)
+
+
+def recover(ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int) -> Op[tuple[int, int]]:
+    """Return expired leases to pending (bury those past ``max_stalls``): (recovered, buried)."""
+    due = yield [Call.lua("due", [ks.active(q)], [limit]) for q in queues]
+    calls = []
+    for queue, ids in zip(queues, due, strict=True):
+        if not ids:
+            continue
+        names = [_s(i) for i in ids]
+        keys = [ks.active(queue), ks.leases(queue), ks.pending(queue), ks.dead(queue),
+                ks.stats(queue), ks.outbox(queue), *(ks.job(queue, n) for n in names)]
+        calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))
+    if not calls:
+        return (0, 0)
+    replies = yield calls
+    return (sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies))
+
+
+# -- reads ------------------------------------------------------------------------------
+
+
+def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInfo | None]:
+    """One job's row and place, or None when the id names no job."""
+    keys = [ks.job(queue, job_id), ks.pending(queue), ks.active(queue), ks.delayed(queue),
+            ks.dead(queue)]
+    ((where, flat),) = yield [Call.lua("inspect", keys, [job_id])]
+    row = {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+    where = _s(where)
+    if not row and not where:
+        return None
+    state = _s(row["state"]) if "state" in row else (where or "pending")
+    if state == "pending" and where:
+        state = where
+    parent = None
+    if "parent" in row:
+        pq = row.get("parent_queue")
+        parent = ParentRef(_s(pq) if pq else queue, _s(row["parent"]),
+                           _s(row.get("parent_policy", FAIL_PARENT)))
+
+    def decode(value: bytes | None) -> Any:
+        if value is None:
+            return None
+        try:
+            return ser.loads(value)
+        except Exception:
+            return value
+
+    return JobInfo(
+        queue, job_id, state, _int(row.get("attempts")), _int(row.get("max_attempts"), 1),
+        decode(row.get("payload")), decode(row.get("result")),
+        _s(row["error"]) if "error" in row else None, parent,
+        _int(row["total"]) if "total" in row else None, _int(row.get("stalls")),
+        _int(row["finished"]) if "finished" in row else None,
+    )
+
+
+def stats(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
+    """Counts per state of one queue (one pipelined read)."""
+    replies = yield [
+        Call.cmd("ZCARD", ks.pending(queue)), Call.cmd("ZCARD", ks.active(queue)),
+        Call.cmd("ZCARD", ks.delayed(queue)), Call.cmd("ZCARD", ks.dead(queue)),
+        Call.cmd("HMGET", ks.stats(queue), "completed"), Call.cmd("LLEN", ks.outbox(queue)),
+        Call.cmd("LLEN", ks.poison(queue)),
+    ]
+    pending, active, delayed, dead, (completed,), outbox, poison = replies
+    return {"pending": int(pending), "active": int(active), "delayed": int(delayed),
+            "dead": int(dead), "completed": _int(completed), "outbox": int(outbox),
+            "poison": int(poison)}

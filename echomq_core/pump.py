@@ -1,0 +1,273 @@
+"""The Pump: carries cross-queue fan-in signals to their parents, and keeps queues moving.
+
+Each tick, for every queue it serves, the Pump
+
+1. takes (or renews) the queue's outbox lease and reads a page of the outbox WITHOUT removing
+   it - one pipeline for all queues;
+2. delivers the page on the parents' slots, grouped per parent queue and per parent, so a page
+   of signals for one parent costs one script call and one DECRBY - one pipeline;
+3. removes exactly the delivered prefix (``trim_outbox`` re-checks the lease and the head,
+   so a Pump that lost its lease removes nothing); a head that does not deliver is aged and,
+   after ``max_tries`` ticks, moved with its reason to the poison list;
+4. promotes due delayed jobs and returns expired leases to pending.
+
+Why read-then-trim instead of pop: a Pump that dies between delivering and trimming leaves
+the signals in place, and the next Pump redelivers them - harmless, because a parent records
+each child with a set-if-absent guard and only a first record decrements. A pop would lose
+them. Why a lease per outbox: two Pumps trimming "N delivered" from the same list would drop
+each other's undelivered signals; one drainer at a time, with a short TTL, keeps the order
+simple and still fails over in ``lease`` seconds. Why a jittered idle sleep: many Pumps on a
+quiet system should not poll in lock-step.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import ops
+from .connection import Call, Lenient, Op
+from .errors import EchoMQError, InvalidInput
+from .keyspace import Keyspace, check_job_id, check_queue
+from .queue import check_int, check_seconds
+
+if TYPE_CHECKING:
+    from .client import EchoMQ
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Signal:
+    kind: str
+    child: str
+    parent_queue: str
+    parent: str
+    value: bytes
+
+
+def parse_signal(entry: bytes) -> Signal:
+    """Split an outbox entry; raise :class:`InvalidInput` if it is malformed."""
+    parts = entry.split(b"\n", 4)
+    if len(parts) != 5:
+        raise InvalidInput("malformed signal: expected 5 fields")
+    kind, child, pq, parent, value = parts
+    if kind not in (b"c", b"i", b"f"):
+        raise InvalidInput(f"malformed signal: unknown kind {kind[:10]!r}")
+    return Signal(kind.decode(), check_job_id(child.decode()), check_queue(pq.decode()),
+                  check_job_id(parent.decode()), value)
+
+
+@dataclass(slots=True)
+class TickStats:
+    delivered: int = 0
+    poisoned: int = 0
+    promoted: int = 0
+    recovered: int = 0
+    buried: int = 0
+    blocked: dict[str, str] = field(default_factory=dict)  # queue -> reason of a blocked head
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.delivered or self.poisoned or self.promoted or self.recovered)
+
+
+def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease_ms: int,
+          max_tries: int) -> Op[TickStats]:
+    """One pass over the outboxes of ``queues`` (three round trips in all)."""
+    stats = TickStats()
+    reads = yield [call for q in queues for call in (
+        Call.lua("outbox_lease", [ks.outbox_lease(q)], [pump_id, lease_ms]),
+        Call.cmd("LRANGE", ks.outbox(q), 0, page - 1))]
+    pages: dict[str, list[bytes]] = {}
+    for i, queue in enumerate(queues):
+        if reads[2 * i] == 1 and reads[2 * i + 1]:
+            pages[queue] = list(reads[2 * i + 1])
+    if not pages:
+        return stats
+    # status per entry: True delivered, else the reason it did not ("" = transient: no ageing)
+    status: dict[str, list[bool | str | None]] = {q: [None] * len(p) for q, p in pages.items()}
+    # parent queue -> parent id -> [(source queue, entry index, signal)]
+    routes: dict[str, dict[str, list[tuple[str, int, Signal]]]] = defaultdict(
+        lambda: defaultdict(list))
+    for queue, entries in pages.items():
+        for index, entry in enumerate(entries):
+            try:
+                sig = parse_signal(entry)
+            except InvalidInput as exc:
+                status[queue][index] = str(exc)
+                continue
+            routes[sig.parent_queue][sig.parent].append((queue, index, sig))
+    calls: list[Call] = []
+    placed: list[list[tuple[str, int, Signal]]] = []
+    for parent_queue, parents in routes.items():
+        batch: list[tuple[str, list[tuple[str, int, Signal]]]] = []
+        size = 0
+        for parent_id, items in parents.items():
+            batch.append((parent_id, items))
+            size += len(items)
+            if size >= ops.CHUNK:
+                calls.append(_deliver_call(ks, parent_queue, batch))
+                placed.append([it for _, its in batch for it in its])
+                batch, size = [], 0
+        if batch:
+            calls.append(_deliver_call(ks, parent_queue, batch))
+            placed.append([it for _, its in batch for it in its])
+    replies = yield Lenient(calls)
+    for reply, items in zip(replies, placed, strict=True):
+        for j, (queue, index, sig) in enumerate(items):
+            if isinstance(reply, EchoMQError):
+                status[queue][index] = ""  # transient (connection, server): retry, do not age
+            elif int(reply[j]) >= 0:
+                status[queue][index] = True
+            else:
+                status[queue][index] = f"parent {sig.parent} does not exist in {sig.parent_queue!r}"
+    trims = []
+    for queue, entries in pages.items():
+        marks = status[queue]
+        delivered = next((i for i, s in enumerate(marks) if s is not True), len(marks))
+        blocked, reason = b"", ""
+        if delivered < len(marks) and marks[delivered]:
+            blocked, reason = entries[delivered], str(marks[delivered])
+            stats.blocked[queue] = reason
+        trims.append(Call.lua("trim_outbox", [ks.outbox(queue), ks.outbox_lease(queue),
+                                              ks.outbox_head(queue), ks.poison(queue)],
+                              [pump_id, delivered, entries[0], blocked, max_tries, reason]))
+    results = yield trims
+    for trimmed, poisoned in results:
+        stats.delivered += max(0, int(trimmed))
+        stats.poisoned += int(poisoned)
+    return stats
+
+
+def _deliver_call(ks: Keyspace, parent_queue: str,
+                  batch: list[tuple[str, list[tuple[str, int, Signal]]]]) -> Call:
+    keys = [ks.pending(parent_queue), ks.outbox(parent_queue)]
+    argv: list[Any] = [parent_queue, len(batch)]
+    for parent_id, items in batch:
+        keys += ks.parent_keys(parent_queue, parent_id)
+        argv += [parent_id, len(items)]
+        for _, _, sig in items:
+            argv += [sig.kind, sig.child, sig.value]
+    return Call.lua("deliver", keys, argv)
+
+
+def poison_list(ks: Keyspace, queue: str, count: int) -> Op[list[tuple[str, bytes]]]:
+    """The oldest ``count`` poisoned signals of a queue: (reason, entry)."""
+    (items,) = yield [Call.cmd("LRANGE", ks.poison(queue), 0, count - 1)]
+    out = []
+    for item in items:
+        reason, _, entry = bytes(item).partition(b"\n")
+        out.append((reason.decode(errors="replace"), entry))
+    return out
+
+
+def poison_replay(ks: Keyspace, queue: str, count: int) -> Op[int]:
+    """Move up to ``count`` poisoned signals back to the outbox; the number moved."""
+    (n,) = yield [Call.lua("replay_poison", [ks.poison(queue), ks.outbox(queue),
+                                             ks.outbox_head(queue)], [count])]
+    return int(n)
+
+
+class Pump:
+    """Runs :func:`drain` plus the maintenance duties in a loop, as a thread or in the caller.
+
+    Options: ``queues`` (None: discover from the registry every ``discover_every`` s),
+    ``page`` (1000 signals per outbox per tick), ``max_tries`` (5 failed deliveries of a head
+    before it is poisoned), ``lease`` (10 s outbox lease), ``interval`` (0.05 s idle sleep,
+    jittered), ``max_stalls`` (5 lease expiries before a job is buried).
+    """
+
+    def __init__(self, client: EchoMQ, queues: Sequence[str] | None = None, *,
+                 page: int = 1000, max_tries: int = 5, lease: float = 10.0,
+                 interval: float = 0.05, max_stalls: int = 5, discover_every: float = 2.0,
+                 pump_id: str | None = None) -> None:
+        self.client = client
+        self.fixed = [check_queue(q) for q in queues] if queues is not None else None
+        self.page = check_int("page", page, 1, 100_000)
+        self.max_tries = check_int("max_tries", max_tries, 1)
+        self.lease_ms = int(check_seconds("lease", lease, 0.1) * 1000)
+        self.interval = check_seconds("interval", interval, 0.0)
+        self.max_stalls = check_int("max_stalls", max_stalls, 0)
+        self.discover_every = check_seconds("discover_every", discover_every, 0.0)
+        self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
+        self.totals = TickStats()
+        self._queues: list[str] = list(self.fixed or [])
+        self._discovered_at = float("-inf")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"Pump({self.id}, queues={self.fixed or 'discovered'})"
+
+    def queues(self, now: float) -> list[str]:
+        if self.fixed is None and now - self._discovered_at >= self.discover_every:
+            self._queues = self.client.queues()
+            self._discovered_at = now
+        return self._queues
+
+    def tick(self) -> TickStats:
+        """One pass: deliver, trim, promote, recover. Returns what it did."""
+        import time
+
+        queues = self.queues(time.monotonic())
+        if not queues:
+            return TickStats()
+        stats = self.client.run(drain(self.client.keys, queues, self.id, page=self.page,
+                                      lease_ms=self.lease_ms, max_tries=self.max_tries))
+        stats.promoted = self.client.run(ops.promote(self.client.keys, queues, self.page))
+        stats.recovered, stats.buried = self.client.run(
+            ops.recover(self.client.keys, queues, self.page, self.max_stalls))
+        for name in ("delivered", "poisoned", "promoted", "recovered", "buried"):
+            setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
+        if stats.poisoned:
+            log.warning("pump %s poisoned %d signal(s): %s", self.id, stats.poisoned,
+                        stats.blocked)
+        return stats
+
+    def run(self) -> None:
+        """Tick until :meth:`stop`; errors are logged and retried with a bounded backoff."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                busy = self.tick().busy
+                failures = 0
+            except EchoMQError as exc:
+                failures += 1
+                wait = min(5.0, 0.1 * 2 ** min(failures, 6))
+                log.warning("pump %s tick failed (%s); retrying in %.1fs", self.id, exc, wait)
+                self._stop.wait(wait)
+                continue
+            if not busy:
+                self._stop.wait(self.interval * random.uniform(0.5, 1.5))
+
+    def start(self) -> Pump:
+        """Run in a daemon thread; :meth:`stop` ends it."""
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name=self.id, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> Pump:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

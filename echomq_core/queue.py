@@ -1,0 +1,200 @@
+"""One queue's lifecycle: add, claim, complete, fail, heartbeat, inspect.
+
+``pending -> active (leased, with a token) -> completed | retry (delayed) | dead``. Only the
+holder of a job's current lease token may complete, fail or extend it; an expired lease
+returns the job to pending (at-least-once execution), and a stale completion is refused and
+changes nothing. Every call takes batches: a batch costs one round trip, not one per job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import ops
+from .errors import InvalidArgument, InvalidPayload, JobNotFound, LeaseLost
+from .keyspace import check_job_id, check_queue
+from .models import Backoff, Job, JobInfo
+
+if TYPE_CHECKING:
+    from .client import EchoMQ
+
+DEAD, RETRY = 2, 1
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    """An int option in [low, high], else :class:`InvalidArgument` naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (
+        high is not None and value > high
+    ):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise InvalidArgument(f"{name} must be an int {bound}, got {value!r}")
+    return value
+
+
+def check_seconds(name: str, value: Any, low: float = 0.0) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= low:
+        raise InvalidArgument(f"{name} must be a number of seconds >= {low}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job for :meth:`Queue.add_bulk` when per-job options are needed."""
+
+    payload: Any = None
+    id: str | None = None
+    delay: float = 0.0
+    priority: int = 0
+    max_attempts: int | None = None
+
+
+class Queue:
+    """A handle on one queue. Cheap to make; holds options, not connections.
+
+    Options (each refused by name when out of range):
+
+    * ``max_attempts`` (3): attempts before a failing job dies; a child's death then settles
+      its parent by the child's policy.
+    * ``backoff`` (:class:`Backoff` 1 s doubling, capped at 300 s, jittered): delay between
+      attempts.
+    * ``lease`` (30 s): how long a claim holds a job before it may be recovered; workers
+      heartbeat long jobs.
+    * ``keep_completed`` (True): a finished plain job keeps its row with its result until
+      deleted; False deletes it on completion (flow children never copy their result into
+      their row: it lives in the parent's ``:processed``).
+    """
+
+    def __init__(self, client: EchoMQ, name: str, *, max_attempts: int = 3,
+                 backoff: Backoff | None = None, lease: float = 30.0,
+                 keep_completed: bool = True) -> None:
+        self.client = client
+        self.name = check_queue(name)
+        self.max_attempts = check_int("max_attempts", max_attempts, 1, 1_000_000)
+        self.backoff = backoff if backoff is not None else Backoff()
+        if not isinstance(self.backoff, Backoff):
+            raise InvalidArgument("backoff must be an echomq_core.Backoff")
+        self.lease_ms = int(check_seconds("lease", lease, 0.01) * 1000)
+        self.keep_completed = bool(keep_completed)
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # -- add ------------------------------------------------------------------------------
+    def add(self, payload: Any = None, *, job_id: str | None = None, delay: float = 0.0,
+            priority: int = 0, max_attempts: int | None = None) -> str:
+        """Add one job; returns its id. Re-adding an existing id changes nothing."""
+        spec = JobSpec(payload, job_id, delay, priority, max_attempts)
+        return self.add_bulk([spec])[0]
+
+    def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
+        """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
+        rows: list[tuple[str, bytes, int, int, int]] = []
+        check = False
+        for item in jobs:
+            spec = item if isinstance(item, JobSpec) else JobSpec(item)
+            if spec.id is None:
+                job_id = "JOB-" + uuid.uuid4().hex
+            else:
+                job_id, check = check_job_id(spec.id), True
+            delay_ms = int(check_seconds("delay", spec.delay) * 1000)
+            priority = check_int("priority", spec.priority, 0, 800)
+            attempts = check_int("max_attempts", spec.max_attempts or self.max_attempts, 1)
+            rows.append((job_id, self.client.encode(spec.payload), attempts, delay_ms, priority))
+        if len({r[0] for r in rows}) != len(rows):
+            raise InvalidArgument("duplicate job ids in one add_bulk call")
+        if rows:
+            self.client.register_queue(self.name)
+            self.client.run(ops.add(self.client.keys, self.name, rows, check=check))
+        return [r[0] for r in rows]
+
+    # -- claim ----------------------------------------------------------------------------
+    def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> list[Job]:
+        """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
+        check_int("count", count, 1, 10_000)
+        lease_ms = self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+        token = uuid.uuid4().hex
+        return self.client.run(ops.claim(self.client.keys, self.name, count, lease_ms, token,
+                                         check_int("promote", promote, 0), self.client.serializer))
+
+    # -- settle ---------------------------------------------------------------------------
+    def complete(self, job: Job, result: Any = None) -> None:
+        """Complete one job; raises :class:`LeaseLost` if its lease is no longer current."""
+        if not self.complete_many([(job, result)])[0]:
+            raise LeaseLost(f"job {job.id} in {self.name!r}: the lease is no longer current")
+
+    def complete_many(self, done: Sequence[tuple[Job, Any]]) -> list[bool]:
+        """Complete many jobs in one round trip; False where the lease was lost. A result that
+        cannot be serialised raises :class:`InvalidPayload` before anything is sent."""
+        encoded = [(self._own(job), self.client.encode(result)) for job, result in done]
+        if not encoded:
+            return []
+        return self.client.run(ops.complete(self.client.keys, self.name, encoded,
+                                            keep=self.keep_completed))
+
+    def fail(self, job: Job, error: str, *, retry: bool = True) -> bool:
+        """Record a failed attempt; returns True if the job died. ``retry=False`` buries it
+        now. Raises :class:`LeaseLost` if the lease is no longer current."""
+        status = self.fail_many([(job, error, retry)])[0]
+        if status == 0:
+            raise LeaseLost(f"job {job.id} in {self.name!r}: the lease is no longer current")
+        return status == DEAD
+
+    def fail_many(self, failed: Sequence[tuple[Job, str, bool]]) -> list[int]:
+        """Fail many jobs in one round trip. Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
+        rows = []
+        for job, error, retry in failed:
+            self._own(job)
+            delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
+            rows.append((job, str(error)[:10_000], delay))
+        if not rows:
+            return []
+        return self.client.run(ops.fail(self.client.keys, self.name, rows))
+
+    def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
+        """Extend the leases of ``jobs``; False where a lease was already lost."""
+        lease_ms = self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+        for job in jobs:
+            self._own(job)
+        if not jobs:
+            return []
+        return self.client.run(ops.heartbeat(self.client.keys, self.name, jobs, lease_ms))
+
+    # -- reads ----------------------------------------------------------------------------
+    def get_job(self, job_id: str) -> JobInfo:
+        """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
+        info = self.client.run(ops.inspect(self.client.keys, self.name, check_job_id(job_id),
+                                           self.client.serializer))
+        if info is None:
+            raise JobNotFound(f"no job {job_id!r} in queue {self.name!r}")
+        return info
+
+    def stats(self) -> dict[str, int]:
+        """Counts: pending, active, delayed, dead, completed, outbox, poison."""
+        return self.client.run(ops.stats(self.client.keys, self.name))
+
+    def _own(self, job: Job) -> Job:
+        if not isinstance(job, Job):
+            raise InvalidArgument(f"expected a claimed echomq_core.Job, got {type(job).__name__}")
+        if job.queue != self.name:
+            raise InvalidArgument(f"job {job.id} belongs to queue {job.queue!r}, not {self.name!r}")
+        return job
+
+
+def encode_checked(serializer: Any, value: Any, limit: int) -> bytes:
+    """Serialise ``value`` and enforce the size limit (:class:`InvalidPayload`)."""
+    try:
+        data = serializer.dumps(value)
+    except InvalidPayload:
+        raise
+    except Exception as exc:
+        raise InvalidPayload(f"value cannot be serialised: {type(exc).__name__}: {exc}") from None
+    if isinstance(data, str):
+        data = data.encode()
+    if not isinstance(data, bytes):
+        raise InvalidPayload(f"serializer returned {type(data).__name__}, not bytes")
+    if len(data) > limit:
+        raise InvalidPayload(f"serialised value is {len(data)} bytes; the limit is {limit}")
+    return data

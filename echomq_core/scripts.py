@@ -1,0 +1,68 @@
+"""The script registry: every ``lua/*.lua`` file, loaded once, called by SHA.
+
+Each script file may pull in helpers with ``-- @include name`` lines (``lua/includes/name.lua``,
+one local function per file). Includes are resolved once, depth-first and de-duplicated, when
+the registry is first used; the resolved text's SHA1 is what ``EVALSHA`` sends. A server that
+answers ``NOSCRIPT`` (restarted, flushed, a new Cluster node) gets the script loaded once and
+the call retried once: see :mod:`echomq_core.connection`.
+
+The scripts ship as package data (``echomq_core/lua`` in a wheel); in a source checkout they are
+read from the repository's top-level ``lua/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+_INCLUDE = re.compile(r"^--\s*@include\s+([A-Za-z0-9_]+)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One resolved server-side script."""
+
+    name: str
+    source: str
+    sha: str
+
+    def __repr__(self) -> str:
+        return f"Script({self.name!r}, sha={self.sha[:10]})"
+
+
+def lua_dir() -> Path:
+    """Where the ``.lua`` files are: inside the installed package, else the checkout's ``lua/``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "lua", here.parent / "lua"):
+        if (candidate / "includes").is_dir():
+            return candidate
+    raise FileNotFoundError(f"EchoMQ's lua/ directory is missing (looked beside {here})")
+
+
+def _resolve(text: str, inc_dir: Path, seen: set[str]) -> str:
+    parts: list[str] = []
+    for name in _INCLUDE.findall(text):
+        if name in seen:
+            continue
+        seen.add(name)
+        path = inc_dir / f"{name}.lua"
+        parts.append(_resolve(path.read_text(encoding="utf-8"), inc_dir, seen))
+    parts.append(text)
+    return "\n".join(parts)
+
+
+@cache
+def script(name: str) -> Script:
+    """The resolved script ``lua/<name>.lua`` (read and hashed once per process)."""
+    base = lua_dir()
+    path = base / f"{name}.lua"
+    source = _resolve(path.read_text(encoding="utf-8"), base / "includes", set())
+    return Script(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
+
+
+def all_scripts() -> list[Script]:
+    """Every script in ``lua/`` (not the includes): loaded up front by ``preload``."""
+    return [script(p.stem) for p in sorted(lua_dir().glob("*.lua"))]

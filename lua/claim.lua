@@ -1,0 +1,41 @@
+-- claim: lease up to `count` jobs of one queue to one caller, in one step.
+-- @include now_ms
+--
+-- KEYS[1] pending  zset   claimable jobs
+-- KEYS[2] active   zset   leased jobs by lease deadline
+-- KEYS[3] leases   hash   job id -> lease token
+-- KEYS[4] delayed  zset   jobs with a due time
+-- ARGV[1] count    how many jobs at most
+-- ARGV[2] lease_ms how long the lease lasts before the job may be recovered
+-- ARGV[3] token    the lease token for this claim (unique per call, made by the host)
+-- ARGV[4] promote  how many due delayed jobs to move to pending first (0: leave it to the Pump)
+--
+-- Steps: promote due delayed jobs (so workers do not depend on a Pump for retries), pop the
+-- lowest-scored `count` ids from pending, score them in active at now + lease_ms, and record
+-- the token for all of them with ONE HSET. Rows are not touched here: the caller reads them
+-- with pipelined HMGETs (keys derived from ids stay on the host, where Cluster routing sees
+-- them). Returns: {id, ...} in claim order; empty when nothing is pending.
+local now = now_ms()
+local promote = tonumber(ARGV[4])
+if promote > 0 then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, promote)
+  if #due > 0 then
+    local add = {}
+    for i = 1, #due do add[#add + 1] = now; add[#add + 1] = due[i] end
+    redis.call('ZADD', KEYS[1], unpack(add))
+    redis.call('ZREM', KEYS[4], unpack(due))
+  end
+end
+local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
+if #popped == 0 then return {} end
+local ids, act, lease = {}, {}, {}
+local deadline = now + tonumber(ARGV[2])
+for i = 1, #popped, 2 do
+  local id = popped[i]
+  ids[#ids + 1] = id
+  act[#act + 1] = deadline; act[#act + 1] = id
+  lease[#lease + 1] = id; lease[#lease + 1] = ARGV[3]
+end
+redis.call('ZADD', KEYS[2], unpack(act))
+redis.call('HSET', KEYS[3], unpack(lease))
+return ids

@@ -1,0 +1,72 @@
+-- complete: record the results of a batch of leased jobs of one queue, with the fan-in.
+-- @include now_ms
+-- @include settle
+--
+-- KEYS[1] active    zset  leased jobs         KEYS[4] outbox   list  this queue's flow:outbox
+-- KEYS[2] leases    hash  id -> token         KEYS[5] pending  zset  this queue's pending
+-- KEYS[3] stats     hash  counters
+-- KEYS[5+i]         the row of job i (i = 1..n)
+-- KEYS[5+n+5(g-1)+1 .. +5]  parent group g: row, dependencies, processed, unsuccessful, failed
+--                   (same-queue parents only; the host read each job's parent when it claimed it)
+-- ARGV[1] queue     this queue's name (carried in signals)
+-- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
+-- ARGV[3] n         ARGV[4] g: number of jobs, of parent groups
+-- ARGV[5 .. 4+g]    the parent id of each group
+-- then per job, 6 values: id, token, result, mode, ref, parent_queue
+--   mode ''  plain job;  's' child of parent group `ref` (same queue, settled here, atomically);
+--        'x' child of parent `ref` in queue `parent_queue` (a signal into this queue's outbox)
+--
+-- Steps: read all lease tokens with one HMGET; a job whose token is not current is skipped
+-- untouched (a stale completion changes nothing). For the rest: one ZREM from active, one HDEL
+-- of leases, a row update each, the same-queue fan-in per parent group (see settle), one RPUSH
+-- of all cross-queue signals, one HINCRBY of the completed counter.
+-- A child's result is not copied into its own row: it lives in the parent's :processed (or in
+-- the signal on its way there). Returns: a list of 1 (completed) / 0 (lease lost), per job.
+local queue, keep = ARGV[1], ARGV[2]
+local n, g = tonumber(ARGV[3]), tonumber(ARGV[4])
+local base = 4 + g
+local ids = {}
+for i = 1, n do ids[i] = ARGV[base + (i - 1) * 6 + 1] end
+if n == 0 then return {} end
+local current = redis.call('HMGET', KEYS[2], unpack(ids))
+local now = now_ms()
+local out, done, signals, groups = {}, {}, {}, {}
+for i = 1, n do
+  local b = base + (i - 1) * 6
+  local id, token, result, mode = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  if current[i] ~= token then
+    out[i] = 0
+  else
+    out[i] = 1
+    done[#done + 1] = id
+    local row = KEYS[5 + i]
+    if mode == '' then
+      if keep == '1' then
+        redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished', now)
+      else
+        redis.call('DEL', row)
+      end
+    else
+      redis.call('HSET', row, 'state', 'completed', 'finished', now)
+      if mode == 's' then
+        local gi = tonumber(ARGV[b + 5])
+        groups[gi] = groups[gi] or {}
+        table.insert(groups[gi], {'c', id, result})
+      else
+        signals[#signals + 1] = signal('c', id, ARGV[b + 6], ARGV[b + 5], result)
+      end
+    end
+  end
+end
+if #done > 0 then
+  redis.call('ZREM', KEYS[1], unpack(done))
+  redis.call('HDEL', KEYS[2], unpack(done))
+  redis.call('HINCRBY', KEYS[3], 'completed', #done)
+end
+if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
+for gi, items in pairs(groups) do
+  local k = 5 + n + (gi - 1) * 5
+  settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[4 + gi],
+         queue, KEYS[5], KEYS[4], items, now)
+end
+return out

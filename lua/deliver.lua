@@ -1,0 +1,35 @@
+-- deliver: the Pump's parent-slot half; settle outbox signals on their parents' slot.
+-- @include now_ms
+-- @include settle
+--
+-- KEYS[1] pending  zset  the parent queue's pending set (a released parent goes here)
+-- KEYS[2] outbox   list  the parent queue's own outbox (a failed parent that has a parent of
+--                        its own signals upward through it)
+-- KEYS[2+5(g-1)+1 .. +5]  parent g: row, dependencies, processed, unsuccessful, failed
+-- ARGV[1] parent_queue   the parents' queue name
+-- ARGV[2] g              number of parents
+-- then per parent: its id, m (its number of signals), then m triples: kind, child id, value
+--
+-- Steps: for each parent, settle its signals in one group (HSETNX per child, one DECRBY,
+-- release at 0, fail on an 'f' - see settle). Redelivering any signal any number of times
+-- changes nothing: only a first record decrements.
+-- Returns: one status per signal, in ARGV order: 1 recorded, 0 already recorded (both count
+-- as delivered), -1 the parent does not exist (not delivered; the Pump ages it).
+local now = now_ms()
+local queue, g = ARGV[1], tonumber(ARGV[2])
+local out = {}
+local a = 3
+for gi = 1, g do
+  local pid, m = ARGV[a], tonumber(ARGV[a + 1])
+  a = a + 2
+  local items = {}
+  for j = 1, m do
+    items[j] = {ARGV[a], ARGV[a + 1], ARGV[a + 2]}
+    a = a + 3
+  end
+  local k = 2 + (gi - 1) * 5
+  local st = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, pid,
+    queue, KEYS[1], KEYS[2], items, now)
+  for j = 1, m do out[#out + 1] = st[j] end
+end
+return out

@@ -1,0 +1,78 @@
+-- fail: record a failed attempt for a batch of leased jobs of one queue; retry or bury each,
+-- and apply the failure policy to the parents of the buried ones.
+-- @include now_ms
+-- @include settle
+--
+-- KEYS[1] active  KEYS[2] leases  KEYS[3] stats  KEYS[4] outbox  KEYS[5] pending
+-- KEYS[6] delayed zset retries by due time       KEYS[7] dead    zset the morgue by time of death
+-- KEYS[7+i]       the row of job i (i = 1..n)
+-- KEYS[7+n+5(g-1)+1 .. +5]  parent group g (same-queue parents): row, dependencies, processed,
+--                           unsuccessful, failed
+-- ARGV[1] queue   ARGV[2] n   ARGV[3] g   ARGV[4 .. 3+g] the parent id of each group
+-- then per job, 7 values: id, token, error, delay_ms, mode, ref, parent_queue
+--   delay_ms: the backoff before the next attempt, chosen by the host (exponential, jittered);
+--             -1 buries the job now whatever its attempts (an unrecoverable error)
+--   mode/ref/parent_queue: as in complete.lua
+--
+-- Steps: tokens checked as in complete (a stale failure changes nothing). For each current
+-- job: attempts + 1; below max_attempts (and delay_ms >= 0) it goes to delayed with its error;
+-- otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
+-- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
+-- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
+-- Returns: per job 0 (lease lost), 1 (retry scheduled), 2 (dead).
+local queue = ARGV[1]
+local n, g = tonumber(ARGV[2]), tonumber(ARGV[3])
+local base = 3 + g
+if n == 0 then return {} end
+local ids = {}
+for i = 1, n do ids[i] = ARGV[base + (i - 1) * 7 + 1] end
+local current = redis.call('HMGET', KEYS[2], unpack(ids))
+local now = now_ms()
+local out, done, later, dead, signals, groups = {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  local b = base + (i - 1) * 7
+  local id, token, err, delay, mode = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3],
+    tonumber(ARGV[b + 4]), ARGV[b + 5]
+  if current[i] ~= token then
+    out[i] = 0
+  else
+    done[#done + 1] = id
+    local row = KEYS[7 + i]
+    local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy')
+    local attempts = redis.call('HINCRBY', row, 'attempts', 1)
+    if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
+      out[i] = 1
+      redis.call('HSET', row, 'error', err)
+      later[#later + 1] = now + delay; later[#later + 1] = id
+    else
+      out[i] = 2
+      redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
+      dead[#dead + 1] = now; dead[#dead + 1] = id
+      local kind = 'f'
+      if meta[2] == 'id' then kind = 'i' end
+      if mode == 's' then
+        local gi = tonumber(ARGV[b + 6])
+        groups[gi] = groups[gi] or {}
+        table.insert(groups[gi], {kind, id, err})
+      elseif mode == 'x' then
+        signals[#signals + 1] = signal(kind, id, ARGV[b + 7], ARGV[b + 6], err)
+      end
+    end
+  end
+end
+if #done > 0 then
+  redis.call('ZREM', KEYS[1], unpack(done))
+  redis.call('HDEL', KEYS[2], unpack(done))
+end
+if #later > 0 then redis.call('ZADD', KEYS[6], unpack(later)) end
+if #dead > 0 then
+  redis.call('ZADD', KEYS[7], unpack(dead))
+  redis.call('HINCRBY', KEYS[3], 'dead', math.floor(#dead / 2))
+end
+if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
+for gi, items in pairs(groups) do
+  local k = 7 + n + (gi - 1) * 5
+  settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[3 + gi],
+         queue, KEYS[5], KEYS[4], items, now)
+end
+return out

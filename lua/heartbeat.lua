@@ -1,0 +1,27 @@
+-- heartbeat: extend the leases of jobs still held by their callers.
+-- @include now_ms
+--
+-- KEYS[1] active  zset  leased jobs by lease deadline
+-- KEYS[2] leases  hash  job id -> lease token
+-- ARGV[1] lease_ms      the new lease length from now
+-- ARGV[2..] id, token   pairs
+-- Steps: read every token with one HMGET; for each pair whose token is current, move its
+-- deadline to now + lease_ms (one ZADD XX for the batch).
+-- Returns: a list of 1 (extended) / 0 (lease lost: expired, recovered or re-claimed).
+local now = now_ms()
+local ids = {}
+for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return {} end
+local current = redis.call('HMGET', KEYS[2], unpack(ids))
+local out, act = {}, {}
+local deadline = now + tonumber(ARGV[1])
+for i = 1, #ids do
+  if current[i] == ARGV[2 * i + 1] then
+    out[i] = 1
+    act[#act + 1] = deadline; act[#act + 1] = ids[i]
+  else
+    out[i] = 0
+  end
+end
+if #act > 0 then redis.call('ZADD', KEYS[1], 'XX', unpack(act)) end
+return out

@@ -1,0 +1,42 @@
+-- land: land a batch of a flow's leaf children on their own queue's slot, claimable at once.
+-- @include check_id
+-- @include now_ms
+--
+-- KEYS[1]   pending   zset  this queue's claimable jobs
+-- KEYS[1+i] the row of child i (i = 1..n)
+-- ARGV[1]   n
+-- then per child, 6 values: id, payload, parent id, parent_queue ('' = the parent is in this
+--   queue: the same-queue fan-in; else the parent's queue: the outbox path), policy ('fp'|'id'),
+--   max_attempts
+--
+-- Steps: refuse any bad id before writing; then for each child whose row does not exist yet,
+-- write the row WITH its parent fields AND its policy token, and make it claimable - in this
+-- same script, so no child is ever claimable without its policy. A child that exists is left
+-- as it is (a retried add never re-queues a child, even one that already completed).
+-- Returns: a list of 1 (landed) / 0 (existed), per child. Errors: EMQKIND.
+local n = tonumber(ARGV[1])
+for i = 0, n - 1 do
+  local bad = check_id(ARGV[2 + i * 6])
+  if bad then return bad end
+end
+local now = now_ms()
+local out, ready = {}, {}
+for i = 0, n - 1 do
+  local b = 2 + i * 6
+  local row = KEYS[2 + i]
+  if redis.call('EXISTS', row) == 1 then
+    out[i + 1] = 0
+  else
+    if ARGV[b + 3] == '' then
+      redis.call('HSET', row, 'payload', ARGV[b + 1], 'parent', ARGV[b + 2],
+        'parent_policy', ARGV[b + 4], 'max_attempts', ARGV[b + 5])
+    else
+      redis.call('HSET', row, 'payload', ARGV[b + 1], 'parent', ARGV[b + 2],
+        'parent_queue', ARGV[b + 3], 'parent_policy', ARGV[b + 4], 'max_attempts', ARGV[b + 5])
+    end
+    ready[#ready + 1] = now; ready[#ready + 1] = ARGV[b]
+    out[i + 1] = 1
+  end
+end
+if #ready > 0 then redis.call('ZADD', KEYS[1], unpack(ready)) end
+return out

@@ -1,0 +1,16 @@
+-- outbox_lease: take or renew the right to drain one queue's outbox.
+--
+-- KEYS[1] lease   string  the id of the Pump draining this outbox now
+-- ARGV[1] pump    this Pump's id
+-- ARGV[2] ttl_ms  how long the right lasts without renewal
+-- Why: two Pumps reading the same page would both trim it, and the second trim would drop
+-- signals it never delivered. One Pump drains an outbox at a time; if it dies, the lease
+-- lapses and another takes over after ttl_ms. (trim_outbox re-checks the lease and the head,
+-- so a Pump that paused past its lease trims nothing.)
+-- Returns: 1 held by this Pump (taken or renewed), 0 held by another.
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+  return 1
+end
+return 0

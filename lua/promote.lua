@@ -1,0 +1,20 @@
+-- promote: move delayed jobs whose due time has come into pending.
+-- @include now_ms
+--
+-- KEYS[1] delayed  zset  jobs by due time
+-- KEYS[2] pending  zset  claimable jobs
+-- ARGV[1] limit    how many at most
+-- Steps: one ZRANGEBYSCORE, one ZADD (scored by due time: older retries first), one ZREM.
+-- Returns: the number promoted.
+local now = now_ms()
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+  tonumber(ARGV[1]))
+if #due == 0 then return 0 end
+local add, ids = {}, {}
+for i = 1, #due, 2 do
+  add[#add + 1] = due[i + 1]; add[#add + 1] = due[i]
+  ids[#ids + 1] = due[i]
+end
+redis.call('ZADD', KEYS[2], unpack(add))
+redis.call('ZREM', KEYS[1], unpack(ids))
+return #ids

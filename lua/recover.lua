@@ -1,0 +1,54 @@
+-- recover: return jobs whose lease expired (their worker died or stalled) to pending.
+-- @include now_ms
+-- @include signal
+--
+-- KEYS[1] active  KEYS[2] leases  KEYS[3] pending  KEYS[4] dead  KEYS[5] stats
+-- KEYS[6] outbox  this queue's flow:outbox
+-- KEYS[6+i]       the row of candidate i
+-- ARGV[1] queue   this queue's name
+-- ARGV[2] max_stalls  a job whose lease expired more than this many times is buried
+-- ARGV[3..]       candidate ids (read by the host from active, by deadline)
+--
+-- Steps: for each candidate still in active with a deadline in the past (re-checked here, so a
+-- heartbeat that landed since the host's read wins): drop it from active and leases, count a
+-- stall, and put it at the FRONT of pending (it has waited already). A job past max_stalls
+-- dies instead; its parent, if any, is settled through this queue's outbox by its policy token
+-- (the Pump delivers, same-queue parents included: no parent key is derived here).
+-- Returns: {recovered, buried}.
+local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
+local now = now_ms()
+local back, dead, gone, signals = {}, {}, {}, {}
+for i = 3, #ARGV do
+  local id, row = ARGV[i], KEYS[4 + i]
+  local deadline = redis.call('ZSCORE', KEYS[1], id)
+  if deadline and tonumber(deadline) <= now then
+    gone[#gone + 1] = id
+    if redis.call('EXISTS', row) == 1 then
+      local stalls = redis.call('HINCRBY', row, 'stalls', 1)
+      if stalls > max_stalls then
+        local err = 'lease expired ' .. stalls .. ' times'
+        redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
+        dead[#dead + 1] = now; dead[#dead + 1] = id
+        local up = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy')
+        if up[1] then
+          local kind = 'f'
+          if up[3] == 'id' then kind = 'i' end
+          signals[#signals + 1] = signal(kind, id, up[2] or queue, up[1], err)
+        end
+      else
+        back[#back + 1] = 0; back[#back + 1] = id
+      end
+    end
+  end
+end
+if #gone > 0 then
+  redis.call('ZREM', KEYS[1], unpack(gone))
+  redis.call('HDEL', KEYS[2], unpack(gone))
+end
+if #back > 0 then redis.call('ZADD', KEYS[3], unpack(back)) end
+if #dead > 0 then
+  redis.call('ZADD', KEYS[4], unpack(dead))
+  redis.call('HINCRBY', KEYS[5], 'dead', math.floor(#dead / 2))
+end
+if #signals > 0 then redis.call('RPUSH', KEYS[6], unpack(signals)) end
+return {math.floor(#back / 2), math.floor(#dead / 2)}

@@ -1,0 +1,19 @@
+-- replay_poison: move poisoned signals back to the tail of their outbox for another try.
+--
+-- KEYS[1] poison  list  entries 'reason\n' .. signal
+-- KEYS[2] outbox  list  the same queue's flow:outbox
+-- KEYS[3] head    hash  the ageing record (cleared, so replayed signals start at zero tries)
+-- ARGV[1] count   how many at most, oldest first
+-- Returns: the number replayed.
+local n = 0
+for i = 1, tonumber(ARGV[1]) do
+  local entry = redis.call('LPOP', KEYS[1])
+  if not entry then break end
+  local cut = string.find(entry, '\n', 1, true)
+  if cut then
+    redis.call('RPUSH', KEYS[2], string.sub(entry, cut + 1))
+    n = n + 1
+  end
+end
+redis.call('DEL', KEYS[3])
+return n

@@ -1,0 +1,43 @@
+-- trim_outbox: remove exactly the delivered prefix of an outbox page, and age a head that
+-- does not deliver, moving it to the poison list after `max_tries`.
+--
+-- KEYS[1] outbox  list    this queue's flow:outbox
+-- KEYS[2] lease   string  the Pump lease of this outbox
+-- KEYS[3] head    hash    the ageing record: entry, tries
+-- KEYS[4] poison  list    signals moved aside, each 'reason\n' .. entry
+-- ARGV[1] pump       this Pump's id
+-- ARGV[2] delivered  how many entries from the head were delivered (a contiguous prefix)
+-- ARGV[3] first      the entry that was at the head when the page was read
+-- ARGV[4] blocked    the first entry that did not deliver ('' when the whole page delivered)
+-- ARGV[5] max_tries  how many failed deliveries a head gets before it is poisoned
+-- ARGV[6] reason     why `blocked` did not deliver
+--
+-- Steps: nothing happens unless this Pump still holds the lease AND the head is still `first`
+-- (so a Pump that lost its lease, or a page another Pump already trimmed, removes nothing:
+-- the worst case is a redelivery, which is harmless). Then LTRIM the delivered prefix. If a
+-- blocked entry is now at the head, count a try; at max_tries move it to poison with its
+-- reason, so one bad signal cannot stall the queue behind it.
+-- Returns: {trimmed, poisoned}; {-1, 0} when the lease or the head did not match.
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1, 0} end
+local delivered = tonumber(ARGV[2])
+if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[3] then return {-1, 0} end
+if delivered > 0 then redis.call('LTRIM', KEYS[1], delivered, -1) end
+local poisoned = 0
+local blocked = ARGV[4]
+if blocked ~= '' and redis.call('LINDEX', KEYS[1], 0) == blocked then
+  local tries = 1
+  if redis.call('HGET', KEYS[3], 'entry') == blocked then
+    tries = redis.call('HINCRBY', KEYS[3], 'tries', 1)
+  else
+    redis.call('HSET', KEYS[3], 'entry', blocked, 'tries', 1)
+  end
+  if tries >= tonumber(ARGV[5]) then
+    redis.call('LPOP', KEYS[1])
+    redis.call('RPUSH', KEYS[4], string.gsub(ARGV[6], '\n', ' ') .. '\n' .. blocked)
+    redis.call('DEL', KEYS[3])
+    poisoned = 1
+  end
+elseif delivered > 0 then
+  redis.call('DEL', KEYS[3])
+end
+return {delivered, poisoned}
