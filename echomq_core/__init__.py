@@ -47,6 +47,9 @@ from .errors import (
 from .errors import (
     ServerError as ServerError,
 )
+from .errors import (
+    Unrecoverable as Unrecoverable,
+)
 from .models import Backoff as Backoff
 from .models import Child as Child
 from .models import FlowRef as FlowRef
@@ -57,5 +60,6 @@ from .models import JsonSerializer as JsonSerializer
 from .pump import Pump as Pump
 from .queue import JobSpec as JobSpec
 from .queue import Queue as Queue
+from .worker import Worker as Worker
 
 __version__ = "0.1.0"

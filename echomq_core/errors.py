@@ -102,6 +102,11 @@ class FlowTimeout(EchoMQError):
     """Raised by bounded waits when a flow's parent is not released in time."""
 
 
+class Unrecoverable(EchoMQError):
+    """Raise from a handler to bury the job now, without its remaining attempts (the error
+    is deterministic: retrying cannot help). Its parent is then settled by its policy."""
+
+
 # Script error codes -> exception classes. The codes are the first word of the error reply.
 _CODES: dict[str, type[EchoMQError]] = {
     "EMQKIND": InvalidJobId,

@@ -127,7 +127,7 @@ def add_flow(ks: Keyspace, root: _Node) -> Op[FlowRef]:
                 leaves[node.queue].append(node)
         for queue, nodes in leaves.items():
             for part in chunks(nodes):
-                keys = [ks.pending(queue), *(ks.job(queue, n.id) for n in part)]
+                keys = [ks.pending(queue), ks.seq(queue), *(ks.job(queue, n.id) for n in part)]
                 argv: list[Any] = [len(part)]
                 for n in part:
                     assert n.parent is not None

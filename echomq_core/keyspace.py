@@ -16,7 +16,8 @@ key                       type    holds
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
 ``job:<id>:failed``       hash    child id -> error, for each child that died under ``fp``
-``pending``               zset    claimable jobs, scored by priority then arrival
+``pending``               zset    claimable jobs, scored priority * 2^40 + arrival number
+``seq``                   string  the arrival counter (FIFO that does not trust clocks)
 ``active``                zset    leased jobs, scored by lease deadline (ms)
 ``leases``                hash    job id -> current lease token (one HSET per claimed batch)
 ``delayed``               zset    jobs waiting for a due time (retries, delayed adds)
@@ -104,6 +105,9 @@ class Keyspace:
 
     def active(self, queue: str) -> str:
         return self.base(queue) + "active"
+
+    def seq(self, queue: str) -> str:
+        return self.base(queue) + "seq"
 
     def leases(self, queue: str) -> str:
         return self.base(queue) + "leases"

@@ -44,7 +44,8 @@ def add(ks: Keyspace, queue: str, jobs: Sequence[tuple[str, bytes, int, int, int
     where the id existed (left untouched). ``check=False`` only for host-generated ids."""
     calls = []
     for part in chunks(jobs):
-        keys = [ks.pending(queue), ks.delayed(queue), *(ks.job(queue, j[0]) for j in part)]
+        keys = [ks.pending(queue), ks.delayed(queue), ks.seq(queue),
+                *(ks.job(queue, j[0]) for j in part)]
         argv: list[Any] = ["1" if check else "0", len(part)]
         for job_id, payload, max_attempts, delay_ms, priority in part:
             argv += [job_id, payload, max_attempts, delay_ms, priority]
@@ -150,6 +151,19 @@ def heartbeat(ks: Keyspace, queue: str, jobs: Sequence[Job], lease_ms: int) -> O
         for job in part:
             argv += [job.id, job.token]
         calls.append(Call.lua("heartbeat", [ks.active(queue), ks.leases(queue)], argv))
+    replies = yield calls
+    return [bool(flag) for reply in replies for flag in reply]
+
+
+def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
+    """Give leased jobs back to pending untouched (no attempt counted); False where lost."""
+    calls = []
+    for part in chunks(jobs):
+        argv: list[Any] = []
+        for job in part:
+            argv += [job.id, job.token]
+        keys = [ks.active(queue), ks.leases(queue), ks.pending(queue)]
+        calls.append(Call.lua("release", keys, argv))
     replies = yield calls
     return [bool(flag) for reply in replies for flag in reply]
 

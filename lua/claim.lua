@@ -21,7 +21,7 @@ if promote > 0 then
   local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, promote)
   if #due > 0 then
     local add = {}
-    for i = 1, #due do add[#add + 1] = now; add[#add + 1] = due[i] end
+    for i = 1, #due do add[#add + 1] = 0; add[#add + 1] = due[i] end
     redis.call('ZADD', KEYS[1], unpack(add))
     redis.call('ZREM', KEYS[4], unpack(due))
   end

@@ -1,9 +1,9 @@
 -- land: land a batch of a flow's leaf children on their own queue's slot, claimable at once.
 -- @include check_id
--- @include now_ms
 --
 -- KEYS[1]   pending   zset  this queue's claimable jobs
--- KEYS[1+i] the row of child i (i = 1..n)
+-- KEYS[2]   seq       string  this queue's arrival counter (see add.lua)
+-- KEYS[2+i] the row of child i (i = 1..n)
 -- ARGV[1]   n
 -- then per child, 6 values: id, payload, parent id, parent_queue ('' = the parent is in this
 --   queue: the same-queue fan-in; else the parent's queue: the outbox path), policy ('fp'|'id'),
@@ -19,11 +19,11 @@ for i = 0, n - 1 do
   local bad = check_id(ARGV[2 + i * 6])
   if bad then return bad end
 end
-local now = now_ms()
+local seq = redis.call('INCRBY', KEYS[2], n) - n
 local out, ready = {}, {}
 for i = 0, n - 1 do
   local b = 2 + i * 6
-  local row = KEYS[2 + i]
+  local row = KEYS[3 + i]
   if redis.call('EXISTS', row) == 1 then
     out[i + 1] = 0
   else
@@ -34,7 +34,7 @@ for i = 0, n - 1 do
       redis.call('HSET', row, 'payload', ARGV[b + 1], 'parent', ARGV[b + 2],
         'parent_queue', ARGV[b + 3], 'parent_policy', ARGV[b + 4], 'max_attempts', ARGV[b + 5])
     end
-    ready[#ready + 1] = now; ready[#ready + 1] = ARGV[b]
+    ready[#ready + 1] = seq + i + 1; ready[#ready + 1] = ARGV[b]
     out[i + 1] = 1
   end
 end

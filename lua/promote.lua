@@ -4,15 +4,15 @@
 -- KEYS[1] delayed  zset  jobs by due time
 -- KEYS[2] pending  zset  claimable jobs
 -- ARGV[1] limit    how many at most
--- Steps: one ZRANGEBYSCORE, one ZADD (scored by due time: older retries first), one ZREM.
+-- Steps: one ZRANGEBYSCORE, one ZADD at the front of pending (score 0: a retry has waited
+-- its backoff already), one ZREM.
 -- Returns: the number promoted.
 local now = now_ms()
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0,
-  tonumber(ARGV[1]))
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 if #due == 0 then return 0 end
 local add, ids = {}, {}
-for i = 1, #due, 2 do
-  add[#add + 1] = due[i + 1]; add[#add + 1] = due[i]
+for i = 1, #due do
+  add[#add + 1] = 0; add[#add + 1] = due[i]
   ids[#ids + 1] = due[i]
 end
 redis.call('ZADD', KEYS[2], unpack(add))

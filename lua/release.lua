@@ -1,0 +1,29 @@
+-- release: give leased jobs back to pending untouched (a worker shutting down gracefully).
+--
+-- KEYS[1] active   zset  leased jobs
+-- KEYS[2] leases   hash  id -> token
+-- KEYS[3] pending  zset  claimable jobs
+-- ARGV[1..] id, token pairs
+-- Steps: for each pair whose token is current: drop it from active and leases and put it at
+-- the FRONT of pending (score 0). No attempt or stall is counted: the job never ran, or its
+-- run was abandoned by a clean shutdown. Returns: a list of 1 (released) / 0 (lease lost).
+local ids = {}
+for i = 1, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return {} end
+local current = redis.call('HMGET', KEYS[2], unpack(ids))
+local out, back, gone = {}, {}, {}
+for i = 1, #ids do
+  if current[i] == ARGV[2 * i] then
+    out[i] = 1
+    gone[#gone + 1] = ids[i]
+    back[#back + 1] = 0; back[#back + 1] = ids[i]
+  else
+    out[i] = 0
+  end
+end
+if #gone > 0 then
+  redis.call('ZREM', KEYS[1], unpack(gone))
+  redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('ZADD', KEYS[3], unpack(back))
+end
+return out

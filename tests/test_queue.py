@@ -1,0 +1,197 @@
+"""The queue lifecycle on standalone and Cluster: add, claim, complete, fail, leases."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from echomq_core import (
+    Backoff,
+    EchoMQ,
+    InvalidArgument,
+    InvalidJobId,
+    InvalidPayload,
+    InvalidQueueName,
+    JobNotFound,
+    JobSpec,
+    LeaseLost,
+    Pump,
+)
+
+
+def test_add_claim_complete(mq: EchoMQ) -> None:
+    q = mq.queue("work")
+    ids = q.add_bulk([{"n": i} for i in range(10)])
+    assert len(set(ids)) == 10
+    assert q.stats()["pending"] == 10
+    jobs = q.claim(4)
+    assert [j.payload["n"] for j in jobs] == [0, 1, 2, 3]  # FIFO
+    assert all(j.token == jobs[0].token for j in jobs)
+    assert q.stats()["active"] == 4
+    assert q.get_job(jobs[0].id).state == "active"
+    assert q.complete_many([(j, j.payload["n"] * 2) for j in jobs]) == [True] * 4
+    info = q.get_job(jobs[1].id)
+    assert (info.state, info.result, info.payload, info.attempts) == ("completed", 2, {"n": 1}, 0)
+    stats = q.stats()
+    assert (stats["pending"], stats["active"], stats["completed"]) == (6, 0, 4)
+
+
+def test_add_by_id_is_idempotent(mq: EchoMQ) -> None:
+    q = mq.queue("work")
+    assert q.add({"a": 1}, job_id="JOB-x1") == "JOB-x1"
+    (job,) = q.claim()
+    q.complete(job, "done")
+    q.add({"a": 2}, job_id="JOB-x1")  # a retry by id never re-queues
+    assert q.stats()["pending"] == 0
+    assert q.get_job("JOB-x1").payload == {"a": 1}
+
+
+def test_priority_and_delay(mq: EchoMQ) -> None:
+    q = mq.queue("work")
+    q.add_bulk([JobSpec("low", priority=5), JobSpec("high", priority=0),
+                JobSpec("later", delay=0.3)])
+    assert [j.payload for j in q.claim(5)] == ["high", "low"]
+    assert q.get_job(q.add("later2", delay=0.3)).state == "delayed"
+    time.sleep(0.35)
+    assert sorted(j.payload for j in q.claim(5)) == ["later", "later2"]  # claim promotes
+
+
+def test_stale_completion_refused(mq: EchoMQ) -> None:
+    q = mq.queue("work", lease=0.1)
+    q.add("x")
+    (first,) = q.claim()
+    time.sleep(0.15)
+    assert Pump(mq, ["work"]).tick().recovered == 1
+    (second,) = q.claim()
+    assert second.id == first.id and second.token != first.token
+    with pytest.raises(LeaseLost):
+        q.complete(first, "stale")
+    with pytest.raises(LeaseLost):
+        q.fail(first, "stale")
+    assert q.heartbeat([first, second]) == [False, True]
+    assert q.get_job(first.id).state == "active"  # the stale calls changed nothing
+    q.complete(second, "fresh")
+    info = q.get_job(first.id)
+    assert (info.state, info.result, info.stalls) == ("completed", "fresh", 1)
+
+
+def test_lease_expiry_and_recovery(mq: EchoMQ) -> None:
+    q = mq.queue("work", lease=0.2)
+    q.add_bulk(["a", "b"])
+    jobs = q.claim(2)
+    time.sleep(0.1)
+    assert q.heartbeat([jobs[0]]) == [True]  # extends a: only b expires
+    time.sleep(0.15)
+    pump = Pump(mq, ["work"])
+    assert pump.tick().recovered == 1
+    assert q.get_job(jobs[1].id).state == "pending"
+    assert q.get_job(jobs[0].id).state == "active"
+    (again,) = q.claim()
+    assert again.id == jobs[1].id and again.stalls == 1
+
+
+def test_stalls_bury_after_limit(mq: EchoMQ) -> None:
+    q = mq.queue("work", lease=0.05)
+    job_id = q.add("crashy")
+    pump = Pump(mq, ["work"], max_stalls=1)
+    for _ in range(2):
+        (job,) = q.claim()
+        time.sleep(0.08)
+        pump.tick()
+    info = q.get_job(job_id)
+    assert info.state == "dead" and "lease expired 2 times" in (info.error or "")
+
+
+def test_retries_with_backoff_then_dead(mq: EchoMQ) -> None:
+    q = mq.queue("work", max_attempts=3, backoff=Backoff(base_ms=50, cap_ms=200))
+    job_id = q.add("doomed")
+    seen = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        jobs = q.claim()
+        if not jobs:
+            time.sleep(0.01)
+            continue
+        seen.append(time.monotonic())
+        died = q.fail(jobs[0], f"boom {len(seen)}")
+        info = q.get_job(job_id)
+        if died:
+            break
+        assert info.state == "delayed" and info.error == f"boom {len(seen)}"
+    assert len(seen) == 3
+    gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    assert gaps[0] >= 0.025 and gaps[1] >= 0.05  # jittered 50 ms, then 100 ms, at least half
+    info = q.get_job(job_id)
+    assert (info.state, info.attempts, info.error) == ("dead", 3, "boom 3")
+    assert q.stats()["dead"] == 1
+
+
+def test_unrecoverable_fail_buries_at_once(mq: EchoMQ) -> None:
+    q = mq.queue("work", max_attempts=5)
+    job_id = q.add("x")
+    (job,) = q.claim()
+    assert q.fail(job, "bad input", retry=False) is True
+    assert q.get_job(job_id).state == "dead"
+
+
+def test_refused_inputs(mq: EchoMQ) -> None:
+    q = mq.queue("work")
+    for bad in ["", "a{b}", "a:b", "a b", "a\nb", "x" * 129, "tab\t"]:
+        with pytest.raises(InvalidQueueName):
+            mq.queue(bad)
+    with pytest.raises(InvalidQueueName):
+        mq.queue(42)  # type: ignore[arg-type]
+    for bad_id in ["nope", "JOB-", "JOB-a b", "JOB-{x}", "JOB-" + "x" * 201, "job-x"]:
+        with pytest.raises(InvalidJobId):
+            q.add("x", job_id=bad_id)
+        with pytest.raises(InvalidJobId):
+            q.get_job(bad_id)
+    with pytest.raises(JobNotFound):
+        q.get_job("JOB-missing")
+    with pytest.raises(InvalidPayload):
+        q.add(object())
+    with pytest.raises(InvalidPayload):
+        q.add(float("nan"))
+    small = mq.__class__(mq.url, cluster=mq.connection.is_cluster, prefix=mq.keys.prefix,
+                         max_payload_bytes=100)
+    with pytest.raises(InvalidPayload):
+        small.queue("work").add("x" * 200)
+    small.close()
+    for kwargs in [{"max_attempts": 0}, {"lease": -1}, {"lease": "1"}]:
+        with pytest.raises(InvalidArgument):
+            mq.queue("work", **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        q.claim(0)
+    with pytest.raises(InvalidArgument):
+        q.add("x", priority=-1)
+    assert q.stats() == {"pending": 0, "active": 0, "delayed": 0, "dead": 0, "completed": 0,
+                         "outbox": 0, "poison": 0}
+
+
+def test_wrong_token_refused_by_the_server(mq: EchoMQ) -> None:
+    q = mq.queue("work")
+    q.add("x")
+    (job,) = q.claim()
+    job.token = "forged"
+    with pytest.raises(LeaseLost):
+        q.complete(job, 1)
+    assert q.get_job(job.id).state == "active"
+
+
+def test_script_reload_after_flush(mq: EchoMQ) -> None:
+    q = mq.queue("work")
+    q.add("x")
+    client = mq.connection.client
+    client.script_flush()  # the server forgets every script: the next call sees NOSCRIPT
+    assert len(q.claim()) == 1
+
+
+def test_bulk_chunks_across_script_calls(mq: EchoMQ) -> None:
+    q = mq.queue("bulk")
+    ids = q.add_bulk(range(1203))
+    assert q.stats()["pending"] == 1203
+    jobs = q.claim(1203)
+    assert len(jobs) == 1203 and {j.id for j in jobs} == set(ids)
+    assert all(q.complete_many([(j, None) for j in jobs]))
+    assert q.stats()["completed"] == 1203
