@@ -84,6 +84,25 @@ class Job:
 
 
 @dataclass(slots=True)
+class Settlement:
+    """What a batch of completions or failures did: a status per job, and the flow parents
+    (queue, id) the batch released or failed on the way (for lifecycle hooks)."""
+
+    statuses: list[int]
+    released: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    def absorb(self, queue: str, reply: Any) -> None:
+        """Add one script reply ``{statuses, events}``."""
+        statuses, events = reply
+        self.statuses += [int(x) for x in statuses]
+        for i in range(0, len(events), 2):
+            kind = events[i].decode() if isinstance(events[i], bytes) else str(events[i])
+            pid = events[i + 1].decode() if isinstance(events[i + 1], bytes) else str(events[i + 1])
+            (self.released if kind == "r" else self.failed).append((queue, pid))
+
+
+@dataclass(slots=True)
 class JobInfo:
     """An inspection read of one job: where it stands and what it holds."""
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .connection import Call, Op
 from .keyspace import Keyspace
-from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer
+from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer, Settlement
 
 CHUNK = 500
 #: The row fields a claim reads for each job, in this order.
@@ -108,8 +108,8 @@ def _group_keys(ks: Keyspace, queue: str, groups: dict[str, int]) -> list[str]:
 
 
 def complete(ks: Keyspace, queue: str, done: Sequence[tuple[Job, bytes]],
-             *, keep: bool) -> Op[list[bool]]:
-    """Complete ``(job, serialised result)`` pairs; True where the lease was current."""
+             *, keep: bool) -> Op[Settlement]:
+    """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current."""
     calls = []
     for part in chunks(done):
         groups: dict[str, int] = {}
@@ -121,11 +121,10 @@ def complete(ks: Keyspace, queue: str, done: Sequence[tuple[Job, bytes]],
                 *_group_keys(ks, queue, groups)]
         argv = [queue, "1" if keep else "0", len(part), len(groups), *groups, *per_job]
         calls.append(Call.lua("complete", keys, argv))
-    replies = yield calls
-    return [bool(flag) for reply in replies for flag in reply]
+    return _settled(queue, (yield calls))
 
 
-def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op[list[int]]:
+def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op[Settlement]:
     """Fail ``(job, error, delay_ms)`` triples (delay -1: bury now). Per job: 0 lease lost,
     1 retry scheduled, 2 dead."""
     calls = []
@@ -139,8 +138,14 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
                 *(ks.job(queue, j.id) for j, _, _ in part), *_group_keys(ks, queue, groups)]
         argv = [queue, len(part), len(groups), *groups, *per_job]
         calls.append(Call.lua("fail", keys, argv))
-    replies = yield calls
-    return [int(flag) for reply in replies for flag in reply]
+    return _settled(queue, (yield calls))
+
+
+def _settled(queue: str, replies: list[Any]) -> Settlement:
+    out = Settlement([])
+    for reply in replies:
+        out.absorb(queue, reply)
+    return out
 
 
 def heartbeat(ks: Keyspace, queue: str, jobs: Sequence[Job], lease_ms: int) -> Op[list[bool]]:

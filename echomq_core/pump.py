@@ -35,6 +35,7 @@ from . import ops
 from .connection import Call, Lenient, Op
 from .errors import EchoMQError, InvalidInput
 from .keyspace import Keyspace, check_job_id, check_queue
+from .models import Settlement
 from .queue import check_int, check_seconds
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ class TickStats:
     recovered: int = 0
     buried: int = 0
     blocked: dict[str, str] = field(default_factory=dict)  # queue -> reason of a blocked head
+    released: list[tuple[str, str]] = field(default_factory=list)  # (queue, parent id)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    poisoned_entries: list[tuple[str, str]] = field(default_factory=list)  # (queue, reason)
 
     @property
     def busy(self) -> bool:
@@ -105,7 +109,7 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
                 continue
             routes[sig.parent_queue][sig.parent].append((queue, index, sig))
     calls: list[Call] = []
-    placed: list[list[tuple[str, int, Signal]]] = []
+    placed: list[tuple[str, list[tuple[str, int, Signal]]]] = []  # (parent queue, items)
     for parent_queue, parents in routes.items():
         batch: list[tuple[str, list[tuple[str, int, Signal]]]] = []
         size = 0
@@ -114,13 +118,19 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
             size += len(items)
             if size >= ops.CHUNK:
                 calls.append(_deliver_call(ks, parent_queue, batch))
-                placed.append([it for _, its in batch for it in its])
+                placed.append((parent_queue, [it for _, its in batch for it in its]))
                 batch, size = [], 0
         if batch:
             calls.append(_deliver_call(ks, parent_queue, batch))
-            placed.append([it for _, its in batch for it in its])
+            placed.append((parent_queue, [it for _, its in batch for it in its]))
     replies = yield Lenient(calls)
-    for reply, items in zip(replies, placed, strict=True):
+    for reply, (parent_queue, items) in zip(replies, placed, strict=True):
+        if not isinstance(reply, EchoMQError):
+            settled = Settlement([])
+            settled.absorb(parent_queue, reply)
+            stats.released += settled.released
+            stats.failed += settled.failed
+            reply = settled.statuses
         for j, (queue, index, sig) in enumerate(items):
             if isinstance(reply, EchoMQError):
                 status[queue][index] = ""  # transient (connection, server): retry, do not age
@@ -140,9 +150,11 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
                                               ks.outbox_head(queue), ks.poison(queue)],
                               [pump_id, delivered, entries[0], blocked, max_tries, reason]))
     results = yield trims
-    for trimmed, poisoned in results:
+    for (trimmed, poisoned), queue in zip(results, pages, strict=True):
         stats.delivered += max(0, int(trimmed))
         stats.poisoned += int(poisoned)
+        if int(poisoned):
+            stats.poisoned_entries.append((queue, stats.blocked.get(queue, "")))
     return stats
 
 

@@ -131,8 +131,9 @@ class Queue:
         encoded = [(self._own(job), self.client.encode(result)) for job, result in done]
         if not encoded:
             return []
-        return self.client.run(ops.complete(self.client.keys, self.name, encoded,
-                                            keep=self.keep_completed))
+        settled = self.client.run(ops.complete(self.client.keys, self.name, encoded,
+                                               keep=self.keep_completed))
+        return [bool(s) for s in settled.statuses]
 
     def fail(self, job: Job, error: str, *, retry: bool = True) -> bool:
         """Record a failed attempt; returns True if the job died. ``retry=False`` buries it
@@ -151,7 +152,7 @@ class Queue:
             rows.append((job, str(error)[:10_000], delay))
         if not rows:
             return []
-        return self.client.run(ops.fail(self.client.keys, self.name, rows))
+        return self.client.run(ops.fail(self.client.keys, self.name, rows)).statuses
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""

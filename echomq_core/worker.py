@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from . import ops
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
 from .keyspace import check_queue
-from .models import Job
+from .models import Job, Settlement
 from .queue import Queue, check_int, check_seconds
 
 if TYPE_CHECKING:
@@ -227,18 +227,24 @@ class Worker:
         keys = self.client.keys
         try:
             if done:
-                self.client.run(ops.complete(keys, queue.name, done, keep=queue.keep_completed))
-                self.completed += len(done)
+                settled = self.client.run(ops.complete(keys, queue.name, done,
+                                                       keep=queue.keep_completed))
+                self.completed += sum(settled.statuses)
                 if self.hooks is not None:
-                    for job, raw in done:
-                        self._hook("job_completed", job=job, result=raw)
+                    for (job, raw), status in zip(done, settled.statuses, strict=True):
+                        if status:
+                            self._hook("job_completed", job=job, result=raw)
+                    self._flow_hooks(settled)
             if failed:
-                statuses = queue.fail_many(failed)
+                rows = [(job, error[:10_000], queue.backoff.delay_ms(job.attempts + 1)
+                         if retry else -1) for job, error, retry in failed]
+                settled = self.client.run(ops.fail(keys, queue.name, rows))
                 self.failed += len(failed)
                 if self.hooks is not None:
-                    for (job, error, _), status in zip(failed, statuses, strict=True):
+                    for (job, error, _), status in zip(failed, settled.statuses, strict=True):
                         if status == 2:
                             self._hook("job_dead", job=job, error=error)
+                    self._flow_hooks(settled)
         except EchoMQError as exc:
             # The leases stay; the jobs come back when they expire (at-least-once).
             log.warning("could not record %d result(s) in %r: %s", len(done) + len(failed),
@@ -247,6 +253,12 @@ class Worker:
             with self._lock:
                 for job, *_ in (*done, *failed):
                     self._inflight.pop((queue.name, job.id), None)
+
+    def _flow_hooks(self, settled: Settlement) -> None:
+        for queue, parent_id in settled.released:
+            self._hook("flow_released", queue=queue, parent_id=parent_id)
+        for queue, parent_id in settled.failed:
+            self._hook("flow_failed", queue=queue, parent_id=parent_id)
 
     def _hook(self, name: str, **kwargs: Any) -> None:
         try:

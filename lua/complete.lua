@@ -21,13 +21,15 @@
 -- of leases, a row update each, the same-queue fan-in per parent group (see settle), one RPUSH
 -- of all cross-queue signals, one HINCRBY of the completed counter.
 -- A child's result is not copied into its own row: it lives in the parent's :processed (or in
--- the signal on its way there). Returns: a list of 1 (completed) / 0 (lease lost), per job.
+-- the signal on its way there). Returns: {statuses, events}: statuses per job 1 (completed) /
+-- 0 (lease lost); events a flat list of pairs ('r' | 'f', parent id) for same-queue parents
+-- this call released or failed.
 local queue, keep = ARGV[1], ARGV[2]
 local n, g = tonumber(ARGV[3]), tonumber(ARGV[4])
 local base = 4 + g
 local ids = {}
 for i = 1, n do ids[i] = ARGV[base + (i - 1) * 6 + 1] end
-if n == 0 then return {} end
+if n == 0 then return {{}, {}} end
 local current = redis.call('HMGET', KEYS[2], unpack(ids))
 local now = now_ms()
 local out, done, signals, groups = {}, {}, {}, {}
@@ -64,9 +66,11 @@ if #done > 0 then
   redis.call('HINCRBY', KEYS[3], 'completed', #done)
 end
 if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
+local events = {}
 for gi, items in pairs(groups) do
   local k = 5 + n + (gi - 1) * 5
-  settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[4 + gi],
+  local _, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[4 + gi],
          queue, KEYS[5], KEYS[4], items, now)
+  if ev then events[#events + 1] = ev; events[#events + 1] = ARGV[4 + gi] end
 end
-return out
+return {out, events}

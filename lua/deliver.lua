@@ -13,11 +13,12 @@
 -- Steps: for each parent, settle its signals in one group (HSETNX per child, one DECRBY,
 -- release at 0, fail on an 'f' - see settle). Redelivering any signal any number of times
 -- changes nothing: only a first record decrements.
--- Returns: one status per signal, in ARGV order: 1 recorded, 0 already recorded (both count
--- as delivered), -1 the parent does not exist (not delivered; the Pump ages it).
+-- Returns: {statuses, events}. statuses: one per signal, in ARGV order: 1 recorded, 0 already
+-- recorded (both count as delivered), -1 the parent does not exist (not delivered; the Pump
+-- ages it). events: flat pairs ('r' | 'f', parent id) released or failed by this call.
 local now = now_ms()
 local queue, g = ARGV[1], tonumber(ARGV[2])
-local out = {}
+local out, events = {}, {}
 local a = 3
 for gi = 1, g do
   local pid, m = ARGV[a], tonumber(ARGV[a + 1])
@@ -28,8 +29,9 @@ for gi = 1, g do
     a = a + 3
   end
   local k = 2 + (gi - 1) * 5
-  local st = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, pid,
+  local st, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, pid,
     queue, KEYS[1], KEYS[2], items, now)
   for j = 1, m do out[#out + 1] = st[j] end
+  if ev then events[#events + 1] = ev; events[#events + 1] = pid end
 end
-return out
+return {out, events}

@@ -19,11 +19,12 @@
 -- otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
 -- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
--- Returns: per job 0 (lease lost), 1 (retry scheduled), 2 (dead).
+-- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
+-- events as in complete.lua.
 local queue = ARGV[1]
 local n, g = tonumber(ARGV[2]), tonumber(ARGV[3])
 local base = 3 + g
-if n == 0 then return {} end
+if n == 0 then return {{}, {}} end
 local ids = {}
 for i = 1, n do ids[i] = ARGV[base + (i - 1) * 7 + 1] end
 local current = redis.call('HMGET', KEYS[2], unpack(ids))
@@ -70,9 +71,11 @@ if #dead > 0 then
   redis.call('HINCRBY', KEYS[3], 'dead', math.floor(#dead / 2))
 end
 if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
+local events = {}
 for gi, items in pairs(groups) do
   local k = 7 + n + (gi - 1) * 5
-  settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[3 + gi],
+  local _, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[3 + gi],
          queue, KEYS[5], KEYS[4], items, now)
+  if ev then events[#events + 1] = ev; events[#events + 1] = ARGV[3 + gi] end
 end
-return out
+return {out, events}

@@ -10,15 +10,17 @@
 -- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
 -- A parent that fails and has a parent of its own emits a signal into its own queue's outbox,
 -- kind chosen by ITS policy token, so failure climbs the tree one Pump hop per level.
--- Returns a list of statuses, one per item: 1 recorded now, 0 already recorded, -1 the parent
--- row does not exist (nothing written).
+-- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
+-- parent row does not exist (nothing written). event: 'r' the parent was released by this
+-- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
 local function settle(pk, parent_id, parent_queue, ppending, poutbox, items, now)
   local statuses = {}
   local state = redis.call('HGET', pk[1], 'state')
   if not state then
     for i = 1, #items do statuses[i] = -1 end
-    return statuses
+    return statuses, nil
   end
+  local event = nil
   local settled = 0
   local first_failure = nil
   for i = 1, #items do
@@ -42,11 +44,13 @@ local function settle(pk, parent_id, parent_queue, ppending, poutbox, items, now
       redis.call('HSET', pk[1], 'state', 'pending')
       redis.call('ZADD', ppending, 0, parent_id)
       state = 'pending'
+      event = 'r'
     end
   end
   if first_failure and state == 'held' then
     local err = 'child ' .. first_failure[1] .. ' failed: ' .. first_failure[2]
     redis.call('HSET', pk[1], 'state', 'failed', 'error', err, 'finished', now)
+    event = 'f'
     local up = redis.call('HMGET', pk[1], 'parent', 'parent_queue', 'parent_policy')
     if up[1] then
       local kind = 'f'
@@ -54,5 +58,5 @@ local function settle(pk, parent_id, parent_queue, ppending, poutbox, items, now
       redis.call('RPUSH', poutbox, signal(kind, parent_id, up[2] or parent_queue, up[1], err))
     end
   end
-  return statuses
+  return statuses, event
 end
