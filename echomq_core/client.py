@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from . import flows, ops
@@ -91,8 +91,13 @@ class EchoMQ(_Base):
     def register_queue(self, name: str) -> None:
         """Record ``name`` in the queue registry (once per process) so Pumps find it."""
         if name not in self._registered:
-            self.connection.execute([ops.Call.cmd("SADD", self.keys.queues(), name)])
+            self.connection.execute(ops.register(self.keys, [name]))
             self._registered.add(name)
+
+    def unregistered(self, names: Iterable[str]) -> list[str]:
+        """The names this process has not registered yet (they ride along with the next
+        write; marked registered once it succeeds)."""
+        return sorted(set(names) - self._registered)
 
     def queues(self) -> list[str]:
         """Every queue name this keyspace has used (the registry)."""
@@ -115,9 +120,10 @@ class EchoMQ(_Base):
         exactly the requested flow. Two round trips per tree level, whatever the size.
         """
         root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
-        for name in flows.queues_of(root):
-            self.register_queue(name)
-        return self.run(flows.add_flow(self.keys, root))
+        new = self.unregistered(flows.queues_of(root))
+        ref = self.run(flows.add_flow(self.keys, root, new))
+        self._registered.update(new)
+        return ref
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
@@ -190,9 +196,8 @@ class AsyncEchoMQ(_Base):
     async def add_flow(self, queue: str, children: list[Child], *, payload: Any = None,
                        parent_id: str | None = None, max_attempts: int = 3) -> FlowRef:
         root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
-        names = flows.queues_of(root)
-        await self.connection.execute([ops.Call.cmd("SADD", self.keys.queues(), *names)])
-        return await self.connection.run(flows.add_flow(self.keys, root))
+        return await self.connection.run(flows.add_flow(self.keys, root,
+                                                        sorted(flows.queues_of(root))))
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)

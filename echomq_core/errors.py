@@ -27,7 +27,8 @@ class ConfigurationError(EchoMQError, ValueError):
 
 
 class ServerStartError(EchoMQError):
-    """Raised when an embedded server process fails to start or to form a cluster."""
+    """Raised when no server binary is found, or an embedded server or cluster does not come
+    up in time. The message carries the tail of the server's log, where the reason is."""
 
 
 class ConnectionLost(EchoMQError):

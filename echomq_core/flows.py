@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from .connection import Call, Op
 from .errors import InvalidFlow
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Child, FlowRef, FlowSnapshot, Serializer
-from .ops import _s, chunks
+from .ops import _s, chunks, register
 
 
 @dataclass(slots=True)
@@ -115,9 +116,10 @@ def _hold_call(ks: Keyspace, node: _Node) -> Call:
                      up_queue, node.policy])
 
 
-def add_flow(ks: Keyspace, root: _Node) -> Op[FlowRef]:
-    """Hold the root, then land each depth of the tree in one pipelined step."""
-    yield [_hold_call(ks, root)]
+def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[FlowRef]:
+    """Hold the root (registering ``new_queues`` in the same pipeline), then land each depth
+    of the tree in one pipelined step."""
+    yield [_hold_call(ks, root), *register(ks, new_queues)]
     level = root.children
     while level:
         calls = [_hold_call(ks, n) for n in level if n.children]

@@ -38,11 +38,18 @@ def _int(value: Any, default: int = 0) -> int:
 # -- add --------------------------------------------------------------------------------
 
 
+def register(ks: Keyspace, queues: Sequence[str]) -> list[Call]:
+    """The call that records queue names in the registry (none when there is nothing new)."""
+    return [Call.cmd("SADD", ks.queues(), *queues)] if queues else []
+
+
 def add(ks: Keyspace, queue: str, jobs: Sequence[tuple[str, bytes, int, int, int]],
-        *, check: bool) -> Op[list[bool]]:
+        *, check: bool, new_queues: Sequence[str] = ()) -> Op[list[bool]]:
     """Add jobs ``(id, payload, max_attempts, delay_ms, priority)``; True where added, False
-    where the id existed (left untouched). ``check=False`` only for host-generated ids."""
-    calls = []
+    where the id existed (left untouched). ``check=False`` only for host-generated ids.
+    ``new_queues`` rides along in the same pipeline (the registry), costing no round trip."""
+    calls = register(ks, new_queues)
+    skip = len(calls)
     for part in chunks(jobs):
         keys = [ks.pending(queue), ks.delayed(queue), ks.seq(queue),
                 *(ks.job(queue, j[0]) for j in part)]
@@ -51,7 +58,7 @@ def add(ks: Keyspace, queue: str, jobs: Sequence[tuple[str, bytes, int, int, int
             argv += [job_id, payload, max_attempts, delay_ms, priority]
         calls.append(Call.lua("add", keys, argv))
     replies = yield calls
-    return [bool(flag) for reply in replies for flag in reply]
+    return [bool(flag) for reply in replies[skip:] for flag in reply]
 
 
 # -- claim ------------------------------------------------------------------------------

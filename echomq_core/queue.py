@@ -106,8 +106,10 @@ class Queue:
         if len({r[0] for r in rows}) != len(rows):
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         if rows:
-            self.client.register_queue(self.name)
-            self.client.run(ops.add(self.client.keys, self.name, rows, check=check))
+            new = self.client.unregistered([self.name])
+            self.client.run(ops.add(self.client.keys, self.name, rows, check=check,
+                                    new_queues=new))
+            self.client._registered.update(new)
         return [r[0] for r in rows]
 
     # -- claim ----------------------------------------------------------------------------

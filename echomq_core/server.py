@@ -32,6 +32,8 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
+from .errors import ServerStartError
+
 log = logging.getLogger(__name__)
 
 CLUSTER_SLOTS = 16384
@@ -39,14 +41,6 @@ CLUSTER_SLOTS = 16384
 BUS_PORT_OFFSET = 10000
 _POLL = 0.02
 _TAIL_LINES = 30
-
-
-class ServerStartError(Exception):
-    """Raised when no server binary is found, or a server or cluster does not come up in time.
-
-    The message carries the tail of the server's log, because that is where the actual reason
-    (port in use, unknown flag, unreadable AOF, ...) is written.
-    """
 
 
 class _PortInUseError(ServerStartError):
@@ -303,18 +297,20 @@ class EmbeddedServer:
             # NOSAVE when snapshots are off (it also works while a Lua script is BUSY);
             # otherwise plain SHUTDOWN honours the save points the caller configured.
             args = ("SHUTDOWN", "NOSAVE") if self.save == "" else ("SHUTDOWN",)
+            grace = min(timeout, 2.0)
             try:
                 _command(self.host, self.port, *args, timeout=1.0)
-            except redis.ConnectionError:
-                pass  # the server closed the connection: it is going down
-            except (redis.RedisError, OSError) as exc:
-                log.debug("%s failed on %s (%s); sending SIGTERM", args[0], self.url, exc)
-                proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not exit within %.1fs; sending SIGKILL", self.url, timeout)
-                proc.kill()
+            except redis.ResponseError:
+                grace = 0.0  # an error reply (e.g. a failed save) means it is not going down
+            except (redis.RedisError, OSError):
+                pass  # usually the server closing the connection as it exits
+            for sig_func, wait in ((proc.terminate, grace), (proc.kill, timeout)):
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    log.info("%s still running; calling %s()", self.url, sig_func.__name__)
+                    sig_func()
         proc.wait()
         self._proc = None
 

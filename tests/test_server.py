@@ -133,7 +133,7 @@ def test_start_on_port_held_by_plain_socket_raises() -> None:
 
 def test_bad_flag_reports_log_tail() -> None:
     server = EmbeddedServer(extra_args=["--no-such-option", "1"])
-    with pytest.raises(ServerStartError, match="(?i)no-such-option"):
+    with pytest.raises(ServerStartError, match=r"(?i)no-such-option"):
         server.start(timeout=5)
     server.stop()
 

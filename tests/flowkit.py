@@ -1,0 +1,98 @@
+"""Helpers for flow tests: drive queues and Pumps by hand, step by step, on a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import redis
+
+from echomq_core import EchoMQ, Job, Pump
+from echomq_core.connection import Op
+from echomq_core.pump import TickStats, drain
+
+from .conftest import Backend
+
+Handler = Callable[[Job], Any]
+
+
+def default_handler(job: Job) -> Any:
+    return {"id": job.id, "payload": job.payload}
+
+
+def work_off(mq: EchoMQ, queues: Iterable[str], handler: Handler = default_handler, *,
+             die: Callable[[Job], bool] = lambda job: False, pump: Pump | None = None,
+             rounds: int = 10_000) -> TickStats:
+    """Claim and settle everything in ``queues`` (complete, or fail where ``die``), ticking
+    ``pump`` between rounds, until nothing is pending and every outbox is empty. Returns the
+    sum of the Pump's tick stats."""
+    names = list(queues)
+    pump = pump or Pump(mq, names)
+    total = TickStats()
+    for _ in range(rounds):
+        moved = False
+        for name in names:
+            q = mq.queue(name)
+            jobs = q.claim(500)
+            if not jobs:
+                continue
+            moved = True
+            done = [(j, handler(j)) for j in jobs if not die(j)]
+            dead = [(j, f"died: {j.id}", False) for j in jobs if die(j)]
+            if done:
+                assert all(q.complete_many(done))
+            if dead:
+                assert all(s == 2 for s in q.fail_many(dead))
+        stats = pump.tick()
+        total.released += stats.released
+        total.failed += stats.failed
+        total.delivered += stats.delivered
+        total.poisoned += stats.poisoned
+        if not moved and not stats.busy and all(
+            mq.queue(n).stats()["outbox"] == 0 for n in names
+        ):
+            return total
+    raise AssertionError("work_off did not settle")
+
+
+def run_steps(mq: EchoMQ, op: Op[Any], steps: int, *, partial: int | None = None) -> None:
+    """Execute the first ``steps`` steps of ``op``; with ``partial``, also the first
+    ``partial`` calls of the next step (a pipeline cut short), then abandon it (a crash)."""
+    step = next(op)
+    for _ in range(steps):
+        try:
+            step = op.send(mq.connection.execute(step))
+        except StopIteration:
+            return
+    if partial:
+        mq.connection.execute(step[:partial])
+    op.close()
+
+
+def deliver_without_trim(mq: EchoMQ, queues: list[str], pump_id: str,
+                         lease_ms: int = 10_000) -> None:
+    """A Pump that reads and delivers a page, then dies before it trims."""
+    run_steps(mq, drain(mq.keys, queues, pump_id, page=10_000, lease_ms=lease_ms,
+                        max_tries=5), 2)
+
+
+def keys_of(backend: Backend, prefix: str) -> dict[str, Any]:
+    """Every key under ``prefix`` on every node, with its type and value (for 'unchanged')."""
+    out: dict[str, Any] = {}
+    for server in backend.servers:
+        r = redis.Redis(host=server.host, port=server.port)
+        for key in r.scan_iter(match=f"{prefix}:*", count=1000):
+            kind = r.type(key).decode()
+            if kind == "hash":
+                value: Any = r.hgetall(key)
+            elif kind == "zset":
+                value = r.zrange(key, 0, -1, withscores=True)
+            elif kind == "list":
+                value = r.lrange(key, 0, -1)
+            elif kind == "set":
+                value = r.smembers(key)
+            else:
+                value = r.get(key)
+            out[key.decode()] = (kind, value)
+        r.close()
+    return out

@@ -1,0 +1,296 @@
+"""Flows on standalone and on a real 3-master Cluster (parent and children on different nodes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from echomq_core import (
+    Child,
+    EchoMQ,
+    FlowConflict,
+    InvalidFlow,
+    InvalidJobId,
+    InvalidQueueName,
+    Job,
+    Pump,
+    Worker,
+)
+from echomq_core import flows as flow_ops
+
+from .conftest import Backend
+from .flowkit import keys_of, run_steps, work_off
+
+
+def result_of(job: Job) -> Any:
+    return {"child": job.id, "x": job.payload * 3} if isinstance(job.payload, int) else job.id
+
+
+def check_invariant(mq: EchoMQ, queue: str, parent_id: str) -> int:
+    """|processed| + |unsuccessful| + dependencies == N (one atomic read); disjointness."""
+    snap = mq.snapshot(queue, parent_id)
+    if snap.parent_state != "failed":
+        assert snap.processed + snap.ignored + snap.dependencies == snap.total, snap
+    return snap.dependencies
+
+
+def test_cross_queue_thousand_children(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "fan")
+    if backend.cluster:
+        assert backend.node_of_queue(parents) != backend.node_of_queue(work)
+    n = 1000
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(n)], payload="parent")
+    assert mq.dependencies(parents, ref.parent_id) == n
+    assert mq.snapshot(parents, ref.parent_id).parent_state == "held"
+
+    released: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def pump_loop() -> None:
+        pump = Pump(mq, [parents, work], page=200)
+        while not stop.is_set():
+            released.extend(pump.tick().released)
+            time.sleep(0.005)
+
+    pumper = threading.Thread(target=pump_loop)
+    pumper.start()
+    worker = Worker(mq, {work: result_of}, concurrency=2, max_batch=50).start()
+    readings = 0
+    try:
+        deadline = time.monotonic() + 60
+        while check_invariant(mq, parents, ref.parent_id) > 0:
+            readings += 1
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        while not released:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+        stop.set()
+        pumper.join()
+    assert readings > 5, "the invariant was read during the run, not only at the end"
+    assert released == [(parents, ref.parent_id)], "released exactly once"
+    values = mq.children_values(parents, ref.parent_id)
+    assert values == {f"{ref.parent_id}.{i}": {"child": f"{ref.parent_id}.{i}", "x": i * 3}
+                      for i in range(n)}
+    assert mq.ignored_failures(parents, ref.parent_id) == {}
+    assert dict(mq.iter_children_values(parents, ref.parent_id, page=128)) == values
+    (parent_job,) = mq.queue(parents).claim(10)  # released into its queue exactly once
+    assert parent_job.id == ref.parent_id and mq.queue(parents).claim(10) == []
+    mq.close()
+
+
+def test_same_queue_fan_in_is_atomic(mq: EchoMQ) -> None:
+    ref = mq.add_flow("same", [Child(i) for i in range(300)])
+    q = mq.queue("same")
+    jobs = q.claim(1000)
+    assert {j.id for j in jobs} == {f"{ref.parent_id}.{i}" for i in range(300)}
+    for k in range(0, 300, 100):
+        q.complete_many([(j, j.payload) for j in jobs[k : k + 100]])
+        check_invariant(mq, "same", ref.parent_id)
+    snap = mq.snapshot("same", ref.parent_id)
+    assert (snap.parent_state, snap.dependencies, snap.processed) == ("pending", 0, 300)
+    assert mq.queue("same").stats()["outbox"] == 0  # no Pump needed on the same slot
+    (parent,) = q.claim(10)
+    assert parent.id == ref.parent_id and parent.payload is None
+    q.complete(parent, sum(mq.children_values("same", ref.parent_id).values()))
+    assert q.get_job(ref.parent_id).result == sum(range(300))
+
+
+def test_redelivery_changes_nothing(backend: Backend, prefix: str) -> None:
+    from .flowkit import deliver_without_trim
+
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rd")
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(40)]
+                      + [Child(99, queue=work, ignore_dependency_on_failure=True, max_attempts=1)])
+    q = mq.queue(work, max_attempts=1)
+    jobs = q.claim(100)
+    q.complete_many([(j, j.payload) for j in jobs if j.payload != 99])
+    q.fail_many([(j, "boom", True) for j in jobs if j.payload == 99])
+    assert q.stats()["outbox"] == 41
+    deliver_without_trim(mq, [work], "pump-a")
+    first = (mq.snapshot(parents, ref.parent_id), mq.children_values(parents, ref.parent_id),
+             mq.ignored_failures(parents, ref.parent_id))
+    assert first[0].parent_state == "pending" and first[0].processed == 40
+    for _ in range(2):  # the same signals, delivered twice more
+        deliver_without_trim(mq, [work], "pump-a")
+    again = (mq.snapshot(parents, ref.parent_id), mq.children_values(parents, ref.parent_id),
+             mq.ignored_failures(parents, ref.parent_id))
+    assert again == first
+    assert q.stats()["outbox"] == 41  # nothing trimmed by the crashed Pumps
+    # a restarted Pump (another id) takes over once the dead Pump's lease lapses
+    pump = Pump(mq, [work], lease=0.2)
+    assert pump.tick().delivered == 0  # lease still held by the dead pump-a
+    mq.connection.client.pexpire(mq.keys.outbox_lease(work), 1)
+    time.sleep(0.01)
+    stats = pump.tick()
+    assert stats.delivered == 41 and stats.released == []  # released once, by the first
+    assert q.stats()["outbox"] == 0
+    assert mq.snapshot(parents, ref.parent_id) == first[0]
+    assert mq.queue(parents).stats()["pending"] == 1
+    mq.close()
+
+
+def test_trim_is_conditional(backend: Backend, prefix: str) -> None:
+    """A Pump that loses its lease between deliver and trim removes nothing."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "tc")
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(20)])
+    q = mq.queue(work)
+    first = q.claim(10)
+    q.complete_many([(j, j.payload) for j in first])
+    op = flow_ops_drain(mq, work, "slow-pump")
+    step = next(op)
+    step = op.send(mq.connection.execute(step))  # read the page
+    step = op.send(mq.connection.execute(step))  # delivered; now it stalls
+    mq.connection.client.delete(mq.keys.outbox_lease(work))  # its lease lapses
+    fast = Pump(mq, [work], pump_id="fast-pump")
+    assert fast.tick().delivered == 10  # the other Pump takes over and trims
+    rest = q.claim(10)
+    q.complete_many([(j, j.payload) for j in rest])  # 10 new signals in the outbox
+    with pytest.raises(StopIteration) as done:
+        op.send(mq.connection.execute(step))  # the stalled Pump's trim
+    assert done.value.value.delivered == 0
+    assert q.stats()["outbox"] == 10  # none of the new signals were removed
+    fast.tick()
+    snap = mq.snapshot(parents, ref.parent_id)
+    assert (snap.processed, snap.dependencies, snap.parent_state) == (20, 0, "pending")
+    mq.close()
+
+
+def flow_ops_drain(mq: EchoMQ, queue: str, pump_id: str):  # type: ignore[no-untyped-def]
+    from echomq_core.pump import drain
+
+    return drain(mq.keys, [queue], pump_id, page=1000, lease_ms=10_000, max_tries=5)
+
+
+def test_two_pumps_one_outbox(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "tp")
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(600)])
+    released: list[Any] = []
+    stop = threading.Event()
+
+    def loop(pump: Pump) -> None:
+        while not stop.is_set():
+            released.extend(pump.tick().released)
+
+    pumps = [Pump(mq, [work], page=50, lease=0.3) for _ in range(2)]
+    threads = [threading.Thread(target=loop, args=(p,)) for p in pumps]
+    for t in threads:
+        t.start()
+    try:
+        work_q = mq.queue(work)
+        while True:
+            jobs = work_q.claim(37)
+            if not jobs:
+                break
+            work_q.complete_many([(j, j.payload) for j in jobs])
+            if len(jobs) % 2:  # let the lease move between Pumps now and then
+                mq.connection.client.delete(mq.keys.outbox_lease(work))
+        deadline = time.monotonic() + 30
+        while mq.dependencies(parents, ref.parent_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert released == [(parents, ref.parent_id)]
+    values = mq.children_values(parents, ref.parent_id)
+    assert values == {f"{ref.parent_id}.{i}": i for i in range(600)}
+    assert sum(p.totals.delivered for p in pumps) >= 600
+    mq.close()
+
+
+def _tree(parents: str, a: str, b: str) -> list[Child]:
+    """10 cross-queue leaves, 5 same-queue leaves, and a sub-parent with 4 leaves."""
+    return ([Child(i, queue=a) for i in range(10)] + [Child(100 + i) for i in range(5)]
+            + [Child("sub", queue=b, children=[Child(200 + i, queue=a) for i in range(4)])])
+
+
+@pytest.mark.parametrize("step", [0, 1, 2])
+@pytest.mark.parametrize("partial", [False, True])
+def test_failed_add_then_retry_converges(backend: Backend, prefix: str, step: int,
+                                          partial: bool) -> None:
+    mq = backend.client(prefix)
+    parents, a, b = backend.queues_on_distinct_nodes(3, "fx")
+    pid = "JOB-flow-under-test"
+    root = flow_ops.plan(parents, pid, mq.encode("p"), _tree(parents, a, b),
+                         default_attempts=3, dumps=mq.encode, max_payload=1 << 20)
+    run_steps(mq, flow_ops.add_flow(mq.keys, root, [parents, a, b]), step,
+              partial=1 if partial else None)
+    # progress in between: whatever landed may already run and complete
+    for name in (a, parents):
+        q = mq.queue(name)
+        jobs = q.claim(3)
+        q.complete_many([(j, j.payload) for j in jobs])
+    if step == 0 and not partial:
+        assert mq.snapshot(parents, pid).parent_state is None  # nothing was written
+    ref = mq.add_flow(parents, _tree(parents, a, b), parent_id=pid, payload="p")  # the retry
+    snap = mq.snapshot(parents, pid)
+    assert (snap.total, snap.parent_state) == (16, "held")
+    check_invariant(mq, parents, pid)
+    again = mq.add_flow(parents, _tree(parents, a, b), parent_id=pid, payload="p")
+    assert again == ref and mq.snapshot(parents, pid) == snap  # a second retry: no change
+    work_off(mq, [parents, a, b], lambda j: j.payload if j.id != pid else "root")
+    values = mq.children_values(parents, pid)
+    expect = {f"{pid}.{i}": i for i in range(10)} | {f"{pid}.{10 + i}": 100 + i for i in range(5)}
+    expect[f"{pid}.15"] = "sub"
+    assert values == expect
+    assert mq.children_values(b, f"{pid}.15") == {f"{pid}.15.{i}": 200 + i for i in range(4)}
+    assert mq.get_job(parents, pid).result == "root"  # ran once, after every child
+    mq.close()
+
+
+def test_add_refusals_write_nothing(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    before = keys_of(backend, prefix)
+    twice = Child(1)
+    cases: list[tuple[type[Exception], list[Child], dict[str, Any]]] = [
+        (InvalidFlow, [], {}),
+        (InvalidFlow, [Child(1, id="JOB-a"), Child(2, id="JOB-a")], {}),
+        (InvalidFlow, [Child(1, id="JOB-root")], {"parent_id": "JOB-root"}),
+        (InvalidFlow, [twice, Child(2, children=[twice])], {}),
+        (InvalidFlow, [Child(1, fail_parent_on_failure=False)], {}),
+        (InvalidFlow, ["not a child"], {}),  # type: ignore[list-item]
+        (InvalidJobId, [Child(1, id="bad id")], {}),
+        (InvalidJobId, [Child(1)], {"parent_id": "JOB-{x}"}),
+        (InvalidQueueName, [Child(1, queue="a:b")], {}),
+    ]
+    for error, children, kwargs in cases:
+        with pytest.raises(error):
+            mq.add_flow("parents", children, **kwargs)
+    assert keys_of(backend, prefix) == before
+    mq.close()
+
+
+def test_conflicting_parent_refused(mq: EchoMQ) -> None:
+    mq.add_flow("p", [Child(1), Child(2)], parent_id="JOB-same")
+    with pytest.raises(FlowConflict):
+        mq.add_flow("p", [Child(1)], parent_id="JOB-same")
+    mq.queue("p").add("plain", job_id="JOB-plain")
+    with pytest.raises(FlowConflict):
+        mq.add_flow("p", [Child(1)], parent_id="JOB-plain")
+    assert mq.snapshot("p", "JOB-same").total == 2
+
+
+def test_add_costs_two_round_trips(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    calls = []
+    execute = mq.connection.execute
+
+    def counting(step):  # type: ignore[no-untyped-def]
+        calls.append(len(step))
+        return execute(step)
+
+    mq.connection.execute = counting  # type: ignore[method-assign]
+    mq.add_flow("p", [Child(i, queue="c" if i % 2 else "p") for i in range(1000)])
+    assert len(calls) == 2, calls  # hold (+ registry), then every landing in one pipeline
+    assert calls[1] == 2  # 500 children per script call, per queue
+    mq.close()
