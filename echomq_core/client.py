@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from . import flows, ops
-from .connection import AsyncConnection, Connection, Op, connect, connect_async
+from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, ParentFailed
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Child, FlowRef, FlowSnapshot, JobInfo, JsonSerializer, Serializer
@@ -26,8 +26,9 @@ DEFAULT_MAX_PAYLOAD = 512 * 1024
 
 
 class _Base:
-    def __init__(self, *, prefix: str, serializer: Serializer | None,
-                 max_payload_bytes: int) -> None:
+    def __init__(
+        self, *, prefix: str, serializer: Serializer | None, max_payload_bytes: int
+    ) -> None:
         self.keys = Keyspace(prefix)
         self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
         self.max_payload_bytes = check_int("max_payload_bytes", max_payload_bytes, 1)
@@ -36,11 +37,23 @@ class _Base:
         """Serialise a payload or result, enforcing ``max_payload_bytes``."""
         return encode_checked(self.serializer, value, self.max_payload_bytes)
 
-    def _plan_flow(self, queue: str, children: list[Child], payload: Any,
-                   parent_id: str | None, max_attempts: int) -> Any:
-        return flows.plan(queue, parent_id or flows.new_parent_id(), self.encode(payload),
-                          children, default_attempts=check_int("max_attempts", max_attempts, 1),
-                          dumps=self.encode, max_payload=self.max_payload_bytes)
+    def _plan_flow(
+        self,
+        queue: str,
+        children: list[Child],
+        payload: Any,
+        parent_id: str | None,
+        max_attempts: int,
+    ) -> Any:
+        return flows.plan(
+            queue,
+            parent_id or flows.new_parent_id(),
+            self.encode(payload),
+            children,
+            default_attempts=check_int("max_attempts", max_attempts, 1),
+            dumps=self.encode,
+            max_payload=self.max_payload_bytes,
+        )
 
     @staticmethod
     def _check_flow(queue: str, parent_id: str) -> None:
@@ -62,12 +75,18 @@ class EchoMQ(_Base):
     redis-py client (timeouts, TLS files).
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, cluster: bool | None = None,
-                 prefix: str = "emq", serializer: Serializer | None = None,
-                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
-                 connection: Connection | None = None, **redis_options: Any) -> None:
-        super().__init__(prefix=prefix, serializer=serializer,
-                         max_payload_bytes=max_payload_bytes)
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        cluster: bool | None = None,
+        prefix: str = "emq",
+        serializer: Serializer | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+        connection: Connection | None = None,
+        **redis_options: Any,
+    ) -> None:
+        super().__init__(prefix=prefix, serializer=serializer, max_payload_bytes=max_payload_bytes)
         self.url = url
         self.connection = connection or connect(url, cluster=cluster, **redis_options)
         self._registered: set[str] = set()
@@ -101,7 +120,7 @@ class EchoMQ(_Base):
 
     def queues(self) -> list[str]:
         """Every queue name this keyspace has used (the registry)."""
-        (members,) = self.connection.execute([ops.Call.cmd("SMEMBERS", self.keys.queues())])
+        (members,) = self.connection.execute([Call.cmd("SMEMBERS", self.keys.queues())])
         return sorted(ops._s(m) for m in members)
 
     def queue(self, name: str, **options: Any) -> Queue:
@@ -112,8 +131,15 @@ class EchoMQ(_Base):
         return Queue(self, queue).get_job(job_id)
 
     # -- flows ----------------------------------------------------------------------------
-    def add_flow(self, queue: str, children: list[Child], *, payload: Any = None,
-                 parent_id: str | None = None, max_attempts: int = 3) -> FlowRef:
+    def add_flow(
+        self,
+        queue: str,
+        children: list[Child],
+        *,
+        payload: Any = None,
+        parent_id: str | None = None,
+        max_attempts: int = 3,
+    ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
         Safe to retry with the same ``parent_id`` (and child ids): a retry converges to
@@ -145,8 +171,9 @@ class EchoMQ(_Base):
         self._check_flow(queue, parent_id)
         return self.run(flows.snapshot(self.keys, queue, parent_id))
 
-    def iter_children_values(self, queue: str, parent_id: str, *,
-                             page: int = 1000) -> Iterator[tuple[str, Any]]:
+    def iter_children_values(
+        self, queue: str, parent_id: str, *, page: int = 1000
+    ) -> Iterator[tuple[str, Any]]:
         """Every (child id, result), read in HSCAN pages: memory stays flat for any N."""
         self._check_flow(queue, parent_id)
         key, cursor = self.keys.processed(queue, parent_id), 0
@@ -158,8 +185,9 @@ class EchoMQ(_Base):
             if cursor == 0:
                 return
 
-    def wait(self, queue: str, parent_id: str, *, timeout: float = 60.0,
-             poll: float = 0.2) -> FlowSnapshot:
+    def wait(
+        self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
+    ) -> FlowSnapshot:
         """Block until the parent is released (every child settled); raise
         :class:`ParentFailed` at once if it failed, :class:`FlowTimeout` after ``timeout``."""
         check_seconds("timeout", timeout)
@@ -172,19 +200,27 @@ class EchoMQ(_Base):
             if snap.released:
                 return snap
             if time.monotonic() >= deadline:
-                raise FlowTimeout(f"flow {parent_id} in {queue!r} not released after "
-                                  f"{timeout}s ({snap.dependencies} outstanding)")
+                raise FlowTimeout(
+                    f"flow {parent_id} in {queue!r} not released after "
+                    f"{timeout}s ({snap.dependencies} outstanding)"
+                )
             time.sleep(poll)
 
 
 class AsyncEchoMQ(_Base):
     """The asyncio client: flow adds and reads (for triggers and async applications)."""
 
-    def __init__(self, url: str = DEFAULT_URL, *, cluster: bool | None = None,
-                 prefix: str = "emq", serializer: Serializer | None = None,
-                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD, **redis_options: Any) -> None:
-        super().__init__(prefix=prefix, serializer=serializer,
-                         max_payload_bytes=max_payload_bytes)
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        cluster: bool | None = None,
+        prefix: str = "emq",
+        serializer: Serializer | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+        **redis_options: Any,
+    ) -> None:
+        super().__init__(prefix=prefix, serializer=serializer, max_payload_bytes=max_payload_bytes)
         self.connection: AsyncConnection = connect_async(url, cluster=cluster, **redis_options)
 
     def __repr__(self) -> str:
@@ -193,16 +229,25 @@ class AsyncEchoMQ(_Base):
     async def close(self) -> None:
         await self.connection.close()
 
-    async def add_flow(self, queue: str, children: list[Child], *, payload: Any = None,
-                       parent_id: str | None = None, max_attempts: int = 3) -> FlowRef:
+    async def add_flow(
+        self,
+        queue: str,
+        children: list[Child],
+        *,
+        payload: Any = None,
+        parent_id: str | None = None,
+        max_attempts: int = 3,
+    ) -> FlowRef:
         root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
-        return await self.connection.run(flows.add_flow(self.keys, root,
-                                                        sorted(flows.queues_of(root))))
+        return await self.connection.run(
+            flows.add_flow(self.keys, root, sorted(flows.queues_of(root)))
+        )
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
         return await self.connection.run(
-            flows.children_values(self.keys, queue, parent_id, self.serializer))
+            flows.children_values(self.keys, queue, parent_id, self.serializer)
+        )
 
     async def dependencies(self, queue: str, parent_id: str) -> int:
         self._check_flow(queue, parent_id)
@@ -220,8 +265,9 @@ class AsyncEchoMQ(_Base):
         self._check_flow(queue, parent_id)
         return await self.connection.run(flows.snapshot(self.keys, queue, parent_id))
 
-    async def wait(self, queue: str, parent_id: str, *, timeout: float = 60.0,
-                   poll: float = 0.2) -> FlowSnapshot:
+    async def wait(
+        self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
+    ) -> FlowSnapshot:
         """As :meth:`EchoMQ.wait`, without blocking the event loop."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + check_seconds("timeout", timeout)
@@ -232,7 +278,8 @@ class AsyncEchoMQ(_Base):
             if snap.released:
                 return snap
             if loop.time() >= deadline:
-                raise FlowTimeout(f"flow {parent_id} in {queue!r} not released after "
-                                  f"{timeout}s ({snap.dependencies} outstanding)")
+                raise FlowTimeout(
+                    f"flow {parent_id} in {queue!r} not released after "
+                    f"{timeout}s ({snap.dependencies} outstanding)"
+                )
             await asyncio.sleep(check_seconds("poll", poll, 0.001))
-

@@ -74,7 +74,8 @@ Op = Generator[list[Call], list[Any], T]
 
 def _is_noscript(reply: Any) -> bool:
     return isinstance(reply, NoScriptError) or (
-        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"))
+        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
+    )
 
 
 def _finish(calls: Sequence[Call], replies: list[Any], lenient: bool) -> list[Any]:
@@ -126,9 +127,9 @@ class Connection:
         replies = self._send(calls)
         missing = [i for i, r in enumerate(replies) if _is_noscript(r)]
         if missing:
-            for s in {calls[i].script for i in missing if calls[i].script is not None}:
-                assert s is not None
-                self._guard(lambda s=s: self.client.script_load(s.source))
+            for script_ in {calls[i].script for i in missing}:
+                if script_ is not None:
+                    self._load(script_)
             again = self._send([calls[i] for i in missing])
             for i, r in zip(missing, again, strict=True):
                 replies[i] = r
@@ -137,7 +138,7 @@ class Connection:
     def _send(self, calls: Sequence[Call]) -> list[Any]:
         if len(calls) == 1:
             try:
-                return [self.client.execute_command(*calls[0].args)]
+                return [self.client.execute_command(*calls[0].args)]  # type: ignore[no-untyped-call]
             except ResponseError as exc:
                 return [exc]
             except _TRANSPORT_ERRORS as exc:
@@ -152,9 +153,9 @@ class Connection:
         finally:
             pipe.reset()
 
-    def _guard(self, fn: Callable[[], Any]) -> Any:
+    def _load(self, script_: Script) -> None:
         try:
-            return fn()
+            self.client.script_load(script_.source)
         except ResponseError as exc:
             raise errors.from_reply(str(exc)) from None
         except _TRANSPORT_ERRORS as exc:
@@ -294,7 +295,9 @@ def connect(url: str, *, cluster: bool | None = None, **options: Any) -> Connect
     except _TRANSPORT_ERRORS as exc:
         raise errors.ConnectionLost(f"cannot reach {target.where}: {exc}") from None
     except (ValueError, TypeError) as exc:
-        raise errors.ConfigurationError(f"bad connection options for {target.where}: {exc}")
+        raise errors.ConfigurationError(
+            f"bad connection options for {target.where}: {exc}"
+        ) from None
     return Connection(client, where=target.where)
 
 
@@ -308,5 +311,7 @@ def connect_async(url: str, *, cluster: bool | None = None, **options: Any) -> A
         else:
             client = redis.asyncio.Redis.from_url(target.url, **options)
     except (ValueError, TypeError) as exc:
-        raise errors.ConfigurationError(f"bad connection options for {target.where}: {exc}")
+        raise errors.ConfigurationError(
+            f"bad connection options for {target.where}: {exc}"
+        ) from None
     return AsyncConnection(client, where=target.where)

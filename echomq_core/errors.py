@@ -95,8 +95,10 @@ class ParentFailed(EchoMQError):
         self.failed = dict(failed)
         names = ", ".join(f"{k}: {v}" for k, v in sorted(self.failed.items())[:5])
         more = "" if len(self.failed) <= 5 else f" (+{len(self.failed) - 5} more)"
-        super().__init__(f"flow parent {parent_id!r} in queue {queue!r} failed; "
-                         f"failed children: {names or 'none recorded'}{more}")
+        super().__init__(
+            f"flow parent {parent_id!r} in queue {queue!r} failed; "
+            f"failed children: {names or 'none recorded'}{more}"
+        )
 
 
 class FlowTimeout(EchoMQError):

@@ -45,8 +45,16 @@ def new_parent_id() -> str:
     return "JOB-" + uuid.uuid4().hex
 
 
-def plan(queue: str, parent_id: str, payload: bytes, children: list[Child], *,
-         default_attempts: int, dumps: Any, max_payload: int) -> _Node:
+def plan(
+    queue: str,
+    parent_id: str,
+    payload: bytes,
+    children: list[Child],
+    *,
+    default_attempts: int,
+    dumps: Any,
+    max_payload: int,
+) -> _Node:
     """Validate a flow and give every node its queue, id and serialised payload.
 
     Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
@@ -64,14 +72,17 @@ def plan(queue: str, parent_id: str, payload: bytes, children: list[Child], *,
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
         for index, spec in enumerate(specs):
             if not isinstance(spec, Child):
-                raise InvalidFlow(f"child {index} of {path} is a {type(spec).__name__}, "
-                                  "not echomq_core.Child")
+                raise InvalidFlow(
+                    f"child {index} of {path} is a {type(spec).__name__}, not echomq_core.Child"
+                )
             if id(spec) in seen_nodes:
                 raise InvalidFlow(f"child {index} of {path} appears twice in the tree (a cycle)")
             seen_nodes.add(id(spec))
             if not spec.fail_parent_on_failure and not spec.ignore_dependency_on_failure:
-                raise InvalidFlow(f"child {index} of {path}: a child must fail its parent or be "
-                                  "ignored on failure (set ignore_dependency_on_failure=True)")
+                raise InvalidFlow(
+                    f"child {index} of {path}: a child must fail its parent or be "
+                    "ignored on failure (set ignore_dependency_on_failure=True)"
+                )
             child_queue = check_queue(spec.queue if spec.queue is not None else parent.queue)
             child_id = check_job_id(spec.id if spec.id is not None else f"{parent.id}.{index}")
             if child_id == parent.id:
@@ -86,8 +97,9 @@ def plan(queue: str, parent_id: str, payload: bytes, children: list[Child], *,
             if len(body) > max_payload:
                 from .errors import InvalidPayload
 
-                raise InvalidPayload(f"payload of {child_id} is {len(body)} bytes; the limit "
-                                     f"is {max_payload}")
+                raise InvalidPayload(
+                    f"payload of {child_id} is {len(body)} bytes; the limit is {max_payload}"
+                )
             node = _Node(child_queue, child_id, body, attempts, parent, spec.policy, [])
             parent.children.append(node)
             if spec.children:
@@ -111,9 +123,19 @@ def _hold_call(ks: Keyspace, node: _Node) -> Call:
     parent = node.parent
     up_id = parent.id if parent else ""
     up_queue = parent.queue if parent and parent.queue != node.queue else ""
-    return Call.lua("hold", [ks.job(node.queue, node.id), ks.dependencies(node.queue, node.id)],
-                    [node.id, node.payload, len(node.children), node.max_attempts, up_id,
-                     up_queue, node.policy])
+    return Call.lua(
+        "hold",
+        [ks.job(node.queue, node.id), ks.dependencies(node.queue, node.id)],
+        [
+            node.id,
+            node.payload,
+            len(node.children),
+            node.max_attempts,
+            up_id,
+            up_queue,
+            node.policy,
+        ],
+    )
 
 
 def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[FlowRef]:
@@ -150,7 +172,9 @@ def _pairs(flat: Any) -> dict[str, bytes]:
     return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def children_values(ks: Keyspace, queue: str, parent_id: str, ser: Serializer) -> Op[dict[str, Any]]:
+def children_values(
+    ks: Keyspace, queue: str, parent_id: str, ser: Serializer
+) -> Op[dict[str, Any]]:
     """{child id: result} of every child that completed so far (HGETALL of ``:processed``)."""
     (flat,) = yield [Call.cmd("HGETALL", ks.processed(queue, parent_id))]
     return {k: ser.loads(v) for k, v in _pairs(flat).items()}
@@ -185,7 +209,14 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
     ((state, total, deps, processed, ignored, failed, error),) = yield [
         Call.lua("flow_snapshot", ks.parent_keys(queue, parent_id), [])
     ]
-    return FlowSnapshot(queue, parent_id, _s(state) if state else None,
-                        int(total) if total else 0, max(0, int(deps)) if deps else 0,
-                        int(processed), int(ignored), int(failed),
-                        _s(error) if error else None)
+    return FlowSnapshot(
+        queue,
+        parent_id,
+        _s(state) if state else None,
+        int(total) if total else 0,
+        max(0, int(deps)) if deps else 0,
+        int(processed),
+        int(ignored),
+        int(failed),
+        _s(error) if error else None,
+    )

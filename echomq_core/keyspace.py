@@ -153,5 +153,10 @@ class Keyspace:
         """The five keys of a parent, in the order every settling script takes them:
         row, dependencies, processed, unsuccessful, failed."""
         row = self.job(queue, job_id)
-        return [row, row + ":dependencies", row + ":processed", row + ":unsuccessful",
-                row + ":failed"]
+        return [
+            row,
+            row + ":dependencies",
+            row + ":processed",
+            row + ":unsuccessful",
+            row + ":failed",
+        ]

@@ -152,13 +152,19 @@ class FlowRef:
     children: tuple[tuple[str, str], ...] = ()  # (queue, id) of each direct child
 
     def to_dict(self) -> dict[str, Any]:
-        return {"queue": self.queue, "parent_id": self.parent_id,
-                "children": [list(c) for c in self.children]}
+        return {
+            "queue": self.queue,
+            "parent_id": self.parent_id,
+            "children": [list(c) for c in self.children],
+        }
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> FlowRef:
-        return FlowRef(str(data["queue"]), str(data["parent_id"]),
-                       tuple((str(q), str(i)) for q, i in data.get("children", ())))
+        return FlowRef(
+            str(data["queue"]),
+            str(data["parent_id"]),
+            tuple((str(q), str(i)) for q, i in data.get("children", ())),
+        )
 
 
 @dataclass(slots=True)
@@ -184,7 +190,14 @@ class FlowSnapshot:
         return self.parent_state not in (None, "held", "failed")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"queue": self.queue, "parent_id": self.parent_id,
-                "parent_state": self.parent_state, "total": self.total,
-                "dependencies": self.dependencies, "processed": self.processed,
-                "ignored": self.ignored, "failed": self.failed, "error": self.error}
+        return {
+            "queue": self.queue,
+            "parent_id": self.parent_id,
+            "parent_state": self.parent_state,
+            "total": self.total,
+            "dependencies": self.dependencies,
+            "processed": self.processed,
+            "ignored": self.ignored,
+            "failed": self.failed,
+            "error": self.error,
+        }

@@ -18,8 +18,15 @@ from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer, Settlement
 
 CHUNK = 500
 #: The row fields a claim reads for each job, in this order.
-ROW_FIELDS = ("payload", "attempts", "max_attempts", "parent", "parent_queue", "parent_policy",
-              "stalls")
+ROW_FIELDS = (
+    "payload",
+    "attempts",
+    "max_attempts",
+    "parent",
+    "parent_queue",
+    "parent_policy",
+    "stalls",
+)
 
 
 def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
@@ -43,16 +50,26 @@ def register(ks: Keyspace, queues: Sequence[str]) -> list[Call]:
     return [Call.cmd("SADD", ks.queues(), *queues)] if queues else []
 
 
-def add(ks: Keyspace, queue: str, jobs: Sequence[tuple[str, bytes, int, int, int]],
-        *, check: bool, new_queues: Sequence[str] = ()) -> Op[list[bool]]:
+def add(
+    ks: Keyspace,
+    queue: str,
+    jobs: Sequence[tuple[str, bytes, int, int, int]],
+    *,
+    check: bool,
+    new_queues: Sequence[str] = (),
+) -> Op[list[bool]]:
     """Add jobs ``(id, payload, max_attempts, delay_ms, priority)``; True where added, False
     where the id existed (left untouched). ``check=False`` only for host-generated ids.
     ``new_queues`` rides along in the same pipeline (the registry), costing no round trip."""
     calls = register(ks, new_queues)
     skip = len(calls)
     for part in chunks(jobs):
-        keys = [ks.pending(queue), ks.delayed(queue), ks.seq(queue),
-                *(ks.job(queue, j[0]) for j in part)]
+        keys = [
+            ks.pending(queue),
+            ks.delayed(queue),
+            ks.seq(queue),
+            *(ks.job(queue, j[0]) for j in part),
+        ]
         argv: list[Any] = ["1" if check else "0", len(part)]
         for job_id, payload, max_attempts, delay_ms, priority in part:
             argv += [job_id, payload, max_attempts, delay_ms, priority]
@@ -64,8 +81,9 @@ def add(ks: Keyspace, queue: str, jobs: Sequence[tuple[str, bytes, int, int, int
 # -- claim ------------------------------------------------------------------------------
 
 
-def claim(ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int,
-          ser: Serializer) -> Op[list[Job]]:
+def claim(
+    ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int, ser: Serializer
+) -> Op[list[Job]]:
     """Lease up to ``count`` jobs: one script call, then one pipelined HMGET per job."""
     keys = [ks.pending(queue), ks.active(queue), ks.leases(queue), ks.delayed(queue)]
     (ids,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
@@ -76,11 +94,15 @@ def claim(ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promo
     jobs = []
     for job_id, row in zip(names, rows, strict=True):
         payload, attempts, max_attempts, parent, parent_queue, policy, stalls = row
-        job = Job(queue, job_id, token, None, _int(attempts), _int(max_attempts, 1),
-                  stalls=_int(stalls))
+        job = Job(
+            queue, job_id, token, None, _int(attempts), _int(max_attempts, 1), stalls=_int(stalls)
+        )
         if parent is not None:
-            job.parent = ParentRef(_s(parent_queue) if parent_queue else queue, _s(parent),
-                                   _s(policy) if policy else FAIL_PARENT)
+            job.parent = ParentRef(
+                _s(parent_queue) if parent_queue else queue,
+                _s(parent),
+                _s(policy) if policy else FAIL_PARENT,
+            )
         if payload is None:
             job.decode_error = "job row is missing (deleted while pending?)"
         else:
@@ -114,8 +136,9 @@ def _group_keys(ks: Keyspace, queue: str, groups: dict[str, int]) -> list[str]:
     return keys
 
 
-def complete(ks: Keyspace, queue: str, done: Sequence[tuple[Job, bytes]],
-             *, keep: bool) -> Op[Settlement]:
+def complete(
+    ks: Keyspace, queue: str, done: Sequence[tuple[Job, bytes]], *, keep: bool
+) -> Op[Settlement]:
     """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current."""
     calls = []
     for part in chunks(done):
@@ -123,9 +146,15 @@ def complete(ks: Keyspace, queue: str, done: Sequence[tuple[Job, bytes]],
         per_job: list[Any] = []
         for job, result in part:
             per_job += [job.id, job.token, result, *_parent_mode(job, groups)]
-        keys = [ks.active(queue), ks.leases(queue), ks.stats(queue), ks.outbox(queue),
-                ks.pending(queue), *(ks.job(queue, j.id) for j, _ in part),
-                *_group_keys(ks, queue, groups)]
+        keys = [
+            ks.active(queue),
+            ks.leases(queue),
+            ks.stats(queue),
+            ks.outbox(queue),
+            ks.pending(queue),
+            *(ks.job(queue, j.id) for j, _ in part),
+            *_group_keys(ks, queue, groups),
+        ]
         argv = [queue, "1" if keep else "0", len(part), len(groups), *groups, *per_job]
         calls.append(Call.lua("complete", keys, argv))
     return _settled(queue, (yield calls))
@@ -140,9 +169,17 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
         per_job: list[Any] = []
         for job, error, delay in part:
             per_job += [job.id, job.token, error, delay, *_parent_mode(job, groups)]
-        keys = [ks.active(queue), ks.leases(queue), ks.stats(queue), ks.outbox(queue),
-                ks.pending(queue), ks.delayed(queue), ks.dead(queue),
-                *(ks.job(queue, j.id) for j, _, _ in part), *_group_keys(ks, queue, groups)]
+        keys = [
+            ks.active(queue),
+            ks.leases(queue),
+            ks.stats(queue),
+            ks.outbox(queue),
+            ks.pending(queue),
+            ks.delayed(queue),
+            ks.dead(queue),
+            *(ks.job(queue, j.id) for j, _, _ in part),
+            *_group_keys(ks, queue, groups),
+        ]
         argv = [queue, len(part), len(groups), *groups, *per_job]
         calls.append(Call.lua("fail", keys, argv))
     return _settled(queue, (yield calls))
@@ -189,7 +226,9 @@ def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
     return sum(int(r) for r in replies)
 
 
-def recover(ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int) -> Op[tuple[int, int]]:
+def recover(
+    ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int
+) -> Op[tuple[int, int]]:
     """Return expired leases to pending (bury those past ``max_stalls``): (recovered, buried)."""
     due = yield [Call.lua("due", [ks.active(q)], [limit]) for q in queues]
     calls = []
@@ -197,8 +236,15 @@ def recover(ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int) ->
         if not ids:
             continue
         names = [_s(i) for i in ids]
-        keys = [ks.active(queue), ks.leases(queue), ks.pending(queue), ks.dead(queue),
-                ks.stats(queue), ks.outbox(queue), *(ks.job(queue, n) for n in names)]
+        keys = [
+            ks.active(queue),
+            ks.leases(queue),
+            ks.pending(queue),
+            ks.dead(queue),
+            ks.stats(queue),
+            ks.outbox(queue),
+            *(ks.job(queue, n) for n in names),
+        ]
         calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))
     if not calls:
         return (0, 0)
@@ -211,8 +257,13 @@ def recover(ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int) ->
 
 def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInfo | None]:
     """One job's row and place, or None when the id names no job."""
-    keys = [ks.job(queue, job_id), ks.pending(queue), ks.active(queue), ks.delayed(queue),
-            ks.dead(queue)]
+    keys = [
+        ks.job(queue, job_id),
+        ks.pending(queue),
+        ks.active(queue),
+        ks.delayed(queue),
+        ks.dead(queue),
+    ]
     ((where, flat),) = yield [Call.lua("inspect", keys, [job_id])]
     row = {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
     where = _s(where)
@@ -224,8 +275,9 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
     parent = None
     if "parent" in row:
         pq = row.get("parent_queue")
-        parent = ParentRef(_s(pq) if pq else queue, _s(row["parent"]),
-                           _s(row.get("parent_policy", FAIL_PARENT)))
+        parent = ParentRef(
+            _s(pq) if pq else queue, _s(row["parent"]), _s(row.get("parent_policy", FAIL_PARENT))
+        )
 
     def decode(value: bytes | None) -> Any:
         if value is None:
@@ -236,10 +288,17 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
             return value
 
     return JobInfo(
-        queue, job_id, state, _int(row.get("attempts")), _int(row.get("max_attempts"), 1),
-        decode(row.get("payload")), decode(row.get("result")),
-        _s(row["error"]) if "error" in row else None, parent,
-        _int(row["total"]) if "total" in row else None, _int(row.get("stalls")),
+        queue,
+        job_id,
+        state,
+        _int(row.get("attempts")),
+        _int(row.get("max_attempts"), 1),
+        decode(row.get("payload")),
+        decode(row.get("result")),
+        _s(row["error"]) if "error" in row else None,
+        parent,
+        _int(row["total"]) if "total" in row else None,
+        _int(row.get("stalls")),
         _int(row["finished"]) if "finished" in row else None,
     )
 
@@ -247,12 +306,21 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
 def stats(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
     """Counts per state of one queue (one pipelined read)."""
     replies = yield [
-        Call.cmd("ZCARD", ks.pending(queue)), Call.cmd("ZCARD", ks.active(queue)),
-        Call.cmd("ZCARD", ks.delayed(queue)), Call.cmd("ZCARD", ks.dead(queue)),
-        Call.cmd("HMGET", ks.stats(queue), "completed"), Call.cmd("LLEN", ks.outbox(queue)),
+        Call.cmd("ZCARD", ks.pending(queue)),
+        Call.cmd("ZCARD", ks.active(queue)),
+        Call.cmd("ZCARD", ks.delayed(queue)),
+        Call.cmd("ZCARD", ks.dead(queue)),
+        Call.cmd("HMGET", ks.stats(queue), "completed"),
+        Call.cmd("LLEN", ks.outbox(queue)),
         Call.cmd("LLEN", ks.poison(queue)),
     ]
     pending, active, delayed, dead, (completed,), outbox, poison = replies
-    return {"pending": int(pending), "active": int(active), "delayed": int(delayed),
-            "dead": int(dead), "completed": _int(completed), "outbox": int(outbox),
-            "poison": int(poison)}
+    return {
+        "pending": int(pending),
+        "active": int(active),
+        "delayed": int(delayed),
+        "dead": int(dead),
+        "completed": _int(completed),
+        "outbox": int(outbox),
+        "poison": int(poison),
+    }

@@ -26,8 +26,11 @@ DEAD, RETRY = 2, 1
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     """An int option in [low, high], else :class:`InvalidArgument` naming it."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (
-        high is not None and value > high
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
     ):
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
         raise InvalidArgument(f"{name} must be an int {bound}, got {value!r}")
@@ -67,9 +70,16 @@ class Queue:
       their row: it lives in the parent's ``:processed``).
     """
 
-    def __init__(self, client: EchoMQ, name: str, *, max_attempts: int = 3,
-                 backoff: Backoff | None = None, lease: float = 30.0,
-                 keep_completed: bool = True) -> None:
+    def __init__(
+        self,
+        client: EchoMQ,
+        name: str,
+        *,
+        max_attempts: int = 3,
+        backoff: Backoff | None = None,
+        lease: float = 30.0,
+        keep_completed: bool = True,
+    ) -> None:
         self.client = client
         self.name = check_queue(name)
         self.max_attempts = check_int("max_attempts", max_attempts, 1, 1_000_000)
@@ -83,8 +93,15 @@ class Queue:
         return f"Queue({self.name!r})"
 
     # -- add ------------------------------------------------------------------------------
-    def add(self, payload: Any = None, *, job_id: str | None = None, delay: float = 0.0,
-            priority: int = 0, max_attempts: int | None = None) -> str:
+    def add(
+        self,
+        payload: Any = None,
+        *,
+        job_id: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> str:
         """Add one job; returns its id. Re-adding an existing id changes nothing."""
         spec = JobSpec(payload, job_id, delay, priority, max_attempts)
         return self.add_bulk([spec])[0]
@@ -107,8 +124,7 @@ class Queue:
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         if rows:
             new = self.client.unregistered([self.name])
-            self.client.run(ops.add(self.client.keys, self.name, rows, check=check,
-                                    new_queues=new))
+            self.client.run(ops.add(self.client.keys, self.name, rows, check=check, new_queues=new))
             self.client._registered.update(new)
         return [r[0] for r in rows]
 
@@ -116,10 +132,21 @@ class Queue:
     def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> list[Job]:
         """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
         check_int("count", count, 1, 10_000)
-        lease_ms = self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+        lease_ms = (
+            self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+        )
         token = uuid.uuid4().hex
-        return self.client.run(ops.claim(self.client.keys, self.name, count, lease_ms, token,
-                                         check_int("promote", promote, 0), self.client.serializer))
+        return self.client.run(
+            ops.claim(
+                self.client.keys,
+                self.name,
+                count,
+                lease_ms,
+                token,
+                check_int("promote", promote, 0),
+                self.client.serializer,
+            )
+        )
 
     # -- settle ---------------------------------------------------------------------------
     def complete(self, job: Job, result: Any = None) -> None:
@@ -133,8 +160,9 @@ class Queue:
         encoded = [(self._own(job), self.client.encode(result)) for job, result in done]
         if not encoded:
             return []
-        settled = self.client.run(ops.complete(self.client.keys, self.name, encoded,
-                                               keep=self.keep_completed))
+        settled = self.client.run(
+            ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
+        )
         return [bool(s) for s in settled.statuses]
 
     def fail(self, job: Job, error: str, *, retry: bool = True) -> bool:
@@ -158,7 +186,9 @@ class Queue:
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""
-        lease_ms = self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+        lease_ms = (
+            self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+        )
         for job in jobs:
             self._own(job)
         if not jobs:
@@ -168,8 +198,9 @@ class Queue:
     # -- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> JobInfo:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
-        info = self.client.run(ops.inspect(self.client.keys, self.name, check_job_id(job_id),
-                                           self.client.serializer))
+        info = self.client.run(
+            ops.inspect(self.client.keys, self.name, check_job_id(job_id), self.client.serializer)
+        )
         if info is None:
             raise JobNotFound(f"no job {job_id!r} in queue {self.name!r}")
         return info

@@ -251,7 +251,7 @@ class Worker:
                         queue.name, exc)
         finally:
             with self._lock:
-                for job, *_ in (*done, *failed):
+                for job in [j for j, _ in done] + [j for j, _, _ in failed]:
                     self._inflight.pop((queue.name, job.id), None)
 
     def _flow_hooks(self, settled: Settlement) -> None:

@@ -20,9 +20,15 @@ def default_handler(job: Job) -> Any:
     return {"id": job.id, "payload": job.payload}
 
 
-def work_off(mq: EchoMQ, queues: Iterable[str], handler: Handler = default_handler, *,
-             die: Callable[[Job], bool] = lambda job: False, pump: Pump | None = None,
-             rounds: int = 10_000) -> TickStats:
+def work_off(
+    mq: EchoMQ,
+    queues: Iterable[str],
+    handler: Handler = default_handler,
+    *,
+    die: Callable[[Job], bool] = lambda job: False,
+    pump: Pump | None = None,
+    rounds: int = 10_000,
+) -> TickStats:
     """Claim and settle everything in ``queues`` (complete, or fail where ``die``), ticking
     ``pump`` between rounds, until nothing is pending and every outbox is empty. Returns the
     sum of the Pump's tick stats."""
@@ -48,9 +54,7 @@ def work_off(mq: EchoMQ, queues: Iterable[str], handler: Handler = default_handl
         total.failed += stats.failed
         total.delivered += stats.delivered
         total.poisoned += stats.poisoned
-        if not moved and not stats.busy and all(
-            mq.queue(n).stats()["outbox"] == 0 for n in names
-        ):
+        if not moved and not stats.busy and all(mq.queue(n).stats()["outbox"] == 0 for n in names):
             return total
     raise AssertionError("work_off did not settle")
 
@@ -69,11 +73,11 @@ def run_steps(mq: EchoMQ, op: Op[Any], steps: int, *, partial: int | None = None
     op.close()
 
 
-def deliver_without_trim(mq: EchoMQ, queues: list[str], pump_id: str,
-                         lease_ms: int = 10_000) -> None:
+def deliver_without_trim(
+    mq: EchoMQ, queues: list[str], pump_id: str, lease_ms: int = 10_000
+) -> None:
     """A Pump that reads and delivers a page, then dies before it trims."""
-    run_steps(mq, drain(mq.keys, queues, pump_id, page=10_000, lease_ms=lease_ms,
-                        max_tries=5), 2)
+    run_steps(mq, drain(mq.keys, queues, pump_id, page=10_000, lease_ms=lease_ms, max_tries=5), 2)
 
 
 def keys_of(backend: Backend, prefix: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from echomq_core import Child, EchoMQ, Job, LeaseLost, Pump
+from echomq_core import Child, Job, LeaseLost, Pump
 
 from .conftest import Backend
 from .flowkit import deliver_without_trim
@@ -75,16 +75,30 @@ class FlowMachine(RuleBasedStateMachine):
     def start(self) -> None:
         self.add_flow([("P", "fp")])
 
-    @rule(spec=st.lists(st.tuples(st.sampled_from(["P", "O"]), st.sampled_from(["fp", "id"])),
-                        min_size=1, max_size=5))
+    @rule(
+        spec=st.lists(
+            st.tuples(st.sampled_from(["P", "O"]), st.sampled_from(["fp", "id"])),
+            min_size=1,
+            max_size=5,
+        )
+    )
     def add_flow(self, spec: list[tuple[str, str]]) -> None:
         pid = "JOB-" + uuid.uuid4().hex[:8]
-        children = [Child(i, queue=self.parents if q == "P" else self.other, max_attempts=1,
-                          ignore_dependency_on_failure=policy == "id")
-                    for i, (q, policy) in enumerate(spec)]
+        children = [
+            Child(
+                i,
+                queue=self.parents if q == "P" else self.other,
+                max_attempts=1,
+                ignore_dependency_on_failure=policy == "id",
+            )
+            for i, (q, policy) in enumerate(spec)
+        ]
         self.mq.add_flow(self.parents, children, parent_id=pid)
-        self.flows[pid] = FlowModel(self.parents, pid, {
-            f"{pid}.{i}": (c.queue or self.parents, c.policy) for i, c in enumerate(children)})
+        self.flows[pid] = FlowModel(
+            self.parents,
+            pid,
+            {f"{pid}.{i}": (c.queue or self.parents, c.policy) for i, c in enumerate(children)},
+        )
 
     @rule(which=st.sampled_from(["P", "O"]), count=st.integers(1, 4))
     def claim(self, which: str, count: int) -> None:
@@ -180,6 +194,12 @@ class FlowMachine(RuleBasedStateMachine):
 
 def test_flows_against_the_model(backend: Backend) -> None:
     FlowMachine.backend = backend
-    run_state_machine_as_test(FlowMachine, settings=settings(
-        max_examples=25 if backend.cluster else 40, stateful_step_count=30, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow]))
+    run_state_machine_as_test(
+        FlowMachine,
+        settings=settings(
+            max_examples=25 if backend.cluster else 40,
+            stateful_step_count=30,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

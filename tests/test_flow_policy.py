@@ -15,7 +15,8 @@ from .flowkit import work_off
 
 def _flow(parent_q: str, child_q: str, *, ignore: bool) -> list[Child]:
     return [Child(i, queue=child_q) for i in range(5)] + [
-        Child("doomed", queue=child_q, max_attempts=2, ignore_dependency_on_failure=ignore)]
+        Child("doomed", queue=child_q, max_attempts=2, ignore_dependency_on_failure=ignore)
+    ]
 
 
 def _dies(job) -> bool:  # type: ignore[no-untyped-def]
@@ -72,23 +73,29 @@ def test_ignore_dependency_death(backend: Backend, prefix: str, cross: bool) -> 
     child_q = work if cross else parents
     ref = mq.add_flow(parents, _flow(parents, child_q, ignore=True))
     doomed = f"{ref.parent_id}.5"
-    work_off(mq, [child_q], lambda j: j.payload * 2 if j.id != ref.parent_id else "ran",
-             die=_dies)
+    work_off(mq, [child_q], lambda j: j.payload * 2 if j.id != ref.parent_id else "ran", die=_dies)
     snap = mq.snapshot(parents, ref.parent_id)
     # same-queue, work_off also runs the released parent; cross-queue it waits in its queue
     assert (snap.parent_state, snap.dependencies, snap.processed, snap.ignored) == (
-        "pending" if cross else "completed", 0, 5, 1)
+        "pending" if cross else "completed",
+        0,
+        5,
+        1,
+    )
     assert mq.ignored_failures(parents, ref.parent_id) == {doomed: f"died: {doomed}"}
     assert mq.children_values(parents, ref.parent_id) == {
-        f"{ref.parent_id}.{i}": i * 2 for i in range(5)}
+        f"{ref.parent_id}.{i}": i * 2 for i in range(5)
+    }
     assert mq.failed_children(parents, ref.parent_id) == {}
     assert mq.wait(parents, ref.parent_id, timeout=1).released
     mq.close()
 
 
 def test_both_flags_mean_ignore(mq: EchoMQ) -> None:
-    ref = mq.add_flow("p", [Child(1, max_attempts=1, fail_parent_on_failure=True,
-                                  ignore_dependency_on_failure=True)])
+    ref = mq.add_flow(
+        "p",
+        [Child(1, max_attempts=1, fail_parent_on_failure=True, ignore_dependency_on_failure=True)],
+    )
     (job,) = mq.queue("p").claim()
     assert job.parent is not None and job.parent.policy == "id"
     mq.queue("p").fail(job, "x")
@@ -99,14 +106,23 @@ def test_failed_parent_settles_its_own_parent(backend: Backend, prefix: str) -> 
     """A sub-parent that fails climbs the tree by ITS token: fp fails the root, id is ignored."""
     mq = backend.client(prefix)
     root_q, mid_q, leaf_q = backend.queues_on_distinct_nodes(3, "up")
-    ref = mq.add_flow(root_q, [
-        Child("strict", queue=mid_q, children=[Child("x", queue=leaf_q, max_attempts=1)]),
-        Child("lenient", queue=mid_q, ignore_dependency_on_failure=True,
-              children=[Child("y", queue=leaf_q, max_attempts=1)]),
-        Child("fine", queue=leaf_q),
-    ], parent_id="JOB-root")
-    work_off(mq, [root_q, mid_q, leaf_q], lambda j: j.payload,
-             die=lambda j: j.payload in ("x", "y"))
+    mq.add_flow(
+        root_q,
+        [
+            Child("strict", queue=mid_q, children=[Child("x", queue=leaf_q, max_attempts=1)]),
+            Child(
+                "lenient",
+                queue=mid_q,
+                ignore_dependency_on_failure=True,
+                children=[Child("y", queue=leaf_q, max_attempts=1)],
+            ),
+            Child("fine", queue=leaf_q),
+        ],
+        parent_id="JOB-root",
+    )
+    work_off(
+        mq, [root_q, mid_q, leaf_q], lambda j: j.payload, die=lambda j: j.payload in ("x", "y")
+    )
     assert mq.snapshot(mid_q, "JOB-root.0").parent_state == "failed"
     assert mq.snapshot(mid_q, "JOB-root.1").parent_state == "failed"
     root = mq.snapshot(root_q, "JOB-root")
@@ -120,10 +136,21 @@ def test_failed_parent_settles_its_own_parent(backend: Backend, prefix: str) -> 
 def test_nested_depth_three_across_three_queues(backend: Backend, prefix: str) -> None:
     mq = backend.client(prefix)
     q0, q1, q2 = backend.queues_on_distinct_nodes(3, "nest")
-    tree = [Child(f"L1-{a}", queue=q1, children=[
-        Child(f"L2-{a}{b}", queue=q2, children=[
-            Child(10 * a + b + c, queue=q0) for c in range(3)]) for b in range(2)])
-        for a in range(2)]
+    tree = [
+        Child(
+            f"L1-{a}",
+            queue=q1,
+            children=[
+                Child(
+                    f"L2-{a}{b}",
+                    queue=q2,
+                    children=[Child(10 * a + b + c, queue=q0) for c in range(3)],
+                )
+                for b in range(2)
+            ],
+        )
+        for a in range(2)
+    ]
     ref = mq.add_flow(q0, tree, parent_id="JOB-n")
 
     def handle(job):  # type: ignore[no-untyped-def]
@@ -137,7 +164,9 @@ def test_nested_depth_three_across_three_queues(backend: Backend, prefix: str) -
     leaves = [10 * a + b + c for a in range(2) for b in range(2) for c in range(3)]
     assert info.result == sum(leaves)
     assert mq.children_values(q0, "JOB-n") == {
-        "JOB-n.0": sum(leaves[:6]), "JOB-n.1": sum(leaves[6:])}
+        "JOB-n.0": sum(leaves[:6]),
+        "JOB-n.1": sum(leaves[6:]),
+    }
     assert mq.children_values(q2, "JOB-n.1.0") == {f"JOB-n.1.0.{c}": 10 + c for c in range(3)}
     mq.close()
 
@@ -164,7 +193,8 @@ def test_poison_moves_aside_and_replays(backend: Backend, prefix: str) -> None:
     poisoned = mq.run(poison_list(mq.keys, work, 10))
     assert [reason for reason, _ in poisoned] == [
         "malformed signal: expected 5 fields",
-        f"parent JOB-gone does not exist in {parents!r}"]
+        f"parent JOB-gone does not exist in {parents!r}",
+    ]
     assert poisoned[0][1] == b"garbage"
     assert mq.run(poison_replay(mq.keys, work, 10)) == 2
     assert r.llen(outbox) == 2 and r.llen(mq.keys.poison(work)) == 0
@@ -174,15 +204,17 @@ def test_poison_moves_aside_and_replays(backend: Backend, prefix: str) -> None:
 def test_async_client_adds_and_reads(backend: Backend, prefix: str) -> None:
     async def scenario() -> None:
         amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
-        ref = await amq.add_flow("ap", [Child(i, queue="ac") for i in range(50)],
-                                 parent_id="JOB-async")
+        ref = await amq.add_flow(
+            "ap", [Child(i, queue="ac") for i in range(50)], parent_id="JOB-async"
+        )
         assert await amq.dependencies("ap", ref.parent_id) == 50
         mq = backend.client(prefix)
         work_off(mq, ["ac"], lambda j: j.payload + 1)
         snap = await amq.wait("ap", ref.parent_id, timeout=5, poll=0.01)
         assert snap.processed == 50
         assert await amq.children_values("ap", ref.parent_id) == {
-            f"JOB-async.{i}": i + 1 for i in range(50)}
+            f"JOB-async.{i}": i + 1 for i in range(50)
+        }
         assert await amq.ignored_failures("ap", ref.parent_id) == {}
         assert await amq.failed_children("ap", ref.parent_id) == {}
         mq.close()

@@ -76,8 +76,9 @@ def test_cross_queue_thousand_children(backend: Backend, prefix: str) -> None:
     assert readings > 5, "the invariant was read during the run, not only at the end"
     assert released == [(parents, ref.parent_id)], "released exactly once"
     values = mq.children_values(parents, ref.parent_id)
-    assert values == {f"{ref.parent_id}.{i}": {"child": f"{ref.parent_id}.{i}", "x": i * 3}
-                      for i in range(n)}
+    assert values == {
+        f"{ref.parent_id}.{i}": {"child": f"{ref.parent_id}.{i}", "x": i * 3} for i in range(n)
+    }
     assert mq.ignored_failures(parents, ref.parent_id) == {}
     assert dict(mq.iter_children_values(parents, ref.parent_id, page=128)) == values
     (parent_job,) = mq.queue(parents).claim(10)  # released into its queue exactly once
@@ -107,21 +108,30 @@ def test_redelivery_changes_nothing(backend: Backend, prefix: str) -> None:
 
     mq = backend.client(prefix)
     parents, work = backend.queues_on_distinct_nodes(2, "rd")
-    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(40)]
-                      + [Child(99, queue=work, ignore_dependency_on_failure=True, max_attempts=1)])
+    ref = mq.add_flow(
+        parents,
+        [Child(i, queue=work) for i in range(40)]
+        + [Child(99, queue=work, ignore_dependency_on_failure=True, max_attempts=1)],
+    )
     q = mq.queue(work, max_attempts=1)
     jobs = q.claim(100)
     q.complete_many([(j, j.payload) for j in jobs if j.payload != 99])
     q.fail_many([(j, "boom", True) for j in jobs if j.payload == 99])
     assert q.stats()["outbox"] == 41
     deliver_without_trim(mq, [work], "pump-a")
-    first = (mq.snapshot(parents, ref.parent_id), mq.children_values(parents, ref.parent_id),
-             mq.ignored_failures(parents, ref.parent_id))
+    first = (
+        mq.snapshot(parents, ref.parent_id),
+        mq.children_values(parents, ref.parent_id),
+        mq.ignored_failures(parents, ref.parent_id),
+    )
     assert first[0].parent_state == "pending" and first[0].processed == 40
     for _ in range(2):  # the same signals, delivered twice more
         deliver_without_trim(mq, [work], "pump-a")
-    again = (mq.snapshot(parents, ref.parent_id), mq.children_values(parents, ref.parent_id),
-             mq.ignored_failures(parents, ref.parent_id))
+    again = (
+        mq.snapshot(parents, ref.parent_id),
+        mq.children_values(parents, ref.parent_id),
+        mq.ignored_failures(parents, ref.parent_id),
+    )
     assert again == first
     assert q.stats()["outbox"] == 41  # nothing trimmed by the crashed Pumps
     # a restarted Pump (another id) takes over once the dead Pump's lease lapses
@@ -210,21 +220,33 @@ def test_two_pumps_one_outbox(backend: Backend, prefix: str) -> None:
 
 def _tree(parents: str, a: str, b: str) -> list[Child]:
     """10 cross-queue leaves, 5 same-queue leaves, and a sub-parent with 4 leaves."""
-    return ([Child(i, queue=a) for i in range(10)] + [Child(100 + i) for i in range(5)]
-            + [Child("sub", queue=b, children=[Child(200 + i, queue=a) for i in range(4)])])
+    return (
+        [Child(i, queue=a) for i in range(10)]
+        + [Child(100 + i) for i in range(5)]
+        + [Child("sub", queue=b, children=[Child(200 + i, queue=a) for i in range(4)])]
+    )
 
 
 @pytest.mark.parametrize("step", [0, 1, 2])
 @pytest.mark.parametrize("partial", [False, True])
-def test_failed_add_then_retry_converges(backend: Backend, prefix: str, step: int,
-                                          partial: bool) -> None:
+def test_failed_add_then_retry_converges(
+    backend: Backend, prefix: str, step: int, partial: bool
+) -> None:
     mq = backend.client(prefix)
     parents, a, b = backend.queues_on_distinct_nodes(3, "fx")
     pid = "JOB-flow-under-test"
-    root = flow_ops.plan(parents, pid, mq.encode("p"), _tree(parents, a, b),
-                         default_attempts=3, dumps=mq.encode, max_payload=1 << 20)
-    run_steps(mq, flow_ops.add_flow(mq.keys, root, [parents, a, b]), step,
-              partial=1 if partial else None)
+    root = flow_ops.plan(
+        parents,
+        pid,
+        mq.encode("p"),
+        _tree(parents, a, b),
+        default_attempts=3,
+        dumps=mq.encode,
+        max_payload=1 << 20,
+    )
+    run_steps(
+        mq, flow_ops.add_flow(mq.keys, root, [parents, a, b]), step, partial=1 if partial else None
+    )
     # progress in between: whatever landed may already run and complete
     for name in (a, parents):
         q = mq.queue(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -49,8 +50,9 @@ def test_add_by_id_is_idempotent(mq: EchoMQ) -> None:
 
 def test_priority_and_delay(mq: EchoMQ) -> None:
     q = mq.queue("work")
-    q.add_bulk([JobSpec("low", priority=5), JobSpec("high", priority=0),
-                JobSpec("later", delay=0.3)])
+    q.add_bulk(
+        [JobSpec("low", priority=5), JobSpec("high", priority=0), JobSpec("later", delay=0.3)]
+    )
     assert [j.payload for j in q.claim(5)] == ["high", "low"]
     assert q.get_job(q.add("later2", delay=0.3)).state == "delayed"
     time.sleep(0.35)
@@ -96,7 +98,7 @@ def test_stalls_bury_after_limit(mq: EchoMQ) -> None:
     job_id = q.add("crashy")
     pump = Pump(mq, ["work"], max_stalls=1)
     for _ in range(2):
-        (job,) = q.claim()
+        (_job,) = q.claim()
         time.sleep(0.08)
         pump.tick()
     info = q.get_job(job_id)
@@ -120,7 +122,7 @@ def test_retries_with_backoff_then_dead(mq: EchoMQ) -> None:
             break
         assert info.state == "delayed" and info.error == f"boom {len(seen)}"
     assert len(seen) == 3
-    gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(seen)]
     assert gaps[0] >= 0.025 and gaps[1] >= 0.05  # jittered 50 ms, then 100 ms, at least half
     info = q.get_job(job_id)
     assert (info.state, info.attempts, info.error) == ("dead", 3, "boom 3")
@@ -153,8 +155,9 @@ def test_refused_inputs(mq: EchoMQ) -> None:
         q.add(object())
     with pytest.raises(InvalidPayload):
         q.add(float("nan"))
-    small = mq.__class__(mq.url, cluster=mq.connection.is_cluster, prefix=mq.keys.prefix,
-                         max_payload_bytes=100)
+    small = mq.__class__(
+        mq.url, cluster=mq.connection.is_cluster, prefix=mq.keys.prefix, max_payload_bytes=100
+    )
     with pytest.raises(InvalidPayload):
         small.queue("work").add("x" * 200)
     small.close()
@@ -165,8 +168,15 @@ def test_refused_inputs(mq: EchoMQ) -> None:
         q.claim(0)
     with pytest.raises(InvalidArgument):
         q.add("x", priority=-1)
-    assert q.stats() == {"pending": 0, "active": 0, "delayed": 0, "dead": 0, "completed": 0,
-                         "outbox": 0, "poison": 0}
+    assert q.stats() == {
+        "pending": 0,
+        "active": 0,
+        "delayed": 0,
+        "dead": 0,
+        "completed": 0,
+        "outbox": 0,
+        "poison": 0,
+    }
 
 
 def test_wrong_token_refused_by_the_server(mq: EchoMQ) -> None:

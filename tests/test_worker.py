@@ -81,15 +81,28 @@ def test_worker_heartbeats_long_jobs(mq: EchoMQ) -> None:
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
-def test_sigterm_mid_batch_loses_nothing(backend: Backend, prefix: str, proc_env: dict[str, str],
-                                         concurrency: int) -> None:
+def test_sigterm_mid_batch_loses_nothing(
+    backend: Backend, prefix: str, proc_env: dict[str, str], concurrency: int
+) -> None:
     mq = backend.client(prefix)
     q = mq.queue("work")
     ids = q.add_bulk(range(400))
     proc = subprocess.Popen(
-        [sys.executable, PROC, backend.url, "1" if backend.cluster else "0", prefix, "work",
-         "10", str(concurrency)],
-        env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            PROC,
+            backend.url,
+            "1" if backend.cluster else "0",
+            prefix,
+            "work",
+            "10",
+            str(concurrency),
+        ],
+        env=proc_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait(lambda: q.stats()["completed"] >= 20)
         assert q.stats()["active"] > 0  # mid-batch: jobs are leased right now

@@ -29,8 +29,14 @@ def main() -> None:
         return payload * 2 if isinstance(payload, int) else payload
 
     names = queues.split(",")
-    worker = Worker(mq, {q: handle for q in names}, concurrency=int(concurrency), lease=5.0,
-                    grace=10.0, queue_options={"max_attempts": 2})
+    worker = Worker(
+        mq,
+        {q: handle for q in names},
+        concurrency=int(concurrency),
+        lease=5.0,
+        grace=10.0,
+        queue_options={"max_attempts": 2},
+    )
     pump = Pump(mq, names).start() if with_pump else None
     print("ready", flush=True)
     worker.run()
