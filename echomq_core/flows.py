@@ -39,6 +39,7 @@ class _Node:
     parent: _Node | None
     policy: str
     children: list[_Node]
+    derived: bool = False  # the id was derived from the parent's (no explicit id given)
 
 
 def new_parent_id() -> str:
@@ -100,7 +101,9 @@ def plan(
                 raise InvalidPayload(
                     f"payload of {child_id} is {len(body)} bytes; the limit is {max_payload}"
                 )
-            node = _Node(child_queue, child_id, body, attempts, parent, spec.policy, [])
+            node = _Node(
+                child_queue, child_id, body, attempts, parent, spec.policy, [], spec.id is None
+            )
             parent.children.append(node)
             if spec.children:
                 build(node, spec.children, child_id)
@@ -140,25 +143,35 @@ def _hold_call(ks: Keyspace, node: _Node) -> Call:
 
 def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[FlowRef]:
     """Hold the root (registering ``new_queues`` in the same pipeline), then land each depth
-    of the tree in one pipelined step."""
-    yield [_hold_call(ks, root), *register(ks, new_queues)]
+    of the tree in one pipelined step.
+
+    A parent this add held *fresh* (its hold answered 1) cannot have children yet, so its
+    children with derived ids land without the existence check - one command per child saved
+    on the first attempt. Any retry finds the parent existing and checks every child.
+    """
+    replies = yield [_hold_call(ks, root), *register(ks, new_queues)]
+    fresh = {root.id} if int(replies[0]) == 1 else set()
     level = root.children
     while level:
-        calls = [_hold_call(ks, n) for n in level if n.children]
-        leaves: dict[str, list[_Node]] = defaultdict(list)
+        holds = [n for n in level if n.children]
+        calls = [_hold_call(ks, n) for n in holds]
+        leaves: dict[tuple[str, str], list[_Node]] = defaultdict(list)
         for node in level:
             if not node.children:
-                leaves[node.queue].append(node)
-        for queue, nodes in leaves.items():
+                assert node.parent is not None
+                check = "0" if node.derived and node.parent.id in fresh else "1"
+                leaves[(node.queue, check)].append(node)
+        for (queue, check), nodes in leaves.items():
             for part in chunks(nodes):
                 keys = [ks.pending(queue), ks.seq(queue), *(ks.job(queue, n.id) for n in part)]
-                argv: list[Any] = [len(part)]
+                argv: list[Any] = [check, len(part)]
                 for n in part:
                     assert n.parent is not None
                     up_queue = n.parent.queue if n.parent.queue != queue else ""
                     argv += [n.id, n.payload, n.parent.id, up_queue, n.policy, n.max_attempts]
                 calls.append(Call.lua("land", keys, argv))
-        yield calls
+        replies = yield calls
+        fresh = {n.id for n, r in zip(holds, replies, strict=False) if int(r) == 1}
         level = [c for n in level for c in n.children]
     return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
 
@@ -207,7 +220,11 @@ def scan_page(key: str, cursor: int, count: int) -> Op[tuple[int, dict[str, byte
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
     """Parent state, N, outstanding and the three record counts, read atomically."""
     ((state, total, deps, processed, ignored, failed, error),) = yield [
-        Call.lua("flow_snapshot", ks.parent_keys(queue, parent_id), [])
+        Call.lua(
+            "flow_snapshot",
+            [*ks.parent_keys(queue, parent_id), ks.completed(queue)],
+            [parent_id],
+        )
     ]
     return FlowSnapshot(
         queue,

@@ -11,7 +11,7 @@ Per queue:
 key                       type    holds
 ========================  ======  ===========================================================
 ``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields,
-                                  state once it is held or finished, result / error
+                                  state (parents: held/pending/failed; dead), result / error
 ``job:<id>:dependencies`` string  a parent's outstanding-child counter
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
@@ -22,7 +22,8 @@ key                       type    holds
 ``leases``                hash    job id -> current lease token (one HSET per claimed batch)
 ``delayed``               zset    jobs waiting for a due time (retries, delayed adds)
 ``dead``                  zset    the morgue, scored by time of death
-``stats``                 hash    counters: completed, dead (one HINCRBY per batch)
+``completed``             zset    finished jobs by finish time (ms): "completed" is membership
+                                  here, so finishing a flow child never writes its row
 ``flow:outbox``           list    signals of this queue's children whose parent is elsewhere
 ``flow:outbox:head``      hash    the Pump's ageing record of a head that does not deliver
 ``flow:outbox:lease``     string  which Pump drains this outbox now (SET NX PX)
@@ -118,8 +119,8 @@ class Keyspace:
     def dead(self, queue: str) -> str:
         return self.base(queue) + "dead"
 
-    def stats(self, queue: str) -> str:
-        return self.base(queue) + "stats"
+    def completed(self, queue: str) -> str:
+        return self.base(queue) + "completed"
 
     def outbox(self, queue: str) -> str:
         return self.base(queue) + "flow:outbox"

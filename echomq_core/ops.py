@@ -57,25 +57,26 @@ def add(
     *,
     check: bool,
     new_queues: Sequence[str] = (),
-) -> Op[list[bool]]:
-    """Add jobs ``(id, payload, max_attempts, delay_ms, priority)``; True where added, False
-    where the id existed (left untouched). ``check=False`` only for host-generated ids.
-    ``new_queues`` rides along in the same pipeline (the registry), costing no round trip."""
+) -> Op[int]:
+    """Add jobs ``(id, payload, max_attempts, delay_ms, priority)``; returns how many were
+    added (ids that existed are left untouched). ``check=False`` only for host-generated ids.
+    Jobs sharing their options share a script call; ``new_queues`` rides along in the same
+    pipeline (the registry), so the whole call is one round trip."""
     calls = register(ks, new_queues)
     skip = len(calls)
-    for part in chunks(jobs):
-        keys = [
-            ks.pending(queue),
-            ks.delayed(queue),
-            ks.seq(queue),
-            *(ks.job(queue, j[0]) for j in part),
-        ]
-        argv: list[Any] = ["1" if check else "0", len(part)]
-        for job_id, payload, max_attempts, delay_ms, priority in part:
-            argv += [job_id, payload, max_attempts, delay_ms, priority]
-        calls.append(Call.lua("add", keys, argv))
+    groups: dict[tuple[int, int, int], list[tuple[str, bytes]]] = {}
+    for job_id, payload, max_attempts, delay_ms, priority in jobs:
+        groups.setdefault((max_attempts, delay_ms, priority), []).append((job_id, payload))
+    fixed = [ks.pending(queue), ks.delayed(queue), ks.seq(queue)]
+    for (max_attempts, delay_ms, priority), items in groups.items():
+        for part in chunks(items):
+            argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
+            for job_id, payload in part:
+                argv += [job_id, payload]
+            keys = [*fixed, *(ks.job(queue, job_id) for job_id, _ in part)]
+            calls.append(Call.lua("add", keys, argv))
     replies = yield calls
-    return [bool(flag) for reply in replies[skip:] for flag in reply]
+    return sum(int(r) for r in replies[skip:])
 
 
 # -- claim ------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def complete(
         keys = [
             ks.active(queue),
             ks.leases(queue),
-            ks.stats(queue),
+            ks.completed(queue),
             ks.outbox(queue),
             ks.pending(queue),
             *(ks.job(queue, j.id) for j, _ in part),
@@ -172,7 +173,6 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
         keys = [
             ks.active(queue),
             ks.leases(queue),
-            ks.stats(queue),
             ks.outbox(queue),
             ks.pending(queue),
             ks.delayed(queue),
@@ -241,7 +241,6 @@ def recover(
             ks.leases(queue),
             ks.pending(queue),
             ks.dead(queue),
-            ks.stats(queue),
             ks.outbox(queue),
             *(ks.job(queue, n) for n in names),
         ]
@@ -263,15 +262,15 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         ks.active(queue),
         ks.delayed(queue),
         ks.dead(queue),
+        ks.completed(queue),
     ]
-    ((where, flat),) = yield [Call.lua("inspect", keys, [job_id])]
+    ((where, score, flat),) = yield [Call.lua("inspect", keys, [job_id])]
     row = {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
     where = _s(where)
     if not row and not where:
         return None
-    state = _s(row["state"]) if "state" in row else (where or "pending")
-    if state == "pending" and where:
-        state = where
+    # where it stands decides; a held or failed parent is in no set, and its row says which
+    state = where or (_s(row["state"]) if "state" in row else "pending")
     parent = None
     if "parent" in row:
         pq = row.get("parent_queue")
@@ -299,7 +298,7 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         parent,
         _int(row["total"]) if "total" in row else None,
         _int(row.get("stalls")),
-        _int(row["finished"]) if "finished" in row else None,
+        int(float(score)) if score and where in ("completed", "dead") else None,
     )
 
 
@@ -310,17 +309,17 @@ def stats(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
         Call.cmd("ZCARD", ks.active(queue)),
         Call.cmd("ZCARD", ks.delayed(queue)),
         Call.cmd("ZCARD", ks.dead(queue)),
-        Call.cmd("HMGET", ks.stats(queue), "completed"),
+        Call.cmd("ZCARD", ks.completed(queue)),
         Call.cmd("LLEN", ks.outbox(queue)),
         Call.cmd("LLEN", ks.poison(queue)),
     ]
-    pending, active, delayed, dead, (completed,), outbox, poison = replies
+    pending, active, delayed, dead, completed, outbox, poison = replies
     return {
         "pending": int(pending),
         "active": int(active),
         "delayed": int(delayed),
         "dead": int(dead),
-        "completed": _int(completed),
+        "completed": int(completed),
         "outbox": int(outbox),
         "poison": int(poison),
     }

@@ -4,7 +4,7 @@
 --
 -- KEYS[1] active    zset  leased jobs         KEYS[4] outbox   list  this queue's flow:outbox
 -- KEYS[2] leases    hash  id -> token         KEYS[5] pending  zset  this queue's pending
--- KEYS[3] stats     hash  counters
+-- KEYS[3] completed zset  finished jobs by finish time (ms)
 -- KEYS[5+i]         the row of job i (i = 1..n)
 -- KEYS[5+n+5(g-1)+1 .. +5]  parent group g: row, dependencies, processed, unsuccessful, failed
 --                   (same-queue parents only; the host read each job's parent when it claimed it)
@@ -18,10 +18,11 @@
 --
 -- Steps: read all lease tokens with one HMGET; a job whose token is not current is skipped
 -- untouched (a stale completion changes nothing). For the rest: one ZREM from active, one HDEL
--- of leases, a row update each, the same-queue fan-in per parent group (see settle), one RPUSH
--- of all cross-queue signals, one HINCRBY of the completed counter.
--- A child's result is not copied into its own row: it lives in the parent's :processed (or in
--- the signal on its way there). Returns: {statuses, events}: statuses per job 1 (completed) /
+-- of leases, one ZADD into completed, the same-queue fan-in per parent group (see settle), one
+-- RPUSH of all cross-queue signals. A plain job's row gets its result (or is deleted when
+-- keep is '0'); a flow child's row is not written at all: its result lives in the parent's
+-- :processed (or in the signal on its way there), and membership of `completed` says it is
+-- done - so a child costs one command here, its fan-in record. Returns: {statuses, events}: statuses per job 1 (completed) /
 -- 0 (lease lost); events a flat list of pairs ('r' | 'f', parent id) for same-queue parents
 -- this call released or failed.
 local queue, keep = ARGV[1], ARGV[2]
@@ -32,7 +33,7 @@ for i = 1, n do ids[i] = ARGV[base + (i - 1) * 6 + 1] end
 if n == 0 then return {{}, {}} end
 local current = redis.call('HMGET', KEYS[2], unpack(ids))
 local now = now_ms()
-local out, done, signals, groups = {}, {}, {}, {}
+local out, done, fin, signals, groups = {}, {}, {}, {}, {}
 for i = 1, n do
   local b = base + (i - 1) * 6
   local id, token, result, mode = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
@@ -41,15 +42,14 @@ for i = 1, n do
   else
     out[i] = 1
     done[#done + 1] = id
-    local row = KEYS[5 + i]
+    fin[#fin + 1] = now; fin[#fin + 1] = id
     if mode == '' then
       if keep == '1' then
-        redis.call('HSET', row, 'state', 'completed', 'result', result, 'finished', now)
+        redis.call('HSET', KEYS[5 + i], 'result', result)
       else
-        redis.call('DEL', row)
+        redis.call('DEL', KEYS[5 + i])
       end
     else
-      redis.call('HSET', row, 'state', 'completed', 'finished', now)
       if mode == 's' then
         local gi = tonumber(ARGV[b + 5])
         groups[gi] = groups[gi] or {}
@@ -63,7 +63,7 @@ end
 if #done > 0 then
   redis.call('ZREM', KEYS[1], unpack(done))
   redis.call('HDEL', KEYS[2], unpack(done))
-  redis.call('HINCRBY', KEYS[3], 'completed', #done)
+  redis.call('ZADD', KEYS[3], unpack(fin))
 end
 if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
 local events = {}

@@ -3,10 +3,10 @@
 -- @include now_ms
 -- @include settle
 --
--- KEYS[1] active  KEYS[2] leases  KEYS[3] stats  KEYS[4] outbox  KEYS[5] pending
--- KEYS[6] delayed zset retries by due time       KEYS[7] dead    zset the morgue by time of death
--- KEYS[7+i]       the row of job i (i = 1..n)
--- KEYS[7+n+5(g-1)+1 .. +5]  parent group g (same-queue parents): row, dependencies, processed,
+-- KEYS[1] active  KEYS[2] leases  KEYS[3] outbox  KEYS[4] pending
+-- KEYS[5] delayed zset retries by due time       KEYS[6] dead    zset the morgue by time of death
+-- KEYS[6+i]       the row of job i (i = 1..n)
+-- KEYS[6+n+5(g-1)+1 .. +5]  parent group g (same-queue parents): row, dependencies, processed,
 --                           unsuccessful, failed
 -- ARGV[1] queue   ARGV[2] n   ARGV[3] g   ARGV[4 .. 3+g] the parent id of each group
 -- then per job, 7 values: id, token, error, delay_ms, mode, ref, parent_queue
@@ -38,7 +38,7 @@ for i = 1, n do
     out[i] = 0
   else
     done[#done + 1] = id
-    local row = KEYS[7 + i]
+    local row = KEYS[6 + i]
     local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy')
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
@@ -65,17 +65,14 @@ if #done > 0 then
   redis.call('ZREM', KEYS[1], unpack(done))
   redis.call('HDEL', KEYS[2], unpack(done))
 end
-if #later > 0 then redis.call('ZADD', KEYS[6], unpack(later)) end
-if #dead > 0 then
-  redis.call('ZADD', KEYS[7], unpack(dead))
-  redis.call('HINCRBY', KEYS[3], 'dead', math.floor(#dead / 2))
-end
-if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
+if #later > 0 then redis.call('ZADD', KEYS[5], unpack(later)) end
+if #dead > 0 then redis.call('ZADD', KEYS[6], unpack(dead)) end
+if #signals > 0 then redis.call('RPUSH', KEYS[3], unpack(signals)) end
 local events = {}
 for gi, items in pairs(groups) do
-  local k = 7 + n + (gi - 1) * 5
+  local k = 6 + n + (gi - 1) * 5
   local _, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[3 + gi],
-         queue, KEYS[5], KEYS[4], items, now)
+         queue, KEYS[4], KEYS[3], items, now)
   if ev then events[#events + 1] = ev; events[#events + 1] = ARGV[3 + gi] end
 end
 return {out, events}

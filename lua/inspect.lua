@@ -1,12 +1,16 @@
 -- inspect: a read; one job's row and where it stands, as one consistent snapshot.
 --
 -- KEYS[1] row  KEYS[2] pending  KEYS[3] active  KEYS[4] delayed  KEYS[5] dead
+-- KEYS[6] completed
 -- ARGV[1] id
--- Returns: {where, row} where `where` is 'pending' | 'active' | 'delayed' | 'dead' | ''
--- (a held or finished job is in no set) and row is the flat HGETALL of the row ({} if none).
-local where = ''
-if redis.call('ZSCORE', KEYS[3], ARGV[1]) then where = 'active'
-elseif redis.call('ZSCORE', KEYS[2], ARGV[1]) then where = 'pending'
-elseif redis.call('ZSCORE', KEYS[4], ARGV[1]) then where = 'delayed'
-elseif redis.call('ZSCORE', KEYS[5], ARGV[1]) then where = 'dead' end
-return {where, redis.call('HGETALL', KEYS[1])}
+-- Returns: {where, score, row}: `where` is 'active' | 'pending' | 'delayed' | 'dead' |
+-- 'completed' | '' (a held or failed parent is in no set; its row says which), score is the
+-- job's score there (a deadline, a due or finish time in ms) or false, row is the flat HGETALL
+-- of the row ({} if none, e.g. a plain job completed with keep_completed=False).
+local sets = {{KEYS[3], 'active'}, {KEYS[2], 'pending'}, {KEYS[4], 'delayed'},
+  {KEYS[5], 'dead'}, {KEYS[6], 'completed'}}
+for _, s in ipairs(sets) do
+  local score = redis.call('ZSCORE', s[1], ARGV[1])
+  if score then return {s[2], score, redis.call('HGETALL', KEYS[1])} end
+end
+return {'', false, redis.call('HGETALL', KEYS[1])}

@@ -4,7 +4,10 @@
 -- KEYS[1]   pending   zset  this queue's claimable jobs
 -- KEYS[2]   seq       string  this queue's arrival counter (see add.lua)
 -- KEYS[2+i] the row of child i (i = 1..n)
--- ARGV[1]   n
+-- ARGV[1]   check     '1': skip children whose row exists; '0': their parent was held fresh by
+--                     this very add and their ids derive from it, so no row can exist yet
+--                     (saves one EXISTS per child on the first attempt; a retry always checks)
+-- ARGV[2]   n
 -- then per child, 6 values: id, payload, parent id, parent_queue ('' = the parent is in this
 --   queue: the same-queue fan-in; else the parent's queue: the outbox path), policy ('fp'|'id'),
 --   max_attempts
@@ -14,17 +17,17 @@
 -- same script, so no child is ever claimable without its policy. A child that exists is left
 -- as it is (a retried add never re-queues a child, even one that already completed).
 -- Returns: a list of 1 (landed) / 0 (existed), per child. Errors: EMQKIND.
-local n = tonumber(ARGV[1])
+local check, n = ARGV[1], tonumber(ARGV[2])
 for i = 0, n - 1 do
-  local bad = check_id(ARGV[2 + i * 6])
+  local bad = check_id(ARGV[3 + i * 6])
   if bad then return bad end
 end
 local seq = redis.call('INCRBY', KEYS[2], n) - n
 local out, ready = {}, {}
 for i = 0, n - 1 do
-  local b = 2 + i * 6
+  local b = 3 + i * 6
   local row = KEYS[3 + i]
-  if redis.call('EXISTS', row) == 1 then
+  if check == '1' and redis.call('EXISTS', row) == 1 then
     out[i + 1] = 0
   else
     if ARGV[b + 3] == '' then

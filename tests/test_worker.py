@@ -105,7 +105,7 @@ def test_sigterm_mid_batch_loses_nothing(
     )
     try:
         _wait(lambda: q.stats()["completed"] >= 20)
-        assert q.stats()["active"] > 0  # mid-batch: jobs are leased right now
+        _wait(lambda: q.stats()["active"] > 0, every=0.001)  # mid-batch: jobs are leased now
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
