@@ -251,6 +251,22 @@ def recover(
     return (sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies))
 
 
+def sweep(ks: Keyspace, queues: Sequence[str], retention_ms: int, limit: int) -> Op[int]:
+    """Delete jobs completed more than ``retention_ms`` ago (rows and a parent's records)."""
+    aged = yield [Call.lua("aged", [ks.completed(q)], [retention_ms, limit]) for q in queues]
+    calls = []
+    for queue, ids in zip(queues, aged, strict=True):
+        if ids:
+            names = [_s(i) for i in ids]
+            keys = [ks.completed(queue)]
+            for name in names:
+                keys += ks.parent_keys(queue, name)
+            calls.append(Call.lua("sweep", keys, [retention_ms, *names]))
+    if not calls:
+        return 0
+    return sum(int(r) for r in (yield calls))
+
+
 # -- reads ------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -72,6 +73,7 @@ class TickStats:
     promoted: int = 0
     recovered: int = 0
     buried: int = 0
+    swept: int = 0
     blocked: dict[str, str] = field(default_factory=dict)  # queue -> reason of a blocked head
     released: list[tuple[str, str]] = field(default_factory=list)  # (queue, parent id)
     failed: list[tuple[str, str]] = field(default_factory=list)
@@ -193,14 +195,20 @@ class Pump:
     Options: ``queues`` (None: discover from the registry every ``discover_every`` s),
     ``page`` (1000 signals per outbox per tick), ``max_tries`` (5 failed deliveries of a head
     before it is poisoned), ``lease`` (10 s outbox lease), ``interval`` (0.05 s idle sleep,
-    jittered), ``max_stalls`` (5 lease expiries before a job is buried).
+    jittered), ``max_stalls`` (5 lease expiries before a job is buried), ``retention``
+    (86,400 s: completed jobs - rows, and a parent's records - are deleted that long after they
+    finished; None keeps them), ``maintain_every`` (0.1 s between maintenance passes), ``hooks`` (an object
+    with ``flow_released`` / ``flow_failed`` / ``signal_poisoned`` methods, see
+    :mod:`echomq_core.hooks`, fired after each tick; None for none).
     """
 
     def __init__(self, client: EchoMQ, queues: Sequence[str] | None = None, *,
                  page: int = 1000, max_tries: int = 5, lease: float = 10.0,
                  interval: float = 0.05, max_stalls: int = 5, discover_every: float = 2.0,
-                 pump_id: str | None = None) -> None:
+                 retention: float | None = 86_400.0, maintain_every: float = 0.1,
+                 pump_id: str | None = None, hooks: Any = None) -> None:
         self.client = client
+        self.hooks = hooks
         self.fixed = [check_queue(q) for q in queues] if queues is not None else None
         self.page = check_int("page", page, 1, 100_000)
         self.max_tries = check_int("max_tries", max_tries, 1)
@@ -208,6 +216,10 @@ class Pump:
         self.interval = check_seconds("interval", interval, 0.0)
         self.max_stalls = check_int("max_stalls", max_stalls, 0)
         self.discover_every = check_seconds("discover_every", discover_every, 0.0)
+        self.retention_ms = (None if retention is None
+                             else int(check_seconds("retention", retention, 0.0) * 1000))
+        self.maintain_every = check_seconds("maintain_every", maintain_every, 0.0)
+        self._maintained_at = float("-inf")
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
         self.totals = TickStats()
         self._queues: list[str] = list(self.fixed or [])
@@ -225,23 +237,44 @@ class Pump:
         return self._queues
 
     def tick(self) -> TickStats:
-        """One pass: deliver, trim, promote, recover. Returns what it did."""
-        import time
-
+        """One pass: deliver and trim; every ``maintain_every`` s also promote due retries,
+        recover expired leases and sweep completed jobs past ``retention``."""
         queues = self.queues(time.monotonic())
         if not queues:
             return TickStats()
         stats = self.client.run(drain(self.client.keys, queues, self.id, page=self.page,
                                       lease_ms=self.lease_ms, max_tries=self.max_tries))
-        stats.promoted = self.client.run(ops.promote(self.client.keys, queues, self.page))
-        stats.recovered, stats.buried = self.client.run(
-            ops.recover(self.client.keys, queues, self.page, self.max_stalls))
+        now = time.monotonic()
+        if now - self._maintained_at >= self.maintain_every:
+            # Maintenance is cheap but not free: at most every maintain_every seconds, so a
+            # Pump busy draining spends its round trips on delivery.
+            self._maintained_at = now
+            keys = self.client.keys
+            stats.promoted = self.client.run(ops.promote(keys, queues, self.page))
+            stats.recovered, stats.buried = self.client.run(
+                ops.recover(keys, queues, self.page, self.max_stalls))
+            if self.retention_ms is not None:
+                stats.swept = self.client.run(ops.sweep(keys, queues, self.retention_ms, 200))
         for name in ("delivered", "poisoned", "promoted", "recovered", "buried"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
         if stats.poisoned:
             log.warning("pump %s poisoned %d signal(s): %s", self.id, stats.poisoned,
                         stats.blocked)
+        if self.hooks is not None:
+            self._fire_hooks(stats)
         return stats
+
+    def _fire_hooks(self, stats: TickStats) -> None:
+        # After the scripts returned, never inside them; a raising hook must not stop the Pump.
+        events = [*(("flow_released", {"queue": q, "parent_id": p}) for q, p in stats.released),
+                  *(("flow_failed", {"queue": q, "parent_id": p}) for q, p in stats.failed),
+                  *(("signal_poisoned", {"queue": q, "reason": r})
+                    for q, r in stats.poisoned_entries)]
+        for name, kwargs in events:
+            try:
+                getattr(self.hooks, name)(**kwargs)
+            except Exception:
+                log.exception("hook %s raised; ignored", name)
 
     def run(self) -> None:
         """Tick until :meth:`stop`; errors are logged and retried with a bounded backoff."""

@@ -96,7 +96,7 @@ def test_lease_expiry_and_recovery(mq: EchoMQ) -> None:
 def test_stalls_bury_after_limit(mq: EchoMQ) -> None:
     q = mq.queue("work", lease=0.05)
     job_id = q.add("crashy")
-    pump = Pump(mq, ["work"], max_stalls=1)
+    pump = Pump(mq, ["work"], max_stalls=1, maintain_every=0)
     for _ in range(2):
         (_job,) = q.claim()
         time.sleep(0.08)
@@ -205,3 +205,22 @@ def test_bulk_chunks_across_script_calls(mq: EchoMQ) -> None:
     assert len(jobs) == 1203 and {j.id for j in jobs} == set(ids)
     assert all(q.complete_many([(j, None) for j in jobs]))
     assert q.stats()["completed"] == 1203
+
+
+def test_retention_sweeps_completed_jobs(mq: EchoMQ) -> None:
+    from echomq_core import Child
+
+    q = mq.queue("work")
+    flat = q.add("x")
+    ref = mq.add_flow("work", [Child(1), Child(2)])
+    for _ in range(2):
+        q.complete_many([(j, j.payload) for j in q.claim(10)])
+    pump = Pump(mq, ["work"], retention=0.2, maintain_every=0)
+    assert pump.tick().swept == 0  # too young
+    time.sleep(0.25)
+    assert pump.tick().swept == 4  # the plain job, two children and their parent
+    with pytest.raises(JobNotFound):
+        q.get_job(flat)
+    assert mq.children_values("work", ref.parent_id) == {}
+    assert mq.snapshot("work", ref.parent_id).parent_state is None
+    assert q.stats()["completed"] == 0

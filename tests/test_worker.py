@@ -70,7 +70,7 @@ def test_worker_heartbeats_long_jobs(mq: EchoMQ) -> None:
         started.wait(5)
         from echomq_core import Pump
 
-        pump = Pump(mq, ["slow"])
+        pump = Pump(mq, ["slow"], maintain_every=0)
         for _ in range(8):
             pump.tick()  # would recover the job if its lease lapsed
             time.sleep(0.1)
