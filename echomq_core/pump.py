@@ -196,10 +196,10 @@ class Pump:
     ``page`` (1000 signals per outbox per tick), ``max_tries`` (5 failed deliveries of a head
     before it is poisoned), ``lease`` (10 s outbox lease), ``interval`` (0.05 s idle sleep,
     jittered), ``max_stalls`` (5 lease expiries before a job is buried), ``retention``
-    (86,400 s: completed jobs - rows, and a parent's records - are deleted that long after they
-    finished; None keeps them), ``maintain_every`` (0.1 s between maintenance passes), ``hooks`` (an object
-    with ``flow_released`` / ``flow_failed`` / ``signal_poisoned`` methods, see
-    :mod:`echomq_core.hooks`, fired after each tick; None for none).
+    (86,400 s: completed jobs - rows, and a parent's records - are deleted that long after
+    they finished; None keeps them), ``maintain_every`` (0.1 s between maintenance passes),
+    ``hooks`` (an object with ``flow_released`` / ``flow_failed`` / ``signal_poisoned``
+    methods, see :mod:`echomq_core.hooks`, fired after each tick; None for none).
     """
 
     def __init__(self, client: EchoMQ, queues: Sequence[str] | None = None, *,

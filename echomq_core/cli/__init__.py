@@ -1,0 +1,107 @@
+"""The ``echomq`` command.
+
+::
+
+    echomq demo [--children N] [--json] [--url URL]   the README's "run it": a flow end to end
+    echomq server [--port P] [--data-dir DIR]          the bundled Valkey, in the foreground
+    echomq worker [QUEUE ...] --app MODULE:OBJECT      run handlers (or plugins' handlers)
+    echomq pump [QUEUE ...]                            deliver cross-queue signals, recover
+    echomq flow show QUEUE PARENT_ID [--watch]         a flow's state and counts, as a tree
+    echomq queue stats [QUEUE]                         counts per state
+    echomq poison list|replay QUEUE                    signals the Pump could not deliver
+
+Connection: ``--url`` (default ``$ECHOMQ_URL``, else ``redis://127.0.0.1:6379/0``),
+``--prefix`` (``$ECHOMQ_PREFIX``, else ``emq``), ``--connect-timeout``. Every failure is one
+line on stderr; exit status 2 for a bad command line (argument, URL, queue name, job id), 1
+for a runtime failure (unreachable server, failed flow), 130 for Ctrl-C. ``-vv`` adds the
+traceback. argparse only: the command adds no dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import redis
+
+from ..errors import EchoMQError, ServerStartError
+from . import demo, inspection, run
+from .common import (
+    INTERRUPTED,
+    CommandFailed,
+    Parser,
+    UsageError,
+    exit_status,
+    one_line,
+    setup_logging,
+)
+
+log = logging.getLogger(__name__)
+
+EPILOG = (
+    "Connection options of every command: --url (default $ECHOMQ_URL, else "
+    "redis://127.0.0.1:6379/0), --prefix ($ECHOMQ_PREFIX, else emq), --connect-timeout. "
+    "Exit status: 0 success, 1 runtime failure, 2 bad command line, 130 interrupted."
+)
+
+#: Failures we expect and explain in one line; anything else is a bug, reported as such.
+EXPECTED = (
+    EchoMQError,
+    UsageError,
+    CommandFailed,
+    ServerStartError,
+    redis.RedisError,
+    OSError,
+    ValueError,
+)
+
+
+def build_parser() -> Parser:
+    from .. import __version__
+
+    parser = Parser(
+        prog="echomq",
+        description="EchoMQ: durable fan-out / fan-in on "
+        "Redis-protocol servers. Start with 'echomq demo'.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"echomq {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    demo.add_parser(sub)
+    run.add_parsers(sub)
+    inspection.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (the ``echomq`` script exits with it)."""
+    verbose = 0
+    try:
+        args = build_parser().parse_args(argv)
+        verbose = args.verbose
+        setup_logging(verbose)
+        status: int = args.run(args)
+        return status
+    except KeyboardInterrupt:
+        print("echomq: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except EXPECTED as exc:
+        if verbose >= 2:
+            log.exception("details")
+        text = one_line(exc)  # argparse's complaints come formatted: "echomq demo: error: ..."
+        print(text if text.startswith("echomq") else f"echomq: error: {text}", file=sys.stderr)
+        return exit_status(exc)
+    except Exception as exc:  # a bug: still one line, with the way to see more
+        if verbose >= 2:
+            log.exception("details")
+        print(
+            f"echomq: internal error: {type(exc).__name__}: {one_line(exc)} (run with -vv "
+            "for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""The long-running commands: ``echomq server``, ``echomq worker``, ``echomq pump``.
+
+Each runs in the foreground until SIGTERM or SIGINT. The worker then drains: it stops
+claiming, lets running handlers finish (up to ``--grace`` seconds), gives unstarted jobs back
+and exits 0; a second signal gives back running jobs at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..hooks import Handler, Hooks, plugin_manager
+from ..pump import Pump
+from ..server import EmbeddedServer
+from ..worker import Worker
+from .common import (
+    CommandFailed,
+    UsageError,
+    add_connection_options,
+    add_verbosity,
+    env_url,
+    int_at_least,
+    open_client,
+    seconds,
+)
+
+
+def add_parsers(sub: Any) -> None:
+    s = sub.add_parser(
+        "server",
+        help="run the bundled Valkey server in the foreground",
+        description="Run the bundled valkey-server in the foreground and print "
+        "its URL (first line of stdout). Persistence (append-only "
+        "file) is on unless --no-persistence. Stops on SIGTERM/SIGINT.",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    s.add_argument(
+        "--port",
+        type=int_at_least(0, 65535),
+        default=6379,
+        help="port; 0 picks a free one (default %(default)s)",
+    )
+    s.add_argument(
+        "--data-dir",
+        default="echomq-data",
+        metavar="DIR",
+        help="where the append-only file lives (default ./%(default)s)",
+    )
+    s.add_argument(
+        "--no-persistence",
+        action="store_true",
+        help="keep data in memory only (a temporary directory, removed at exit)",
+    )
+    s.add_argument(
+        "--appendfsync",
+        choices=("always", "everysec", "no"),
+        default="everysec",
+        help="fsync policy of the append-only file (default %(default)s)",
+    )
+    add_verbosity(s)
+    s.set_defaults(run=run_server)
+
+    w = sub.add_parser(
+        "worker",
+        help="run job handlers for queues",
+        description="Run handlers for QUEUEs (default: every queue that has a "
+        "handler). Handlers come from --app and from plugins "
+        "(the echomq_handlers hook). SIGTERM drains gracefully.",
+    )
+    w.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to work on")
+    w.add_argument(
+        "--app",
+        action="append",
+        default=[],
+        metavar="MODULE:OBJECT",
+        help="a {queue: handler} mapping, or a callable returning one (the current "
+        "directory is importable); repeatable",
+    )
+    w.add_argument(
+        "--concurrency",
+        type=int_at_least(1, 1024),
+        default=1,
+        help="jobs run at once, one thread each (default %(default)s)",
+    )
+    w.add_argument(
+        "--lease",
+        type=seconds(0.05),
+        default=30.0,
+        metavar="S",
+        help="lease per claim; long jobs are heartbeated (default %(default)s)",
+    )
+    w.add_argument(
+        "--grace",
+        type=seconds(),
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM, how long running jobs may finish (default %(default)s)",
+    )
+    w.add_argument(
+        "--max-batch",
+        type=int_at_least(1, 5000),
+        default=200,
+        metavar="N",
+        help="most jobs one thread claims at once (default %(default)s)",
+    )
+    _plugin_options(w)
+    add_connection_options(w, url_default=env_url())
+    add_verbosity(w)
+    w.set_defaults(run=run_worker)
+
+    p = sub.add_parser(
+        "pump",
+        help="deliver cross-queue fan-in signals, promote, recover",
+        description="Run the Pump for QUEUEs (default: every queue in the "
+        "registry, re-read every few seconds). Stops on SIGTERM.",
+    )
+    p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to serve")
+    p.add_argument(
+        "--interval",
+        type=seconds(),
+        default=0.05,
+        metavar="S",
+        help="idle sleep between ticks, jittered (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-tries",
+        type=int_at_least(1),
+        default=5,
+        metavar="N",
+        help="failed deliveries of a signal before it is poisoned (default %(default)s)",
+    )
+    p.add_argument(
+        "--page",
+        type=int_at_least(1, 100_000),
+        default=1000,
+        metavar="N",
+        help="signals read per outbox per tick (default %(default)s)",
+    )
+    p.add_argument(
+        "--lease",
+        type=seconds(0.1),
+        default=10.0,
+        metavar="S",
+        help="outbox lease: another Pump takes over after S seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-stalls",
+        type=int_at_least(0),
+        default=5,
+        metavar="N",
+        help="expired leases before a job is buried (default %(default)s)",
+    )
+    _plugin_options(p)
+    add_connection_options(p, url_default=env_url())
+    add_verbosity(p)
+    p.set_defaults(run=run_pump)
+
+
+def _plugin_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("plugins")
+    group.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE[:OBJECT]",
+        help="register this plugin too (repeatable)",
+    )
+    group.add_argument(
+        "--no-plugins",
+        action="store_true",
+        help="do not load plugins from the echomq.plugins entry point group",
+    )
+
+
+def _stop_event() -> threading.Event:
+    """An event set by SIGTERM or SIGINT."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return stop
+
+
+def _say(text: str) -> None:
+    print(f"echomq {text}", file=sys.stderr, flush=True)
+
+
+# -- server --------------------------------------------------------------------------------
+
+
+def run_server(args: argparse.Namespace) -> int:
+    data_dir = None if args.no_persistence else Path(args.data_dir).resolve()
+    server = EmbeddedServer(
+        args.port or None,
+        host=args.host,
+        data_dir=data_dir,
+        appendonly=not args.no_persistence,
+        appendfsync=args.appendfsync,
+    )
+    stop = _stop_event()
+    server.start()
+    try:
+        print(server.url, flush=True)
+        where = (
+            f"append-only file in {server.data_dir} (fsync {args.appendfsync})"
+            if data_dir is not None
+            else "in memory only"
+        )
+        _say(
+            f"server: {server.binary.name} pid {server.pid} on {server.url}, {where}; "
+            "SIGTERM or Ctrl-C stops it"
+        )
+        while not stop.wait(0.5):
+            if not server.is_running():
+                raise CommandFailed(f"the server exited unexpectedly; see {server.log_path}")
+        _say("server: stopping")
+    finally:
+        server.stop()
+    return 0
+
+
+# -- worker --------------------------------------------------------------------------------
+
+
+def _import(spec: str, *, what: str, need_object: bool) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or (need_object and not attr):
+        raise UsageError(f"{what} must be MODULE:OBJECT, got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # as `python -m` would: the project being run is importable
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split(".") if attr else ():
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{what} {spec!r} cannot be imported: {type(exc).__name__}: {exc}"
+        ) from exc
+    return obj
+
+
+def _app_handlers(spec: str) -> dict[str, Handler]:
+    obj = _import(spec, what="--app", need_object=True)
+    if not isinstance(obj, Mapping) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Mapping):
+        raise ConfigurationError(
+            f"--app {spec!r} is a {type(obj).__name__}, not a mapping of "
+            "queue names to handlers (or a callable returning one)"
+        )
+    return dict(obj)
+
+
+def _hooks(args: argparse.Namespace, mq: Any) -> Hooks:
+    plugins = [_import(spec, what="--plugin", need_object=False) for spec in args.plugin]
+    return Hooks(plugin_manager(*plugins, entry_points=not args.no_plugins), client=mq)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    apps = [_app_handlers(spec) for spec in args.app]  # import errors before connecting
+    mq = open_client(args, socket_timeout=60.0)
+    try:
+        hooks = _hooks(args, mq)
+        handlers: dict[str, Handler] = {}
+        source: dict[str, str] = {}
+        for spec, found in [
+            *((f"--app {s}", a) for s, a in zip(args.app, apps, strict=True)),
+            ("plugins", hooks.handlers()),
+        ]:
+            for queue, fn in found.items():
+                if queue in handlers:
+                    raise ConfigurationError(
+                        f"queue {queue!r} has handlers from {source[queue]} and {spec}"
+                    )
+                handlers[queue], source[queue] = fn, spec
+        if not handlers:
+            raise UsageError(
+                "no handlers: give --app MODULE:OBJECT or install a plugin that "
+                "implements echomq_handlers"
+            )
+        missing = [q for q in args.queues if q not in handlers]
+        if missing:
+            raise UsageError(
+                f"no handler for queue(s) {', '.join(map(repr, missing))} "
+                f"(handlers exist for {', '.join(sorted(handlers))})"
+            )
+        chosen: dict[str, Callable[..., Any]] = (
+            {q: handlers[q] for q in args.queues} if args.queues else handlers
+        )
+        names = hooks.plugin_names()
+        worker = Worker(
+            mq,
+            chosen,
+            concurrency=args.concurrency,
+            lease=args.lease,
+            grace=args.grace,
+            max_batch=args.max_batch,
+            hooks=hooks if names else None,
+        )
+        _say(
+            f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}; "
+            f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
+            f"{', '.join(names) or 'none'}"
+        )
+        worker.run()
+        _say(f"worker: stopped ({worker.completed} completed, {worker.failed} failed attempts)")
+    finally:
+        mq.close()
+    return 0
+
+
+# -- pump ----------------------------------------------------------------------------------
+
+
+def run_pump(args: argparse.Namespace) -> int:
+    mq = open_client(args, socket_timeout=60.0)
+    try:
+        hooks = _hooks(args, mq)
+        names = hooks.plugin_names()
+        pump = Pump(
+            mq,
+            args.queues or None,
+            page=args.page,
+            max_tries=args.max_tries,
+            lease=args.lease,
+            interval=args.interval,
+            max_stalls=args.max_stalls,
+            hooks=hooks if names else None,
+        )
+        stop = _stop_event()
+        _say(
+            f"pump: queues {', '.join(args.queues) or '(discovered)'}; "
+            f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
+            f"{', '.join(names) or 'none'}"
+        )
+        pump.start()
+        try:
+            while not stop.wait(0.5):
+                if not pump.running:
+                    raise CommandFailed("the pump stopped unexpectedly (see the log above)")
+        finally:
+            pump.stop()
+        t = pump.totals
+        _say(
+            f"pump: stopped ({t.delivered} delivered, {t.poisoned} poisoned, {t.promoted} "
+            f"promoted, {t.recovered} recovered, {t.buried} buried)"
+        )
+    finally:
+        mq.close()
+    return 0
