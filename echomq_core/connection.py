@@ -14,24 +14,38 @@ is an error, not a loop.
 URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS, ``unix:///path``;
 Cluster with ``redis+cluster://`` / ``rediss+cluster://`` or ``?cluster=true`` (or the
 ``cluster=True`` argument). Passwords never appear in reprs or error messages.
+
+No blind re-sends: redis-py retries a command whose connection broke by sending it again, but
+a reply lost *after* the server ran the command then runs it twice (a claim would lease a
+second batch and orphan the first until its lease expires). So unless the caller passes its own
+``retry``, clients are made with ``Retry(NoBackoff(), 0)``: a broken call raises
+:class:`~echomq_core.errors.ConnectionLost` (it took effect once, or not at all), and the
+caller's retry by id, or the Worker's and Pump's loops, decide what happens next. A dead idle
+connection is still replaced transparently when it is taken from the pool. (A Cluster pipeline
+re-sends the calls of a node whose connection broke, whatever ``retry`` says; every EchoMQ
+script is safe to run twice - lease tokens, set-if-absent records, a head check on trims.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
-import redis.asyncio
-import redis.asyncio.cluster
 import redis.cluster
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from . import errors
+
+if TYPE_CHECKING:  # imported when an async client is made: it costs every CLI start
+    import redis.asyncio
+    import redis.asyncio.cluster
 from .scripts import Script, script
 
 T = TypeVar("T")
@@ -143,6 +157,8 @@ class Connection:
                 return [exc]
             except _TRANSPORT_ERRORS as exc:
                 raise self._lost(exc) from None
+            except RedisError as exc:  # a reply that is not RESP (not a Redis server?)
+                raise errors.ServerError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             pipe.execute_command(*call.args)
@@ -150,6 +166,8 @@ class Connection:
             return list(pipe.execute(raise_on_error=False))
         except _TRANSPORT_ERRORS as exc:
             raise self._lost(exc) from None
+        except RedisError as exc:
+            raise errors.ServerError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         finally:
             pipe.reset()
 
@@ -214,6 +232,8 @@ class AsyncConnection:
                 return [exc]
             except _TRANSPORT_ERRORS as exc:
                 raise self._lost(exc) from None
+            except RedisError as exc:  # a reply that is not RESP (not a Redis server?)
+                raise errors.ServerError(f"{self.where}: {type(exc).__name__}: {exc}") from None
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             pipe.execute_command(*call.args)
@@ -221,6 +241,8 @@ class AsyncConnection:
             return list(await pipe.execute(raise_on_error=False))
         except _TRANSPORT_ERRORS as exc:
             raise self._lost(exc) from None
+        except RedisError as exc:
+            raise errors.ServerError(f"{self.where}: {type(exc).__name__}: {exc}") from None
 
     def _lost(self, exc: BaseException) -> errors.ConnectionLost:
         return errors.ConnectionLost(f"cannot reach {self.where}: {type(exc).__name__}: {exc}")
@@ -274,7 +296,10 @@ def parse_url(url: str, *, cluster: bool | None = None) -> Target:
     if is_cluster and scheme == "unix":
         raise errors.ConfigurationError("Cluster mode needs host:port URLs, not unix://")
     base = scheme.split("+", 1)[0]
-    clean = urlunsplit((base, parts.netloc, parts.path, urlencode(query), ""))
+    if base == "unix":  # redis-py wants the "unix://" spelling, which urlunsplit drops
+        clean = f"unix://{parts.netloc}{parts.path}" + (f"?{urlencode(query)}" if query else "")
+    else:
+        clean = urlunsplit((base, parts.netloc, parts.path, urlencode(query), ""))
     where = (
         f"unix:{parts.path}"
         if scheme == "unix"
@@ -286,6 +311,7 @@ def parse_url(url: str, *, cluster: bool | None = None) -> Target:
 def connect(url: str, *, cluster: bool | None = None, **options: Any) -> Connection:
     """A synchronous :class:`Connection` for ``url`` (no I/O until the first call)."""
     target = parse_url(url, cluster=cluster)
+    options.setdefault("retry", Retry(NoBackoff(), 0))  # no blind re-sends: see the module doc
     client: redis.Redis | redis.cluster.RedisCluster
     try:
         if target.cluster:
@@ -304,6 +330,10 @@ def connect(url: str, *, cluster: bool | None = None, **options: Any) -> Connect
 def connect_async(url: str, *, cluster: bool | None = None, **options: Any) -> AsyncConnection:
     """An :class:`AsyncConnection` for ``url`` (no I/O until the first call)."""
     target = parse_url(url, cluster=cluster)
+    options.setdefault("retry", _async_no_retry())  # no blind re-sends: see the module doc
+    import redis.asyncio
+    import redis.asyncio.cluster
+
     client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
     try:
         if target.cluster:
@@ -315,3 +345,9 @@ def connect_async(url: str, *, cluster: bool | None = None, **options: Any) -> A
             f"bad connection options for {target.where}: {exc}"
         ) from None
     return AsyncConnection(client, where=target.where)
+
+
+def _async_no_retry() -> Any:
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    return AsyncRetry(NoBackoff(), 0)

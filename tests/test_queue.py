@@ -9,6 +9,7 @@ import pytest
 
 from echomq_core import (
     Backoff,
+    ConnectionLost,
     EchoMQ,
     InvalidArgument,
     InvalidJobId,
@@ -224,3 +225,39 @@ def test_retention_sweeps_completed_jobs(mq: EchoMQ) -> None:
     assert mq.children_values("work", ref.parent_id) == {}
     assert mq.snapshot("work", ref.parent_id).parent_state is None
     assert q.stats()["completed"] == 0
+
+
+def test_unix_socket_url(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from echomq_core.server import EmbeddedServer
+
+    sock = tmp_path / "v.sock"
+    with EmbeddedServer(extra_args=["--unixsocket", str(sock)]) as server:
+        assert server.is_running()
+        mq = EchoMQ(f"unix://{sock}")
+        q = mq.queue("u")
+        q.add("over a socket")
+        assert [j.payload for j in q.claim()] == ["over a socket"]
+        mq.close()
+
+
+def test_not_a_redis_server_is_a_server_error() -> None:
+    import socket
+    import threading
+
+    from echomq_core import ServerError
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def answer_http() -> None:
+        conn, _ = listener.accept()
+        conn.recv(1024)
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    mq = EchoMQ(f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
+    with pytest.raises((ServerError, ConnectionLost)):
+        mq.queue("x").stats()
+    listener.close()
