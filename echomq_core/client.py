@@ -185,6 +185,14 @@ class EchoMQ(_Base):
             if cursor == 0:
                 return
 
+    def save_ref(self, name: str, ref: FlowRef) -> None:
+        """Store a flow reference under ``name`` for another process to find (adapters)."""
+        self.run(flows.save_ref(self.keys, name, ref))
+
+    def load_ref(self, name: str) -> FlowRef | None:
+        """The flow reference stored under ``name``, or None."""
+        return self.run(flows.load_ref(self.keys, name))
+
     def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
     ) -> FlowSnapshot:

@@ -17,6 +17,7 @@ round trips, whatever N.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -79,6 +80,12 @@ def plan(
             if id(spec) in seen_nodes:
                 raise InvalidFlow(f"child {index} of {path} appears twice in the tree (a cycle)")
             seen_nodes.add(id(spec))
+            flags = (spec.fail_parent_on_failure, spec.ignore_dependency_on_failure)
+            if not all(isinstance(flag, bool) for flag in flags):
+                raise InvalidFlow(
+                    f"child {index} of {path}: fail_parent_on_failure and "
+                    f"ignore_dependency_on_failure must be True or False, got {flags!r}"
+                )
             if not spec.fail_parent_on_failure and not spec.ignore_dependency_on_failure:
                 raise InvalidFlow(
                     f"child {index} of {path}: a child must fail its parent or be "
@@ -108,7 +115,10 @@ def plan(
             if spec.children:
                 build(node, spec.children, child_id)
 
-    build(root, children, parent_id)
+    try:
+        build(root, children, parent_id)
+    except RecursionError:
+        raise InvalidFlow(f"flow {parent_id!r} is nested too deeply") from None
     return root
 
 
@@ -215,6 +225,18 @@ def scan_page(key: str, cursor: int, count: int) -> Op[tuple[int, dict[str, byte
     """One HSCAN page of a result hash: (next cursor, {field: raw value}); cursor 0 ends."""
     ((nxt, flat),) = yield [Call.cmd("HSCAN", key, cursor, "COUNT", count)]
     return int(nxt), _pairs(flat)
+
+
+def save_ref(ks: Keyspace, name: str, ref: FlowRef) -> Op[None]:
+    """Store ``ref`` under ``name`` (overwriting)."""
+    body = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
+    yield [Call.cmd("SET", ks.ref(name), body)]
+
+
+def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
+    """The reference stored under ``name``, or None."""
+    (raw,) = yield [Call.cmd("GET", ks.ref(name))]
+    return None if raw is None else FlowRef.from_dict(json.loads(raw))
 
 
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:

@@ -31,7 +31,9 @@ key                       type    holds
 ========================  ======  ===========================================================
 
 Global (not per queue): ``<prefix>:queues``, a set of queue names written when a queue is
-first used, so Pumps and operators can discover queues without ``KEYS``/``SCAN``.
+first used, so Pumps and operators can discover queues without ``KEYS``/``SCAN``; and
+``<prefix>:ref:<name>``, strings holding named flow references (``EchoMQ.save_ref``), which
+adapters use to hand a flow from one process to another.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import ConfigurationError, InvalidJobId, InvalidQueueName
+from .errors import ConfigurationError, InvalidArgument, InvalidJobId, InvalidQueueName
 
 #: A queue name: letters, digits and ``. _ - / @ +``; no braces (hash tag), no colon (key
 #: grammar), no whitespace or control characters. Bounded so keys stay small.
@@ -47,6 +49,8 @@ QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9._\-/@+]{1,128}")
 #: A job id: ``JOB-`` plus a safe tail; the same rule is enforced by the scripts (EMQKIND).
 JOB_ID_RE = re.compile(r"JOB-[A-Za-z0-9._\-/@+=~#]{1,200}")
 PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,32}")
+#: A stored reference's name: printable, no whitespace or braces (adapters key them by asset).
+REF_NAME_RE = re.compile(r"[!-z|~]{1,512}")
 
 
 def check_queue(name: object) -> str:
@@ -91,6 +95,16 @@ class Keyspace:
     def queues(self) -> str:
         """The set of known queue names (the Pump's discovery registry)."""
         return f"{self.prefix}:queues"
+
+    def ref(self, name: str) -> str:
+        """A named flow reference (adapters hand flows between processes through these).
+        No hash tag: one plain string, read and written on its own, on any node."""
+        if not isinstance(name, str) or not REF_NAME_RE.fullmatch(name):
+            raise InvalidArgument(
+                f"invalid reference name {name!r}: 1-512 printable characters, "
+                "no whitespace or braces"
+            )
+        return f"{self.prefix}:ref:{name}"
 
     # -- per queue ------------------------------------------------------------------------
     def base(self, queue: str) -> str:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import ops
 from .connection import Call, Lenient, Op
-from .errors import EchoMQError, InvalidInput
+from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Settlement
 from .queue import check_int, check_seconds
@@ -209,6 +209,8 @@ class Pump:
                  pump_id: str | None = None, hooks: Any = None) -> None:
         self.client = client
         self.hooks = hooks
+        if isinstance(queues, str | bytes):
+            raise InvalidArgument(f"queues must be a list of queue names, not a string {queues!r}")
         self.fixed = [check_queue(q) for q in queues] if queues is not None else None
         self.page = check_int("page", page, 1, 100_000)
         self.max_tries = check_int("max_tries", max_tries, 1)
@@ -302,10 +304,23 @@ class Pump:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread and give up this Pump's outbox leases, so another Pump takes over
+        at once rather than after ``lease`` seconds."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        self.release_leases()
+
+    def release_leases(self) -> None:
+        keys = self.client.keys
+        calls = [Call.lua("outbox_unlease", [keys.outbox_lease(q)], [self.id])
+                 for q in self._queues]
+        if calls:
+            try:
+                self.client.connection.execute(Lenient(calls))
+            except EchoMQError as exc:  # the leases lapse on their own
+                log.warning("pump %s could not release its leases: %s", self.id, exc)
 
     @property
     def running(self) -> bool:

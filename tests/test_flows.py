@@ -316,3 +316,26 @@ def test_add_costs_two_round_trips(backend: Backend, prefix: str) -> None:
     assert len(calls) == 2, calls  # hold (+ registry), then every landing in one pipeline
     assert calls[1] == 2  # 500 children per script call, per queue
     mq.close()
+
+
+def test_named_refs_and_pump_gives_up_leases_on_stop(mq: EchoMQ) -> None:
+    from echomq_core import InvalidArgument
+
+    ref = mq.add_flow("p", [Child(1, queue="c")])
+    mq.save_ref("dagster:assets/daily/2026-11-30", ref)
+    loaded = mq.load_ref("dagster:assets/daily/2026-11-30")
+    assert loaded is not None and loaded.parent_id == ref.parent_id
+    assert mq.load_ref("nothing-here") is None
+    for bad in ["", "a b", "x{y}", "x" * 513]:
+        with pytest.raises(InvalidArgument):
+            mq.save_ref(bad, ref)
+    first = Pump(mq, ["c"]).start()
+    deadline = time.monotonic() + 5
+    while not mq.connection.client.get(mq.keys.outbox_lease("c")):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    first.stop()
+    assert mq.connection.client.get(mq.keys.outbox_lease("c")) is None
+    (job,) = mq.queue("c").claim()
+    mq.queue("c").complete(job, 1)
+    assert Pump(mq, ["c"]).tick().delivered == 1  # no wait for a lapsed lease

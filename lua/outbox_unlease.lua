@@ -1,0 +1,11 @@
+-- outbox_unlease: give up the right to drain an outbox (a Pump stopping cleanly), so the next
+-- Pump takes over at once instead of waiting for the lease to lapse.
+--
+-- KEYS[1] lease  string  the id of the Pump draining this outbox
+-- ARGV[1] pump   this Pump's id
+-- Returns: 1 released, 0 the lease was not this Pump's (left as it is).
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0

@@ -1,0 +1,139 @@
+"""The example in ``examples/dagster/``: real Dagster, a real server, real worker processes.
+
+Nothing else runs a Pump here: the example's workers run none, so every child (in a queue
+other than its parent's) reaches the parent only through the Pump of ``EchoMQResource``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
+from dagster_support import EXAMPLE_DIR, ROOT, client_url, load_example, pump_threads
+
+from echomq_core import EchoMQ
+
+N = 15  # numbers per queue: 2 * N children
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+
+
+def expected_summary(n: int) -> dict[str, Any]:
+    return {
+        "children": 2 * n,
+        "totals": {
+            "example-cubes": sum(i**3 for i in range(n)),
+            "example-squares": sum(i * i for i in range(n)),
+        },
+        "counts": {"example-cubes": n, "example-squares": n},
+    }
+
+
+def start_example_workers(spawn: Callable[..., Any], url: str, prefix: str) -> None:
+    spawn(str(EXAMPLE_DIR / "workers.py"), env={"ECHOMQ_URL": url, "ECHOMQ_PREFIX": prefix})
+
+
+def test_example_materializes_in_process(
+    backend: Any,
+    prefix: str,
+    spawn: Callable[..., Any],
+    instance: DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = client_url(backend)
+    start_example_workers(spawn, url, prefix)
+    example = load_example(monkeypatch, url, prefix, N)
+    resources = example.defs.resources
+
+    result = materialize(
+        [example.measurements, example.summary], resources=resources, instance=instance
+    )
+
+    assert result.success
+    assert result.output_for_node("summary") == expected_summary(N)
+    flow = result.output_for_node("measurements")
+    with EchoMQ(url, prefix=prefix) as mq:
+        values = mq.children_values(flow.queue, flow.parent_id)
+    # every child's result reached the downstream asset: ids f"{parent}.{index}", 2N of them
+    assert set(values) == {f"{flow.parent_id}.{i}" for i in range(2 * N)}
+    upstream = result.asset_materializations_for_node("measurements")[0].metadata
+    assert upstream["N"].value == 2 * N
+    observed = result.asset_observations_for_node("summary")[0]
+    assert observed.asset_key == AssetKey("measurements")
+    counts = {k: observed.metadata[k].value for k in ("N", "processed", "ignored", "failed")}
+    assert counts == {"N": 2 * N, "processed": 2 * N, "ignored": 0, "failed": 0}
+    assert pump_threads() == []
+
+    # The example's sensor watches the flow that materialization stored: one run, once.
+    sensor = example.defs.resolve_sensor_def("reports_released")
+    first = sensor.evaluate_tick(build_sensor_context(instance=instance))
+    assert [r.run_key for r in first.run_requests or []] == [flow.parent_id]
+    again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor))
+    assert not again.run_requests
+
+
+@pytest.mark.onlystandalone
+def test_example_materializes_under_multiprocess_cli(
+    backend: Any, prefix: str, spawn: Callable[..., Any], proc_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``dagster asset materialize`` runs the Definitions' default (multiprocess) executor:
+    upstream and downstream in separate step processes, each with its own Pump."""
+    url = client_url(backend)
+    start_example_workers(spawn, url, prefix)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {
+        **proc_env,
+        "ECHOMQ_URL": url,
+        "ECHOMQ_PREFIX": prefix,
+        "ECHOMQ_EXAMPLE_N": str(N),
+        "DAGSTER_HOME": str(home),
+    }
+
+    started = time.monotonic()
+    run = subprocess.run(
+        [
+            DAGSTER,
+            "asset",
+            "materialize",
+            "-f",
+            str(EXAMPLE_DIR / "definitions.py"),
+            "--select",
+            "*",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "multiprocess executor" in run.stderr
+    assert "RUN_SUCCESS" in run.stderr
+    with open(home / "storage" / "summary", "rb") as fh:
+        assert pickle.load(fh) == expected_summary(N)
+    assert time.monotonic() - started < 150
+
+
+def test_example_passes_definitions_validate(proc_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**proc_env, "DAGSTER_HOME": str(tmp_path)}
+    env.pop("ECHOMQ_URL", None)  # loading must not need a server
+    run = subprocess.run(
+        [DAGSTER, "definitions", "validate", "-f", str(EXAMPLE_DIR / "definitions.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert "Validation successful" in run.stderr + run.stdout
+    assert os.path.isdir(tmp_path)

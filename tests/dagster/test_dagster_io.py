@@ -1,0 +1,307 @@
+"""EchoMQResource and EchoMQIOManager with real Dagster, a real server and real workers.
+
+Workers here run no Pump, and the flows are cross-queue (children in another queue than the
+parent), so a parent is released only if some Pump delivers the children's signals.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the asset functions' annotations
+# (context, resource and input types) at definition time and needs them as objects.
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    DagsterEventType,
+    DagsterInstance,
+    OpExecutionContext,
+    Out,
+    StaticPartitionsDefinition,
+    asset,
+    job,
+    materialize,
+    op,
+)
+from dagster_support import client_url, pump_threads
+
+from dagster_integration import (
+    EchoMQIOManager,
+    EchoMQResource,
+    FlowFailedError,
+    flow_metadata,
+)
+from dagster_integration.resource import _PumpShare
+from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
+from echomq_core.keyspace import check_job_id
+
+PARENT, CHILD = "dg-parent", "dg-child"
+N = 12
+
+
+def fan_out_assets(n: int = N, fail: set[int] | None = None) -> list[Any]:
+    """``fan_out`` adds a cross-queue flow of n children; ``collect`` receives the results."""
+
+    @asset(io_manager_key="echomq_io")
+    def fan_out(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        children = [Child({"n": i, "fail": i in (fail or set())}, queue=CHILD) for i in range(n)]
+        return echomq.add_flow(PARENT, children, parent_id=echomq.run_scoped_id(context))
+
+    @asset
+    def collect(fan_out: dict[str, Any]) -> dict[str, Any]:
+        return fan_out
+
+    return [fan_out, collect]
+
+
+def resources(url: str, prefix: str, **io_options: Any) -> dict[str, Any]:
+    pump_on = io_options.pop("run_pump", True)
+    echomq = EchoMQResource(url=url, prefix=prefix, run_pump=pump_on, pump_discover_every=0.2)
+    return {
+        "echomq": echomq,
+        "echomq_io": EchoMQIOManager(echomq=echomq, poll_interval=0.05, **io_options),
+    }
+
+
+def step_error(result: Any, step: str) -> Any:
+    (event,) = [
+        e
+        for e in result.all_events
+        if e.event_type == DagsterEventType.STEP_FAILURE and e.step_key == step
+    ]
+    return event.step_failure_data.error
+
+
+def test_cross_queue_flow_completes_only_through_the_resource_pump(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    assets = fan_out_assets()
+
+    # Without the resource's Pump, nothing delivers the children's signals: the workers
+    # finish every child, yet the parent stays held and the downstream load times out.
+    stuck = materialize(
+        assets,
+        resources=resources(url, prefix, run_pump=False, wait_timeout=3.0),
+        instance=instance,
+        raise_on_error=False,
+    )
+    assert not stuck.success
+    error = step_error(stuck, "collect")
+    assert error.cls_name == "DagsterExecutionLoadInputError"
+    assert error.cause.cls_name == "FlowTimeout"
+    assert f"{N} outstanding" in error.cause.message
+    flow: FlowRef = stuck.output_for_node("fan_out")
+    with EchoMQ(url, prefix=prefix) as mq:
+        children = [f"{flow.parent_id}.{i}" for i in range(N)]
+        deadline = time.monotonic() + 30  # the workers may still be busy on a loaded machine
+        while {mq.get_job(CHILD, c).state for c in children} != {"completed"}:
+            assert time.monotonic() < deadline, "workers did not finish the children"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        snap = mq.snapshot(flow.queue, flow.parent_id)
+        assert (snap.parent_state, snap.dependencies) == ("held", N)
+
+        # The same flow, loaded again with the resource's Pump running: released, complete.
+        done = materialize(
+            assets, selection=["collect"], resources=resources(url, prefix), instance=instance
+        )
+        assert done.success
+        values = done.output_for_node("collect")
+        assert set(values) == set(children)
+        assert sorted(v["value"] for v in values.values()) == [i * i for i in range(N)]
+        assert mq.snapshot(flow.queue, flow.parent_id).released
+
+
+@pytest.mark.onlystandalone
+def test_failed_parent_fails_the_load_with_a_typed_error(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    result = materialize(
+        fan_out_assets(fail={3}),
+        resources=resources(url, prefix),
+        instance=instance,
+        raise_on_error=False,
+    )
+    assert not result.success
+    flow: FlowRef = result.output_for_node("fan_out")
+    error = step_error(result, "collect")
+    # Dagster reports the FlowFailedError itself (a Failure is not wrapped), naming the child.
+    assert error.cls_name == "FlowFailedError"
+    assert f"{flow.parent_id}.3" in error.message
+    assert "refused on purpose" in error.message
+    failure = next(e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE)
+    meta = failure.step_failure_data.user_failure_data.metadata
+    assert meta["failed_count"].value == 1
+    assert list(meta["failed_children"].value) == [f"{flow.parent_id}.3"]
+
+    # raise_on_error: the caller catches the typed error (also a core ParentFailed).
+    with pytest.raises(FlowFailedError) as caught:
+        materialize(
+            fan_out_assets(fail={3}),
+            selection=["collect"],
+            resources=resources(url, prefix),
+            instance=instance,
+        )
+    assert isinstance(caught.value, ParentFailed)
+    assert list(caught.value.failed) == [f"{flow.parent_id}.3"]
+    assert caught.value.parent_id == flow.parent_id
+    assert pump_threads() == []
+
+
+@pytest.mark.onlystandalone
+def test_external_flow_feeds_an_asset(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """A flow added outside Dagster, declared as an AssetSpec naming it in its metadata."""
+    url = client_url(backend)
+    with EchoMQ(url, prefix=prefix) as mq:
+        ref = mq.add_flow(
+            "ext-parent",
+            [Child({"n": i}, queue="ext-child") for i in range(5)],
+            parent_id="JOB-nightly-42",
+        )
+    workers(url, prefix, "ext-child")
+    external = AssetSpec("nightly_scores", metadata=flow_metadata(ref.queue, ref.parent_id))
+    external = external.with_io_manager_key("echomq_io")
+
+    @asset
+    def scores_report(nightly_scores: dict[str, Any]) -> int:
+        return sum(v["value"] for v in nightly_scores.values())
+
+    result = materialize(
+        [external, scores_report], resources=resources(url, prefix), instance=instance
+    )
+    assert result.success
+    assert result.output_for_node("scores_report") == sum(i * i for i in range(5))
+    (observed,) = result.asset_observations_for_node("scores_report")
+    assert observed.metadata["processed"].value == 5
+
+
+@pytest.mark.onlystandalone
+def test_pump_runs_for_the_run_and_stops_after_it_even_when_a_step_fails(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    """The resource and the IO manager's nested resource both set up in this process: they
+    share one Pump thread, which teardown stops and joins although the step raised."""
+    seen: dict[str, Any] = {}
+
+    @asset(io_manager_key="echomq_io")
+    def probe(echomq: EchoMQResource) -> FlowRef:
+        assert echomq.pump is not None and echomq.pump_running
+        seen["pump"] = echomq.pump.id
+        seen["threads"] = pump_threads()
+        seen["live"] = _PumpShare.live_pumps()
+        raise RuntimeError("step fails after the pump started")
+
+    url = client_url(backend)
+    result = materialize(
+        [probe], resources=resources(url, prefix), instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    assert seen["threads"] == seen["live"] == [seen["pump"]]
+    assert seen["pump"] not in [t.name for t in threading.enumerate()]
+    assert pump_threads() == []
+
+
+@pytest.mark.onlystandalone
+def test_timeout_is_bounded(backend: Any, prefix: str, instance: DagsterInstance) -> None:
+    """No worker at all: the load gives up after wait_timeout, with the core's FlowTimeout."""
+    url = client_url(backend)
+    started = time.monotonic()
+    with pytest.raises(FlowTimeout):
+        materialize(
+            fan_out_assets(n=2),
+            resources=resources(url, prefix, wait_timeout=1.0),
+            instance=instance,
+        )
+    assert time.monotonic() - started < 30
+
+
+def test_run_scoped_ids_are_valid_stable_per_step_and_distinct_per_run(
+    instance: DagsterInstance,
+) -> None:
+    seen: list[str] = []
+    parts = StaticPartitionsDefinition(["2026-01-01", "p q{r}"])
+
+    @asset(partitions_def=parts)
+    def daily(context: AssetExecutionContext) -> None:
+        first = EchoMQResource.run_scoped_id(context)
+        assert EchoMQResource.run_scoped_id(context) == first  # a retry derives the same id
+        seen.append(first)
+        seen.append(EchoMQResource.run_scoped_id(context, "extra"))
+
+    @op
+    def plain(context: OpExecutionContext) -> None:
+        seen.append(EchoMQResource.run_scoped_id(context))
+
+    @job
+    def plain_job() -> None:
+        plain()
+
+    for key in parts.get_partition_keys():
+        assert materialize([daily], partition_key=key, instance=instance).success
+    assert plain_job.execute_in_process(instance=instance).success
+    for job_id in seen:
+        check_job_id(job_id)
+    assert seen[0].endswith(".daily.2026-01-01")
+    assert seen[1] == seen[0] + ".extra"
+    assert ".daily.p_q_r_~" in seen[2]
+    assert seen[4].startswith("JOB-dagster.") and seen[4].endswith(".plain")
+    assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.onlystandalone
+def test_op_outputs_pass_a_flow_between_ops(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """Outside assets, the handle is kept per run, step and output."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+
+    @op(out=Out(io_manager_key="echomq_io"))
+    def fan(context: OpExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        children = [Child({"n": i}, queue=CHILD) for i in range(4)]
+        return echomq.add_flow(PARENT, children, parent_id=echomq.run_scoped_id(context))
+
+    @op
+    def gather(values: dict[str, Any]) -> int:
+        return sum(v["value"] for v in values.values())
+
+    @job(resource_defs=resources(url, prefix))
+    def fan_job() -> None:
+        gather(fan())
+
+    result = fan_job.execute_in_process(instance=instance)
+    assert result.success
+    assert result.output_for_node("gather") == sum(i * i for i in range(4))
+
+
+@pytest.mark.onlystandalone
+def test_wait_on_output_records_final_counts_on_the_upstream(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    result = materialize(
+        fan_out_assets(n=4, fail={2}),
+        resources=resources(url, prefix, wait_on_output=True),
+        instance=instance,
+        raise_on_error=False,
+    )
+    # the failed parent fails the upstream step itself; the downstream never starts
+    assert step_error(result, "fan_out").cls_name == "FlowFailedError"
+    assert "collect" not in {e.step_key for e in result.all_events if e.is_step_start}
+
+    done = materialize(
+        fan_out_assets(n=4),
+        resources=resources(url, prefix, wait_on_output=True),
+        instance=instance,
+    )
+    meta = done.asset_materializations_for_node("fan_out")[0].metadata
+    assert (meta["N"].value, meta["processed"].value, meta["outstanding"].value) == (4, 4, 0)

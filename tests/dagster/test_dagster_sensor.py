@@ -1,0 +1,103 @@
+"""echomq_flow_sensor across several evaluations, with flows released by real workers."""
+
+# No ``from __future__ import annotations``: Dagster reads asset annotations at definition.
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from dagster import DagsterInstance, asset, build_sensor_context
+from dagster_support import client_url
+
+from dagster_integration import EchoMQResource, echomq_flow_sensor, flow_from_tags
+from dagster_integration.sensor import parse_cursor
+from echomq_core import Child, EchoMQ, FlowRef, ParentFailed, Pump
+
+PARENT = "sn-parent"
+
+
+@asset
+def report() -> None:
+    """What the sensor's runs would materialize (the sensor only requests them)."""
+
+
+@pytest.mark.onlystandalone
+def test_sensor_requests_exactly_one_run_per_released_flow(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    url = client_url(backend)
+    mq = EchoMQ(url, prefix=prefix)
+    # The Pump that releases these cross-queue flows: deployed next to the workers, not
+    # part of any Dagster run (the sensor itself runs none).
+    pump = Pump(mq, interval=0.01, discover_every=0.1).start()
+    try:
+        a = mq.add_flow(
+            PARENT, [Child({"n": i}, queue="sn-a") for i in range(3)], parent_id="JOB-a"
+        )
+        b = mq.add_flow(
+            PARENT, [Child({"n": i}, queue="sn-b") for i in range(3)], parent_id="JOB-b"
+        )
+        c = mq.add_flow(
+            PARENT, [Child({"n": i}, queue="sn-b") for i in range(2)], parent_id="JOB-c"
+        )
+        d = mq.add_flow(
+            PARENT,
+            [Child({"n": i, "fail": i == 1}, queue="sn-b") for i in range(2)],
+            parent_id="JOB-d",
+        )
+        not_yet = FlowRef(PARENT, "JOB-not-added-yet")
+        watched = [a, b, c, d, not_yet]
+        sensor = echomq_flow_sensor(
+            name="flows_released",
+            target=report,
+            echomq=EchoMQResource(url=url, prefix=prefix),
+            flows=lambda context, client: list(watched),
+        )
+        requested: Counter[str] = Counter()
+        cursor: str | None = None
+
+        def evaluate() -> list[str]:
+            nonlocal cursor
+            tick = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor))
+            cursor = tick.cursor
+            keys = [r.run_key for r in tick.run_requests or []]
+            for request in tick.run_requests or []:
+                assert request.run_key is not None
+                assert flow_from_tags(request.tags) == FlowRef(PARENT, request.run_key)
+            requested.update(k for k in keys if k is not None)
+            return sorted(k for k in keys if k is not None)
+
+        assert evaluate() == []  # nothing processed yet
+
+        workers(url, prefix, "sn-a")
+        mq.wait(PARENT, a.parent_id, timeout=30, poll=0.05)
+        assert evaluate() == ["JOB-a"]
+        assert evaluate() == []
+
+        workers(url, prefix, "sn-b")
+        mq.wait(PARENT, b.parent_id, timeout=30, poll=0.05)
+        mq.wait(PARENT, c.parent_id, timeout=30, poll=0.05)
+        with pytest.raises(ParentFailed):
+            mq.wait(PARENT, d.parent_id, timeout=30, poll=0.05)
+        assert evaluate() == ["JOB-b", "JOB-c"]  # the failed parent requests nothing
+        assert evaluate() == []
+        assert evaluate() == []
+
+        assert requested == Counter({"JOB-a": 1, "JOB-b": 1, "JOB-c": 1})
+        # the cursor holds the settled flows (failed included), not the unknown one
+        settled = {(PARENT, p) for p in ("JOB-a", "JOB-b", "JOB-c", "JOB-d")}
+        assert parse_cursor(cursor) == settled
+
+        # A flow added later under the watched id is picked up on a later evaluation.
+        late = mq.add_flow(PARENT, [Child({"n": 1}, queue="sn-a")], parent_id=not_yet.parent_id)
+        mq.wait(PARENT, late.parent_id, timeout=30, poll=0.05)
+        assert evaluate() == ["JOB-not-added-yet"]
+        assert evaluate() == []
+
+        # The cursor keeps only flows still watched, so it stays as small as the list.
+        watched.remove(a)
+        assert evaluate() == []
+        assert (PARENT, "JOB-a") not in parse_cursor(cursor)
+    finally:
+        pump.stop()
+        mq.close()

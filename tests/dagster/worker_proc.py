@@ -1,0 +1,31 @@
+"""A real EchoMQ worker process for the Dagster tests, running no Pump.
+
+    python worker_proc.py URL PREFIX QUEUE[,QUEUE...]
+
+Each handler returns ``{"queue", "n", "value": n * n}`` for a payload ``{"n": n}``; a payload
+with ``"fail": true`` raises :class:`Unrecoverable`, so the child dies at once (and a
+fail-the-parent child fails its parent). SIGTERM drains and stops.
+"""
+
+import sys
+from typing import Any
+
+from echomq_core import EchoMQ, Job, Unrecoverable, Worker
+
+
+def handle(job: Job) -> dict[str, Any]:
+    payload = job.payload or {}
+    n = int(payload.get("n", 0))
+    if payload.get("fail"):
+        raise Unrecoverable(f"child {n} refused on purpose")
+    return {"queue": job.queue, "n": n, "value": n * n}
+
+
+def main() -> None:
+    url, prefix, queues = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    with EchoMQ(url, prefix=prefix) as mq:
+        Worker(mq, dict.fromkeys(queues, handle), concurrency=2, poll=0.01, max_poll=0.1).run()
+
+
+if __name__ == "__main__":
+    main()
