@@ -83,7 +83,7 @@ class FlowMachine(RuleBasedStateMachine):
         )
     )
     def add_flow(self, spec: list[tuple[str, str]]) -> None:
-        pid = "JOB-" + uuid.uuid4().hex[:8]
+        pid = f"JOB-flow{len(self.flows)}"  # deterministic: hypothesis replays must match
         children = [
             Child(
                 i,

@@ -1,0 +1,135 @@
+"""How values written in a DAG become EchoMQ flow arguments.
+
+Three translations, each a pure function so the operator, the sensor and tests share them:
+
+* :func:`parent_id_for` - the flow's parent id, derived from the task instance.
+* :func:`to_children` - a list from the DAG (literal or pulled from XCom) -> ``Child`` list.
+* :func:`flow_target` - what a sensor was given -> ``(queue, parent_id)``.
+
+Why the parent id is derived and try-independent: Airflow retries a task by running it
+again. If the first try added the flow and then died (a lost worker, a timeout after the
+write), the retry must re-add *the same* flow - EchoMQ converges a re-add with the same ids
+- rather than add a second one whose children run the work twice. So the id is a function of
+(dag id, run id, task id, map index) and nothing else; the try number is left out on purpose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from echomq_core import Child, FlowRef, InvalidInput
+from echomq_core.keyspace import check_job_id, check_queue
+
+#: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
+#: ``payload``, so a payload can never be mistaken for a spec or the reverse).
+CHILD_KEYS = ("payload", "queue", "ignore_failure", "max_attempts")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._\-]")
+
+
+def parent_id_for(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """``JOB-af/<dag>/<task>/<digest>``: readable for a person scanning keys, unique by digest.
+
+    The digest (128 bits of SHA-256 over all four values) carries uniqueness: run ids hold
+    characters a job id may not (``manual__2026-01-01T00:00:00+00:00``), and dag / task ids may
+    be long, so the readable part is sanitised and cut to keep the id well under the 200-char
+    limit with room for child suffixes (``.<index>``).
+    """
+    digest = hashlib.sha256(
+        json.dumps([dag_id, run_id, task_id, int(map_index)]).encode()
+    ).hexdigest()[:32]
+    readable = f"{_UNSAFE.sub('_', dag_id)[:60]}/{_UNSAFE.sub('_', task_id)[:60]}"
+    return check_job_id(f"JOB-af/{readable}/{digest}")
+
+
+def to_children(
+    items: Any, *, default_queue: str | None = None, default_max_attempts: int | None = None
+) -> list[Child]:
+    """Turn the operator's ``children`` into :class:`~echomq_core.Child` objects.
+
+    Each item is one of:
+
+    * a mapping with ``payload`` and optionally ``queue``, ``ignore_failure`` (the child's
+      death is recorded as an ignored failure instead of failing the parent) and
+      ``max_attempts`` - the JSON shape an upstream task returns through XCom;
+    * a :class:`~echomq_core.Child` (for DAGs that build specs in Python);
+    * any other value (number, string, list): a payload with the defaults.
+
+    Raises :class:`~echomq_core.InvalidInput` naming the item at fault.
+    """
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        raise InvalidInput(
+            f"children must be a list, got {type(items).__name__}; "
+            "to pull it from an upstream task pass that task's output"
+        )
+    children = []
+    for index, item in enumerate(items):
+        if isinstance(item, Child):
+            child = item
+            if child.queue is None and default_queue is not None:
+                child = dataclasses.replace(child, queue=default_queue)
+        elif isinstance(item, Mapping):
+            child = _child_from_mapping(index, item, default_queue, default_max_attempts)
+        else:
+            child = Child(item, queue=default_queue, max_attempts=default_max_attempts)
+        children.append(child)
+    return children
+
+
+def _child_from_mapping(
+    index: int, spec: Mapping[str, Any], default_queue: str | None, default_max_attempts: int | None
+) -> Child:
+    unknown = sorted(str(k) for k in spec if k not in CHILD_KEYS)
+    if unknown or "payload" not in spec:
+        problem = (
+            f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else "no 'payload' key"
+        )
+        raise InvalidInput(
+            f"child {index}: {problem}; a child spec holds {', '.join(CHILD_KEYS)} "
+            "(put a dict payload under 'payload')"
+        )
+    queue = spec.get("queue", default_queue)
+    if queue is not None:
+        check_queue(queue)
+    ignore = spec.get("ignore_failure", False)
+    if not isinstance(ignore, bool):
+        raise InvalidInput(f"child {index}: ignore_failure must be true or false, got {ignore!r}")
+    attempts = spec.get("max_attempts", default_max_attempts)
+    if attempts is not None and (
+        not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1
+    ):
+        raise InvalidInput(f"child {index}: max_attempts must be an int >= 1, got {attempts!r}")
+    return Child(
+        spec["payload"], queue=queue, ignore_dependency_on_failure=ignore, max_attempts=attempts
+    )
+
+
+def flow_target(
+    flow: Any = None, queue: str | None = None, parent_id: str | None = None
+) -> tuple[str, str]:
+    """The ``(queue, parent_id)`` a sensor waits on.
+
+    ``flow`` is what :class:`~airflow_provider.operators.echo_flow.EchoFlowOperator` returns
+    (a mapping with ``queue`` and ``parent_id``, usually passed as ``operator.output``) or a
+    :class:`~echomq_core.FlowRef`; otherwise ``queue`` and ``parent_id`` name it directly.
+    Raises :class:`~echomq_core.InvalidInput`.
+    """
+    if flow is not None:
+        if queue is not None or parent_id is not None:
+            raise InvalidInput("give either flow or parent_queue and parent_id, not both")
+        if isinstance(flow, FlowRef):
+            queue, parent_id = flow.queue, flow.parent_id
+        elif isinstance(flow, Mapping) and "queue" in flow and "parent_id" in flow:
+            queue, parent_id = str(flow["queue"]), str(flow["parent_id"])
+        else:
+            raise InvalidInput(
+                f"flow must be a mapping with 'queue' and 'parent_id' (an "
+                f"EchoFlowOperator's output) or a FlowRef, got {flow!r:.200}"
+            )
+    if queue is None or parent_id is None:
+        raise InvalidInput("a flow sensor needs flow, or both parent_queue and parent_id")
+    return check_queue(queue), check_job_id(parent_id)

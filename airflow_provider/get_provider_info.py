@@ -1,0 +1,106 @@
+"""What Airflow learns about this provider, through the ``apache_airflow_provider`` entry point.
+
+Airflow calls :func:`get_provider_info` at the start of every ``airflow`` command and checks
+it against ``provider_info.schema.json``. Two rules matter:
+
+* ``package-name`` must equal the distribution name (``echomq``): Airflow compares them and
+  raises otherwise, which makes *every* ``airflow`` command fail at start.
+* The connection form is declared here (``conn-fields`` for the extras,
+  ``ui-field-behaviour`` for the standard fields) - the Airflow 3.2+ way. Declared like this,
+  Airflow builds the form without importing the hook; the hook methods
+  ``get_connection_form_widgets`` / ``get_ui_field_behaviour`` are deprecated.
+
+This module imports nothing from Airflow or EchoMQ, so it stays cheap to call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_INTEGRATION = "EchoMQ"
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "echomq",
+        "name": "EchoMQ",
+        "description": "Durable fan-out / fan-in on Redis-protocol servers: add a flow from a "
+        "task, wait for its children (poke, reschedule or deferrable), and hand "
+        "their results to downstream tasks through XCom.",
+        "versions": ["0.1.0"],
+        "integrations": [{"integration-name": _INTEGRATION, "tags": ["service"]}],
+        "operators": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider.operators.echo_flow"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider.sensors.echo_flow"],
+            }
+        ],
+        "hooks": [
+            {"integration-name": _INTEGRATION, "python-modules": ["airflow_provider.hooks.echomq"]}
+        ],
+        "triggers": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider.triggers.echo_flow"],
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": "echomq",
+                "hook-class-name": "airflow_provider.hooks.echomq.EchoMQHook",
+                "hook-name": "EchoMQ",
+                "conn-fields": {
+                    "prefix": {
+                        "label": "Key prefix",
+                        "description": "Namespace of every EchoMQ key (several keyspaces can share "
+                        "a server). Must match the workers' prefix.",
+                        "schema": {
+                            "type": ["string", "null"],
+                            "default": "emq",
+                            "pattern": "^[A-Za-z0-9._-]{1,32}$",
+                        },
+                    },
+                    "tls": {
+                        "label": "TLS",
+                        "description": "Connect with TLS (rediss://).",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                    "cluster": {
+                        "label": "Cluster",
+                        "description": "The server is a Redis Cluster; host and port: any node.",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                    "ssl_cert_reqs": {
+                        "label": "TLS certificate check",
+                        "schema": {
+                            "type": ["string", "null"],
+                            "default": "required",
+                            "enum": ["required", "optional", "none"],
+                        },
+                    },
+                    "ssl_ca_certs": {
+                        "label": "TLS CA bundle path",
+                        "description": "Path of a CA bundle on the workers and triggerer (default: "
+                        "the system's).",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["extra"],
+                    "relabeling": {"login": "Username (ACL)", "schema": "Database number"},
+                    "placeholders": {
+                        "host": "127.0.0.1",
+                        "port": "6379",
+                        "schema": "0",
+                        "login": "default",
+                    },
+                },
+            }
+        ],
+    }

@@ -1,0 +1,1 @@
+"""EchoMQ Airflow hooks; one class per module."""

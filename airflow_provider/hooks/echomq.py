@@ -1,0 +1,100 @@
+"""The ``echomq`` connection type and the hook that turns a connection into EchoMQ clients.
+
+Using::
+
+    hook = EchoMQHook("echomq_default")
+    mq = hook.get_conn()                  # sync EchoMQ, for operators and sensors; cached
+    amq = await hook.aget_conn()          # AsyncEchoMQ, for triggers; the caller closes it
+
+The connection comes from wherever Airflow keeps connections: the metadata DB, a secrets
+backend, or an ``AIRFLOW_CONN_ECHOMQ_DEFAULT`` variable in URI form
+(``echomq://:pw@host:6379/0?prefix=etl``) or JSON form. Its fields are described in
+:mod:`airflow_provider.hooks.settings`; the form Airflow's UI shows for them is declared in
+``get_provider_info`` (``conn-fields`` / ``ui-field-behaviour``), not by hook methods, which
+Airflow 3.2 deprecated.
+
+Why two fetch paths: inside the triggerer a sync connection read blocks the event loop on a
+request to the supervisor that the same loop must answer - a deadlock. :meth:`aget_conn`
+fetches the connection with ``aget_connection`` and parses extras with ``aextra_dejson``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from echomq_core import AsyncEchoMQ, EchoMQ
+
+from .settings import EchoMQConnectionSettings
+
+
+class EchoMQHook(BaseHook):
+    """Clients for one ``echomq`` connection.
+
+    :param echomq_conn_id: the connection (default ``echomq_default``).
+    :param prefix: the key prefix, overriding the connection's ``prefix`` extra (so one
+        connection can serve several keyspaces).
+    """
+
+    conn_name_attr = "echomq_conn_id"
+    default_conn_name = "echomq_default"
+    conn_type = "echomq"
+    hook_name = "EchoMQ"
+
+    def __init__(
+        self, echomq_conn_id: str = default_conn_name, *, prefix: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.echomq_conn_id = echomq_conn_id
+        self.prefix = prefix
+        self._client: EchoMQ | None = None
+
+    def __repr__(self) -> str:
+        return f"EchoMQHook(echomq_conn_id={self.echomq_conn_id!r}, prefix={self.prefix!r})"
+
+    # -- settings -------------------------------------------------------------------------
+    def settings(self) -> EchoMQConnectionSettings:
+        """Read the connection (sync: tasks only, never inside a trigger)."""
+        conn = self.get_connection(self.echomq_conn_id)
+        return EchoMQConnectionSettings.from_connection(conn, conn.extra_dejson, prefix=self.prefix)
+
+    async def asettings(self) -> EchoMQConnectionSettings:
+        """Read the connection without blocking the event loop (triggers)."""
+        conn = await self.aget_connection(self.echomq_conn_id)
+        extra = await conn.aextra_dejson()
+        return EchoMQConnectionSettings.from_connection(conn, extra, prefix=self.prefix)
+
+    # -- clients --------------------------------------------------------------------------
+    def get_conn(self) -> EchoMQ:
+        """The sync client, made on first use and kept until :meth:`close`."""
+        if self._client is None:
+            s = self.settings()
+            self.log.info("EchoMQ connection %r: %s, prefix %r", s.conn_id, s.where, s.prefix)
+            self._client = EchoMQ(s.url, cluster=s.cluster, prefix=s.prefix, **s.client_options())
+        return self._client
+
+    async def aget_conn(self) -> AsyncEchoMQ:
+        """A new async client; the caller owns it and must ``await client.close()``.
+
+        Not cached: a trigger's client lives and dies with the trigger's event loop.
+        """
+        s = await self.asettings()
+        self.log.info("EchoMQ connection %r (async): %s, prefix %r", s.conn_id, s.where, s.prefix)
+        return AsyncEchoMQ(s.url, cluster=s.cluster, prefix=s.prefix, **s.client_options())
+
+    def close(self) -> None:
+        """Close the sync client, if one was made."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button: one round trip that reads the queue registry."""
+        try:
+            s = self.settings()
+            with EchoMQ(s.url, cluster=s.cluster, prefix=s.prefix, **s.client_options()) as mq:
+                queues = mq.queues()
+        except Exception as exc:  # the UI shows the message; nothing here may raise
+            return False, f"{type(exc).__name__}: {exc}"
+        return True, f"Connected to {s.where}: {len(queues)} queue(s) under prefix {s.prefix!r}"

@@ -1,0 +1,1 @@
+"""EchoMQ Airflow operators; one class per module."""

@@ -1,0 +1,130 @@
+"""EchoFlowOperator: add a flow (a parent held until its children settle) from a DAG.
+
+Using::
+
+    plan = plan_work()                     # an upstream task returning child specs
+    fan_out = EchoFlowOperator(
+        task_id="fan_out",
+        parent_queue="reports",            # the parent's queue
+        payload={"day": "{{ ds }}"},       # the parent's payload (templated)
+        children=plan,                     # a literal list, or an upstream task's output
+        child_queue="work",                # default queue of children that name none
+    )
+    wait = EchoFlowSensor(task_id="wait", flow=fan_out.output)
+
+The task returns ``{"queue": ..., "parent_id": ...}`` as its XCom value: the reference a
+sensor (or anything else) reads the flow by.
+
+Retry-safe: the parent id comes from :func:`~airflow_provider.flow_specs.parent_id_for` (dag
+id, run id, task id, map index; never the try number) and child ids from the parent's, so an
+Airflow retry of this task re-adds the same flow, which EchoMQ converges, instead of adding a
+second one. A retry whose children differ in number (an upstream task recomputed them) is
+refused by EchoMQ with :class:`~echomq_core.FlowConflict` rather than silently merged.
+
+Errors: bad input (queue names, child specs, payloads) and conflicts fail the task without
+retries (``AirflowFailException``: another try cannot fix them); a lost connection raises as
+is, so the task's ``retries`` apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from echomq_core import FlowConflict, InvalidInput
+
+from ..flow_specs import parent_id_for, to_children
+from ..hooks.echomq import EchoMQHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class EchoFlowOperator(BaseOperator):
+    """Add a flow; return its reference.
+
+    :param parent_queue: the parent's queue. (Not ``queue``: that is every operator's executor
+        queue.)
+    :param children: the children: a list whose items are child specs
+        (``{"payload": ..., "queue": ..., "ignore_failure": bool, "max_attempts": int}``), bare
+        payloads, or :class:`~echomq_core.Child` objects; or an upstream task's output
+        (an ``XComArg``) that resolves to such a list. See
+        :func:`~airflow_provider.flow_specs.to_children`.
+    :param payload: the parent's payload (JSON-serialisable).
+    :param child_queue: the queue of children that name none (default: the parent's).
+    :param child_max_attempts: attempts of children that set none (default: ``max_attempts``).
+    :param max_attempts: the parent's attempts, and the children's default.
+    :param parent_id: an explicit parent id (``JOB-...``). Leave it unset to get the derived,
+        retry-safe id; an explicit one must be just as stable across tries.
+    :param echomq_conn_id: the ``echomq`` connection.
+    :param prefix: key prefix, overriding the connection's.
+    """
+
+    template_fields: Sequence[str] = (
+        "parent_queue",
+        "children",
+        "payload",
+        "child_queue",
+        "parent_id",
+    )
+    template_fields_renderers = {"children": "json", "payload": "json"}
+    ui_color = "#f4d9c6"
+
+    def __init__(
+        self,
+        *,
+        parent_queue: str,
+        children: Any,
+        payload: Any = None,
+        child_queue: str | None = None,
+        child_max_attempts: int | None = None,
+        max_attempts: int = 3,
+        parent_id: str | None = None,
+        echomq_conn_id: str = EchoMQHook.default_conn_name,
+        prefix: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.parent_queue = parent_queue
+        self.children = children
+        self.payload = payload
+        self.child_queue = child_queue
+        self.child_max_attempts = child_max_attempts
+        self.max_attempts = max_attempts
+        self.parent_id = parent_id
+        self.echomq_conn_id = echomq_conn_id
+        self.prefix = prefix
+
+    def execute(self, context: Context) -> dict[str, str]:
+        ti = context["ti"]
+        map_index = -1 if ti.map_index is None else ti.map_index
+        parent_id = self.parent_id or parent_id_for(ti.dag_id, ti.run_id, ti.task_id, map_index)
+        hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
+        try:
+            children = to_children(
+                self.children,
+                default_queue=self.child_queue,
+                default_max_attempts=self.child_max_attempts,
+            )
+            ref = hook.get_conn().add_flow(
+                self.parent_queue,
+                children,
+                payload=self.payload,
+                parent_id=parent_id,
+                max_attempts=self.max_attempts,
+            )
+        except (InvalidInput, FlowConflict) as exc:
+            raise AirflowFailException(f"cannot add flow {parent_id}: {exc}") from exc
+        finally:
+            hook.close()
+        self.log.info(
+            "Flow %s in queue %r: %d children (try %s; a retry re-adds the same flow)",
+            ref.parent_id,
+            ref.queue,
+            len(children),
+            ti.try_number,
+        )
+        return {"queue": ref.queue, "parent_id": ref.parent_id}

@@ -1,0 +1,1 @@
+"""EchoMQ Airflow sensors; one class per module."""

@@ -1,0 +1,1 @@
+"""EchoMQ Airflow triggers; one class per module."""

@@ -1,0 +1,92 @@
+"""Helpers for driving real DAG runs (``dag.test()``) and reading what they left behind.
+
+Imported by test modules only after the conftest has pointed Airflow at its temp home; nothing
+here imports ``airflow`` at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunResult:
+    dag_id: str
+    run_id: str
+    state: str
+    seconds: float
+    tasks: dict[str, Any]  # task id -> scheduler TaskInstance (state, try_number, duration)
+
+    def state_of(self, task_id: str) -> str:
+        return str(self.tasks[task_id].state)
+
+    def xcom(self, task_id: str, key: str = "return_value") -> Any:
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            row = session.scalars(
+                XComModel.get_many(
+                    run_id=self.run_id, dag_ids=self.dag_id, task_ids=task_id, key=key
+                )
+            ).first()
+            return None if row is None else XComModel.deserialize_value(row)
+
+
+def load_dag(dags: Path, dag_id: str) -> Any:
+    """The DAG object, parsed from its file in the session's DAGs folder (as Airflow does)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(dags / f"{dag_id}.py"))
+    assert not bag.import_errors, bag.import_errors
+    return bag.get_dag(dag_id)
+
+
+def run_dag(dags: Path, dag_id: str, tweak: Callable[[Any], None] | None = None) -> RunResult:
+    """Run ``dag_id`` once with ``dag.test()`` (tasks in process, triggers inline)."""
+    dag = load_dag(dags, dag_id)
+    if tweak is not None:
+        tweak(dag)
+    started = time.monotonic()
+    dr = dag.test()
+    seconds = time.monotonic() - started
+    tasks = {ti.task_id: ti for ti in dr.get_task_instances()}
+    return RunResult(dr.dag_id, dr.run_id, str(dr.state), seconds, tasks)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def airflow_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``airflow ARGS`` in a child process with this session's AIRFLOW_HOME."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "airflow", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cli_json(*args: str) -> Any:
+    """``airflow ARGS -o json``, parsed; fails the test on a non-zero exit."""
+    result = airflow_cli(*args, "-o", "json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    return json.loads(out[out.index("[") :])

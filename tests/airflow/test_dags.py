@@ -1,0 +1,162 @@
+"""Whole DAG runs: real Airflow (``dag.test()``, sqlite), a real server, real worker processes.
+
+``dag.test()`` runs each task in this process and a deferred task's trigger inline, through
+the same Task SDK supervisor comms a worker and a triggerer use. The example DAG is run as
+shipped (deferrable) and with its sensor switched to poke and to reschedule mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider.flow_specs import parent_id_for
+from echomq_core import EchoMQ
+
+from .helpers import RunResult, read_records, run_dag
+
+pytestmark = pytest.mark.onlystandalone
+
+# Children settle this long after they are claimed, so the sensor's first look finds them
+# outstanding and it really polls / defers.
+JOB_DELAY = 1.5
+EXPECTED = {str(n): n * n if n % 2 else n**3 for n in range(1, 9)}
+
+
+def sensor_mode(mode: str) -> Callable[[Any], None]:
+    def tweak(dag: Any) -> None:
+        wait = dag.get_task("wait")
+        wait.deferrable = mode == "deferrable"
+        wait.mode = "poke" if mode == "deferrable" else mode
+
+    return tweak
+
+
+def check_example_run(run: RunResult) -> None:
+    assert run.state == "success", {k: str(t.state) for k, t in run.tasks.items()}
+    summary = run.xcom("summarise")
+    assert summary["results"] == 8
+    assert summary["by_item"] == EXPECTED
+    parent = parent_id_for("echomq_fan_out", run.run_id, "fan_out")
+    assert summary["ignored"] == {
+        f"{parent}.8": "Unrecoverable: item 0: best-effort source is offline"
+    }
+    assert run.xcom("fan_out") == {"queue": "example.reports", "parent_id": parent}
+    values = run.xcom("wait", "children_values")
+    assert {k: v["value"] for k, v in values.items()} == {
+        f"{parent}.{n - 1}": value for n, value in ((int(k), v) for k, v in EXPECTED.items())
+    }
+    assert run.xcom("wait")["dependencies"] == 0
+
+
+def ran_trigger(capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether dag.test() ran a trigger: its own log line (stdout or logging, by config)."""
+    return "running trigger in line" in capfd.readouterr().out + caplog.text
+
+
+def reschedules(ti: Any) -> int:
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
+    with create_session() as session:
+        return int(session.scalar(select(func.count()).where(TaskReschedule.ti_id == ti.id)))
+
+
+@pytest.mark.parametrize("mode", ["deferrable", "poke", "reschedule"])
+def test_example_dag(
+    mode: str,
+    airflow_db: Path,
+    echomq_conn: str,
+    start_worker: Callable[..., Any],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    start_worker(job_delay=JOB_DELAY)
+    tweak = None if mode == "deferrable" else sensor_mode(mode)
+    with caplog.at_level(logging.INFO):
+        run = run_dag(airflow_db, "echomq_fan_out", tweak)
+    check_example_run(run)
+    assert ran_trigger(capfd, caplog) == (mode == "deferrable")
+    assert (reschedules(run.tasks["wait"]) > 0) == (mode == "reschedule")
+
+
+@pytest.mark.parametrize("mode", ["deferrable", "poke"])
+def test_failed_child_fails_sensor_at_once(
+    mode: str,
+    airflow_db: Path,
+    echomq_conn: str,
+    start_worker: Callable[..., Any],
+    record_file: Path,
+    standalone_server: Any,
+    prefix: str,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    start_worker()
+    with caplog.at_level(logging.INFO):
+        run = run_dag(
+            airflow_db, "echomq_fail_fast", None if mode == "deferrable" else sensor_mode(mode)
+        )
+    assert run.state == "failed"
+    assert run.state_of("fan_out") == "success"
+    assert run.state_of("wait") == "failed"
+    parent = parent_id_for("echomq_fail_fast", run.run_id, "fan_out")
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        child = mq.get_job("example.cube", f"{parent}.1")
+    assert child.state == "dead" and child.finished_ms is not None
+    died = child.finished_ms / 1000
+    wait = run.tasks["wait"]
+    # The sensor was already waiting when the child died (~2 s after it was claimed), and
+    # failed within seconds of it: its 120 s timeout played no part.
+    assert wait.start_date.timestamp() < died < wait.end_date.timestamp() < died + 15
+    [record] = read_records(record_file)
+    assert record["task_id"] == "wait"
+    assert f"{parent}.1: Unrecoverable: item 2: corrupt input" in record["exception"]
+    assert f"{parent}.0" not in record["exception"]
+    assert ran_trigger(capfd, caplog) == (mode == "deferrable")
+
+
+def test_operator_retry_converges_on_one_flow(
+    airflow_db: Path,
+    echomq_conn: str,
+    start_worker: Callable[..., Any],
+    record_file: Path,
+    standalone_server: Any,
+    prefix: str,
+) -> None:
+    start_worker()
+    run = run_dag(airflow_db, "echomq_retry")
+    assert run.state == "success"
+    fan_out = run.tasks["fan_out"]
+    assert fan_out.try_number == 2
+    tries = read_records(record_file)
+    parent = parent_id_for("echomq_retry", run.run_id, "fan_out")
+    assert [t["try"] for t in tries] == [1, 2]
+    assert {t["parent_id"] for t in tries} == {parent}
+    assert len(run.xcom("wait", "children_values")) == 3
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        snap = mq.snapshot("example.reports", parent)
+        assert (snap.total, snap.processed, snap.dependencies) == (3, 3, 0)
+        # One parent, three children ever ran: a second flow would show 2 parents, 6 jobs.
+        reports = mq.queue("example.reports").stats()
+        square = mq.queue("example.square").stats()
+    assert reports["pending"] + reports["active"] + reports["completed"] == 1
+    assert square["completed"] == 3
+
+
+def test_timeout_and_soft_fail_in_every_mode(airflow_db: Path, echomq_conn: str) -> None:
+    run = run_dag(airflow_db, "echomq_timeouts")  # no worker: the flow never settles
+    states = {task_id: run.state_of(task_id) for task_id in run.tasks if task_id != "fan_out"}
+    assert states == {
+        "wait_poke": "failed",
+        "wait_poke_soft": "skipped",
+        "wait_reschedule": "failed",
+        "wait_reschedule_soft": "skipped",
+        "wait_deferrable": "failed",
+        "wait_deferrable_soft": "skipped",
+    }

@@ -1,0 +1,102 @@
+"""DAG values -> flow arguments, and the operator / sensor options that need no DAG run."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider.flow_specs import flow_target, parent_id_for, to_children
+from echomq_core import Child, FlowRef, InvalidInput
+from echomq_core.keyspace import JOB_ID_RE
+
+
+def test_parent_id_is_stable_unique_and_valid() -> None:
+    run_id = "manual__2026-01-01T00:00:00.123456+00:00"  # ':' is not allowed in job ids
+    pid = parent_id_for("etl", run_id, "fan_out")
+    assert pid == parent_id_for("etl", run_id, "fan_out", -1)  # no try number: retries agree
+    assert pid.startswith("JOB-af/etl/fan_out/") and JOB_ID_RE.fullmatch(pid)
+    others = {
+        parent_id_for("etl", run_id, "fan_out", 0),
+        parent_id_for("etl", "r2", "fan_out"),
+        parent_id_for("etl", run_id, "other"),
+        parent_id_for("etl2", run_id, "fan_out"),
+    }
+    assert pid not in others and len(others) == 4
+    long_id = parent_id_for("d" * 250, run_id, "group." + "t" * 240, 99999)
+    assert JOB_ID_RE.fullmatch(long_id + ".1000000")  # room left for child suffixes
+
+
+def test_children_from_specs_payloads_and_child_objects() -> None:
+    children = to_children(
+        [
+            {"payload": {"n": 1}, "queue": "a", "ignore_failure": True, "max_attempts": 2},
+            {"payload": [1, 2]},
+            7,
+            Child("x", id="JOB-own"),
+        ],
+        default_queue="work",
+        default_max_attempts=5,
+    )
+    assert [
+        (c.payload, c.queue, c.ignore_dependency_on_failure, c.max_attempts) for c in children
+    ] == [
+        ({"n": 1}, "a", True, 2),
+        ([1, 2], "work", False, 5),
+        (7, "work", False, 5),
+        ("x", "work", False, None),
+    ]
+    assert children[3].id == "JOB-own"
+
+
+@pytest.mark.parametrize(
+    ("items", "complaint"),
+    [
+        ({"payload": 1}, "must be a list"),
+        ("[1, 2]", "must be a list"),
+        ([{"n": 1}], r"child 0: unknown key\(s\) 'n'.*under 'payload'"),
+        ([1, {"queue": "a"}], "child 1: no 'payload' key"),
+        ([{"payload": 1, "ignore_failure": "yes"}], "ignore_failure must be true or false"),
+        ([{"payload": 1, "max_attempts": 0}], "max_attempts must be an int >= 1"),
+        ([{"payload": 1, "queue": "bad queue"}], "invalid queue name"),
+    ],
+)
+def test_bad_children_are_refused_by_item(items: object, complaint: str) -> None:
+    with pytest.raises(InvalidInput, match=complaint):
+        to_children(items)
+
+
+def test_flow_target_forms() -> None:
+    assert flow_target({"queue": "q", "parent_id": "JOB-1"}) == ("q", "JOB-1")
+    assert flow_target(FlowRef("q", "JOB-2")) == ("q", "JOB-2")
+    assert flow_target(None, "q", "JOB-3") == ("q", "JOB-3")
+    for bad in [
+        ({"queue": "q"},),
+        ({"queue": "q", "parent_id": "JOB-1"}, "q", None),
+        (None, "q", None),
+        ("q/JOB-1",),
+        (None, "q", "not-a-job"),
+    ]:
+        with pytest.raises(InvalidInput):
+            flow_target(*bad)
+
+
+def test_sensor_deferrable_defaults_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider.sensors.echo_flow import EchoFlowSensor
+
+    ref = {"queue": "q", "parent_id": "JOB-1"}
+    assert EchoFlowSensor(task_id="a", flow=ref).deferrable is False
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "true")
+    assert EchoFlowSensor(task_id="b", flow=ref).deferrable is True
+    assert EchoFlowSensor(task_id="c", flow=ref, deferrable=False).deferrable is False
+    with pytest.raises(InvalidInput, match="parent_queue and parent_id"):
+        EchoFlowSensor(task_id="d", parent_queue="q")
+
+
+def test_template_fields_do_not_shadow_operator_fields() -> None:
+    from airflow.sdk import BaseOperator
+
+    from airflow_provider.operators.echo_flow import EchoFlowOperator
+    from airflow_provider.sensors.echo_flow import EchoFlowSensor
+
+    base = set(BaseOperator(task_id="base").__dict__) | set(dir(BaseOperator))
+    for cls in (EchoFlowOperator, EchoFlowSensor):
+        assert not set(cls.template_fields) & base, cls

@@ -1,0 +1,140 @@
+"""EchoFlowTrigger against a real server, run the way a triggerer runs it (its own event loop).
+
+The children are settled by hand here (claim, complete / fail through the queue API) so each
+test controls exactly when the flow moves. Parent and children share a queue, so no Pump is
+needed. The connection comes from ``AIRFLOW_CONN_ECHOMQ_DEFAULT`` through the trigger's
+async connection fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_provider.triggers.echo_flow import EchoFlowTrigger
+from echomq_core import Child, EchoMQ, FlowRef
+
+pytestmark = pytest.mark.onlystandalone
+
+QUEUE = "trig"
+
+
+@pytest.fixture
+def client(standalone_server: Any, prefix: str, echomq_conn: str) -> Iterator[EchoMQ]:
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        yield mq
+
+
+def add_flow(mq: EchoMQ, children: list[Child] | None = None) -> FlowRef:
+    return mq.add_flow(
+        QUEUE,
+        children or [Child({"n": 1}), Child({"n": 2})],
+        parent_id=f"JOB-trig-{time.monotonic_ns()}",
+    )
+
+
+def complete_all(mq: EchoMQ) -> None:
+    queue = mq.queue(QUEUE)
+    for job in queue.claim(10):
+        queue.complete(job, job.payload["n"] * 10)
+
+
+def trigger_for(ref: FlowRef, **options: Any) -> EchoFlowTrigger:
+    return EchoFlowTrigger(queue=ref.queue, parent_id=ref.parent_id, poll_interval=0.05, **options)
+
+
+async def first_event(trigger: EchoFlowTrigger, timeout: float = 10.0) -> Any:
+    return await asyncio.wait_for(anext(trigger.run()), timeout)
+
+
+def test_serialize_round_trips() -> None:
+    from airflow.sdk._shared.module_loading import import_string
+    from airflow.sdk.serde import deserialize, serialize
+
+    trigger = EchoFlowTrigger(
+        queue="q",
+        parent_id="JOB-p",
+        echomq_conn_id="other",
+        prefix="pfx",
+        poll_interval=2,
+        timeout_at=1234.5,
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider.triggers.echo_flow.EchoFlowTrigger"
+    # As the task runner ships it to the triggerer: serde-encoded, re-imported by path.
+    rebuilt = import_string(classpath)(**deserialize(serialize(kwargs)))
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert kwargs == {
+        "queue": "q",
+        "parent_id": "JOB-p",
+        "echomq_conn_id": "other",
+        "prefix": "pfx",
+        "poll_interval": 2.0,
+        "timeout_at": 1234.5,
+    }
+
+
+def test_success_when_count_reaches_zero(client: EchoMQ) -> None:
+    ref = add_flow(client)
+    complete_all(client)
+    event = asyncio.run(first_event(trigger_for(ref)))
+    assert event.payload["status"] == "success"
+    assert event.payload["snapshot"]["dependencies"] == 0
+    assert event.payload["snapshot"]["processed"] == 2
+
+
+def test_no_event_while_children_outstanding(client: EchoMQ) -> None:
+    ref = add_flow(client)
+
+    async def scenario() -> Any:
+        trigger = trigger_for(ref)
+        with pytest.raises(TimeoutError):  # polls for a while, fires nothing
+            await first_event(trigger, timeout=0.5)
+        assert trigger._client is None  # cancelled: its client was closed on the way out
+        await trigger.cleanup()  # idempotent
+        # The children settle while a new instance (as after a triggerer restart) polls.
+        waiting = asyncio.ensure_future(first_event(trigger_for(ref)))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await asyncio.to_thread(complete_all, client)
+        return await waiting
+
+    event = asyncio.run(scenario())
+    assert event.payload["status"] == "success"
+
+
+def test_failure_event_when_parent_fails(client: EchoMQ) -> None:
+    ref = add_flow(
+        client,
+        [Child({"n": 1}), Child({"n": 2}, ignore_dependency_on_failure=True), Child({"n": 3})],
+    )
+    queue = client.queue(QUEUE)
+    jobs = {job.payload["n"]: job for job in queue.claim(10)}
+    queue.fail(jobs[2], "ignored boom", retry=False)
+    queue.fail(jobs[3], "disk full", retry=False)
+    event = asyncio.run(first_event(trigger_for(ref)))
+    assert event.payload["status"] == "failed"
+    assert event.payload["failed"] == {f"{ref.parent_id}.2": "disk full"}
+    assert event.payload["failed_count"] == 1
+
+
+def test_timeout_event_after_deadline(client: EchoMQ) -> None:
+    ref = add_flow(client)
+    started = time.monotonic()
+    event = asyncio.run(first_event(trigger_for(ref, timeout_at=time.time() + 0.3)))
+    assert event.payload["status"] == "timeout"
+    assert "2 of 2 outstanding" in event.payload["message"]
+    assert time.monotonic() - started < 5
+
+
+def test_error_event_when_server_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from echomq_core.server import free_port
+
+    monkeypatch.setenv("AIRFLOW_CONN_ECHOMQ_DEFAULT", f"echomq://127.0.0.1:{free_port()}/0")
+    event = asyncio.run(first_event(EchoFlowTrigger(queue="q", parent_id="JOB-x")))
+    assert event.payload["status"] == "error"
+    assert "JOB-x" in event.payload["message"]
