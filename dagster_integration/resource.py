@@ -136,7 +136,9 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="Server URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
-        "unix:///path, or redis+cluster:// for a Cluster.",
+        "unix:///path, or redis+cluster:// for a Cluster. Kept out of reprs (it may hold a "
+        "password); pass it as dagster.EnvVar('ECHOMQ_URL') to keep it out of run config.",
+        repr=False,
     )
     cluster: bool | None = Field(
         default=None,

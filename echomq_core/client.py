@@ -8,6 +8,7 @@ builds a key or parses a reply.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
@@ -15,11 +16,12 @@ from typing import Any, TypeVar
 from . import flows, ops
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, ParentFailed
-from .keyspace import Keyspace, check_job_id, check_queue
+from .keyspace import QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import Child, FlowRef, FlowSnapshot, JobInfo, JsonSerializer, Serializer
 from .queue import Queue, check_int, check_seconds, encode_checked
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_PAYLOAD = 512 * 1024
@@ -47,7 +49,7 @@ class _Base:
     ) -> Any:
         return flows.plan(
             queue,
-            parent_id or flows.new_parent_id(),
+            flows.new_parent_id() if parent_id is None else parent_id,
             self.encode(payload),
             children,
             default_attempts=check_int("max_attempts", max_attempts, 1),
@@ -109,6 +111,7 @@ class EchoMQ(_Base):
 
     def register_queue(self, name: str) -> None:
         """Record ``name`` in the queue registry (once per process) so Pumps find it."""
+        check_queue(name)
         if name not in self._registered:
             self.connection.execute(ops.register(self.keys, [name]))
             self._registered.add(name)
@@ -119,9 +122,22 @@ class EchoMQ(_Base):
         return sorted(set(names) - self._registered)
 
     def queues(self) -> list[str]:
-        """Every queue name this keyspace has used (the registry)."""
+        """Every queue name this keyspace has used (the registry). A member that is not a
+        valid queue name (written by something other than EchoMQ) is skipped with a warning, so
+        it cannot stall every Pump that discovers queues."""
         (members,) = self.connection.execute([Call.cmd("SMEMBERS", self.keys.queues())])
-        return sorted(ops._s(m) for m in members)
+        names = []
+        for member in members:
+            name = ops._s(member)
+            if QUEUE_NAME_RE.fullmatch(name):
+                names.append(name)
+            else:
+                log.warning(
+                    "queue registry %s holds an invalid name %r; skipped",
+                    self.keys.queues(),
+                    name[:80],
+                )
+        return sorted(names)
 
     def queue(self, name: str, **options: Any) -> Queue:
         """A :class:`Queue` handle; options as documented there."""

@@ -282,12 +282,16 @@ def parse_url(url: str, *, cluster: bool | None = None) -> Target:
             "redis+cluster:// or rediss+cluster://"
         )
     query = dict(parse_qsl(parts.query))
-    flag = query.pop("cluster", None)
-    is_cluster = scheme.endswith("+cluster") or (flag or "").lower() in {"1", "true", "yes"}
+    flag = (query.pop("cluster", None) or "").lower()
+    if flag not in {"", "1", "true", "yes", "0", "false", "no"}:
+        raise errors.ConfigurationError(f"cluster= in the URL must be true or false, got {flag!r}")
+    is_cluster = scheme.endswith("+cluster") or flag in {"1", "true", "yes"}
     if cluster is not None:
         is_cluster = cluster
     if scheme != "unix" and not parts.hostname:
         raise errors.ConfigurationError("connection URL has no host")
+    if scheme == "unix" and not parts.path:
+        raise errors.ConfigurationError("unix:// URL has no socket path")
     db = parts.path.lstrip("/")
     if db and scheme != "unix" and not db.isdigit():
         raise errors.ConfigurationError(f"database in URL must be a number, got {db!r}")
@@ -318,9 +322,10 @@ def connect(url: str, *, cluster: bool | None = None, **options: Any) -> Connect
             client = redis.cluster.RedisCluster.from_url(target.url, **options)
         else:
             client = redis.Redis.from_url(target.url, **options)
+            _check_options(client.connection_pool)
     except _TRANSPORT_ERRORS as exc:
         raise errors.ConnectionLost(f"cannot reach {target.where}: {exc}") from None
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, redis.RedisError) as exc:
         raise errors.ConfigurationError(
             f"bad connection options for {target.where}: {exc}"
         ) from None
@@ -340,11 +345,19 @@ def connect_async(url: str, *, cluster: bool | None = None, **options: Any) -> A
             client = redis.asyncio.cluster.RedisCluster.from_url(target.url, **options)
         else:
             client = redis.asyncio.Redis.from_url(target.url, **options)
-    except (ValueError, TypeError) as exc:
+            _check_options(client.connection_pool)
+    except (ValueError, TypeError, redis.RedisError) as exc:
         raise errors.ConfigurationError(
             f"bad connection options for {target.where}: {exc}"
         ) from None
     return AsyncConnection(client, where=target.where)
+
+
+def _check_options(pool: Any) -> None:
+    """Build (without connecting) one connection from the pool's settings, so an unknown
+    option or a bad TLS flag in the URL is a :class:`ConfigurationError` now, not a
+    ``TypeError`` on the first call."""
+    pool.connection_class(**pool.connection_kwargs)
 
 
 def _async_no_retry() -> Any:

@@ -25,10 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .connection import Call, Op
-from .errors import InvalidFlow
+from .errors import InvalidFlow, InvalidInput
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Child, FlowRef, FlowSnapshot, Serializer
 from .ops import _s, chunks, register
+
+#: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
+MAX_DEPTH = 100
 
 
 @dataclass(slots=True)
@@ -60,8 +63,9 @@ def plan(
     """Validate a flow and give every node its queue, id and serialised payload.
 
     Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
-    a node reached twice, a child that neither fails its parent nor is ignored) and the
-    keyspace errors for bad queues and ids - all before anything is sent.
+    a node reached twice, a child that neither fails its parent nor is ignored, a policy flag
+    that is not a bool, a tree deeper than :data:`MAX_DEPTH`) and the keyspace errors for bad
+    queues and ids - all before anything is sent.
     """
     check_queue(queue)
     check_job_id(parent_id)
@@ -69,7 +73,9 @@ def plan(
     seen_ids = {parent_id}
     seen_nodes: set[int] = set()
 
-    def build(parent: _Node, specs: list[Child], path: str) -> None:
+    def build(parent: _Node, specs: list[Child], path: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise InvalidFlow(f"flow {parent_id!r} is deeper than {MAX_DEPTH} levels")
         if not isinstance(specs, list | tuple) or not specs:
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
         for index, spec in enumerate(specs):
@@ -113,12 +119,9 @@ def plan(
             )
             parent.children.append(node)
             if spec.children:
-                build(node, spec.children, child_id)
+                build(node, spec.children, child_id, depth + 1)
 
-    try:
-        build(root, children, parent_id)
-    except RecursionError:
-        raise InvalidFlow(f"flow {parent_id!r} is nested too deeply") from None
+    build(root, children, parent_id, 1)
     return root
 
 
@@ -236,7 +239,13 @@ def save_ref(ks: Keyspace, name: str, ref: FlowRef) -> Op[None]:
 def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
     """The reference stored under ``name``, or None."""
     (raw,) = yield [Call.cmd("GET", ks.ref(name))]
-    return None if raw is None else FlowRef.from_dict(json.loads(raw))
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:  # written by something else: refused by type, like a bad mapping
+        raise InvalidInput(f"reference {name!r} does not hold JSON: {raw[:80]!r}") from None
+    return FlowRef.from_dict(data)
 
 
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import InvalidArgument, InvalidPayload
+from .errors import InvalidArgument, InvalidInput, InvalidPayload
 
 FAIL_PARENT = "fp"
 IGNORE = "id"
@@ -160,11 +160,17 @@ class FlowRef:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> FlowRef:
-        return FlowRef(
-            str(data["queue"]),
-            str(data["parent_id"]),
-            tuple((str(q), str(i)) for q, i in data.get("children", ())),
-        )
+        """The inverse of :meth:`to_dict`; :class:`InvalidInput` if ``data`` is not one."""
+        try:
+            return FlowRef(
+                str(data["queue"]),
+                str(data["parent_id"]),
+                tuple((str(q), str(i)) for q, i in data.get("children", ())),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise InvalidInput(
+                f"not a flow reference (a mapping with queue and parent_id): {data!r:.200}"
+            ) from None
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ changes nothing. Every call takes batches: a batch costs one round trip, not one
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -38,8 +39,15 @@ def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
 
 
 def check_seconds(name: str, value: Any, low: float = 0.0) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= low:
-        raise InvalidArgument(f"{name} must be a number of seconds >= {low}, got {value!r}")
+    """A finite number of seconds >= low, else :class:`InvalidArgument` naming it (NaN and
+    infinity are refused: they cannot become milliseconds or a thread wait)."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not value >= low
+        or not math.isfinite(value)
+    ):
+        raise InvalidArgument(f"{name} must be a finite number of seconds >= {low}, got {value!r}")
     return float(value)
 
 
@@ -108,6 +116,8 @@ class Queue:
 
     def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
         """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
+        if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
+            raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
         rows: list[tuple[str, bytes, int, int, int]] = []
         check = False
         for item in jobs:
@@ -118,7 +128,12 @@ class Queue:
                 job_id, check = check_job_id(spec.id), True
             delay_ms = int(check_seconds("delay", spec.delay) * 1000)
             priority = check_int("priority", spec.priority, 0, 800)
-            attempts = check_int("max_attempts", spec.max_attempts or self.max_attempts, 1)
+            attempts = check_int(
+                "max_attempts",
+                self.max_attempts if spec.max_attempts is None else spec.max_attempts,
+                1,
+                1_000_000,
+            )
             rows.append((job_id, self.client.encode(spec.payload), attempts, delay_ms, priority))
         if len({r[0] for r in rows}) != len(rows):
             raise InvalidArgument("duplicate job ids in one add_bulk call")

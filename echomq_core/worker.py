@@ -71,8 +71,16 @@ class Worker:
                  poll: float = 0.05, max_poll: float = 0.5, grace: float = 30.0,
                  fast_job: float = 0.005, flush_after: float = 0.02,
                  queue_options: Mapping[str, Any] | None = None, hooks: Any = None) -> None:
-        if not handlers:
-            raise InvalidArgument("a worker needs at least one queue handler")
+        if not isinstance(handlers, Mapping) or not handlers:
+            raise InvalidArgument("a worker needs a mapping of queue names to handlers")
+        if queue_options is not None and (
+            not isinstance(queue_options, Mapping)
+            or set(queue_options) - {"max_attempts", "backoff", "keep_completed"}
+        ):
+            raise InvalidArgument(
+                "queue_options takes max_attempts, backoff and keep_completed (lease is the "
+                f"worker's own option), got {queue_options!r:.200}"
+            )
         for name, fn in handlers.items():
             check_queue(name)
             if not callable(fn):

@@ -144,7 +144,8 @@ def open_client(
     A first client without retries and with ``--connect-timeout`` on every socket operation
     sends PING, so a wrong host, a closed port or a server that accepts and never answers
     fails in about that time, in one line - instead of redis-py's retries with backoff. The
-    client returned keeps redis-py's default retries (a worker should ride out a restart).
+    client returned has the connector's defaults: no blind re-sends (a worker and a Pump ride
+    out a restart through their own bounded retry loops; see :mod:`echomq_core.connection`).
     """
     target = url or args.url
     timeout = args.connect_timeout

@@ -1,0 +1,1 @@
+"""Fault-injection suites: chaos on a real Cluster, server restarts, connection faults."""
