@@ -1,6 +1,6 @@
 -- complete: record the results of a batch of leased jobs of one queue, with the fan-in.
 -- @include now_ms
--- @include settle
+-- @include settle_groups
 --
 -- KEYS[1] active    zset  leased jobs         KEYS[4] outbox   list  this queue's flow:outbox
 -- KEYS[2] leases    hash  id -> token         KEYS[5] pending  zset  this queue's pending
@@ -66,11 +66,5 @@ if #done > 0 then
   redis.call('ZADD', KEYS[3], unpack(fin))
 end
 if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
-local events = {}
-for gi, items in pairs(groups) do
-  local k = 5 + n + (gi - 1) * 5
-  local _, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[4 + gi],
-         queue, KEYS[5], KEYS[4], items, now)
-  if ev then events[#events + 1] = ev; events[#events + 1] = ARGV[4 + gi] end
-end
+local events = settle_groups(groups, 5 + n, 4, queue, KEYS[5], KEYS[4], now)
 return {out, events}

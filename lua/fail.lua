@@ -1,7 +1,7 @@
 -- fail: record a failed attempt for a batch of leased jobs of one queue; retry or bury each,
 -- and apply the failure policy to the parents of the buried ones.
 -- @include now_ms
--- @include settle
+-- @include settle_groups
 --
 -- KEYS[1] active  KEYS[2] leases  KEYS[3] outbox  KEYS[4] pending
 -- KEYS[5] delayed zset retries by due time       KEYS[6] dead    zset the morgue by time of death
@@ -68,11 +68,5 @@ end
 if #later > 0 then redis.call('ZADD', KEYS[5], unpack(later)) end
 if #dead > 0 then redis.call('ZADD', KEYS[6], unpack(dead)) end
 if #signals > 0 then redis.call('RPUSH', KEYS[3], unpack(signals)) end
-local events = {}
-for gi, items in pairs(groups) do
-  local k = 6 + n + (gi - 1) * 5
-  local _, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, ARGV[3 + gi],
-         queue, KEYS[4], KEYS[3], items, now)
-  if ev then events[#events + 1] = ev; events[#events + 1] = ARGV[3 + gi] end
-end
+local events = settle_groups(groups, 6 + n, 3, queue, KEYS[4], KEYS[3], now)
 return {out, events}
