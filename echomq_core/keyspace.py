@@ -149,6 +149,11 @@ class Keyspace:
         return self.base(queue) + "flow:poison"
 
     # -- per job --------------------------------------------------------------------------
+    def job_prefix(self, queue: str) -> str:
+        """``<prefix>:{queue}:job:``; with a known-good id appended, a row key (hot paths build
+        many row keys of one queue from ids the server itself returned)."""
+        return self.base(queue) + "job:"
+
     def job(self, queue: str, job_id: str) -> str:
         return self.base(queue) + "job:" + check_job_id(job_id)
 

@@ -24,14 +24,19 @@ class Serializer(Protocol):
 class JsonSerializer:
     """The default: compact JSON, UTF-8. Refuses NaN and values JSON cannot carry."""
 
+    # One encoder and decoder for the process: json.dumps() with options builds a new encoder
+    # on every call, which costs more than encoding a small payload.
+    _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+    _decode = json.JSONDecoder().decode
+
     def dumps(self, value: Any) -> bytes:
         try:
-            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+            return JsonSerializer._encode(value).encode()
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"value is not JSON-serialisable: {exc}") from None
 
     def loads(self, data: bytes) -> Any:
-        return json.loads(data)
+        return JsonSerializer._decode(data.decode() if isinstance(data, bytes) else data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,7 @@ def add(
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
             for job_id, payload in part:
                 argv += [job_id, payload]
-            keys = [*fixed, *(ks.job(queue, job_id) for job_id, _ in part)]
+            keys = [*fixed, *(ks.job_prefix(queue) + job_id for job_id, _ in part)]
             calls.append(Call.lua("add", keys, argv))
     replies = yield calls
     return sum(int(r) for r in replies[skip:])
@@ -91,7 +91,8 @@ def claim(
     if not ids:
         return []
     names = [_s(i) for i in ids]
-    rows = yield [Call.cmd("HMGET", ks.job(queue, n), *ROW_FIELDS) for n in names]
+    base = ks.job_prefix(queue)
+    (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
     jobs = []
     for job_id, row in zip(names, rows, strict=True):
         payload, attempts, max_attempts, parent, parent_queue, policy, stalls = row
@@ -153,7 +154,7 @@ def complete(
             ks.completed(queue),
             ks.outbox(queue),
             ks.pending(queue),
-            *(ks.job(queue, j.id) for j, _ in part),
+            *(ks.job_prefix(queue) + j.id for j, _ in part),
             *_group_keys(ks, queue, groups),
         ]
         argv = [queue, "1" if keep else "0", len(part), len(groups), *groups, *per_job]
@@ -177,7 +178,7 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
             ks.pending(queue),
             ks.delayed(queue),
             ks.dead(queue),
-            *(ks.job(queue, j.id) for j, _, _ in part),
+            *(ks.job_prefix(queue) + j.id for j, _, _ in part),
             *_group_keys(ks, queue, groups),
         ]
         argv = [queue, len(part), len(groups), *groups, *per_job]
@@ -242,7 +243,7 @@ def recover(
             ks.pending(queue),
             ks.dead(queue),
             ks.outbox(queue),
-            *(ks.job(queue, n) for n in names),
+            *(ks.job_prefix(queue) + n for n in names),
         ]
         calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))
     if not calls:

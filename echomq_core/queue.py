@@ -120,8 +120,12 @@ class Queue:
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
         rows: list[tuple[str, bytes, int, int, int]] = []
         check = False
+        encode, attempts_default = self.client.encode, self.max_attempts
         for item in jobs:
-            spec = item if isinstance(item, JobSpec) else JobSpec(item)
+            if not isinstance(item, JobSpec):  # a bare payload: every option is the default
+                rows.append(("JOB-" + uuid.uuid4().hex, encode(item), attempts_default, 0, 0))
+                continue
+            spec = item
             if spec.id is None:
                 job_id = "JOB-" + uuid.uuid4().hex
             else:
@@ -134,7 +138,7 @@ class Queue:
                 1,
                 1_000_000,
             )
-            rows.append((job_id, self.client.encode(spec.payload), attempts, delay_ms, priority))
+            rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority))
         if len({r[0] for r in rows}) != len(rows):
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         if rows:

@@ -56,7 +56,7 @@ class Worker:
     """Runs ``handlers`` ({queue name: callable}) until stopped. Options:
 
     * ``concurrency`` (1): runner threads, i.e. jobs run at once.
-    * ``max_batch`` (200): the most jobs one runner claims at once (fast handlers only).
+    * ``max_batch`` (500): the most jobs one runner claims at once (fast handlers only).
     * ``lease`` (30 s): lease per claim; heartbeats every lease / 3 keep long jobs leased.
     * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): idle polling starts at ``poll`` and backs
       off to ``max_poll`` while every queue is empty.
@@ -67,7 +67,7 @@ class Worker:
     """
 
     def __init__(self, client: EchoMQ, handlers: Mapping[str, Handler], *,
-                 concurrency: int = 1, max_batch: int = 200, lease: float = 30.0,
+                 concurrency: int = 1, max_batch: int = 500, lease: float = 30.0,
                  poll: float = 0.05, max_poll: float = 0.5, grace: float = 30.0,
                  fast_job: float = 0.005, flush_after: float = 0.02,
                  queue_options: Mapping[str, Any] | None = None, hooks: Any = None) -> None:
