@@ -1,0 +1,61 @@
+"""One module per library under test; each defines a :class:`Peer` and its worker processes.
+
+Modules are named ``*_peer`` so that running one as ``python -m bench.peers.x_peer`` never
+shadows the library it drives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The workloads, in order, with their full and smoke sizes (items: jobs, children, signals).
+WORKLOADS = {
+    "W1": ("flat", 20_000, 300),
+    "W2": ("fan-in, same queue", 10_000, 200),
+    "W3": ("fan-in, cross-queue", 10_000, 200),
+    "W4": ("Pump: outbox drain", 100_000, 1_000),
+    "W5": ("scale: one large flow", 200_000, 2_000),
+}
+
+
+class Unsupported(Exception):
+    """Raised by a peer for a workload it has no equivalent of; the text says why."""
+
+
+class Peer:
+    """A library under test. Subclasses implement ``w1`` .. ``w5`` (``(url, n) -> record``)."""
+
+    name = ""
+    #: The library's version and the configuration it runs in (its natural best one).
+    version = ""
+    config = ""
+    #: Where a workload runs at other sizes than the standard one: workload -> [N, ...]
+    #: (several sizes show how it scales), with the reason in ``notes``.
+    full_sizes: dict[str, list[int]] = {}
+    smoke_sizes: dict[str, list[int]] = {}
+    notes: dict[str, str] = {}
+
+    def sizes(self, workload: str, smoke: bool) -> list[int]:
+        table = self.smoke_sizes if smoke else self.full_sizes
+        if workload in table:
+            return table[workload]
+        return [WORKLOADS[workload][2 if smoke else 1]]
+
+    def run(self, workload: str, url: str, n: int) -> dict[str, Any]:
+        table = {"W1": self.w1, "W2": self.w2, "W3": self.w3, "W4": self.w4, "W5": self.w5}
+        return table[workload](url, n)
+
+    def w1(self, url: str, n: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def w2(self, url: str, n: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def w3(self, url: str, n: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def w4(self, url: str, n: int) -> dict[str, Any]:
+        raise Unsupported("n/a")
+
+    def w5(self, url: str, n: int) -> dict[str, Any]:
+        raise NotImplementedError

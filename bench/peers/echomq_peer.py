@@ -1,0 +1,284 @@
+"""EchoMQ under the benchmark workloads, and its worker / reader processes.
+
+Configuration: the library defaults (``keep_completed=True``, lease 30 s, JSON), one worker
+process ``Worker(mq, {queue: handler}, concurrency=1)`` (its runner claims adaptive batches of
+up to 200). Fan-in results are read the way the orchestrator adapters read them: the adding
+process waits for the parent's release and reads ``children_values`` (W5: in pages, in a fresh
+process). Cross-queue fan-in (W3) is carried by a Pump thread in the adding process.
+
+Processes: ``python -m bench.peers.echomq_peer worker URL QUEUE[,QUEUE]`` and
+``python -m bench.peers.echomq_peer read URL QUEUE PARENT_ID MODE`` (MODE: baseline, page,
+paged, whole; prints one JSON line with the peak RSS of the process).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import echomq_core
+from echomq_core import Child, EchoMQ, Job, Pump, Worker
+
+from ..common import (
+    READY,
+    STALL,
+    BenchError,
+    Proc,
+    Stopper,
+    Window,
+    peak_rss_kib,
+    reached,
+    result,
+)
+from . import Peer
+
+MODULE = "bench.peers.echomq_peer"
+#: W5 reads in pages of this many results (HSCAN COUNT).
+PAGE = 5000
+
+
+def _timeout(n: int) -> float:
+    return max(60.0, n / 100)
+
+
+def _worker(url: str, queues: str) -> Proc:
+    return Proc(MODULE, ["worker", url, queues], name="echomq-worker").wait_ready()
+
+
+def _expected_sum(n: int) -> int:
+    return n * (n - 1)  # child i returns 2 * i
+
+
+class EchoMQPeer(Peer):
+    name = "echomq"
+    version = echomq_core.__version__
+    config = (
+        "defaults (keep_completed=True); 1 worker process, concurrency=1 (adaptive "
+        "claim batches up to 200); W2/W3/W5 results read by the adding process "
+        "(wait + children_values; W5 iter_children_values in pages of 5000); W3 "
+        "Pump as a thread of the adding process"
+    )
+    notes = {"W4": "Pump.tick() on one outbox of N completion signals, default page (1000)"}
+
+    # -- W1 -------------------------------------------------------------------------------
+    def w1(self, url: str, n: int) -> dict[str, Any]:
+        mq, win = EchoMQ(url), Window(url)
+        queue = mq.queue("w1")
+        completed = win.counted(lambda: queue.stats()["completed"])
+        try:
+            with Stopper() as procs:
+                worker = procs.add(_worker(url, "w1"))
+                win.begin()
+                queue.add_bulk(range(n))
+                win.split("added")
+                win.wait_for(
+                    lambda: reached(completed(), n),
+                    timeout=_timeout(n),
+                    what=f"{n} completions",
+                    procs=[worker],
+                    stall=STALL,
+                )
+                measure = win.end()
+            stats = queue.stats()
+            if stats["completed"] != n or stats["pending"] or stats["active"]:
+                raise BenchError(f"W1 incomplete: {stats}")
+            return result(measure, n=n, unit="jobs")
+        finally:
+            mq.close()
+            win.close()
+
+    # -- W2 / W3 --------------------------------------------------------------------------
+    def _fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
+        mq, pump_mq, win = EchoMQ(url), EchoMQ(url), Window(url)
+        released = win.counted(mq.snapshot, parent_q, "JOB-bench-probe")
+        try:
+            with Stopper() as procs:
+                worker = procs.add(_worker(url, child_q))
+                pump = Pump(pump_mq, [child_q]) if parent_q != child_q else None
+                if pump is not None:
+                    pump.start()
+                try:
+                    win.begin()
+                    ref = mq.add_flow(parent_q, [Child(i, queue=child_q) for i in range(n)])
+                    win.split("added")
+                    _wait_released(win, released, parent_q, ref.parent_id, n, worker)
+                    win.split("released")
+                    values = mq.children_values(parent_q, ref.parent_id)
+                    measure = win.end()
+                finally:
+                    if pump is not None:
+                        pump.stop()
+            if len(values) != n or sum(values.values()) != _expected_sum(n):
+                raise BenchError(f"fan-in read {len(values)} results, expected {n}")
+            return result(measure, n=n, unit="children")
+        finally:
+            mq.close()
+            pump_mq.close()
+            win.close()
+
+    def w2(self, url: str, n: int) -> dict[str, Any]:
+        return self._fan_in(url, n, "w2", "w2")
+
+    def w3(self, url: str, n: int) -> dict[str, Any]:
+        return self._fan_in(url, n, "w3p", "w3c")
+
+    # -- W4 -------------------------------------------------------------------------------
+    def w4(self, url: str, n: int) -> dict[str, Any]:
+        mq, win = EchoMQ(url), Window(url)
+        try:
+            ref = mq.add_flow("w4p", [Child(i, queue="w4c") for i in range(n)])
+            queue = mq.queue("w4c")
+            while jobs := queue.claim(2000):  # claim() accepts 10,000 but unpack fails > ~4000
+                queue.complete_many([(job, job.payload * 2) for job in jobs])
+            outbox = queue.stats()["outbox"]
+            if outbox != n:
+                raise BenchError(f"W4 setup: outbox holds {outbox} signals, expected {n}")
+            pump = Pump(mq, ["w4c"])
+            ticks = 0
+            win.begin()
+            while pump.totals.delivered < n:
+                pump.tick()
+                ticks += 1
+                if ticks > n:
+                    raise BenchError(f"W4: {pump.totals.delivered} of {n} delivered")
+            measure = win.end()
+            snap = mq.snapshot("w4p", ref.parent_id)
+            if not snap.released or snap.processed != n or queue.stats()["outbox"]:
+                raise BenchError(f"W4 incomplete: {snap}")
+            return result(measure, n=n, unit="signals", ticks=ticks, page=pump.page)
+        finally:
+            mq.close()
+            win.close()
+
+    # -- W5 -------------------------------------------------------------------------------
+    def w5(self, url: str, n: int) -> dict[str, Any]:
+        mq, win = EchoMQ(url), Window(url)
+        released = win.counted(mq.snapshot, "w5", "JOB-bench-probe")
+        try:
+            with Stopper() as procs:
+                worker = procs.add(_worker(url, "w5"))
+                win.begin()
+                ref = mq.add_flow("w5", [Child(i) for i in range(n)])
+                added = win.split("added")
+                _wait_released(win, released, "w5", ref.parent_id, n, worker)
+                settled = win.split("released")
+                measure = win.end()
+            reads = {
+                mode: read_in_process(url, "w5", ref.parent_id, mode)
+                for mode in ("baseline", "page", "paged", "whole")
+            }
+            paged = reads["paged"]
+            if paged["count"] < n or reads["whole"]["count"] != n:
+                raise BenchError(f"W5 read {paged['count']} results in pages, expected {n}")
+            base = reads["baseline"]["maxrss_kib"]
+            return result(
+                measure,
+                n=n,
+                unit="children",
+                add_seconds=round(added, 4),
+                settle_seconds=round(settled - added, 4),
+                reader={
+                    "method": "peak RSS (VmHWM) of a fresh process; baseline: same imports "
+                    "and connection, no read",
+                    "page": PAGE,
+                    "baseline_kib": base,
+                    "one_page_kib": reads["page"]["maxrss_kib"],
+                    "paged_all_kib": paged["maxrss_kib"],
+                    "whole_kib": reads["whole"]["maxrss_kib"],
+                    "paged_all_delta_kib": paged["maxrss_kib"] - base,
+                    "whole_delta_kib": reads["whole"]["maxrss_kib"] - base,
+                    "paged_seconds": paged["seconds"],
+                },
+            )
+        finally:
+            mq.close()
+            win.close()
+
+
+def _wait_released(
+    win: Window, snapshot: Any, queue: str, parent_id: str, n: int, worker: Proc
+) -> None:
+    """What ``mq.wait(queue, parent_id, poll=0.01)`` does, with the polls counted."""
+
+    def released() -> int | bool:
+        snap = snapshot(queue, parent_id)
+        if snap.parent_state == "failed":
+            raise BenchError(f"parent {parent_id} failed: {snap.error}")
+        return True if snap.released else snap.dependencies
+
+    win.wait_for(
+        released, timeout=_timeout(n), what="the parent's release", procs=[worker], stall=STALL
+    )
+
+
+def read_in_process(url: str, queue: str, parent_id: str, mode: str) -> dict[str, Any]:
+    out = Proc(MODULE, ["read", url, queue, parent_id, mode], name=f"echomq-read-{mode}")
+    text = out.wait_exit(timeout=300)
+    out.stop()
+    return json.loads(text.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def _handle(job: Job) -> Any:
+    return job.payload * 2 if isinstance(job.payload, int) else None
+
+
+def _noop(job: Job) -> None:
+    return None
+
+
+def run_worker(url: str, queues: str) -> None:
+    mq = EchoMQ(url)
+    handlers = {q: (_noop if q == "w1" else _handle) for q in queues.split(",")}
+    worker = Worker(mq, handlers, concurrency=1)
+    print(READY, flush=True)
+    worker.run()
+
+
+def run_reader(url: str, queue: str, parent_id: str, mode: str) -> None:
+    import time
+
+    mq = EchoMQ(url)
+    mq.dependencies(queue, parent_id)  # connect, like every mode
+    count, total = 0, 0
+    started = time.perf_counter()
+    if mode in ("page", "paged"):
+        for _, value in mq.iter_children_values(queue, parent_id, page=PAGE):
+            count += 1
+            total += value
+            if mode == "page" and count >= PAGE:
+                break
+    elif mode == "whole":
+        values = mq.children_values(queue, parent_id)
+        count, total = len(values), sum(values.values())
+    elif mode != "baseline":
+        raise SystemExit(f"unknown read mode {mode!r}")
+    seconds = time.perf_counter() - started
+    mq.close()
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "count": count,
+                "sum": total,
+                "seconds": round(seconds, 3),
+                "maxrss_kib": peak_rss_kib(),
+            }
+        )
+    )
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["worker"]:
+        run_worker(*argv[1:3])
+    elif argv[:1] == ["read"]:
+        run_reader(*argv[1:5])
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,101 @@
+"""The benchmark harness (bench/) in smoke mode: tiny sizes, one run, real worker processes.
+
+EchoMQ always runs every workload; the peers (BullMQ, Celery, RQ) run W1, W3 and W4 when they
+are installed (``pip install -r bench/requirements.txt``), so the harness cannot rot while
+the full runs stay out of CI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = [
+    name
+    for name, module in (("bullmq", "bullmq"), ("celery", "celery"), ("rq", "rq"))
+    if importlib.util.find_spec(module) is not None
+]
+SMOKE_N = {"W1": 300, "W2": 200, "W3": 200, "W4": 1_000, "W5": 2_000}
+
+
+def run_bench(out: Path, only: str, workloads: str) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    args = ["--smoke", "--only", only, "--workloads", workloads, "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.run", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the harness stops its workers and its server
+        stdout, stderr = proc.communicate(timeout=30)
+        pytest.fail(f"the smoke run took over 150 s:\n{stderr[-5000:]}")
+    assert proc.returncode == 0, f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-5000:]}"
+    assert "## W1 flat" in stdout  # the table is printed too
+    return json.loads((out / "results.json").read_text())  # type: ignore[no-any-return]
+
+
+def only_run(doc: dict[str, Any], workload: str, name: str) -> dict[str, Any]:
+    rows = doc["workloads"][workload]["results"][name]
+    assert "unsupported" not in rows, rows
+    row = rows[str(min(r["n"] for r in rows.values()))]
+    assert row["errors"] == [], row["errors"]
+    assert len(row["runs"]) == 1
+    return row["runs"][0]  # type: ignore[no-any-return]
+
+
+def test_echomq_smoke_runs_every_workload(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "echomq", "W1,W2,W3,W4,W5")
+    assert doc["meta"]["server"]["version"]
+    assert doc["peers"]["echomq"]["status"] == "ok"
+    for workload, n in SMOKE_N.items():
+        run = only_run(doc, workload, "echomq")
+        assert run["n"] == n
+        assert run["rate"] > 0 and run["seconds"] > 0
+        # deterministic, harness probes removed: every item cost at least one command
+        assert run["commands_per_item"] >= 1.0
+        assert run["commands"] == pytest.approx(run["commands_per_item"] * n, abs=n * 0.001)
+        assert "evalsha" in run["top_commands"]
+        assert "info" not in run["top_commands"] and "config|resetstat" not in run["top_commands"]
+    # each workload finished everything it added (the peer checks it; here: the counts)
+    w4 = only_run(doc, "W4", "echomq")
+    assert w4["ticks"] >= 1
+    reader = only_run(doc, "W5", "echomq")["reader"]
+    assert reader["baseline_kib"] > 0
+    assert reader["paged_all_kib"] >= reader["baseline_kib"]
+    assert reader["one_page_kib"] >= reader["baseline_kib"]
+    w5 = only_run(doc, "W5", "echomq")
+    assert w5["add_seconds"] + w5["settle_seconds"] == pytest.approx(w5["seconds"], abs=0.05)
+    names = [t["target"] for t in doc["targets"]]
+    assert "W4 Pump signals/s" in names and "W1 commands per job" in names
+    md = (tmp_path / "results.md").read_text()
+    assert "EchoMQ against the targets" in md and "valkey" in md
+    assert list((tmp_path / "raw").glob("results-*.json"))
+
+
+@pytest.mark.skipif(not PEERS, reason="peers not installed: pip install -r bench/requirements.txt")
+def test_peers_smoke_side_by_side(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, ",".join(["echomq", *PEERS]), "W1,W3,W4")
+    for name in PEERS:
+        assert doc["peers"][name]["status"] == "ok", doc["peers"][name]
+        for workload in ("W1", "W3"):
+            run = only_run(doc, workload, name)
+            assert run["rate"] > 0 and run["commands_per_item"] >= 1.0
+            ratio = doc["ratios"][workload][name]
+            assert ratio["speed"] > 0 and ratio["commands"] > 0
+        assert doc["workloads"]["W4"]["results"][name]["unsupported"].startswith("n/a")
