@@ -252,9 +252,10 @@ class Pump:
             # Pump busy draining spends its round trips on delivery.
             self._maintained_at = now
             keys = self.client.keys
-            stats.promoted = self.client.run(ops.promote(keys, queues, self.page))
+            batch = min(self.page, 1000)  # Lua's unpack() bounds one script's batch
+            stats.promoted = self.client.run(ops.promote(keys, queues, batch))
             stats.recovered, stats.buried = self.client.run(
-                ops.recover(keys, queues, self.page, self.max_stalls))
+                ops.recover(keys, queues, batch, self.max_stalls))
             if self.retention_ms is not None:
                 stats.swept = self.client.run(ops.sweep(keys, queues, self.retention_ms, 200))
         for name in ("delivered", "poisoned", "promoted", "recovered", "buried"):

@@ -162,7 +162,7 @@ class Queue:
                 count,
                 lease_ms,
                 token,
-                check_int("promote", promote, 0),
+                check_int("promote", promote, 0, 1000),
                 self.client.serializer,
             )
         )

@@ -36,6 +36,9 @@ for i = 1, #popped, 2 do
   act[#act + 1] = deadline; act[#act + 1] = id
   lease[#lease + 1] = id; lease[#lease + 1] = ARGV[3]
 end
-redis.call('ZADD', KEYS[2], unpack(act))
-redis.call('HSET', KEYS[3], unpack(lease))
+-- unpack() is bounded by the Lua stack (about 8,000 values): write in slices of 1,000 jobs
+for i = 1, #act, 2000 do
+  redis.call('ZADD', KEYS[2], unpack(act, i, math.min(i + 1999, #act)))
+  redis.call('HSET', KEYS[3], unpack(lease, i, math.min(i + 1999, #lease)))
+end
 return ids
