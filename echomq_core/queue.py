@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import ops
 from .errors import InvalidArgument, InvalidPayload, JobNotFound, LeaseLost
 from .keyspace import check_job_id, check_queue
-from .models import Backoff, Job, JobInfo
+from .models import Backoff, Job, JobInfo, Settlement
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -177,12 +177,16 @@ class Queue:
         """Complete many jobs in one round trip; False where the lease was lost. A result that
         cannot be serialised raises :class:`InvalidPayload` before anything is sent."""
         encoded = [(self._own(job), self.client.encode(result)) for job, result in done]
+        return [bool(s) for s in self.settle_completed(encoded).statuses]
+
+    def settle_completed(self, encoded: Sequence[tuple[Job, bytes]]) -> Settlement:
+        """Complete jobs whose results are already serialised; the statuses, and the parents
+        the batch released or failed (the worker fires its hooks from them)."""
         if not encoded:
-            return []
-        settled = self.client.run(
+            return Settlement([])
+        return self.client.run(
             ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
         )
-        return [bool(s) for s in settled.statuses]
 
     def fail(self, job: Job, error: str, *, retry: bool = True) -> bool:
         """Record a failed attempt; returns True if the job died. ``retry=False`` buries it
@@ -194,14 +198,19 @@ class Queue:
 
     def fail_many(self, failed: Sequence[tuple[Job, str, bool]]) -> list[int]:
         """Fail many jobs in one round trip. Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
+        return self.settle_failed(failed).statuses
+
+    def settle_failed(self, failed: Sequence[tuple[Job, str, bool]]) -> Settlement:
+        """Fail ``(job, error, retry?)`` triples, the backoff chosen here; as
+        :meth:`settle_completed`, the statuses and the parents released or failed."""
         rows = []
         for job, error, retry in failed:
             self._own(job)
             delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
             rows.append((job, str(error)[:10_000], delay))
         if not rows:
-            return []
-        return self.client.run(ops.fail(self.client.keys, self.name, rows)).statuses
+            return Settlement([])
+        return self.client.run(ops.fail(self.client.keys, self.name, rows))
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""

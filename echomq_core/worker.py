@@ -232,11 +232,9 @@ class Worker:
 
     def _flush(self, queue: Queue, done: list[tuple[Job, bytes]],
                failed: list[tuple[Job, str, bool]]) -> None:
-        keys = self.client.keys
         try:
             if done:
-                settled = self.client.run(ops.complete(keys, queue.name, done,
-                                                       keep=queue.keep_completed))
+                settled = queue.settle_completed(done)
                 self.completed += sum(settled.statuses)
                 if self.hooks is not None:
                     for (job, raw), status in zip(done, settled.statuses, strict=True):
@@ -244,9 +242,7 @@ class Worker:
                             self._hook("job_completed", job=job, result=raw)
                     self._flow_hooks(settled)
             if failed:
-                rows = [(job, error[:10_000], queue.backoff.delay_ms(job.attempts + 1)
-                         if retry else -1) for job, error, retry in failed]
-                settled = self.client.run(ops.fail(keys, queue.name, rows))
+                settled = queue.settle_failed(failed)
                 self.failed += len(failed)
                 if self.hooks is not None:
                     for (job, error, _), status in zip(failed, settled.statuses, strict=True):
