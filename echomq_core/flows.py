@@ -176,7 +176,12 @@ def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[Fl
                 leaves[(node.queue, check)].append(node)
         for (queue, check), nodes in leaves.items():
             for part in chunks(nodes):
-                keys = [ks.pending(queue), ks.seq(queue), *(ks.job(queue, n.id) for n in part)]
+                keys = [
+                    ks.pending(queue),
+                    ks.seq(queue),
+                    ks.wake(queue),
+                    *(ks.job(queue, n.id) for n in part),
+                ]
                 argv: list[Any] = [check, len(part)]
                 for n in part:
                     assert n.parent is not None

@@ -24,6 +24,10 @@ key                       type    holds
 ``dead``                  zset    the morgue, scored by time of death
 ``completed``             zset    finished jobs by finish time (ms): "completed" is membership
                                   here, so finishing a flow child never writes its row
+``wake``                  zset    one member while jobs may be waiting: every script that
+                                  makes jobs claimable sets it, idle workers block on it
+                                  (BZPOPMIN) instead of polling; a hint, never needed for
+                                  correctness
 ``flow:outbox``           list    signals of this queue's children whose parent is elsewhere
 ``flow:outbox:head``      hash    the Pump's ageing record of a head that does not deliver
 ``flow:outbox:lease``     string  which Pump drains this outbox now (SET NX PX)
@@ -135,6 +139,9 @@ class Keyspace:
 
     def completed(self, queue: str) -> str:
         return self.base(queue) + "completed"
+
+    def wake(self, queue: str) -> str:
+        return self.base(queue) + "wake"
 
     def outbox(self, queue: str) -> str:
         return self.base(queue) + "flow:outbox"

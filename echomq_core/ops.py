@@ -67,7 +67,7 @@ def add(
     groups: dict[tuple[int, int, int], list[tuple[str, bytes]]] = {}
     for job_id, payload, max_attempts, delay_ms, priority in jobs:
         groups.setdefault((max_attempts, delay_ms, priority), []).append((job_id, payload))
-    fixed = [ks.pending(queue), ks.delayed(queue), ks.seq(queue)]
+    fixed = [ks.pending(queue), ks.delayed(queue), ks.seq(queue), ks.wake(queue)]
     for (max_attempts, delay_ms, priority), items in groups.items():
         for part in chunks(items):
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
@@ -86,7 +86,9 @@ def claim(
     ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int, ser: Serializer
 ) -> Op[list[Job]]:
     """Lease up to ``count`` jobs: one script call, then one pipelined HMGET per job."""
-    keys = [ks.pending(queue), ks.active(queue), ks.leases(queue), ks.delayed(queue)]
+    keys = [
+        ks.pending(queue), ks.active(queue), ks.leases(queue), ks.delayed(queue), ks.wake(queue)
+    ]
     (ids,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
     if not ids:
         return []
@@ -114,6 +116,14 @@ def claim(
                 job.decode_error = f"payload cannot be decoded: {type(exc).__name__}: {exc}"
         jobs.append(job)
     return jobs
+
+
+def wait_for_work(ks: Keyspace, queues: Sequence[str], timeout: float) -> Op[bool]:
+    """Block until one of ``queues`` sets its wake-up hint, or ``timeout`` seconds pass (one
+    BZPOPMIN; the keys must share a Cluster slot). True when woken: jobs may be claimable."""
+    seconds = max(0.001, round(timeout, 3))  # 0 would block for ever
+    (reply,) = yield [Call.cmd("BZPOPMIN", *(ks.wake(q) for q in queues), seconds)]
+    return reply is not None
 
 
 # -- complete / fail --------------------------------------------------------------------
@@ -154,6 +164,7 @@ def complete(
             ks.completed(queue),
             ks.outbox(queue),
             ks.pending(queue),
+            ks.wake(queue),
             *(ks.job_prefix(queue) + j.id for j, _ in part),
             *_group_keys(ks, queue, groups),
         ]
@@ -178,6 +189,7 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
             ks.pending(queue),
             ks.delayed(queue),
             ks.dead(queue),
+            ks.wake(queue),
             *(ks.job_prefix(queue) + j.id for j, _, _ in part),
             *_group_keys(ks, queue, groups),
         ]
@@ -212,7 +224,7 @@ def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
         argv: list[Any] = []
         for job in part:
             argv += [job.id, job.token]
-        keys = [ks.active(queue), ks.leases(queue), ks.pending(queue)]
+        keys = [ks.active(queue), ks.leases(queue), ks.pending(queue), ks.wake(queue)]
         calls.append(Call.lua("release", keys, argv))
     replies = yield calls
     return [bool(flag) for reply in replies for flag in reply]
@@ -223,7 +235,9 @@ def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
 
 def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
     """Move due delayed jobs to pending in every queue; the number moved."""
-    replies = yield [Call.lua("promote", [ks.delayed(q), ks.pending(q)], [limit]) for q in queues]
+    replies = yield [
+        Call.lua("promote", [ks.delayed(q), ks.pending(q), ks.wake(q)], [limit]) for q in queues
+    ]
     return sum(int(r) for r in replies)
 
 
@@ -243,6 +257,7 @@ def recover(
             ks.pending(queue),
             ks.dead(queue),
             ks.outbox(queue),
+            ks.wake(queue),
             *(ks.job_prefix(queue) + n for n in names),
         ]
         calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))

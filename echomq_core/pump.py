@@ -162,7 +162,7 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
 
 def _deliver_call(ks: Keyspace, parent_queue: str,
                   batch: list[tuple[str, list[tuple[str, int, Signal]]]]) -> Call:
-    keys = [ks.pending(parent_queue), ks.outbox(parent_queue)]
+    keys = [ks.pending(parent_queue), ks.outbox(parent_queue), ks.wake(parent_queue)]
     argv: list[Any] = [parent_queue, len(batch)]
     for parent_id, items in batch:
         keys += ks.parent_keys(parent_queue, parent_id)

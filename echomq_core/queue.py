@@ -223,6 +223,16 @@ class Queue:
             return []
         return self.client.run(ops.heartbeat(self.client.keys, self.name, jobs, lease_ms))
 
+    def release(self, jobs: Sequence[Job]) -> list[bool]:
+        """Give leased ``jobs`` back untouched: to the front of pending, no attempt counted,
+        idle workers woken (what a worker does with jobs it will not run when it stops).
+        False where the lease was already lost."""
+        for job in jobs:
+            self._own(job)
+        if not jobs:
+            return []
+        return self.client.run(ops.release(self.client.keys, self.name, jobs))
+
     # -- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> JobInfo:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""

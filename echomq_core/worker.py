@@ -33,11 +33,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import queue as queue_mod
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from redis.crc import key_slot
 
 from . import ops
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
@@ -50,6 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
+#: One batch's results on their way to the server: (queue, completed, failed).
+_Results = tuple[Queue, list[tuple[Job, bytes]], list[tuple[Job, str, bool]]]
 
 
 class Worker:
@@ -58,8 +63,12 @@ class Worker:
     * ``concurrency`` (1): runner threads, i.e. jobs run at once.
     * ``max_batch`` (500): the most jobs one runner claims at once (fast handlers only).
     * ``lease`` (30 s): lease per claim; heartbeats every lease / 3 keep long jobs leased.
-    * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): idle polling starts at ``poll`` and backs
-      off to ``max_poll`` while every queue is empty.
+    * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): an idle runner waits for work starting at
+      ``poll`` and backing off to ``max_poll`` while every queue is empty. It waits *blocked*
+      on the queues' wake-up hint (BZPOPMIN), which every add, land, release, promotion and
+      recovery sets, so new jobs start at once, not at the next poll; the timeout only bounds
+      how late a due retry is noticed without a Pump. In a Cluster, a worker whose queues lie
+      on different slots cannot block on all of them in one command, and polls instead.
     * ``grace`` (30 s): how long a graceful stop waits for running handlers.
     * ``queue_options``: passed to each :class:`Queue` (max_attempts, backoff, keep_completed).
     * ``hooks``: an object with ``job_completed(job, result)`` / ``job_dead(job, error)``
@@ -106,12 +115,21 @@ class Worker:
         self._lock = threading.Lock()
         self._inflight: dict[tuple[str, str], Job] = {}
         self._runners: list[threading.Thread] = []
+        self._wake = self._wake_queues(client, list(self.handlers))
         self._beater: threading.Thread | None = None
         for name in self.handlers:
             client.register_queue(name)
 
     def __repr__(self) -> str:
         return f"Worker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
+
+    @staticmethod
+    def _wake_queues(client: EchoMQ, names: list[str]) -> list[str] | None:
+        """The queues an idle runner can block on in one BZPOPMIN (None: poll instead)."""
+        if not client.connection.is_cluster:
+            return names
+        slots = {key_slot(client.keys.wake(n).encode()) for n in names}
+        return names if len(slots) == 1 else None
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Worker:
@@ -163,6 +181,25 @@ class Worker:
 
     # -- the runner loop ------------------------------------------------------------------
     def _runner(self, index: int) -> None:
+        # Results are recorded by this runner's flusher thread while the runner claims and
+        # runs the next batch: the server's work on one batch overlaps the handlers of the
+        # next. At most one batch waits to be recorded (back-pressure); the runner hands its
+        # last batch over and waits for it before it returns, so stop() sees every result.
+        out: queue_mod.Queue[_Results | None] = queue_mod.Queue(maxsize=1)
+        flusher = threading.Thread(target=self._flusher, args=(out,), daemon=True,
+                                   name=f"echomq-flush-{index}")
+        flusher.start()
+        try:
+            self._claim_loop(index, out)
+        finally:
+            out.put(None)
+            flusher.join()
+
+    def _flusher(self, out: queue_mod.Queue[_Results | None]) -> None:
+        while (item := out.get()) is not None:
+            self._flush(*item)
+
+    def _claim_loop(self, index: int, out: queue_mod.Queue[_Results | None]) -> None:
         names = list(self.handlers)
         batch, idle, turn = 1, self.poll, index
         while not self._stop.is_set():
@@ -178,15 +215,27 @@ class Worker:
                 if jobs:
                     took = True
                     turn += 1
-                    batch = self._run_batch(name, jobs, batch)
+                    batch = self._run_batch(name, jobs, batch, out)
                     break
             if took:
                 idle = self.poll
             else:
-                self._stop.wait(idle)
+                self._idle(idle)
                 idle = min(self.max_poll, idle * 2)
 
-    def _run_batch(self, name: str, jobs: list[Job], batch: int) -> int:
+    def _idle(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible."""
+        if self._wake is None or self._stop.is_set():
+            self._stop.wait(seconds)
+            return
+        try:
+            self.client.run(ops.wait_for_work(self.client.keys, self._wake, seconds))
+        except EchoMQError as exc:
+            log.warning("waiting for work failed: %s", exc)
+            self._stop.wait(seconds)
+
+    def _run_batch(self, name: str, jobs: list[Job], batch: int,
+                   out: queue_mod.Queue[_Results | None]) -> int:
         queue, handler = self.queues[name], self.handlers[name]
         with self._lock:
             for job in jobs:
@@ -208,9 +257,10 @@ class Worker:
             else:
                 failed.append((job, outcome[0], outcome[1]))
             if time.monotonic() - first_result >= self.flush_after:
-                self._flush(queue, done, failed)
+                out.put((queue, done, failed))
                 done, failed = [], []
-        self._flush(queue, done, failed)
+        if done or failed:
+            out.put((queue, done, failed))
         per_job = (time.monotonic() - started) / max(1, ran)
         return min(self.max_batch, batch * 2) if per_job < self.fast_job else 1
 
@@ -278,7 +328,7 @@ class Worker:
                     by_queue.setdefault(job.queue, []).append(job)
         for name, items in by_queue.items():
             try:
-                self.client.run(ops.release(self.client.keys, name, items))
+                self.queues[name].release(items)
             except EchoMQError as exc:
                 log.warning("could not give back %d job(s) of %r (their leases will expire): %s",
                             len(items), name, exc)

@@ -5,7 +5,8 @@
 -- KEYS[1]   pending    zset   claimable jobs
 -- KEYS[2]   delayed    zset   jobs with a due time
 -- KEYS[3]   seq        string this queue's arrival counter (FIFO without trusting clocks)
--- KEYS[3+i] job row i  hash   one per job, in ARGV order
+-- KEYS[4]   wake       zset   set when jobs become claimable (idle workers block on it)
+-- KEYS[4+i] job row i  hash   one per job, in ARGV order
 -- ARGV[1]   check         '1': skip ids whose row exists (a retry by id never re-queues);
 --                         '0': the host generated fresh ids, skip the existence check
 -- ARGV[2]   max_attempts  ARGV[3] delay_ms  ARGV[4] priority (0..800, lower runs first)
@@ -29,7 +30,7 @@ if delay > 0 then due = now_ms() + delay end
 local seq = redis.call('INCRBY', KEYS[3], n) - n
 local add = {}
 for i = 1, n do
-  local id, row = ARGV[3 + 2 * i], KEYS[3 + i]
+  local id, row = ARGV[3 + 2 * i], KEYS[4 + i]
   if check ~= '1' or redis.call('EXISTS', row) == 0 then
     redis.call('HSET', row, 'payload', ARGV[4 + 2 * i], 'max_attempts', attempts)
     if delay > 0 then
@@ -44,5 +45,6 @@ if #add > 0 then
   local target = KEYS[1]
   if delay > 0 then target = KEYS[2] end
   redis.call('ZADD', target, unpack(add))
+  if delay <= 0 then redis.call('ZADD', KEYS[4], 0, 'w') end
 end
 return #add / 2

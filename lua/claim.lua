@@ -5,6 +5,7 @@
 -- KEYS[2] active   zset   leased jobs by lease deadline
 -- KEYS[3] leases   hash   job id -> lease token
 -- KEYS[4] delayed  zset   jobs with a due time
+-- KEYS[5] wake     zset   the idle workers' wake-up hint (see keyspace.py)
 -- ARGV[1] count    how many jobs at most
 -- ARGV[2] lease_ms how long the lease lasts before the job may be recovered
 -- ARGV[3] token    the lease token for this claim (unique per call, made by the host)
@@ -14,7 +15,9 @@
 -- lowest-scored `count` ids from pending, score them in active at now + lease_ms, and record
 -- the token for all of them with ONE HSET. Rows are not touched here: the caller reads them
 -- with pipelined HMGETs (keys derived from ids stay on the host, where Cluster routing sees
--- them). Returns: {id, ...} in claim order; empty when nothing is pending.
+-- them). A full batch that leaves jobs behind sets the wake-up hint again, so the next idle
+-- worker (blocked on it) joins in. Returns: {id, ...} in claim order; empty when nothing is
+-- pending.
 local now = now_ms()
 local promote = tonumber(ARGV[4])
 if promote > 0 then
@@ -28,6 +31,10 @@ if promote > 0 then
 end
 local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
 if #popped == 0 then return {} end
+-- jobs left behind: pass the wake-up on, so another idle worker starts on them now
+if #popped == 2 * tonumber(ARGV[1]) and redis.call('ZCARD', KEYS[1]) > 0 then
+  redis.call('ZADD', KEYS[5], 0, 'w')
+end
 local ids, act, lease = {}, {}, {}
 local deadline = now + tonumber(ARGV[2])
 for i = 1, #popped, 2 do

@@ -5,8 +5,9 @@
 -- KEYS[1] active    zset  leased jobs         KEYS[4] outbox   list  this queue's flow:outbox
 -- KEYS[2] leases    hash  id -> token         KEYS[5] pending  zset  this queue's pending
 -- KEYS[3] completed zset  finished jobs by finish time (ms)
--- KEYS[5+i]         the row of job i (i = 1..n)
--- KEYS[5+n+5(g-1)+1 .. +5]  parent group g: row, dependencies, processed, unsuccessful, failed
+-- KEYS[6] wake      zset  set when a same-queue parent is released (idle workers block on it)
+-- KEYS[6+i]         the row of job i (i = 1..n)
+-- KEYS[6+n+5(g-1)+1 .. +5]  parent group g: row, dependencies, processed, unsuccessful, failed
 --                   (same-queue parents only; the host read each job's parent when it claimed it)
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
@@ -45,9 +46,9 @@ for i = 1, n do
     fin[#fin + 1] = now; fin[#fin + 1] = id
     if mode == '' then
       if keep == '1' then
-        redis.call('HSET', KEYS[5 + i], 'result', result)
+        redis.call('HSET', KEYS[6 + i], 'result', result)
       else
-        redis.call('DEL', KEYS[5 + i])
+        redis.call('DEL', KEYS[6 + i])
       end
     else
       if mode == 's' then
@@ -66,5 +67,5 @@ if #done > 0 then
   redis.call('ZADD', KEYS[3], unpack(fin))
 end
 if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
-local events = settle_groups(groups, 5 + n, 4, queue, KEYS[5], KEYS[4], now)
+local events = settle_groups(groups, 6 + n, 4, queue, {KEYS[5], KEYS[6], KEYS[4]}, now)
 return {out, events}

@@ -5,7 +5,8 @@
 -- KEYS[1] pending  zset  the parent queue's pending set (a released parent goes here)
 -- KEYS[2] outbox   list  the parent queue's own outbox (a failed parent that has a parent of
 --                        its own signals upward through it)
--- KEYS[2+5(g-1)+1 .. +5]  parent g: row, dependencies, processed, unsuccessful, failed
+-- KEYS[3] wake     zset  the parent queue's wake-up hint (set when a parent is released)
+-- KEYS[3+5(g-1)+1 .. +5]  parent g: row, dependencies, processed, unsuccessful, failed
 -- ARGV[1] parent_queue   the parents' queue name
 -- ARGV[2] g              number of parents
 -- then per parent: its id, m (its number of signals), then m triples: kind, child id, value
@@ -28,9 +29,9 @@ for gi = 1, g do
     items[j] = {ARGV[a], ARGV[a + 1], ARGV[a + 2]}
     a = a + 3
   end
-  local k = 2 + (gi - 1) * 5
+  local k = 3 + (gi - 1) * 5
   local st, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, pid,
-    queue, KEYS[1], KEYS[2], items, now)
+    queue, {KEYS[1], KEYS[3], KEYS[2]}, items, now)
   for j = 1, m do out[#out + 1] = st[j] end
   if ev then events[#events + 1] = ev; events[#events + 1] = pid end
 end

@@ -3,7 +3,8 @@
 --
 -- KEYS[1]   pending   zset  this queue's claimable jobs
 -- KEYS[2]   seq       string  this queue's arrival counter (see add.lua)
--- KEYS[2+i] the row of child i (i = 1..n)
+-- KEYS[3]   wake      zset  set when jobs become claimable (idle workers block on it)
+-- KEYS[3+i] the row of child i (i = 1..n)
 -- ARGV[1]   check     '1': skip children whose row exists; '0': their parent was held fresh by
 --                     this very add and their ids derive from it, so no row can exist yet
 --                     (saves one EXISTS per child on the first attempt; a retry always checks)
@@ -26,7 +27,7 @@ local seq = redis.call('INCRBY', KEYS[2], n) - n
 local out, ready = {}, {}
 for i = 0, n - 1 do
   local b = 3 + i * 6
-  local row = KEYS[3 + i]
+  local row = KEYS[4 + i]
   if check == '1' and redis.call('EXISTS', row) == 1 then
     out[i + 1] = 0
   else
@@ -41,5 +42,8 @@ for i = 0, n - 1 do
     out[i + 1] = 1
   end
 end
-if #ready > 0 then redis.call('ZADD', KEYS[1], unpack(ready)) end
+if #ready > 0 then
+  redis.call('ZADD', KEYS[1], unpack(ready))
+  redis.call('ZADD', KEYS[3], 0, 'w')
+end
 return out

@@ -3,6 +3,7 @@
 --
 -- KEYS[1] delayed  zset  jobs by due time
 -- KEYS[2] pending  zset  claimable jobs
+-- KEYS[3] wake     zset  set when jobs become claimable (idle workers block on it)
 -- ARGV[1] limit    how many at most
 -- Steps: one ZRANGEBYSCORE, one ZADD at the front of pending (score 0: a retry has waited
 -- its backoff already), one ZREM.
@@ -17,4 +18,5 @@ for i = 1, #due do
 end
 redis.call('ZADD', KEYS[2], unpack(add))
 redis.call('ZREM', KEYS[1], unpack(ids))
+redis.call('ZADD', KEYS[3], 0, 'w')
 return #ids

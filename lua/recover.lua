@@ -4,7 +4,8 @@
 --
 -- KEYS[1] active  KEYS[2] leases  KEYS[3] pending  KEYS[4] dead
 -- KEYS[5] outbox  this queue's flow:outbox
--- KEYS[5+i]       the row of candidate i
+-- KEYS[6] wake    zset  set when jobs become claimable (idle workers block on it)
+-- KEYS[6+i]       the row of candidate i
 -- ARGV[1] queue   this queue's name
 -- ARGV[2] max_stalls  a job whose lease expired more than this many times is buried
 -- ARGV[3..]       candidate ids (read by the host from active, by deadline)
@@ -19,7 +20,7 @@ local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local back, dead, gone, signals = {}, {}, {}, {}
 for i = 3, #ARGV do
-  local id, row = ARGV[i], KEYS[3 + i]
+  local id, row = ARGV[i], KEYS[4 + i]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
   if deadline and tonumber(deadline) <= now then
     gone[#gone + 1] = id
@@ -45,7 +46,10 @@ if #gone > 0 then
   redis.call('ZREM', KEYS[1], unpack(gone))
   redis.call('HDEL', KEYS[2], unpack(gone))
 end
-if #back > 0 then redis.call('ZADD', KEYS[3], unpack(back)) end
+if #back > 0 then
+  redis.call('ZADD', KEYS[3], unpack(back))
+  redis.call('ZADD', KEYS[6], 0, 'w')
+end
 if #dead > 0 then redis.call('ZADD', KEYS[4], unpack(dead)) end
 if #signals > 0 then redis.call('RPUSH', KEYS[5], unpack(signals)) end
 return {math.floor(#back / 2), math.floor(#dead / 2)}

@@ -3,6 +3,7 @@
 -- KEYS[1] active   zset  leased jobs
 -- KEYS[2] leases   hash  id -> token
 -- KEYS[3] pending  zset  claimable jobs
+-- KEYS[4] wake     zset  set when jobs become claimable (idle workers block on it)
 -- ARGV[1..] id, token pairs
 -- Steps: for each pair whose token is current: drop it from active and leases and put it at
 -- the FRONT of pending (score 0). No attempt or stall is counted: the job never ran, or its
@@ -25,5 +26,6 @@ if #gone > 0 then
   redis.call('ZREM', KEYS[1], unpack(gone))
   redis.call('HDEL', KEYS[2], unpack(gone))
   redis.call('ZADD', KEYS[3], unpack(back))
+  redis.call('ZADD', KEYS[4], 0, 'w')
 end
 return out

@@ -739,12 +739,12 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
     calls = {
         "add": Call.lua(
             "add",
-            [ks.pending("hq"), ks.delayed("hq"), ks.seq("hq"), good_row, good_row],
+            [ks.pending("hq"), ks.delayed("hq"), ks.seq("hq"), ks.wake("hq"), good_row, good_row],
             ["1", 3, 0, 0, "JOB-fine", b"1", "JOB-a b", b"2"],
         ),
         "land": Call.lua(
             "land",
-            [ks.pending("hq"), ks.seq("hq"), good_row],
+            [ks.pending("hq"), ks.seq("hq"), ks.wake("hq"), good_row],
             ["1", 1, "JOB-{x}", b"1", "JOB-flow", "hp", "fp", 3],
         ),
         "hold": Call.lua(

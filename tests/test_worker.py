@@ -125,3 +125,94 @@ def test_sigterm_mid_batch_loses_nothing(
     results = {i: q.get_job(i).result for i in ids}
     assert all(results[i] == n * 2 for n, i in enumerate(ids))
     mq.close()
+
+
+# -- waking idle workers ----------------------------------------------------------------------
+# Every worker below polls every 30 s at best: a job that starts within seconds was started by
+# the wake-up hint, not by a poll.
+
+SLOW_POLL = {"poll": 30.0, "max_poll": 30.0}
+
+
+def _idle(worker: Worker) -> Worker:
+    worker.start()
+    time.sleep(0.3)  # its first claim found nothing: every runner now waits on the hint
+    return worker
+
+
+def test_idle_worker_starts_new_jobs_at_once(mq: EchoMQ) -> None:
+    q = mq.queue("wake")
+    worker = _idle(Worker(mq, {"wake": lambda job: job.payload + 1}, **SLOW_POLL))
+    try:
+        for round_ in range(3):  # woken, idle again, woken again
+            job_id = q.add(round_)
+            _wait(lambda j=job_id: q.get_job(j).state == "completed", timeout=10)
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+
+
+def test_wake_up_is_passed_on_to_other_idle_runners(mq: EchoMQ) -> None:
+    q = mq.queue("wake-many")
+    seen: set[str] = set()
+
+    def handle(job: Job) -> None:
+        seen.add(threading.current_thread().name)
+        time.sleep(0.02)
+
+    worker = _idle(Worker(mq, {"wake-many": handle}, concurrency=3, **SLOW_POLL))
+    try:
+        q.add_bulk(range(60))
+        _wait(lambda: q.stats()["completed"] == 60, timeout=10)
+    finally:
+        worker.stop()
+    assert len(seen) >= 2, f"only {seen} ran jobs: the wake-up was not passed on"
+
+
+def test_flow_children_and_released_parents_wake_their_workers(mq: EchoMQ) -> None:
+    from echomq_core import Child, Pump
+
+    ran: list[str] = []
+    children = _idle(Worker(mq, {"wk-c": lambda job: job.payload}, **SLOW_POLL))
+    parents = _idle(Worker(mq, {"wk-p": lambda job: ran.append(job.id)}, **SLOW_POLL))
+    pump = Pump(mq, ["wk-c", "wk-p"]).start()
+    try:
+        # same-queue: the completion script releases the parent into its own (idle) queue
+        same = mq.add_flow("wk-p", [Child(i) for i in range(20)])
+        # cross-queue: landed children wake the child worker; the Pump's delivery wakes the
+        # parent's worker
+        cross = mq.add_flow("wk-p", [Child(i, queue="wk-c") for i in range(20)])
+        _wait(lambda: {same.parent_id, cross.parent_id} <= set(ran), timeout=10)
+    finally:
+        pump.stop()
+        children.stop()
+        parents.stop()
+
+
+def test_promoted_and_given_back_jobs_wake_workers(mq: EchoMQ) -> None:
+    from echomq_core import Pump
+
+    q = mq.queue("wk-later")
+    held_id = q.add("held")
+    (held,) = q.claim(1)  # leased by this client, not by the worker
+    worker = _idle(Worker(mq, {"wk-later": lambda job: "ok"}, **SLOW_POLL))
+    pump = Pump(mq, ["wk-later"]).start()
+    try:
+        later = q.add("x", delay=0.3)  # due while the worker waits: the Pump's promotion wakes it
+        _wait(lambda: q.get_job(later).state == "completed", timeout=10)
+        time.sleep(0.2)
+        assert q.release([held]) == [True]  # a job given back wakes the idle worker
+        _wait(lambda: q.get_job(held_id).state == "completed", timeout=10)
+    finally:
+        pump.stop()
+        worker.stop()
+
+
+def test_worker_blocks_on_one_slot_or_polls(mq: EchoMQ, backend: Backend) -> None:
+    one = Worker(mq, {"solo": lambda job: None})
+    assert one._wake == ["solo"]
+    many = Worker(mq, {"q-one": lambda job: None, "q-two": lambda job: None})
+    if backend.name == "cluster":  # two hash tags, two slots: one BZPOPMIN cannot wait on both
+        assert many._wake is None
+    else:
+        assert many._wake == ["q-one", "q-two"]

@@ -1,9 +1,9 @@
 -- @include signal
--- settle(pk, parent_id, parent_queue, ppending, poutbox, items, now): settle children of ONE
--- parent, on the parent's slot. Shared by complete (same-queue), fail (same-queue) and
--- deliver (the Pump's cross-queue half).
+-- settle(pk, parent_id, parent_queue, pq, items, now): settle children of ONE parent, on the
+-- parent's slot. Shared by complete (same-queue), fail (same-queue) and deliver (the Pump's
+-- cross-queue half).
 --   pk       = {row, dependencies, processed, unsuccessful, failed} keys of the parent
---   ppending = the parent queue's pending set; poutbox = the parent queue's outbox
+--   pq       = {pending, wake, outbox} keys of the parent's queue
 --   items    = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
 -- Each child is recorded with HSETNX: only a first record counts, so settling the same child
 -- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
@@ -13,7 +13,7 @@
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
-local function settle(pk, parent_id, parent_queue, ppending, poutbox, items, now)
+local function settle(pk, parent_id, parent_queue, pq, items, now)
   local statuses = {}
   local state = redis.call('HGET', pk[1], 'state')
   if not state then
@@ -42,7 +42,8 @@ local function settle(pk, parent_id, parent_queue, ppending, poutbox, items, now
     local left = redis.call('DECRBY', pk[2], settled)
     if left <= 0 and state == 'held' and not first_failure then
       redis.call('HSET', pk[1], 'state', 'pending')
-      redis.call('ZADD', ppending, 0, parent_id)
+      redis.call('ZADD', pq[1], 0, parent_id)
+      redis.call('ZADD', pq[2], 0, 'w')
       state = 'pending'
       event = 'r'
     end
@@ -55,7 +56,7 @@ local function settle(pk, parent_id, parent_queue, ppending, poutbox, items, now
     if up[1] then
       local kind = 'f'
       if up[3] == 'id' then kind = 'i' end
-      redis.call('RPUSH', poutbox, signal(kind, parent_id, up[2] or parent_queue, up[1], err))
+      redis.call('RPUSH', pq[3], signal(kind, parent_id, up[2] or parent_queue, up[1], err))
     end
   end
   return statuses, event
