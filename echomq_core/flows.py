@@ -26,8 +26,8 @@ from typing import Any
 
 from .connection import Call, Op
 from .errors import InvalidFlow, InvalidInput
-from .keyspace import Keyspace, check_job_id, check_queue
-from .models import Child, FlowRef, FlowSnapshot, Serializer
+from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue
+from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, Serializer
 from .ops import _s, chunks, register
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
@@ -72,6 +72,11 @@ def plan(
     root = _Node(queue, parent_id, payload, default_attempts, None, "fp", [])
     seen_ids = {parent_id}
     seen_nodes: set[int] = set()
+    good_queues = {queue}
+
+    # The loop below runs once per child of flows of 100,000s: the checks are ordered so that
+    # the common child (no id, no queue, default options) costs set lookups, not regexes. A
+    # derived id is its (checked) parent's id plus ".<index>": only its length can be wrong.
 
     def build(parent: _Node, specs: list[Child], path: str, depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -86,26 +91,37 @@ def plan(
             if id(spec) in seen_nodes:
                 raise InvalidFlow(f"child {index} of {path} appears twice in the tree (a cycle)")
             seen_nodes.add(id(spec))
-            flags = (spec.fail_parent_on_failure, spec.ignore_dependency_on_failure)
-            if not all(isinstance(flag, bool) for flag in flags):
-                raise InvalidFlow(
-                    f"child {index} of {path}: fail_parent_on_failure and "
-                    f"ignore_dependency_on_failure must be True or False, got {flags!r}"
-                )
-            if not spec.fail_parent_on_failure and not spec.ignore_dependency_on_failure:
-                raise InvalidFlow(
-                    f"child {index} of {path}: a child must fail its parent or be "
-                    "ignored on failure (set ignore_dependency_on_failure=True)"
-                )
-            child_queue = check_queue(spec.queue if spec.queue is not None else parent.queue)
-            child_id = check_job_id(spec.id if spec.id is not None else f"{parent.id}.{index}")
+            fail_parent, ignore = spec.fail_parent_on_failure, spec.ignore_dependency_on_failure
+            if fail_parent is not True or ignore is not False:  # the default: fp, checked
+                if type(fail_parent) is not bool or type(ignore) is not bool:
+                    raise InvalidFlow(
+                        f"child {index} of {path}: fail_parent_on_failure and "
+                        "ignore_dependency_on_failure must be True or False, got "
+                        f"{(fail_parent, ignore)!r}"
+                    )
+                if not fail_parent and not ignore:
+                    raise InvalidFlow(
+                        f"child {index} of {path}: a child must fail its parent or be "
+                        "ignored on failure (set ignore_dependency_on_failure=True)"
+                    )
+            child_queue = parent.queue if spec.queue is None else spec.queue
+            if child_queue not in good_queues:
+                good_queues.add(check_queue(child_queue))
+            if spec.id is None:
+                child_id = f"{parent.id}.{index}"
+                if len(child_id) > MAX_ID_LENGTH:
+                    check_job_id(child_id)  # raises InvalidJobId, naming the id
+            else:
+                child_id = check_job_id(spec.id)
             if child_id == parent.id:
                 raise InvalidFlow(f"child {index} of {path} has its parent's id {child_id!r}")
             if child_id in seen_ids:
                 raise InvalidFlow(f"duplicate job id {child_id!r} in flow {parent_id!r}")
             seen_ids.add(child_id)
-            attempts = spec.max_attempts if spec.max_attempts is not None else default_attempts
-            if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+            attempts = spec.max_attempts
+            if attempts is None:
+                attempts = default_attempts
+            elif type(attempts) is not int or attempts < 1:
                 raise InvalidFlow(f"child {child_id}: max_attempts must be an int >= 1")
             body = dumps(spec.payload)
             if len(body) > max_payload:
@@ -114,9 +130,8 @@ def plan(
                 raise InvalidPayload(
                     f"payload of {child_id} is {len(body)} bytes; the limit is {max_payload}"
                 )
-            node = _Node(
-                child_queue, child_id, body, attempts, parent, spec.policy, [], spec.id is None
-            )
+            policy = IGNORE if ignore else FAIL_PARENT
+            node = _Node(child_queue, child_id, body, attempts, parent, policy, [], spec.id is None)
             parent.children.append(node)
             if spec.children:
                 build(node, spec.children, child_id, depth + 1)
@@ -168,26 +183,25 @@ def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[Fl
     while level:
         holds = [n for n in level if n.children]
         calls = [_hold_call(ks, n) for n in holds]
-        leaves: dict[tuple[str, str], list[_Node]] = defaultdict(list)
+        # leaves that share their queue, parent and options share a land call
+        leaves: dict[tuple[str, str, str, str, int], list[_Node]] = defaultdict(list)
         for node in level:
             if not node.children:
-                assert node.parent is not None
-                check = "0" if node.derived and node.parent.id in fresh else "1"
-                leaves[(node.queue, check)].append(node)
-        for (queue, check), nodes in leaves.items():
+                up = node.parent
+                assert up is not None
+                check = "0" if node.derived and up.id in fresh else "1"
+                leaves[(node.queue, check, up.id, node.policy, node.max_attempts)].append(node)
+        for (queue, check, _, policy, attempts), nodes in leaves.items():
+            up = nodes[0].parent
+            assert up is not None
+            fixed = [ks.pending(queue), ks.seq(queue), ks.wake(queue)]
+            rows = ks.job_prefix(queue)  # ids were checked by plan()
+            up_queue = up.queue if up.queue != queue else ""
             for part in chunks(nodes):
-                keys = [
-                    ks.pending(queue),
-                    ks.seq(queue),
-                    ks.wake(queue),
-                    *(ks.job(queue, n.id) for n in part),
-                ]
-                argv: list[Any] = [check, len(part)]
+                argv: list[Any] = [check, up.id, up_queue, policy, attempts]
                 for n in part:
-                    assert n.parent is not None
-                    up_queue = n.parent.queue if n.parent.queue != queue else ""
-                    argv += [n.id, n.payload, n.parent.id, up_queue, n.policy, n.max_attempts]
-                calls.append(Call.lua("land", keys, argv))
+                    argv += [n.id, n.payload]
+                calls.append(Call.lua("land", [*fixed, *(rows + n.id for n in part)], argv))
         replies = yield calls
         fresh = {n.id for n, r in zip(holds, replies, strict=False) if int(r) == 1}
         level = [c for n in level for c in n.children]

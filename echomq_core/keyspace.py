@@ -52,6 +52,8 @@ from .errors import ConfigurationError, InvalidArgument, InvalidJobId, InvalidQu
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9._\-/@+]{1,128}")
 #: A job id: ``JOB-`` plus a safe tail; the same rule is enforced by the scripts (EMQKIND).
 JOB_ID_RE = re.compile(r"JOB-[A-Za-z0-9._\-/@+=~#]{1,200}")
+#: The longest id JOB_ID_RE accepts ("JOB-" and 200 characters).
+MAX_ID_LENGTH = 204
 PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,32}")
 #: A stored reference's name: printable, no whitespace or braces (adapters key them by asset).
 REF_NAME_RE = re.compile(r"[!-z|~]{1,512}")

@@ -153,22 +153,39 @@ def complete(
 ) -> Op[Settlement]:
     """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current."""
     calls = []
+    fixed = [
+        ks.active(queue),
+        ks.leases(queue),
+        ks.completed(queue),
+        ks.outbox(queue),
+        ks.pending(queue),
+        ks.wake(queue),
+    ]
+    rows = ks.job_prefix(queue)
     for part in chunks(done):
+        # numbered once per batch: same-queue parents (k), cross-queue parents (-k), tokens
         groups: dict[str, int] = {}
+        cross: dict[tuple[str, str], int] = {}
+        tokens: dict[str, int] = {}
+        plain: list[str] = []
         per_job: list[Any] = []
         for job, result in part:
-            per_job += [job.id, job.token, result, *_parent_mode(job, groups)]
-        keys = [
-            ks.active(queue),
-            ks.leases(queue),
-            ks.completed(queue),
-            ks.outbox(queue),
-            ks.pending(queue),
-            ks.wake(queue),
-            *(ks.job_prefix(queue) + j.id for j, _ in part),
-            *_group_keys(ks, queue, groups),
-        ]
-        argv = [queue, "1" if keep else "0", len(part), len(groups), *groups, *per_job]
+            parent = job.parent
+            if parent is None:
+                ref = 0
+                plain.append(rows + job.id)
+            elif parent.queue == queue:
+                ref = groups.setdefault(parent.id, len(groups) + 1)
+            else:
+                ref = -cross.setdefault((parent.id, parent.queue), len(cross) + 1)
+            token = tokens.setdefault(job.token, len(tokens) + 1)
+            per_job += [job.id, token, result, ref]
+        argv: list[Any] = [queue, "1" if keep else "0", len(part), len(groups), len(cross)]
+        argv += [len(tokens), *groups]
+        for parent_id, parent_queue in cross:
+            argv += [parent_id, parent_queue]
+        argv += [*tokens, *per_job]
+        keys = [*fixed, *plain, *_group_keys(ks, queue, groups)]
         calls.append(Call.lua("complete", keys, argv))
     return _settled(queue, (yield calls))
 
