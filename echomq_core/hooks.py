@@ -85,8 +85,9 @@ class HookSpecs:
     @hookspec
     def echomq_job_dead(self, job: Job, error: str, client: EchoMQ | None) -> None:
         """A job failed its last attempt (or raised ``Unrecoverable``) and moved to ``dead``.
-        ``error`` is the recorded error text. Fired by the worker. (A job buried by the Pump
-        after too many expired leases does not fire this hook.)"""
+        ``error`` is the recorded error text. Fired by the worker, and by the Pump for a job
+        it buries after more than ``max_stalls`` expired leases (its ``token`` is then '':
+        nobody holds the job any more)."""
 
     @hookspec
     def echomq_flow_released(self, queue: str, parent_id: str, client: EchoMQ | None) -> None:

@@ -95,27 +95,28 @@ def claim(
     names = [_s(i) for i in ids]
     base = ks.job_prefix(queue)
     (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
-    jobs = []
-    for job_id, row in zip(names, rows, strict=True):
-        payload, attempts, max_attempts, parent, parent_queue, policy, stalls = row
-        job = Job(
-            queue, job_id, token, None, _int(attempts), _int(max_attempts, 1), stalls=_int(stalls)
+    return [_job(queue, job_id, token, row, ser) for job_id, row in zip(names, rows, strict=True)]
+
+
+def _job(queue: str, job_id: str, token: str, row: Sequence[Any], ser: Serializer) -> Job:
+    """A :class:`Job` from its row fields (:data:`ROW_FIELDS` order)."""
+    payload, attempts, max_attempts, parent, parent_queue, policy, stalls = row
+    job = Job(queue, job_id, token, None, _int(attempts), _int(max_attempts, 1))
+    job.stalls = _int(stalls)
+    if parent is not None:
+        job.parent = ParentRef(
+            _s(parent_queue) if parent_queue else queue,
+            _s(parent),
+            _s(policy) if policy else FAIL_PARENT,
         )
-        if parent is not None:
-            job.parent = ParentRef(
-                _s(parent_queue) if parent_queue else queue,
-                _s(parent),
-                _s(policy) if policy else FAIL_PARENT,
-            )
-        if payload is None:
-            job.decode_error = "job row is missing (deleted while pending?)"
-        else:
-            try:
-                job.payload = ser.loads(payload)
-            except Exception as exc:  # any decoder error is the payload's fault
-                job.decode_error = f"payload cannot be decoded: {type(exc).__name__}: {exc}"
-        jobs.append(job)
-    return jobs
+    if payload is None:
+        job.decode_error = "job row is missing (deleted while pending?)"
+    else:
+        try:
+            job.payload = ser.loads(payload)
+        except Exception as exc:  # any decoder error is the payload's fault
+            job.decode_error = f"payload cannot be decoded: {type(exc).__name__}: {exc}"
+    return job
 
 
 def wait_for_work(ks: Keyspace, queues: Sequence[str], timeout: float) -> Op[bool]:
@@ -259,14 +260,16 @@ def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
 
 
 def recover(
-    ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int
-) -> Op[tuple[int, int]]:
-    """Return expired leases to pending (bury those past ``max_stalls``): (recovered, buried)."""
+    ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int, ser: Serializer
+) -> Op[tuple[int, list[tuple[Job, str]]]]:
+    """Return expired leases to pending, bury those past ``max_stalls``: (how many were
+    recovered, [(job, error)] of the buried - their token is '', the lease is gone)."""
     due = yield [Call.lua("due", [ks.active(q)], [limit]) for q in queues]
-    calls = []
+    calls, recovered_queues = [], []
     for queue, ids in zip(queues, due, strict=True):
         if not ids:
             continue
+        recovered_queues.append(queue)
         names = [_s(i) for i in ids]
         keys = [
             ks.active(queue),
@@ -279,9 +282,14 @@ def recover(
         ]
         calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))
     if not calls:
-        return (0, 0)
+        return (0, [])
     replies = yield calls
-    return (sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies))
+    dead = [
+        (_job(_s(queue), _s(job_id), "", row, ser), _s(error))
+        for queue, reply in zip(recovered_queues, replies, strict=True)
+        for job_id, error, *row in reply[2]
+    ]
+    return (sum(int(r[0]) for r in replies), dead)
 
 
 def sweep(ks: Keyspace, queues: Sequence[str], retention_ms: int, limit: int) -> Op[int]:

@@ -36,7 +36,7 @@ from . import ops
 from .connection import Call, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .keyspace import Keyspace, check_job_id, check_queue
-from .models import Settlement
+from .models import Job, Settlement
 from .queue import check_int, check_seconds
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class TickStats:
     released: list[tuple[str, str]] = field(default_factory=list)  # (queue, parent id)
     failed: list[tuple[str, str]] = field(default_factory=list)
     poisoned_entries: list[tuple[str, str]] = field(default_factory=list)  # (queue, reason)
+    dead: list[tuple[Job, str]] = field(default_factory=list)  # buried here: (job, error)
 
     @property
     def busy(self) -> bool:
@@ -88,13 +89,11 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
           max_tries: int) -> Op[TickStats]:
     """One pass over the outboxes of ``queues`` (three round trips in all)."""
     stats = TickStats()
-    reads = yield [call for q in queues for call in (
-        Call.lua("outbox_lease", [ks.outbox_lease(q)], [pump_id, lease_ms]),
-        Call.cmd("LRANGE", ks.outbox(q), 0, page - 1))]
-    pages: dict[str, list[bytes]] = {}
-    for i, queue in enumerate(queues):
-        if reads[2 * i] == 1 and reads[2 * i + 1]:
-            pages[queue] = list(reads[2 * i + 1])
+    reads = yield [
+        Call.lua("outbox_lease", [ks.outbox_lease(q), ks.outbox(q)], [pump_id, lease_ms, page])
+        for q in queues
+    ]
+    pages = {queue: list(read) for queue, read in zip(queues, reads, strict=True) if read}
     if not pages:
         return stats
     # status per entry: True delivered, else the reason it did not ("" = transient: no ageing)
@@ -198,7 +197,8 @@ class Pump:
     jittered), ``max_stalls`` (5 lease expiries before a job is buried), ``retention``
     (86,400 s: completed jobs - rows, and a parent's records - are deleted that long after
     they finished; None keeps them), ``maintain_every`` (0.1 s between maintenance passes),
-    ``hooks`` (an object with ``flow_released`` / ``flow_failed`` / ``signal_poisoned``
+    ``hooks`` (an object with ``job_dead`` (jobs it buries after ``max_stalls`` expired
+    leases; their token is '') / ``flow_released`` / ``flow_failed`` / ``signal_poisoned``
     methods, see :mod:`echomq_core.hooks`, fired after each tick; None for none).
     """
 
@@ -254,8 +254,9 @@ class Pump:
             keys = self.client.keys
             batch = min(self.page, 1000)  # Lua's unpack() bounds one script's batch
             stats.promoted = self.client.run(ops.promote(keys, queues, batch))
-            stats.recovered, stats.buried = self.client.run(
-                ops.recover(keys, queues, batch, self.max_stalls))
+            stats.recovered, stats.dead = self.client.run(
+                ops.recover(keys, queues, batch, self.max_stalls, self.client.serializer))
+            stats.buried = len(stats.dead)
             if self.retention_ms is not None:
                 stats.swept = self.client.run(ops.sweep(keys, queues, self.retention_ms, 200))
         for name in ("delivered", "poisoned", "promoted", "recovered", "buried"):
@@ -269,10 +270,12 @@ class Pump:
 
     def _fire_hooks(self, stats: TickStats) -> None:
         # After the scripts returned, never inside them; a raising hook must not stop the Pump.
-        events = [*(("flow_released", {"queue": q, "parent_id": p}) for q, p in stats.released),
-                  *(("flow_failed", {"queue": q, "parent_id": p}) for q, p in stats.failed),
-                  *(("signal_poisoned", {"queue": q, "reason": r})
-                    for q, r in stats.poisoned_entries)]
+        events: list[tuple[str, dict[str, Any]]] = [
+            *(("job_dead", {"job": j, "error": e}) for j, e in stats.dead),
+            *(("flow_released", {"queue": q, "parent_id": p}) for q, p in stats.released),
+            *(("flow_failed", {"queue": q, "parent_id": p}) for q, p in stats.failed),
+            *(("signal_poisoned", {"queue": q, "reason": r}) for q, r in stats.poisoned_entries),
+        ]
         for name, kwargs in events:
             try:
                 getattr(self.hooks, name)(**kwargs)

@@ -15,10 +15,13 @@ Design: ``concurrency`` runner threads, each looping claim -> run -> complete on
 runner claims a *batch* whose size adapts to the handler: it doubles while jobs take under
 ``fast_job`` seconds (no-op jobs then cost one claim and one completion per batch) and falls
 back to 1 as soon as jobs are slow (so one runner never sits on work other runners could
-take). Results are flushed as one pipelined ``complete`` when the batch is done, the buffer
-is full, or the oldest result is ``flush_after`` old, so a slow batch does not hold back the
-fan-in of a finished child. One heartbeat thread extends the leases of everything in flight
-every ``lease / 3`` seconds.
+take). Results are handed to the runner's flusher thread as one pipelined ``complete`` when
+the batch is done or the oldest result is ``flush_after`` old (so a slow batch does not hold
+back the fan-in of a finished child); the flusher records them while the runner claims and
+runs the next batch, so the server's work on one batch overlaps the handlers of the next (at
+most one batch waits: back-pressure). An idle runner blocks on its queues' wake-up hint
+instead of sleeping, so work added later starts at once. One heartbeat thread extends the
+leases of everything in flight every ``lease / 3`` seconds.
 
 Shutdown (SIGTERM, SIGINT or :meth:`stop`): runners stop claiming, finish the job in hand,
 give unstarted jobs back to pending (no attempt counted) and flush results. Jobs still
@@ -197,7 +200,11 @@ class Worker:
 
     def _flusher(self, out: queue_mod.Queue[_Results | None]) -> None:
         while (item := out.get()) is not None:
-            self._flush(*item)
+            try:
+                self._flush(*item)
+            except Exception:  # never die: the runner would wait on a full hand-over for ever
+                log.exception("recording %d result(s) failed; their leases will expire",
+                              len(item[1]) + len(item[2]))
 
     def _claim_loop(self, index: int, out: queue_mod.Queue[_Results | None]) -> None:
         names = list(self.handlers)

@@ -15,10 +15,12 @@
 -- stall, and put it at the FRONT of pending (it has waited already). A job past max_stalls
 -- dies instead; its parent, if any, is settled through this queue's outbox by its policy token
 -- (the Pump delivers, same-queue parents included: no parent key is derived here).
--- Returns: {recovered, buried}.
+-- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
+-- parent_queue, parent_policy, stalls} per buried job} - the row fields in the order the claim
+-- reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.
 local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
-local back, dead, gone, signals = {}, {}, {}, {}
+local back, dead, gone, signals, reports = {}, {}, {}, {}, {}
 for i = 3, #ARGV do
   local id, row = ARGV[i], KEYS[4 + i]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
@@ -30,11 +32,13 @@ for i = 3, #ARGV do
         local err = 'lease expired ' .. stalls .. ' times'
         redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
         dead[#dead + 1] = now; dead[#dead + 1] = id
-        local up = redis.call('HMGET', row, 'parent', 'parent_queue', 'parent_policy')
-        if up[1] then
+        local r = redis.call('HMGET', row, 'payload', 'attempts', 'max_attempts', 'parent',
+          'parent_queue', 'parent_policy', 'stalls')
+        reports[#reports + 1] = {id, err, r[1], r[2], r[3], r[4], r[5], r[6], r[7]}
+        if r[4] then
           local kind = 'f'
-          if up[3] == 'id' then kind = 'i' end
-          signals[#signals + 1] = signal(kind, id, up[2] or queue, up[1], err)
+          if r[6] == 'id' then kind = 'i' end
+          signals[#signals + 1] = signal(kind, id, r[5] or queue, r[4], err)
         end
       else
         back[#back + 1] = 0; back[#back + 1] = id
@@ -52,4 +56,4 @@ if #back > 0 then
 end
 if #dead > 0 then redis.call('ZADD', KEYS[4], unpack(dead)) end
 if #signals > 0 then redis.call('RPUSH', KEYS[5], unpack(signals)) end
-return {math.floor(#back / 2), math.floor(#dead / 2)}
+return {math.floor(#back / 2), math.floor(#dead / 2), reports}

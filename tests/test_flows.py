@@ -329,6 +329,11 @@ def test_named_refs_and_pump_gives_up_leases_on_stop(mq: EchoMQ) -> None:
     for bad in ["", "a b", "x{y}", "x" * 513]:
         with pytest.raises(InvalidArgument):
             mq.save_ref(bad, ref)
+    idle = Pump(mq, ["c"])
+    idle.tick()  # an empty outbox: an idle Pump takes no lease (it writes nothing at all)
+    assert mq.connection.client.get(mq.keys.outbox_lease("c")) is None
+    (job,) = mq.queue("c").claim()
+    mq.queue("c").complete(job, 1)
     first = Pump(mq, ["c"]).start()
     deadline = time.monotonic() + 5
     while not mq.connection.client.get(mq.keys.outbox_lease("c")):
@@ -336,6 +341,8 @@ def test_named_refs_and_pump_gives_up_leases_on_stop(mq: EchoMQ) -> None:
         time.sleep(0.01)
     first.stop()
     assert mq.connection.client.get(mq.keys.outbox_lease("c")) is None
+    second = mq.add_flow("p", [Child(2, queue="c")])
     (job,) = mq.queue("c").claim()
+    assert job.parent is not None and job.parent.id == second.parent_id
     mq.queue("c").complete(job, 1)
     assert Pump(mq, ["c"]).tick().delivered == 1  # no wait for a lapsed lease

@@ -297,3 +297,40 @@ def test_worker_cli_reports_broken_and_missing_plugins(
     status, err = results[3]
     assert status == 2 and err.count("\n") == 1
     assert "--plugin 'no_such_plugin_module' cannot be imported" in err
+
+
+def test_the_pump_reports_the_jobs_it_buries(mq: EchoMQ) -> None:
+    """A job whose lease expires more than ``max_stalls`` times dies in the Pump's recovery,
+    not in a worker: the Pump fires job_dead for it, with the job as it was (payload, parent)."""
+    recorder = Recorder()
+    hooks = Hooks(plugin_manager(recorder, entry_points=False), client=mq)
+    plain = mq.queue("bury").add({"n": 1})
+    flow = mq.add_flow("bury", [Child("kid", ignore_dependency_on_failure=True)])
+    q = mq.queue("bury")
+    claimed = q.claim(2, lease=0.05)  # and never completed: the worker "died"
+    assert {j.id for j in claimed} == {plain, f"{flow.parent_id}.0"}
+    time.sleep(0.1)
+    seen: dict[str, Job] = {}
+
+    class Jobs:
+        def job_dead(self, *, job: Job, error: str) -> None:
+            seen[job.id] = job
+            hooks.job_dead(job=job, error=error)
+
+    pump = Pump(mq, ["bury"], max_stalls=0, hooks=Jobs())
+    stats = pump.tick()
+    assert stats.buried == 2 and pump.totals.buried == 2
+    assert sorted(recorder.events) == sorted(
+        [
+            ("job_dead", plain, "lease expired 1 times"),
+            ("job_dead", f"{flow.parent_id}.0", "lease expired 1 times"),
+        ]
+    )
+    assert seen[plain].payload == {"n": 1} and seen[plain].token == ""
+    kid = seen[f"{flow.parent_id}.0"]
+    assert kid.payload == "kid" and kid.parent is not None
+    assert (kid.parent.id, kid.parent.policy) == (flow.parent_id, "id")
+    pump.tick()  # the ignored child's signal settles the parent: the flow goes on
+    assert mq.ignored_failures("bury", flow.parent_id) == {
+        f"{flow.parent_id}.0": "lease expired 1 times"
+    }
