@@ -9,7 +9,8 @@
 -- KEYS[3+5(g-1)+1 .. +5]  parent g: row, dependencies, processed, unsuccessful, failed
 -- ARGV[1] parent_queue   the parents' queue name
 -- ARGV[2] g              number of parents
--- then per parent: its id, m (its number of signals), then m triples: kind, child id, value
+-- then per parent: its id, m (its number of signals), kinds (m bytes: the kind of each signal,
+--   'c' | 'i' | 'f'), then m pairs: child id, value
 --
 -- Steps: for each parent, settle its signals in one group (HSETNX per child, one DECRBY,
 -- release at 0, fail on an 'f' - see settle). Redelivering any signal any number of times
@@ -22,12 +23,12 @@ local queue, g = ARGV[1], tonumber(ARGV[2])
 local out, events = {}, {}
 local a = 3
 for gi = 1, g do
-  local pid, m = ARGV[a], tonumber(ARGV[a + 1])
-  a = a + 2
+  local pid, m, kinds = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
+  a = a + 3
   local items = {}
   for j = 1, m do
-    items[j] = {ARGV[a], ARGV[a + 1], ARGV[a + 2]}
-    a = a + 3
+    items[j] = {string.sub(kinds, j, j), ARGV[a], ARGV[a + 1]}
+    a = a + 2
   end
   local k = 3 + (gi - 1) * 5
   local st, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, pid,

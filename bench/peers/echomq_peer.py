@@ -1,10 +1,11 @@
 """EchoMQ under the benchmark workloads, and its worker / reader processes.
 
 Configuration: the library defaults (``keep_completed=True``, lease 30 s, JSON), one worker
-process ``Worker(mq, {queue: handler}, concurrency=1)`` (its runner claims adaptive batches of
-up to 200). Fan-in results are read the way the orchestrator adapters read them: the adding
-process waits for the parent's release and reads ``children_values`` (W5: in pages, in a fresh
-process). Cross-queue fan-in (W3) is carried by a Pump thread in the adding process.
+process ``Worker(mq, {queue: handler}, concurrency=1)`` (its one runner claims adaptive batches
+of up to 500 and hands results to its flusher thread). Fan-in results are read the way the
+orchestrator adapters read them: the adding process waits for the parent's release and reads
+``children_values`` (W5: in pages, in a fresh process). Cross-queue fan-in (W3) is carried by
+a Pump thread in the adding process.
 
 Processes: ``python -m bench.peers.echomq_peer worker URL QUEUE[,QUEUE]`` and
 ``python -m bench.peers.echomq_peer read URL QUEUE PARENT_ID MODE`` (MODE: baseline, page,
@@ -54,10 +55,10 @@ class EchoMQPeer(Peer):
     name = "echomq"
     version = echomq_core.__version__
     config = (
-        "defaults (keep_completed=True); 1 worker process, concurrency=1 (adaptive "
-        "claim batches up to 200); W2/W3/W5 results read by the adding process "
-        "(wait + children_values; W5 iter_children_values in pages of 5000); W3 "
-        "Pump as a thread of the adding process"
+        "defaults (keep_completed=True); 1 worker process, concurrency=1 (one runner: "
+        "adaptive claim batches up to 500, results recorded by its flusher thread); "
+        "W2/W3/W5 results read by the adding process (wait + children_values; W5 "
+        "iter_children_values in pages of 5000); W3 Pump as a thread of the adding process"
     )
     notes = {"W4": "Pump.tick() on one outbox of N completion signals, default page (1000)"}
 
