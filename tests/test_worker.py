@@ -140,10 +140,15 @@ def _idle(worker: Worker) -> Worker:
     return worker
 
 
-def test_idle_worker_starts_new_jobs_at_once(mq: EchoMQ) -> None:
+def test_idle_worker_starts_new_jobs_at_once(
+    mq: EchoMQ, caplog: pytest.LogCaptureFixture
+) -> None:
     q = mq.queue("wake")
+    caplog.set_level("WARNING", logger="echomq_core.worker")
     worker = _idle(Worker(mq, {"wake": lambda job: job.payload + 1}, **SLOW_POLL))
     try:
+        time.sleep(6)  # longer than redis-py's 5 s socket timeout: the wait is sliced
+        assert "waiting for work failed" not in caplog.text
         for round_ in range(3):  # woken, idle again, woken again
             job_id = q.add(round_)
             _wait(lambda j=job_id: q.get_job(j).state == "completed", timeout=10)
@@ -216,3 +221,26 @@ def test_worker_blocks_on_one_slot_or_polls(mq: EchoMQ, backend: Backend) -> Non
         assert many._wake is None
     else:
         assert many._wake == ["q-one", "q-two"]
+
+
+def test_stopping_an_idle_worker_ends_its_blocked_runners_quietly(
+    mq: EchoMQ, backend: Backend, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="echomq_core.worker")
+    worker = _idle(Worker(mq, {"wk-stop": lambda job: None}, concurrency=3, **SLOW_POLL))
+    started = time.monotonic()
+    worker.stop(wait=False)
+    for thread in worker._runners:
+        thread.join(10)  # blocked for up to 30 s, unless the stop woke them
+    assert not any(t.is_alive() for t in worker._runners)
+    assert time.monotonic() - started < 10
+    # a CLI command closes its client right after the stop: runners still blocked (another
+    # worker's, here with nothing to wake them) end quietly, with no warning
+    client = backend.client(prefix)
+    other = _idle(Worker(client, {"wk-stop-2": lambda job: None}, **SLOW_POLL))
+    other._stop.set()
+    client.close()
+    for thread in other._runners:
+        thread.join(10)
+    assert not any(t.is_alive() for t in other._runners)
+    assert "waiting for work failed" not in caplog.text
