@@ -29,14 +29,21 @@ def victim(backend: Backend, prefix: str) -> EchoMQ:
     return backend.client(prefix, client_name=VICTIM)
 
 
-def retried(call: Any, attempts: int = 500) -> tuple[Any, int]:
-    """Call until it returns; (result, how many calls raised ConnectionLost first)."""
+def retried(call: Any, attempts: int = 2000) -> tuple[Any, int]:
+    """Call until it returns; (result, how many calls raised ConnectionLost first). A call cut
+    every few ms still progresses (each attempt keeps what its scripts wrote), but on a loaded
+    machine one attempt can outlast the kill interval many times over: hence the bound."""
+    last: ConnectionLost | None = None
+    started = time.monotonic()
     for failures in range(attempts):
         try:
             return call(), failures
-        except ConnectionLost:
-            continue
-    raise AssertionError(f"still failing after {attempts} attempts")
+        except ConnectionLost as exc:
+            last = exc
+    raise AssertionError(
+        f"still failing after {attempts} attempts in {time.monotonic() - started:.1f}s; "
+        f"last: {last}"
+    )
 
 
 def normalised(backend: Backend, prefix: str) -> dict[str, Any]:
