@@ -127,11 +127,6 @@ def wait_for_work(ks: Keyspace, queues: Sequence[str], timeout: float) -> Op[boo
     return reply is not None
 
 
-def wake(ks: Keyspace, queues: Sequence[str]) -> Op[None]:
-    """Set the wake-up hint of ``queues`` (what every script that makes jobs claimable does)."""
-    yield [Call.cmd("ZADD", ks.wake(q), 0, "w") for q in queues]
-
-
 # -- complete / fail --------------------------------------------------------------------
 
 

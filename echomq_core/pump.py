@@ -60,24 +60,16 @@ _KINDS = {b"c": "c", b"i": "i", b"f": "f"}
 _CHILD_ID = re.compile(JOB_ID_RE.pattern.encode()).fullmatch
 
 
-def parse_signal(entry: bytes, parents: dict[tuple[bytes, bytes], tuple[str, str]] | None = None,
-                 ) -> Signal:
-    """Split an outbox entry; raise :class:`InvalidInput` if it is malformed.
-
-    ``parents`` caches the checked (queue, parent id) pairs of one page: the signals of a
-    fan-in share their parent, so its queue name and id are checked once, not per signal."""
+def parse_signal(entry: bytes) -> Signal:
+    """Split an outbox entry; raise :class:`InvalidInput` if it is malformed."""
     parts = entry.split(b"\n", 4)
     if len(parts) != 5:
         raise InvalidInput("malformed signal: expected 5 fields")
     kind, child, pq, parent, value = parts
     if kind not in _KINDS:
         raise InvalidInput(f"malformed signal: unknown kind {kind[:10]!r}")
-    where = parents.get((pq, parent)) if parents is not None else None
-    if where is None:
-        where = (check_queue(pq.decode()), check_job_id(parent.decode()))
-        if parents is not None:
-            parents[(pq, parent)] = where
-    return Signal(_KINDS[kind], check_job_id(child.decode()), where[0], where[1], value)
+    return Signal(_KINDS[kind], check_job_id(child.decode()), check_queue(pq.decode()),
+                  check_job_id(parent.decode()), value)
 
 
 @dataclass(slots=True)
@@ -157,21 +149,22 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
             placed.append((parent_queue, batch))
     replies = yield Lenient(calls)
     for reply, (parent_queue, batch) in zip(replies, placed, strict=True):
-        where = [w for group in batch for w in group.where]
-        if isinstance(reply, EchoMQError):
-            for queue, index in where:  # transient (connection, server): retry, do not age
-                mark(queue, index, "")
+        if isinstance(reply, EchoMQError):  # transient (connection, server): retry, no ageing
+            for group in batch:
+                for queue, index in group.where:
+                    mark(queue, index, "")
             continue
         settled = Settlement([])
         settled.absorb(parent_queue, reply)
         stats.released += settled.released
         stats.failed += settled.failed
         if min(settled.statuses, default=0) < 0:  # rare: a parent that does not exist
-            owner = [g for g in batch for _ in g.where]
-            for (queue, index), st, group in zip(where, settled.statuses, owner, strict=True):
-                if st < 0:
-                    mark(queue, index, f"parent {group.parent} does not exist in "
-                                       f"{group.parent_queue!r}")
+            statuses = iter(settled.statuses)
+            for group in batch:
+                for (queue, index), st in zip(group.where, statuses, strict=False):
+                    if st < 0:
+                        mark(queue, index, f"parent {group.parent} does not exist in "
+                                           f"{group.parent_queue!r}")
     trims = []
     for queue, entries in pages.items():
         delivered, reason = bad.get(queue, (len(entries), ""))

@@ -34,7 +34,6 @@ pending when its lease expires.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import queue as queue_mod
@@ -58,7 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
 #: The longest single BZPOPMIN of an idle runner (s): well inside redis-py's default socket
-#: timeout (5 s), so a long ``max_poll`` is waited in slices, never as a read that times out.
+#: timeout (5 s), so a long ``max_poll`` is waited in slices, never as a read that times out,
+#: and a stopping worker's idle runners see the stop within one slice.
 BLOCK_SLICE = 1.0
 #: One batch's results on their way to the server: (queue, completed, failed).
 _Results = tuple[Queue, list[tuple[Job, bytes]], list[tuple[Job, str, bool]]]
@@ -160,7 +160,6 @@ class Worker:
         self._stop.set()
         if not wait:
             self._halt.set()
-        self._wake_runners()
         deadline = time.monotonic() + (self.grace if wait else 0.0)
         for thread in self._runners:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -255,15 +254,6 @@ class Worker:
                     log.warning("waiting for work failed: %s", exc)
                     self._stop.wait(left)
                 return
-
-    def _wake_runners(self) -> None:
-        """Set the wake-up hint of this worker's queues, so runners blocked on it see the
-        stop at once instead of at the end of their wait (other workers' idle runners wake
-        too, claim, and find nothing or something to do: harmless)."""
-        if self._wake is None:
-            return
-        with contextlib.suppress(EchoMQError):  # unreachable: they return within max_poll
-            self.client.run(ops.wake(self.client.keys, self._wake))
 
     def _run_batch(self, name: str, jobs: list[Job], batch: int,
                    out: queue_mod.Queue[_Results | None]) -> int:

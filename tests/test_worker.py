@@ -231,7 +231,7 @@ def test_stopping_an_idle_worker_ends_its_blocked_runners_quietly(
     started = time.monotonic()
     worker.stop(wait=False)
     for thread in worker._runners:
-        thread.join(10)  # blocked for up to 30 s, unless the stop woke them
+        thread.join(10)  # blocked in slices of BLOCK_SLICE: a stop is seen within one
     assert not any(t.is_alive() for t in worker._runners)
     assert time.monotonic() - started < 10
     # a CLI command closes its client right after the stop: runners still blocked (another
