@@ -100,3 +100,20 @@ def keys_of(backend: Backend, prefix: str) -> dict[str, Any]:
             out[key.decode()] = (kind, value)
         r.close()
     return out
+
+
+def normalised(backend: Backend, prefix: str) -> dict[str, Any]:
+    """The keyspace with the prefix cut off and arrival stamps (seq counters, pending scores,
+    the 'created' field) dropped: what the data IS, not when it arrived - so an add that was
+    cut and retried can be compared with one that ran clean."""
+    out: dict[str, Any] = {}
+    for key, (kind, value) in keys_of(backend, prefix).items():
+        name = key[len(prefix) :]
+        if name.endswith(":seq"):
+            continue
+        if kind == "zset":
+            value = sorted(member for member, _ in value)
+        elif kind == "hash":
+            value = {k: v for k, v in value.items() if k != b"created"}
+        out[name] = (kind, value)
+    return out

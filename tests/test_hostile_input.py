@@ -53,7 +53,7 @@ from echomq_core.connection import Call
 
 from .chaos.harness import record
 from .conftest import Backend
-from .flowkit import keys_of, work_off
+from .flowkit import keys_of, normalised, work_off
 
 LIMIT = 1024  # max_payload_bytes of the client under test: "over a configurable size limit"
 
@@ -781,28 +781,12 @@ def test_fail_closed_add_converges_on_retry(backend: Backend, prefix: str) -> No
     assert mq.queue(work).stats()["pending"] == 1200  # the part that landed
     mq.add_flow(parents, tree("JOB-sub"), parent_id="JOB-fc", payload="p")  # the retry
     clean.add_flow(parents, tree("JOB-sub"), parent_id="JOB-fc", payload="p")
-    assert _normalised(backend, prefix) == _normalised(backend, prefix + "c")
+    assert normalised(backend, prefix) == normalised(backend, prefix + "c")
     work_off(mq, [parents, work], lambda job: job.payload)
     assert len(mq.children_values(parents, "JOB-fc")) == 1201
     assert mq.children_values(parents, "JOB-sub") == {f"JOB-sub.{i}": i for i in range(5)}
     mq.close()
     clean.close()
-
-
-def _normalised(backend: Backend, prefix: str) -> dict[str, Any]:
-    """The keyspace with the prefix cut off and arrival numbers (seq, pending scores and the
-    'created' stamp) dropped: what a flow IS, not when it arrived."""
-    out: dict[str, Any] = {}
-    for key, (kind, value) in keys_of(backend, prefix).items():
-        name = key[len(prefix) :]
-        if name.endswith(":seq"):
-            continue
-        if kind == "zset":
-            value = sorted(member for member, _ in value)
-        if kind == "hash":
-            value = {k: v for k, v in value.items() if k != b"created"}
-        out[name] = (kind, value)
-    return out
 
 
 # -- results that cannot be stored --------------------------------------------------------------
