@@ -17,6 +17,7 @@ blocking pop, EchoMQ's Pump ticks) is the library's and stays in its count.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import statistics
@@ -250,6 +251,12 @@ class Proc:
         if self.popen.returncode != 0:
             raise BenchError(f"{self.name} failed ({self.popen.returncode}):\n{self.tail()}")
         return self.output()
+
+    def json_result(self, timeout: float = 300.0) -> dict[str, Any]:
+        """Wait for a process that prints one JSON line last (a reader) and return it."""
+        text = self.wait_exit(timeout)
+        self.stop()
+        return json.loads(text.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (a graceful stop for every library's worker), SIGKILL after ``timeout``."""

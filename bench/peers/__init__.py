@@ -23,7 +23,8 @@ class Unsupported(Exception):
 
 
 class Peer:
-    """A library under test. Subclasses implement ``w1`` .. ``w5`` (``(url, n) -> record``)."""
+    """A library under test. Subclasses implement ``w1``, ``fan_in`` (W2 and W3), ``w5`` and,
+    where they have an equivalent, ``w4`` (each ``-> record``)."""
 
     name = ""
     #: The library's version and the configuration it runs in (its natural best one).
@@ -49,9 +50,14 @@ class Peer:
         raise NotImplementedError
 
     def w2(self, url: str, n: int) -> dict[str, Any]:
-        raise NotImplementedError
+        return self.fan_in(url, n, "w2", "w2")
 
     def w3(self, url: str, n: int) -> dict[str, Any]:
+        return self.fan_in(url, n, "w3p", "w3c")
+
+    def fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
+        """One parent in ``parent_q`` over ``n`` children in ``child_q`` (W2: the same queue,
+        W3: two queues), timed from the start of the add until its results are read."""
         raise NotImplementedError
 
     def w4(self, url: str, n: int) -> dict[str, Any]:

@@ -104,11 +104,8 @@ class BullMQPeer(Peer):
             await queue.close()
             win.close()
 
-    def w2(self, url: str, n: int) -> dict[str, Any]:
-        return asyncio.run(self._fan_in(url, n, "w2", "w2"))
-
-    def w3(self, url: str, n: int) -> dict[str, Any]:
-        return asyncio.run(self._fan_in(url, n, "w3p", "w3c"))
+    def fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
+        return asyncio.run(self._fan_in(url, n, parent_q, child_q))
 
     def w4(self, url: str, n: int) -> dict[str, Any]:
         raise Unsupported(self.notes["W4"])
@@ -207,10 +204,8 @@ def _parent_done(win: Window, parent_q: str, child_q: str, parent_id: str) -> in
 
 
 def _read(url: str, queue: str, parent_id: str, mode: str) -> dict[str, Any]:
-    proc = Proc(MODULE, ["read", url, queue, parent_id, mode], name=f"bullmq-read-{mode}")
-    text = proc.wait_exit(timeout=300)
-    proc.stop()
-    return json.loads(text.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    args = ["read", url, queue, parent_id, mode]
+    return Proc(MODULE, args, name=f"bullmq-read-{mode}").json_result()
 
 
 # -- processes ------------------------------------------------------------------------------

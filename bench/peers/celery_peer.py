@@ -127,17 +127,11 @@ class CeleryPeer(Peer):
         finally:
             win.close()
 
-    def w2(self, url: str, n: int) -> dict[str, Any]:
-        return self._chord(url, n, "w2", "w2")
-
-    def w3(self, url: str, n: int) -> dict[str, Any]:
-        return self._chord(url, n, "w3p", "w3c")
-
     def w4(self, url: str, n: int) -> dict[str, Any]:
         raise Unsupported(self.notes["W4"])
 
     def w5(self, url: str, n: int) -> dict[str, Any]:
-        record = self._chord(url, n, "w5", "w5")
+        record = self.fan_in(url, n, "w5", "w5")
         record["reader"] = {
             "method": "peak RSS (VmHWM) of the worker process that runs the "
             "callback (it receives every result at once)",
@@ -147,7 +141,7 @@ class CeleryPeer(Peer):
         }
         return record
 
-    def _chord(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
+    def fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
         from celery import chord
 
         app, win = make_app(url), Window(url)

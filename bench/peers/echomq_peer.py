@@ -90,7 +90,7 @@ class EchoMQPeer(Peer):
             win.close()
 
     # -- W2 / W3 --------------------------------------------------------------------------
-    def _fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
+    def fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
         mq, pump_mq, win = EchoMQ(url), EchoMQ(url), Window(url)
         released = win.counted(mq.snapshot, parent_q, "JOB-bench-probe")
         try:
@@ -117,12 +117,6 @@ class EchoMQPeer(Peer):
             mq.close()
             pump_mq.close()
             win.close()
-
-    def w2(self, url: str, n: int) -> dict[str, Any]:
-        return self._fan_in(url, n, "w2", "w2")
-
-    def w3(self, url: str, n: int) -> dict[str, Any]:
-        return self._fan_in(url, n, "w3p", "w3c")
 
     # -- W4 -------------------------------------------------------------------------------
     def w4(self, url: str, n: int) -> dict[str, Any]:
@@ -214,10 +208,8 @@ def _wait_released(
 
 
 def read_in_process(url: str, queue: str, parent_id: str, mode: str) -> dict[str, Any]:
-    out = Proc(MODULE, ["read", url, queue, parent_id, mode], name=f"echomq-read-{mode}")
-    text = out.wait_exit(timeout=300)
-    out.stop()
-    return json.loads(text.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    args = ["read", url, queue, parent_id, mode]
+    return Proc(MODULE, args, name=f"echomq-read-{mode}").json_result()
 
 
 # -- processes ------------------------------------------------------------------------------

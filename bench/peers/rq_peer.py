@@ -119,21 +119,15 @@ class RQPeer(Peer):
             conn.close()
             win.close()
 
-    def w2(self, url: str, n: int) -> dict[str, Any]:
-        return self._fan_in(url, n, "w2", "w2")
-
-    def w3(self, url: str, n: int) -> dict[str, Any]:
-        return self._fan_in(url, n, "w3p", "w3c")
-
     def w4(self, url: str, n: int) -> dict[str, Any]:
         raise Unsupported(self.notes["W4"])
 
     def w5(self, url: str, n: int) -> dict[str, Any]:
-        record = self._fan_in(url, n, "w5", "w5")
+        record = self.fan_in(url, n, "w5", "w5")
         record["reader"] = {"paged_all_kib": None, "note": "no paged read API"}
         return record
 
-    def _fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
+    def fan_in(self, url: str, n: int, parent_q: str, child_q: str) -> dict[str, Any]:
         from rq import Queue
 
         win = Window(url)
