@@ -225,6 +225,7 @@ def square(job):
     return job.payload * job.payload
 
 def slow(job):
+    open("slow.started", "w").close()  # the test signals the worker once the handler runs
     time.sleep(1.5)
     return "slow done"
 
@@ -333,8 +334,10 @@ def test_worker_drains_on_sigterm(
         text=True,
     )
     try:
+        # wait for the handler itself: a claimed job whose handler has not started yet is
+        # given back on SIGTERM (by design), so "active" alone would make this test racy
         deadline = time.monotonic() + 20
-        while mq.get_job("cli-slow", job_id).state != "active":
+        while not (app_dir / "slow.started").exists():
             assert time.monotonic() < deadline and worker.poll() is None
             time.sleep(0.02)
     finally:
