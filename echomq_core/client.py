@@ -18,7 +18,7 @@ from .connection import AsyncConnection, Call, Connection, Op, connect, connect_
 from .errors import FlowTimeout, ParentFailed
 from .keyspace import QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import Child, FlowRef, FlowSnapshot, JobInfo, JsonSerializer, Serializer
-from .queue import Queue, check_int, check_seconds, encode_checked
+from .queue import MAX_ATTEMPTS, Queue, check_int, check_seconds, encode_checked
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class _Base:
             flows.new_parent_id() if parent_id is None else parent_id,
             self.encode(payload),
             children,
-            default_attempts=check_int("max_attempts", max_attempts, 1),
+            default_attempts=check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS),
             dumps=self.encode,
             max_payload=self.max_payload_bytes,
         )

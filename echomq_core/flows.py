@@ -12,11 +12,23 @@ before its counter exists. The first failing call raises; the root stays held. E
 idempotent by id (holding an existing parent does not reset it, landing an existing child
 does not re-queue it), so the caller's retry of the same add converges to the flow that was
 asked for, whatever a failed attempt left behind. An add of N leaves in one level costs two
-round trips, whatever N.
+round trips, whatever N (three when children have explicit ids: see below).
+
+Another flow is never merged into this one:
+
+* a parent records a fingerprint of its children (queues and ids): re-adding its id with other
+  children is refused by ``hold`` (:class:`FlowConflict`), and of two different adds racing on
+  one id exactly one holds;
+* an explicit child id must be free: before anything is written, one read checks that no row
+  of those ids belongs to anything else (a plain job, another flow). Two adds that race for
+  one explicit id both pass that read; ``land`` refuses the loser's batch, and the loser's
+  parent is failed naming the taken id (so no one waits on it for ever) before
+  :class:`FlowConflict` is raised.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections import defaultdict
@@ -24,11 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .connection import Call, Op
-from .errors import InvalidFlow, InvalidInput
+from .connection import Call, Lenient, Op
+from .errors import FlowConflict, InvalidFlow, InvalidInput
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue
 from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, Serializer
 from .ops import _s, chunks, register
+from .queue import MAX_ATTEMPTS, timeout_ms
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
 MAX_DEPTH = 100
@@ -44,6 +57,7 @@ class _Node:
     policy: str
     children: list[_Node]
     derived: bool = False  # the id was derived from the parent's (no explicit id given)
+    timeout_ms: int | None = None  # the handler's time limit; None: the queue's
 
 
 def new_parent_id() -> str:
@@ -121,8 +135,16 @@ def plan(
             attempts = spec.max_attempts
             if attempts is None:
                 attempts = default_attempts
-            elif type(attempts) is not int or attempts < 1:
-                raise InvalidFlow(f"child {child_id}: max_attempts must be an int >= 1")
+            elif type(attempts) is not int or not 1 <= attempts <= MAX_ATTEMPTS:
+                raise InvalidFlow(
+                    f"child {child_id}: max_attempts must be an int between 1 and "
+                    f"{MAX_ATTEMPTS}, got {attempts!r}"
+                )
+            limit = (
+                None
+                if spec.timeout is None
+                else timeout_ms(f"child {child_id} timeout", spec.timeout)
+            )
             body = dumps(spec.payload)
             if len(body) > max_payload:
                 from .errors import InvalidPayload
@@ -131,7 +153,9 @@ def plan(
                     f"payload of {child_id} is {len(body)} bytes; the limit is {max_payload}"
                 )
             policy = IGNORE if ignore else FAIL_PARENT
-            node = _Node(child_queue, child_id, body, attempts, parent, policy, [], spec.id is None)
+            node = _Node(
+                child_queue, child_id, body, attempts, parent, policy, [], spec.id is None, limit
+            )
             parent.children.append(node)
             if spec.children:
                 build(node, spec.children, child_id, depth + 1)
@@ -150,6 +174,13 @@ def queues_of(root: _Node) -> set[str]:
     return out
 
 
+def fingerprint(node: _Node) -> str:
+    """A digest of a parent's children (queue and id of each, in order): what ``hold`` compares
+    so that a re-add of the parent with other children is refused instead of merged."""
+    text = "\n".join([f"{c.queue}\t{c.id}" for c in node.children])
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
 def _hold_call(ks: Keyspace, node: _Node) -> Call:
     parent = node.parent
     up_id = parent.id if parent else ""
@@ -165,33 +196,97 @@ def _hold_call(ks: Keyspace, node: _Node) -> Call:
             up_id,
             up_queue,
             node.policy,
+            fingerprint(node),
+            "" if node.timeout_ms is None else node.timeout_ms,
         ],
     )
 
 
+def _explicit(root: _Node) -> list[_Node]:
+    """The nodes below the root whose ids were given by the caller (not derived)."""
+    out, todo = [], list(root.children)
+    while todo:
+        node = todo.pop()
+        if not node.derived:
+            out.append(node)
+        todo.extend(node.children)
+    return out
+
+
+def _check_free(ks: Keyspace, nodes: list[_Node]) -> Op[None]:
+    """One read: refuse (:class:`FlowConflict`, nothing written) when an explicit child id
+    names a row that belongs to anything but the node's own parent."""
+    by_queue: dict[str, list[_Node]] = defaultdict(list)
+    for node in nodes:
+        by_queue[node.queue].append(node)
+    calls, order = [], []
+    for queue, members in by_queue.items():
+        for part in chunks(members):
+            calls.append(
+                Call.lua(
+                    "rows", [ks.job(queue, n.id) for n in part], ["payload", "parent", "total"]
+                )
+            )
+            order.append(part)
+    replies = yield calls
+    for part, rows in zip(order, replies, strict=True):
+        for node, (payload, parent, total) in zip(part, rows, strict=True):
+            if not payload and not total:
+                continue  # free
+            assert node.parent is not None
+            if parent and _s(parent) == node.parent.id:
+                continue  # this flow's own child: a retry
+            owner = (
+                f"a child of {_s(parent)}"
+                if parent
+                else ("a flow parent" if total else "a plain job")
+            )
+            raise FlowConflict(
+                f"child id {node.id} in queue {node.queue!r} is taken by {owner}, not free for "
+                f"parent {node.parent.id}"
+            )
+
+
+def _fail_call(ks: Keyspace, parent: _Node, child_id: str, why: str) -> Call:
+    """Fail ``parent`` naming ``child_id`` (a deliver of one 'f' record on its slot): what an
+    add that lost a race for a child id leaves, so no one waits on its parent for ever."""
+    keys = [ks.pending(parent.queue), ks.outbox(parent.queue), ks.wake(parent.queue)]
+    return Call.lua(
+        "deliver",
+        [*keys, *ks.parent_keys(parent.queue, parent.id)],
+        [parent.queue, 1, parent.id, 1, "f", child_id, f"not added: {why}"],
+    )
+
+
 def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[FlowRef]:
-    """Hold the root (registering ``new_queues`` in the same pipeline), then land each depth
-    of the tree in one pipelined step.
+    """Check explicit child ids are free (only if there are any), hold the root, then land
+    each depth of the tree in one pipelined step (registering ``new_queues`` in the first).
 
     A parent this add held *fresh* (its hold answered 1) cannot have children yet, so its
     children with derived ids land without the existence check - one command per child saved
     on the first attempt. Any retry finds the parent existing and checks every child.
     """
-    replies = yield [_hold_call(ks, root), *register(ks, new_queues)]
+    explicit = _explicit(root)
+    if explicit:
+        yield from _check_free(ks, explicit)
+    replies = yield [_hold_call(ks, root)]
     fresh = {root.id} if int(replies[0]) == 1 else set()
     level = root.children
+    registry = register(ks, new_queues)  # after the hold: a refused add registers nothing
     while level:
         holds = [n for n in level if n.children]
-        calls = [_hold_call(ks, n) for n in holds]
+        owners: list[_Node] = [n.parent for n in holds]  # type: ignore[misc]
+        calls = Lenient([*registry, *(_hold_call(ks, n) for n in holds)])
         # leaves that share their queue, parent and options share a land call
-        leaves: dict[tuple[str, str, str, str, int], list[_Node]] = defaultdict(list)
+        leaves: dict[tuple[str, str, str, str, int, int | None], list[_Node]] = defaultdict(list)
         for node in level:
             if not node.children:
                 up = node.parent
                 assert up is not None
                 check = "0" if node.derived and up.id in fresh else "1"
-                leaves[(node.queue, check, up.id, node.policy, node.max_attempts)].append(node)
-        for (queue, check, _, policy, attempts), nodes in leaves.items():
+                key = (node.queue, check, up.id, node.policy, node.max_attempts, node.timeout_ms)
+                leaves[key].append(node)
+        for (queue, check, _, policy, attempts, limit), nodes in leaves.items():
             up = nodes[0].parent
             assert up is not None
             fixed = [ks.pending(queue), ks.seq(queue), ks.wake(queue)]
@@ -199,13 +294,38 @@ def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[Fl
             up_queue = up.queue if up.queue != queue else ""
             for part in chunks(nodes):
                 argv: list[Any] = [check, up.id, up_queue, policy, attempts]
+                argv.append("" if limit is None else limit)
                 for n in part:
                     argv += [n.id, n.payload]
                 calls.append(Call.lua("land", [*fixed, *(rows + n.id for n in part)], argv))
+                owners.append(up)
         replies = yield calls
+        replies = replies[len(registry) :]
+        registry = []
+        yield from _settle_errors(ks, owners, replies)
         fresh = {n.id for n, r in zip(holds, replies, strict=False) if int(r) == 1}
         level = [c for n in level for c in n.children]
     return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
+
+
+def _settle_errors(ks: Keyspace, owners: list[_Node], replies: list[Any]) -> Op[None]:
+    """Raise the first error of a step; a child id taken by another flow (a lost race) first
+    fails the parent that wanted it, naming the id."""
+    conflicts: dict[str, tuple[_Node, str]] = {}
+    first: Exception | None = None
+    for owner, reply in zip(owners, replies, strict=True):
+        if isinstance(reply, Exception):
+            first = first or reply
+            # "<id> is taken by ...": the flow can never complete; any other conflict (a node of
+            # this very flow re-added with other children) is a refusal that changes nothing
+            words = str(reply).split()
+            if isinstance(reply, FlowConflict) and "taken" in words and owner.id not in conflicts:
+                taken = next((w for w in words if w.startswith("JOB-")), owner.id)
+                conflicts[owner.id] = (owner, taken)
+    if conflicts:
+        yield [_fail_call(ks, node, taken, "id is taken") for node, taken in conflicts.values()]
+    if first is not None:
+        raise first
 
 
 # -- reads: pure, one read command each ---------------------------------------------------

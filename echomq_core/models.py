@@ -83,6 +83,7 @@ class Job:
     parent: ParentRef | None = None
     stalls: int = 0
     decode_error: str | None = None
+    timeout_ms: int | None = None  # the job's own handler time limit, if it was given one
 
     def __repr__(self) -> str:
         return f"Job({self.queue!r}, {self.id!r}, attempts={self.attempts})"
@@ -129,6 +130,10 @@ class JobInfo:
 class Child:
     """One node of a flow: a leaf job, or (with ``children``) a parent of its own.
 
+    An explicit ``id`` must be free: an id that names a plain job or another flow's child is
+    refused with :class:`~echomq_core.FlowConflict` (ids ``<parent id>.<n>`` are reserved for
+    the derived ids of that parent's children).
+
     ``queue`` defaults to the parent's queue; ``id`` to ``<parent id>.<index>``, so a retried
     add derives the same ids. Failure policy: a child fails its parent when it dies (the
     default) or, with ``ignore_dependency_on_failure=True``, is recorded as an ignored failure
@@ -142,6 +147,9 @@ class Child:
     fail_parent_on_failure: bool = True
     max_attempts: int | None = None
     children: list[Child] = field(default_factory=list)
+    #: The handler's time limit in seconds (None: the worker's queue setting); past it the
+    #: worker records a failed attempt (``TimeoutError``) and frees the slot.
+    timeout: float | None = None
 
     @property
     def policy(self) -> str:

@@ -26,6 +26,7 @@ ROW_FIELDS = (
     "parent_queue",
     "parent_policy",
     "stalls",
+    "timeout",
 )
 
 
@@ -53,24 +54,26 @@ def register(ks: Keyspace, queues: Sequence[str]) -> list[Call]:
 def add(
     ks: Keyspace,
     queue: str,
-    jobs: Sequence[tuple[str, bytes, int, int, int]],
+    jobs: Sequence[tuple[str, bytes, int, int, int, int | None]],
     *,
     check: bool,
     new_queues: Sequence[str] = (),
 ) -> Op[int]:
-    """Add jobs ``(id, payload, max_attempts, delay_ms, priority)``; returns how many were
-    added (ids that existed are left untouched). ``check=False`` only for host-generated ids.
-    Jobs sharing their options share a script call; ``new_queues`` rides along in the same
-    pipeline (the registry), so the whole call is one round trip."""
+    """Add jobs ``(id, payload, max_attempts, delay_ms, priority, timeout_ms)``; returns how
+    many were added (ids that existed are left untouched). ``check=False`` only for
+    host-generated ids. Jobs sharing their options share a script call; ``new_queues`` rides
+    along in the same pipeline (the registry), so the whole call is one round trip."""
     calls = register(ks, new_queues)
     skip = len(calls)
-    groups: dict[tuple[int, int, int], list[tuple[str, bytes]]] = {}
-    for job_id, payload, max_attempts, delay_ms, priority in jobs:
-        groups.setdefault((max_attempts, delay_ms, priority), []).append((job_id, payload))
+    groups: dict[tuple[int, int, int, int | None], list[tuple[str, bytes]]] = {}
+    for job_id, payload, max_attempts, delay_ms, priority, limit in jobs:
+        key = (max_attempts, delay_ms, priority, limit)
+        groups.setdefault(key, []).append((job_id, payload))
     fixed = [ks.pending(queue), ks.delayed(queue), ks.seq(queue), ks.wake(queue)]
-    for (max_attempts, delay_ms, priority), items in groups.items():
+    for (max_attempts, delay_ms, priority, limit), items in groups.items():
         for part in chunks(items):
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
+            argv.append("" if limit is None else limit)
             for job_id, payload in part:
                 argv += [job_id, payload]
             keys = [*fixed, *(ks.job_prefix(queue) + job_id for job_id, _ in part)]
@@ -87,7 +90,11 @@ def claim(
 ) -> Op[list[Job]]:
     """Lease up to ``count`` jobs: one script call, then one pipelined HMGET per job."""
     keys = [
-        ks.pending(queue), ks.active(queue), ks.leases(queue), ks.delayed(queue), ks.wake(queue)
+        ks.pending(queue),
+        ks.active(queue),
+        ks.leases(queue),
+        ks.delayed(queue),
+        ks.wake(queue),
     ]
     (ids,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
     if not ids:
@@ -100,9 +107,11 @@ def claim(
 
 def _job(queue: str, job_id: str, token: str, row: Sequence[Any], ser: Serializer) -> Job:
     """A :class:`Job` from its row fields (:data:`ROW_FIELDS` order)."""
-    payload, attempts, max_attempts, parent, parent_queue, policy, stalls = row
+    payload, attempts, max_attempts, parent, parent_queue, policy, stalls, limit = row
     job = Job(queue, job_id, token, None, _int(attempts), _int(max_attempts, 1))
     job.stalls = _int(stalls)
+    if limit:
+        job.timeout_ms = int(limit)
     if parent is not None:
         job.parent = ParentRef(
             _s(parent_queue) if parent_queue else queue,

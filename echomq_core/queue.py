@@ -38,17 +38,35 @@ def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     return value
 
 
-def check_seconds(name: str, value: Any, low: float = 0.0) -> float:
-    """A finite number of seconds >= low, else :class:`InvalidArgument` naming it (NaN and
-    infinity are refused: they cannot become milliseconds or a thread wait)."""
+#: Upper bounds of the time options, in seconds: far beyond any sane use, and small enough
+#: that every one of them stays exact as milliseconds in a Lua number (2^53).
+MAX_LEASE = 7 * 86400.0
+MAX_DELAY = 366 * 86400.0
+MAX_TIMEOUT = 7 * 86400.0
+#: The most attempts a job may be given.
+MAX_ATTEMPTS = 1_000_000
+
+
+def check_seconds(name: str, value: Any, low: float = 0.0, high: float | None = None) -> float:
+    """A finite number of seconds in [low, high], else :class:`InvalidArgument` naming it (NaN
+    and infinity are refused: they cannot become milliseconds or a thread wait)."""
     if (
         not isinstance(value, int | float)
         or isinstance(value, bool)
         or not value >= low
         or not math.isfinite(value)
+        or (high is not None and value > high)
     ):
-        raise InvalidArgument(f"{name} must be a finite number of seconds >= {low}, got {value!r}")
+        bound = f"between {low} and {high:g}" if high is not None else f">= {low}"
+        raise InvalidArgument(f"{name} must be a finite number of seconds {bound}, got {value!r}")
     return float(value)
+
+
+def timeout_ms(name: str, value: Any) -> int | None:
+    """A handler time limit in whole milliseconds (None: no limit of its own)."""
+    if value is None:
+        return None
+    return max(1, int(check_seconds(name, value, 0.001, MAX_TIMEOUT) * 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +78,7 @@ class JobSpec:
     delay: float = 0.0
     priority: int = 0
     max_attempts: int | None = None
+    timeout: float | None = None  # the handler's time limit (s); None: the queue's
 
 
 class Queue:
@@ -75,7 +94,12 @@ class Queue:
       heartbeat long jobs.
     * ``keep_completed`` (True): a finished plain job keeps its row with its result until
       deleted; False deletes it on completion (flow children never copy their result into
-      their row: it lives in the parent's ``:processed``).
+      their row: it lives in the parent's ``:processed``; a flow parent's row always stays
+      until its flow is swept, so its reads and a retry by id of the finished flow still find
+      it).
+    * ``timeout`` (None): the longest a handler may run a job of this queue, in seconds; a job's
+      own ``timeout`` (``JobSpec``, ``Child``) wins. Past it the worker stops extending the
+      lease, records a failed attempt (``TimeoutError``) and frees the slot.
     """
 
     def __init__(
@@ -87,15 +111,17 @@ class Queue:
         backoff: Backoff | None = None,
         lease: float = 30.0,
         keep_completed: bool = True,
+        timeout: float | None = None,
     ) -> None:
         self.client = client
         self.name = check_queue(name)
-        self.max_attempts = check_int("max_attempts", max_attempts, 1, 1_000_000)
+        self.max_attempts = check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
         self.backoff = backoff if backoff is not None else Backoff()
         if not isinstance(self.backoff, Backoff):
             raise InvalidArgument("backoff must be an echomq_core.Backoff")
-        self.lease_ms = int(check_seconds("lease", lease, 0.01) * 1000)
+        self.lease_ms = int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         self.keep_completed = bool(keep_completed)
+        self.timeout_ms = timeout_ms("timeout", timeout)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -109,36 +135,38 @@ class Queue:
         delay: float = 0.0,
         priority: int = 0,
         max_attempts: int | None = None,
+        timeout: float | None = None,
     ) -> str:
         """Add one job; returns its id. Re-adding an existing id changes nothing."""
-        spec = JobSpec(payload, job_id, delay, priority, max_attempts)
+        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
         return self.add_bulk([spec])[0]
 
     def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
         """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
-        rows: list[tuple[str, bytes, int, int, int]] = []
+        rows: list[tuple[str, bytes, int, int, int, int | None]] = []
         check = False
         encode, attempts_default = self.client.encode, self.max_attempts
         for item in jobs:
             if not isinstance(item, JobSpec):  # a bare payload: every option is the default
-                rows.append(("JOB-" + uuid.uuid4().hex, encode(item), attempts_default, 0, 0))
+                rows.append(("JOB-" + uuid.uuid4().hex, encode(item), attempts_default, 0, 0, None))
                 continue
             spec = item
             if spec.id is None:
                 job_id = "JOB-" + uuid.uuid4().hex
             else:
                 job_id, check = check_job_id(spec.id), True
-            delay_ms = int(check_seconds("delay", spec.delay) * 1000)
+            delay_ms = int(check_seconds("delay", spec.delay, 0.0, MAX_DELAY) * 1000)
             priority = check_int("priority", spec.priority, 0, 800)
             attempts = check_int(
                 "max_attempts",
                 self.max_attempts if spec.max_attempts is None else spec.max_attempts,
                 1,
-                1_000_000,
+                MAX_ATTEMPTS,
             )
-            rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority))
+            limit = timeout_ms("timeout", spec.timeout)
+            rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
         if len({r[0] for r in rows}) != len(rows):
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         if rows:
@@ -152,7 +180,9 @@ class Queue:
         """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
         check_int("count", count, 1, 10_000)
         lease_ms = (
-            self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+            self.lease_ms
+            if lease is None
+            else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         )
         token = uuid.uuid4().hex
         return self.client.run(
@@ -215,7 +245,9 @@ class Queue:
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""
         lease_ms = (
-            self.lease_ms if lease is None else int(check_seconds("lease", lease, 0.01) * 1000)
+            self.lease_ms
+            if lease is None
+            else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         )
         for job in jobs:
             self._own(job)

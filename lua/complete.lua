@@ -12,6 +12,7 @@
 --                   (same-queue parents only; the host read each job's parent when it claimed it)
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
+--                   (never a flow parent's row: see below)
 -- ARGV[3] n  ARGV[4] g  ARGV[5] x  ARGV[6] t: number of jobs, of same-queue parent groups, of
 --                   cross-queue parents, of lease tokens
 -- then g parent ids (group 1..g); then x pairs: parent id, parent queue (cross parent 1..x);
@@ -52,7 +53,9 @@ for i = 1, n do
     done[#done + 1] = id
     fin[#fin + 1] = now; fin[#fin + 1] = id
     if ref == 0 then
-      if keep == '1' then
+      -- a flow parent's row always stays (its counter and records live on beside it, and a
+      -- retry by id of the finished flow must find it): the flow is swept as a unit
+      if keep == '1' or redis.call('HEXISTS', KEYS[plain], 'total') == 1 then
         redis.call('HSET', KEYS[plain], 'result', result)
       else
         redis.call('DEL', KEYS[plain])

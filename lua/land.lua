@@ -13,36 +13,52 @@
 --                     parent's queue (the outbox path)
 -- ARGV[4]   policy    'fp' | 'id': the children's failure-policy token
 -- ARGV[5]   max_attempts
+-- ARGV[6]   timeout_ms  the children's handler time limit ('' = the queue's)
 -- then per child, 2 values: id, payload (the host groups children by parent and options, so
 --   the shared fields travel once per batch)
 --
--- Steps: refuse any bad id before writing; then for each child whose row does not exist yet,
--- write the row WITH its parent fields AND its policy token, and make it claimable - in this
--- same script, so no child is ever claimable without its policy. A child that exists is left
--- as it is (a retried add never re-queues a child, even one that already completed).
--- Returns: a list of 1 (landed) / 0 (existed), per child. Errors: EMQKIND.
+-- Steps: refuse any bad id before writing; with check '1', refuse the whole batch (nothing
+-- written) when a child's row exists and belongs to anything but this parent (a plain job,
+-- another flow's child): landing it would leave this parent waiting for ever. Then for each
+-- child whose row does not exist yet, write the row WITH its parent fields AND its policy
+-- token, and make it claimable - in this same script, so no child is ever claimable without
+-- its policy. A child of this parent that exists is left as it is (a retried add never
+-- re-queues a child, even one that already completed).
+-- Owner of what it writes: the rows are removed with their flow (the retention sweep).
+-- Returns: a list of 1 (landed) / 0 (existed), per child.
+-- Errors: EMQKIND bad id; EMQFLOW <id> a child id that is taken (nothing written).
 local check, parent, up_queue, policy, attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local n = (#ARGV - 5) / 2
+local timeout = ARGV[6]
+local n = (#ARGV - 6) / 2
+local out = {}
 for i = 1, n do
-  local bad = check_id(ARGV[4 + 2 * i])
+  local bad = check_id(ARGV[5 + 2 * i])
   if bad then return bad end
+  out[i] = 1
+  if check == '1' then
+    local row = redis.call('HMGET', KEYS[3 + i], 'payload', 'parent', 'total')
+    if row[1] or row[3] then
+      if row[2] ~= parent then
+        local owner = 'a plain job'
+        if row[2] then owner = 'a child of ' .. row[2] elseif row[3] then owner = 'a flow parent' end
+        return redis.error_reply('EMQFLOW child id ' .. ARGV[5 + 2 * i] .. ' is taken by ' ..
+          owner .. ', not free for parent ' .. parent)
+      end
+      out[i] = 0
+    end
+  end
 end
 local seq = redis.call('INCRBY', KEYS[2], n) - n
-local out, ready = {}, {}
+-- one HSET per child, the shared fields built once
+local fields = {'payload', '', 'parent', parent, 'parent_policy', policy, 'max_attempts', attempts}
+if up_queue ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = up_queue end
+if timeout ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = timeout end
+local ready = {}
 for i = 1, n do
-  local id, row = ARGV[4 + 2 * i], KEYS[3 + i]
-  if check == '1' and redis.call('EXISTS', row) == 1 then
-    out[i] = 0
-  else
-    if up_queue == '' then
-      redis.call('HSET', row, 'payload', ARGV[5 + 2 * i], 'parent', parent,
-        'parent_policy', policy, 'max_attempts', attempts)
-    else
-      redis.call('HSET', row, 'payload', ARGV[5 + 2 * i], 'parent', parent,
-        'parent_queue', up_queue, 'parent_policy', policy, 'max_attempts', attempts)
-    end
-    ready[#ready + 1] = seq + i; ready[#ready + 1] = id
-    out[i] = 1
+  if out[i] == 1 then
+    fields[2] = ARGV[6 + 2 * i]
+    redis.call('HSET', KEYS[3 + i], unpack(fields))
+    ready[#ready + 1] = seq + i; ready[#ready + 1] = ARGV[5 + 2 * i]
   end
 end
 if #ready > 0 then

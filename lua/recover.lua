@@ -16,7 +16,7 @@
 -- dies instead; its parent, if any, is settled through this queue's outbox by its policy token
 -- (the Pump delivers, same-queue parents included: no parent key is derived here).
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
--- parent_queue, parent_policy, stalls} per buried job} - the row fields in the order the claim
+-- parent_queue, parent_policy, stalls, timeout} per buried job} - the row fields in the order the claim
 -- reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.
 local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
@@ -33,8 +33,8 @@ for i = 3, #ARGV do
         redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
         dead[#dead + 1] = now; dead[#dead + 1] = id
         local r = redis.call('HMGET', row, 'payload', 'attempts', 'max_attempts', 'parent',
-          'parent_queue', 'parent_policy', 'stalls')
-        reports[#reports + 1] = {id, err, r[1], r[2], r[3], r[4], r[5], r[6], r[7]}
+          'parent_queue', 'parent_policy', 'stalls', 'timeout')
+        reports[#reports + 1] = {id, err, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]}
         if r[4] then
           local kind = 'f'
           if r[6] == 'id' then kind = 'i' end

@@ -1,8 +1,10 @@
 """A property-based (hypothesis) stateful test of flows against a simple model.
 
 Random sequences of add / claim / complete / fail (death) / forged-token completion /
-Pump crash (deliver, no trim: a redelivery follows) / Pump tick run against a real server, and
-after every step the server's reads must equal what the model says the fan-in promised:
+Pump crash (deliver, no trim: a redelivery follows) / Pump tick / a retry of an add / a
+conflicting add (the parent id with other children, or a child id another flow owns: refused
+with FlowConflict and nothing changes) run against a real server, and after every step the
+server's reads must equal what the model says the fan-in promised:
 
 * ``:processed`` holds exactly the completed children whose settlement reached the parent
   (same-queue at once, cross-queue once a Pump delivered), with their results;
@@ -29,7 +31,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from echomq_core import Child, Job, LeaseLost, Pump
+from echomq_core import Child, FlowConflict, Job, LeaseLost, Pump
 
 from .conftest import Backend
 from .flowkit import deliver_without_trim
@@ -42,6 +44,7 @@ class FlowModel:
     queue: str
     pid: str
     children: dict[str, tuple[str, str]]  # child id -> (queue, policy)
+    spec: list[Child] = field(default_factory=list)  # what was added (a retry re-sends it)
     recorded: dict[str, tuple[str, Any]] = field(default_factory=dict)  # id -> (kind, value)
     in_flight: dict[str, tuple[str, Any]] = field(default_factory=dict)  # signals not delivered
     parent_ran: bool = False
@@ -98,7 +101,37 @@ class FlowMachine(RuleBasedStateMachine):
             self.parents,
             pid,
             {f"{pid}.{i}": (c.queue or self.parents, c.policy) for i, c in enumerate(children)},
+            children,
         )
+
+    @rule(data=st.data())
+    def retry_add(self, data: st.DataObject) -> None:
+        """The same add again (a caller's retry by id): converges, changes nothing."""
+        flow = self.flows[data.draw(st.sampled_from(sorted(self.flows)))]
+        self.mq.add_flow(flow.queue, flow.spec, parent_id=flow.pid)
+
+    @rule(data=st.data(), how=st.sampled_from(["other ids", "one more", "taken child"]))
+    def conflicting_add(self, data: st.DataObject, how: str) -> None:
+        """An add that would merge two flows: refused, and nothing changes (the invariant
+        check after this step compares every flow with the model)."""
+        flow = self.flows[data.draw(st.sampled_from(sorted(self.flows)))]
+        n = len(flow.children)
+        if how == "other ids":  # the same N, other child ids
+            children = [Child(i, queue=self.parents, id=f"{flow.pid}-x{i}") for i in range(n)]
+            pid = flow.pid
+        elif how == "one more":
+            children = [Child(i, queue=self.parents) for i in range(n + 1)]
+            pid = flow.pid
+        else:  # a new flow whose explicit child id is a child of this one
+            taken = data.draw(st.sampled_from(sorted(flow.children)))
+            queue = flow.children[taken][0]
+            children = [Child(0, queue=queue, id=taken)]
+            pid = f"JOB-thief{len(self.flows)}"
+        try:
+            self.mq.add_flow(self.parents, children, parent_id=pid)
+        except FlowConflict:
+            return
+        raise AssertionError(f"{how}: an add that merges two flows was accepted")
 
     @rule(which=st.sampled_from(["P", "O"]), count=st.integers(1, 4))
     def claim(self, which: str, count: int) -> None:

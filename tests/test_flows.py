@@ -313,8 +313,8 @@ def test_add_costs_two_round_trips(backend: Backend, prefix: str) -> None:
 
     mq.connection.execute = counting  # type: ignore[method-assign]
     mq.add_flow("p", [Child(i, queue="c" if i % 2 else "p") for i in range(1000)])
-    assert len(calls) == 2, calls  # hold (+ registry), then every landing in one pipeline
-    assert calls[1] == 2  # 500 children per script call, per queue
+    assert len(calls) == 2, calls  # hold, then every landing (+ registry) in one pipeline
+    assert calls == [1, 3]  # the registry, then 500 children per script call, per queue
     mq.close()
 
 

@@ -745,10 +745,12 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
         "land": Call.lua(
             "land",
             [ks.pending("hq"), ks.seq("hq"), ks.wake("hq"), good_row],
-            ["1", 1, "JOB-{x}", b"1", "JOB-flow", "hp", "fp", 3],
+            ["1", "JOB-flow", "hp", "fp", 3, "", "JOB-{x}", b"1"],
         ),
         "hold": Call.lua(
-            "hold", [good_row, good_row + ":dependencies"], ["JOB-\nx", b"1", 2, 3, "", "", "fp"]
+            "hold",
+            [good_row, good_row + ":dependencies"],
+            ["JOB-\nx", b"1", 2, 3, "", "", "fp", "0" * 24, ""],
         ),
     }
     rows = [
@@ -758,11 +760,12 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
     stage.refuses(rows)
 
 
-def test_fail_closed_add_converges_on_retry(backend: Backend, prefix: str) -> None:
-    """A flow whose sub-parent id is already taken by a plain job: the server refuses that
-    hold (EMQFLOW) in the same pipeline that lands 1,200 leaves, so the add raises with the
-    root held and the leaves landed - fail-closed: the root cannot run. The retry with the id
-    fixed converges to exactly what a clean add of the fixed flow writes."""
+def test_add_with_a_taken_id_is_refused_before_anything_is_written(
+    backend: Backend, prefix: str
+) -> None:
+    """A flow whose sub-parent id is already taken by a plain job: refused (FlowConflict,
+    naming the id) by the read that checks explicit ids, before the root is held or a leaf
+    lands. The retry with the id fixed converges to exactly what a clean add writes."""
     mq = backend.client(prefix)
     clean = backend.client(prefix + "c")
     parents, work = backend.queues_on_distinct_nodes(2, "fc")
@@ -774,11 +777,10 @@ def test_fail_closed_add_converges_on_retry(backend: Backend, prefix: str) -> No
 
     for client in (mq, clean):
         client.queue(parents).add("someone else's job", job_id="JOB-taken")
-    with pytest.raises(FlowConflict):
+    before = normalised(backend, prefix)
+    with pytest.raises(FlowConflict, match="JOB-taken"):
         mq.add_flow(parents, tree("JOB-taken"), parent_id="JOB-fc", payload="p")
-    snap = mq.snapshot(parents, "JOB-fc")
-    assert (snap.parent_state, snap.dependencies) == ("held", 1201)  # fail-closed
-    assert mq.queue(work).stats()["pending"] == 1200  # the part that landed
+    assert normalised(backend, prefix) == before  # nothing written, not even the registry
     mq.add_flow(parents, tree("JOB-sub"), parent_id="JOB-fc", payload="p")  # the retry
     clean.add_flow(parents, tree("JOB-sub"), parent_id="JOB-fc", payload="p")
     assert normalised(backend, prefix) == normalised(backend, prefix + "c")

@@ -1,0 +1,276 @@
+"""Holes in the counting promise, closed (issue 12, items 2, 3, 6 and 7): two flows are never
+merged, a taken child id never leaves a parent waiting for ever, a finished parent's records
+never outlive its row, and a refused call writes nothing - on standalone and on the Cluster,
+with the parent queue and the child queues on different nodes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from echomq_core import (
+    Child,
+    FlowConflict,
+    InvalidArgument,
+    InvalidFlow,
+    JobSpec,
+    ParentFailed,
+    Pump,
+    Worker,
+)
+from echomq_core import flows as flow_ops
+
+from .conftest import Backend
+from .flowkit import keys_of, normalised, work_off
+
+
+def test_explicit_child_id_of_a_plain_job_is_refused_and_nothing_is_written(
+    backend: Backend, prefix: str
+) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "tk")
+    mq.queue(work).add("a plain job", job_id="JOB-plain")
+    mq.queue(parents).add("a plain job", job_id="JOB-same-queue")
+    before = normalised(backend, prefix)
+    for taken, queue in (("JOB-plain", work), ("JOB-same-queue", parents)):
+        children = [Child(1, queue=work), Child(2, queue=queue, id=taken)]
+        with pytest.raises(FlowConflict, match=f"{taken} in queue .* is taken by a plain job"):
+            mq.add_flow(parents, children, parent_id="JOB-p")
+        assert normalised(backend, prefix) == before  # no parent, no child, no registry entry
+    # the plain jobs run as they were, once
+    assert mq.queue(work).get_job("JOB-plain").payload == "a plain job"
+    assert mq.queue(work).stats()["pending"] == 1
+    mq.close()
+
+
+def test_explicit_child_id_of_another_flow_is_refused(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "of")
+    mq.add_flow(parents, [Child(1, queue=work, id="JOB-shared")], parent_id="JOB-first")
+    with pytest.raises(FlowConflict, match=r"JOB-shared .* a child of JOB-first"):
+        mq.add_flow(parents, [Child(2, queue=work, id="JOB-shared")], parent_id="JOB-second")
+    assert mq.snapshot(parents, "JOB-second").parent_state is None
+    # a sub-parent id that is another flow's node is refused the same way
+    with pytest.raises(FlowConflict, match="JOB-first"):
+        mq.add_flow(parents, [Child(3, id="JOB-first", children=[Child(4)])], parent_id="JOB-3")
+    work_off(mq, [parents, work])
+    assert mq.children_values(parents, "JOB-first") == {
+        "JOB-shared": {"id": "JOB-shared", "payload": 1}
+    }
+    mq.close()
+
+
+def test_re_adding_a_parent_with_other_children_of_the_same_count_is_refused(
+    backend: Backend, prefix: str
+) -> None:
+    """The hole: parent B with [b1, b2], then B with [b3, b4] ended processed=4, total=2."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rb")
+    first = [Child(1, queue=work, id="JOB-b1"), Child(2, queue=work, id="JOB-b2")]
+    mq.add_flow(parents, first, parent_id="JOB-B")
+    before = normalised(backend, prefix)
+    other = [Child(3, queue=work, id="JOB-b3"), Child(4, queue=work, id="JOB-b4")]
+    with pytest.raises(FlowConflict, match="JOB-B exists with 2 other children"):
+        mq.add_flow(parents, other, parent_id="JOB-B")
+    moved = [Child(1, queue=parents, id="JOB-b1"), Child(2, queue=work, id="JOB-b2")]
+    with pytest.raises(FlowConflict, match="other children"):  # same ids, another queue
+        mq.add_flow(parents, moved, parent_id="JOB-B")
+    with pytest.raises(FlowConflict, match="exists with 2 children, not 3"):
+        mq.add_flow(parents, [*first, Child(5, queue=work)], parent_id="JOB-B")
+    assert normalised(backend, prefix) == before
+    mq.add_flow(parents, first, parent_id="JOB-B")  # the true retry still converges
+    work_off(mq, [parents, work])
+    snap = mq.snapshot(parents, "JOB-B")
+    assert (snap.total, snap.processed, snap.dependencies) == (2, 2, 0)
+    assert set(mq.children_values(parents, "JOB-B")) == {"JOB-b1", "JOB-b2"}
+    mq.close()
+
+
+def test_a_nested_re_add_with_another_subtree_is_refused_and_changes_nothing(
+    backend: Backend, prefix: str
+) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "ns")
+
+    def tree(leaves: int) -> list[Child]:
+        return [Child("sub", queue=work, children=[Child(i, queue=work) for i in range(leaves)])]
+
+    mq.add_flow(parents, tree(3), parent_id="JOB-n")
+    before = normalised(backend, prefix)
+    with pytest.raises(FlowConflict, match=r"JOB-n\.0 exists with 3 children, not 4"):
+        mq.add_flow(parents, tree(4), parent_id="JOB-n")
+    assert normalised(backend, prefix) == before  # the live flow was not failed by a refusal
+    work_off(mq, [parents, work])
+    assert mq.snapshot(parents, "JOB-n").released
+    mq.close()
+
+
+def test_two_different_adds_racing_on_one_parent_id_leave_exactly_one_flow(
+    backend: Backend, prefix: str
+) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rc")
+    for round_ in range(15):
+        pid = f"JOB-race{round_}"
+        specs = {
+            side: [Child(i, queue=work, id=f"{pid}-{side}{i}") for i in range(50)]
+            for side in ("a", "b")
+        }
+        outcome: dict[str, Any] = {}
+        gate = threading.Barrier(2)
+
+        def add(
+            side: str,
+            pid: str = pid,
+            specs: dict[str, list[Child]] = specs,
+            gate: threading.Barrier = gate,
+            outcome: dict[str, Any] = outcome,
+        ) -> None:
+            client = backend.client(prefix)
+            gate.wait()
+            try:
+                client.add_flow(parents, specs[side], parent_id=pid)
+                outcome[side] = "added"
+            except FlowConflict as exc:
+                outcome[side] = exc
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=add, args=(side,)) for side in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [side for side, result in outcome.items() if result == "added"]
+        assert len(winners) == 1, outcome
+        loser = "b" if winners == ["a"] else "a"
+        assert isinstance(outcome[loser], FlowConflict)
+        rows = {k for k in keys_of(backend, prefix) if f"{pid}-{loser}" in k}
+        assert not rows, f"the loser wrote {sorted(rows)[:3]}"
+    work_off(mq, [parents, work])
+    for round_ in range(15):
+        snap = mq.snapshot(parents, f"JOB-race{round_}")
+        assert (snap.total, snap.processed, snap.dependencies, snap.released) == (50, 50, 0, True)
+    mq.close()
+
+
+def test_an_add_that_loses_a_race_for_a_child_id_fails_its_parent_naming_the_id(
+    backend: Backend, prefix: str
+) -> None:
+    """Both adds pass the read that checks explicit ids; the other add lands the id first. The
+    loser's land refuses its batch, its parent fails naming the id (nobody waits for ever),
+    FlowConflict is raised, and a retry of the loser ends the same way; the winner is intact."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "lr")
+    children = [Child(1, queue=work), Child(2, queue=work, id="JOB-contested")]
+    root = mq._plan_flow(parents, children, None, "JOB-loser", 3)
+    op = flow_ops.add_flow(mq.keys, root, sorted(flow_ops.queues_of(root)))
+    step = next(op)  # the read of explicit ids: free
+    step = op.send(mq.connection.execute(step))
+    mq.add_flow(parents, [Child("w", queue=work, id="JOB-contested")], parent_id="JOB-winner")
+    step = op.send(mq.connection.execute(step))  # hold the loser's root
+    with pytest.raises(FlowConflict, match="JOB-contested is taken by a child of JOB-winner"):
+        while True:
+            step = op.send(mq.connection.execute(step))
+    with pytest.raises(ParentFailed, match="JOB-contested"):
+        mq.wait(parents, "JOB-loser", timeout=5)
+    with pytest.raises(FlowConflict, match="JOB-contested"):
+        mq.add_flow(parents, children, parent_id="JOB-loser")
+    work_off(mq, [parents, work])
+    assert mq.children_values(parents, "JOB-winner") == {
+        "JOB-contested": {"id": "JOB-contested", "payload": "w"}
+    }
+    assert mq.snapshot(parents, "JOB-winner").released
+    assert mq.snapshot(parents, "JOB-loser").parent_state == "failed"
+    mq.close()
+
+
+def test_keep_completed_false_keeps_a_finished_parent_readable_and_its_retry_runs_nothing(
+    backend: Backend, prefix: str
+) -> None:
+    """The hole: the parent's completion deleted its row while its records stayed, so waits
+    polled until their timeout and a retry by id re-ran every child."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "kc")
+    runs: list[str] = []
+
+    def handle(job: Any) -> Any:
+        runs.append(job.id)
+        return len(runs)
+
+    spec = [Child(i, queue=work if i % 2 else parents) for i in range(5)]
+    mq.add_flow(parents, spec, parent_id="JOB-k")
+    mq.queue(parents).add("plain", job_id="JOB-plain")
+    options = {"keep_completed": False}
+    worker = Worker(mq, {parents: handle, work: handle}, queue_options=options).start()
+    pump = Pump(mq, [parents, work]).start()
+    try:
+        snap = mq.wait(parents, "JOB-k", timeout=30)
+        assert snap.released
+        end = time.monotonic() + 30.0
+        while "JOB-k" not in runs and time.monotonic() < end:
+            time.sleep(0.05)
+        assert "JOB-k" in runs
+        while mq.snapshot(parents, "JOB-k").parent_state != "completed":
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        info = mq.queue(parents).get_job("JOB-k")
+        assert (info.state, info.total) == ("completed", 5)
+        assert len(mq.children_values(parents, "JOB-k")) == 5
+        assert mq.wait(parents, "JOB-k", timeout=1).released  # no poll until a timeout
+        # keep_completed=False still deletes a plain job's row
+        while mq.queue(parents).stats()["completed"] < 4:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert not [k for k in keys_of(backend, prefix) if k.endswith(":job:JOB-plain")]
+        ran = len(runs)
+        mq.add_flow(parents, spec, parent_id="JOB-k")  # a retry by id of the finished flow
+        time.sleep(1.0)
+        assert len(runs) == ran, runs[ran:]
+        assert mq.queue(work).stats()["pending"] == mq.queue(parents).stats()["pending"] == 0
+    finally:
+        worker.stop()
+        pump.stop()
+    mq.close()
+
+
+def test_a_refused_add_registers_no_queue(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    mq.add_flow("rq-parents", [Child(1)], parent_id="JOB-one")
+    with pytest.raises(FlowConflict):
+        mq.add_flow("rq-parents", [Child(1, queue="rq-new")], parent_id="JOB-one")
+    fresh = backend.client(prefix)  # its own process: it has registered nothing itself
+    with pytest.raises(FlowConflict):
+        fresh.add_flow("rq-parents", [Child(1, queue="rq-new2")], parent_id="JOB-one")
+    assert mq.queues() == ["rq-parents"]
+    fresh.close()
+    mq.close()
+
+
+@pytest.mark.onlystandalone
+def test_out_of_range_times_and_attempts_are_refused(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    q = mq.queue("lim")
+    for call in (
+        lambda: q.claim(1, lease=1e300),
+        lambda: q.add(1, delay=1e300),
+        lambda: q.add(1, timeout=0),
+        lambda: q.add(1, timeout=float("nan")),
+        lambda: q.add_bulk([JobSpec(1, timeout=10**9)]),
+        lambda: mq.queue("lim", lease=1e12),
+        lambda: mq.queue("lim", timeout=-1),
+        lambda: q.heartbeat([], lease=1e300),
+    ):
+        with pytest.raises(InvalidArgument):
+            call()
+    with pytest.raises(InvalidFlow, match="max_attempts"):
+        mq.add_flow("lim", [Child(1, max_attempts=10**30)])
+    with pytest.raises(InvalidArgument, match="timeout"):
+        mq.add_flow("lim", [Child(1, timeout=1e300)])
+    with pytest.raises(InvalidArgument, match="max_attempts"):
+        mq.add_flow("lim", [Child(1)], max_attempts=10**30)
+    assert keys_of(backend, prefix) == {}
+    mq.close()
