@@ -27,7 +27,7 @@ from echomq_core.keyspace import check_job_id, check_queue
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
-CHILD_KEYS = ("payload", "queue", "ignore_failure", "max_attempts")
+CHILD_KEYS = ("payload", "queue", "ignore_failure", "max_attempts", "timeout")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._\-]")
 
 
@@ -47,15 +47,20 @@ def parent_id_for(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
 
 
 def to_children(
-    items: Any, *, default_queue: str | None = None, default_max_attempts: int | None = None
+    items: Any,
+    *,
+    default_queue: str | None = None,
+    default_max_attempts: int | None = None,
+    default_timeout: float | None = None,
 ) -> list[Child]:
     """Turn the operator's ``children`` into :class:`~echomq_core.Child` objects.
 
     Each item is one of:
 
     * a mapping with ``payload`` and optionally ``queue``, ``ignore_failure`` (the child's
-      death is recorded as an ignored failure instead of failing the parent) and
-      ``max_attempts`` - the JSON shape an upstream task returns through XCom;
+      death is recorded as an ignored failure instead of failing the parent), ``max_attempts``
+      and ``timeout`` (the handler's time limit in seconds) - the JSON shape an upstream task
+      returns through XCom;
     * a :class:`~echomq_core.Child` (for DAGs that build specs in Python);
     * any other value (number, string, list): a payload with the defaults.
 
@@ -72,16 +77,29 @@ def to_children(
             child = item
             if child.queue is None and default_queue is not None:
                 child = dataclasses.replace(child, queue=default_queue)
+            if child.timeout is None and default_timeout is not None:
+                child = dataclasses.replace(child, timeout=default_timeout)
         elif isinstance(item, Mapping):
-            child = _child_from_mapping(index, item, default_queue, default_max_attempts)
+            child = _child_from_mapping(
+                index, item, default_queue, default_max_attempts, default_timeout
+            )
         else:
-            child = Child(item, queue=default_queue, max_attempts=default_max_attempts)
+            child = Child(
+                item,
+                queue=default_queue,
+                max_attempts=default_max_attempts,
+                timeout=default_timeout,
+            )
         children.append(child)
     return children
 
 
 def _child_from_mapping(
-    index: int, spec: Mapping[str, Any], default_queue: str | None, default_max_attempts: int | None
+    index: int,
+    spec: Mapping[str, Any],
+    default_queue: str | None,
+    default_max_attempts: int | None,
+    default_timeout: float | None,
 ) -> Child:
     unknown = sorted(str(k) for k in spec if k not in CHILD_KEYS)
     if unknown or "payload" not in spec:
@@ -103,8 +121,17 @@ def _child_from_mapping(
         not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1
     ):
         raise InvalidInput(f"child {index}: max_attempts must be an int >= 1, got {attempts!r}")
+    timeout = spec.get("timeout", default_timeout)
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
+    ):
+        raise InvalidInput(f"child {index}: timeout must be seconds > 0, got {timeout!r}")
     return Child(
-        spec["payload"], queue=queue, ignore_dependency_on_failure=ignore, max_attempts=attempts
+        spec["payload"],
+        queue=queue,
+        ignore_dependency_on_failure=ignore,
+        max_attempts=attempts,
+        timeout=timeout,
     )
 
 

@@ -7,9 +7,18 @@ Using::
 
 A handler takes the claimed :class:`~echomq_core.Job` and returns the result (anything the
 serializer takes). An exception fails the attempt with its text (retried with backoff up to
-``max_attempts``, then dead); :class:`~echomq_core.Unrecoverable` buries the job at once; a
-result that cannot be serialised buries the job with that error. The worker survives all of
-them.
+``max_attempts``, then dead) - ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit``
+raised by a handler included: they end the attempt, never the runner; Ctrl-C and SIGTERM reach
+the process through its signal handlers, not through a handler. :class:`~echomq_core.Unrecoverable`
+buries the job at once; a result that cannot be serialised buries the job with that error. The
+worker survives all of them.
+
+Time limits: a job's own ``timeout`` (``JobSpec``, ``Child``), else its queue's, else the
+worker's ``timeout``. A handler still running past it is abandoned: the job's lease is no
+longer extended, a failed attempt is recorded (``TimeoutError``, retried by the usual policy),
+the rest of that runner's batch is given back and a fresh runner takes the slot. Python cannot
+kill a thread, so the abandoned call runs on; whatever it returns later is refused by its
+lease token and changes nothing.
 
 Design: ``concurrency`` runner threads, each looping claim -> run -> complete on its own. A
 runner claims a *batch* whose size adapts to the handler: it doubles while jobs take under
@@ -41,6 +50,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from redis.crc import key_slot
@@ -49,7 +59,7 @@ from . import ops
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
 from .keyspace import check_queue
 from .models import Job, Settlement
-from .queue import Queue, check_int, check_seconds
+from .queue import MAX_TIMEOUT, Queue, check_int, check_seconds
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -62,6 +72,26 @@ Handler = Callable[[Job], Any]
 BLOCK_SLICE = 1.0
 #: One batch's results on their way to the server: (queue, completed, failed).
 _Results = tuple[Queue, list[tuple[Job, bytes]], list[tuple[Job, str, bool]]]
+#: How often the watchdog looks for handlers past their time limit (s).
+WATCH_EVERY = 0.1
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One runner's state, shared with the watchdog (under the worker's lock): the job whose
+    handler runs now, its deadline, the rest of its batch and the results not yet handed to
+    the flusher - what the watchdog takes over when it abandons the runner."""
+
+    index: int
+    out: queue_mod.Queue[_Results | None]
+    queue: Queue | None = None
+    job: Job | None = None
+    deadline: float = 0.0  # monotonic; 0: no limit
+    limit: float = 0.0
+    rest: list[Job] = field(default_factory=list)
+    done: list[tuple[Job, bytes]] = field(default_factory=list)
+    failed: list[tuple[Job, str, bool]] = field(default_factory=list)
+    abandoned: bool = False
 
 
 class Worker:
@@ -77,34 +107,51 @@ class Worker:
       how late a due retry is noticed without a Pump. In a Cluster, a worker whose queues lie
       on different slots cannot block on all of them in one command, and polls instead.
     * ``grace`` (30 s): how long a graceful stop waits for running handlers.
-    * ``queue_options``: passed to each :class:`Queue` (max_attempts, backoff, keep_completed).
+    * ``timeout`` (None): the default handler time limit in seconds for every queue; a queue's
+      own (``queue_options``) and a job's own win. None: no limit.
+    * ``queue_options``: passed to each :class:`Queue` (max_attempts, backoff, keep_completed,
+      timeout).
     * ``hooks``: an object with ``job_completed(job, result)`` / ``job_dead(job, error)``
       methods (see :mod:`echomq_core.hooks`), or None.
     """
 
-    def __init__(self, client: EchoMQ, handlers: Mapping[str, Handler], *,
-                 concurrency: int = 1, max_batch: int = 500, lease: float = 30.0,
-                 poll: float = 0.05, max_poll: float = 0.5, grace: float = 30.0,
-                 fast_job: float = 0.005, flush_after: float = 0.02,
-                 queue_options: Mapping[str, Any] | None = None, hooks: Any = None) -> None:
+    def __init__(
+        self,
+        client: EchoMQ,
+        handlers: Mapping[str, Handler],
+        *,
+        concurrency: int = 1,
+        max_batch: int = 500,
+        lease: float = 30.0,
+        poll: float = 0.05,
+        max_poll: float = 0.5,
+        grace: float = 30.0,
+        fast_job: float = 0.005,
+        flush_after: float = 0.02,
+        timeout: float | None = None,
+        queue_options: Mapping[str, Any] | None = None,
+        hooks: Any = None,
+    ) -> None:
         if not isinstance(handlers, Mapping) or not handlers:
             raise InvalidArgument("a worker needs a mapping of queue names to handlers")
         if queue_options is not None and (
             not isinstance(queue_options, Mapping)
-            or set(queue_options) - {"max_attempts", "backoff", "keep_completed"}
+            or set(queue_options) - {"max_attempts", "backoff", "keep_completed", "timeout"}
         ):
             raise InvalidArgument(
-                "queue_options takes max_attempts, backoff and keep_completed (lease is the "
-                f"worker's own option), got {queue_options!r:.200}"
+                "queue_options takes max_attempts, backoff, keep_completed and timeout (lease "
+                f"is the worker's own option), got {queue_options!r:.200}"
             )
+        if timeout is not None:
+            check_seconds("timeout", timeout, 0.001, MAX_TIMEOUT)
+        options = {"timeout": timeout, **dict(queue_options or {})}
         for name, fn in handlers.items():
             check_queue(name)
             if not callable(fn):
                 raise InvalidArgument(f"handler for queue {name!r} is not callable")
         self.client = client
         self.handlers = dict(handlers)
-        self.queues = {n: Queue(client, n, lease=lease, **dict(queue_options or {}))
-                       for n in self.handlers}
+        self.queues = {n: Queue(client, n, lease=lease, **options) for n in self.handlers}
         self.concurrency = check_int("concurrency", concurrency, 1, 1024)
         self.max_batch = check_int("max_batch", max_batch, 1, 5000)
         self.lease = check_seconds("lease", lease, 0.05)
@@ -122,6 +169,8 @@ class Worker:
         self._lock = threading.Lock()
         self._inflight: dict[tuple[str, str], Job] = {}
         self._runners: list[threading.Thread] = []
+        self._slots: list[_Slot] = []
+        self.abandoned = 0  # handler calls left running past their time limit
         self._wake = self._wake_queues(client, list(self.handlers))
         self._beater: threading.Thread | None = None
         for name in self.handlers:
@@ -144,15 +193,25 @@ class Worker:
         self._stop.clear()
         self._halt.clear()
         self._beat_stop.clear()
-        self._runners = [threading.Thread(target=self._runner, args=(i,), daemon=True,
-                                          name=f"echomq-runner-{i}")
-                         for i in range(self.concurrency)]
-        for thread in self._runners:
-            thread.start()
-        self._beater = threading.Thread(target=self._heartbeats, daemon=True,
-                                        name="echomq-heartbeat")
+        self._runners, self._slots = [], []
+        for i in range(self.concurrency):
+            self._spawn(i)
+        self._beater = threading.Thread(
+            target=self._heartbeats, daemon=True, name="echomq-heartbeat"
+        )
         self._beater.start()
         return self
+
+    def _spawn(self, index: int) -> None:
+        """Start runner ``index`` (again, when the watchdog abandoned the previous one)."""
+        slot = _Slot(index, queue_mod.Queue(maxsize=1))
+        thread = threading.Thread(
+            target=self._runner, args=(slot,), daemon=True, name=f"echomq-runner-{index}"
+        )
+        with self._lock:
+            self._slots.append(slot)
+            self._runners.append(thread)
+        thread.start()
 
     def stop(self, *, wait: bool = True) -> None:
         """Stop claiming; with ``wait``, let running jobs finish for up to ``grace`` seconds,
@@ -161,7 +220,9 @@ class Worker:
         if not wait:
             self._halt.set()
         deadline = time.monotonic() + (self.grace if wait else 0.0)
-        for thread in self._runners:
+        with self._lock:  # abandoned runners are not waited for: their calls hang
+            live = [t for t, s in zip(self._runners, self._slots, strict=True) if not s.abandoned]
+        for thread in live:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._give_back(list(self._inflight.values()))
         self._beat_stop.set()
@@ -187,19 +248,19 @@ class Worker:
         self._stop.set()
 
     # -- the runner loop ------------------------------------------------------------------
-    def _runner(self, index: int) -> None:
+    def _runner(self, slot: _Slot) -> None:
         # Results are recorded by this runner's flusher thread while the runner claims and
         # runs the next batch: the server's work on one batch overlaps the handlers of the
         # next. At most one batch waits to be recorded (back-pressure); the runner hands its
         # last batch over and waits for it before it returns, so stop() sees every result.
-        out: queue_mod.Queue[_Results | None] = queue_mod.Queue(maxsize=1)
-        flusher = threading.Thread(target=self._flusher, args=(out,), daemon=True,
-                                   name=f"echomq-flush-{index}")
+        flusher = threading.Thread(
+            target=self._flusher, args=(slot.out,), daemon=True, name=f"echomq-flush-{slot.index}"
+        )
         flusher.start()
         try:
-            self._claim_loop(index, out)
+            self._claim_loop(slot)
         finally:
-            out.put(None)
+            slot.out.put(None)
             flusher.join()
 
     def _flusher(self, out: queue_mod.Queue[_Results | None]) -> None:
@@ -207,13 +268,15 @@ class Worker:
             try:
                 self._flush(*item)
             except Exception:  # never die: the runner would wait on a full hand-over for ever
-                log.exception("recording %d result(s) failed; their leases will expire",
-                              len(item[1]) + len(item[2]))
+                log.exception(
+                    "recording %d result(s) failed; their leases will expire",
+                    len(item[1]) + len(item[2]),
+                )
 
-    def _claim_loop(self, index: int, out: queue_mod.Queue[_Results | None]) -> None:
+    def _claim_loop(self, slot: _Slot) -> None:
         names = list(self.handlers)
-        batch, idle, turn = 1, self.poll, index
-        while not self._stop.is_set():
+        batch, idle, turn = 1, self.poll, slot.index
+        while not self._stop.is_set() and not slot.abandoned:
             took = False
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
@@ -226,7 +289,7 @@ class Worker:
                 if jobs:
                     took = True
                     turn += 1
-                    batch = self._run_batch(name, jobs, batch, out)
+                    batch = self._run_batch(slot, name, jobs, batch)
                     break
             if took:
                 idle = self.poll
@@ -246,8 +309,9 @@ class Worker:
                 return
             try:
                 # in slices: a blocked read must end well inside the socket timeout
-                if self.client.run(ops.wait_for_work(self.client.keys, self._wake,
-                                                     min(left, BLOCK_SLICE))):
+                if self.client.run(
+                    ops.wait_for_work(self.client.keys, self._wake, min(left, BLOCK_SLICE))
+                ):
                     return
             except EchoMQError as exc:
                 if not self._stop.is_set():  # a stopping worker's client may be closing
@@ -255,35 +319,57 @@ class Worker:
                     self._stop.wait(left)
                 return
 
-    def _run_batch(self, name: str, jobs: list[Job], batch: int,
-                   out: queue_mod.Queue[_Results | None]) -> int:
+    def _run_batch(self, slot: _Slot, name: str, jobs: list[Job], batch: int) -> int:
+        """Run one claimed batch; the next batch size (doubled while jobs are fast)."""
         queue, handler = self.queues[name], self.handlers[name]
         with self._lock:
             for job in jobs:
                 self._inflight[(name, job.id)] = job
-        done: list[tuple[Job, bytes]] = []
-        failed: list[tuple[Job, str, bool]] = []
+            slot.queue, slot.rest = queue, list(jobs)
         started = first_result = time.monotonic()
-        ran = 0
-        for i, job in enumerate(jobs):
+        for job in jobs:
             if self._stop.is_set():
-                self._give_back(jobs[i:])
+                with self._lock:
+                    rest, slot.rest = slot.rest, []
+                self._give_back(rest)
                 break
+            limit_ms = job.timeout_ms or queue.timeout_ms
+            with self._lock:
+                slot.rest.pop(0)
+                slot.job, slot.limit = job, (limit_ms or 0) / 1000
+                slot.deadline = time.monotonic() + slot.limit if limit_ms else 0.0
             outcome = self._call(handler, job)
-            ran += 1
-            if not done and not failed:
-                first_result = time.monotonic()
-            if isinstance(outcome, bytes):
-                done.append((job, outcome))
-            else:
-                failed.append((job, outcome[0], outcome[1]))
+            with self._lock:
+                slot.job, slot.deadline = None, 0.0
+                abandoned = slot.abandoned
+                if not abandoned:
+                    if not slot.done and not slot.failed:
+                        first_result = time.monotonic()
+                    if isinstance(outcome, bytes):
+                        slot.done.append((job, outcome))
+                    else:
+                        slot.failed.append((job, outcome[0], outcome[1]))
+            if abandoned:  # the watchdog failed this job and took the batch over
+                if isinstance(outcome, bytes):  # presented with its gone token: refused
+                    slot.out.put((queue, [(job, outcome)], []))
+                log.warning(
+                    "runner %d: the call that ran %s past its time limit returned; the thread ends",
+                    slot.index,
+                    job.id,
+                )
+                return 1
             if time.monotonic() - first_result >= self.flush_after:
-                out.put((queue, done, failed))
-                done, failed = [], []
-        if done or failed:
-            out.put((queue, done, failed))
-        per_job = (time.monotonic() - started) / max(1, ran)
+                self._hand_over(slot)
+        self._hand_over(slot)
+        per_job = (time.monotonic() - started) / max(1, len(jobs))
         return min(self.max_batch, batch * 2) if per_job < self.fast_job else 1
+
+    def _hand_over(self, slot: _Slot) -> None:
+        """Give the results gathered so far to the flusher (waits while it is busy)."""
+        with self._lock:
+            done, failed, slot.done, slot.failed = slot.done, slot.failed, [], []
+        if (done or failed) and slot.queue is not None:
+            slot.out.put((slot.queue, done, failed))
 
     def _call(self, handler: Handler, job: Job) -> bytes | tuple[str, bool]:
         """Run one handler: the encoded result, or (error text, retry?)."""
@@ -300,9 +386,16 @@ class Worker:
             return (f"Unrecoverable: {exc}", False)
         except Exception as exc:
             return (f"{type(exc).__name__}: {exc}", True)
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit, GeneratorExit: the
+            # attempt failed; the runner lives on (signals reach the process's handlers)
+            log.warning(
+                "handler for %s raised %s; counted as a failed attempt", job.id, type(exc).__name__
+            )
+            return (f"{type(exc).__name__}: {exc}", True)
 
-    def _flush(self, queue: Queue, done: list[tuple[Job, bytes]],
-               failed: list[tuple[Job, str, bool]]) -> None:
+    def _flush(
+        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
+    ) -> None:
         try:
             if done:
                 settled = queue.settle_completed(done)
@@ -322,12 +415,14 @@ class Worker:
                     self._flow_hooks(settled)
         except EchoMQError as exc:
             # The leases stay; the jobs come back when they expire (at-least-once).
-            log.warning("could not record %d result(s) in %r: %s", len(done) + len(failed),
-                        queue.name, exc)
+            log.warning(
+                "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
+            )
         finally:
             with self._lock:
                 for job in [j for j, _ in done] + [j for j, _, _ in failed]:
-                    self._inflight.pop((queue.name, job.id), None)
+                    if self._inflight.get((queue.name, job.id)) is job:  # not a later claim's
+                        del self._inflight[(queue.name, job.id)]
 
     def _flow_hooks(self, settled: Settlement) -> None:
         for queue, parent_id in settled.released:
@@ -345,18 +440,30 @@ class Worker:
         by_queue: dict[str, list[Job]] = {}
         with self._lock:
             for job in jobs:
-                if self._inflight.pop((job.queue, job.id), None) is not None:
+                if self._inflight.get((job.queue, job.id)) is job:
+                    del self._inflight[(job.queue, job.id)]
                     by_queue.setdefault(job.queue, []).append(job)
         for name, items in by_queue.items():
             try:
                 self.queues[name].release(items)
             except EchoMQError as exc:
-                log.warning("could not give back %d job(s) of %r (their leases will expire): %s",
-                            len(items), name, exc)
+                log.warning(
+                    "could not give back %d job(s) of %r (their leases will expire): %s",
+                    len(items),
+                    name,
+                    exc,
+                )
 
     def _heartbeats(self) -> None:
+        """Extend the leases of everything in flight every ``lease / 3`` seconds and, every
+        :data:`WATCH_EVERY`, abandon handlers past their time limit."""
         every = self.lease / 3
-        while not self._beat_stop.wait(every):
+        next_beat = time.monotonic() + every
+        while not self._beat_stop.wait(min(every, WATCH_EVERY)):
+            self._watch()
+            if time.monotonic() < next_beat:
+                continue
+            next_beat = time.monotonic() + every
             with self._lock:
                 jobs = list(self._inflight.values())
             by_queue: dict[str, list[Job]] = {}
@@ -367,6 +474,42 @@ class Worker:
                     self.queues[name].heartbeat(items)
                 except EchoMQError as exc:
                     log.warning("heartbeat for %r failed: %s", name, exc)
+
+    def _watch(self) -> None:
+        """Abandon every runner whose handler is past its deadline: fail that job
+        (``TimeoutError``, retried by the usual policy), record the results its batch had,
+        give back the rest, and start a fresh runner in its place."""
+        now = time.monotonic()
+        taken: list[tuple[_Slot, Job, list[Job], _Results]] = []
+        with self._lock:
+            for slot in self._slots:
+                if slot.abandoned or not slot.deadline or now < slot.deadline:
+                    continue
+                job, queue = slot.job, slot.queue
+                if job is None or queue is None:
+                    continue
+                slot.abandoned = True
+                self.abandoned += 1
+                if self._inflight.get((job.queue, job.id)) is job:
+                    del self._inflight[(job.queue, job.id)]  # no more heartbeats for it
+                error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
+                results = (queue, slot.done, [*slot.failed, (job, error, True)])
+                taken.append((slot, job, slot.rest, results))
+                slot.rest, slot.done, slot.failed = [], [], []
+        for slot, job, rest, results in taken:
+            log.warning(
+                "job %s in %r ran past its time limit (%gs): failed the attempt, "
+                "runner %d replaced (%d call(s) abandoned so far)",
+                job.id,
+                job.queue,
+                slot.limit,
+                slot.index,
+                self.abandoned,
+            )
+            self._flush(*results)
+            self._give_back(rest)
+            if not self._stop.is_set():
+                self._spawn(slot.index)
 
 
 async def _await(awaitable: Any) -> Any:

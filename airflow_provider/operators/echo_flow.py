@@ -49,13 +49,16 @@ class EchoFlowOperator(BaseOperator):
     :param parent_queue: the parent's queue. (Not ``queue``: that is every operator's executor
         queue.)
     :param children: the children: a list whose items are child specs
-        (``{"payload": ..., "queue": ..., "ignore_failure": bool, "max_attempts": int}``), bare
+        (``{"payload": ..., "queue": ..., "ignore_failure": bool, "max_attempts": int,
+        "timeout": seconds}``), bare
         payloads, or :class:`~echomq_core.Child` objects; or an upstream task's output
         (an ``XComArg``) that resolves to such a list. See
         :func:`~airflow_provider.flow_specs.to_children`.
     :param payload: the parent's payload (JSON-serialisable).
     :param child_queue: the queue of children that name none (default: the parent's).
     :param child_max_attempts: attempts of children that set none (default: ``max_attempts``).
+    :param child_timeout: the handler time limit (seconds) of children that set none (default:
+        the worker's queue setting). Past it the worker fails the attempt with TimeoutError.
     :param max_attempts: the parent's attempts, and the children's default.
     :param parent_id: an explicit parent id (``JOB-...``). Leave it unset to get the derived,
         retry-safe id; an explicit one must be just as stable across tries.
@@ -81,6 +84,7 @@ class EchoFlowOperator(BaseOperator):
         payload: Any = None,
         child_queue: str | None = None,
         child_max_attempts: int | None = None,
+        child_timeout: float | None = None,
         max_attempts: int = 3,
         parent_id: str | None = None,
         echomq_conn_id: str = EchoMQHook.default_conn_name,
@@ -93,6 +97,7 @@ class EchoFlowOperator(BaseOperator):
         self.payload = payload
         self.child_queue = child_queue
         self.child_max_attempts = child_max_attempts
+        self.child_timeout = child_timeout
         self.max_attempts = max_attempts
         self.parent_id = parent_id
         self.echomq_conn_id = echomq_conn_id
@@ -108,6 +113,7 @@ class EchoFlowOperator(BaseOperator):
                 self.children,
                 default_queue=self.child_queue,
                 default_max_attempts=self.child_max_attempts,
+                default_timeout=self.child_timeout,
             )
             ref = hook.get_conn().add_flow(
                 self.parent_queue,

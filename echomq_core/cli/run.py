@@ -99,6 +99,14 @@ def add_parsers(sub: Any) -> None:
         help="lease per claim; long jobs are heartbeated (default %(default)s)",
     )
     w.add_argument(
+        "--timeout",
+        type=seconds(0.001),
+        default=None,
+        metavar="S",
+        help="the longest a handler may run a job (a job's own timeout wins); past it the "
+        "attempt fails with TimeoutError and the slot is freed (default: no limit)",
+    )
+    w.add_argument(
         "--grace",
         type=seconds(),
         default=30.0,
@@ -308,6 +316,7 @@ def run_worker(args: argparse.Namespace) -> int:
             lease=args.lease,
             grace=args.grace,
             max_batch=args.max_batch,
+            timeout=args.timeout,
             hooks=hooks if names else None,
         )
         _say(

@@ -47,6 +47,15 @@ def test_children_from_specs_payloads_and_child_objects() -> None:
     assert children[3].id == "JOB-own"
 
 
+def test_child_timeouts_pass_through() -> None:
+    children = to_children(
+        [{"payload": 1, "timeout": 2.5}, {"payload": 2}, 3, Child(4), Child(5, timeout=9)],
+        default_timeout=60,
+    )
+    assert [c.timeout for c in children] == [2.5, 60, 60, 60, 9]
+    assert [c.timeout for c in to_children([{"payload": 1}, 2])] == [None, None]
+
+
 @pytest.mark.parametrize(
     ("items", "complaint"),
     [
@@ -57,6 +66,8 @@ def test_children_from_specs_payloads_and_child_objects() -> None:
         ([{"payload": 1, "ignore_failure": "yes"}], "ignore_failure must be true or false"),
         ([{"payload": 1, "max_attempts": 0}], "max_attempts must be an int >= 1"),
         ([{"payload": 1, "queue": "bad queue"}], "invalid queue name"),
+        ([{"payload": 1, "timeout": 0}], "timeout must be seconds > 0"),
+        ([{"payload": 1, "timeout": "1m"}], "timeout must be seconds > 0"),
     ],
 )
 def test_bad_children_are_refused_by_item(items: object, complaint: str) -> None:
