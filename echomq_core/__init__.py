@@ -54,6 +54,7 @@ from .models import Backoff as Backoff
 from .models import Child as Child
 from .models import FlowRef as FlowRef
 from .models import FlowSnapshot as FlowSnapshot
+from .models import FlowSummary as FlowSummary
 from .models import Job as Job
 from .models import JobInfo as JobInfo
 from .models import JsonSerializer as JsonSerializer

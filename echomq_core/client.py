@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from . import flows, ops
+from . import flows, ops, retention
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
-from .errors import FlowTimeout, ParentFailed
-from .keyspace import QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
-from .models import Child, FlowRef, FlowSnapshot, JobInfo, JsonSerializer, Serializer
+from .errors import FlowTimeout, InvalidArgument, ParentFailed
+from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
+from .models import Child, FlowRef, FlowSnapshot, FlowSummary, JobInfo, JsonSerializer, Serializer
 from .queue import MAX_ATTEMPTS, Queue, check_int, check_seconds, encode_checked
 
 T = TypeVar("T")
@@ -61,6 +61,16 @@ class _Base:
     def _check_flow(queue: str, parent_id: str) -> None:
         check_queue(queue)
         check_job_id(parent_id)
+
+    @staticmethod
+    def _list_args(
+        queue: str, state: str | None, limit: int, offset: int
+    ) -> tuple[list[str], int, int]:
+        check_queue(queue)
+        if state is not None and state not in FLOW_INDEXES:
+            raise InvalidArgument(f"state must be one of {', '.join(FLOW_INDEXES)}, got {state!r}")
+        states = list(FLOW_INDEXES) if state is None else [state]
+        return states, check_int("limit", limit, 1, 10_000), check_int("offset", offset, 0)
 
 
 class EchoMQ(_Base):
@@ -155,17 +165,52 @@ class EchoMQ(_Base):
         payload: Any = None,
         parent_id: str | None = None,
         max_attempts: int = 3,
+        barrier: bool = False,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
         Safe to retry with the same ``parent_id`` (and child ids): a retry converges to
         exactly the requested flow. Two round trips per tree level, whatever the size.
+
+        ``barrier=True``: the flow is read from outside (an Airflow sensor, a Dagster IO
+        manager, a script), not run by a worker: its parent is never claimed; released means
+        readable (state ``released``), and the reader :meth:`close_flow` s it when done, which
+        starts its retention (``closed``); one nobody closes expires after ``unclosed``.
         """
         root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
         new = self.unregistered(flows.queues_of(root))
-        ref = self.run(flows.add_flow(self.keys, root, new))
+        ref = self.run(flows.add_flow(self.keys, root, new, barrier=_flag("barrier", barrier)))
         self._registered.update(new)
         return ref
+
+    def close_flow(self, queue: str, parent_id: str) -> str:
+        """The reader is done with a released barrier flow: its ``closed`` retention starts.
+        Idempotent; closing a flow that already ended otherwise (failed, completed) changes
+        nothing. Returns the state after the call. :class:`JobNotFound` when there is no
+        such flow (or it expired); :class:`FlowConflict` while it is still held."""
+        self._check_flow(queue, parent_id)
+        return self.run(flows.close_flow(self.keys, queue, parent_id))
+
+    def list_flows(
+        self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
+    ) -> list[FlowSummary]:
+        """Root flows of ``queue`` (held, released, closed, failed; or one ``state``), oldest
+        first in each state: a page of ``limit`` per state from ``offset``."""
+        states, limit, offset = self._list_args(queue, state, limit, offset)
+        return self.run(flows.list_flows(self.keys, queue, states, offset=offset, limit=limit))
+
+    def retention(self, queue: str) -> dict[str, float | int | None]:
+        """The queue's retention settings (seconds and counts; None: unlimited), as stored on
+        the server or the defaults (see :mod:`echomq_core.retention`)."""
+        check_queue(queue)
+        return self.run(retention.get_config(self.keys, queue))
+
+    def set_retention(self, queue: str, **settings: float | int | None) -> None:
+        """Change retention settings of ``queue`` on the server (every Pump applies them):
+        ``completed_age=3600, failed_count=1000, unclosed_age=None`` ..."""
+        check_queue(queue)
+        self.run(retention.set_config(self.keys, queue, settings))
+        self.register_queue(queue)
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
@@ -261,10 +306,28 @@ class AsyncEchoMQ(_Base):
         payload: Any = None,
         parent_id: str | None = None,
         max_attempts: int = 3,
+        barrier: bool = False,
     ) -> FlowRef:
+        """As :meth:`EchoMQ.add_flow`."""
         root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
         return await self.connection.run(
-            flows.add_flow(self.keys, root, sorted(flows.queues_of(root)))
+            flows.add_flow(
+                self.keys, root, sorted(flows.queues_of(root)), barrier=_flag("barrier", barrier)
+            )
+        )
+
+    async def close_flow(self, queue: str, parent_id: str) -> str:
+        """As :meth:`EchoMQ.close_flow`."""
+        self._check_flow(queue, parent_id)
+        return await self.connection.run(flows.close_flow(self.keys, queue, parent_id))
+
+    async def list_flows(
+        self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
+    ) -> list[FlowSummary]:
+        """As :meth:`EchoMQ.list_flows`."""
+        states, limit, offset = self._list_args(queue, state, limit, offset)
+        return await self.connection.run(
+            flows.list_flows(self.keys, queue, states, offset=offset, limit=limit)
         )
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
@@ -307,3 +370,9 @@ class AsyncEchoMQ(_Base):
                     f"{timeout}s ({snap.dependencies} outstanding)"
                 )
             await asyncio.sleep(check_seconds("poll", poll, 0.001))
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+    return value

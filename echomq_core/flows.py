@@ -39,7 +39,7 @@ from typing import Any
 from .connection import Call, Lenient, Op
 from .errors import FlowConflict, InvalidFlow, InvalidInput
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue
-from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, Serializer
+from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, FlowSummary, Serializer
 from .ops import _s, chunks, register
 from .queue import MAX_ATTEMPTS, timeout_ms
 
@@ -181,13 +181,22 @@ def fingerprint(node: _Node) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def _hold_call(ks: Keyspace, node: _Node) -> Call:
+def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False) -> Call:
     parent = node.parent
     up_id = parent.id if parent else ""
     up_queue = parent.queue if parent and parent.queue != node.queue else ""
+    explicit: list[str] = []
+    for child in node.children:
+        if not child.derived:
+            explicit += [child.id, child.queue]
     return Call.lua(
         "hold",
-        [ks.job(node.queue, node.id), ks.dependencies(node.queue, node.id)],
+        [
+            ks.job(node.queue, node.id),
+            ks.dependencies(node.queue, node.id),
+            ks.flows(node.queue, "held"),
+            ks.explicit(node.queue, node.id),
+        ],
         [
             node.id,
             node.payload,
@@ -198,6 +207,9 @@ def _hold_call(ks: Keyspace, node: _Node) -> Call:
             node.policy,
             fingerprint(node),
             "" if node.timeout_ms is None else node.timeout_ms,
+            "1" if barrier else "",
+            " ".join(sorted({c.queue for c in node.children})),
+            *explicit,
         ],
     )
 
@@ -250,7 +262,12 @@ def _check_free(ks: Keyspace, nodes: list[_Node]) -> Op[None]:
 def _fail_call(ks: Keyspace, parent: _Node, child_id: str, why: str) -> Call:
     """Fail ``parent`` naming ``child_id`` (a deliver of one 'f' record on its slot): what an
     add that lost a race for a child id leaves, so no one waits on its parent for ever."""
-    keys = [ks.pending(parent.queue), ks.outbox(parent.queue), ks.wake(parent.queue)]
+    keys = [
+        ks.pending(parent.queue),
+        ks.outbox(parent.queue),
+        ks.wake(parent.queue),
+        *ks.settle_indexes(parent.queue),
+    ]
     return Call.lua(
         "deliver",
         [*keys, *ks.parent_keys(parent.queue, parent.id)],
@@ -258,7 +275,9 @@ def _fail_call(ks: Keyspace, parent: _Node, child_id: str, why: str) -> Call:
     )
 
 
-def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[FlowRef]:
+def add_flow(
+    ks: Keyspace, root: _Node, new_queues: Sequence[str] = (), *, barrier: bool = False
+) -> Op[FlowRef]:
     """Check explicit child ids are free (only if there are any), hold the root, then land
     each depth of the tree in one pipelined step (registering ``new_queues`` in the first).
 
@@ -269,7 +288,7 @@ def add_flow(ks: Keyspace, root: _Node, new_queues: Sequence[str] = ()) -> Op[Fl
     explicit = _explicit(root)
     if explicit:
         yield from _check_free(ks, explicit)
-    replies = yield [_hold_call(ks, root)]
+    replies = yield [_hold_call(ks, root, barrier)]
     fresh = {root.id} if int(replies[0]) == 1 else set()
     level = root.children
     registry = register(ks, new_queues)  # after the hold: a refused add registers nothing
@@ -331,7 +350,8 @@ def _settle_errors(ks: Keyspace, owners: list[_Node], replies: list[Any]) -> Op[
 # -- reads: pure, one read command each ---------------------------------------------------
 
 
-def _pairs(flat: Any) -> dict[str, bytes]:
+def pairs(flat: Any) -> dict[str, bytes]:
+    """A hash read (a dict, or a flat list from a script) as {field: raw value}."""
     if isinstance(flat, dict):
         return {_s(k): v for k, v in flat.items()}
     return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
@@ -342,7 +362,7 @@ def children_values(
 ) -> Op[dict[str, Any]]:
     """{child id: result} of every child that completed so far (HGETALL of ``:processed``)."""
     (flat,) = yield [Call.cmd("HGETALL", ks.processed(queue, parent_id))]
-    return {k: ser.loads(v) for k, v in _pairs(flat).items()}
+    return {k: ser.loads(v) for k, v in pairs(flat).items()}
 
 
 def dependencies(ks: Keyspace, queue: str, parent_id: str) -> Op[int]:
@@ -354,25 +374,33 @@ def dependencies(ks: Keyspace, queue: str, parent_id: str) -> Op[int]:
 def ignored_failures(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
     """{child id: error} of children that died under ignore-dependency (``:unsuccessful``)."""
     (flat,) = yield [Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id))]
-    return {k: _s(v) for k, v in _pairs(flat).items()}
+    return {k: _s(v) for k, v in pairs(flat).items()}
 
 
 def failed_children(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
     """{child id: error} of children that died and failed the parent (``:failed``)."""
     (flat,) = yield [Call.cmd("HGETALL", ks.failed(queue, parent_id))]
-    return {k: _s(v) for k, v in _pairs(flat).items()}
+    return {k: _s(v) for k, v in pairs(flat).items()}
 
 
 def scan_page(key: str, cursor: int, count: int) -> Op[tuple[int, dict[str, bytes]]]:
     """One HSCAN page of a result hash: (next cursor, {field: raw value}); cursor 0 ends."""
     ((nxt, flat),) = yield [Call.cmd("HSCAN", key, cursor, "COUNT", count)]
-    return int(nxt), _pairs(flat)
+    return int(nxt), pairs(flat)
+
+
+def ref_body(queue: str, parent_id: str) -> str:
+    """What a named reference to a flow holds (compared when the flow expires)."""
+    return json.dumps({"queue": queue, "parent_id": parent_id})
 
 
 def save_ref(ks: Keyspace, name: str, ref: FlowRef) -> Op[None]:
-    """Store ``ref`` under ``name`` (overwriting)."""
-    body = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
-    yield [Call.cmd("SET", ks.ref(name), body)]
+    """Store ``ref`` under ``name`` (overwriting), and note the name on the flow's root, so
+    the reference is deleted with the flow when it expires."""
+    yield [
+        Call.cmd("SET", ks.ref(name), ref_body(ref.queue, ref.parent_id)),
+        Call.lua("note_ref", [ks.job(ref.queue, ref.parent_id)], [name]),
+    ]
 
 
 def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
@@ -407,3 +435,67 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
         int(failed),
         _s(error) if error else None,
     )
+
+
+def _scored(flat: Any) -> list[tuple[Any, Any]]:
+    """A WITHSCORES reply as (member, score) pairs (redis-py pairs them up itself)."""
+    if flat and isinstance(flat[0], list | tuple):
+        return [(m, sc) for m, sc in flat]
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def close_flow(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
+    """Close a released barrier flow (its retention starts); the state after the call."""
+    (state,) = yield [
+        Call.lua(
+            "close",
+            [
+                ks.job(queue, parent_id),
+                ks.flows(queue, "released"),
+                ks.flows(queue, "closed"),
+                ks.completed(queue),
+            ],
+            [parent_id],
+        )
+    ]
+    return _s(state)
+
+
+def list_flows(
+    ks: Keyspace, queue: str, states: Sequence[str], *, offset: int, limit: int
+) -> Op[list[FlowSummary]]:
+    """Root flows of ``queue`` in ``states`` (each state's index, oldest first): a page of
+    ``limit`` starting at ``offset`` of each index. Two round trips."""
+    ranges = yield [
+        Call.cmd("ZRANGE", ks.flows(queue, state), offset, offset + limit - 1, "WITHSCORES")
+        for state in states
+    ]
+    found: list[tuple[str, str, float]] = []
+    for state, flat in zip(states, ranges, strict=True):
+        for member, score in _scored(flat):
+            found.append((state, _s(member), float(score)))
+    if not found:
+        return []
+    calls = [Call.cmd("TIME")]
+    for _, pid, _ in found:
+        calls.append(Call.cmd("HMGET", ks.job(queue, pid), "state", "total", "created", "error"))
+        calls.append(Call.cmd("GET", ks.dependencies(queue, pid)))
+    (now_s, now_us), *replies = yield calls
+    now_ms = int(now_s) * 1000 + int(now_us) // 1000
+    out = []
+    for i, (index, pid, since) in enumerate(found):
+        (state, total, created, error), deps = replies[2 * i], replies[2 * i + 1]
+        n = int(total) if total else 0
+        out.append(
+            FlowSummary(
+                queue,
+                pid,
+                _s(state) if state else index,
+                n,
+                n - (max(0, int(deps)) if deps is not None else 0),
+                (now_ms - int(created)) / 1000 if created else None,
+                (now_ms - int(since)) / 1000,
+                _s(error) if error else None,
+            )
+        )
+    return out

@@ -16,6 +16,9 @@ key                       type    holds
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
 ``job:<id>:failed``       hash    child id -> error, for each child that died under ``fp``
+``job:<id>:explicit``     hash    child id -> queue, for a parent's children whose ids were
+                                  given by the caller (derived ids need no record: they are
+                                  ``<id>.<index>``); read when the flow expires
 ``pending``               zset    claimable jobs, scored priority * 2^40 + arrival number
 ``seq``                   string  the arrival counter (FIFO that does not trust clocks)
 ``active``                zset    leased jobs, scored by lease deadline (ms)
@@ -31,8 +34,26 @@ key                       type    holds
 ``flow:outbox``           list    signals of this queue's children whose parent is elsewhere
 ``flow:outbox:head``      hash    the Pump's ageing record of a head that does not deliver
 ``flow:outbox:lease``     string  which Pump drains this outbox now (SET NX PX)
-``flow:poison``           list    signals moved aside after repeated failures, with reasons
+``flow:poison``           list    signals moved aside after repeated failures: ``<ms> <reason>``
+                                  newline signal
+``flows:held``            zset    root flows whose parent is held, by creation time (ms)
+``flows:released``        zset    released barrier flows (read from outside) not yet closed,
+                                  by release time: the ``unclosed`` retention runs on it
+``flows:closed``          zset    closed flows, by close time: the ``closed`` retention
+``flows:failed``          zset    failed root flows, by failure time: the ``failed`` retention
+``config``                hash    this queue's retention settings (ages in ms, counts); absent
+                                  fields take the defaults of :mod:`echomq_core.retention`
+``sweep:lease``           string  which Pump sweeps this queue now (SET NX PX, taken only when
+                                  something is due)
 ========================  ======  ===========================================================
+
+Every key has an owner that deletes it. Rows, counters and result hashes of a flow (its
+parent's and every node's below it, in any queue) are deleted together when the flow expires:
+by the retention sweep of the root's end state (``completed`` for a worker-run root,
+``flows:closed``, ``flows:released`` for an unclosed barrier, ``flows:failed``). A plain job's
+row goes with its own end state (``completed``, ``dead``); a flow child's index entries in
+``completed``/``dead`` are dropped by its queue's sweep, but its row stays until its flow
+expires.
 
 Global (not per queue): ``<prefix>:queues``, a set of queue names written when a queue is
 first used, so Pumps and operators can discover queues without ``KEYS``/``SCAN``; and
@@ -55,6 +76,9 @@ JOB_ID_RE = re.compile(r"JOB-[A-Za-z0-9._\-/@+=~#]{1,200}")
 #: The longest id JOB_ID_RE accepts ("JOB-" and 200 characters).
 MAX_ID_LENGTH = 204
 PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,32}")
+#: The per-queue indexes of root flows, by state (``flows:<state>``), in the order every
+#: script that moves a flow between them takes their keys.
+FLOW_INDEXES = ("held", "released", "closed", "failed")
 #: A stored reference's name: printable, no whitespace or braces (adapters key them by asset).
 REF_NAME_RE = re.compile(r"[!-z|~]{1,512}")
 
@@ -157,6 +181,28 @@ class Keyspace:
     def poison(self, queue: str) -> str:
         return self.base(queue) + "flow:poison"
 
+    def flows(self, queue: str, state: str) -> str:
+        """The index of root flows in ``state``: held | released | closed | failed."""
+        if state not in FLOW_INDEXES:
+            raise InvalidArgument(f"no flow index {state!r}: one of {', '.join(FLOW_INDEXES)}")
+        return self.base(queue) + "flows:" + state
+
+    def flow_indexes(self, queue: str) -> list[str]:
+        """The flow indexes of a queue, in :data:`FLOW_INDEXES` order."""
+        base = self.base(queue) + "flows:"
+        return [base + state for state in FLOW_INDEXES]
+
+    def settle_indexes(self, queue: str) -> list[str]:
+        """The flow indexes a settling script moves a root between: held, released, failed."""
+        base = self.base(queue) + "flows:"
+        return [base + "held", base + "released", base + "failed"]
+
+    def config(self, queue: str) -> str:
+        return self.base(queue) + "config"
+
+    def sweep_lease(self, queue: str) -> str:
+        return self.base(queue) + "sweep:lease"
+
     # -- per job --------------------------------------------------------------------------
     def job_prefix(self, queue: str) -> str:
         """``<prefix>:{queue}:job:``; with a known-good id appended, a row key (hot paths build
@@ -177,6 +223,13 @@ class Keyspace:
 
     def failed(self, queue: str, job_id: str) -> str:
         return self.job(queue, job_id) + ":failed"
+
+    def explicit(self, queue: str, job_id: str) -> str:
+        return self.job(queue, job_id) + ":explicit"
+
+    def node_keys(self, queue: str, job_id: str) -> list[str]:
+        """Every key of one flow node: the five :meth:`parent_keys` and ``:explicit``."""
+        return [*self.parent_keys(queue, job_id), self.job(queue, job_id) + ":explicit"]
 
     def parent_keys(self, queue: str, job_id: str) -> list[str]:
         """The five keys of a parent, in the order every settling script takes them:

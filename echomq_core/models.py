@@ -192,7 +192,9 @@ class FlowSnapshot:
 
     queue: str
     parent_id: str
-    parent_state: str | None  # held | pending | active | completed | failed | dead | None
+    # held | released | closed (barrier flows) | pending | completed | dead (worker-run
+    # parents) | failed | None (no such flow: never added, or expired)
+    parent_state: str | None
     total: int
     dependencies: int
     processed: int
@@ -206,6 +208,8 @@ class FlowSnapshot:
 
     @property
     def released(self) -> bool:
+        """Every child settled and the parent not failed: readable (barrier flows: 'released',
+        then 'closed'; worker-run flows: 'pending', then 'completed')."""
         return self.parent_state not in (None, "held", "failed")
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,5 +222,31 @@ class FlowSnapshot:
             "processed": self.processed,
             "ignored": self.ignored,
             "failed": self.failed,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSummary:
+    """One line of a flow listing (``EchoMQ.list_flows``, ``echomq flow ls``)."""
+
+    queue: str
+    parent_id: str
+    state: str  # held | released | closed | failed
+    total: int
+    settled: int  # children completed or ignored (N - outstanding)
+    age: float | None  # seconds since the flow was added
+    since: float  # seconds in its current state (since it was added, released, closed, failed)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "parent_id": self.parent_id,
+            "state": self.state,
+            "total": self.total,
+            "settled": self.settled,
+            "age_s": None if self.age is None else round(self.age, 3),
+            "in_state_s": round(self.since, 3),
             "error": self.error,
         }

@@ -170,6 +170,7 @@ def complete(
         ks.outbox(queue),
         ks.pending(queue),
         ks.wake(queue),
+        *ks.settle_indexes(queue),
     ]
     rows = ks.job_prefix(queue)
     for part in chunks(done):
@@ -217,6 +218,7 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
             ks.delayed(queue),
             ks.dead(queue),
             ks.wake(queue),
+            *ks.settle_indexes(queue),
             *(ks.job_prefix(queue) + j.id for j, _, _ in part),
             *_group_keys(ks, queue, groups),
         ]
@@ -299,22 +301,6 @@ def recover(
         for job_id, error, *row in reply[2]
     ]
     return (sum(int(r[0]) for r in replies), dead)
-
-
-def sweep(ks: Keyspace, queues: Sequence[str], retention_ms: int, limit: int) -> Op[int]:
-    """Delete jobs completed more than ``retention_ms`` ago (rows and a parent's records)."""
-    aged = yield [Call.lua("aged", [ks.completed(q)], [retention_ms, limit]) for q in queues]
-    calls = []
-    for queue, ids in zip(queues, aged, strict=True):
-        if ids:
-            names = [_s(i) for i in ids]
-            keys = [ks.completed(queue)]
-            for name in names:
-                keys += ks.parent_keys(queue, name)
-            calls.append(Call.lua("sweep", keys, [retention_ms, *names]))
-    if not calls:
-        return 0
-    return sum(int(r) for r in (yield calls))
 
 
 # -- reads ------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import ops
+from . import ops, retention
 from .connection import Call, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
@@ -80,6 +80,7 @@ class TickStats:
     recovered: int = 0
     buried: int = 0
     swept: int = 0
+    expired: list[tuple[str, str]] = field(default_factory=list)  # (queue, root) flows expired
     blocked: dict[str, str] = field(default_factory=dict)  # queue -> reason of a blocked head
     released: list[tuple[str, str]] = field(default_factory=list)  # (queue, parent id)
     failed: list[tuple[str, str]] = field(default_factory=list)
@@ -196,7 +197,8 @@ class _Group:
 
 
 def _deliver_call(ks: Keyspace, parent_queue: str, batch: list[_Group]) -> Call:
-    keys = [ks.pending(parent_queue), ks.outbox(parent_queue), ks.wake(parent_queue)]
+    keys = [ks.pending(parent_queue), ks.outbox(parent_queue), ks.wake(parent_queue),
+            *ks.settle_indexes(parent_queue)]
     argv: list[Any] = [parent_queue, len(batch)]
     for group in batch:
         keys += ks.parent_keys(parent_queue, group.parent)
@@ -209,7 +211,10 @@ def poison_list(ks: Keyspace, queue: str, count: int) -> Op[list[tuple[str, byte
     (items,) = yield [Call.cmd("LRANGE", ks.poison(queue), 0, count - 1)]
     out = []
     for item in items:
-        reason, _, entry = bytes(item).partition(b"\n")
+        head, _, entry = bytes(item).partition(b"\n")
+        stamp, _, reason = head.partition(b" ")  # '<ms> <reason>' (the retention reads the ms)
+        if not stamp.isdigit():  # written before entries carried a time
+            reason = head
         out.append((reason.decode(errors="replace"), entry))
     return out
 
@@ -227,9 +232,10 @@ class Pump:
     Options: ``queues`` (None: discover from the registry every ``discover_every`` s),
     ``page`` (1000 signals per outbox per tick), ``max_tries`` (5 failed deliveries of a head
     before it is poisoned), ``lease`` (10 s outbox lease), ``interval`` (0.05 s idle sleep,
-    jittered), ``max_stalls`` (5 lease expiries before a job is buried), ``retention``
-    (86,400 s: completed jobs - rows, and a parent's records - are deleted that long after
-    they finished; None keeps them), ``maintain_every`` (0.1 s between maintenance passes),
+    jittered), ``max_stalls`` (5 lease expiries before a job is buried), ``sweep_every``
+    (1 s between retention sweeps; None: this Pump never sweeps - how long each end state is
+    kept is the queue's setting on the server, see :mod:`echomq_core.retention`),
+    ``maintain_every`` (0.1 s between maintenance passes),
     ``hooks`` (an object with ``job_dead`` (jobs it buries after ``max_stalls`` expired
     leases; their token is '') / ``flow_released`` / ``flow_failed`` / ``signal_poisoned``
     methods, see :mod:`echomq_core.hooks`, fired after each tick; None for none).
@@ -238,7 +244,7 @@ class Pump:
     def __init__(self, client: EchoMQ, queues: Sequence[str] | None = None, *,
                  page: int = 1000, max_tries: int = 5, lease: float = 10.0,
                  interval: float = 0.05, max_stalls: int = 5, discover_every: float = 2.0,
-                 retention: float | None = 86_400.0, maintain_every: float = 0.1,
+                 sweep_every: float | None = 1.0, maintain_every: float = 0.1,
                  pump_id: str | None = None, hooks: Any = None) -> None:
         self.client = client
         self.hooks = hooks
@@ -251,10 +257,10 @@ class Pump:
         self.interval = check_seconds("interval", interval, 0.0)
         self.max_stalls = check_int("max_stalls", max_stalls, 0)
         self.discover_every = check_seconds("discover_every", discover_every, 0.0)
-        self.retention_ms = (None if retention is None
-                             else int(check_seconds("retention", retention, 0.0) * 1000))
+        self.sweep_every = (None if sweep_every is None
+                            else check_seconds("sweep_every", sweep_every, 0.0))
         self.maintain_every = check_seconds("maintain_every", maintain_every, 0.0)
-        self._maintained_at = float("-inf")
+        self._maintained_at = self._swept_at = float("-inf")
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
         self.totals = TickStats()
         self._queues: list[str] = list(self.fixed or [])
@@ -272,8 +278,8 @@ class Pump:
         return self._queues
 
     def tick(self) -> TickStats:
-        """One pass: deliver and trim; every ``maintain_every`` s also promote due retries,
-        recover expired leases and sweep completed jobs past ``retention``."""
+        """One pass: deliver and trim; every ``maintain_every`` s also promote due retries and
+        recover expired leases; every ``sweep_every`` s forget what is past its retention."""
         queues = self.queues(time.monotonic())
         if not queues:
             return TickStats()
@@ -290,8 +296,12 @@ class Pump:
             stats.recovered, stats.dead = self.client.run(
                 ops.recover(keys, queues, batch, self.max_stalls, self.client.serializer))
             stats.buried = len(stats.dead)
-            if self.retention_ms is not None:
-                stats.swept = self.client.run(ops.sweep(keys, queues, self.retention_ms, 200))
+            if self.sweep_every is not None and now - self._swept_at >= self.sweep_every:
+                self._swept_at = now
+                swept = self.client.run(retention.sweep(keys, queues, self.id,
+                                                        lease_ms=self.lease_ms, limit=200))
+                stats.swept = swept.swept
+                stats.expired = swept.flows
         for name in ("delivered", "poisoned", "promoted", "recovered", "buried"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
         if stats.poisoned:

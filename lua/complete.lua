@@ -6,9 +6,10 @@
 -- KEYS[2] leases    hash  id -> token         KEYS[5] pending  zset  this queue's pending
 -- KEYS[3] completed zset  finished jobs by finish time (ms)
 -- KEYS[6] wake      zset  set when a same-queue parent is released (idle workers block on it)
--- KEYS[6+j]         the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs
+-- KEYS[7] flows:held  KEYS[8] flows:released  KEYS[9] flows:failed  this queue's flow indexes
+-- KEYS[9+j]         the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs
 --                   have a row to write
--- KEYS[6+p+5(g-1)+1 .. +5]  parent group g: row, dependencies, processed, unsuccessful, failed
+-- KEYS[9+p+5(g-1)+1 .. +5]  parent group g: row, dependencies, processed, unsuccessful, failed
 --                   (same-queue parents only; the host read each job's parent when it claimed it)
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
@@ -41,7 +42,7 @@ for i = 1, n do ids[i] = ARGV[base + (i - 1) * 4 + 1] end
 local current = redis.call('HMGET', KEYS[2], unpack(ids))
 local now = now_ms()
 local out, done, fin, signals, groups = {}, {}, {}, {}, {}
-local plain = 6
+local plain = 9
 for i = 1, n do
   local b = base + (i - 1) * 4
   local id, result, ref = ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
@@ -76,5 +77,6 @@ if #done > 0 then
   redis.call('ZADD', KEYS[3], unpack(fin))
 end
 if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
-local events = settle_groups(groups, plain, 6, queue, {KEYS[5], KEYS[6], KEYS[4]}, now)
+local events = settle_groups(groups, plain, 6, queue,
+  {KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[8], KEYS[9]}, now)
 return {out, events}

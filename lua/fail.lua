@@ -6,8 +6,9 @@
 -- KEYS[1] active  KEYS[2] leases  KEYS[3] outbox  KEYS[4] pending
 -- KEYS[5] delayed zset retries by due time       KEYS[6] dead    zset the morgue by time of death
 -- KEYS[7] wake    zset set when a same-queue parent is released (idle workers block on it)
--- KEYS[7+i]       the row of job i (i = 1..n)
--- KEYS[7+n+5(g-1)+1 .. +5]  parent group g (same-queue parents): row, dependencies, processed,
+-- KEYS[8] flows:held  KEYS[9] flows:released  KEYS[10] flows:failed  this queue's flow indexes
+-- KEYS[10+i]      the row of job i (i = 1..n)
+-- KEYS[10+n+5(g-1)+1 .. +5]  parent group g (same-queue parents): row, dependencies, processed,
 --                           unsuccessful, failed
 -- ARGV[1] queue   ARGV[2] n   ARGV[3] g   ARGV[4 .. 3+g] the parent id of each group
 -- then per job, 7 values: id, token, error, delay_ms, mode, ref, parent_queue
@@ -39,7 +40,7 @@ for i = 1, n do
     out[i] = 0
   else
     done[#done + 1] = id
-    local row = KEYS[7 + i]
+    local row = KEYS[10 + i]
     local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy')
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
@@ -69,5 +70,6 @@ end
 if #later > 0 then redis.call('ZADD', KEYS[5], unpack(later)) end
 if #dead > 0 then redis.call('ZADD', KEYS[6], unpack(dead)) end
 if #signals > 0 then redis.call('RPUSH', KEYS[3], unpack(signals)) end
-local events = settle_groups(groups, 7 + n, 3, queue, {KEYS[4], KEYS[7], KEYS[3]}, now)
+local events = settle_groups(groups, 10 + n, 3, queue,
+  {KEYS[4], KEYS[7], KEYS[3], KEYS[8], KEYS[9], KEYS[10]}, now)
 return {out, events}

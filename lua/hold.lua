@@ -4,6 +4,8 @@
 --
 -- KEYS[1] row           hash    the parent's row
 -- KEYS[2] dependencies  string  the parent's outstanding-child counter
+-- KEYS[3] flows:held    zset    this queue's index of held root flows (roots only)
+-- KEYS[4] explicit      hash    child id -> queue of the children whose ids were given
 -- ARGV[1] id            the parent id
 -- ARGV[2] payload       the parent's payload (serialised)
 -- ARGV[3] total         N, ALL its children, same-queue and cross-queue together
@@ -14,14 +16,20 @@
 -- ARGV[8] fingerprint   a digest of this parent's children (their queues and ids, in order),
 --                       made by the host: a re-add with other children is refused, not merged
 -- ARGV[9] timeout_ms    the parent's own handler time limit ('' = the queue's)
+-- ARGV[10] barrier      '1': a flow read from outside - released means readable, no worker
+--                       ever claims the parent, a reader closes it (roots only); '' otherwise
+-- ARGV[11] child queues the distinct queues of its children, space-separated (the flow's
+--                       expiry visits them to delete the children's rows)
+-- then pairs: child id, queue - the children whose ids were given (not derived)
 --
 -- Steps: a parent that already exists is left exactly as it is (holding never resets a
 -- counter: a retried add converges instead of starting over) - provided it is the SAME flow:
--- same N, same fingerprint, same parent of its own; otherwise the row is written in state
+-- same parent of its own, same N, same fingerprint; otherwise the row is written in state
 -- 'held' and the counter set to N, in this one script, so the counter exists before any child
--- can complete. Two different adds racing on one id: one holds, the other is refused here.
--- Owner of what it writes: the row and the counter are removed with the flow (the retention
--- sweep of the parent queue, sweep.lua), never by this script.
+-- can complete; a root enters flows:held. Two different adds racing on one id: one holds, the
+-- other is refused here.
+-- Owner of what it writes: the row, the counter, the explicit record and the index entry are
+-- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
 -- Errors: EMQKIND bad id; EMQFLOW the id exists and is not this flow's parent.
 local bad = check_id(ARGV[1])
@@ -46,12 +54,22 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('EMQFLOW id ' .. ARGV[1] .. ' is taken by a job that is not a flow parent')
 end
-redis.call('HSET', KEYS[1], 'state', 'held', 'payload', ARGV[2], 'total', ARGV[3],
-  'max_attempts', ARGV[4], 'created', now_ms(), 'fp', ARGV[8])
-if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'timeout', ARGV[9]) end
+local now = now_ms()
+local fields = {'state', 'held', 'payload', ARGV[2], 'total', ARGV[3], 'max_attempts', ARGV[4],
+  'created', now, 'fp', ARGV[8], 'cq', ARGV[11]}
 if ARGV[5] ~= '' then
-  redis.call('HSET', KEYS[1], 'parent', ARGV[5], 'parent_policy', ARGV[7])
-  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'parent_queue', ARGV[6]) end
+  fields[#fields + 1] = 'parent'; fields[#fields + 1] = ARGV[5]
+  fields[#fields + 1] = 'parent_policy'; fields[#fields + 1] = ARGV[7]
+  if ARGV[6] ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = ARGV[6] end
+else
+  redis.call('ZADD', KEYS[3], now, ARGV[1])
+  if ARGV[10] == '1' then fields[#fields + 1] = 'barrier'; fields[#fields + 1] = '1' end
 end
+if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
+redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('SET', KEYS[2], ARGV[3])
+-- unpack() is bounded by the Lua stack: write the explicit record in slices
+for i = 12, #ARGV, 1000 do
+  redis.call('HSET', KEYS[4], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 return 1

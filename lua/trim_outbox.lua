@@ -1,10 +1,12 @@
 -- trim_outbox: remove exactly the delivered prefix of an outbox page, and age a head that
 -- does not deliver, moving it to the poison list after `max_tries`.
+-- @include now_ms
 --
 -- KEYS[1] outbox  list    this queue's flow:outbox
 -- KEYS[2] lease   string  the Pump lease of this outbox
 -- KEYS[3] head    hash    the ageing record: entry, tries
--- KEYS[4] poison  list    signals moved aside, each 'reason\n' .. entry
+-- KEYS[4] poison  list    signals moved aside, each '<ms> <reason>\n' .. entry (the time lets
+--                         the retention sweep drop old entries: retain.lua owns them)
 -- ARGV[1] pump       this Pump's id
 -- ARGV[2] delivered  how many entries from the head were delivered (a contiguous prefix)
 -- ARGV[3] first      the entry that was at the head when the page was read
@@ -33,7 +35,8 @@ if blocked ~= '' and redis.call('LINDEX', KEYS[1], 0) == blocked then
   end
   if tries >= tonumber(ARGV[5]) then
     redis.call('LPOP', KEYS[1])
-    redis.call('RPUSH', KEYS[4], string.gsub(ARGV[6], '\n', ' ') .. '\n' .. blocked)
+    local reason = string.gsub(ARGV[6], '\n', ' ')
+    redis.call('RPUSH', KEYS[4], now_ms() .. ' ' .. reason .. '\n' .. blocked)
     redis.call('DEL', KEYS[3])
     poisoned = 1
   end

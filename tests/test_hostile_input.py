@@ -630,7 +630,7 @@ def test_nonsense_numbers_and_options(stage: Stage) -> None:
     rows += opt("Pump interval", (-1, nan, inf), lambda v: Pump(mq, ["hq"], interval=v))
     rows += opt("Pump max_stalls", (-1, "5"), lambda v: Pump(mq, ["hq"], max_stalls=v))
     rows += opt("Pump discover_every", (-1, inf), lambda v: Pump(mq, None, discover_every=v))
-    rows += opt("Pump retention", (-1, nan, inf, "1d"), lambda v: Pump(mq, ["hq"], retention=v))
+    rows += opt("Pump sweep_every", (-1, nan, inf, "1d"), lambda v: Pump(mq, ["hq"], sweep_every=v))
     rows += opt("Pump maintain_every", (-1, nan), lambda v: Pump(mq, ["hq"], maintain_every=v))
     rows += opt(
         "FlowRef.from_dict",
@@ -740,7 +740,7 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
         "add": Call.lua(
             "add",
             [ks.pending("hq"), ks.delayed("hq"), ks.seq("hq"), ks.wake("hq"), good_row, good_row],
-            ["1", 3, 0, 0, "JOB-fine", b"1", "JOB-a b", b"2"],
+            ["1", 3, 0, 0, "", "JOB-fine", b"1", "JOB-a b", b"2"],
         ),
         "land": Call.lua(
             "land",

@@ -216,10 +216,14 @@ def test_retention_sweeps_completed_jobs(mq: EchoMQ) -> None:
     ref = mq.add_flow("work", [Child(1), Child(2)])
     for _ in range(2):
         q.complete_many([(j, j.payload) for j in q.claim(10)])
-    pump = Pump(mq, ["work"], retention=0.2, maintain_every=0)
+    mq.set_retention("work", completed_age=0.2)
+    pump = Pump(mq, ["work"], sweep_every=0, maintain_every=0)
     assert pump.tick().swept == 0  # too young
     time.sleep(0.25)
-    assert pump.tick().swept == 4  # the plain job, two children and their parent
+    stats = pump.tick()
+    # the plain job, the children's index entries, and their parent: the flow as a unit
+    assert (stats.swept, stats.expired) == (4, [("work", ref.parent_id)])
+    assert not [k for k in mq.connection.client.keys(f"{mq.keys.prefix}:*") if b":job:" in k]
     with pytest.raises(JobNotFound):
         q.get_job(flat)
     assert mq.children_values("work", ref.parent_id) == {}

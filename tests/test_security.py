@@ -281,7 +281,9 @@ def flow_suite(mq: EchoMQ, backend: Backend, url: str) -> None:
     assert cli_main(["flow", "show", parents, "JOB-acl", *cli]) == 0
     assert cli_main(["poison", "list", b, *cli]) == 0
     # retention: completed jobs are swept
-    assert Pump(mq, [parents, a, b], retention=0.0, maintain_every=0).tick().swept > 0
+    for queue in (parents, a, b):
+        mq.set_retention(queue, completed_age=0, dead_age=0, poison_age=0)
+    assert Pump(mq, [parents, a, b], sweep_every=0, maintain_every=0).tick().swept > 0
 
 
 def test_flow_suite_runs_under_the_least_privilege_acl_user(

@@ -3,19 +3,25 @@
 -- parent's slot. Shared by complete (same-queue), fail (same-queue) and deliver (the Pump's
 -- cross-queue half).
 --   pk       = {row, dependencies, processed, unsuccessful, failed} keys of the parent
---   pq       = {pending, wake, outbox} keys of the parent's queue
+--   pq       = {pending, wake, outbox, flows:held, flows:released, flows:failed} keys of the
+--              parent's queue (the flow indexes: a root moves between them)
 --   items    = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
 -- Each child is recorded with HSETNX: only a first record counts, so settling the same child
 -- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
 -- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
 -- A parent that fails and has a parent of its own emits a signal into its own queue's outbox,
 -- kind chosen by ITS policy token, so failure climbs the tree one Pump hop per level.
+-- A released BARRIER root (a flow read from outside) is never made claimable: its state
+-- becomes 'released' and it waits in flows:released for a reader to close it; any other
+-- released parent goes to pending for a worker. A root leaves flows:held when it is released
+-- or fails (then it enters flows:failed, where the failed retention finds it).
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
 local function settle(pk, parent_id, parent_queue, pq, items, now)
   local statuses = {}
-  local state = redis.call('HGET', pk[1], 'state')
+  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent')
+  local state, barrier, root = row[1], row[2], not row[3]
   if not state then
     for i = 1, #items do statuses[i] = -1 end
     return statuses, nil
@@ -41,16 +47,27 @@ local function settle(pk, parent_id, parent_queue, pq, items, now)
   if settled > 0 then
     local left = redis.call('DECRBY', pk[2], settled)
     if left <= 0 and state == 'held' and not first_failure then
-      redis.call('HSET', pk[1], 'state', 'pending')
-      redis.call('ZADD', pq[1], 0, parent_id)
-      redis.call('ZADD', pq[2], 0, 'w')
-      state = 'pending'
+      if barrier then
+        redis.call('HSET', pk[1], 'state', 'released', 'released', now)
+        redis.call('ZADD', pq[5], now, parent_id)
+        state = 'released'
+      else
+        redis.call('HSET', pk[1], 'state', 'pending')
+        redis.call('ZADD', pq[1], 0, parent_id)
+        redis.call('ZADD', pq[2], 0, 'w')
+        state = 'pending'
+      end
+      if root then redis.call('ZREM', pq[4], parent_id) end
       event = 'r'
     end
   end
   if first_failure and state == 'held' then
     local err = 'child ' .. first_failure[1] .. ' failed: ' .. first_failure[2]
     redis.call('HSET', pk[1], 'state', 'failed', 'error', err, 'finished', now)
+    if root then
+      redis.call('ZREM', pq[4], parent_id)
+      redis.call('ZADD', pq[6], now, parent_id)
+    end
     event = 'f'
     local up = redis.call('HMGET', pk[1], 'parent', 'parent_queue', 'parent_policy')
     if up[1] then

@@ -1,0 +1,45 @@
+-- close: a reader is done with a released barrier flow; from now on its retention runs.
+-- @include now_ms
+--
+-- KEYS[1] row             hash  the parent's row
+-- KEYS[2] flows:released  zset  released barrier flows not yet closed
+-- KEYS[3] flows:closed    zset  closed flows by close time (the `closed` retention)
+-- KEYS[4] completed       zset  the queue's finished jobs (a worker-run root that ran)
+-- ARGV[1] id              the parent id
+--
+-- Steps: a released root moves to flows:closed (state 'closed', stamped); closing again, or
+-- closing a root that already ended otherwise (failed, completed by a worker, dead), changes
+-- nothing: retention for that end state is already running. Idempotent: safe to retry.
+-- Owner of what it writes: the flows:closed entry and the row go with the flow's expiry.
+-- Returns: the state after the call: 'closed' | 'failed' | 'completed' | 'dead' | 'cancelled'.
+-- Errors: EMQNOJOB no such parent; EMQFLOW a held flow (cancel it instead), a job that is not
+-- a flow parent, or a node that is not a root (its root is closed as a whole).
+local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent')
+local state = row[1]
+if not state then
+  return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
+end
+if not row[2] then
+  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is a job, not a flow parent')
+end
+if row[3] then
+  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is a node of the flow of ' .. row[3] ..
+    ': close the root')
+end
+if state == 'released' then
+  local now = now_ms()
+  redis.call('HSET', KEYS[1], 'state', 'closed', 'closed', now)
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZADD', KEYS[3], now, ARGV[1])
+  return 'closed'
+end
+if state == 'held' then
+  return redis.error_reply('EMQFLOW flow ' .. ARGV[1] .. ' is held (children outstanding): ' ..
+    'cancel it, or wait for its release')
+end
+if state == 'pending' then
+  if redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 'completed' end
+  return redis.error_reply('EMQFLOW flow ' .. ARGV[1] .. ' is run by a worker: its ' ..
+    'completion starts its retention')
+end
+return state

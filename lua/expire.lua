@@ -1,0 +1,80 @@
+-- expire: step 2 of a queue's retention sweep: forget what retain.lua picked, re-checked here.
+-- @include now_ms
+-- @include drop_node
+--
+-- KEYS[1] config  KEYS[2] completed  KEYS[3] dead  KEYS[4] flows:held  KEYS[5] flows:released
+-- KEYS[6] flows:closed  KEYS[7] flows:failed  KEYS[8] sweep:lease
+-- KEYS[8+6(i-1)+1 .. +6]  candidate i: row, dependencies, processed, unsuccessful, failed,
+--                         explicit (the keys of a flow node; a plain job has only the row)
+-- ARGV[1] pump  ARGV[2..13] the defaults, as in retain.lua
+-- then per candidate, 2 values: its index ('c' completed, 'd' dead, 'f' flows:failed,
+--   'x' flows:closed, 'u' flows:released past the unclosed retention), its id
+--
+-- Steps: nothing unless this Pump holds the sweep lease. Per candidate, re-checked (still in
+-- that index, still past its age or beyond its count):
+-- * no row: a plain job completed with keep_completed off - drop the index entry;
+-- * a row with a parent (a flow child, or an inner node): the row belongs to its flow, which
+--   deletes it when the flow expires - only the index entry goes (a completed child's row
+--   gets state 'completed', which the entry said);
+-- * a root flow parent: the flow expires as a unit - its row, counter, records, explicit
+--   record and index entries go here, and the reply names its children's queues so the host
+--   deletes their rows on their own slots (forget.lua). A failed root whose children are
+--   not all settled yet (some still run) waits: it is re-checked a minute later;
+-- * a plain job: its row goes.
+-- Never touched: held roots (in no index swept here), pending or leased jobs (ditto).
+-- Returns: {swept, {dropped root: {id, total, child queues, {explicit id, queue, ...}, refs}}}.
+if redis.call('GET', KEYS[8]) ~= ARGV[1] then return {0, {}} end
+local names = {'completed_age', 'completed_count', 'dead_age', 'dead_count', 'failed_age',
+  'failed_count', 'closed_age', 'closed_count', 'unclosed_age', 'unclosed_count'}
+local conf = redis.call('HMGET', KEYS[1], unpack(names))
+local now = now_ms()
+local index = {c = {KEYS[2], 1}, d = {KEYS[3], 3}, f = {KEYS[7], 5}, x = {KEYS[6], 7},
+  u = {KEYS[5], 9}}
+local all = {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}
+local function setting(i)
+  local v = conf[i] or ARGV[1 + i]
+  if v == '-1' or v == '' then return nil end
+  return tonumber(v)
+end
+local function due(key, slot, id)
+  local score = redis.call('ZSCORE', key, id)
+  if not score then return false end
+  local age, count = setting(slot), setting(slot + 1)
+  if age and tonumber(score) <= now - age then return true end
+  if count then
+    local over = redis.call('ZCARD', key) - count
+    if over > 0 and redis.call('ZRANK', key, id) < over then return true end
+  end
+  return false
+end
+local swept, roots = 0, {}
+local n = (#ARGV - 13) / 2
+for i = 1, n do
+  local code, id = ARGV[12 + 2 * i], ARGV[13 + 2 * i]
+  local k = 8 + (i - 1) * 6
+  local nk = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]}
+  local ix = index[code]
+  if ix and due(ix[1], ix[2], id) then
+    local row = redis.call('HMGET', nk[1], 'parent', 'total', 'state')
+    if row[1] then
+      redis.call('ZREM', ix[1], id)
+      if code == 'c' and not row[3] then redis.call('HSET', nk[1], 'state', 'completed') end
+      swept = swept + 1
+    elseif row[2] then
+      local settled = redis.call('HLEN', nk[3]) + redis.call('HLEN', nk[4]) +
+        redis.call('HLEN', nk[5])
+      if code == 'f' and settled < tonumber(row[2]) then
+        local age = setting(5)
+        if age then redis.call('ZADD', KEYS[7], now - age + 60000, id) end
+      else
+        roots[#roots + 1] = drop_node(nk, all, id)
+        swept = swept + 1
+      end
+    else
+      redis.call('DEL', nk[1])
+      redis.call('ZREM', ix[1], id)
+      swept = swept + 1
+    end
+  end
+end
+return {swept, roots}

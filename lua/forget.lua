@@ -1,0 +1,30 @@
+-- forget: step 3 of a flow's expiry, on one child queue's slot: delete the rows of one
+-- expired node's children that live in this queue.
+--
+-- KEYS[1] completed  KEYS[2] dead   this queue's index zsets (a child's entries go too)
+-- KEYS[2+i]          the row of candidate child i
+-- ARGV[1] parent     the expired node's id
+-- then the candidate child ids (the host lists the node's derived ids <parent>.<index> and
+--   its explicit ids of this queue: a candidate that has no row here is skipped)
+--
+-- Steps: a candidate whose row names `parent` as its parent is deleted with its index
+-- entries - unless it is a parent itself (an inner node): that one is named in the reply and
+-- the host drops it with all its keys (drop.lua), then visits ITS children. A row that
+-- belongs to anything else is never touched.
+-- Returns: {deleted, {inner node ids}}.
+local deleted, inner = 0, {}
+for i = 2, #ARGV do
+  local row = KEYS[1 + i]
+  local up = redis.call('HMGET', row, 'parent', 'total')
+  if up[1] == ARGV[1] then
+    if up[2] then
+      inner[#inner + 1] = ARGV[i]
+    else
+      redis.call('DEL', row)
+      redis.call('ZREM', KEYS[1], ARGV[i])
+      redis.call('ZREM', KEYS[2], ARGV[i])
+      deleted = deleted + 1
+    end
+  end
+end
+return {deleted, inner}
