@@ -296,16 +296,23 @@ def add_flow(
         holds = [n for n in level if n.children]
         owners: list[_Node] = [n.parent for n in holds]  # type: ignore[misc]
         calls = Lenient([*registry, *(_hold_call(ks, n) for n in holds)])
-        # leaves that share their queue, parent and options share a land call
-        leaves: dict[tuple[str, str, str, str, int, int | None], list[_Node]] = defaultdict(list)
+        # consecutive leaves of one queue that share their parent and options share a land
+        # call; calls of one queue keep the given order, so children are claimable in the
+        # order given whatever their options (a run breaks where the options change)
+        runs: list[tuple[tuple[str, str, str, str, int, int | None], list[_Node]]] = []
+        last: dict[str, int] = {}  # queue -> its current run
         for node in level:
             if not node.children:
                 up = node.parent
                 assert up is not None
                 check = "0" if node.derived and up.id in fresh else "1"
                 key = (node.queue, check, up.id, node.policy, node.max_attempts, node.timeout_ms)
-                leaves[key].append(node)
-        for (queue, check, _, policy, attempts, limit), nodes in leaves.items():
+                at = last.get(node.queue)
+                if at is None or runs[at][0] != key:
+                    last[node.queue] = at = len(runs)
+                    runs.append((key, []))
+                runs[at][1].append(node)
+        for (queue, check, _, policy, attempts, limit), nodes in runs:
             up = nodes[0].parent
             assert up is not None
             fixed = [ks.pending(queue), ks.seq(queue), ks.wake(queue)]

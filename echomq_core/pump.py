@@ -351,8 +351,8 @@ class Pump:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread and give up this Pump's outbox leases, so another Pump takes over
-        at once rather than after ``lease`` seconds."""
+        """Stop the thread and give up this Pump's outbox and sweep leases, so another Pump
+        takes over at once rather than after ``lease`` seconds."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -361,8 +361,8 @@ class Pump:
 
     def release_leases(self) -> None:
         keys = self.client.keys
-        calls = [Call.lua("outbox_unlease", [keys.outbox_lease(q)], [self.id])
-                 for q in self._queues]
+        calls = [Call.lua("outbox_unlease", [lease], [self.id])
+                 for q in self._queues for lease in (keys.outbox_lease(q), keys.sweep_lease(q))]
         if calls:
             try:
                 self.client.connection.execute(Lenient(calls))

@@ -14,9 +14,9 @@
 -- Returns: the state after the call: 'closed' | 'failed' | 'completed' | 'dead' | 'cancelled'.
 -- Errors: EMQNOJOB no such parent; EMQFLOW a held flow (cancel it instead), a job that is not
 -- a flow parent, or a node that is not a root (its root is closed as a whole).
-local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent')
+local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'payload')
 local state = row[1]
-if not state then
+if not state and not row[4] then
   return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
 end
 if not row[2] then

@@ -1,5 +1,5 @@
--- outbox_unlease: give up the right to drain an outbox (a Pump stopping cleanly), so the next
--- Pump takes over at once instead of waiting for the lease to lapse.
+-- outbox_unlease: give up a lease of this Pump (to drain an outbox, or to sweep a queue) when
+-- it stops cleanly, so the next Pump takes over at once instead of waiting for it to lapse.
 --
 -- KEYS[1] lease  string  the id of the Pump draining this outbox
 -- ARGV[1] pump   this Pump's id

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
+from collections.abc import Sequence
 from typing import IO, Any, NoReturn
 
 import redis
@@ -90,6 +92,102 @@ def seconds(low: float = 0.0) -> Any:
         return value
 
     return parse
+
+
+#: The units an age may carry on the command line (``90``, ``90s``, ``15m``, ``12h``, ``7d``).
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)")
+NONE_WORDS = ("none",)
+
+
+def age_or_none(high: float) -> Any:
+    """An age: seconds (``90``, ``1.5``) or with a unit (``90s``, ``15m``, ``12h``, ``7d``), at
+    most ``high`` seconds; ``none`` (no limit) gives None."""
+
+    def parse(text: str) -> float | None:
+        word = text.strip().lower()
+        if word in NONE_WORDS:
+            return None
+        match = _DURATION_RE.fullmatch(word)
+        if match is None:
+            raise argparse.ArgumentTypeError(
+                f"not an age: {text!r} (seconds, or a number with s, m, h or d; or none)"
+            )
+        value = float(match.group(1)) * UNITS[match.group(2)]
+        if value > high:
+            raise argparse.ArgumentTypeError(
+                f"at most {fmt_seconds(high)} ({high:g}s), got {text!r}; say none for no limit"
+            )
+        return value
+
+    return parse
+
+
+def count_or_none(high: int) -> Any:
+    """A count between 0 and ``high``; ``none`` (no limit) gives None."""
+    as_int = int_at_least(0, high)
+
+    def parse(text: str) -> int | None:
+        if text.strip().lower() in NONE_WORDS:
+            return None
+        value: int = as_int(text.strip())
+        return value
+
+    return parse
+
+
+def fmt_seconds(value: float | None) -> str:
+    """An age as ``age_or_none`` reads it back: ``none``, ``7d``, ``12h``, ``15m``, ``90s``,
+    ``1.5s`` (the largest unit that divides it exactly)."""
+    if value is None:
+        return "none"
+    for unit in ("d", "h", "m"):
+        size = UNITS[unit]
+        if value >= size and value % size == 0:
+            return f"{int(value // size)}{unit}"
+    return f"{value:g}s" if value != int(value) else f"{int(value)}s"
+
+
+def fmt_ago(value: float | None) -> str:
+    """A duration for reading, two units at most: ``42s``, ``5m07s``, ``3h05m``, ``2d03h``."""
+    if value is None:
+        return "-"
+    secs = max(0, int(value))
+    if secs < 60:
+        return f"{value:.1f}s" if value < 10 else f"{secs}s"
+    if secs < 3600:
+        return f"{secs // 60}m{secs % 60:02d}s"
+    if secs < 86_400:
+        return f"{secs // 3600}h{secs % 3600 // 60:02d}m"
+    return f"{secs // 86_400}d{secs % 86_400 // 3600:02d}h"
+
+
+def fmt_bytes(value: float | None) -> str:
+    """``812 B``, ``12.3 KiB``, ``4.5 MiB``, ``1.2 GiB``; ``-`` for None."""
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1) -> list[str]:
+    """Rows of text cells as aligned lines: the first ``left`` columns to the left, the rest
+    to the right (numbers), two spaces between columns, no trailing blanks."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = []
+    for row in [list(headers), *rows]:
+        cells = [
+            cell.ljust(w) if i < left else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
 
 
 def add_connection_options(parser: argparse.ArgumentParser, *, url_default: str | None) -> None:

@@ -14,17 +14,22 @@ and kept when its row is a parent (``total``) whose ``parent`` field names this 
 queue. What is not found: an UNSETTLED sub-flow whose id was given explicitly - it is counted
 in the parent's numbers, just not expanded. Flows above :data:`MAX_PROBES` lookups are shown
 with their counts only.
+
+Also here: :func:`flow_memory`, the estimate of the server memory a queue's root flows hold,
+for ``echomq queue stats`` (see there).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import EchoMQ
-from ..connection import Call, Op
-from ..errors import InvalidInput
-from ..keyspace import Keyspace, check_job_id
+from ..connection import Call, Lenient, Op
+from ..errors import EchoMQError, InvalidInput
+from ..flows import pairs
+from ..keyspace import FLOW_INDEXES, JOB_ID_RE, Keyspace, check_job_id
 from ..models import FlowSnapshot
 
 MAX_PROBES = 50_000
@@ -140,3 +145,134 @@ def _tree(nodes: list[FlowNode], indent: str) -> list[str]:
             lines.append(f"{indent}{'    ' if last else '|   '}({node.note})")
         lines += _tree(node.subflows, indent + ("    " if last else "|   "))
     return lines
+
+
+# -- the memory of a queue's flows ----------------------------------------------------------
+
+#: Root flows measured per state; the rest is extrapolated from their average.
+MEMORY_SAMPLE = 10
+#: Child rows measured per measured root (its children all live in one or a few queues).
+CHILD_SAMPLE = 3
+
+
+@dataclass(slots=True)
+class FlowMemory:
+    """The root flows of one queue by state, and an estimate of the memory they hold.
+
+    ``bytes[state]`` = the average of up to :data:`MEMORY_SAMPLE` sampled roots x the count.
+    A sampled root weighs its own keys (row, counter, result hashes, explicit record: each
+    ``MEMORY USAGE``) plus its children's rows, from up to :data:`CHILD_SAMPLE` of them
+    (average x N; the children live in their own queues, often on other nodes). Not counted:
+    rows below the first level of a nested flow, index entries. ``available`` is False when
+    the server refuses ``MEMORY USAGE`` (an ACL user without it): the counts stand alone.
+    """
+
+    counts: dict[str, int]
+    available: bool = True
+    reason: str | None = None
+    sampled: dict[str, int] = field(default_factory=dict)
+    bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int | None:
+        return sum(self.bytes.values()) if self.available else None
+
+    def memory_dict(self) -> dict[str, Any]:
+        if not self.available:
+            return {"available": False, "reason": self.reason}
+        return {
+            "available": True,
+            "bytes": self.total_bytes,
+            "by_state": {
+                state: {"sampled": self.sampled.get(state, 0), "bytes": self.bytes.get(state, 0)}
+                for state in FLOW_INDEXES
+            },
+        }
+
+
+def flow_memory(
+    ks: Keyspace,
+    queue: str,
+    *,
+    sample: int = MEMORY_SAMPLE,
+    children: int = CHILD_SAMPLE,
+    rng: random.Random | None = None,
+) -> Op[FlowMemory]:
+    """Count the root flows of ``queue`` per state and estimate their memory (see
+    :class:`FlowMemory`). Four round trips: counts; a random sample of each index (one
+    ``ZRANGE r r`` per drawn rank: no command beyond the ones EchoMQ already sends); the
+    sampled roots' rows and sizes; their sampled children's sizes."""
+    draw = rng or random.Random()
+    (*cards,) = yield [Call.cmd("ZCARD", ks.flows(queue, state)) for state in FLOW_INDEXES]
+    counts = {state: int(n) for state, n in zip(FLOW_INDEXES, cards, strict=True)}
+    out = FlowMemory(counts, bytes=dict.fromkeys(FLOW_INDEXES, 0))
+    picks: list[str] = []
+    ranges = []
+    for state, n in counts.items():
+        for rank in sorted(draw.sample(range(n), min(n, sample))):
+            ranges.append(Call.cmd("ZRANGE", ks.flows(queue, state), rank, rank))
+            picks.append(state)
+    if not ranges:
+        return out
+    members = yield ranges
+    roots: list[tuple[str, str]] = []
+    for state, found in zip(picks, members, strict=True):
+        for raw in found:  # empty when the index shrank since it was counted
+            roots.append((state, _s(raw)))
+    roots = list(dict.fromkeys(roots))
+    probes = Lenient()
+    for _, pid in roots:
+        keys = ks.node_keys(queue, pid)
+        probes.append(Call.cmd("HMGET", keys[0], "total", "cq"))
+        probes.append(Call.cmd("HSCAN", keys[-1], 0, "COUNT", children))
+        probes += [Call.cmd("MEMORY", "USAGE", key) for key in keys]
+    replies = yield probes
+    refused = next((r for r in replies if isinstance(r, EchoMQError)), None)
+    if refused is not None:
+        out.available, out.reason = False, f"MEMORY USAGE refused: {refused}"
+        return out
+    width = 2 + len(ks.node_keys(queue, "JOB-x"))
+    measured: list[tuple[str, int, int]] = []  # (state, root bytes, N) of each existing root
+    child_calls = Lenient()
+    child_of: list[int] = []  # index into measured of each child probe
+    for i, (state, pid) in enumerate(roots):
+        (total, cq), (_, explicit), *sizes = replies[i * width : (i + 1) * width]
+        if total is None:
+            continue  # expired since it was drawn
+        n = int(total)
+        measured.append((state, sum(int(size or 0) for size in sizes), n))
+        targets = [
+            (child_queue, f"{pid}.{index}")
+            for index in sorted(draw.sample(range(n), min(n, children)))
+            for child_queue in _s(cq or b"").split()
+        ]
+        given = list(pairs(explicit).items())[:children]  # (child id, its queue)
+        targets += [(_s(child_queue), child_id) for child_id, child_queue in given]
+        for child_queue, child_id in targets:
+            if not JOB_ID_RE.fullmatch(child_id):
+                continue  # a derived id grown past the id length limit: it cannot exist
+            try:
+                key = ks.job(child_queue, child_id)
+            except InvalidInput:
+                continue
+            child_calls.append(Call.cmd("MEMORY", "USAGE", key))
+            child_of.append(len(measured) - 1)
+    child_sizes: list[list[int]] = [[] for _ in measured]
+    if child_calls:
+        sizes = yield child_calls
+        refused = next((r for r in sizes if isinstance(r, EchoMQError)), None)
+        if refused is not None:
+            out.available, out.reason = False, f"MEMORY USAGE refused: {refused}"
+            return out
+        for at, size in zip(child_of, sizes, strict=True):
+            if size is not None:  # a probe of a queue the child does not live in
+                child_sizes[at].append(int(size))
+    per_state: dict[str, list[int]] = {state: [] for state in FLOW_INDEXES}
+    for (state, root_bytes, n), found in zip(measured, child_sizes, strict=True):
+        kids = round(sum(found) / len(found) * n) if found else 0
+        per_state[state].append(root_bytes + kids)
+    for state, flows in per_state.items():
+        out.sampled[state] = len(flows)
+        if flows:
+            out.bytes[state] = round(sum(flows) / len(flows) * counts[state])
+    return out
