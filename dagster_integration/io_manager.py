@@ -141,6 +141,11 @@ class EchoMQIOManager(ConfigurableIOManager):
         default=1000,
         description="Results read per round trip when building the input (HSCAN page size).",
     )
+    close_after_read: bool = Field(
+        default=True,
+        description="Close a released barrier flow once an input has read it, so its closed "
+        "retention starts (reads still work until it ends).",
+    )
     wait_on_output: bool = Field(
         default=False,
         description="Also wait in handle_output, so the upstream materialization records final "
@@ -162,6 +167,8 @@ class EchoMQIOManager(ConfigurableIOManager):
         flow = self.flow_for_input(context)
         snap = wait_released(client, flow, timeout=self.wait_timeout, poll=self.poll_interval)
         values = dict(client.iter_children_values(flow.queue, flow.parent_id, page=self.page))
+        if self.close_after_read and snap.parent_state == "released":
+            client.close_flow(flow.queue, flow.parent_id)
         if context.has_asset_key:
             context.add_input_metadata(counts_metadata(snap), description="EchoMQ flow released")
         return values

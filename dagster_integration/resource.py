@@ -292,14 +292,22 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
         payload: Any = None,
         parent_id: str | None = None,
         max_attempts: int = 3,
+        barrier: bool = True,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle (see ``EchoMQ.add_flow``).
 
         Pass ``parent_id=self.run_scoped_id(context)`` so a retried step re-adds the same flow
-        (adds converge by id) instead of fanning the work out twice.
+        (adds converge by id) instead of fanning the work out twice. ``barrier`` (True): the
+        flow is read by a downstream asset, not run by a worker; the IO manager closes it
+        once it has read it (then its ``closed`` retention runs).
         """
         return self.client.add_flow(
-            queue, list(children), payload=payload, parent_id=parent_id, max_attempts=max_attempts
+            queue,
+            list(children),
+            payload=payload,
+            parent_id=parent_id,
+            max_attempts=max_attempts,
+            barrier=barrier,
         )
 
     def snapshot(self, flow: FlowRef) -> FlowSnapshot:

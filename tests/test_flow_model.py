@@ -1,17 +1,21 @@
 """A property-based (hypothesis) stateful test of flows against a simple model.
 
-Random sequences of add / claim / complete / fail (death) / forged-token completion /
-Pump crash (deliver, no trim: a redelivery follows) / Pump tick / a retry of an add / a
-conflicting add (the parent id with other children, or a child id another flow owns: refused
-with FlowConflict and nothing changes) run against a real server, and after every step the
-server's reads must equal what the model says the fan-in promised:
+Random sequences of add (worker-run or barrier flows) / claim / complete / fail (death) /
+forged-token completion / Pump crash (deliver, no trim: a redelivery follows) / Pump tick / a
+retry of an add / a conflicting add (the parent id with other children, or a child id another
+flow owns: refused with FlowConflict and nothing changes) / close / a retention sweep with
+every age at 0 run against a real server, and after every step the server's reads must equal
+what the model says the fan-in promised:
 
 * ``:processed`` holds exactly the completed children whose settlement reached the parent
   (same-queue at once, cross-queue once a Pump delivered), with their results;
 * ``:unsuccessful`` / ``:failed`` likewise for deaths under ``id`` / ``fp``;
 * ``|processed| + |unsuccessful| + dependencies == N`` while the parent has not failed,
   and ``:processed`` and ``:unsuccessful`` are disjoint;
-* the parent is failed iff an ``fp`` death reached it, released iff everything settled.
+* the parent is failed iff an ``fp`` death reached it, released iff everything settled;
+* a sweep forgets exactly the flows in an end state whose children all settled (a closed or
+  unclosed barrier, a worker-run root that ran, a failed flow with nothing still running) -
+  every key of theirs - and nothing a live flow needs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -31,7 +36,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from echomq_core import Child, FlowConflict, Job, LeaseLost, Pump
+from echomq_core import Child, FlowConflict, Job, JobNotFound, LeaseLost, Pump
+from echomq_core.retention import SETTINGS
 
 from .conftest import Backend
 from .flowkit import deliver_without_trim
@@ -45,6 +51,10 @@ class FlowModel:
     pid: str
     children: dict[str, tuple[str, str]]  # child id -> (queue, policy)
     spec: list[Child] = field(default_factory=list)  # what was added (a retry re-sends it)
+    barrier: bool = False
+    closed: bool = False
+    expired: bool = False
+    bumped: bool = False  # swept while failed with children running: re-checked a minute on
     recorded: dict[str, tuple[str, Any]] = field(default_factory=dict)  # id -> (kind, value)
     in_flight: dict[str, tuple[str, Any]] = field(default_factory=dict)  # signals not delivered
     parent_ran: bool = False
@@ -52,6 +62,19 @@ class FlowModel:
     @property
     def failed(self) -> bool:
         return any(kind == "f" for kind, _ in self.recorded.values())
+
+    @property
+    def released(self) -> bool:
+        settled = sum(1 for kind, _ in self.recorded.values() if kind != "f")
+        return not self.failed and settled == len(self.children)
+
+    def expires(self) -> bool:
+        """Would a sweep with every age at 0 forget this flow now?"""
+        if self.expired or self.bumped:
+            return False
+        if self.failed:
+            return len(self.recorded) == len(self.children)  # nothing left running
+        return self.released and (self.barrier or self.parent_ran)
 
     def of(self, kind: str) -> dict[str, Any]:
         return {c: v for c, (k, v) in self.recorded.items() if k == kind}
@@ -66,7 +89,12 @@ class FlowMachine(RuleBasedStateMachine):
         self.parents, self.other = self.backend.queues_on_distinct_nodes(2, "mdl")
         self.flows: dict[str, FlowModel] = {}
         self.claimed: dict[str, Job] = {}  # child id -> its job, leased by us
-        self.pump = Pump(self.mq, [self.parents, self.other], page=10_000, pump_id=PUMP_ID)
+        self.pump = Pump(
+            self.mq, [self.parents, self.other], page=10_000, pump_id=PUMP_ID, sweep_every=None
+        )
+        self.sweeper = Pump(
+            self.mq, [self.parents, self.other], pump_id=PUMP_ID, sweep_every=0, maintain_every=0
+        )
 
     def teardown(self) -> None:
         self.mq.close()
@@ -83,9 +111,10 @@ class FlowMachine(RuleBasedStateMachine):
             st.tuples(st.sampled_from(["P", "O"]), st.sampled_from(["fp", "id"])),
             min_size=1,
             max_size=5,
-        )
+        ),
+        barrier=st.booleans(),
     )
-    def add_flow(self, spec: list[tuple[str, str]]) -> None:
+    def add_flow(self, spec: list[tuple[str, str]], barrier: bool = False) -> None:
         pid = f"JOB-flow{len(self.flows)}"  # deterministic: hypothesis replays must match
         children = [
             Child(
@@ -96,25 +125,30 @@ class FlowMachine(RuleBasedStateMachine):
             )
             for i, (q, policy) in enumerate(spec)
         ]
-        self.mq.add_flow(self.parents, children, parent_id=pid)
+        self.mq.add_flow(self.parents, children, parent_id=pid, barrier=barrier)
         self.flows[pid] = FlowModel(
             self.parents,
             pid,
             {f"{pid}.{i}": (c.queue or self.parents, c.policy) for i, c in enumerate(children)},
             children,
+            barrier,
         )
 
     @rule(data=st.data())
     def retry_add(self, data: st.DataObject) -> None:
         """The same add again (a caller's retry by id): converges, changes nothing."""
         flow = self.flows[data.draw(st.sampled_from(sorted(self.flows)))]
-        self.mq.add_flow(flow.queue, flow.spec, parent_id=flow.pid)
+        if flow.expired:  # a retry after expiry adds the flow afresh: not this model's case
+            return
+        self.mq.add_flow(flow.queue, flow.spec, parent_id=flow.pid, barrier=flow.barrier)
 
     @rule(data=st.data(), how=st.sampled_from(["other ids", "one more", "taken child"]))
     def conflicting_add(self, data: st.DataObject, how: str) -> None:
         """An add that would merge two flows: refused, and nothing changes (the invariant
         check after this step compares every flow with the model)."""
         flow = self.flows[data.draw(st.sampled_from(sorted(self.flows)))]
+        if flow.expired:
+            return
         n = len(flow.children)
         if how == "other ids":  # the same N, other child ids
             children = [Child(i, queue=self.parents, id=f"{flow.pid}-x{i}") for i in range(n)]
@@ -200,9 +234,57 @@ class FlowMachine(RuleBasedStateMachine):
         for queue in (self.parents, self.other):
             assert self.mq.queue(queue).stats()["outbox"] == 0
 
+    @precondition(lambda self: any(f.barrier and not f.expired for f in self.flows.values()))
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        live = sorted(p for p, f in self.flows.items() if f.barrier and not f.expired)
+        flow = self.flows[data.draw(st.sampled_from(live))]
+        if flow.released:
+            assert self.mq.close_flow(flow.queue, flow.pid) == "closed"
+            flow.closed = True
+        elif flow.failed:
+            assert self.mq.close_flow(flow.queue, flow.pid) == "failed"
+        else:
+            try:
+                self.mq.close_flow(flow.queue, flow.pid)
+            except FlowConflict:
+                return
+            raise AssertionError("a held flow was closed")
+
+    @rule()
+    def sweep(self) -> None:
+        """Every age at 0: what may expire, does, as a unit; nothing else is touched."""
+        for queue in (self.parents, self.other):
+            self.mq.set_retention(queue, **{n: 0 for n in SETTINGS if n.endswith("_age")})
+        stats = self.sweeper.tick()  # delivers first, then sweeps
+        self._delivered()
+        expiring = [f for f in self.flows.values() if f.expires()]
+        for flow in self.flows.values():
+            if flow.failed and not flow.expired and len(flow.recorded) < len(flow.children):
+                flow.bumped = True  # the sweep looked and found children still running
+        expired = {pid for _, pid in stats.expired}
+        for _ in range(10):  # bounded: every due flow goes in the first tick or soon after
+            for flow in expiring:
+                if flow.pid in expired:
+                    flow.expired = True
+            more = self.sweeper.tick().expired
+            if not more:
+                break
+            expired = {pid for _, pid in more}
+        for flow in self.flows.values():
+            assert flow.expired or not flow.expires(), f"{flow.pid} should have expired"
+
     @invariant()
     def reads_match_the_model(self) -> None:
         for flow in self.flows.values():
+            if flow.expired:
+                snap = self.mq.snapshot(flow.queue, flow.pid)
+                assert snap.parent_state is None and snap.total == 0
+                assert self.mq.children_values(flow.queue, flow.pid) == {}
+                for child, (queue, _) in flow.children.items():
+                    with pytest.raises(JobNotFound):
+                        self.mq.queue(queue).get_job(child)
+                continue
             snap = self.mq.snapshot(flow.queue, flow.pid)
             processed = self.mq.children_values(flow.queue, flow.pid)
             ignored = self.mq.ignored_failures(flow.queue, flow.pid)
@@ -219,7 +301,9 @@ class FlowMachine(RuleBasedStateMachine):
                 assert snap.parent_state == "failed"
             else:
                 assert snap.processed + snap.ignored + snap.dependencies == n
-                if settled == n:
+                if settled == n and flow.barrier:
+                    assert snap.parent_state == ("closed" if flow.closed else "released")
+                elif settled == n:
                     assert snap.parent_state == ("completed" if flow.parent_ran else "pending")
                 else:
                     assert snap.parent_state == "held" and not flow.parent_ran

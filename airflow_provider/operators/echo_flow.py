@@ -62,6 +62,10 @@ class EchoFlowOperator(BaseOperator):
     :param max_attempts: the parent's attempts, and the children's default.
     :param parent_id: an explicit parent id (``JOB-...``). Leave it unset to get the derived,
         retry-safe id; an explicit one must be just as stable across tries.
+    :param barrier: True (the default): the flow is read by a sensor, not run by a worker -
+        its parent is never claimed, and :class:`~airflow_provider.sensors.echo_flow.
+        EchoFlowSensor` closes it once it has read the results (its retention then runs).
+        False: a worker runs the parent (give it a handler for ``parent_queue``).
     :param echomq_conn_id: the ``echomq`` connection.
     :param prefix: key prefix, overriding the connection's.
     """
@@ -87,6 +91,7 @@ class EchoFlowOperator(BaseOperator):
         child_timeout: float | None = None,
         max_attempts: int = 3,
         parent_id: str | None = None,
+        barrier: bool = True,
         echomq_conn_id: str = EchoMQHook.default_conn_name,
         prefix: str | None = None,
         **kwargs: Any,
@@ -100,6 +105,7 @@ class EchoFlowOperator(BaseOperator):
         self.child_timeout = child_timeout
         self.max_attempts = max_attempts
         self.parent_id = parent_id
+        self.barrier = barrier
         self.echomq_conn_id = echomq_conn_id
         self.prefix = prefix
 
@@ -121,6 +127,7 @@ class EchoFlowOperator(BaseOperator):
                 payload=self.payload,
                 parent_id=parent_id,
                 max_attempts=self.max_attempts,
+                barrier=self.barrier,
             )
         except (InvalidInput, FlowConflict) as exc:
             raise AirflowFailException(f"cannot add flow {parent_id}: {exc}") from exc

@@ -71,6 +71,9 @@ class EchoFlowSensor(BaseSensorOperator):
     :param deferrable: wait in the triggerer. Default: ``[operators] default_deferrable``.
     :param poke_interval: seconds between reads, in every mode (default 5: a read is one
         cheap atomic script call).
+    :param close_flow: close a barrier flow (``EchoFlowOperator``'s default) once its results
+        are read, so its ``closed`` retention starts (default True). A cleared sensor still
+        reads a closed flow until that retention ends.
     """
 
     template_fields: Sequence[str] = ("flow", "parent_queue", "parent_id")
@@ -86,9 +89,11 @@ class EchoFlowSensor(BaseSensorOperator):
         prefix: str | None = None,
         deferrable: bool | None = None,
         poke_interval: timedelta | float = 5.0,
+        close_flow: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
+        self.close_flow = close_flow
         if flow is None and (parent_queue is None or parent_id is None):
             raise InvalidInput(f"{self.task_id}: give flow, or both parent_queue and parent_id")
         self.flow = flow
@@ -189,6 +194,9 @@ class EchoFlowSensor(BaseSensorOperator):
         ti = context["ti"]
         ti.xcom_push(key=CHILDREN_VALUES_KEY, value=values)
         ti.xcom_push(key=IGNORED_FAILURES_KEY, value=ignored)
+        if self.close_flow and snap.parent_state == "released":  # a barrier flow, now read
+            state = client.close_flow(snap.queue, snap.parent_id)
+            self.log.info("Flow %s %s: its retention runs from now", snap.parent_id, state)
         self.log.info(
             "Flow %s released: %d results, %d ignored failures",
             snap.parent_id,

@@ -143,9 +143,10 @@ def test_operator_retry_converges_on_one_flow(
         snap = mq.snapshot("example.reports", parent)
         assert (snap.total, snap.processed, snap.dependencies) == (3, 3, 0)
         # One parent, three children ever ran: a second flow would show 2 parents, 6 jobs.
-        reports = mq.queue("example.reports").stats()
+        assert snap.parent_state == "closed"  # a barrier: read and closed by the sensor
+        flows = mq.list_flows("example.reports")
         square = mq.queue("example.square").stats()
-    assert reports["pending"] + reports["active"] + reports["completed"] == 1
+    assert [f.parent_id for f in flows] == [parent]
     assert square["completed"] == 3
 
 
