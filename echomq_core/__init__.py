@@ -12,6 +12,9 @@ from .errors import (
     EchoMQError as EchoMQError,
 )
 from .errors import (
+    FlowCancelled as FlowCancelled,
+)
+from .errors import (
     FlowConflict as FlowConflict,
 )
 from .errors import (

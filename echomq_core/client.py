@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from . import flows, ops, retention
+from . import flows, lifecycle, ops, retention
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
-from .errors import FlowTimeout, InvalidArgument, ParentFailed
+from .errors import FlowCancelled, FlowTimeout, InvalidArgument, ParentFailed
 from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import Child, FlowRef, FlowSnapshot, FlowSummary, JobInfo, JsonSerializer, Serializer
 from .queue import MAX_ATTEMPTS, Queue, check_int, check_seconds, encode_checked
@@ -46,6 +46,7 @@ class _Base:
         payload: Any,
         parent_id: str | None,
         max_attempts: int,
+        gen: str = "",
     ) -> Any:
         return flows.plan(
             queue,
@@ -55,12 +56,48 @@ class _Base:
             default_attempts=check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS),
             dumps=self.encode,
             max_payload=self.max_payload_bytes,
+            gen=gen,
         )
+
+    def _add_op(
+        self,
+        queue: str,
+        children: list[Child],
+        payload: Any,
+        parent_id: str | None,
+        max_attempts: int,
+        barrier: Any,
+        replace: Any,
+        new_queues: Any,
+    ) -> tuple[Any, Op[FlowRef]]:
+        """The planned root and the operation of an add (a replace when asked)."""
+        barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
+        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
+        queues = new_queues(flows.queues_of(root))
+        if not replace:
+            return queues, flows.add_flow(self.keys, root, queues, barrier=barrier)
+        if parent_id is None:
+            raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
+
+        def plan(gen: str) -> Any:
+            if not gen:
+                return root
+            return self._plan_flow(queue, children, payload, parent_id, max_attempts, gen)
+
+        return queues, lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier)
 
     @staticmethod
     def _check_flow(queue: str, parent_id: str) -> None:
         check_queue(queue)
         check_job_id(parent_id)
+
+    @staticmethod
+    def _reason(reason: Any) -> str:
+        if not isinstance(reason, str) or len(reason) > 1000:
+            raise InvalidArgument(
+                f"reason must be a string of at most 1000 characters, got {reason!r:.80}"
+            )
+        return reason
 
     @staticmethod
     def _list_args(
@@ -166,6 +203,7 @@ class EchoMQ(_Base):
         parent_id: str | None = None,
         max_attempts: int = 3,
         barrier: bool = False,
+        replace: bool = False,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
@@ -176,10 +214,17 @@ class EchoMQ(_Base):
         manager, a script), not run by a worker: its parent is never claimed; released means
         readable (state ``released``), and the reader :meth:`close_flow` s it when done, which
         starts its retention (``closed``); one nobody closes expires after ``unclosed``.
+
+        ``replace=True`` (with ``parent_id``): if that id holds a different flow (other
+        children), it is cancelled and taken away, and this flow is added in its place as a new
+        generation whose child ids cannot collide with the old ones (``<id>.g<n>.<i>``); without
+        it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
+        way. See :mod:`echomq_core.lifecycle`.
         """
-        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
-        new = self.unregistered(flows.queues_of(root))
-        ref = self.run(flows.add_flow(self.keys, root, new, barrier=_flag("barrier", barrier)))
+        new, op = self._add_op(
+            queue, children, payload, parent_id, max_attempts, barrier, replace, self.unregistered
+        )
+        ref = self.run(op)
         self._registered.update(new)
         return ref
 
@@ -190,6 +235,32 @@ class EchoMQ(_Base):
         such flow (or it expired); :class:`FlowConflict` while it is still held."""
         self._check_flow(queue, parent_id)
         return self.run(flows.close_flow(self.keys, queue, parent_id))
+
+    def cancel_flow(
+        self, queue: str, parent_id: str, *, reason: str = ""
+    ) -> lifecycle.CancelResult:
+        """Cancel a flow: once this returns, no child of it (any depth, any queue) that a
+        handler had not started will start - pending and retrying children are removed, leased
+        ones lose their lease (their worker drops them before they start) - and what running
+        children report changes nothing. The parent's state is ``cancelled`` with ``reason``;
+        the reads still work; the ``cancelled`` retention applies. Idempotent: a cancel cut
+        short is completed by calling it again. A flow that already ended (closed, completed)
+        is left as it is. See :mod:`echomq_core.lifecycle`."""
+        self._check_flow(queue, parent_id)
+        op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
+        return self.run(op)
+
+    def retry_flow(
+        self, queue: str, parent_id: str, *, ignored: bool = False
+    ) -> lifecycle.RepairResult:
+        """Repair a failed (or cancelled) flow: its dead children (``ignored=True``: its
+        ignored failures too) go back to pending with fresh attempts, a cancelled flow's
+        cancelled children too; the parent is held again with the right counter; children that
+        completed keep their values and never run again. Sub-flows are repaired bottom-up.
+        Idempotent: a repair cut short is completed by calling it again."""
+        self._check_flow(queue, parent_id)
+        op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
+        return self.run(op)
 
     def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
@@ -258,7 +329,8 @@ class EchoMQ(_Base):
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
     ) -> FlowSnapshot:
         """Block until the parent is released (every child settled); raise
-        :class:`ParentFailed` at once if it failed, :class:`FlowTimeout` after ``timeout``."""
+        :class:`ParentFailed` at once if it failed (:class:`FlowCancelled` if it was
+        cancelled), :class:`FlowTimeout` after ``timeout``."""
         check_seconds("timeout", timeout)
         check_seconds("poll", poll, 0.001)
         deadline = time.monotonic() + timeout
@@ -266,6 +338,9 @@ class EchoMQ(_Base):
             snap = self.snapshot(queue, parent_id)
             if snap.parent_state == "failed":
                 raise ParentFailed(queue, parent_id, self.failed_children(queue, parent_id))
+            if snap.parent_state == "cancelled":
+                failed = self.failed_children(queue, parent_id)
+                raise FlowCancelled(queue, parent_id, snap.error or "", failed)
             if snap.released:
                 return snap
             if time.monotonic() >= deadline:
@@ -307,19 +382,34 @@ class AsyncEchoMQ(_Base):
         parent_id: str | None = None,
         max_attempts: int = 3,
         barrier: bool = False,
+        replace: bool = False,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
-        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
-        return await self.connection.run(
-            flows.add_flow(
-                self.keys, root, sorted(flows.queues_of(root)), barrier=_flag("barrier", barrier)
-            )
+        _, op = self._add_op(
+            queue, children, payload, parent_id, max_attempts, barrier, replace, sorted
         )
+        return await self.connection.run(op)
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""
         self._check_flow(queue, parent_id)
         return await self.connection.run(flows.close_flow(self.keys, queue, parent_id))
+
+    async def cancel_flow(
+        self, queue: str, parent_id: str, *, reason: str = ""
+    ) -> lifecycle.CancelResult:
+        """As :meth:`EchoMQ.cancel_flow`."""
+        self._check_flow(queue, parent_id)
+        op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
+        return await self.connection.run(op)
+
+    async def retry_flow(
+        self, queue: str, parent_id: str, *, ignored: bool = False
+    ) -> lifecycle.RepairResult:
+        """As :meth:`EchoMQ.retry_flow`."""
+        self._check_flow(queue, parent_id)
+        op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
+        return await self.connection.run(op)
 
     async def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
@@ -362,6 +452,9 @@ class AsyncEchoMQ(_Base):
             snap = await self.snapshot(queue, parent_id)
             if snap.parent_state == "failed":
                 raise ParentFailed(queue, parent_id, await self.failed_children(queue, parent_id))
+            if snap.parent_state == "cancelled":
+                failed = await self.failed_children(queue, parent_id)
+                raise FlowCancelled(queue, parent_id, snap.error or "", failed)
             if snap.released:
                 return snap
             if loop.time() >= deadline:

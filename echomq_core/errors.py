@@ -101,6 +101,20 @@ class ParentFailed(EchoMQError):
         )
 
 
+class FlowCancelled(ParentFailed):
+    """Raised by waits when the flow was cancelled (``cancel_flow``): it will never be
+    released. A :class:`ParentFailed`, so code that handles a failed flow handles this too;
+    ``reason`` is the reason given to the cancel."""
+
+    def __init__(
+        self, queue: str, parent_id: str, reason: str, failed: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(queue, parent_id, failed or {})
+        self.reason = reason
+        self.args = (f"flow parent {parent_id!r} in queue {queue!r} was cancelled: "
+                     f"{reason or 'no reason given'}",)
+
+
 class FlowTimeout(EchoMQError):
     """Raised by bounded waits when a flow's parent is not released in time."""
 

@@ -58,6 +58,7 @@ class _Node:
     children: list[_Node]
     derived: bool = False  # the id was derived from the parent's (no explicit id given)
     timeout_ms: int | None = None  # the handler's time limit; None: the queue's
+    gen: str = ""  # a root that replaced older flows under its id: their number
 
 
 def new_parent_id() -> str:
@@ -73,6 +74,7 @@ def plan(
     default_attempts: int,
     dumps: Any,
     max_payload: int,
+    gen: str = "",
 ) -> _Node:
     """Validate a flow and give every node its queue, id and serialised payload.
 
@@ -84,6 +86,8 @@ def plan(
     check_queue(queue)
     check_job_id(parent_id)
     root = _Node(queue, parent_id, payload, default_attempts, None, "fp", [])
+    root.gen = gen
+    root_stem = f"{parent_id}.g{gen}." if gen else f"{parent_id}."
     seen_ids = {parent_id}
     seen_nodes: set[int] = set()
     good_queues = {queue}
@@ -97,6 +101,8 @@ def plan(
             raise InvalidFlow(f"flow {parent_id!r} is deeper than {MAX_DEPTH} levels")
         if not isinstance(specs, list | tuple) or not specs:
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
+        # a replaced flow's generation n derives <root>.g<n>.<i>: never an old child's id
+        stem = root_stem if parent is root else f"{parent.id}."
         for index, spec in enumerate(specs):
             if not isinstance(spec, Child):
                 raise InvalidFlow(
@@ -122,7 +128,7 @@ def plan(
             if child_queue not in good_queues:
                 good_queues.add(check_queue(child_queue))
             if spec.id is None:
-                child_id = f"{parent.id}.{index}"
+                child_id = f"{stem}{index}"
                 if len(child_id) > MAX_ID_LENGTH:
                     check_job_id(child_id)  # raises InvalidJobId, naming the id
             else:
@@ -209,9 +215,25 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False) -> Call:
             "" if node.timeout_ms is None else node.timeout_ms,
             "1" if barrier else "",
             " ".join(sorted({c.queue for c in node.children})),
+            node.gen,
             *explicit,
         ],
     )
+
+
+def child_candidates(
+    node_id: str, total: int, child_queues: str, explicit: Sequence[Any], gen: str = ""
+) -> dict[str, list[str]]:
+    """Per child queue, the ids a node's children may have there: every derived id
+    (``<id>.<i>``, or ``<id>.g<gen>.<i>`` in a replaced flow's generation) and the explicit ids
+    recorded for that queue. Scripts skip a candidate without a row of that parent, so a
+    derived id that was given explicitly instead costs one lookup, nothing more."""
+    stem = f"{node_id}.g{gen}." if gen else f"{node_id}."
+    derived = [f"{stem}{i}" for i in range(total)]
+    given: dict[str, list[str]] = defaultdict(list)
+    for i in range(0, len(explicit), 2):
+        given[_s(explicit[i + 1])].append(_s(explicit[i]))
+    return {queue: derived + given.get(queue, []) for queue in child_queues.split()}
 
 
 def _explicit(root: _Node) -> list[_Node]:
@@ -270,7 +292,7 @@ def _fail_call(ks: Keyspace, parent: _Node, child_id: str, why: str) -> Call:
     ]
     return Call.lua(
         "deliver",
-        [*keys, *ks.parent_keys(parent.queue, parent.id)],
+        [*keys, *ks.settle_keys(parent.queue, parent.id)],
         [parent.queue, 1, parent.id, 1, "f", child_id, f"not added: {why}"],
     )
 

@@ -16,6 +16,8 @@ key                       type    holds
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
 ``job:<id>:failed``       hash    child id -> error, for each child that died under ``fp``
+``job:<id>:repair``       hash    child id -> kind, the dead (or cancelled) children a repair
+                                  is putting back to work; emptied when the repair is done
 ``job:<id>:explicit``     hash    child id -> queue, for a parent's children whose ids were
                                   given by the caller (derived ids need no record: they are
                                   ``<id>.<index>``); read when the flow expires
@@ -41,6 +43,8 @@ key                       type    holds
                                   by release time: the ``unclosed`` retention runs on it
 ``flows:closed``          zset    closed flows, by close time: the ``closed`` retention
 ``flows:failed``          zset    failed root flows, by failure time: the ``failed`` retention
+``flows:cancelled``       zset    cancelled root flows, by cancel time: the ``cancelled``
+                                  retention
 ``config``                hash    this queue's retention settings (ages in ms, counts); absent
                                   fields take the defaults of :mod:`echomq_core.retention`
 ``sweep:lease``           string  which Pump sweeps this queue now (SET NX PX, taken only when
@@ -78,7 +82,7 @@ MAX_ID_LENGTH = 204
 PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,32}")
 #: The per-queue indexes of root flows, by state (``flows:<state>``), in the order every
 #: script that moves a flow between them takes their keys.
-FLOW_INDEXES = ("held", "released", "closed", "failed")
+FLOW_INDEXES = ("held", "released", "closed", "failed", "cancelled")
 #: A stored reference's name: printable, no whitespace or braces (adapters key them by asset).
 REF_NAME_RE = re.compile(r"[!-z|~]{1,512}")
 
@@ -182,7 +186,8 @@ class Keyspace:
         return self.base(queue) + "flow:poison"
 
     def flows(self, queue: str, state: str) -> str:
-        """The index of root flows in ``state``: held | released | closed | failed."""
+        """The index of root flows in ``state``: held | released | closed | failed |
+        cancelled."""
         if state not in FLOW_INDEXES:
             raise InvalidArgument(f"no flow index {state!r}: one of {', '.join(FLOW_INDEXES)}")
         return self.base(queue) + "flows:" + state
@@ -227,8 +232,18 @@ class Keyspace:
     def explicit(self, queue: str, job_id: str) -> str:
         return self.job(queue, job_id) + ":explicit"
 
+    def repair(self, queue: str, job_id: str) -> str:
+        return self.job(queue, job_id) + ":repair"
+
     def node_keys(self, queue: str, job_id: str) -> list[str]:
-        """Every key of one flow node: the five :meth:`parent_keys` and ``:explicit``."""
+        """Every key of one flow node: the five :meth:`parent_keys`, ``:explicit`` and
+        ``:repair``."""
+        row = self.job(queue, job_id)
+        return [*self.parent_keys(queue, job_id), row + ":explicit", row + ":repair"]
+
+    def settle_keys(self, queue: str, job_id: str) -> list[str]:
+        """The six keys of a parent every settling script takes (complete, fail, deliver): the
+        five :meth:`parent_keys` and ``:explicit`` (which a replaced flow's settle consults)."""
         return [*self.parent_keys(queue, job_id), self.job(queue, job_id) + ":explicit"]
 
     def parent_keys(self, queue: str, job_id: str) -> list[str]:

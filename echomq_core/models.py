@@ -193,7 +193,7 @@ class FlowSnapshot:
     queue: str
     parent_id: str
     # held | released | closed (barrier flows) | pending | completed | dead (worker-run
-    # parents) | failed | None (no such flow: never added, or expired)
+    # parents) | failed | cancelled | None (no such flow: never added, or expired)
     parent_state: str | None
     total: int
     dependencies: int
@@ -210,7 +210,7 @@ class FlowSnapshot:
     def released(self) -> bool:
         """Every child settled and the parent not failed: readable (barrier flows: 'released',
         then 'closed'; worker-run flows: 'pending', then 'completed')."""
-        return self.parent_state not in (None, "held", "failed")
+        return self.parent_state not in (None, "held", "failed", "cancelled")
 
     def to_dict(self) -> dict[str, Any]:
         return {

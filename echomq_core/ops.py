@@ -154,7 +154,7 @@ def _parent_mode(job: Job, groups: dict[str, int]) -> tuple[str, str, str]:
 def _group_keys(ks: Keyspace, queue: str, groups: dict[str, int]) -> list[str]:
     keys: list[str] = []
     for parent_id in groups:  # insertion order == group index order
-        keys += ks.parent_keys(queue, parent_id)
+        keys += ks.settle_keys(queue, parent_id)
     return keys
 
 

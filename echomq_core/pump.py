@@ -201,7 +201,7 @@ def _deliver_call(ks: Keyspace, parent_queue: str, batch: list[_Group]) -> Call:
             *ks.settle_indexes(parent_queue)]
     argv: list[Any] = [parent_queue, len(batch)]
     for group in batch:
-        keys += ks.parent_keys(parent_queue, group.parent)
+        keys += ks.settle_keys(parent_queue, group.parent)
         argv += [group.parent, len(group.where), bytes(group.kinds), *group.args]
     return Call.lua("deliver", keys, argv)
 

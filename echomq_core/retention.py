@@ -13,6 +13,7 @@ setting         default  applies to
 ``unclosed``    7 days   released barrier flows that nobody closed
 ``failed``      7 days   failed root flows (kept for inspection and repair)
 ``dead``        7 days   dead jobs; a worker-run root whose parent died (the flow)
+``cancelled``   7 days   cancelled flows
 ``poison``      7 days   poisoned signals
 ==============  =======  =====================================================================
 
@@ -38,7 +39,7 @@ from typing import Any
 
 from .connection import Call, Op
 from .errors import InvalidArgument
-from .flows import pairs, ref_body
+from .flows import child_candidates, pairs, ref_body
 from .keyspace import Keyspace
 from .ops import _s, chunks
 
@@ -55,6 +56,8 @@ SETTINGS: dict[str, float | int | None] = {
     "closed_count": None,
     "unclosed_age": 7 * DAY,
     "unclosed_count": None,
+    "cancelled_age": 7 * DAY,
+    "cancelled_count": None,
     "poison_age": 7 * DAY,
     "poison_count": None,
 }
@@ -128,7 +131,7 @@ class SweepStats:
     poison: int = 0
 
 
-_CODES = ("c", "d", "f", "x", "u")
+_CODES = ("c", "d", "f", "x", "u", "k")
 
 
 def sweep(
@@ -147,6 +150,7 @@ def sweep(
                 ks.flows(q, "failed"),
                 ks.flows(q, "closed"),
                 ks.flows(q, "released"),
+                ks.flows(q, "cancelled"),
                 ks.poison(q),
                 ks.sweep_lease(q),
             ],
@@ -157,7 +161,7 @@ def sweep(
     stats = SweepStats()
     calls, where = [], []
     for queue, pick in zip(queues, picks, strict=True):
-        stats.poison += int(pick[5])
+        stats.poison += int(pick[6])
         keys = [
             ks.config(queue),
             ks.completed(queue),
@@ -166,7 +170,7 @@ def sweep(
             ks.sweep_lease(queue),
         ]
         argv: list[Any] = [pump_id, *defaults]
-        for code, ids in zip(_CODES, pick[:5], strict=True):
+        for code, ids in zip(_CODES, pick[:6], strict=True):
             for raw in ids:
                 job_id = _s(raw)
                 keys += ks.node_keys(queue, job_id)
@@ -183,27 +187,23 @@ def sweep(
         for info in roots:
             stats.flows.append((queue, _s(info[0])))
             nodes.append((queue, info))
-    yield from _forget_tree(ks, nodes, stats)
+    yield from forget_tree(ks, nodes, stats)
     return stats
 
 
-def _forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepStats) -> Op[None]:
+def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepStats) -> Op[None]:
     """Delete the children of dropped nodes on their own slots, level by level; then the
     references that still point to the dropped roots."""
     refs: list[Call] = []
     while nodes:
         calls, asked = [], []
-        for queue, (node_id, total, child_queues, explicit, names) in nodes:
+        for queue, (node_id, total, child_queues, explicit, names, gen) in nodes:
             node_id = _s(node_id)
             for name in _s(names).split():
                 body = ref_body(queue, node_id)
                 refs.append(Call.lua("drop_ref", [ks.ref(name)], [body]))
-            given: dict[str, list[str]] = {}
-            for i in range(0, len(explicit), 2):
-                given.setdefault(_s(explicit[i + 1]), []).append(_s(explicit[i]))
-            derived = [f"{node_id}.{i}" for i in range(int(total))]
-            for child_queue in _s(child_queues).split():
-                ids = derived + given.get(child_queue, [])
+            kids = child_candidates(node_id, int(total), _s(child_queues), explicit, _s(gen))
+            for child_queue, ids in kids.items():
                 base = ks.job_prefix(child_queue)
                 fixed = [ks.completed(child_queue), ks.dead(child_queue)]
                 for part in chunks(ids):

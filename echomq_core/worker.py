@@ -171,6 +171,11 @@ class Worker:
         self._runners: list[threading.Thread] = []
         self._slots: list[_Slot] = []
         self.abandoned = 0  # handler calls left running past their time limit
+        self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
+        self._lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
+        #: A batch older than this re-checks the leases of its unstarted jobs (one call) before
+        #: it starts the next: a cancelled flow's claimed children are dropped, not started.
+        self.recheck = min(0.25, self.lease / 3)
         self._wake = self._wake_queues(client, list(self.handlers))
         self._beater: threading.Thread | None = None
         for name in self.handlers:
@@ -326,13 +331,18 @@ class Worker:
             for job in jobs:
                 self._inflight[(name, job.id)] = job
             slot.queue, slot.rest = queue, list(jobs)
-        started = first_result = time.monotonic()
+        started = first_result = checked = time.monotonic()
         for job in jobs:
             if self._stop.is_set():
                 with self._lock:
                     rest, slot.rest = slot.rest, []
                 self._give_back(rest)
                 break
+            if time.monotonic() - checked >= self.recheck:
+                checked = time.monotonic()
+                self._check_leases(queue, list(slot.rest))
+            if self._drop_if_lost(slot, job):
+                continue
             limit_ms = job.timeout_ms or queue.timeout_ms
             with self._lock:
                 slot.rest.pop(0)
@@ -361,8 +371,45 @@ class Worker:
             if time.monotonic() - first_result >= self.flush_after:
                 self._hand_over(slot)
         self._hand_over(slot)
+        if self._lost:
+            with self._lock:
+                self._lost.difference_update((j.queue, j.id, j.token) for j in jobs)
         per_job = (time.monotonic() - started) / max(1, len(jobs))
         return min(self.max_batch, batch * 2) if per_job < self.fast_job else 1
+
+    def _check_leases(self, queue: Queue, jobs: list[Job]) -> None:
+        """Extend the leases of a batch's unstarted jobs, noting those that are gone."""
+        if not jobs:
+            return
+        try:
+            held = queue.heartbeat(jobs)
+        except EchoMQError as exc:
+            log.warning("lease check for %r failed: %s", queue.name, exc)
+            return
+        self._note_lost(jobs, held)
+
+    def _note_lost(self, jobs: list[Job], held: list[bool]) -> None:
+        lost = [(j.queue, j.id, j.token) for j, ok in zip(jobs, held, strict=True) if not ok]
+        if lost:
+            with self._lock:
+                self._lost.update(lost)
+
+    def _drop_if_lost(self, slot: _Slot, job: Job) -> bool:
+        """True (and the job forgotten) when its lease is gone: it must not start - its flow
+        was cancelled, or the lease expired and another worker may hold the job now."""
+        key = (job.queue, job.id, job.token)
+        with self._lock:
+            if key not in self._lost:
+                return False
+            self._lost.discard(key)
+            if slot.rest and slot.rest[0] is job:
+                slot.rest.pop(0)
+            if self._inflight.get((job.queue, job.id)) is job:
+                del self._inflight[(job.queue, job.id)]
+            self.dropped += 1
+        log.info("job %s in %r not started: its lease is gone (cancelled flow?)",
+                 job.id, job.queue)
+        return True
 
     def _hand_over(self, slot: _Slot) -> None:
         """Give the results gathered so far to the flusher (waits while it is busy)."""
@@ -471,7 +518,7 @@ class Worker:
                 by_queue.setdefault(job.queue, []).append(job)
             for name, items in by_queue.items():
                 try:
-                    self.queues[name].heartbeat(items)
+                    self._note_lost(items, self.queues[name].heartbeat(items))
                 except EchoMQError as exc:
                     log.warning("heartbeat for %r failed: %s", name, exc)
 

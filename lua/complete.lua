@@ -9,7 +9,8 @@
 -- KEYS[7] flows:held  KEYS[8] flows:released  KEYS[9] flows:failed  this queue's flow indexes
 -- KEYS[9+j]         the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs
 --                   have a row to write
--- KEYS[9+p+5(g-1)+1 .. +5]  parent group g: row, dependencies, processed, unsuccessful, failed
+-- KEYS[9+p+6(g-1)+1 .. +6]  parent group g: row, dependencies, processed, unsuccessful, failed,
+--                   explicit
 --                   (same-queue parents only; the host read each job's parent when it claimed it)
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it

@@ -7,7 +7,7 @@
 --                        its own signals upward through it)
 -- KEYS[3] wake     zset  the parent queue's wake-up hint (set when a parent is released)
 -- KEYS[4] flows:held  KEYS[5] flows:released  KEYS[6] flows:failed  the parent queue's indexes
--- KEYS[6+5(g-1)+1 .. +5]  parent g: row, dependencies, processed, unsuccessful, failed
+-- KEYS[6+6(g-1)+1 .. +6]  parent g: row, dependencies, processed, unsuccessful, failed, explicit
 -- ARGV[1] parent_queue   the parents' queue name
 -- ARGV[2] g              number of parents
 -- then per parent: its id, m (its number of signals), kinds (m bytes: the kind of each signal,
@@ -31,8 +31,9 @@ for gi = 1, g do
     items[j] = {string.sub(kinds, j, j), ARGV[a], ARGV[a + 1]}
     a = a + 2
   end
-  local k = 6 + (gi - 1) * 5
-  local st, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]}, pid,
+  local k = 6 + (gi - 1) * 6
+  local st, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
+    KEYS[k + 6]}, pid,
     queue, {KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], KEYS[6]}, items, now)
   for j = 1, m do out[#out + 1] = st[j] end
   if ev then events[#events + 1] = ev; events[#events + 1] = pid end

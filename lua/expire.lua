@@ -3,12 +3,13 @@
 -- @include drop_node
 --
 -- KEYS[1] config  KEYS[2] completed  KEYS[3] dead  KEYS[4] flows:held  KEYS[5] flows:released
--- KEYS[6] flows:closed  KEYS[7] flows:failed  KEYS[8] sweep:lease
--- KEYS[8+6(i-1)+1 .. +6]  candidate i: row, dependencies, processed, unsuccessful, failed,
---                         explicit (the keys of a flow node; a plain job has only the row)
--- ARGV[1] pump  ARGV[2..13] the defaults, as in retain.lua
+-- KEYS[6] flows:closed  KEYS[7] flows:failed  KEYS[8] flows:cancelled  KEYS[9] sweep:lease
+-- KEYS[9+7(i-1)+1 .. +7]  candidate i: row, dependencies, processed, unsuccessful, failed,
+--                         explicit, repair (a flow node's keys; a plain job has only the row)
+-- ARGV[1] pump  ARGV[2..15] the defaults, as in retain.lua
 -- then per candidate, 2 values: its index ('c' completed, 'd' dead, 'f' flows:failed,
---   'x' flows:closed, 'u' flows:released past the unclosed retention), its id
+--   'x' flows:closed, 'u' flows:released past the unclosed retention, 'k' flows:cancelled),
+--   its id
 --
 -- Steps: nothing unless this Pump holds the sweep lease. Per candidate, re-checked (still in
 -- that index, still past its age or beyond its count):
@@ -23,14 +24,15 @@
 -- * a plain job: its row goes.
 -- Never touched: held roots (in no index swept here), pending or leased jobs (ditto).
 -- Returns: {swept, {dropped root: {id, total, child queues, {explicit id, queue, ...}, refs}}}.
-if redis.call('GET', KEYS[8]) ~= ARGV[1] then return {0, {}} end
+if redis.call('GET', KEYS[9]) ~= ARGV[1] then return {0, {}} end
 local names = {'completed_age', 'completed_count', 'dead_age', 'dead_count', 'failed_age',
-  'failed_count', 'closed_age', 'closed_count', 'unclosed_age', 'unclosed_count'}
+  'failed_count', 'closed_age', 'closed_count', 'unclosed_age', 'unclosed_count',
+  'cancelled_age', 'cancelled_count'}
 local conf = redis.call('HMGET', KEYS[1], unpack(names))
 local now = now_ms()
 local index = {c = {KEYS[2], 1}, d = {KEYS[3], 3}, f = {KEYS[7], 5}, x = {KEYS[6], 7},
-  u = {KEYS[5], 9}}
-local all = {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}
+  u = {KEYS[5], 9}, k = {KEYS[8], 11}}
+local all = {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]}
 local function setting(i)
   local v = conf[i] or ARGV[1 + i]
   if v == '-1' or v == '' then return nil end
@@ -48,11 +50,12 @@ local function due(key, slot, id)
   return false
 end
 local swept, roots = 0, {}
-local n = (#ARGV - 13) / 2
+local n = (#ARGV - 15) / 2
 for i = 1, n do
-  local code, id = ARGV[12 + 2 * i], ARGV[13 + 2 * i]
-  local k = 8 + (i - 1) * 6
-  local nk = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6]}
+  local code, id = ARGV[14 + 2 * i], ARGV[15 + 2 * i]
+  local k = 9 + (i - 1) * 7
+  local nk = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6],
+    KEYS[k + 7]}
   local ix = index[code]
   if ix and due(ix[1], ix[2], id) then
     local row = redis.call('HMGET', nk[1], 'parent', 'total', 'state')

@@ -8,8 +8,8 @@
 -- KEYS[7] wake    zset set when a same-queue parent is released (idle workers block on it)
 -- KEYS[8] flows:held  KEYS[9] flows:released  KEYS[10] flows:failed  this queue's flow indexes
 -- KEYS[10+i]      the row of job i (i = 1..n)
--- KEYS[10+n+5(g-1)+1 .. +5]  parent group g (same-queue parents): row, dependencies, processed,
---                           unsuccessful, failed
+-- KEYS[10+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
+--                           unsuccessful, failed, explicit
 -- ARGV[1] queue   ARGV[2] n   ARGV[3] g   ARGV[4 .. 3+g] the parent id of each group
 -- then per job, 7 values: id, token, error, delay_ms, mode, ref, parent_queue
 --   delay_ms: the backoff before the next attempt, chosen by the host (exponential, jittered);

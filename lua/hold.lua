@@ -20,6 +20,9 @@
 --                       ever claims the parent, a reader closes it (roots only); '' otherwise
 -- ARGV[11] child queues the distinct queues of its children, space-separated (the flow's
 --                       expiry visits them to delete the children's rows)
+-- ARGV[12] gen          '' for a first flow; n for a flow that replaced n older ones under this
+--                       id (its derived child ids are <id>.g<n>.<i>; settle drops reports of
+--                       other generations' children)
 -- then pairs: child id, queue - the children whose ids were given (not derived)
 --
 -- Steps: a parent that already exists is left exactly as it is (holding never resets a
@@ -34,8 +37,10 @@
 -- Errors: EMQKIND bad id; EMQFLOW the id exists and is not this flow's parent.
 local bad = check_id(ARGV[1])
 if bad then return bad end
-local row = redis.call('HMGET', KEYS[1], 'total', 'fp', 'parent')
-if row[1] then
+local row = redis.call('HMGET', KEYS[1], 'total', 'fp', 'parent', 'state')
+if row[4] == 'replaced' then
+  redis.call('DEL', KEYS[1])  -- the tombstone of a replaced flow: this hold takes its place
+elseif row[1] then
   if (row[3] or '') ~= ARGV[5] then
     local owner = 'a root flow parent'
     if row[3] then owner = 'a child of ' .. row[3] end
@@ -50,8 +55,7 @@ if row[1] then
       ' other children (other ids or queues)')
   end
   return 0
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+elseif redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('EMQFLOW id ' .. ARGV[1] .. ' is taken by a job that is not a flow parent')
 end
 local now = now_ms()
@@ -66,10 +70,11 @@ else
   if ARGV[10] == '1' then fields[#fields + 1] = 'barrier'; fields[#fields + 1] = '1' end
 end
 if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
+if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('SET', KEYS[2], ARGV[3])
 -- unpack() is bounded by the Lua stack: write the explicit record in slices
-for i = 12, #ARGV, 1000 do
+for i = 13, #ARGV, 1000 do
   redis.call('HSET', KEYS[4], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1

@@ -1,31 +1,32 @@
 -- retain: step 1 of a queue's retention sweep: pick what is due, trim the poison list.
 -- @include now_ms
 --
--- KEYS[1] config          hash    this queue's retention settings (absent: ARGV defaults)
--- KEYS[2] completed       zset    finished jobs by finish time
--- KEYS[3] dead            zset    dead jobs by time of death
--- KEYS[4] flows:failed    zset    failed root flows by failure time
--- KEYS[5] flows:closed    zset    closed flows by close time
--- KEYS[6] flows:released  zset    released barrier flows nobody closed, by release time
--- KEYS[7] poison          list    poisoned signals, each '<ms> <reason>\n<signal>'
--- KEYS[8] sweep:lease     string  which Pump sweeps this queue now
+-- KEYS[1] config           hash    this queue's retention settings (absent: ARGV defaults)
+-- KEYS[2] completed        zset    finished jobs by finish time
+-- KEYS[3] dead             zset    dead jobs by time of death
+-- KEYS[4] flows:failed     zset    failed root flows by failure time
+-- KEYS[5] flows:closed     zset    closed flows by close time
+-- KEYS[6] flows:released   zset    released barrier flows nobody closed, by release time
+-- KEYS[7] flows:cancelled  zset    cancelled flows by cancel time
+-- KEYS[8] poison           list    poisoned signals, each '<ms> <reason>\n<signal>'
+-- KEYS[9] sweep:lease      string  which Pump sweeps this queue now
 -- ARGV[1] pump       this Pump's id        ARGV[2] lease_ms  the sweep lease's lifetime
 -- ARGV[3] limit      most candidates per index per call (bounded work: O(expired))
--- ARGV[4..15] defaults, in the order of the config fields below ('' = unlimited)
+-- ARGV[4..17] defaults, in the order of the config fields below ('' = unlimited)
 --
 -- Settings (config fields, ms and counts): completed_age completed_count dead_age dead_count
--- failed_age failed_count closed_age closed_count unclosed_age unclosed_count poison_age
--- poison_count. A field holding '-1' means unlimited.
+-- failed_age failed_count closed_age closed_count unclosed_age unclosed_count cancelled_age
+-- cancelled_count poison_age poison_count. A field holding '-1' means unlimited.
 -- Steps: per index, the ids older than its age and the oldest beyond its count (at most
 -- `limit` each). When nothing is due, nothing is written (an idle Pump writes nothing). Else
 -- the sweep lease is taken (or renewed) - when another Pump holds it, nothing is returned
 -- and nothing changes - and the poison list is trimmed by age and count here.
 -- Owner of what it writes: the lease expires by itself (PX).
 -- Returns: {{completed ids}, {dead ids}, {failed ids}, {closed ids}, {released ids},
---           poison entries removed}.
+--           {cancelled ids}, poison entries removed}.
 local names = {'completed_age', 'completed_count', 'dead_age', 'dead_count', 'failed_age',
-  'failed_count', 'closed_age', 'closed_count', 'unclosed_age', 'unclosed_count', 'poison_age',
-  'poison_count'}
+  'failed_count', 'closed_age', 'closed_count', 'unclosed_age', 'unclosed_count',
+  'cancelled_age', 'cancelled_count', 'poison_age', 'poison_count'}
 local conf = redis.call('HMGET', KEYS[1], unpack(names))
 local set = {}
 for i = 1, #names do
@@ -36,7 +37,7 @@ end
 local now = now_ms()
 local limit = tonumber(ARGV[3])
 local out, due = {}, false
-for k = 1, 5 do
+for k = 1, 6 do
   local key, age, count = KEYS[k + 1], set[2 * k - 1], set[2 * k]
   local ids, seen = {}, {}
   if age ~= '' then
@@ -54,35 +55,35 @@ for k = 1, 5 do
   if #ids > 0 then due = true end
   out[k] = ids
 end
-local p_age, p_count = set[11], set[12]
-local p_len = redis.call('LLEN', KEYS[7])
+local p_age, p_count = set[13], set[14]
+local p_len = redis.call('LLEN', KEYS[8])
 local p_due = p_len > 0 and p_count ~= '' and p_len > tonumber(p_count)
 if p_len > 0 and not p_due and p_age ~= '' then
-  local head = redis.call('LINDEX', KEYS[7], 0)
+  local head = redis.call('LINDEX', KEYS[8], 0)
   local stamp = tonumber(string.match(head, '^(%d+) ')) or 0
   p_due = stamp <= now - tonumber(p_age)
 end
-if not due and not p_due then return {{}, {}, {}, {}, {}, 0} end
-local holder = redis.call('GET', KEYS[8])
-if holder and holder ~= ARGV[1] then return {{}, {}, {}, {}, {}, 0} end
-redis.call('SET', KEYS[8], ARGV[1], 'PX', tonumber(ARGV[2]))
+if not due and not p_due then return {{}, {}, {}, {}, {}, {}, 0} end
+local holder = redis.call('GET', KEYS[9])
+if holder and holder ~= ARGV[1] then return {{}, {}, {}, {}, {}, {}, 0} end
+redis.call('SET', KEYS[9], ARGV[1], 'PX', tonumber(ARGV[2]))
 local trimmed = 0
 if p_due then
   if p_count ~= '' and p_len > tonumber(p_count) then
     local cut = math.min(p_len - tonumber(p_count), limit)
-    redis.call('LTRIM', KEYS[7], cut, -1)
+    redis.call('LTRIM', KEYS[8], cut, -1)
     trimmed = cut
   end
   if p_age ~= '' then
     while trimmed < limit do
-      local head = redis.call('LINDEX', KEYS[7], 0)
+      local head = redis.call('LINDEX', KEYS[8], 0)
       if not head then break end
       local stamp = tonumber(string.match(head, '^(%d+) ')) or 0
       if stamp > now - tonumber(p_age) then break end
-      redis.call('LPOP', KEYS[7])
+      redis.call('LPOP', KEYS[8])
       trimmed = trimmed + 1
     end
   end
 end
-out[6] = trimmed
+out[7] = trimmed
 return out

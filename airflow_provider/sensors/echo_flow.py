@@ -45,7 +45,14 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
 )
 
-from echomq_core import EchoMQ, EchoMQError, FlowSnapshot, InvalidInput, ParentFailed
+from echomq_core import (
+    EchoMQ,
+    EchoMQError,
+    FlowCancelled,
+    FlowSnapshot,
+    InvalidInput,
+    ParentFailed,
+)
 
 from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
@@ -149,6 +156,8 @@ class EchoFlowSensor(BaseSensorOperator):
             raise AirflowFailException(
                 str(ParentFailed(queue, parent_id, client.failed_children(queue, parent_id)))
             )
+        if snap.parent_state == "cancelled":
+            raise AirflowFailException(str(FlowCancelled(queue, parent_id, snap.error or "")))
         if not snap.released:
             if snap.parent_state is None:
                 self.log.warning(
@@ -172,6 +181,10 @@ class EchoFlowSensor(BaseSensorOperator):
             if status == "success":
                 client = self._client()
                 return self._succeed(context, client, client.snapshot(queue, parent_id))
+            if status == "failed" and "cancelled" in event:
+                raise AirflowFailException(
+                    str(FlowCancelled(queue, parent_id, str(event["cancelled"])))
+                )
             if status == "failed":
                 reported = event.get("failed") or {}
                 message = str(ParentFailed(queue, parent_id, reported))

@@ -190,6 +190,12 @@ class FlowMemory:
         }
 
 
+def flow_counts(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
+    """The number of root flows of ``queue`` in each state (one round trip)."""
+    cards = yield [Call.cmd("ZCARD", ks.flows(queue, state)) for state in FLOW_INDEXES]
+    return {state: int(n) for state, n in zip(FLOW_INDEXES, cards, strict=True)}
+
+
 def flow_memory(
     ks: Keyspace,
     queue: str,
@@ -203,8 +209,7 @@ def flow_memory(
     ``ZRANGE r r`` per drawn rank: no command beyond the ones EchoMQ already sends); the
     sampled roots' rows and sizes; their sampled children's sizes."""
     draw = rng or random.Random()
-    (*cards,) = yield [Call.cmd("ZCARD", ks.flows(queue, state)) for state in FLOW_INDEXES]
-    counts = {state: int(n) for state, n in zip(FLOW_INDEXES, cards, strict=True)}
+    counts = yield from flow_counts(ks, queue)
     out = FlowMemory(counts, bytes=dict.fromkeys(FLOW_INDEXES, 0))
     picks: list[str] = []
     ranges = []
@@ -223,8 +228,8 @@ def flow_memory(
     probes = Lenient()
     for _, pid in roots:
         keys = ks.node_keys(queue, pid)
-        probes.append(Call.cmd("HMGET", keys[0], "total", "cq"))
-        probes.append(Call.cmd("HSCAN", keys[-1], 0, "COUNT", children))
+        probes.append(Call.cmd("HMGET", ks.job(queue, pid), "total", "cq"))
+        probes.append(Call.cmd("HSCAN", ks.explicit(queue, pid), 0, "COUNT", children))
         probes += [Call.cmd("MEMORY", "USAGE", key) for key in keys]
     replies = yield probes
     refused = next((r for r in replies if isinstance(r, EchoMQError)), None)

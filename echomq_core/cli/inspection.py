@@ -1,7 +1,11 @@
-"""The inspection commands: ``echomq flow show``, ``echomq queue stats``, ``echomq poison``.
+"""The inspection commands: ``echomq flow show|ls|close``, ``echomq queue stats|config``,
+``echomq poison list|replay``.
 
-All are reads except ``poison replay``, which moves poisoned signals back to their outbox for
-the Pump to try again (after the cause - a missing parent, a bug - was fixed).
+All are reads except three writes: ``flow close`` (a reader is done with a released barrier
+flow: its ``closed`` retention starts), ``queue config`` with options (the queue's retention
+settings, stored on the server for every Pump), and ``poison replay``, which moves poisoned
+signals back to their outbox for the Pump to try again (after the cause - a missing parent, a
+bug - was fixed).
 """
 
 from __future__ import annotations
@@ -12,25 +16,33 @@ import time
 from typing import Any
 
 from ..client import EchoMQ
-from ..errors import InvalidInput
-from ..keyspace import check_job_id, check_queue
+from ..errors import InvalidInput, JobNotFound
+from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..models import FlowSummary
 from ..pump import parse_signal, poison_list, poison_replay
+from ..retention import MAX_AGE, MAX_COUNT, SETTINGS
 from .common import (
     CommandFailed,
     Progress,
     add_connection_options,
     add_verbosity,
+    age_or_none,
+    count_or_none,
     env_url,
+    fmt_ago,
+    fmt_bytes,
+    fmt_seconds,
     int_at_least,
     open_client,
     seconds,
+    table,
 )
-from .flowtree import read_tree, render
+from .flowtree import MEMORY_SAMPLE, FlowMemory, flow_counts, flow_memory, read_tree, render
 
 
 def add_parsers(sub: Any) -> None:
     flow = sub.add_parser(
-        "flow", help="inspect a flow", description="Inspect flows."
+        "flow", help="inspect, list and close flows", description="Inspect, list and close flows."
     ).add_subparsers(dest="flow_command", metavar="COMMAND", required=True)
     show = flow.add_parser(
         "show",
@@ -59,19 +71,96 @@ def add_parsers(sub: Any) -> None:
     show.add_argument("--json", action="store_true", help="print one JSON object")
     _common(show, run_flow_show)
 
+    ls = flow.add_parser(
+        "ls",
+        help="list root flows: parent id, state, N, settled, age, time in state",
+        description="List the root flows of QUEUE, or of every registered queue: parent id, "
+        f"state ({', '.join(FLOW_INDEXES)}), N, settled children, age and time in its "
+        "state. Oldest first within each state; paged: --limit flows per state from --offset.",
+    )
+    ls.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
+    ls.add_argument("--state", choices=FLOW_INDEXES, default=None, help="only flows in this state")
+    ls.add_argument(
+        "--limit",
+        type=int_at_least(1, 10_000),
+        default=100,
+        metavar="N",
+        help="flows per state and queue (default %(default)s)",
+    )
+    ls.add_argument(
+        "--offset",
+        type=int_at_least(0),
+        default=0,
+        metavar="K",
+        help="skip the K oldest of each state (default %(default)s)",
+    )
+    ls.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(ls, run_flow_ls)
+
+    close = flow.add_parser(
+        "close",
+        help="close a released barrier flow (its retention starts)",
+        description="A reader is done with a released barrier flow (added with "
+        "barrier=True): close it, which starts its 'closed' retention. Idempotent; a flow "
+        "that already ended otherwise (failed, completed) is left as it is. Prints the "
+        "state after the call. Exit 1 when there is no such flow, or it is still held.",
+    )
+    close.add_argument("queue", metavar="QUEUE", help="the parent's queue")
+    close.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
+    close.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(close, run_flow_close)
+
     queue = sub.add_parser(
-        "queue", help="inspect queues", description="Inspect queues."
+        "queue", help="inspect and configure queues", description="Inspect and configure queues."
     ).add_subparsers(dest="queue_command", metavar="COMMAND", required=True)
     stats = queue.add_parser(
         "stats",
-        help="job counts per state",
+        help="job counts per state, flows per state and their memory",
         description="Counts per state of QUEUE, or of every registered "
         "queue: pending, active, delayed, dead, completed, "
-        "outbox (signals in transit), poison.",
+        f"outbox (signals in transit), poison; root flows {', '.join(FLOW_INDEXES)}, "
+        f"and an estimate of the server memory those flows hold (up to {MEMORY_SAMPLE} "
+        "sampled per state with MEMORY USAGE, their children's rows included, average x "
+        "count; 'unavailable' when the server refuses MEMORY USAGE).",
     )
     stats.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     _common(stats, run_queue_stats)
+
+    config = queue.add_parser(
+        "config",
+        help="show (and with options, set) a queue's retention",
+        description="Show QUEUE's retention settings, stored on the server and applied by "
+        "every Pump's sweep; with options, set those first. Each end state has an age "
+        "(seconds, or with a unit: 90s, 15m, 12h, 7d) and a count (the newest kept); 'none' "
+        "means no limit. "
+        + "; ".join(f"{state}: {what}" for state, what in _END_STATES.items())
+        + ".",
+    )
+    config.add_argument("queue", metavar="QUEUE")
+    for name in SETTINGS:
+        state, kind = name.rsplit("_", 1)
+        flag = "--" + name.replace("_", "-")
+        if kind == "age":
+            config.add_argument(
+                flag,
+                dest=name,
+                type=age_or_none(MAX_AGE),
+                default=argparse.SUPPRESS,
+                metavar="AGE",
+                help=f"keep {_END_STATES[state]} this long (default {fmt_seconds(SETTINGS[name])})",
+            )
+        else:
+            config.add_argument(
+                flag,
+                dest=name,
+                type=count_or_none(MAX_COUNT),
+                default=argparse.SUPPRESS,
+                metavar="N",
+                help=f"keep the newest N {_END_STATES[state]} (default {SETTINGS[name] or 'none'})",
+            )
+    config.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(config, run_queue_config)
 
     poison = sub.add_parser(
         "poison",
@@ -109,6 +198,23 @@ def add_parsers(sub: Any) -> None:
         help="how many, oldest first (default: all)",
     )
     _common(replay, run_poison_replay)
+
+
+#: What each retention setting keeps (``queue config``); a setting not named here is shown
+#: by its name.
+_KNOWN_END_STATES = {
+    "completed": "completed jobs and worker-run flows",
+    "dead": "dead jobs",
+    "failed": "failed flows",
+    "closed": "barrier flows a reader closed",
+    "unclosed": "released barrier flows nobody closed",
+    "cancelled": "cancelled flows",
+    "poison": "poisoned signals",
+}
+_END_STATES = {
+    state: _KNOWN_END_STATES.get(state, f"{state} entries")
+    for state in dict.fromkeys(name.rsplit("_", 1)[0] for name in SETTINGS)
+}
 
 
 def _common(parser: argparse.ArgumentParser, run: Any) -> None:
@@ -175,6 +281,104 @@ def _watch(mq: EchoMQ, args: argparse.Namespace) -> bool:
             progress.close()
 
 
+# -- flow ls / close ------------------------------------------------------------------------
+
+
+def run_flow_ls(args: argparse.Namespace) -> int:
+    if args.queue is not None:
+        check_queue(args.queue)
+    states = [args.state] if args.state else list(FLOW_INDEXES)
+    mq = open_client(args)
+    try:
+        names = [args.queue] if args.queue is not None else mq.queues()
+        flows: list[FlowSummary] = []
+        counts: dict[str, dict[str, int]] = {}
+        for name in names:
+            flows += mq.list_flows(name, args.state, limit=args.limit, offset=args.offset)
+            counts[name] = {
+                state: n
+                for state, n in mq.run(flow_counts(mq.keys, name)).items()
+                if state in states
+            }
+    finally:
+        mq.close()
+    # flows of each (queue, state) beyond this page
+    more = sum(
+        max(0, n - args.offset - args.limit)
+        for by_state in counts.values()
+        for n in by_state.values()
+    )
+    if args.json:
+        doc = {
+            "queues": names,
+            "state": args.state,
+            "limit": args.limit,
+            "offset": args.offset,
+            "counts": counts,
+            "more": more,
+            "flows": [f.to_dict() for f in flows],
+        }
+        print(json.dumps(doc))
+        return 0
+    if not flows:
+        where = f"queue {args.queue!r}" if args.queue is not None else f"prefix {args.prefix!r}"
+        state = f"{args.state} " if args.state else ""
+        past = f" past offset {args.offset}" if args.offset else ""
+        print(f"no {state}flows under {where}{past}")
+        return 0
+    errors = any(f.error for f in flows)
+    headers = ["queue", "parent id", "state", "N", "settled", "age", "in state"]
+    rows = [
+        [
+            f.queue,
+            f.parent_id,
+            f.state,
+            f"{f.total:,}",
+            f"{f.settled:,}",
+            fmt_ago(f.age),
+            fmt_ago(f.since),
+            *([_clip(f.error or "")] if errors else []),
+        ]
+        for f in flows
+    ]
+    print("\n".join(table([*headers, *(["error"] if errors else [])], rows, left=3)))
+    if more:
+        print(
+            f"({more:,} more beyond this page of {args.limit:,} per state: "
+            f"--offset {args.offset + args.limit})"
+        )
+    return 0
+
+
+def _clip(text: str, width: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def run_flow_close(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    check_job_id(args.parent_id)
+    mq = open_client(args)
+    try:
+        state = mq.close_flow(args.queue, args.parent_id)
+    except JobNotFound:
+        raise CommandFailed(
+            f"no flow {args.parent_id} in queue {args.queue!r} (never added, or expired)"
+        ) from None
+    finally:
+        mq.close()
+    if args.json:
+        print(json.dumps({"queue": args.queue, "parent_id": args.parent_id, "state": state}))
+    elif state == "closed":
+        print(f"flow {args.parent_id} in {args.queue!r}: closed (its retention runs)")
+    else:
+        print(
+            f"flow {args.parent_id} in {args.queue!r}: {state} (it ended otherwise: "
+            "nothing to close, its own retention runs)"
+        )
+    return 0
+
+
 # -- queue stats ---------------------------------------------------------------------------
 
 COLUMNS = ("pending", "active", "delayed", "dead", "completed", "outbox", "poison")
@@ -186,20 +390,83 @@ def run_queue_stats(args: argparse.Namespace) -> int:
     mq = open_client(args)
     try:
         names = [args.queue] if args.queue is not None else mq.queues()
-        table = {name: mq.queue(name).stats() for name in names}
+        counts = {name: mq.queue(name).stats() for name in names}
+        memory = {name: mq.run(flow_memory(mq.keys, name)) for name in names}
     finally:
         mq.close()
     if args.json:
-        print(json.dumps(table))
+        doc = {
+            name: {
+                **counts[name],
+                "flows": memory[name].counts,
+                "flow_memory": memory[name].memory_dict(),
+            }
+            for name in names
+        }
+        print(json.dumps(doc))
         return 0
-    if not table:
+    if not names:
         print(f"no queues under prefix {args.prefix!r}")
         return 0
-    width = max(len("queue"), *(len(n) for n in table))
-    print(f"{'queue':<{width}}  " + "  ".join(f"{c:>9}" for c in COLUMNS))
-    for name, counts in table.items():
-        print(f"{name:<{width}}  " + "  ".join(f"{counts.get(c, 0):>9,}" for c in COLUMNS))
+    headers = ["queue", *COLUMNS, *FLOW_INDEXES, "flow memory (est.)"]
+    rows = [
+        [
+            name,
+            *(f"{counts[name].get(c, 0):,}" for c in COLUMNS),
+            *(f"{memory[name].counts[s]:,}" for s in FLOW_INDEXES),
+            _memory_cell(memory[name]),
+        ]
+        for name in names
+    ]
+    print("\n".join(table(headers, rows)))
+    refused = [m.reason for m in memory.values() if not m.available]
+    if refused:
+        print(f"(flow memory unavailable: {refused[0]})")
     return 0
+
+
+def _memory_cell(mem: FlowMemory) -> str:
+    return fmt_bytes(mem.total_bytes) if mem.available else "unavailable"
+
+
+# -- queue config --------------------------------------------------------------------------
+
+
+def run_queue_config(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    changes = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
+    mq = open_client(args)
+    try:
+        if changes:
+            mq.set_retention(args.queue, **changes)
+        settings = mq.retention(args.queue)
+    finally:
+        mq.close()
+    if args.json:
+        doc = {"queue": args.queue, "changed": sorted(changes), "retention": settings}
+        print(json.dumps(doc))
+        return 0
+    title = f"retention of queue {args.queue!r}"
+    if changes:
+        title += f" (set: {', '.join(n.replace('_', '-') for n in changes)})"
+    rows = []
+    for state in _END_STATES:
+        age, count = settings[f"{state}_age"], settings[f"{state}_count"]
+        rows.append(
+            [
+                state,
+                fmt_seconds(age) + _default_mark(f"{state}_age", age),
+                ("none" if count is None else f"{count:,}")
+                + _default_mark(f"{state}_count", count),
+            ]
+        )
+    print(title)
+    print("\n".join(table(["end state", "age", "count"], rows, left=3)))
+    return 0
+
+
+def _default_mark(name: str, value: float | int | None) -> str:
+    return " (default)" if value == SETTINGS[name] else ""
 
 
 # -- poison --------------------------------------------------------------------------------

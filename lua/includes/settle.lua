@@ -2,7 +2,7 @@
 -- settle(pk, parent_id, parent_queue, pq, items, now): settle children of ONE parent, on the
 -- parent's slot. Shared by complete (same-queue), fail (same-queue) and deliver (the Pump's
 -- cross-queue half).
---   pk       = {row, dependencies, processed, unsuccessful, failed} keys of the parent
+--   pk       = {row, dependencies, processed, unsuccessful, failed, explicit} keys of the parent
 --   pq       = {pending, wake, outbox, flows:held, flows:released, flows:failed} keys of the
 --              parent's queue (the flow indexes: a root moves between them)
 --   items    = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
@@ -15,17 +15,18 @@
 -- becomes 'released' and it waits in flows:released for a reader to close it; any other
 -- released parent goes to pending for a worker. A root leaves flows:held when it is released
 -- or fails (then it enters flows:failed, where the failed retention finds it).
+-- A cancelled parent records nothing (its children's late reports change nothing: status 0,
+-- delivered, never poisoned). A replaced parent (generation `gen` > 0) records only children of
+-- its current generation: derived ids '<parent>.g<gen>.<i>', or ids in its explicit record; a
+-- late report of an older generation's child changes nothing (status 0).
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
-local function settle(pk, parent_id, parent_queue, pq, items, now)
+-- settle_current: settle items of the current flow (row = the parent row fields read
+-- by settle: state, barrier, parent, gen).
+local function settle_current(pk, parent_id, parent_queue, pq, items, now, row)
   local statuses = {}
-  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent')
   local state, barrier, root = row[1], row[2], not row[3]
-  if not state then
-    for i = 1, #items do statuses[i] = -1 end
-    return statuses, nil
-  end
   local event = nil
   local settled = 0
   local first_failure = nil
@@ -77,4 +78,39 @@ local function settle(pk, parent_id, parent_queue, pq, items, now)
     end
   end
   return statuses, event
+end
+
+local function settle(pk, parent_id, parent_queue, pq, items, now)
+  local statuses = {}
+  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen')
+  local state = row[1]
+  if not state then
+    for i = 1, #items do statuses[i] = -1 end
+    return statuses, nil
+  end
+  if state == 'cancelled' then
+    for i = 1, #items do statuses[i] = 0 end
+    return statuses, nil
+  end
+  if row[4] then  -- a replaced flow: drop reports of older generations' children
+    local prefix = parent_id .. '.g' .. row[4] .. '.'
+    local current = {}
+    for i = 1, #items do
+      local child = items[i][2]
+      if string.sub(child, 1, #prefix) == prefix or redis.call('HEXISTS', pk[6], child) == 1 then
+        current[#current + 1] = items[i]
+      end
+    end
+    if #current < #items then
+      local kept = {}
+      for _, item in ipairs(current) do kept[item] = true end
+      local st, ev = settle_current(pk, parent_id, parent_queue, pq, current, now, row)
+      local out, j = {}, 1
+      for i = 1, #items do
+        if kept[items[i]] then out[i] = st[j]; j = j + 1 else out[i] = 0 end
+      end
+      return out, ev
+    end
+  end
+  return settle_current(pk, parent_id, parent_queue, pq, items, now, row)
 end

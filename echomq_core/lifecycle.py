@@ -1,0 +1,226 @@
+"""Flow lifecycle II: cancel a flow, repair a failed (or cancelled) one.
+
+Both walk the flow's tree the way its expiry does (:mod:`echomq_core.retention`): a node's
+script runs on its own slot and answers with its children's queues and explicit ids; the host
+then visits each child queue on its slot with the candidate ids (the derived ``<id>.<i>`` and
+the explicit ones), and the children that are sub-flows are visited in turn. Every step is
+idempotent, so a cancel or repair cut short by a crash or a lost connection is completed by
+calling it again.
+
+* **Cancel** (``cancel.lua`` per node, ``cancel_children.lua`` per child queue): the node is
+  ``cancelled`` with its reason; pending and retrying children leave their sets; leased ones
+  lose their lease (their worker drops them before they start, and a running handler's report
+  is refused by its token). Completed children keep their values. What any child reports
+  later changes nothing: a cancelled parent records nothing.
+* **Replace** (``add_flow(..., replace=True)``): when the parent id holds another flow (other
+  children), the old one is cancelled, its children's rows deleted in every queue, its root
+  reset to a tombstone that names the next generation (``reset.lua``), and the new flow is
+  added as generation n: its derived child ids are ``<id>.g<n>.<i>``, so they never collide
+  with the old ones, and a late report of an old child changes nothing.
+* **Repair** (``repair.lua`` per node, ``requeue.lua`` per child queue, ``repair_done.lua``
+  last): a failed node's dead children (``:failed``; with ``ignored`` its ``:unsuccessful``
+  too) are recorded in ``:repair`` and the node is held again - all in one script - then those
+  children get fresh attempts and go back to pending; a cancelled node re-runs its cancelled
+  children. Completed children never run again. Sub-flows are repaired bottom-up: a failed
+  sub-flow in the list is repaired (its own dead children re-run) and held again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import Call, Op
+from .flows import _Node, add_flow, child_candidates, fingerprint
+from .keyspace import Keyspace
+from .models import FlowRef
+from .ops import _s, chunks
+from .retention import SweepStats, forget_tree
+
+
+@dataclass(slots=True)
+class CancelResult:
+    """What a cancel did: the root's state after it, and the children it stopped."""
+
+    state: str
+    children: int = 0
+    nodes: int = 1
+
+
+@dataclass(slots=True)
+class RepairResult:
+    """What a repair did: the root's state after it, the children put back to work, the
+    sub-flows repaired, and how many repairs the root has had."""
+
+    state: str
+    requeued: int = 0
+    nodes: int = 1
+    repairs: int = 0
+
+
+def _cancel_call(ks: Keyspace, queue: str, node_id: str, reason: str, parent: str) -> Call:
+    return Call.lua(
+        "cancel",
+        [
+            ks.job(queue, node_id),
+            ks.pending(queue),
+            ks.active(queue),
+            ks.leases(queue),
+            *ks.flow_indexes(queue),
+            ks.explicit(queue, node_id),
+            ks.completed(queue),
+        ],
+        [node_id, reason, parent],
+    )
+
+
+def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[CancelResult]:
+    """Cancel the flow rooted at ``parent_id`` in ``queue`` and every child below it."""
+    (info,) = yield [_cancel_call(ks, queue, parent_id, reason, "")]
+    result = CancelResult(_s(info[0]))
+    if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
+        return result
+    nodes = [(queue, parent_id, info)]
+    while nodes:
+        calls, asked = [], []
+        for _node_queue, node_id, (_, total, cq, explicit, _before) in nodes:
+            for child_queue, ids in child_candidates(node_id, int(total), _s(cq), explicit).items():
+                fixed = [
+                    ks.pending(child_queue),
+                    ks.delayed(child_queue),
+                    ks.active(child_queue),
+                    ks.leases(child_queue),
+                ]
+                base = ks.job_prefix(child_queue)
+                for part in chunks(ids):
+                    keys = [*fixed, *(base + i for i in part)]
+                    calls.append(Call.lua("cancel_children", keys, [node_id, *part]))
+                    asked.append((child_queue, node_id))
+        if not calls:
+            break
+        replies = yield calls
+        inner_calls, inner_where = [], []
+        for (child_queue, node_id), (count, inner) in zip(asked, replies, strict=True):
+            result.children += int(count)
+            for raw in inner:
+                inner_id = _s(raw)
+                inner_calls.append(_cancel_call(ks, child_queue, inner_id, reason, node_id))
+                inner_where.append((child_queue, inner_id))
+        nodes = []
+        if inner_calls:
+            infos = yield inner_calls
+            for (child_queue, inner_id), inner_info in zip(inner_where, infos, strict=True):
+                result.nodes += 1
+                if _s(inner_info[0]) == "cancelled":
+                    nodes.append((child_queue, inner_id, inner_info))
+    return result
+
+
+def _repair_call(ks: Keyspace, queue: str, node_id: str, ignored: bool, parent: str) -> Call:
+    return Call.lua(
+        "repair",
+        [
+            *ks.parent_keys(queue, node_id),
+            ks.repair(queue, node_id),
+            *ks.flow_indexes(queue),
+            ks.pending(queue),
+            ks.wake(queue),
+            ks.explicit(queue, node_id),
+        ],
+        [node_id, "1" if ignored else "", parent],
+    )
+
+
+def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op[RepairResult]:
+    """Repair the flow rooted at ``parent_id`` (see the module doc)."""
+    (info,) = yield [_repair_call(ks, queue, parent_id, ignored, "")]
+    result = RepairResult(_s(info[0]), repairs=int(info[6]))
+    level: list[tuple[str, str, Sequence[Any]]] = [(queue, parent_id, info)]
+    done: list[Call] = []
+    while level:
+        calls, asked = [], []
+        for node_queue, node_id, (_, total, cq, explicit, listed, rerun, _n) in level:
+            done.append(
+                Call.lua(
+                    "repair_done",
+                    [ks.job(node_queue, node_id), ks.repair(node_queue, node_id)],
+                    [],
+                )
+            )
+            listed_ids = [_s(i) for i in listed]
+            everything = child_candidates(node_id, int(total), _s(cq), explicit)
+            for child_queue, candidates in everything.items():
+                ids = candidates if _s(rerun) else listed_ids
+                if not ids:
+                    continue
+                fixed = [
+                    ks.pending(child_queue),
+                    ks.dead(child_queue),
+                    ks.wake(child_queue),
+                    ks.seq(child_queue),
+                ]
+                base = ks.job_prefix(child_queue)
+                for part in chunks(ids):
+                    keys = [*fixed, *(base + i for i in part)]
+                    calls.append(Call.lua("requeue", keys, [node_id, _s(rerun), *part]))
+                    asked.append((child_queue, node_id))
+        if not calls:
+            break
+        replies = yield calls
+        inner_calls, inner_where = [], []
+        for (child_queue, node_id), (count, inner) in zip(asked, replies, strict=True):
+            result.requeued += int(count)
+            for raw in inner:
+                inner_id = _s(raw)
+                inner_calls.append(_repair_call(ks, child_queue, inner_id, ignored, node_id))
+                inner_where.append((child_queue, inner_id))
+        level = []
+        if inner_calls:
+            infos = yield inner_calls
+            for (child_queue, inner_id), inner_info in zip(inner_where, infos, strict=True):
+                result.nodes += 1
+                level.append((child_queue, inner_id, inner_info))
+    if done:
+        yield done[::-1]  # deepest first: a node's record goes after its children's
+    return result
+
+
+def add_or_replace(
+    ks: Keyspace,
+    plan: Callable[[str], _Node],
+    new_queues: Sequence[str],
+    *,
+    barrier: bool,
+) -> Op[FlowRef]:
+    """``add_flow(replace=True)``: add the planned flow; if its parent id holds another flow,
+    take that one away first (see the module doc). ``plan(gen)`` plans the flow for a
+    generation. One round trip more than a plain add; a cut replace is completed by a retry."""
+    root = plan("")
+    queue, parent_id = root.queue, root.id
+    ((state, total, fp, gen),) = yield [
+        Call.cmd("HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen")
+    ]
+    gen_s = _s(gen) if gen else ""
+    if gen_s:
+        root = plan(gen_s)
+    same = (
+        total is not None
+        and int(total) == len(root.children)
+        and (fp is None or _s(fp) == fingerprint(root))
+    )
+    if state is None or _s(state) == "replaced" or same:
+        return (yield from add_flow(ks, root, new_queues, barrier=barrier))
+    # another flow under this id: cancel it, delete its tree, reset the root, add gen n + 1
+    yield from cancel_flow(ks, queue, parent_id, "replaced by a new flow under the same id")
+    (info,) = yield [_cancel_call(ks, queue, parent_id, "", "")]
+    node = [parent_id, info[1], info[2], info[3], "", gen_s]
+    yield from forget_tree(ks, [(queue, node)], SweepStats())
+    keys = [
+        *ks.node_keys(queue, parent_id),
+        ks.completed(queue),
+        ks.dead(queue),
+        *ks.flow_indexes(queue),
+    ]
+    (next_gen,) = yield [Call.lua("reset", keys, [parent_id])]
+    return (yield from add_flow(ks, plan(_s(next_gen)), new_queues, barrier=barrier))

@@ -1,0 +1,38 @@
+-- cancel_children: on one child queue's slot, cancel the children of a cancelled node.
+-- @include now_ms
+--
+-- KEYS[1] pending  KEYS[2] delayed  KEYS[3] active  KEYS[4] leases  this queue's job sets
+-- KEYS[4+i] the row of candidate child i
+-- ARGV[1] parent  the cancelled node's id
+-- then the candidate child ids (the node's derived ids and its explicit ids of this queue;
+--   one without a row here, or with another parent, is skipped)
+--
+-- Steps: for each child of `parent`: a pending or delayed (retrying) one leaves its set; a
+-- leased one loses its lease (the worker that holds it drops it before it starts - its
+-- heartbeat finds the lease gone - and a running handler's report is refused by its token);
+-- each of those gets state 'cancelled'. A child that completed or died is left as it is. A
+-- child that is a parent itself is named in the reply: the host cancels it (cancel.lua) and
+-- then its own children.
+-- Returns: {cancelled, {inner node ids}}.
+local cancelled, inner = 0, {}
+local now = now_ms()
+for i = 2, #ARGV do
+  local id, row = ARGV[i], KEYS[3 + i]
+  local up = redis.call('HMGET', row, 'parent', 'total')
+  if up[1] == ARGV[1] then
+    if up[2] then
+      inner[#inner + 1] = id
+    else
+      local hit = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
+      if redis.call('ZREM', KEYS[3], id) == 1 then
+        redis.call('HDEL', KEYS[4], id)
+        hit = 1
+      end
+      if hit > 0 then
+        redis.call('HSET', row, 'state', 'cancelled', 'cancelled', now)
+        cancelled = cancelled + 1
+      end
+    end
+  end
+end
+return {cancelled, inner}

@@ -1,0 +1,89 @@
+-- repair: put a failed or cancelled node of a flow back to work (step 1, on its slot): the
+-- children to re-run are recorded, the node is held again with the right counter.
+-- @include now_ms
+--
+-- KEYS[1] row  KEYS[2] dependencies  KEYS[3] processed  KEYS[4] unsuccessful  KEYS[5] failed
+-- KEYS[6] repair     hash  child id -> kind ('f' | 'i'): the children this repair re-runs
+-- KEYS[7..11] flows:held, flows:released, flows:closed, flows:failed, flows:cancelled
+-- KEYS[12] pending  KEYS[13] wake  KEYS[14] explicit
+-- ARGV[1] id  ARGV[2] ignored ('1': ignored failures are re-run too)  ARGV[3] its parent
+--         ('' for a root)
+--
+-- Steps: a failed node moves its :failed records (and, with `ignored`, its :unsuccessful ones,
+-- adding them back to the counter) into :repair, and becomes 'held' again - so a repaired child
+-- that dies again is recorded afresh and fails it again. A cancelled node becomes 'held' and
+-- is marked `rerun`: its cancelled children go back to work. A released barrier flow with
+-- `ignored` re-runs its ignored failures the same way. A node with a repair in progress (held,
+-- :repair not empty, or rerun) is left as it is: the host goes on where a cut repair stopped.
+-- Completed children keep their values and never run again. If nothing is left outstanding,
+-- the node is released at once (as a settle would). The host then puts the children listed
+-- in :repair back to pending on their slots (requeue.lua) and clears :repair (repair_done.lua).
+-- Owner of what it writes: :repair is emptied by repair_done.lua (or goes with the flow).
+-- Returns: {state after, total, child queues, {explicit id, queue, ...}, {ids to re-run},
+--           rerun ('1' | ''), repairs}.
+-- Errors: EMQNOJOB no such node; EMQFLOW a plain job, a node that is not the root named, or a
+-- flow with nothing to repair (closed, completed, run by a worker).
+local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'cq', 'barrier', 'rerun',
+  'payload')
+local state = row[1]
+if not state and not row[7] then
+  return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
+end
+if not row[2] then
+  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is a job, not a flow parent')
+end
+if (row[3] or '') ~= ARGV[3] then
+  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is not a root: repair its root')
+end
+local root = ARGV[3] == ''
+local ignored = ARGV[2] == '1'
+local rerun = row[6] or ''
+local function move(from, kind)
+  local flat = redis.call('HGETALL', from)
+  for i = 1, #flat, 2 do redis.call('HSET', KEYS[6], flat[i], kind) end
+  redis.call('DEL', from)
+  return #flat / 2
+end
+local flip = false
+if state == 'failed' or state == 'cancelled' or (state == 'released' and ignored) then
+  flip = true
+elseif state == 'held' then
+  if ignored and redis.call('HLEN', KEYS[4]) > 0 then flip = true end
+elseif state ~= 'held' then
+  return redis.error_reply('EMQFLOW flow ' .. ARGV[1] .. ' is ' .. state ..
+    ': nothing to repair (repair re-runs the dead children of a failed or cancelled flow)')
+end
+local repairs = redis.call('HGET', KEYS[1], 'repairs') or '0'
+if flip then
+  move(KEYS[5], 'f')
+  if ignored then
+    local n = move(KEYS[4], 'i')
+    if n > 0 then redis.call('INCRBY', KEYS[2], n) end
+  end
+  if state == 'cancelled' then rerun = '1' end
+  redis.call('HDEL', KEYS[1], 'error', 'finished', 'reason', 'cancelled', 'cancelled_from',
+    'released')
+  redis.call('HSET', KEYS[1], 'state', 'held', 'rerun', rerun)
+  repairs = tostring(redis.call('HINCRBY', KEYS[1], 'repairs', 1))
+  for i = 7, 11 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+  state = 'held'
+  local left = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if left <= 0 and redis.call('HLEN', KEYS[6]) == 0 and rerun == '' then
+    -- nothing left to run: released now, as the last settle would have done
+    local now = now_ms()
+    if row[5] then
+      redis.call('HSET', KEYS[1], 'state', 'released', 'released', now)
+      if root then redis.call('ZADD', KEYS[8], now, ARGV[1]) end
+      state = 'released'
+    else
+      redis.call('HSET', KEYS[1], 'state', 'pending')
+      redis.call('ZADD', KEYS[12], 0, ARGV[1])
+      redis.call('ZADD', KEYS[13], 0, 'w')
+      state = 'pending'
+    end
+  elseif root then
+    redis.call('ZADD', KEYS[7], now_ms(), ARGV[1])
+  end
+end
+return {state, row[2], row[4] or '', redis.call('HGETALL', KEYS[14]),
+  redis.call('HKEYS', KEYS[6]), rerun, repairs}
