@@ -33,7 +33,12 @@ def work_off(
     ``pump`` between rounds, until nothing is pending and every outbox is empty. Returns the
     sum of the Pump's tick stats."""
     names = list(queues)
-    pump = pump or Pump(mq, names)
+    if pump is None:  # our own Pump: its leases are given up when we return
+        pump = Pump(mq, names)
+        try:
+            return work_off(mq, names, handler, die=die, pump=pump, rounds=rounds)
+        finally:
+            pump.release_leases()
     total = TickStats()
     for _ in range(rounds):
         moved = False
