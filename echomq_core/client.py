@@ -74,16 +74,16 @@ class _Base:
         barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
         root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
         queues = new_queues(flows.queues_of(root))
-        if not replace:
-            return queues, flows.add_flow(self.keys, root, queues, barrier=barrier)
-        if parent_id is None:
+        if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
 
         def plan(gen: str) -> Any:
             if not gen:
                 return root
-            return self._plan_flow(queue, children, payload, parent_id, max_attempts, gen)
+            return self._plan_flow(queue, children, payload, root.id, max_attempts, gen)
 
+        if not replace:
+            return queues, flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
         return queues, lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier)
 
     @staticmethod

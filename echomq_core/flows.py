@@ -32,7 +32,7 @@ import hashlib
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -298,7 +298,12 @@ def _fail_call(ks: Keyspace, parent: _Node, child_id: str, why: str) -> Call:
 
 
 def add_flow(
-    ks: Keyspace, root: _Node, new_queues: Sequence[str] = (), *, barrier: bool = False
+    ks: Keyspace,
+    root: _Node,
+    new_queues: Sequence[str] = (),
+    *,
+    barrier: bool = False,
+    replan: Callable[[str], _Node] | None = None,
 ) -> Op[FlowRef]:
     """Check explicit child ids are free (only if there are any), hold the root, then land
     each depth of the tree in one pipelined step (registering ``new_queues`` in the first).
@@ -310,8 +315,15 @@ def add_flow(
     explicit = _explicit(root)
     if explicit:
         yield from _check_free(ks, explicit)
-    replies = yield [_hold_call(ks, root, barrier)]
-    fresh = {root.id} if int(replies[0]) == 1 else set()
+    (held,) = yield Lenient([_hold_call(ks, root, barrier)])
+    gen = _generation(held)
+    if gen is not None and replan is not None and gen != root.gen:
+        # the id holds a replaced flow of another generation: plan its ids, hold again
+        root = replan(gen)
+        (held,) = yield Lenient([_hold_call(ks, root, barrier)])
+    if isinstance(held, Exception):
+        raise held
+    fresh = {root.id} if int(held) == 1 else set()
     level = root.children
     registry = register(ks, new_queues)  # after the hold: a refused add registers nothing
     while level:
@@ -354,6 +366,15 @@ def add_flow(
         fresh = {n.id for n, r in zip(holds, replies, strict=False) if int(r) == 1}
         level = [c for n in level for c in n.children]
     return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
+
+
+def _generation(reply: Any) -> str | None:
+    """The generation named by a hold refused for planning another one ('' for 0)."""
+    if isinstance(reply, FlowConflict):
+        words = str(reply).split()
+        if len(words) == 5 and words[2:4] == ["is", "generation"]:
+            return "" if words[4] == "0" else words[4]
+    return None
 
 
 def _settle_errors(ks: Keyspace, owners: list[_Node], replies: list[Any]) -> Op[None]:

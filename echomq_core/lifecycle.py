@@ -10,8 +10,9 @@ calling it again.
 * **Cancel** (``cancel.lua`` per node, ``cancel_children.lua`` per child queue): the node is
   ``cancelled`` with its reason; pending and retrying children leave their sets; leased ones
   lose their lease (their worker drops them before they start, and a running handler's report
-  is refused by its token). Completed children keep their values. What any child reports
-  later changes nothing: a cancelled parent records nothing.
+  is refused by its token). Completed children keep their values, and reports that were on
+  their way (children that finished before the cancel) are recorded as usual; a cancelled
+  parent is never released or failed.
 * **Replace** (``add_flow(..., replace=True)``): when the parent id holds another flow (other
   children), the old one is cancelled, its children's rows deleted in every queue, its root
   reset to a tombstone that names the next generation (``reset.lua``), and the new flow is
@@ -84,8 +85,9 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
     nodes = [(queue, parent_id, info)]
     while nodes:
         calls, asked = [], []
-        for _node_queue, node_id, (_, total, cq, explicit, _before) in nodes:
-            for child_queue, ids in child_candidates(node_id, int(total), _s(cq), explicit).items():
+        for _node_queue, node_id, (_, total, cq, explicit, _before, gen) in nodes:
+            kids = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
+            for child_queue, ids in kids.items():
                 fixed = [
                     ks.pending(child_queue),
                     ks.delayed(child_queue),
@@ -140,16 +142,24 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
     done: list[Call] = []
     while level:
         calls, asked = [], []
-        for node_queue, node_id, (_, total, cq, explicit, listed, rerun, _n) in level:
+        for node_queue, node_id, (_, total, cq, explicit, listed, rerun, _n, gen) in level:
             done.append(
                 Call.lua(
                     "repair_done",
-                    [ks.job(node_queue, node_id), ks.repair(node_queue, node_id)],
-                    [],
+                    [
+                        ks.job(node_queue, node_id),
+                        ks.repair(node_queue, node_id),
+                        ks.dependencies(node_queue, node_id),
+                        ks.pending(node_queue),
+                        ks.wake(node_queue),
+                        ks.flows(node_queue, "held"),
+                        ks.flows(node_queue, "released"),
+                    ],
+                    [node_id],
                 )
             )
             listed_ids = [_s(i) for i in listed]
-            everything = child_candidates(node_id, int(total), _s(cq), explicit)
+            everything = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
             for child_queue, candidates in everything.items():
                 ids = candidates if _s(rerun) else listed_ids
                 if not ids:
@@ -182,7 +192,8 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
                 result.nodes += 1
                 level.append((child_queue, inner_id, inner_info))
     if done:
-        yield done[::-1]  # deepest first: a node's record goes after its children's
+        states = yield done[::-1]  # deepest first: a node's record goes after its children's
+        result.state = _s(states[-1])
     return result
 
 
@@ -210,7 +221,7 @@ def add_or_replace(
         and (fp is None or _s(fp) == fingerprint(root))
     )
     if state is None or _s(state) == "replaced" or same:
-        return (yield from add_flow(ks, root, new_queues, barrier=barrier))
+        return (yield from add_flow(ks, root, new_queues, barrier=barrier, replan=plan))
     # another flow under this id: cancel it, delete its tree, reset the root, add gen n + 1
     yield from cancel_flow(ks, queue, parent_id, "replaced by a new flow under the same id")
     (info,) = yield [_cancel_call(ks, queue, parent_id, "", "")]
@@ -223,4 +234,4 @@ def add_or_replace(
         *ks.flow_indexes(queue),
     ]
     (next_gen,) = yield [Call.lua("reset", keys, [parent_id])]
-    return (yield from add_flow(ks, plan(_s(next_gen)), new_queues, barrier=barrier))
+    return (yield from add_flow(ks, plan(_s(next_gen)), new_queues, barrier=barrier, replan=plan))

@@ -14,9 +14,9 @@
 -- changes nothing, and a flow that already ended otherwise (closed, completed, dead) is left
 -- as it is. Its children are reached by the host, queue by queue (cancel_children.lua).
 -- Owner of what it writes: the row and the flows:cancelled entry go with the flow's expiry.
--- Returns: {state after, total, child queues, {explicit id, queue, ...}, state before}.
+-- Returns: {state after, total, child queues, {explicit id, queue, ...}, state before, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, or a node that is not the root named.
-local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'cq', 'payload')
+local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'cq', 'payload', 'gen')
 local state = row[1]
 if not state and not row[5] then
   return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
@@ -43,4 +43,4 @@ if state == 'held' or state == 'released' or state == 'failed' or state == 'pend
   if ARGV[3] == '' then redis.call('ZADD', KEYS[9], now, ARGV[1]) end
   state = 'cancelled'
 end
-return {state, row[2], row[4] or '', redis.call('HGETALL', KEYS[10]), before}
+return {state, row[2], row[4] or '', redis.call('HGETALL', KEYS[10]), before, row[6] or ''}

@@ -41,7 +41,7 @@ for i = 1, n do
   else
     done[#done + 1] = id
     local row = KEYS[10 + i]
-    local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy')
+    local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch')
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
       out[i] = 1
@@ -53,12 +53,13 @@ for i = 1, n do
       dead[#dead + 1] = now; dead[#dead + 1] = id
       local kind = 'f'
       if meta[2] == 'id' then kind = 'i' end
+      local value = death(meta[3], err)
       if mode == 's' then
         local gi = tonumber(ARGV[b + 6])
         groups[gi] = groups[gi] or {}
-        table.insert(groups[gi], {kind, id, err})
+        table.insert(groups[gi], {kind, id, value})
       elseif mode == 'x' then
-        signals[#signals + 1] = signal(kind, id, ARGV[b + 7], ARGV[b + 6], err)
+        signals[#signals + 1] = signal(kind, id, ARGV[b + 7], ARGV[b + 6], value)
       end
     end
   end

@@ -34,10 +34,11 @@
 -- Owner of what it writes: the row, the counter, the explicit record and the index entry are
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
--- Errors: EMQKIND bad id; EMQFLOW the id exists and is not this flow's parent.
+-- Errors: EMQKIND bad id; EMQFLOW the id exists and is not this flow's parent, or holds a
+-- flow of generation n while the host planned another ('is generation n': it re-plans once).
 local bad = check_id(ARGV[1])
 if bad then return bad end
-local row = redis.call('HMGET', KEYS[1], 'total', 'fp', 'parent', 'state')
+local row = redis.call('HMGET', KEYS[1], 'total', 'fp', 'parent', 'state', 'gen')
 if row[4] == 'replaced' then
   redis.call('DEL', KEYS[1])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
@@ -45,6 +46,10 @@ elseif row[1] then
     local owner = 'a root flow parent'
     if row[3] then owner = 'a child of ' .. row[3] end
     return redis.error_reply('EMQFLOW id ' .. ARGV[1] .. ' is taken by ' .. owner)
+  end
+  if (row[5] or '') ~= ARGV[12] then  -- the host planned another generation's ids: re-plan
+    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' is generation ' ..
+      (row[5] or '0'))
   end
   if row[1] ~= ARGV[3] then
     return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. row[1] ..

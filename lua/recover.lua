@@ -33,12 +33,12 @@ for i = 3, #ARGV do
         redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
         dead[#dead + 1] = now; dead[#dead + 1] = id
         local r = redis.call('HMGET', row, 'payload', 'attempts', 'max_attempts', 'parent',
-          'parent_queue', 'parent_policy', 'stalls', 'timeout')
+          'parent_queue', 'parent_policy', 'stalls', 'timeout', 'epoch')
         reports[#reports + 1] = {id, err, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]}
         if r[4] then
           local kind = 'f'
           if r[6] == 'id' then kind = 'i' end
-          signals[#signals + 1] = signal(kind, id, r[5] or queue, r[4], err)
+          signals[#signals + 1] = signal(kind, id, r[5] or queue, r[4], death(r[9], err))
         end
       else
         back[#back + 1] = 0; back[#back + 1] = id

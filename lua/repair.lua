@@ -20,11 +20,11 @@
 -- in :repair back to pending on their slots (requeue.lua) and clears :repair (repair_done.lua).
 -- Owner of what it writes: :repair is emptied by repair_done.lua (or goes with the flow).
 -- Returns: {state after, total, child queues, {explicit id, queue, ...}, {ids to re-run},
---           rerun ('1' | ''), repairs}.
+--           rerun ('1' | ''), repairs, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, a node that is not the root named, or a
 -- flow with nothing to repair (closed, completed, run by a worker).
 local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'cq', 'barrier', 'rerun',
-  'payload')
+  'payload', 'gen')
 local state = row[1]
 if not state and not row[7] then
   return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
@@ -40,7 +40,11 @@ local ignored = ARGV[2] == '1'
 local rerun = row[6] or ''
 local function move(from, kind)
   local flat = redis.call('HGETALL', from)
-  for i = 1, #flat, 2 do redis.call('HSET', KEYS[6], flat[i], kind) end
+  for i = 1, #flat, 2 do
+    redis.call('HSET', KEYS[6], flat[i], kind)
+    -- the child's next run reports with this epoch; a report of an older one is stale
+    redis.call('HINCRBY', KEYS[1], 'e:' .. flat[i], 1)
+  end
   redis.call('DEL', from)
   return #flat / 2
 end
@@ -86,4 +90,4 @@ if flip then
   end
 end
 return {state, row[2], row[4] or '', redis.call('HGETALL', KEYS[14]),
-  redis.call('HKEYS', KEYS[6]), rerun, repairs}
+  redis.call('HKEYS', KEYS[6]), rerun, repairs, row[8] or ''}

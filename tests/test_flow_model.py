@@ -3,9 +3,10 @@
 Random sequences of add (worker-run or barrier flows) / claim / complete / fail (death) /
 forged-token completion / Pump crash (deliver, no trim: a redelivery follows) / Pump tick / a
 retry of an add / a conflicting add (the parent id with other children, or a child id another
-flow owns: refused with FlowConflict and nothing changes) / close / a retention sweep with
-every age at 0 run against a real server, and after every step the server's reads must equal
-what the model says the fan-in promised:
+flow owns: refused with FlowConflict and nothing changes) / close / cancel / repair (retry_flow)
+/ replace (a changed flow under the same id) / a retention sweep with every age at 0 run
+against a real server, and after every step the server's reads must equal what the model says
+the fan-in promised:
 
 * ``:processed`` holds exactly the completed children whose settlement reached the parent
   (same-queue at once, cross-queue once a Pump delivered), with their results;
@@ -13,6 +14,10 @@ what the model says the fan-in promised:
 * ``|processed| + |unsuccessful| + dependencies == N`` while the parent has not failed,
   and ``:processed`` and ``:unsuccessful`` are disjoint;
 * the parent is failed iff an ``fp`` death reached it, released iff everything settled;
+* a cancelled flow is never released or failed (claimed children lose their lease; reports
+  already on their way are recorded as usual); a repair puts its dead (or cancelled) children
+  back to work, and a death reported before it (redelivered) changes nothing; a replaced
+  flow's old children are gone and their reports change nothing;
 * a sweep forgets exactly the flows in an end state whose children all settled (a closed or
   unclosed barrier, a worker-run root that ran, a failed flow with nothing still running) -
   every key of theirs - and nothing a live flow needs.
@@ -52,6 +57,7 @@ class FlowModel:
     children: dict[str, tuple[str, str]]  # child id -> (queue, policy)
     spec: list[Child] = field(default_factory=list)  # what was added (a retry re-sends it)
     barrier: bool = False
+    cancelled: bool = False
     closed: bool = False
     expired: bool = False
     bumped: bool = False  # swept while failed with children running: re-checked a minute on
@@ -70,7 +76,11 @@ class FlowModel:
 
     def expires(self) -> bool:
         """Would a sweep with every age at 0 forget this flow now?"""
-        if self.expired or self.bumped:
+        if self.expired:
+            return False
+        if self.cancelled:
+            return True
+        if self.bumped:
             return False
         if self.failed:
             return len(self.recorded) == len(self.children)  # nothing left running
@@ -89,6 +99,7 @@ class FlowMachine(RuleBasedStateMachine):
         self.parents, self.other = self.backend.queues_on_distinct_nodes(2, "mdl")
         self.flows: dict[str, FlowModel] = {}
         self.claimed: dict[str, Job] = {}  # child id -> its job, leased by us
+        self.owner: dict[str, str] = {}  # child id -> its flow's parent id
         self.pump = Pump(
             self.mq, [self.parents, self.other], page=10_000, pump_id=PUMP_ID, sweep_every=None
         )
@@ -100,7 +111,12 @@ class FlowMachine(RuleBasedStateMachine):
         self.mq.close()
 
     def _owner(self, child_id: str) -> FlowModel:
-        return self.flows[child_id.rsplit(".", 1)[0]]
+        return self.flows[self.owner[child_id]]
+
+    def _track(self, flow: FlowModel) -> None:
+        self.flows[flow.pid] = flow
+        for child in flow.children:
+            self.owner[child] = flow.pid
 
     @initialize()
     def start(self) -> None:
@@ -126,12 +142,14 @@ class FlowMachine(RuleBasedStateMachine):
             for i, (q, policy) in enumerate(spec)
         ]
         self.mq.add_flow(self.parents, children, parent_id=pid, barrier=barrier)
-        self.flows[pid] = FlowModel(
-            self.parents,
-            pid,
-            {f"{pid}.{i}": (c.queue or self.parents, c.policy) for i, c in enumerate(children)},
-            children,
-            barrier,
+        self._track(
+            FlowModel(
+                self.parents,
+                pid,
+                {f"{pid}.{i}": (c.queue or self.parents, c.policy) for i, c in enumerate(children)},
+                children,
+                barrier,
+            )
         )
 
     @rule(data=st.data())
@@ -172,6 +190,7 @@ class FlowMachine(RuleBasedStateMachine):
         queue = self.parents if which == "P" else self.other
         q = self.mq.queue(queue)
         for job in q.claim(count):
+            assert not self._owner(job.id).cancelled if job.id in self.owner else True
             if job.id in self.flows:  # a released parent: run it at once
                 q.complete(job, "parent ran")
                 self.flows[job.id].parent_ran = True
@@ -234,12 +253,85 @@ class FlowMachine(RuleBasedStateMachine):
         for queue in (self.parents, self.other):
             assert self.mq.queue(queue).stats()["outbox"] == 0
 
+    def _live(self, data: st.DataObject) -> FlowModel | None:
+        live = sorted(p for p, f in self.flows.items() if not f.expired)
+        return self.flows[data.draw(st.sampled_from(live))] if live else None
+
+    def _drop_claims(self, flow: FlowModel) -> None:
+        """Claimed children of a cancelled or replaced flow lose their lease."""
+        for child in list(self.claimed):
+            if child in flow.children:
+                job = self.claimed.pop(child)
+                try:
+                    self.mq.queue(job.queue).complete(job, "late")
+                except LeaseLost:
+                    continue
+                raise AssertionError(f"{child}: a report after the cancel was accepted")
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        flow = self._live(data)
+        if flow is None:
+            return
+        result = self.mq.cancel_flow(flow.queue, flow.pid, reason="model")
+        ended = flow.closed or flow.parent_ran
+        if ended:
+            assert result.state == ("closed" if flow.closed else "completed")
+            return
+        assert result.state == "cancelled"
+        flow.cancelled = True  # reports on their way are still recorded when delivered
+        self._drop_claims(flow)
+
+    @rule(data=st.data())
+    def repair(self, data: st.DataObject) -> None:
+        flow = self._live(data)
+        if flow is None:
+            return
+        if not (flow.failed or flow.cancelled):
+            try:
+                result = self.mq.retry_flow(flow.queue, flow.pid)
+            except FlowConflict:  # released, closed, run by a worker: nothing to repair
+                assert flow.released or flow.parent_ran
+                return
+            assert result.requeued == 0  # a held flow: nothing to re-run
+            return
+        result = self.mq.retry_flow(flow.queue, flow.pid)
+        flow.recorded = {c: r for c, r in flow.recorded.items() if r[0] != "f"}
+        flow.cancelled = False
+        flow.bumped = False
+        assert result.state in ("held", "released", "pending"), result
+
+    @rule(data=st.data())
+    def replace(self, data: st.DataObject) -> None:
+        flow = self._live(data)
+        if flow is None:
+            return
+        n = len(flow.children) + 1
+        children = [Child(i, queue=self.other, max_attempts=1) for i in range(n)]
+        ref = self.mq.add_flow(
+            flow.queue, children, parent_id=flow.pid, barrier=flow.barrier, replace=True
+        )
+        self._drop_claims(flow)
+        for child in flow.children:
+            self.owner.pop(child, None)
+        new = FlowModel(
+            flow.queue,
+            flow.pid,
+            {cid: (q, "fp") for q, cid in ref.children},
+            children,
+            flow.barrier,
+        )
+        assert all(".g" in cid for cid in new.children), new.children
+        self._track(new)
+
     @precondition(lambda self: any(f.barrier and not f.expired for f in self.flows.values()))
     @rule(data=st.data())
     def close(self, data: st.DataObject) -> None:
         live = sorted(p for p, f in self.flows.items() if f.barrier and not f.expired)
         flow = self.flows[data.draw(st.sampled_from(live))]
-        if flow.released:
+        if flow.cancelled:
+            assert self.mq.close_flow(flow.queue, flow.pid) == "cancelled"
+        elif flow.released:
             assert self.mq.close_flow(flow.queue, flow.pid) == "closed"
             flow.closed = True
         elif flow.failed:
@@ -297,7 +389,11 @@ class FlowMachine(RuleBasedStateMachine):
             assert snap.total == n
             settled = len(flow.of("c")) + len(flow.of("i"))
             assert snap.dependencies == n - settled
-            if flow.failed:
+            if flow.cancelled:
+                assert snap.parent_state == "cancelled"
+                if not flow.failed:
+                    assert snap.processed + snap.ignored + snap.dependencies == n
+            elif flow.failed:
                 assert snap.parent_state == "failed"
             else:
                 assert snap.processed + snap.ignored + snap.dependencies == n

@@ -76,9 +76,11 @@ def test_cancel_stops_every_child_that_has_not_started(backend: Backend, prefix:
     mq.close()
 
 
-def test_reports_already_on_their_way_change_nothing_and_are_not_poisoned(
+def test_reports_already_on_their_way_are_counted_never_release_and_are_not_poisoned(
     backend: Backend, prefix: str
 ) -> None:
+    """Children that finished before the cancel: their reports are history, recorded as usual
+    (a repair neither re-runs nor waits for them); the cancelled parent never releases."""
     mq = backend.client(prefix)
     parents, work = backend.queues_on_distinct_nodes(2, "cw")
     ref = mq.add_flow(parents, [Child(i, queue=work, max_attempts=1) for i in range(6)])
@@ -91,9 +93,17 @@ def test_reports_already_on_their_way_change_nothing_and_are_not_poisoned(
     stats = pump.tick()
     pump.release_leases()
     assert (stats.delivered, stats.poisoned) == (4, 0)
-    snap = invariant(mq, parents, ref.parent_id)
-    assert (snap.parent_state, snap.processed, snap.failed) == ("cancelled", 0, 0)
+    assert mq.snapshot(parents, ref.parent_id).parent_state == "cancelled"
+    snap = mq.snapshot(parents, ref.parent_id)
+    assert (snap.processed, snap.failed, snap.dependencies) == (3, 1, 3)
     assert q.stats()["poison"] == 0
+    q.complete_many([(j, j.payload) for j in jobs[4:]])  # running: lease gone, refused
+    assert mq.snapshot(parents, ref.parent_id).processed == 3
+    result = mq.retry_flow(parents, ref.parent_id)  # re-runs the dead one and the two
+    assert (result.state, result.requeued) == ("held", 3)
+    work_off(mq, [parents, work])
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.parent_state, snap.processed) == ("completed", 6)
     mq.close()
 
 

@@ -15,15 +15,20 @@
 -- becomes 'released' and it waits in flows:released for a reader to close it; any other
 -- released parent goes to pending for a worker. A root leaves flows:held when it is released
 -- or fails (then it enters flows:failed, where the failed retention finds it).
--- A cancelled parent records nothing (its children's late reports change nothing: status 0,
--- delivered, never poisoned). A replaced parent (generation `gen` > 0) records only children of
+-- A cancelled parent is never released or failed: reports of children that finished before
+-- the cancel (already on their way) are recorded and counted as usual, so a repair neither
+-- re-runs them nor waits for them; running children lost their lease, so their reports never
+-- get here. A replaced parent (generation `gen` > 0) records only children of
 -- its current generation: derived ids '<parent>.g<gen>.<i>', or ids in its explicit record; a
 -- late report of an older generation's child changes nothing (status 0).
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
 -- settle_current: settle items of the current flow (row = the parent row fields read
--- by settle: state, barrier, parent, gen).
+-- by settle: state, barrier, parent, gen, repairs). A death report ('i', 'f') of a repaired
+-- flow's child carries the child's repair epoch (see death() in signal.lua): one older than
+-- the epoch the parent gave that child at its last repair is stale (a redelivery of a report
+-- from before the repair) and changes nothing.
 local function settle_current(pk, parent_id, parent_queue, pq, items, now, row)
   local statuses = {}
   local state, barrier, root = row[1], row[2], not row[3]
@@ -33,8 +38,23 @@ local function settle_current(pk, parent_id, parent_queue, pq, items, now, row)
   for i = 1, #items do
     local kind, child, value = items[i][1], items[i][2], items[i][3]
     local target = pk[3]
-    if kind == 'i' then target = pk[4] elseif kind == 'f' then target = pk[5] end
-    if redis.call('HSETNX', target, child, value) == 1 then
+    local stale = false
+    if kind ~= 'c' then
+      target = pk[5]
+      if kind == 'i' then target = pk[4] end
+      local epoch = 0
+      if string.byte(value, 1) == 1 then
+        local e, rest = string.match(value, '^\1(%d+)\1(.*)$')
+        if e then epoch, value = tonumber(e), rest end
+      end
+      if row[5] then  -- a repaired flow: a death reported for a run before the last repair
+        local current = tonumber(redis.call('HGET', pk[1], 'e:' .. child) or '0')
+        stale = epoch < current
+      end
+    end
+    if stale then
+      statuses[i] = 0
+    elseif redis.call('HSETNX', target, child, value) == 1 then
       statuses[i] = 1
       if kind == 'f' then
         if not first_failure then first_failure = {child, value} end
@@ -82,14 +102,10 @@ end
 
 local function settle(pk, parent_id, parent_queue, pq, items, now)
   local statuses = {}
-  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen')
+  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen', 'repairs')
   local state = row[1]
   if not state then
     for i = 1, #items do statuses[i] = -1 end
-    return statuses, nil
-  end
-  if state == 'cancelled' then
-    for i = 1, #items do statuses[i] = 0 end
     return statuses, nil
   end
   if row[4] then  -- a replaced flow: drop reports of older generations' children
