@@ -7,7 +7,10 @@ exercise) or gets SIGTERM.
 
 Children's payloads are ``{"n": i}`` plus optional ``"pause": ms`` (sleeps), ``"slow": ms``
 (the handler first counts a start in ``<prefix>:chaos:starts`` - so a run interrupted by a
-kill shows up as a second start - then sleeps) and ``"fail": true`` (always raises). The
+kill shows up as a second start - then sleeps), ``"fail": true`` (always raises),
+``"broken": true`` (raises while the key ``<prefix>:chaos:broken`` exists: a bug that gets
+fixed) and ``"log": true`` (appends ``[id, unix time]`` to ``<prefix>:chaos:started`` as the
+handler starts). The
 parent's payload is ``{"parent": true}``: its handler reads every child's result, logs the
 run in ``<prefix>:chaos:parent-runs`` and returns ``{"count", "sum"}`` (it may be slow too).
 """
@@ -32,11 +35,21 @@ def runs_key(prefix: str) -> str:
     return f"{prefix}:chaos:parent-runs"
 
 
+def started_key(prefix: str) -> str:
+    return f"{prefix}:chaos:started"
+
+
+def broken_key(prefix: str) -> str:
+    return f"{prefix}:chaos:broken"
+
+
 def make_handler(mq: EchoMQ, prefix: str) -> Any:
     raw = mq.connection.client
 
     def handle(job: Job) -> Any:
         payload = job.payload
+        if payload.get("log"):
+            raw.rpush(started_key(prefix), json.dumps([job.id, time.time()]))
         if payload.get("pause"):  # a plain delay: no server write, so no outage can fail it
             time.sleep(payload["pause"] / 1000)
         if payload.get("slow"):
@@ -49,6 +62,8 @@ def make_handler(mq: EchoMQ, prefix: str) -> Any:
             return {"count": len(values), "sum": total}
         if payload.get("fail"):
             raise RuntimeError(f"child {payload['n']} always fails")
+        if payload.get("broken") and raw.exists(broken_key(prefix)):
+            raise RuntimeError(f"child {payload['n']} hits the bug")
         return {"sq": payload["n"] * payload["n"]}
 
     return handle
