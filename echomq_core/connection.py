@@ -51,10 +51,10 @@ any is read. The replies decide what happens next:
   yet), ``LOADING``, or a slot missing from the map: the call is sent again after a short,
   growing wait (20 ms up to 500 ms), for at most :data:`CLUSTER_RETRY_WINDOW` seconds, then
   it comes back as ``ConnectionLost`` (it did not run);
-* a connection that cannot be opened (the master is dead): the topology is refreshed (at once
-  for this node; at most every :data:`REFRESH_EVERY` seconds otherwise), a dead default node
-  is replaced, and the call is sent again once if its slot now has another owner; otherwise
-  ``ConnectionLost``;
+* a connection that cannot be opened (the master is dead): the topology is refreshed (at most
+  every :data:`REFRESH_EVERY` seconds per connection), a dead default node is replaced, and
+  the call is sent again once if its slot now has another owner (the replica took over);
+  otherwise ``ConnectionLost`` at once;
 * a connection that breaks after the write, or times out: ``ConnectionLost`` for every call of
   that node whose reply was not read; the topology is refreshed for the next call.
 
@@ -120,9 +120,8 @@ _REPLY_ERRORS = (BusyLoadingError, AuthenticationError, AuthorizationError)
 #: How long (s) one call keeps being sent again while a Cluster answers TRYAGAIN, CLUSTERDOWN,
 #: MASTERDOWN or LOADING, or its slot has no known owner; then it comes back as ConnectionLost.
 CLUSTER_RETRY_WINDOW = 5.0
-#: The least time (s) between two topology refreshes of one connection, but for a refresh after
-#: a connection that could not be opened (a dead master), which always runs.
-REFRESH_EVERY = 0.25
+#: The least time (s) between two topology refreshes (CLUSTER SLOTS) of one connection.
+REFRESH_EVERY = 0.2
 #: How long (ms) a :class:`Durable` step waits for the replicas of each master.
 DURABLE_WAIT_MS = 1000
 #: The most MOVED replies one call follows in one step.
@@ -265,9 +264,11 @@ class _Step:
         self.to_load: dict[str, set[Script]] = defaultdict(set)
         self.load_errors: dict[tuple[str, str], BaseException] = {}
         self.unsent: Counter[int] = Counter()
+        self.why: dict[int, str] = {}  # why a call could not be sent
         self.moves: Counter[int] = Counter()
         self.moved: list[MovedError] = []  # for the driver: patch the slot map
         self.dead: set[str] = set()  # nodes whose connection could not be opened
+        self.unreachable: set[str] = set()  # the same, for the whole step
         self.broken: set[str] = set()  # nodes whose connection broke after the write
         self.wait = 0.0  # how long the driver waits before the next round
         self.holds = 0
@@ -314,6 +315,11 @@ class _Step:
                     self.broken.add("")
                     self._hold(f"slot {slot} has no known owner", 0.05)
                     continue
+            if self.unsent[i]:  # its node could not be reached: only another owner may help
+                if node.name in self.unreachable:
+                    self.out[i] = self._lost(self.why.get(i, self.reason))
+                    continue
+                self.stats["resent_unsent"] += 1
             batch = batches.get(node.name)
             if batch is None:
                 batch = batches[node.name] = _Batch(node)
@@ -348,6 +354,8 @@ class _Step:
         name = batch.node.name
         if error is not None:
             (self.broken if written else self.dead).add(name)
+            if not written:
+                self.unreachable.add(name)
         done: list[int] = []
         confirmed = True
         for n, (kind, ref) in enumerate(batch.answers):
@@ -379,10 +387,9 @@ class _Step:
     def _unread(self, i: int, name: str, error: BaseException | None, written: bool) -> None:
         text = f"{type(error).__name__}: {error}" if error is not None else "no reply"
         if not written and self.unsent[i] == 0:
-            self.unsent[i] += 1  # nothing was written: send it again once the map is fresh
-            self.stats["resent_unsent"] += 1
+            self.unsent[i] += 1  # nothing was written: send it again if the map changes
             self.asking.pop(i, None)
-            self.reason = f"{name}: {text}"
+            self.why[i] = f"{name}: {text}"
         elif not written:
             self.out[i] = self._lost(f"{name}: {text}")
         else:
@@ -446,18 +453,17 @@ class _Step:
             return False
         return True
 
-    def after_round(self) -> tuple[list[MovedError], set[str], bool, float]:
+    def after_round(self) -> tuple[list[MovedError], set[str], float]:
         """What the driver must do before the next round: the MOVED replies to patch the map
-        with, the nodes that failed, whether to refresh now whatever the rate limit, and how
-        long to wait. Resets them."""
+        with, the nodes that failed (learn the topology again), and how long to wait. Resets
+        them."""
         moved, self.moved = self.moved, []
         failed = self.dead | self.broken
-        force = bool(self.dead)
         self.dead, self.broken = set(), set()
         wait, self.wait = self.wait, 0.0
         if wait:
             self.holds += 1
-        return moved, failed, force, wait
+        return moved, failed, wait
 
 
 class Connection:
@@ -577,21 +583,21 @@ class Connection:
                 step.absorb(batch, replies, error, written=True)
             if not step.next_round():
                 return step.out
-            moved, failed, force, wait = step.after_round()
+            moved, failed, wait = step.after_round()
             for redirect in moved:
                 client.nodes_manager.move_slot(redirect)
             if failed:
-                self._refresh(failed, force)
+                self._refresh(failed)
             if wait:
                 time.sleep(wait)
 
-    def _refresh(self, failed: set[str], force: bool) -> None:
+    def _refresh(self, failed: set[str]) -> None:
         """Learn the topology again (after a node failed) and replace a dead default node."""
         client = self.client
         assert isinstance(client, redis.cluster.RedisCluster)
         with self._refresh_lock:
             now = time.monotonic()
-            if not force and now - self._refreshed < REFRESH_EVERY:
+            if now - self._refreshed < REFRESH_EVERY:
                 return
             self._refreshed = now
         self.stats["refresh"] += 1
@@ -694,11 +700,11 @@ class AsyncConnection:
             await asyncio.gather(*(self._send_batch(step, batch) for batch in batches.values()))
             if not step.next_round():
                 return step.out
-            moved, failed, force, wait = step.after_round()
+            moved, failed, wait = step.after_round()
             for redirect in moved:
                 await client.nodes_manager.move_slot(redirect)
             if failed:
-                await self._refresh(failed, force)
+                await self._refresh(failed)
             if wait:
                 await asyncio.sleep(wait)
 
@@ -734,13 +740,13 @@ class AsyncConnection:
             node.release(conn)
         step.absorb(batch, replies, error, written)
 
-    async def _refresh(self, failed: set[str], force: bool) -> None:
+    async def _refresh(self, failed: set[str]) -> None:
         import redis.asyncio.cluster
 
         client = self.client
         assert isinstance(client, redis.asyncio.cluster.RedisCluster)
         now = time.monotonic()
-        if not force and now - self._refreshed < REFRESH_EVERY:
+        if now - self._refreshed < REFRESH_EVERY:
             return
         self._refreshed = now
         self.stats["refresh"] += 1

@@ -728,15 +728,17 @@ class EmbeddedCluster:
         batch: int = 100,
         pause: float = 0.0,
         on_batch: Any = None,
+        before_handover: Any = None,
         timeout_ms: int = 10_000,
     ) -> Migration:
         """Move ``slot`` (and its keys) to ``target`` while clients keep running, as
         ``valkey-cli --cluster reshard`` does: SETSLOT IMPORTING on the target and MIGRATING
         on the source, then GETKEYSINSLOT + MIGRATE ... KEYS in batches of ``batch`` keys
         (``pause`` seconds between batches; ``on_batch(batches, keys)`` after each), then
+        ``before_handover()`` (every key is on the target, the slot still half-moved), then
         SETSLOT NODE on the target, the source and every other master. While the slot is
-        half-moved, clients meet ``ASK`` (a key already moved) and ``TRYAGAIN`` (a multi-key
-        call whose keys are split between the two nodes)."""
+        half-moved, clients meet ``ASK`` (a key that is not on the source) and ``TRYAGAIN`` (a
+        multi-key call whose keys are not all on one node)."""
         source = self.server_for_slot(slot)
         if source is target:
             raise ValueError(f"slot {slot} is already on {target.url}")
@@ -763,6 +765,8 @@ class EmbeddedCluster:
                 on_batch(batches, keys)
             if pause:
                 time.sleep(pause)
+        if before_handover is not None:
+            before_handover()
         others = [m for m in self.current_masters() if m is not source and m is not target]
         for server in (target, source, *others):
             _command(server.host, server.port, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
