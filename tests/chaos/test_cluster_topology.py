@@ -354,6 +354,8 @@ class Flow:
         ]
         for thread in pollers:
             thread.start()
+        workers: list[float | None] = []
+        pumps: list[float | None] = []
         try:
             while True:
                 assert not self.fleet.crashed(), self.fleet.crashed()
@@ -381,7 +383,8 @@ class Flow:
                         )
                 assert time.monotonic() < deadline, (
                     f"not everything works again {time.time() - since:.1f}s after the fault "
-                    f"(over at {after}): sync {seen['sync'][-3:]}, async {seen['async'][-3:]}; "
+                    f"(over: {after is not None}): back after (s): workers {workers}, Pumps "
+                    f"{pumps}; last probes: sync {seen['sync'][-2:]}, async {seen['async'][-2:]}; "
                     f"logs in {self.fleet.logdir}"
                 )
                 time.sleep(0.1)
