@@ -33,19 +33,20 @@ caller passes its own ``retry``, so redis-py does not re-send either; a dead idl
 still replaced transparently when it is taken from the pool.
 
 **Cluster.** redis-py's cluster pipeline is not used: it re-sends the calls of a node whose
-connection broke whatever ``retry`` says, and it asks the *default node* for the keys of every
-``EVALSHA`` (``COMMAND GETKEYS``), so once that node died every pipeline failed - on healthy
-masters too - and, with retries off, nothing ever refreshed the topology or replaced the
-default node. Here a step is routed by the driver itself: the hash slot of each call comes
-from its first key, computed locally (scripts carry their keys in ``KEYS``:
-``EVALSHA sha numkeys key ...``; every other command EchoMQ sends names its key first), and
-the calls of each master go in one write on one pooled connection, every master written before
-any is read. The replies decide what happens next:
+connection broke whatever ``retry`` says, and, to pick a routing policy for each ``EVALSHA``,
+it asks the client's *default node* for the call's keys (``COMMAND GETKEYS``, one round trip
+per call); once that node died, every pipeline failed before anything was sent - on healthy
+masters too - and that failure path neither refreshes the topology nor replaces the default
+node, so with retries off it never recovered (issue 12). Here the driver routes a step
+itself: the hash slot of each call comes from its first key, computed locally (scripts carry
+their keys in ``KEYS``: ``EVALSHA sha numkeys key ...``; every other command EchoMQ sends names
+its key first), and the calls of each master go in one write on one pooled connection, every
+master written before any is read. The replies decide what happens next:
 
 * ``MOVED``: the slot map is patched and the call goes to the new owner (a failover, a
   finished reshard);
 * ``ASK``: the call goes to the named node, preceded by ``ASKING`` on the same connection in
-  the same write (a slot half-moved: the key is already on the target);
+  the same write (a slot half-moved, and the source does not hold the call's keys);
 * ``TRYAGAIN`` (a multi-key call whose keys are split between the two nodes of a half-moved
   slot), ``CLUSTERDOWN`` / ``MASTERDOWN`` (a master failed and no replica has taken over
   yet), ``LOADING``, or a slot missing from the map: the call is sent again after a short,
@@ -62,16 +63,19 @@ A :class:`Durable` step (the Pump's deliveries) also waits, on each master that 
 lists replicas for, until those replicas have the step's writes (``WAIT``, up to
 :data:`DURABLE_WAIT_MS`); a call the replicas did not confirm comes back as ``ConnectionLost``
 although it ran, so the Pump keeps the signal and redelivers it (harmless) rather than trim an
-outbox on one master for a delivery that a failover of another master could still lose.
+outbox on one master for a delivery that a failover of another master could still lose. (A
+server that refuses ``WAIT`` - an ACL without ``+wait`` - is logged once and counted as
+``wait_refused``; the step then goes on as a plain :class:`Lenient` one.)
 :attr:`Connection.stats` counts what the router met (``moved``, ``ask``, ``tryagain``,
 ``clusterdown``, ``noscript``, ``refresh``, ``resent_unsent``, ``lost_in_flight``,
-``unconfirmed``).
+``unconfirmed``, ``wait_refused``; not exact when threads share the connection).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections import Counter, defaultdict
@@ -110,6 +114,7 @@ if TYPE_CHECKING:  # imported when an async client is made: it costs every CLI s
 from .scripts import Script, script
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 _TRANSPORT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException)
@@ -366,7 +371,9 @@ class _Step:
                 elif reply is not _UNSET:
                     self.to_load[name].discard(ref)
             elif kind == "wait":
-                if reply is _UNSET or isinstance(reply, BaseException) or int(reply) < ref:
+                if isinstance(reply, ResponseError):  # refused (an ACL without +wait)
+                    self._wait_refused(name, reply)
+                elif reply is _UNSET or isinstance(reply, BaseException) or int(reply) < ref:
                     confirmed = False
             elif kind == "call":
                 if reply is _UNSET:
@@ -383,6 +390,15 @@ class _Step:
                     )
             if batch.answers and batch.answers[-1][0] == "wait":
                 self.broken.add(name)  # a replica may be gone: learn the topology again
+
+    def _wait_refused(self, name: str, reply: BaseException) -> None:
+        """WAIT refused: the writes stand unconfirmed rather than blocking every delivery."""
+        self.stats["wait_refused"] += 1
+        if self.stats["wait_refused"] == 1:
+            log.warning(
+                "%s refused WAIT (%s): deliveries are not confirmed by replicas; allow +wait "
+                "(see docs/RELIABILITY.md)", name, reply,
+            )  # fmt: skip
 
     def _unread(self, i: int, name: str, error: BaseException | None, written: bool) -> None:
         text = f"{type(error).__name__}: {error}" if error is not None else "no reply"
@@ -545,24 +561,40 @@ class Connection:
         assert isinstance(client, redis.cluster.RedisCluster)
         step = _Step(calls, isinstance(calls, Durable), self.where, self.stats)
         while True:
-            batches = step.route(client.nodes_manager, client.get_default_node)
-            opened: list[tuple[_Batch, Any, Any]] = []
-            for batch in batches.values():  # write to every node before reading any
+            self._round(step, step.route(client.nodes_manager, client.get_default_node))
+            if not step.next_round():
+                return step.out
+            moved, failed, wait = step.after_round()
+            for redirect in moved:
+                client.nodes_manager.move_slot(redirect)
+            if failed:
+                self._refresh(failed)
+            if wait:
+                time.sleep(wait)
+
+    def _round(self, step: _Step, batches: dict[str, _Batch]) -> None:
+        """Write every node's batch, then read every node's replies (one round trip in all)."""
+        client = self.client
+        assert isinstance(client, redis.cluster.RedisCluster)
+        opened: list[tuple[_Batch, Any, Any]] = []
+        try:
+            for batch in batches.values():
                 try:
                     node_client = client.get_redis_connection(batch.node)
                     conn = node_client.connection_pool.get_connection()
-                except _TRANSPORT_ERRORS as exc:
+                except _TRANSPORT_ERRORS as exc:  # nothing was written
                     step.absorb(batch, [], exc, written=False)
                     continue
+                opened.append((batch, node_client, conn))
                 try:
                     conn.send_packed_command(conn.pack_commands(batch.wire))  # type: ignore[no-untyped-call]
-                except _TRANSPORT_ERRORS as exc:
+                except _TRANSPORT_ERRORS as exc:  # part of it may have gone out
+                    opened.pop()
                     conn.disconnect()  # type: ignore[no-untyped-call]
                     node_client.connection_pool.release(conn)
                     step.absorb(batch, [], exc, written=True)
-                    continue
-                opened.append((batch, node_client, conn))
-            for n, (batch, node_client, conn) in enumerate(opened):
+            while opened:
+                batch, node_client, conn = opened[0]
                 replies: list[Any] = []
                 error: BaseException | None = None
                 try:
@@ -574,22 +606,13 @@ class Connection:
                 except _TRANSPORT_ERRORS as exc:
                     error = exc
                     conn.disconnect()
-                except BaseException:  # interrupted: no connection goes back with replies due
-                    for _b, other_client, other in opened[n:]:
-                        other.disconnect()
-                        other_client.connection_pool.release(other)
-                    raise
+                opened.pop(0)
                 node_client.connection_pool.release(conn)
                 step.absorb(batch, replies, error, written=True)
-            if not step.next_round():
-                return step.out
-            moved, failed, wait = step.after_round()
-            for redirect in moved:
-                client.nodes_manager.move_slot(redirect)
-            if failed:
-                self._refresh(failed)
-            if wait:
-                time.sleep(wait)
+        finally:  # interrupted: no connection goes back to its pool with replies still due
+            for _batch, node_client, conn in opened:
+                conn.disconnect()
+                node_client.connection_pool.release(conn)
 
     def _refresh(self, failed: set[str]) -> None:
         """Learn the topology again (after a node failed) and replace a dead default node."""
