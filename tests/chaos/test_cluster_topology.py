@@ -480,6 +480,7 @@ def kill_mid_flow(
     flow: Flow,
     victim: EmbeddedServer,
     lost: list[str],
+    layout: str = "parent queue and 2 child queues on 3 different masters",
 ) -> None:
     flow.start()
     settled = flow.wait_settled(N // 4)
@@ -520,10 +521,9 @@ def kill_mid_flow(
     record(
         {
             "scenario": f"topology: {kind}, 3 masters + 3 replicas",
-            "parameters": f"{flow.total}-child cross-queue flow ({PAUSE_MS} ms handlers; parent "
-            "queue and 2 child queues on different masters), 3 worker processes x 4 threads "
-            "(lease 2 s) + 2 Pump processes, a sync and an async client in the test; "
-            "cluster-node-timeout 2 s, AOF everysec",
+            "parameters": f"{flow.total}-child cross-queue flow ({PAUSE_MS} ms handlers; "
+            f"{layout}), 3 worker processes x 4 threads (lease 2 s) + 2 Pump processes, a sync "
+            "and an async client in the test; cluster-node-timeout 2 s, AOF everysec",
             "faults": f"SIGKILL of the master at {settled} of {flow.total} settled (2 children "
             f"gated: mid-flow by construction); replica took over after {failover_s:.1f} s; "
             f"working again after the kill (s): {recovered.text()} (bound {limit:.0f} s); "
@@ -605,7 +605,15 @@ def test_c_default_node_master_killed_mid_flow(
     default = f"{m0.host}:{m0.port}"
     flow = Flow(cluster, prefix, parents, (a, b), tmp_path, proc_env, default_node=default)
     flows.append(flow)
-    kill_mid_flow("(c) the clients' default node killed", cluster, flow, m0, [parents, a, b])
+    kill_mid_flow(
+        "(c) the clients' default node killed",
+        cluster,
+        flow,
+        m0,
+        [parents, a, b],
+        layout="parent queue and a child queue on one master, the other child queue on a second; "
+        "the third master, every client's default node, holds none of the flow's keys",
+    )
 
 
 def test_pump_and_async_client_outlive_their_default_node(
