@@ -7,37 +7,102 @@ the replies back into the generator. :class:`Connection` drives them with a sync
 redis-py client, :class:`AsyncConnection` with ``redis.asyncio``; both share the reply
 handling below, so keys, arguments and reply parsing exist exactly once.
 
-Scripts are called by SHA. A ``NOSCRIPT`` reply (a restarted server, a new Cluster node) loads
-the missing scripts and re-sends only the calls that were refused - once: a second NOSCRIPT
-is an error, not a loop.
+Scripts are called by SHA. A ``NOSCRIPT`` reply (a restarted server, a new Cluster node, a
+replica that took over) loads the missing script - on a Cluster, on the node that refused it -
+and re-sends only the calls that were refused, once: a second NOSCRIPT is an error, not a loop.
 
 URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS, ``unix:///path``;
 Cluster with ``redis+cluster://`` / ``rediss+cluster://`` or ``?cluster=true`` (or the
 ``cluster=True`` argument). Passwords never appear in reprs or error messages.
 
-No blind re-sends: redis-py retries a command whose connection broke by sending it again, but
-a reply lost *after* the server ran the command then runs it twice (a claim would lease a
-second batch and orphan the first until its lease expires). So unless the caller passes its own
-``retry``, clients are made with ``Retry(NoBackoff(), 0)``: a broken call raises
-:class:`~echomq_core.errors.ConnectionLost` (it took effect once, or not at all), and the
-caller's retry by id, or the Worker's and Pump's loops, decide what happens next. A dead idle
-connection is still replaced transparently when it is taken from the pool. (A Cluster pipeline
-re-sends the calls of a node whose connection broke, whatever ``retry`` says; every EchoMQ
-script is safe to run twice - lease tokens, set-if-absent records, a head check on trims.)
+**No blind re-sends.** A call whose reply is lost after it was written may have run: re-sending
+it runs it twice. Most EchoMQ writes are idempotent by id (holding a parent, landing a child
+or adding a job whose id the caller chose, completions and heartbeats under a lease token,
+deliveries recorded set-if-absent, outbox trims that re-check the head), but not all: a claim
+leases a second batch (the first stays leased until its lease expires), and ``add`` / ``land``
+with ids the host has just generated skip the existence check (``check`` '0': the first attempt
+of ``add(job_id=None)``, ``add_bulk`` of bare payloads, the leaves of a freshly held flow)
+and would write their rows and queue them a second time. So a call is sent again only when the
+server guarantees it did not run: a ``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``,
+``MASTERDOWN``, ``LOADING`` or ``NOSCRIPT`` reply, or a connection that could not be opened
+before anything was written to it. Anything else that breaks a call - a connection dropped
+after the call was written, a timeout - comes back as :class:`~echomq_core.errors.ConnectionLost`
+(it took effect once, or not at all), and the caller's retry by id, or the Worker's and Pump's
+loops, decide what happens next. Clients are made with ``Retry(NoBackoff(), 0)`` unless the
+caller passes its own ``retry``, so redis-py does not re-send either; a dead idle connection is
+still replaced transparently when it is taken from the pool.
+
+**Cluster.** redis-py's cluster pipeline is not used: it re-sends the calls of a node whose
+connection broke whatever ``retry`` says, and, to pick a routing policy for each ``EVALSHA``,
+it asks the client's *default node* for the call's keys (``COMMAND GETKEYS``, one round trip
+per call); once that node died, every pipeline failed before anything was sent - on healthy
+masters too - and that failure path neither refreshes the topology nor replaces the default
+node, so with retries off it never recovered (issue 12). Here the driver routes a step
+itself: the hash slot of each call comes from its first key, computed locally (scripts carry
+their keys in ``KEYS``: ``EVALSHA sha numkeys key ...``; every other command EchoMQ sends names
+its key first), and the calls of each master go in one write on one pooled connection, every
+master written before any is read. The replies decide what happens next:
+
+* ``MOVED``: the slot map is patched and the call goes to the new owner (a failover, a
+  finished reshard);
+* ``ASK``: the call goes to the named node, preceded by ``ASKING`` on the same connection in
+  the same write (a slot half-moved, and the source does not hold the call's keys);
+* ``TRYAGAIN`` (a multi-key call whose keys are split between the two nodes of a half-moved
+  slot), ``CLUSTERDOWN`` / ``MASTERDOWN`` (a master failed and no replica has taken over
+  yet), ``LOADING``, or a slot missing from the map: the call is sent again after a short,
+  growing wait (20 ms up to 500 ms), for at most :data:`CLUSTER_RETRY_WINDOW` seconds, then
+  it comes back as ``ConnectionLost`` (it did not run);
+* a connection that cannot be opened (the master is dead): the topology is refreshed (at most
+  every :data:`REFRESH_EVERY` seconds per connection), a dead default node is replaced, and
+  the call is sent again once if its slot now has another owner (the replica took over);
+  otherwise ``ConnectionLost`` at once;
+* a connection that breaks after the write, or times out: ``ConnectionLost`` for every call of
+  that node whose reply was not read; the topology is refreshed for the next call.
+
+A :class:`Durable` step (the Pump's deliveries) also waits, on each master that the topology
+lists replicas for, until those replicas have the step's writes (``WAIT``, up to
+:data:`DURABLE_WAIT_MS`); a call the replicas did not confirm comes back as ``ConnectionLost``
+although it ran, so the Pump keeps the signal and redelivers it (harmless) rather than trim an
+outbox on one master for a delivery that a failover of another master could still lose. (A
+server that refuses ``WAIT`` - an ACL without ``+wait`` - is logged once and counted as
+``wait_refused``; the step then goes on as a plain :class:`Lenient` one.)
+:attr:`Connection.stats` counts what the router met (``moved``, ``ask``, ``tryagain``,
+``clusterdown``, ``noscript``, ``refresh``, ``resent_unsent``, ``lost_in_flight``,
+``unconfirmed``, ``wait_refused``; not exact when threads share the connection).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.cluster
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    AuthorizationError,
+    BusyLoadingError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -49,9 +114,25 @@ if TYPE_CHECKING:  # imported when an async client is made: it costs every CLI s
 from .scripts import Script, script
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 _TRANSPORT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException)
+#: Error replies that redis-py raises as connection errors although the connection is fine and
+#: the reply was read in full (the call did not run).
+_REPLY_ERRORS = (BusyLoadingError, AuthenticationError, AuthorizationError)
+
+#: How long (s) one call keeps being sent again while a Cluster answers TRYAGAIN, CLUSTERDOWN,
+#: MASTERDOWN or LOADING, or its slot has no known owner; then it comes back as ConnectionLost.
+CLUSTER_RETRY_WINDOW = 5.0
+#: The least time (s) between two topology refreshes (CLUSTER SLOTS) of one connection.
+REFRESH_EVERY = 0.2
+#: How long (ms) a :class:`Durable` step waits for the replicas of each master.
+DURABLE_WAIT_MS = 1000
+#: The most MOVED replies one call follows in one step.
+_MAX_MOVES = 5
+#: Commands without a key: sent to the client's default node.
+_KEYLESS = frozenset({"PING", "ECHO", "TIME", "INFO", "SCRIPT", "CLUSTER", "COMMAND", "DBSIZE"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +163,13 @@ class Lenient(list[Call]):
     (the Pump uses it so one parent that is gone does not stop the others)."""
 
 
+class Durable(Lenient):
+    """A lenient step whose writes count only once the replicas of their master have them: on
+    a Cluster whose masters have replicas, a call that no replica confirmed within
+    :data:`DURABLE_WAIT_MS` comes back as :class:`~echomq_core.errors.ConnectionLost` (it ran;
+    the caller must be able to send it again). The same as :class:`Lenient` elsewhere."""
+
+
 #: An operation: yields steps (lists of calls), receives their replies, returns its result.
 Op = Generator[list[Call], list[Any], T]
 
@@ -98,7 +186,10 @@ def _finish(calls: Sequence[Call], replies: list[Any], lenient: bool) -> list[An
     out: list[Any] = []
     first: errors.EchoMQError | None = None
     for call, reply in zip(calls, replies, strict=True):
-        if isinstance(reply, ResponseError):
+        if isinstance(reply, errors.EchoMQError):  # the Cluster router's own verdicts
+            first = first or reply
+            out.append(reply)
+        elif isinstance(reply, ResponseError):
             err: errors.EchoMQError = errors.from_reply(str(reply))
             first = first or err
             out.append(err)
@@ -117,6 +208,280 @@ def _finish(calls: Sequence[Call], replies: list[Any], lenient: bool) -> list[An
     return out
 
 
+# -- the Cluster router -------------------------------------------------------------------
+
+
+def _key_slot(key: Any) -> int:
+    return key_slot(key.encode() if isinstance(key, str) else bytes(key))
+
+
+def slot_of(args: Sequence[Any]) -> int | None:
+    """The hash slot a command goes to, computed locally; None for a command without a key.
+    Scripts: their first key (``EVALSHA sha numkeys key ...``); every other command EchoMQ
+    sends names its key first."""
+    name = str(args[0]).upper()
+    if name in ("EVALSHA", "EVAL"):
+        return _key_slot(args[3]) if int(args[2]) > 0 else None
+    if name in _KEYLESS or len(args) < 2:
+        return None
+    return _key_slot(args[1])
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What one step sends to one node in one write, and what each reply answers: a call
+    (its index), the ``ASKING`` before it, a script load, or the closing ``WAIT``."""
+
+    node: Any  # redis.cluster.ClusterNode or redis.asyncio.cluster.ClusterNode
+    wire: list[tuple[Any, ...]] = field(default_factory=list)
+    answers: list[tuple[str, Any]] = field(default_factory=list)
+
+    def add(self, kind: str, ref: Any, args: tuple[Any, ...]) -> None:
+        self.wire.append(args)
+        self.answers.append((kind, ref))
+
+    @property
+    def names(self) -> list[str]:
+        """The command name of each reply (redis-py parses replies by command name)."""
+        return [
+            " ".join(map(str, args[:2])) if args[0] == "SCRIPT" else args[0] for args in self.wire
+        ]
+
+
+_UNSET: Any = object()
+
+
+class _Step:
+    """The routing and re-send rules of one step on a Cluster, shared by both drivers: the
+    driver asks for the batches of a round, sends them, and hands each node's replies back;
+    this decides which calls are settled, which may be sent again, and what the driver must
+    do before the next round (patch the slot map, refresh the topology, wait)."""
+
+    def __init__(self, calls: Sequence[Call], durable: bool, where: str, stats: Counter[str]):
+        self.calls = calls
+        self.durable = durable
+        self.where = where
+        self.stats = stats
+        self.slots = [slot_of(c.args) for c in calls]
+        self.out: list[Any] = [_UNSET] * len(calls)
+        self.asking: dict[int, str] = {}  # call -> the node an ASK named
+        self.noscript: set[tuple[int, str]] = set()
+        self.to_load: dict[str, set[Script]] = defaultdict(set)
+        self.load_errors: dict[tuple[str, str], BaseException] = {}
+        self.unsent: Counter[int] = Counter()
+        self.why: dict[int, str] = {}  # why a call could not be sent
+        self.moves: Counter[int] = Counter()
+        self.moved: list[MovedError] = []  # for the driver: patch the slot map
+        self.dead: set[str] = set()  # nodes whose connection could not be opened
+        self.unreachable: set[str] = set()  # the same, for the whole step
+        self.broken: set[str] = set()  # nodes whose connection broke after the write
+        self.wait = 0.0  # how long the driver waits before the next round
+        self.holds = 0
+        self.held_since: float | None = None
+        self.reason = ""
+        self.rounds = 0
+
+    def pending(self) -> list[int]:
+        return [i for i, reply in enumerate(self.out) if reply is _UNSET]
+
+    def _hold(self, reason: str, wait: float) -> None:
+        """A call must be sent again after a wait (the server did not run it)."""
+        self.reason = reason
+        self.wait = max(self.wait, min(0.5, wait * 2 ** min(self.holds, 5)))
+        if self.held_since is None:
+            self.held_since = time.monotonic()
+
+    def _lost(self, message: str) -> errors.ConnectionLost:
+        return errors.ConnectionLost(f"cannot reach {self.where}: {message}")
+
+    def route(self, nodes: Any, default_node: Callable[[], Any]) -> dict[str, _Batch]:
+        """The batches of this round, per node name, from the client's current slot map."""
+        batches: dict[str, _Batch] = {}
+        for i in self.pending():
+            asked = self.asking.get(i)
+            slot = self.slots[i]
+            if asked is not None:
+                node = nodes.get_node(node_name=asked)
+                if node is None:  # a node the map does not know yet: learn the topology first
+                    self.asking.pop(i)
+                    self.broken.add(asked)
+                    self._hold(f"ASK to unknown node {asked}", 0.02)
+                    continue
+            elif slot is None:
+                node = default_node()
+                if node is None:
+                    self.broken.add("")
+                    self._hold("no default node", 0.05)
+                    continue
+            else:
+                try:
+                    node = nodes.get_node_from_slot(slot)
+                except SlotNotCoveredError:
+                    self.broken.add("")
+                    self._hold(f"slot {slot} has no known owner", 0.05)
+                    continue
+            if self.unsent[i]:  # its node could not be reached: only another owner may help
+                if node.name in self.unreachable:
+                    self.out[i] = self._lost(self.why.get(i, self.reason))
+                    continue
+                self.stats["resent_unsent"] += 1
+            batch = batches.get(node.name)
+            if batch is None:
+                batch = batches[node.name] = _Batch(node)
+                for s in self.to_load.get(node.name, ()):
+                    batch.add("load", s, ("SCRIPT", "LOAD", s.source))
+            if asked is not None:
+                batch.add("asking", i, ("ASKING",))
+            batch.add("call", i, self.calls[i].args)
+        if self.durable:
+            for batch in batches.values():
+                replicas = self._replicas(nodes, batch)
+                if replicas:
+                    batch.add("wait", replicas, ("WAIT", replicas, DURABLE_WAIT_MS))
+        return batches
+
+    def _replicas(self, nodes: Any, batch: _Batch) -> int:
+        """How many replicas the slot map lists for the batch's node (failed replicas are
+        left out of CLUSTER SLOTS)."""
+        for kind, ref in batch.answers:
+            if kind == "call" and self.slots[ref] is not None:
+                owners = nodes.slots_cache.get(self.slots[ref]) or []
+                if owners and owners[0].name == batch.node.name:
+                    return len(owners) - 1
+        return 0
+
+    def absorb(
+        self, batch: _Batch, replies: list[Any], error: BaseException | None, written: bool
+    ) -> None:
+        """Settle what one node answered. ``replies`` are the replies read, in order;
+        ``error`` what broke the connection (the replies after it were not read);
+        ``written``: whether anything was written (False: the connection never opened)."""
+        name = batch.node.name
+        if error is not None:
+            (self.broken if written else self.dead).add(name)
+            if not written:
+                self.unreachable.add(name)
+        done: list[int] = []
+        confirmed = True
+        for n, (kind, ref) in enumerate(batch.answers):
+            reply = replies[n] if n < len(replies) else _UNSET
+            if kind == "load":
+                if reply is not _UNSET and isinstance(reply, BaseException):
+                    self.load_errors[(name, ref.sha)] = reply
+                elif reply is not _UNSET:
+                    self.to_load[name].discard(ref)
+            elif kind == "wait":
+                if isinstance(reply, ResponseError):  # refused (an ACL without +wait)
+                    self._wait_refused(name, reply)
+                elif reply is _UNSET or isinstance(reply, BaseException) or int(reply) < ref:
+                    confirmed = False
+            elif kind == "call":
+                if reply is _UNSET:
+                    self._unread(ref, name, error, written)
+                elif self._settle(ref, name, reply):
+                    done.append(ref)
+        if not confirmed:
+            for i in done:
+                if not isinstance(self.out[i], BaseException):
+                    self.stats["unconfirmed"] += 1
+                    self.out[i] = self._lost(
+                        f"{name} ran the call, but its replicas did not confirm it within "
+                        f"{DURABLE_WAIT_MS} ms"
+                    )
+            if batch.answers and batch.answers[-1][0] == "wait":
+                self.broken.add(name)  # a replica may be gone: learn the topology again
+
+    def _wait_refused(self, name: str, reply: BaseException) -> None:
+        """WAIT refused: the writes stand unconfirmed rather than blocking every delivery."""
+        self.stats["wait_refused"] += 1
+        if self.stats["wait_refused"] == 1:
+            log.warning(
+                "%s refused WAIT (%s): deliveries are not confirmed by replicas; allow +wait "
+                "(see docs/RELIABILITY.md)", name, reply,
+            )  # fmt: skip
+
+    def _unread(self, i: int, name: str, error: BaseException | None, written: bool) -> None:
+        text = f"{type(error).__name__}: {error}" if error is not None else "no reply"
+        if not written and self.unsent[i] == 0:
+            self.unsent[i] += 1  # nothing was written: send it again if the map changes
+            self.asking.pop(i, None)
+            self.why[i] = f"{name}: {text}"
+        elif not written:
+            self.out[i] = self._lost(f"{name}: {text}")
+        else:
+            self.stats["lost_in_flight"] += 1
+            self.out[i] = self._lost(f"{name}: {text} (the call may or may not have run)")
+
+    def _settle(self, i: int, name: str, reply: Any) -> bool:
+        """Record a reply; False when the call is to be sent again."""
+        self.asking.pop(i, None)
+        if isinstance(reply, MovedError):
+            self.stats["moved"] += 1
+            self.moves[i] += 1
+            if self.moves[i] <= _MAX_MOVES:
+                self.moved.append(reply)
+                return False
+            self.out[i] = self._lost(f"redirected {self.moves[i]} times: {reply}")
+        elif isinstance(reply, AskError):
+            self.stats["ask"] += 1
+            self.asking[i] = f"{reply.host}:{reply.port}"
+            return False
+        elif isinstance(reply, TryAgainError):
+            self.stats["tryagain"] += 1
+            self._hold(f"TRYAGAIN from {name} (slot being moved)", 0.02)
+            return False
+        elif isinstance(reply, ClusterDownError):  # CLUSTERDOWN, MASTERDOWN
+            self.stats["clusterdown"] += 1
+            self.broken.add(name)
+            self._hold(f"{name}: {reply}", 0.05)
+            return False
+        elif isinstance(reply, BusyLoadingError):
+            self._hold(f"{name} is loading its data", 0.05)
+            return False
+        elif _is_noscript(reply) and self.calls[i].script is not None:
+            script_ = self.calls[i].script
+            assert script_ is not None
+            failed = self.load_errors.get((name, script_.sha))
+            if (i, name) not in self.noscript and failed is None:
+                self.stats["noscript"] += 1
+                self.noscript.add((i, name))
+                self.to_load[name].add(script_)
+                return False
+            self.out[i] = failed if failed is not None else reply
+        else:
+            self.out[i] = reply
+        return True
+
+    def next_round(self) -> bool:
+        """After a round: True when calls are left to send; settles them as lost when they
+        have waited too long."""
+        left = self.pending()
+        self.rounds += 1
+        if not left:
+            return False
+        waited = 0.0 if self.held_since is None else time.monotonic() - self.held_since
+        if waited + self.wait > CLUSTER_RETRY_WINDOW or self.rounds > 100:
+            for i in left:
+                self.out[i] = self._lost(
+                    f"the Cluster did not serve the call within {CLUSTER_RETRY_WINDOW:g} s "
+                    f"({self.reason}); it did not run"
+                )
+            return False
+        return True
+
+    def after_round(self) -> tuple[list[MovedError], set[str], float]:
+        """What the driver must do before the next round: the MOVED replies to patch the map
+        with, the nodes that failed (learn the topology again), and how long to wait. Resets
+        them."""
+        moved, self.moved = self.moved, []
+        failed = self.dead | self.broken
+        self.dead, self.broken = set(), set()
+        wait, self.wait = self.wait, 0.0
+        if wait:
+            self.holds += 1
+        return moved, failed, wait
+
+
 class Connection:
     """Drives operations with a synchronous redis-py client (standalone or Cluster)."""
 
@@ -124,6 +489,10 @@ class Connection:
         self.client = client
         self.where = where
         self.is_cluster = isinstance(client, redis.cluster.RedisCluster)
+        #: What the Cluster router met (see the module docstring); empty on standalone.
+        self.stats: Counter[str] = Counter()
+        self._refreshed = float("-inf")
+        self._refresh_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Connection({self.where})"
@@ -138,6 +507,9 @@ class Connection:
             return stop.value  # type: ignore[no-any-return]
 
     def execute(self, calls: list[Call]) -> list[Any]:
+        if self.is_cluster:
+            replies = self._execute_cluster(calls)
+            return _finish(calls, replies, isinstance(calls, Lenient))
         replies = self._send(calls)
         missing = [i for i, r in enumerate(replies) if _is_noscript(r)]
         if missing:
@@ -182,6 +554,84 @@ class Connection:
     def _lost(self, exc: BaseException) -> errors.ConnectionLost:
         return errors.ConnectionLost(f"cannot reach {self.where}: {type(exc).__name__}: {exc}")
 
+    # -- Cluster ---------------------------------------------------------------------------
+
+    def _execute_cluster(self, calls: Sequence[Call]) -> list[Any]:
+        client = self.client
+        assert isinstance(client, redis.cluster.RedisCluster)
+        step = _Step(calls, isinstance(calls, Durable), self.where, self.stats)
+        while True:
+            self._round(step, step.route(client.nodes_manager, client.get_default_node))
+            if not step.next_round():
+                return step.out
+            moved, failed, wait = step.after_round()
+            for redirect in moved:
+                client.nodes_manager.move_slot(redirect)
+            if failed:
+                self._refresh(failed)
+            if wait:
+                time.sleep(wait)
+
+    def _round(self, step: _Step, batches: dict[str, _Batch]) -> None:
+        """Write every node's batch, then read every node's replies (one round trip in all)."""
+        client = self.client
+        assert isinstance(client, redis.cluster.RedisCluster)
+        opened: list[tuple[_Batch, Any, Any]] = []
+        try:
+            for batch in batches.values():
+                try:
+                    node_client = client.get_redis_connection(batch.node)
+                    conn = node_client.connection_pool.get_connection()
+                except _TRANSPORT_ERRORS as exc:  # nothing was written
+                    step.absorb(batch, [], exc, written=False)
+                    continue
+                opened.append((batch, node_client, conn))
+                try:
+                    conn.send_packed_command(conn.pack_commands(batch.wire))  # type: ignore[no-untyped-call]
+                except _TRANSPORT_ERRORS as exc:  # part of it may have gone out
+                    opened.pop()
+                    conn.disconnect()  # type: ignore[no-untyped-call]
+                    node_client.connection_pool.release(conn)
+                    step.absorb(batch, [], exc, written=True)
+            while opened:
+                batch, node_client, conn = opened[0]
+                replies: list[Any] = []
+                error: BaseException | None = None
+                try:
+                    for name in batch.names:
+                        try:
+                            replies.append(node_client.parse_response(conn, name))
+                        except (ResponseError, *_REPLY_ERRORS) as exc:
+                            replies.append(exc)
+                except _TRANSPORT_ERRORS as exc:
+                    error = exc
+                    conn.disconnect()
+                opened.pop(0)
+                node_client.connection_pool.release(conn)
+                step.absorb(batch, replies, error, written=True)
+        finally:  # interrupted: no connection goes back to its pool with replies still due
+            for _batch, node_client, conn in opened:
+                conn.disconnect()
+                node_client.connection_pool.release(conn)
+
+    def _refresh(self, failed: set[str]) -> None:
+        """Learn the topology again (after a node failed) and replace a dead default node."""
+        client = self.client
+        assert isinstance(client, redis.cluster.RedisCluster)
+        with self._refresh_lock:
+            now = time.monotonic()
+            if now - self._refreshed < REFRESH_EVERY:
+                return
+            self._refreshed = now
+        self.stats["refresh"] += 1
+        last = next(iter(sorted(failed - {""})), None)
+        # When no node answers, the next call fails with ConnectionLost, and tries again.
+        with contextlib.suppress(RedisClusterException, RedisError, OSError):
+            client.nodes_manager.initialize(last_failed_node_name=last)
+        default = client.get_default_node()  # type: ignore[no-untyped-call]
+        if default is None or default.name in failed:
+            client.replace_default_node()
+
     def close(self) -> None:
         self.client.close()
 
@@ -195,8 +645,14 @@ class AsyncConnection:
         *,
         where: str,
     ) -> None:
+        import redis.asyncio.cluster
+
         self.client = client
         self.where = where
+        self.is_cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
+        #: What the Cluster router met (see the module docstring); empty on standalone.
+        self.stats: Counter[str] = Counter()
+        self._refreshed = float("-inf")
 
     def __repr__(self) -> str:
         return f"AsyncConnection({self.where})"
@@ -210,6 +666,9 @@ class AsyncConnection:
             return stop.value  # type: ignore[no-any-return]
 
     async def execute(self, calls: list[Call]) -> list[Any]:
+        if self.is_cluster:
+            replies = await self._execute_cluster(calls)
+            return _finish(calls, replies, isinstance(calls, Lenient))
         replies = await self._send(calls)
         missing = [i for i, r in enumerate(replies) if _is_noscript(r)]
         if missing:
@@ -246,6 +705,81 @@ class AsyncConnection:
 
     def _lost(self, exc: BaseException) -> errors.ConnectionLost:
         return errors.ConnectionLost(f"cannot reach {self.where}: {type(exc).__name__}: {exc}")
+
+    # -- Cluster ---------------------------------------------------------------------------
+
+    async def _execute_cluster(self, calls: Sequence[Call]) -> list[Any]:
+        import redis.asyncio.cluster
+
+        client = self.client
+        assert isinstance(client, redis.asyncio.cluster.RedisCluster)
+        try:
+            await client.initialize()  # once: learns the topology on the first call
+        except (*_TRANSPORT_ERRORS, RedisError) as exc:
+            raise self._lost(exc) from None
+        step = _Step(calls, isinstance(calls, Durable), self.where, self.stats)
+        while True:
+            batches = step.route(client.nodes_manager, client.get_default_node)
+            await asyncio.gather(*(self._send_batch(step, batch) for batch in batches.values()))
+            if not step.next_round():
+                return step.out
+            moved, failed, wait = step.after_round()
+            for redirect in moved:
+                await client.nodes_manager.move_slot(redirect)
+            if failed:
+                await self._refresh(failed)
+            if wait:
+                await asyncio.sleep(wait)
+
+    @staticmethod
+    async def _send_batch(step: _Step, batch: _Batch) -> None:
+        node = batch.node
+        try:
+            conn = node.acquire_connection()
+        except _TRANSPORT_ERRORS as exc:  # MaxConnectionsError
+            step.absorb(batch, [], exc, written=False)
+            return
+        replies: list[Any] = []
+        error: BaseException | None = None
+        written = clean = False
+        try:
+            await node.disconnect_if_needed(conn)
+            if not conn.is_connected:
+                await conn.connect()
+            written = True
+            await conn.send_packed_command(conn.pack_commands(batch.wire))
+            for name in batch.names:
+                try:
+                    replies.append(await node.parse_response(conn, name))
+                except (ResponseError, *_REPLY_ERRORS) as exc:
+                    replies.append(exc)
+            clean = True
+        except _TRANSPORT_ERRORS as exc:
+            error = exc
+        finally:
+            if not clean:  # a reply may still be on its way: this connection is done
+                with contextlib.suppress(Exception):
+                    await conn.disconnect(nowait=True)
+            node.release(conn)
+        step.absorb(batch, replies, error, written)
+
+    async def _refresh(self, failed: set[str]) -> None:
+        import redis.asyncio.cluster
+
+        client = self.client
+        assert isinstance(client, redis.asyncio.cluster.RedisCluster)
+        now = time.monotonic()
+        if now - self._refreshed < REFRESH_EVERY:
+            return
+        self._refreshed = now
+        self.stats["refresh"] += 1
+        last = next(iter(sorted(failed - {""})), None)
+        # When no node answers, the next call fails with ConnectionLost, and tries again.
+        with contextlib.suppress(RedisClusterException, RedisError, OSError):
+            await client.nodes_manager.initialize(last_failed_node_name=last)
+        default = client.get_default_node()
+        if default is None or default.name in failed:
+            client.replace_default_node()
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import ops, retention
-from .connection import Call, Lenient, Op
+from .connection import Call, Durable, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
@@ -148,7 +148,7 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
         if batch:
             calls.append(_deliver_call(ks, parent_queue, batch))
             placed.append((parent_queue, batch))
-    replies = yield Lenient(calls)
+    replies = yield Durable(calls)  # trim nothing a failover of the parent's master could lose
     for reply, (parent_queue, batch) in zip(replies, placed, strict=True):
         if isinstance(reply, EchoMQError):  # transient (connection, server): retry, no ageing
             for group in batch:

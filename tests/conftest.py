@@ -106,3 +106,12 @@ def proc_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+@pytest.fixture(scope="session")
+def replica_cluster() -> Iterator[EmbeddedCluster]:
+    """3 masters with 1 replica each, AOF on, cluster-node-timeout 2 s: for the failover and
+    reshard tests (tests/chaos/test_cluster_topology.py), which leave it healthy."""
+    cluster = EmbeddedCluster(3, replicas=1, node_timeout_ms=2000, appendonly=True).start()
+    yield cluster
+    cluster.stop()
