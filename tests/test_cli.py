@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from echomq_core import Child, EchoMQ, Pump
+from echomq_core.keyspace import FLOW_INDEXES
 from echomq_core.server import EmbeddedServer
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
@@ -79,7 +80,10 @@ COMMANDS = [
     ["worker"],
     ["pump"],
     ["flow", "show"],
+    ["flow", "ls"],
+    ["flow", "close"],
     ["queue", "stats"],
+    ["queue", "config"],
     ["poison", "list"],
     ["poison", "replay"],
 ]
@@ -124,7 +128,10 @@ CONNECTING = [
     ["worker"],
     ["pump"],
     ["flow", "show", "q", "JOB-1"],
+    ["flow", "ls"],
+    ["flow", "close", "q", "JOB-1"],
     ["queue", "stats"],
+    ["queue", "config", "q"],
     ["poison", "list", "q"],
     ["poison", "replay", "q"],
 ]
@@ -426,6 +433,12 @@ def test_queue_stats_and_poison(env: dict[str, str], mq_standalone: EchoMQ) -> N
         "completed": 0,
         "outbox": 0,
         "poison": 2,
+        "flows": dict.fromkeys(FLOW_INDEXES, 0),
+        "flow_memory": {
+            "available": True,
+            "bytes": 0,
+            "by_state": {s: {"sampled": 0, "bytes": 0} for s in FLOW_INDEXES},
+        },
     }
     assert listed.stdout.splitlines() == [
         "malformed signal: expected 5 fields: 'garbage'",

@@ -230,7 +230,7 @@ def flow_memory(
         keys = ks.node_keys(queue, pid)
         probes.append(Call.cmd("HMGET", ks.job(queue, pid), "total", "cq"))
         probes.append(Call.cmd("HSCAN", ks.explicit(queue, pid), 0, "COUNT", children))
-        probes += [Call.cmd("MEMORY", "USAGE", key) for key in keys]
+        probes += [_memory_usage(key) for key in keys]
     replies = yield probes
     refused = next((r for r in replies if isinstance(r, EchoMQError)), None)
     if refused is not None:
@@ -260,7 +260,7 @@ def flow_memory(
                 key = ks.job(child_queue, child_id)
             except InvalidInput:
                 continue
-            child_calls.append(Call.cmd("MEMORY", "USAGE", key))
+            child_calls.append(_memory_usage(key))
             child_of.append(len(measured) - 1)
     child_sizes: list[list[int]] = [[] for _ in measured]
     if child_calls:
@@ -281,3 +281,10 @@ def flow_memory(
         if flows:
             out.bytes[state] = round(sum(flows) / len(flows) * counts[state])
     return out
+
+
+def _memory_usage(key: str) -> Call:
+    """``MEMORY USAGE key``, the command's name in ONE argument so that the key is the second:
+    a Cluster routes every command but a script by its second argument
+    (:func:`echomq_core.connection.slot_of`). The ACL permission it needs: ``+memory|usage``."""
+    return Call.cmd("MEMORY USAGE", key)
