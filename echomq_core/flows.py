@@ -467,7 +467,7 @@ def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
 
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
     """Parent state, N, outstanding and the three record counts, read atomically."""
-    ((state, total, deps, processed, ignored, failed, error),) = yield [
+    ((state, total, deps, processed, ignored, failed, error, repairs),) = yield [
         Call.lua(
             "flow_snapshot",
             [*ks.parent_keys(queue, parent_id), ks.completed(queue)],
@@ -484,6 +484,7 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
         int(ignored),
         int(failed),
         _s(error) if error else None,
+        int(repairs),
     )
 
 

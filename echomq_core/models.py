@@ -200,7 +200,8 @@ class FlowSnapshot:
     processed: int
     ignored: int
     failed: int
-    error: str | None = None
+    error: str | None = None  # why it failed; a cancelled flow: the reason given
+    repairs: int = 0  # how many times retry_flow put it back to work
 
     @property
     def settled(self) -> int:
@@ -223,6 +224,7 @@ class FlowSnapshot:
             "ignored": self.ignored,
             "failed": self.failed,
             "error": self.error,
+            "repairs": self.repairs,
         }
 
 

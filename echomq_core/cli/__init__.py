@@ -6,8 +6,14 @@
     echomq server [--port P] [--data-dir DIR]          the bundled Valkey, in the foreground
     echomq worker [QUEUE ...] --app MODULE:OBJECT      run handlers (or plugins' handlers)
     echomq pump [QUEUE ...]                            deliver cross-queue signals, recover
+    echomq worker ... [--timeout S]                    a time limit per handler call
     echomq flow show QUEUE PARENT_ID [--watch]         a flow's state and counts, as a tree
-    echomq queue stats [QUEUE]                         counts per state
+    echomq flow ls [QUEUE] [--state S]                 root flows by state, paged
+    echomq flow close QUEUE PARENT_ID                  a reader is done with a barrier flow
+    echomq flow cancel QUEUE PARENT_ID [--reason R]    nothing of the flow that has not started starts
+    echomq flow retry QUEUE PARENT_ID [--ignored]      re-run what died (or never ran)
+    echomq queue stats [QUEUE]                         counts per state, flows and their memory
+    echomq queue config QUEUE [--closed-age 1d ...]    the queue's retention settings
     echomq poison list|replay QUEUE                    signals the Pump could not deliver
 
 Connection: ``--url`` (default ``$ECHOMQ_URL``, else ``redis://127.0.0.1:6379/0``),

@@ -118,7 +118,10 @@ def render(node: FlowNode) -> list[str]:
         f"  failed        {s.failed:,}",
     ]
     if s.error:
-        lines.append(f"  error         {s.error}")
+        label = "reason " if s.parent_state == "cancelled" else "error  "
+        lines.append(f"  {label}       {s.error}")
+    if s.repairs:
+        lines.append(f"  repairs       {s.repairs:,}")
     if node.subflows:
         lines.append("  sub-flows")
         lines += _tree(node.subflows, "    ")

@@ -1,11 +1,12 @@
-"""The inspection commands: ``echomq flow show|ls|close``, ``echomq queue stats|config``,
-``echomq poison list|replay``.
+"""The inspection and lifecycle commands: ``echomq flow show|ls|close|cancel|retry``,
+``echomq queue stats|config``, ``echomq poison list|replay``.
 
-All are reads except three writes: ``flow close`` (a reader is done with a released barrier
-flow: its ``closed`` retention starts), ``queue config`` with options (the queue's retention
-settings, stored on the server for every Pump), and ``poison replay``, which moves poisoned
-signals back to their outbox for the Pump to try again (after the cause - a missing parent, a
-bug - was fixed).
+All are reads except these writes: ``flow close`` (a reader is done with a released barrier
+flow: its ``closed`` retention starts), ``flow cancel`` and ``flow retry`` (cancel a flow,
+repair a failed or cancelled one: see :mod:`echomq_core.lifecycle`), ``queue config`` with
+options (the queue's retention settings, stored on the server for every Pump), and ``poison
+replay``, which moves poisoned signals back to their outbox for the Pump to try again (after
+the cause - a missing parent, a bug - was fixed).
 """
 
 from __future__ import annotations
@@ -109,6 +110,38 @@ def add_parsers(sub: Any) -> None:
     close.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
     close.add_argument("--json", action="store_true", help="print one JSON object")
     _common(close, run_flow_close)
+
+    cancel = flow.add_parser(
+        "cancel",
+        help="cancel a flow: nothing of it that has not started starts",
+        description="Cancel a flow and every child below it, in every queue: pending and "
+        "retrying children are removed, leased ones lose their lease (their worker drops "
+        "them before they start), running ones finish but change nothing. The parent's state "
+        "becomes 'cancelled' with the reason; the reads still work; its 'cancelled' "
+        "retention runs. Idempotent. Exit 1 when there is no such flow.",
+    )
+    cancel.add_argument("queue", metavar="QUEUE", help="the parent's queue")
+    cancel.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
+    cancel.add_argument("--reason", default="", help="why (shown by flow show and in waits)")
+    cancel.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(cancel, run_flow_cancel)
+
+    retry = flow.add_parser(
+        "retry",
+        help="repair a failed or cancelled flow: re-run only what died (or never ran)",
+        description="Put a failed flow's dead children back to pending with fresh attempts "
+        "(with --ignored its ignored failures too), or a cancelled flow's cancelled children; "
+        "the parent is held again; children that completed keep their values and never run "
+        "again; sub-flows are repaired bottom-up. Idempotent. Exit 1 when there is nothing "
+        "to repair.",
+    )
+    retry.add_argument("queue", metavar="QUEUE", help="the parent's queue")
+    retry.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
+    retry.add_argument(
+        "--ignored", action="store_true", help="also re-run children whose failure was ignored"
+    )
+    retry.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(retry, run_flow_retry)
 
     queue = sub.add_parser(
         "queue", help="inspect and configure queues", description="Inspect and configure queues."
@@ -375,6 +408,70 @@ def run_flow_close(args: argparse.Namespace) -> int:
         print(
             f"flow {args.parent_id} in {args.queue!r}: {state} (it ended otherwise: "
             "nothing to close, its own retention runs)"
+        )
+    return 0
+
+
+def run_flow_cancel(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    check_job_id(args.parent_id)
+    mq = open_client(args)
+    try:
+        result = mq.cancel_flow(args.queue, args.parent_id, reason=args.reason)
+    except JobNotFound:
+        raise CommandFailed(
+            f"no flow {args.parent_id} in queue {args.queue!r} (never added, or expired)"
+        ) from None
+    finally:
+        mq.close()
+    doc = {
+        "queue": args.queue,
+        "parent_id": args.parent_id,
+        "state": result.state,
+        "children_stopped": result.children,
+        "nodes": result.nodes,
+    }
+    if args.json:
+        print(json.dumps(doc))
+    elif result.state == "cancelled":
+        print(
+            f"flow {args.parent_id} in {args.queue!r}: cancelled ({result.children:,} "
+            f"children stopped, {result.nodes} node(s))"
+        )
+    else:
+        print(
+            f"flow {args.parent_id} in {args.queue!r}: {result.state} (it had ended: "
+            "nothing to cancel)"
+        )
+    return 0
+
+
+def run_flow_retry(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    check_job_id(args.parent_id)
+    mq = open_client(args)
+    try:
+        result = mq.retry_flow(args.queue, args.parent_id, ignored=args.ignored)
+    except JobNotFound:
+        raise CommandFailed(
+            f"no flow {args.parent_id} in queue {args.queue!r} (never added, or expired)"
+        ) from None
+    finally:
+        mq.close()
+    doc = {
+        "queue": args.queue,
+        "parent_id": args.parent_id,
+        "state": result.state,
+        "requeued": result.requeued,
+        "nodes": result.nodes,
+        "repairs": result.repairs,
+    }
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(
+            f"flow {args.parent_id} in {args.queue!r}: {result.state}; {result.requeued:,} "
+            f"children back to work ({result.nodes} node(s)); repair #{result.repairs}"
         )
     return 0
 
