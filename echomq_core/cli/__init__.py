@@ -10,7 +10,7 @@
     echomq flow show QUEUE PARENT_ID [--watch]         a flow's state and counts, as a tree
     echomq flow ls [QUEUE] [--state S]                 root flows by state, paged
     echomq flow close QUEUE PARENT_ID                  a reader is done with a barrier flow
-    echomq flow cancel QUEUE PARENT_ID [--reason R]    nothing of the flow that has not started starts
+    echomq flow cancel QUEUE PARENT_ID [--reason R]    no unstarted child of the flow starts
     echomq flow retry QUEUE PARENT_ID [--ignored]      re-run what died (or never ran)
     echomq queue stats [QUEUE]                         counts per state, flows and their memory
     echomq queue config QUEUE [--closed-age 1d ...]    the queue's retention settings
