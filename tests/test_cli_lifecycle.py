@@ -235,6 +235,49 @@ def test_flow_close(mq_standalone: EchoMQ, cli: Cli) -> None:
 # -- queue config ---------------------------------------------------------------------------
 
 
+def test_flow_cancel_retry_and_show(mq_standalone: EchoMQ, cli: Cli) -> None:
+    mq = mq_standalone
+    lifecycle(mq)
+    status, out, err = cli("flow", "cancel", "lc-parents", "JOB-held", "--reason", "bad input")
+    assert (status, err) == (0, "")
+    assert out == "flow JOB-held in 'lc-parents': cancelled (3 children stopped, 1 node(s))\n"
+    assert mq.queue("lc-kids").stats()["pending"] == 0
+    shown = cli.json("flow", "show", "lc-parents", "JOB-held", "--json")
+    assert (shown["parent_state"], shown["error"], shown["repairs"]) == (
+        "cancelled",
+        "bad input",
+        0,
+    )
+    status, out, _ = cli("flow", "show", "lc-parents", "JOB-held")
+    assert "  reason        bad input" in out.splitlines()
+    assert [f.parent_id for f in mq.list_flows("lc-parents", "cancelled")] == ["JOB-held"]
+    # the failed flow: its dead child back to work, then released
+    assert cli.json("flow", "retry", "lc-parents", "JOB-failed", "--json") == {
+        "queue": "lc-parents",
+        "parent_id": "JOB-failed",
+        "state": "held",
+        "requeued": 1,
+        "nodes": 1,
+        "repairs": 1,
+    }
+    status, out, _ = cli("flow", "retry", "lc-parents", "JOB-held")
+    assert out.startswith("flow JOB-held in 'lc-parents': held; 3 children back to work")
+    work_off(mq, ["lc-kids", "lc-bad", "lc-parents"])
+    status, out, _ = cli("flow", "show", "lc-parents", "JOB-failed")
+    assert "  repairs       1" in out.splitlines() and "released" in out
+    assert cli.json("flow", "cancel", "lc-parents", "JOB-failed", "--json")["state"] == (
+        "cancelled"
+    )  # a released barrier flow not yet closed can be cancelled too
+    for args, says in (
+        (("flow", "cancel", "lc-parents", "JOB-nope"), "no flow JOB-nope"),
+        (("flow", "retry", "lc-parents", "JOB-released1"), "nothing to repair"),
+    ):
+        status, out, err = cli(*args)
+        assert (status, out) == (1, ""), err
+        assert len(err.splitlines()) == 1 and says in err, err
+    assert cli("flow", "cancel", "lc-parents")[0] == 2  # a bad command line
+
+
 def test_queue_config_shows_and_sets_every_setting(mq_standalone: EchoMQ, cli: Cli) -> None:
     shown = cli.json("queue", "config", "cfg-q")
     assert shown == {"queue": "cfg-q", "changed": [], "retention": SETTINGS}
