@@ -321,8 +321,12 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
     where = _s(where)
     if not row and not where:
         return None
-    # where it stands decides; a held or failed parent is in no set, and its row says which
-    state = where or (_s(row["state"]) if "state" in row else "pending")
+    # where it stands decides; a held or failed parent is in no set, and its row says which;
+    # a flow child in no set and without a state completed (the retention sweep dropped its
+    # `completed` entry; its row stays until its flow expires)
+    state = where or (
+        _s(row["state"]) if "state" in row else ("completed" if "parent" in row else "pending")
+    )
     parent = None
     if "parent" in row:
         pq = row.get("parent_queue")

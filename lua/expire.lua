@@ -15,8 +15,7 @@
 -- that index, still past its age or beyond its count):
 -- * no row: a plain job completed with keep_completed off - drop the index entry;
 -- * a row with a parent (a flow child, or an inner node): the row belongs to its flow, which
---   deletes it when the flow expires - only the index entry goes (a completed child's row
---   gets state 'completed', which the entry said);
+--   deletes it when the flow expires - only the index entry goes;
 -- * a root flow parent: the flow expires as a unit - its row, counter, records, explicit
 --   record and index entries go here, and the reply names its children's queues so the host
 --   deletes their rows on their own slots (forget.lua). A failed root whose children are
@@ -61,7 +60,6 @@ for i = 1, n do
     local row = redis.call('HMGET', nk[1], 'parent', 'total', 'state')
     if row[1] then
       redis.call('ZREM', ix[1], id)
-      if code == 'c' and not row[3] then redis.call('HSET', nk[1], 'state', 'completed') end
       swept = swept + 1
     elseif row[2] then
       local settled = redis.call('HLEN', nk[3]) + redis.call('HLEN', nk[4]) +

@@ -8,23 +8,26 @@
 --   its explicit ids of this queue: a candidate that has no row here is skipped)
 --
 -- Steps: a candidate whose row names `parent` as its parent is deleted with its index
--- entries - unless it is a parent itself (an inner node): that one is named in the reply and
+-- entries (one DEL and one ZREM per index for the batch: one read per child, three writes per
+-- call) - unless it is a parent itself (an inner node): that one is named in the reply and
 -- the host drops it with all its keys (drop.lua), then visits ITS children. A row that
 -- belongs to anything else is never touched.
 -- Returns: {deleted, {inner node ids}}.
-local deleted, inner = 0, {}
+local rows, ids, inner = {}, {}, {}
 for i = 2, #ARGV do
-  local row = KEYS[1 + i]
-  local up = redis.call('HMGET', row, 'parent', 'total')
+  local up = redis.call('HMGET', KEYS[1 + i], 'parent', 'total')
   if up[1] == ARGV[1] then
     if up[2] then
       inner[#inner + 1] = ARGV[i]
     else
-      redis.call('DEL', row)
-      redis.call('ZREM', KEYS[1], ARGV[i])
-      redis.call('ZREM', KEYS[2], ARGV[i])
-      deleted = deleted + 1
+      rows[#rows + 1] = KEYS[1 + i]; ids[#ids + 1] = ARGV[i]
     end
   end
 end
-return {deleted, inner}
+-- one DEL and one ZREM per index for the whole batch (at most 500 ids: within unpack's bound)
+if #rows > 0 then
+  redis.call('DEL', unpack(rows))
+  redis.call('ZREM', KEYS[1], unpack(ids))
+  redis.call('ZREM', KEYS[2], unpack(ids))
+end
+return {#rows, inner}
