@@ -82,41 +82,79 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
     result = CancelResult(_s(info[0]))
     if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
         return result
-    nodes = [(queue, parent_id, info)]
+
+    def children_of(node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+        _, total, cq, explicit, _before, gen = info
+        kids = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
+        return {
+            q: (
+                "cancel_children",
+                [ks.pending(q), ks.delayed(q), ks.active(q), ks.leases(q)],
+                [],
+                ids,
+            )
+            for q, ids in kids.items()
+        }
+
+    result.children, visited = yield from _walk(
+        ks,
+        [(queue, parent_id, info)],
+        children_of,
+        lambda q, inner_id, up: _cancel_call(ks, q, inner_id, reason, up),
+        lambda inner_info: _s(inner_info[0]) == "cancelled",
+    )
+    result.nodes += visited
+    return result
+
+
+#: How a walk visits one child queue of a node: (script, fixed keys, argv after the node id,
+#: candidate child ids); the script gets the candidates' rows after the fixed keys.
+_Visit = tuple[str, list[str], list[Any], list[str]]
+
+
+def _walk(
+    ks: Keyspace,
+    nodes: list[tuple[str, str, Sequence[Any]]],
+    children_of: Callable[[str, Sequence[Any]], dict[str, _Visit]],
+    node_call: Callable[[str, str, str], Call],
+    go_below: Callable[[Sequence[Any]], bool],
+    on_node: Callable[[str, str, Sequence[Any]], None] = lambda q, i, info: None,
+) -> Op[tuple[int, int]]:
+    """Visit a flow's tree level by level (cancel and repair). Per node (queue, id, the reply
+    of its node script), ``children_of`` names a script call per child queue; each reply is
+    (children counted, sub-flow ids); each sub-flow's node script (``node_call(queue, id,
+    parent)``) runs on its slot, and the walk goes below it when ``go_below(its reply)``.
+    Returns (children counted, sub-flows visited)."""
+    counted = visited = 0
+    for node in nodes:
+        on_node(*node)
     while nodes:
         calls, asked = [], []
-        for _node_queue, node_id, (_, total, cq, explicit, _before, gen) in nodes:
-            kids = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
-            for child_queue, ids in kids.items():
-                fixed = [
-                    ks.pending(child_queue),
-                    ks.delayed(child_queue),
-                    ks.active(child_queue),
-                    ks.leases(child_queue),
-                ]
+        for _queue, node_id, info in nodes:
+            for child_queue, (script, fixed, extra, ids) in children_of(node_id, info).items():
                 base = ks.job_prefix(child_queue)
                 for part in chunks(ids):
                     keys = [*fixed, *(base + i for i in part)]
-                    calls.append(Call.lua("cancel_children", keys, [node_id, *part]))
+                    calls.append(Call.lua(script, keys, [node_id, *extra, *part]))
                     asked.append((child_queue, node_id))
         if not calls:
             break
         replies = yield calls
-        inner_calls, inner_where = [], []
+        inner_calls, where = [], []
         for (child_queue, node_id), (count, inner) in zip(asked, replies, strict=True):
-            result.children += int(count)
+            counted += int(count)
             for raw in inner:
-                inner_id = _s(raw)
-                inner_calls.append(_cancel_call(ks, child_queue, inner_id, reason, node_id))
-                inner_where.append((child_queue, inner_id))
+                inner_calls.append(node_call(child_queue, _s(raw), node_id))
+                where.append((child_queue, _s(raw)))
         nodes = []
         if inner_calls:
             infos = yield inner_calls
-            for (child_queue, inner_id), inner_info in zip(inner_where, infos, strict=True):
-                result.nodes += 1
-                if _s(inner_info[0]) == "cancelled":
+            for (child_queue, inner_id), inner_info in zip(where, infos, strict=True):
+                visited += 1
+                if go_below(inner_info):
                     nodes.append((child_queue, inner_id, inner_info))
-    return result
+                    on_node(child_queue, inner_id, inner_info)
+    return counted, visited
 
 
 def _repair_call(ks: Keyspace, queue: str, node_id: str, ignored: bool, parent: str) -> Call:
@@ -138,59 +176,41 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
     """Repair the flow rooted at ``parent_id`` (see the module doc)."""
     (info,) = yield [_repair_call(ks, queue, parent_id, ignored, "")]
     result = RepairResult(_s(info[0]), repairs=int(info[6]))
-    level: list[tuple[str, str, Sequence[Any]]] = [(queue, parent_id, info)]
     done: list[Call] = []
-    while level:
-        calls, asked = [], []
-        for node_queue, node_id, (_, total, cq, explicit, listed, rerun, _n, gen) in level:
-            done.append(
-                Call.lua(
-                    "repair_done",
-                    [
-                        ks.job(node_queue, node_id),
-                        ks.repair(node_queue, node_id),
-                        ks.dependencies(node_queue, node_id),
-                        ks.pending(node_queue),
-                        ks.wake(node_queue),
-                        ks.flows(node_queue, "held"),
-                        ks.flows(node_queue, "released"),
-                    ],
-                    [node_id],
-                )
-            )
-            listed_ids = [_s(i) for i in listed]
-            everything = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
-            for child_queue, candidates in everything.items():
-                ids = candidates if _s(rerun) else listed_ids
-                if not ids:
-                    continue
-                fixed = [
-                    ks.pending(child_queue),
-                    ks.dead(child_queue),
-                    ks.wake(child_queue),
-                    ks.seq(child_queue),
-                ]
-                base = ks.job_prefix(child_queue)
-                for part in chunks(ids):
-                    keys = [*fixed, *(base + i for i in part)]
-                    calls.append(Call.lua("requeue", keys, [node_id, _s(rerun), *part]))
-                    asked.append((child_queue, node_id))
-        if not calls:
-            break
-        replies = yield calls
-        inner_calls, inner_where = [], []
-        for (child_queue, node_id), (count, inner) in zip(asked, replies, strict=True):
-            result.requeued += int(count)
-            for raw in inner:
-                inner_id = _s(raw)
-                inner_calls.append(_repair_call(ks, child_queue, inner_id, ignored, node_id))
-                inner_where.append((child_queue, inner_id))
-        level = []
-        if inner_calls:
-            infos = yield inner_calls
-            for (child_queue, inner_id), inner_info in zip(inner_where, infos, strict=True):
-                result.nodes += 1
-                level.append((child_queue, inner_id, inner_info))
+
+    def record_done(node_queue: str, node_id: str, _info: Sequence[Any]) -> None:
+        keys = [
+            ks.job(node_queue, node_id),
+            ks.repair(node_queue, node_id),
+            ks.dependencies(node_queue, node_id),
+            ks.pending(node_queue),
+            ks.wake(node_queue),
+            ks.flows(node_queue, "held"),
+            ks.flows(node_queue, "released"),
+        ]
+        done.append(Call.lua("repair_done", keys, [node_id]))
+
+    def children_of(node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+        _, total, cq, explicit, listed, rerun, _n, gen = info
+        listed_ids = [_s(i) for i in listed]
+        everything = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
+        visits: dict[str, _Visit] = {}
+        for q, candidates in everything.items():
+            ids = candidates if _s(rerun) else listed_ids
+            if ids:
+                fixed = [ks.pending(q), ks.dead(q), ks.wake(q), ks.seq(q)]
+                visits[q] = ("requeue", fixed, [_s(rerun)], ids)
+        return visits
+
+    result.requeued, visited = yield from _walk(
+        ks,
+        [(queue, parent_id, info)],
+        children_of,
+        lambda q, inner_id, up: _repair_call(ks, q, inner_id, ignored, up),
+        lambda inner_info: True,
+        record_done,
+    )
+    result.nodes += visited
     if done:
         states = yield done[::-1]  # deepest first: a node's record goes after its children's
         result.state = _s(states[-1])

@@ -1,6 +1,7 @@
 -- cancel: cancel one node of a flow (the root, or an inner node the host reached): no child
 -- of it that has not started will start; what running children report changes nothing.
 -- @include now_ms
+-- @include flow_node
 --
 -- KEYS[1] row       KEYS[2] pending  KEYS[3] active  KEYS[4] leases  this queue's job sets
 -- KEYS[5..9] flows:held, flows:released, flows:closed, flows:failed, flows:cancelled
@@ -16,19 +17,9 @@
 -- Owner of what it writes: the row and the flows:cancelled entry go with the flow's expiry.
 -- Returns: {state after, total, child queues, {explicit id, queue, ...}, state before, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, or a node that is not the root named.
-local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'cq', 'payload', 'gen')
+local row, refused = flow_node(KEYS[1], ARGV[1], ARGV[3], 'cancel', {'cq', 'gen'})
+if refused then return refused end
 local state = row[1]
-if not state and not row[5] then
-  return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
-end
-if not row[2] then
-  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is a job, not a flow parent')
-end
-if (row[3] or '') ~= ARGV[3] then
-  local where = 'is a node of the flow of ' .. tostring(row[3]) .. ': cancel the root'
-  if not row[3] then where = 'is a root, not a node of ' .. ARGV[3] end
-  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' ' .. where)
-end
 local before = state
 if state == 'pending' and redis.call('ZSCORE', KEYS[11], ARGV[1]) then state = 'completed' end
 if state == 'held' or state == 'released' or state == 'failed' or state == 'pending' then
@@ -43,4 +34,4 @@ if state == 'held' or state == 'released' or state == 'failed' or state == 'pend
   if ARGV[3] == '' then redis.call('ZADD', KEYS[9], now, ARGV[1]) end
   state = 'cancelled'
 end
-return {state, row[2], row[4] or '', redis.call('HGETALL', KEYS[10]), before, row[6] or ''}
+return {state, row[2], row[5] or '', redis.call('HGETALL', KEYS[10]), before, row[6] or ''}

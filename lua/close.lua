@@ -1,5 +1,6 @@
 -- close: a reader is done with a released barrier flow; from now on its retention runs.
 -- @include now_ms
+-- @include flow_node
 --
 -- KEYS[1] row             hash  the parent's row
 -- KEYS[2] flows:released  zset  released barrier flows not yet closed
@@ -14,18 +15,9 @@
 -- Returns: the state after the call: 'closed' | 'failed' | 'completed' | 'dead' | 'cancelled'.
 -- Errors: EMQNOJOB no such parent; EMQFLOW a held flow (cancel it instead), a job that is not
 -- a flow parent, or a node that is not a root (its root is closed as a whole).
-local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'payload')
+local row, refused = flow_node(KEYS[1], ARGV[1], '', 'close', {})
+if refused then return refused end
 local state = row[1]
-if not state and not row[4] then
-  return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
-end
-if not row[2] then
-  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is a job, not a flow parent')
-end
-if row[3] then
-  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is a node of the flow of ' .. row[3] ..
-    ': close the root')
-end
 if state == 'released' then
   local now = now_ms()
   redis.call('HSET', KEYS[1], 'state', 'closed', 'closed', now)

@@ -1,6 +1,7 @@
 -- repair: put a failed or cancelled node of a flow back to work (step 1, on its slot): the
 -- children to re-run are recorded, the node is held again with the right counter.
 -- @include now_ms
+-- @include flow_node
 --
 -- KEYS[1] row  KEYS[2] dependencies  KEYS[3] processed  KEYS[4] unsuccessful  KEYS[5] failed
 -- KEYS[6] repair     hash  child id -> kind ('f' | 'i'): the children this repair re-runs
@@ -23,21 +24,13 @@
 --           rerun ('1' | ''), repairs, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, a node that is not the root named, or a
 -- flow with nothing to repair (closed, completed, run by a worker).
-local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'parent', 'cq', 'barrier', 'rerun',
-  'payload', 'gen')
+local row, refused = flow_node(KEYS[1], ARGV[1], ARGV[3], 'repair',
+  {'cq', 'barrier', 'rerun', 'gen'})
+if refused then return refused end
 local state = row[1]
-if not state and not row[7] then
-  return redis.error_reply('EMQNOJOB no flow parent ' .. ARGV[1])
-end
-if not row[2] then
-  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is a job, not a flow parent')
-end
-if (row[3] or '') ~= ARGV[3] then
-  return redis.error_reply('EMQFLOW ' .. ARGV[1] .. ' is not a root: repair its root')
-end
 local root = ARGV[3] == ''
 local ignored = ARGV[2] == '1'
-local rerun = row[6] or ''
+local rerun = row[7] or ''
 local function move(from, kind)
   local flat = redis.call('HGETALL', from)
   for i = 1, #flat, 2 do
@@ -75,7 +68,7 @@ if flip then
   if left <= 0 and redis.call('HLEN', KEYS[6]) == 0 and rerun == '' then
     -- nothing left to run: released now, as the last settle would have done
     local now = now_ms()
-    if row[5] then
+    if row[6] then
       redis.call('HSET', KEYS[1], 'state', 'released', 'released', now)
       if root then redis.call('ZADD', KEYS[8], now, ARGV[1]) end
       state = 'released'
@@ -89,5 +82,5 @@ if flip then
     redis.call('ZADD', KEYS[7], now_ms(), ARGV[1])
   end
 end
-return {state, row[2], row[4] or '', redis.call('HGETALL', KEYS[14]),
+return {state, row[2], row[5] or '', redis.call('HGETALL', KEYS[14]),
   redis.call('HKEYS', KEYS[6]), rerun, repairs, row[8] or ''}
