@@ -388,92 +388,70 @@ def _clip(text: str, width: int = 60) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def run_flow_close(args: argparse.Namespace) -> int:
+def _on_flow(args: argparse.Namespace, action: Any) -> Any:
+    """Run ``action(mq)`` on the flow QUEUE PARENT_ID names; a missing flow is one line."""
     check_queue(args.queue)
     check_job_id(args.parent_id)
     mq = open_client(args)
     try:
-        state = mq.close_flow(args.queue, args.parent_id)
+        return action(mq)
     except JobNotFound:
         raise CommandFailed(
             f"no flow {args.parent_id} in queue {args.queue!r} (never added, or expired)"
         ) from None
     finally:
         mq.close()
-    if args.json:
-        print(json.dumps({"queue": args.queue, "parent_id": args.parent_id, "state": state}))
-    elif state == "closed":
-        print(f"flow {args.parent_id} in {args.queue!r}: closed (its retention runs)")
-    else:
-        print(
-            f"flow {args.parent_id} in {args.queue!r}: {state} (it ended otherwise: "
-            "nothing to close, its own retention runs)"
-        )
+
+
+def _say(args: argparse.Namespace, doc: dict[str, Any], text: str) -> int:
+    where = {"queue": args.queue, "parent_id": args.parent_id}
+    print(
+        json.dumps({**where, **doc})
+        if args.json
+        else f"flow {args.parent_id} in {args.queue!r}: {text}"
+    )
     return 0
+
+
+def run_flow_close(args: argparse.Namespace) -> int:
+    state = _on_flow(args, lambda mq: mq.close_flow(args.queue, args.parent_id))
+    if state == "closed":
+        return _say(args, {"state": state}, "closed (its retention runs)")
+    return _say(
+        args,
+        {"state": state},
+        f"{state} (it ended otherwise: nothing to close, its own retention runs)",
+    )
 
 
 def run_flow_cancel(args: argparse.Namespace) -> int:
-    check_queue(args.queue)
-    check_job_id(args.parent_id)
-    mq = open_client(args)
-    try:
-        result = mq.cancel_flow(args.queue, args.parent_id, reason=args.reason)
-    except JobNotFound:
-        raise CommandFailed(
-            f"no flow {args.parent_id} in queue {args.queue!r} (never added, or expired)"
-        ) from None
-    finally:
-        mq.close()
-    doc = {
-        "queue": args.queue,
-        "parent_id": args.parent_id,
-        "state": result.state,
-        "children_stopped": result.children,
-        "nodes": result.nodes,
-    }
-    if args.json:
-        print(json.dumps(doc))
-    elif result.state == "cancelled":
-        print(
-            f"flow {args.parent_id} in {args.queue!r}: cancelled ({result.children:,} "
-            f"children stopped, {result.nodes} node(s))"
+    result = _on_flow(
+        args, lambda mq: mq.cancel_flow(args.queue, args.parent_id, reason=args.reason)
+    )
+    doc = {"state": result.state, "children_stopped": result.children, "nodes": result.nodes}
+    if result.state == "cancelled":
+        return _say(
+            args, doc, f"cancelled ({result.children:,} children stopped, {result.nodes} node(s))"
         )
-    else:
-        print(
-            f"flow {args.parent_id} in {args.queue!r}: {result.state} (it had ended: "
-            "nothing to cancel)"
-        )
-    return 0
+    return _say(args, doc, f"{result.state} (it had ended: nothing to cancel)")
 
 
 def run_flow_retry(args: argparse.Namespace) -> int:
-    check_queue(args.queue)
-    check_job_id(args.parent_id)
-    mq = open_client(args)
-    try:
-        result = mq.retry_flow(args.queue, args.parent_id, ignored=args.ignored)
-    except JobNotFound:
-        raise CommandFailed(
-            f"no flow {args.parent_id} in queue {args.queue!r} (never added, or expired)"
-        ) from None
-    finally:
-        mq.close()
+    result = _on_flow(
+        args, lambda mq: mq.retry_flow(args.queue, args.parent_id, ignored=args.ignored)
+    )
     doc = {
-        "queue": args.queue,
-        "parent_id": args.parent_id,
         "state": result.state,
         "requeued": result.requeued,
         "nodes": result.nodes,
         "repairs": result.repairs,
     }
-    if args.json:
-        print(json.dumps(doc))
-    else:
-        print(
-            f"flow {args.parent_id} in {args.queue!r}: {result.state}; {result.requeued:,} "
-            f"children back to work ({result.nodes} node(s)); repair #{result.repairs}"
-        )
-    return 0
+    return _say(
+        args,
+        doc,
+        f"{result.state}; {result.requeued:,} children back to work "
+        f"({result.nodes} node(s)); repair #{result.repairs}",
+    )
 
 
 # -- queue stats ---------------------------------------------------------------------------
