@@ -11,9 +11,10 @@ Using::
     def summary(measurements: dict[str, Any]) -> ...:   # child id -> result
         ...
 
-``handle_output`` stores the handle (queue and parent id) in the EchoMQ server, under
-``<prefix>:dagster:handle:<asset key>[/<partition>]``, and records the flow's counts as
-materialization metadata. ``load_input`` reads the handle, waits (bounded by
+``handle_output`` stores the handle (queue and parent id) in the EchoMQ server, as the named
+reference ``dagster:<asset key>[/<partition>]`` (key ``<prefix>:ref:dagster:...``, see
+``EchoMQ.save_ref``; it is deleted with its flow when the flow expires), and records the
+flow's counts as materialization metadata. ``load_input`` reads the handle, waits (bounded by
 ``wait_timeout``) until the parent is released, returns ``{child id: result}`` and records the
 final counts as an observation of the upstream asset. The handle lives in the server rather
 than on a local disk so that any process that reaches the flow reaches its handle: a step

@@ -101,7 +101,7 @@ def echomq_flow_sensor(
                 if key in settled:
                     continue
                 snap = client.snapshot(flow.queue, flow.parent_id)
-                if snap.released:
+                if snap.outcome == "released":
                     settled.add(key)
                     requests.append(
                         RunRequest(
@@ -109,10 +109,10 @@ def echomq_flow_sensor(
                             tags={FLOW_QUEUE: flow.queue, FLOW_PARENT_ID: flow.parent_id},
                         )
                     )
-                elif snap.parent_state == "failed":
+                elif snap.outcome in ("failed", "cancelled"):
                     settled.add(key)
                     context.log.warning(
-                        f"EchoMQ flow {flow.parent_id} in {flow.queue!r} failed "
+                        f"EchoMQ flow {flow.parent_id} in {flow.queue!r} {snap.outcome} "
                         f"({snap.failed} failed children); no run requested"
                     )
         cursor = json.dumps(sorted(settled & watched))

@@ -14,11 +14,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from . import flows, lifecycle, ops, retention
+from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
-from .errors import FlowCancelled, FlowTimeout, InvalidArgument, ParentFailed
+from .errors import FlowTimeout, InvalidArgument, flow_error
 from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import Child, FlowRef, FlowSnapshot, FlowSummary, JobInfo, JsonSerializer, Serializer
-from .queue import MAX_ATTEMPTS, Queue, check_int, check_seconds, encode_checked
+from .queue import Queue
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -163,6 +164,10 @@ class EchoMQ(_Base):
             self.connection.execute(ops.register(self.keys, [name]))
             self._registered.add(name)
 
+    def mark_registered(self, names: Iterable[str]) -> None:
+        """Note ``names`` as registered by this process (a write that carried them landed)."""
+        self._registered.update(names)
+
     def unregistered(self, names: Iterable[str]) -> list[str]:
         """The names this process has not registered yet (they ride along with the next
         write; marked registered once it succeeds)."""
@@ -175,7 +180,7 @@ class EchoMQ(_Base):
         (members,) = self.connection.execute([Call.cmd("SMEMBERS", self.keys.queues())])
         names = []
         for member in members:
-            name = ops._s(member)
+            name = text(member)
             if QUEUE_NAME_RE.fullmatch(name):
                 names.append(name)
             else:
@@ -336,12 +341,10 @@ class EchoMQ(_Base):
         deadline = time.monotonic() + timeout
         while True:
             snap = self.snapshot(queue, parent_id)
-            if snap.parent_state == "failed":
-                raise ParentFailed(queue, parent_id, self.failed_children(queue, parent_id))
-            if snap.parent_state == "cancelled":
+            if snap.outcome in ("failed", "cancelled"):
                 failed = self.failed_children(queue, parent_id)
-                raise FlowCancelled(queue, parent_id, snap.error or "", failed)
-            if snap.released:
+                raise flow_error(queue, parent_id, snap.outcome, failed, snap.error)
+            if snap.outcome == "released":
                 return snap
             if time.monotonic() >= deadline:
                 raise FlowTimeout(
@@ -450,12 +453,10 @@ class AsyncEchoMQ(_Base):
         deadline = loop.time() + check_seconds("timeout", timeout)
         while True:
             snap = await self.snapshot(queue, parent_id)
-            if snap.parent_state == "failed":
-                raise ParentFailed(queue, parent_id, await self.failed_children(queue, parent_id))
-            if snap.parent_state == "cancelled":
+            if snap.outcome in ("failed", "cancelled"):
                 failed = await self.failed_children(queue, parent_id)
-                raise FlowCancelled(queue, parent_id, snap.error or "", failed)
-            if snap.released:
+                raise flow_error(queue, parent_id, snap.outcome, failed, snap.error)
+            if snap.outcome == "released":
                 return snap
             if loop.time() >= deadline:
                 raise FlowTimeout(

@@ -71,13 +71,15 @@ class InvalidArgument(InvalidInput):
 
 
 class JobNotFound(EchoMQError):
-    """Raised when a job id names no job in that queue. Script code ``EMQNOJOB``."""
+    """Raised when a job id names no job in that queue (``get_job``), or no flow
+    (``close_flow``, ``cancel_flow``, ``retry_flow``: script code ``EMQNOJOB``)."""
 
 
 class LeaseLost(EchoMQError):
     """Raised when a completion, failure or heartbeat presents a token that is not the job's
     current lease (the lease expired and the job was recovered or re-claimed). The call changed
-    nothing. Script code ``EMQLEASE``."""
+    nothing. Raised by the host: the scripts answer a stale token with a status, not an error
+    (a batch may hold current and stale tokens at once)."""
 
 
 class FlowConflict(EchoMQError):
@@ -111,8 +113,10 @@ class FlowCancelled(ParentFailed):
     ) -> None:
         super().__init__(queue, parent_id, failed or {})
         self.reason = reason
-        self.args = (f"flow parent {parent_id!r} in queue {queue!r} was cancelled: "
-                     f"{reason or 'no reason given'}",)
+        self.args = (
+            f"flow parent {parent_id!r} in queue {queue!r} was cancelled: "
+            f"{reason or 'no reason given'}",
+        )
 
 
 class FlowTimeout(EchoMQError):
@@ -128,9 +132,7 @@ class Unrecoverable(EchoMQError):
 _CODES: dict[str, type[EchoMQError]] = {
     "EMQKIND": InvalidJobId,
     "EMQNOJOB": JobNotFound,
-    "EMQLEASE": LeaseLost,
     "EMQFLOW": FlowConflict,
-    "EMQARG": InvalidArgument,
 }
 
 
@@ -142,3 +144,13 @@ def from_reply(message: str) -> EchoMQError:
     if cls is None:
         return ServerError(text)
     return cls(text[len(code) :].strip() or code)
+
+
+def flow_error(
+    queue: str, parent_id: str, outcome: str, failed: dict[str, str], reason: str | None = None
+) -> ParentFailed:
+    """The error a wait raises for a flow that will never be released (``outcome`` 'failed' or
+    'cancelled', as :attr:`FlowSnapshot.outcome <echomq_core.FlowSnapshot.outcome>` says)."""
+    if outcome == "cancelled":
+        return FlowCancelled(queue, parent_id, reason or "", failed)
+    return ParentFailed(queue, parent_id, failed)

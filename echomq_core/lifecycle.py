@@ -32,11 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .checks import text as _s
 from .connection import Call, Op
 from .flows import _Node, add_flow, child_candidates, fingerprint
 from .keyspace import Keyspace
 from .models import FlowRef
-from .ops import _s, chunks
+from .ops import chunks
 from .retention import SweepStats, forget_tree
 
 

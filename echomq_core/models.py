@@ -208,6 +208,19 @@ class FlowSnapshot:
         return self.processed + self.ignored
 
     @property
+    def outcome(self) -> str:
+        """What whoever waits on the flow does now - the one place that decides it (waits, the
+        Airflow sensor and trigger, the Dagster sensor and IO manager read it):
+        ``released`` (read it), ``failed`` (a fail-the-parent child died), ``cancelled``,
+        ``waiting`` (children outstanding), ``missing`` (no such flow: a wrong id or prefix,
+        never added, or expired)."""
+        if self.parent_state is None:
+            return "missing"
+        if self.parent_state in ("failed", "cancelled"):
+            return self.parent_state
+        return "released" if self.released else "waiting"
+
+    @property
     def released(self) -> bool:
         """Every child settled and the parent not failed: readable (barrier flows: 'released',
         then 'closed'; worker-run flows: 'pending', then 'completed')."""

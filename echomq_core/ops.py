@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .checks import text
 from .connection import Call, Op
 from .keyspace import Keyspace
 from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer, Settlement
@@ -35,8 +36,7 @@ def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+_s = text  # replies as text (echomq_core.checks.text)
 
 
 def _int(value: Any, default: int = 0) -> int:

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import ops, retention
+from .checks import check_int, check_seconds
 from .connection import Call, Durable, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
-from .queue import check_int, check_seconds
 
 if TYPE_CHECKING:
     from .client import EchoMQ

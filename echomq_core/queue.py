@@ -8,65 +8,46 @@ changes nothing. Every call takes batches: a batch costs one round trip, not one
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from . import ops
-from .errors import InvalidArgument, InvalidPayload, JobNotFound, LeaseLost
-from .keyspace import check_job_id, check_queue
-from .models import Backoff, Job, JobInfo, Settlement
+from .checks import (
+    MAX_ATTEMPTS,
+    MAX_DELAY,
+    MAX_LEASE,
+    check_int,
+    check_seconds,
+    timeout_ms,
+)
+from .connection import Op
+from .errors import InvalidArgument, JobNotFound, LeaseLost
+from .keyspace import Keyspace, check_job_id, check_queue
+from .models import Backoff, Job, JobInfo, Serializer, Settlement
 
-if TYPE_CHECKING:
-    from .client import EchoMQ
+T = TypeVar("T")
+
+
+class QueueClient(Protocol):
+    """What a :class:`Queue` needs of its client (:class:`~echomq_core.EchoMQ` is one): the
+    queue module depends on this, not on the client module, so the two never import each
+    other."""
+
+    keys: Keyspace
+    serializer: Serializer
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def run(self, op: Op[T]) -> T: ...
+
+    def unregistered(self, names: Iterable[str]) -> list[str]: ...
+
+    def mark_registered(self, names: Iterable[str]) -> None: ...
+
 
 DEAD, RETRY = 2, 1
-
-
-def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    """An int option in [low, high], else :class:`InvalidArgument` naming it."""
-    if (
-        not isinstance(value, int)
-        or isinstance(value, bool)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise InvalidArgument(f"{name} must be an int {bound}, got {value!r}")
-    return value
-
-
-#: Upper bounds of the time options, in seconds: far beyond any sane use, and small enough
-#: that every one of them stays exact as milliseconds in a Lua number (2^53).
-MAX_LEASE = 7 * 86400.0
-MAX_DELAY = 366 * 86400.0
-MAX_TIMEOUT = 7 * 86400.0
-#: The most attempts a job may be given.
-MAX_ATTEMPTS = 1_000_000
-
-
-def check_seconds(name: str, value: Any, low: float = 0.0, high: float | None = None) -> float:
-    """A finite number of seconds in [low, high], else :class:`InvalidArgument` naming it (NaN
-    and infinity are refused: they cannot become milliseconds or a thread wait)."""
-    if (
-        not isinstance(value, int | float)
-        or isinstance(value, bool)
-        or not value >= low
-        or not math.isfinite(value)
-        or (high is not None and value > high)
-    ):
-        bound = f"between {low} and {high:g}" if high is not None else f">= {low}"
-        raise InvalidArgument(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-    return float(value)
-
-
-def timeout_ms(name: str, value: Any) -> int | None:
-    """A handler time limit in whole milliseconds (None: no limit of its own)."""
-    if value is None:
-        return None
-    return max(1, int(check_seconds(name, value, 0.001, MAX_TIMEOUT) * 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +85,7 @@ class Queue:
 
     def __init__(
         self,
-        client: EchoMQ,
+        client: QueueClient,
         name: str,
         *,
         max_attempts: int = 3,
@@ -172,7 +153,7 @@ class Queue:
         if rows:
             new = self.client.unregistered([self.name])
             self.client.run(ops.add(self.client.keys, self.name, rows, check=check, new_queues=new))
-            self.client._registered.update(new)
+            self.client.mark_registered(new)
         return [r[0] for r in rows]
 
     # -- claim ----------------------------------------------------------------------------
@@ -285,20 +266,3 @@ class Queue:
         if job.queue != self.name:
             raise InvalidArgument(f"job {job.id} belongs to queue {job.queue!r}, not {self.name!r}")
         return job
-
-
-def encode_checked(serializer: Any, value: Any, limit: int) -> bytes:
-    """Serialise ``value`` and enforce the size limit (:class:`InvalidPayload`)."""
-    try:
-        data = serializer.dumps(value)
-    except InvalidPayload:
-        raise
-    except Exception as exc:
-        raise InvalidPayload(f"value cannot be serialised: {type(exc).__name__}: {exc}") from None
-    if isinstance(data, str):
-        data = data.encode()
-    if not isinstance(data, bytes):
-        raise InvalidPayload(f"serializer returned {type(data).__name__}, not bytes")
-    if len(data) > limit:
-        raise InvalidPayload(f"serialised value is {len(data)} bytes; the limit is {limit}")
-    return data

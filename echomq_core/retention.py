@@ -37,11 +37,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import text as _s
 from .connection import Call, Op
 from .errors import InvalidArgument
 from .flows import child_candidates, pairs, ref_body
 from .keyspace import Keyspace
-from .ops import _s, chunks
+from .ops import chunks
 
 DAY = 86_400.0
 #: The settings, in the order the scripts take them, with their defaults (seconds / counts).

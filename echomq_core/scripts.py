@@ -64,5 +64,6 @@ def script(name: str) -> Script:
 
 
 def all_scripts() -> list[Script]:
-    """Every script in ``lua/`` (not the includes): loaded up front by ``preload``."""
+    """Every script in ``lua/`` (not the includes): what a test or a tool loads to check that
+    every script compiles; calls load scripts lazily (NOSCRIPT, see connection.py)."""
     return [script(p.stem) for p in sorted(lua_dir().glob("*.lua"))]

@@ -56,10 +56,11 @@ from typing import TYPE_CHECKING, Any
 from redis.crc import key_slot
 
 from . import ops
+from .checks import MAX_TIMEOUT, check_int, check_seconds
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
 from .keyspace import check_queue
 from .models import Job, Settlement
-from .queue import MAX_TIMEOUT, Queue, check_int, check_seconds
+from .queue import Queue
 
 if TYPE_CHECKING:
     from .client import EchoMQ

@@ -53,6 +53,7 @@ from echomq_core import (
     InvalidInput,
     ParentFailed,
 )
+from echomq_core.errors import flow_error
 
 from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
@@ -152,14 +153,12 @@ class EchoFlowSensor(BaseSensorOperator):
         queue, parent_id = self._target()
         client = self._client()
         snap = client.snapshot(queue, parent_id)
-        if snap.parent_state == "failed":
-            raise AirflowFailException(
-                str(ParentFailed(queue, parent_id, client.failed_children(queue, parent_id)))
-            )
-        if snap.parent_state == "cancelled":
-            raise AirflowFailException(str(FlowCancelled(queue, parent_id, snap.error or "")))
-        if not snap.released:
-            if snap.parent_state is None:
+        if snap.outcome in ("failed", "cancelled"):
+            failed = client.failed_children(queue, parent_id) if snap.outcome == "failed" else {}
+            error = flow_error(queue, parent_id, snap.outcome, failed, snap.error)
+            raise AirflowFailException(str(error))
+        if snap.outcome != "released":
+            if snap.outcome == "missing":
                 self.log.warning(
                     "No flow %s in queue %r (wrong id or prefix?); waiting", parent_id, queue
                 )

@@ -108,7 +108,7 @@ class EchoFlowTrigger(BaseTrigger):
             ).aget_conn()
             while True:
                 snap = await client.snapshot(self.queue, self.parent_id)
-                if snap.parent_state in ("failed", "cancelled"):
+                if snap.outcome in ("failed", "cancelled"):
                     failed = await client.failed_children(self.queue, self.parent_id)
                     reported = dict(sorted(failed.items())[:MAX_REPORTED])
                     event = {
@@ -117,10 +117,10 @@ class EchoFlowTrigger(BaseTrigger):
                         "failed_count": len(failed),
                         "snapshot": snap.to_dict(),
                     }
-                    if snap.parent_state == "cancelled":
+                    if snap.outcome == "cancelled":
                         event["cancelled"] = snap.error or ""
                     return event
-                if snap.released:
+                if snap.outcome == "released":
                     return {"status": "success", "snapshot": snap.to_dict()}
                 if self.timeout_at is not None and time.time() >= self.timeout_at:
                     return {
