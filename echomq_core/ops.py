@@ -139,16 +139,34 @@ def wait_for_work(ks: Keyspace, queues: Sequence[str], timeout: float) -> Op[boo
 # -- complete / fail --------------------------------------------------------------------
 
 
-def _parent_mode(job: Job, groups: dict[str, int]) -> tuple[str, str, str]:
-    """(mode, ref, parent_queue) for one job of a batch; same-queue parents get a group."""
-    parent = job.parent
-    if parent is None:
-        return "", "", ""
-    if parent.queue == job.queue:
-        if parent.id not in groups:
-            groups[parent.id] = len(groups) + 1
-        return "s", str(groups[parent.id]), ""
-    return "x", parent.id, parent.queue
+def _batch(
+    queue: str, part: Sequence[tuple[Any, ...]]
+) -> tuple[list[Any], dict[str, int], list[Job]]:
+    """The batch encoding complete and fail share (lua/includes/batch.lua): the header - job,
+    group, cross-parent and token counts, the group parent ids, the cross parents, the tokens,
+    each numbered once per batch - then per job: id, token number, its values, ref (0 no
+    parent, k same-queue group k, -k cross-queue parent k). ``part`` holds (job, *values).
+    Returns (argv, same-queue groups in order, the jobs without a parent)."""
+    groups: dict[str, int] = {}
+    cross: dict[tuple[str, str], int] = {}
+    tokens: dict[str, int] = {}
+    plain: list[Job] = []
+    records: list[Any] = []
+    for job, *values in part:
+        parent = job.parent
+        if parent is None:
+            ref = 0
+            plain.append(job)
+        elif parent.queue == queue:
+            ref = groups.setdefault(parent.id, len(groups) + 1)
+        else:
+            ref = -cross.setdefault((parent.id, parent.queue), len(cross) + 1)
+        records += [job.id, tokens.setdefault(job.token, len(tokens) + 1), *values, ref]
+    argv: list[Any] = [len(part), len(groups), len(cross), len(tokens), *groups]
+    for parent_id, parent_queue in cross:
+        argv += [parent_id, parent_queue]
+    argv += [*tokens, *records]
+    return argv, groups, plain
 
 
 def _group_keys(ks: Keyspace, queue: str, groups: dict[str, int]) -> list[str]:
@@ -174,30 +192,9 @@ def complete(
     ]
     rows = ks.job_prefix(queue)
     for part in chunks(done):
-        # numbered once per batch: same-queue parents (k), cross-queue parents (-k), tokens
-        groups: dict[str, int] = {}
-        cross: dict[tuple[str, str], int] = {}
-        tokens: dict[str, int] = {}
-        plain: list[str] = []
-        per_job: list[Any] = []
-        for job, result in part:
-            parent = job.parent
-            if parent is None:
-                ref = 0
-                plain.append(rows + job.id)
-            elif parent.queue == queue:
-                ref = groups.setdefault(parent.id, len(groups) + 1)
-            else:
-                ref = -cross.setdefault((parent.id, parent.queue), len(cross) + 1)
-            token = tokens.setdefault(job.token, len(tokens) + 1)
-            per_job += [job.id, token, result, ref]
-        argv: list[Any] = [queue, "1" if keep else "0", len(part), len(groups), len(cross)]
-        argv += [len(tokens), *groups]
-        for parent_id, parent_queue in cross:
-            argv += [parent_id, parent_queue]
-        argv += [*tokens, *per_job]
-        keys = [*fixed, *plain, *_group_keys(ks, queue, groups)]
-        calls.append(Call.lua("complete", keys, argv))
+        batch, groups, plain = _batch(queue, part)
+        keys = [*fixed, *(rows + j.id for j in plain), *_group_keys(ks, queue, groups)]
+        calls.append(Call.lua("complete", keys, [queue, "1" if keep else "0", *batch]))
     return _settled(queue, (yield calls))
 
 
@@ -206,10 +203,7 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
     1 retry scheduled, 2 dead."""
     calls = []
     for part in chunks(failed):
-        groups: dict[str, int] = {}
-        per_job: list[Any] = []
-        for job, error, delay in part:
-            per_job += [job.id, job.token, error, delay, *_parent_mode(job, groups)]
+        batch, groups, _ = _batch(queue, part)
         keys = [
             ks.active(queue),
             ks.leases(queue),
@@ -222,8 +216,7 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
             *(ks.job_prefix(queue) + j.id for j, _, _ in part),
             *_group_keys(ks, queue, groups),
         ]
-        argv = [queue, len(part), len(groups), *groups, *per_job]
-        calls.append(Call.lua("fail", keys, argv))
+        calls.append(Call.lua("fail", keys, [queue, *batch]))
     return _settled(queue, (yield calls))
 
 

@@ -1,6 +1,7 @@
 -- complete: record the results of a batch of leased jobs of one queue, with the fan-in.
 -- @include now_ms
 -- @include settle_groups
+-- @include batch
 --
 -- KEYS[1] active    zset  leased jobs         KEYS[4] outbox   list  this queue's flow:outbox
 -- KEYS[2] leases    hash  id -> token         KEYS[5] pending  zset  this queue's pending
@@ -15,13 +16,9 @@
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
 --                   (never a flow parent's row: see below)
--- ARGV[3] n  ARGV[4] g  ARGV[5] x  ARGV[6] t: number of jobs, of same-queue parent groups, of
---                   cross-queue parents, of lease tokens
--- then g parent ids (group 1..g); then x pairs: parent id, parent queue (cross parent 1..x);
--- then t lease tokens (a batch usually shares one: it was claimed in one call)
--- then per job, 4 values: id, token number (1..t), result, ref
---   ref '0' plain job; k > 0 child of same-queue group k (settled here, atomically);
---       -k child of cross-queue parent k (a signal into this queue's outbox)
+-- ARGV[3..] the batch (see includes/batch.lua), each job's record 4 values: id, token number,
+--   result, ref ('0' plain job; k > 0 child of same-queue group k, settled here, atomically;
+--   -k child of cross-queue parent k: a signal into this queue's outbox)
 --
 -- Steps: read all lease tokens with one HMGET; a job whose token is not current is skipped
 -- untouched (a stale completion changes nothing). For the rest: one ZREM from active, one HDEL
@@ -33,22 +30,17 @@
 -- statuses per job 1 (completed) / 0 (lease lost); events a flat list of pairs
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed.
 local queue, keep = ARGV[1], ARGV[2]
-local n, g, x, t = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local b = batch(3, 4)
+local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
-local cross = 6 + g             -- ARGV[cross + 2k - 1], ARGV[cross + 2k]: cross parent k
-local tokens = cross + 2 * x    -- ARGV[tokens + k]: token k
-local base = tokens + t         -- job i's values start at ARGV[base + 4(i - 1) + 1]
-local ids = {}
-for i = 1, n do ids[i] = ARGV[base + (i - 1) * 4 + 1] end
-local current = redis.call('HMGET', KEYS[2], unpack(ids))
 local now = now_ms()
 local out, done, fin, signals, groups = {}, {}, {}, {}, {}
 local plain = 9
 for i = 1, n do
-  local b = base + (i - 1) * 4
-  local id, result, ref = ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
+  local r = base + (i - 1) * 4
+  local id, result, ref = ARGV[r + 1], ARGV[r + 3], tonumber(ARGV[r + 4])
   if ref == 0 then plain = plain + 1 end
-  if current[i] ~= ARGV[tokens + tonumber(ARGV[b + 2])] then
+  if not b.current[i] then
     out[i] = 0
   else
     out[i] = 1
@@ -78,6 +70,6 @@ if #done > 0 then
   redis.call('ZADD', KEYS[3], unpack(fin))
 end
 if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
-local events = settle_groups(groups, plain, 6, queue,
+local events = settle_groups(groups, plain, b.ids_at, queue,
   {KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[8], KEYS[9]}, now)
 return {out, events}

@@ -2,6 +2,7 @@
 -- and apply the failure policy to the parents of the buried ones.
 -- @include now_ms
 -- @include settle_groups
+-- @include batch
 --
 -- KEYS[1] active  KEYS[2] leases  KEYS[3] outbox  KEYS[4] pending
 -- KEYS[5] delayed zset retries by due time       KEYS[6] dead    zset the morgue by time of death
@@ -10,33 +11,31 @@
 -- KEYS[10+i]      the row of job i (i = 1..n)
 -- KEYS[10+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
 --                           unsuccessful, failed, explicit
--- ARGV[1] queue   ARGV[2] n   ARGV[3] g   ARGV[4 .. 3+g] the parent id of each group
--- then per job, 7 values: id, token, error, delay_ms, mode, ref, parent_queue
+-- ARGV[1] queue
+-- ARGV[2..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 5
+--   values: id, token number, error, delay_ms, ref
 --   delay_ms: the backoff before the next attempt, chosen by the host (exponential, jittered);
 --             -1 buries the job now whatever its attempts (an unrecoverable error)
---   mode/ref/parent_queue: as in complete.lua
+--   ref: 0 no parent; k > 0 a child of same-queue group k; -k a child of cross-queue parent k
 --
--- Steps: tokens checked as in complete (a stale failure changes nothing). For each current
--- job: attempts + 1; below max_attempts (and delay_ms >= 0) it goes to delayed with its error;
+-- Steps: tokens checked with one HMGET (batch.lua): a stale failure changes nothing. For each
+-- current job: attempts + 1; below max_attempts (and delay_ms >= 0) it goes to delayed with its error;
 -- otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
 -- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
 -- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
 -- events as in complete.lua.
 local queue = ARGV[1]
-local n, g = tonumber(ARGV[2]), tonumber(ARGV[3])
-local base = 3 + g
+local b = batch(2, 5)
+local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
-local ids = {}
-for i = 1, n do ids[i] = ARGV[base + (i - 1) * 7 + 1] end
-local current = redis.call('HMGET', KEYS[2], unpack(ids))
 local now = now_ms()
 local out, done, later, dead, signals, groups = {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local b = base + (i - 1) * 7
-  local id, token, err, delay, mode = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3],
-    tonumber(ARGV[b + 4]), ARGV[b + 5]
-  if current[i] ~= token then
+  local r = base + (i - 1) * 5
+  local id, err, delay, ref = ARGV[r + 1], ARGV[r + 3], tonumber(ARGV[r + 4]),
+    tonumber(ARGV[r + 5])
+  if not b.current[i] then
     out[i] = 0
   else
     done[#done + 1] = id
@@ -54,12 +53,12 @@ for i = 1, n do
       local kind = 'f'
       if meta[2] == 'id' then kind = 'i' end
       local value = death(meta[3], err)
-      if mode == 's' then
-        local gi = tonumber(ARGV[b + 6])
-        groups[gi] = groups[gi] or {}
-        table.insert(groups[gi], {kind, id, value})
-      elseif mode == 'x' then
-        signals[#signals + 1] = signal(kind, id, ARGV[b + 7], ARGV[b + 6], value)
+      if ref > 0 then
+        groups[ref] = groups[ref] or {}
+        table.insert(groups[ref], {kind, id, value})
+      elseif ref < 0 then
+        local k = cross + 2 * (-ref)
+        signals[#signals + 1] = signal(kind, id, ARGV[k], ARGV[k - 1], value)
       end
     end
   end
@@ -71,6 +70,6 @@ end
 if #later > 0 then redis.call('ZADD', KEYS[5], unpack(later)) end
 if #dead > 0 then redis.call('ZADD', KEYS[6], unpack(dead)) end
 if #signals > 0 then redis.call('RPUSH', KEYS[3], unpack(signals)) end
-local events = settle_groups(groups, 10 + n, 3, queue,
+local events = settle_groups(groups, 10 + n, b.ids_at, queue,
   {KEYS[4], KEYS[7], KEYS[3], KEYS[8], KEYS[9], KEYS[10]}, now)
 return {out, events}
