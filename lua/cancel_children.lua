@@ -13,6 +13,9 @@
 -- each of those gets state 'cancelled'. A child that completed or died is left as it is. A
 -- child that is a parent itself is named in the reply: the host cancels it (cancel.lua) and
 -- then its own children.
+-- Owner of what it writes: the children's rows (state 'cancelled') go with their flow's expiry
+-- (forget.lua); nothing else is created (entries are only removed from pending, delayed,
+-- active, leases).
 -- Returns: {cancelled, {inner node ids}}.
 local cancelled, inner = 0, {}
 local now = now_ms()

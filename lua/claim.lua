@@ -18,6 +18,9 @@
 -- them). A full batch that leaves jobs behind sets the wake-up hint again, so the next idle
 -- worker (blocked on it) joins in. Returns: {id, ...} in claim order; empty when nothing is
 -- pending.
+-- Owner of what it writes: the active entries and lease tokens are removed by complete, fail,
+-- release, recover or cancel_children; the wake member is popped by idle workers (one member
+-- per queue at most).
 local now = now_ms()
 local promote = tonumber(ARGV[4])
 if promote > 0 then

@@ -29,6 +29,10 @@
 -- done - so a child costs one command here, its fan-in record. Returns: {statuses, events}:
 -- statuses per job 1 (completed) / 0 (lease lost); events a flat list of pairs
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed.
+-- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
+-- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
+-- their flow's expiry; :processed records and counters go with the flow; outbox signals are
+-- trimmed by the Pump (trim_outbox.lua); the wake member is popped by idle workers.
 local queue, keep = ARGV[1], ARGV[2]
 local b = batch(3, 4)
 local n, cross, base = b.n, b.cross, b.base

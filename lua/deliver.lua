@@ -16,6 +16,8 @@
 -- Steps: for each parent, settle its signals in one group (HSETNX per child, one DECRBY,
 -- release at 0, fail on an 'f' - see settle). Redelivering any signal any number of times
 -- changes nothing: only a first record decrements.
+-- Owner of what it writes: the parents' records and counters (and a released parent's index
+-- entry, a failed one's outbox signal upward) go with their flow's expiry; see settle.lua.
 -- Returns: {statuses, events}. statuses: one per signal, in ARGV order: 1 recorded, 0 already
 -- recorded (both count as delivered), -1 the parent does not exist (not delivered; the Pump
 -- ages it). events: flat pairs ('r' | 'f', parent id) released or failed by this call.

@@ -22,6 +22,8 @@
 --   not all settled yet (some still run) waits: it is re-checked a minute later;
 -- * a plain job: its row goes.
 -- Never touched: held roots (in no index swept here), pending or leased jobs (ditto).
+-- Owner of what it writes: it creates nothing: it deletes (a failed root still running children
+-- only gets a later score in flows:failed).
 -- Returns: {swept, {dropped root: {id, total, child queues, {explicit id, queue, ...}, refs}}}.
 if redis.call('GET', KEYS[9]) ~= ARGV[1] then return {0, {}} end
 local names = {'completed_age', 'completed_count', 'dead_age', 'dead_count', 'failed_age',

@@ -23,6 +23,11 @@
 -- otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
 -- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
+-- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
+-- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
+-- row with its flow; the row fields it sets (attempts, error, state) go with the row; outbox
+-- signals are trimmed by the Pump; records and counters of same-queue parents go with their
+-- flow.
 -- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
 -- events as in complete.lua.
 local queue = ARGV[1]

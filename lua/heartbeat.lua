@@ -7,6 +7,8 @@
 -- ARGV[2..] id, token   pairs
 -- Steps: read every token with one HMGET; for each pair whose token is current, move its
 -- deadline to now + lease_ms (one ZADD XX for the batch).
+-- Owner of what it writes: it only moves deadlines of existing active entries (ZADD XX): it
+-- creates nothing.
 -- Returns: a list of 1 (extended) / 0 (lease lost: expired, recovered or re-claimed).
 local now = now_ms()
 local ids = {}

@@ -5,6 +5,10 @@
 -- KEYS[1] row   the root's row
 -- ARGV[1] name  the reference's name (no whitespace: REF_NAME_RE)
 -- Steps: nothing when the row does not exist (a reference to no flow owns nothing here).
+-- Owner of what it writes: the refs field goes with the root's row; the named reference it
+-- lists is deleted when the flow expires (drop_ref.lua). A reference saved for no flow
+-- (note_ref answers 0) has no owner: save_ref callers (the Dagster IO manager) save only refs
+-- to flows they added.
 -- Returns: 1 recorded (or already), 0 no such row.
 local refs = redis.call('HGET', KEYS[1], 'refs')
 if not refs then

@@ -10,6 +10,8 @@
 -- so a Pump that paused past its lease trims nothing.) An empty outbox is left alone: an idle
 -- Pump takes or renews no lease, it writes nothing. (The page itself is read by an LRANGE
 -- pipelined behind this call: a plain read, cheaper than passing 1,000 entries through Lua.)
+-- Owner of what it writes: the lease expires by itself (PX) and is given up by a stopping Pump
+-- (outbox_unlease.lua).
 -- Returns: 1 held by this Pump (taken or renewed), 0 held by another or nothing to drain.
 if redis.call('LLEN', KEYS[2]) == 0 then return 0 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end

@@ -7,6 +7,8 @@
 -- ARGV[1] limit    how many at most
 -- Steps: one ZRANGEBYSCORE, one ZADD at the front of pending (score 0: a retry has waited
 -- its backoff already), one ZREM.
+-- Owner of what it writes: the pending entries are claimed (claim.lua); the wake member is
+-- popped by idle workers.
 -- Returns: the number promoted.
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))

@@ -15,6 +15,10 @@
 -- stall, and put it at the FRONT of pending (it has waited already). A job past max_stalls
 -- dies instead; its parent, if any, is settled through this queue's outbox by its policy token
 -- (the Pump delivers, same-queue parents included: no parent key is derived here).
+-- Owner of what it writes: pending entries are claimed; dead entries go with the dead retention
+-- (expire.lua), a plain job's row with them, a flow child's row with its flow; the stalls/state
+-- fields go with the row; outbox signals are trimmed by the Pump; the wake member is popped by
+-- idle workers.
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
 -- parent_queue, parent_policy, stalls, timeout} per buried job} - the row fields in the order the claim
 -- reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.

@@ -8,6 +8,8 @@
 -- Steps: for each pair whose token is current: drop it from active and leases and put it at
 -- the FRONT of pending (score 0). No attempt or stall is counted: the job never ran, or its
 -- run was abandoned by a clean shutdown. Returns: a list of 1 (released) / 0 (lease lost).
+-- Owner of what it writes: pending entries are claimed; the wake member is popped by idle
+-- workers.
 local ids = {}
 for i = 1, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then return {} end

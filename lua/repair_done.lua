@@ -7,6 +7,8 @@
 -- KEYS[1] row  KEYS[2] repair  KEYS[3] dependencies  KEYS[4] pending  KEYS[5] wake
 -- KEYS[6] flows:held  KEYS[7] flows:released
 -- ARGV[1] id
+-- Owner of what it writes: it deletes :repair; a released root's flows:released entry is moved
+-- by close or dropped by the unclosed retention; a pending parent is claimed.
 -- Returns: the node's state after the call.
 redis.call('DEL', KEYS[2])
 redis.call('HDEL', KEYS[1], 'rerun')

@@ -4,6 +4,8 @@
 -- KEYS[2] outbox  list  the same queue's flow:outbox
 -- KEYS[3] head    hash  the ageing record (cleared, so replayed signals start at zero tries)
 -- ARGV[1] count   how many at most, oldest first
+-- Owner of what it writes: the replayed signals are trimmed from the outbox by the Pump once
+-- delivered (or poisoned again, then dropped by the poison retention).
 -- Returns: the number replayed.
 local n = 0
 for i = 1, tonumber(ARGV[1]) do

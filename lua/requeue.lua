@@ -12,6 +12,9 @@
 -- claimable, in the order given. Any other child is left as it is: one requeued already (a
 -- repair retried), one that completed (its value stays, it never runs again). A child that is
 -- a parent itself is named in the reply: the host repairs it (repair.lua) and its children.
+-- Owner of what it writes: pending entries are claimed; the rows' fields (attempts, epoch) go
+-- with their flow's expiry; the seq counter is the queue's own (one per queue); the wake member
+-- is popped by idle workers.
 -- Returns: {requeued, {inner node ids}}.
 local n = #ARGV - 2
 local seq = redis.call('INCRBY', KEYS[4], n) - n

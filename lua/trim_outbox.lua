@@ -19,6 +19,8 @@
 -- the worst case is a redelivery, which is harmless). Then LTRIM the delivered prefix. If a
 -- blocked entry is now at the head, count a try; at max_tries move it to poison with its
 -- reason, so one bad signal cannot stall the queue behind it.
+-- Owner of what it writes: the head record is deleted when the head delivers or is poisoned;
+-- poison entries are dropped by the poison retention (retain.lua, by age and count).
 -- Returns: {trimmed, poisoned}; {-1, 0} when the lease or the head did not match.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1, 0} end
 local delivered = tonumber(ARGV[2])

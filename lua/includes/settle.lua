@@ -21,6 +21,10 @@
 -- get here. A replaced parent (generation `gen` > 0) records only children of
 -- its current generation: derived ids '<parent>.g<gen>.<i>', or ids in its explicit record; a
 -- late report of an older generation's child changes nothing (status 0).
+-- Owner of what it writes: :processed/:unsuccessful/:failed records, the counter and the
+-- row's fields go with the flow's expiry (expire.lua / forget.lua / drop.lua); flows:* entries
+-- move on with the flow's state and are dropped at expiry; a released worker-run parent's
+-- pending entry is claimed; the upward signal is trimmed by the Pump.
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
