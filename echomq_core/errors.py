@@ -86,6 +86,12 @@ class FlowConflict(EchoMQError):
     """Raised when a flow add names a parent that exists with a different number of children,
     or an id that is already used by a job of another shape. Script code ``EMQFLOW``."""
 
+    #: The id that is taken by another flow or a plain job (script code ``EMQTAKEN``), if that
+    #: is the conflict.
+    taken: str | None = None
+    #: The generation a replaced parent holds (script code ``EMQGEN``): the host re-plans.
+    generation: str | None = None
+
 
 class ParentFailed(EchoMQError):
     """Raised by waits (sensors, IO managers) when the flow's parent failed because a
@@ -137,9 +143,19 @@ _CODES: dict[str, type[EchoMQError]] = {
 
 
 def from_reply(message: str) -> EchoMQError:
-    """Map a server error reply (``"EMQKIND job id ..."``) onto the exception tree."""
+    """Map a server error reply (``"EMQKIND job id ..."``) onto the exception tree.
+    ``EMQTAKEN <id> ...`` and ``EMQGEN <n> ...`` are :class:`FlowConflict` carrying the id
+    (``.taken``) or the generation (``.generation``) as a field, not as prose to parse."""
     text = message.strip()
     code = text.split(" ", 1)[0]
+    if code in ("EMQTAKEN", "EMQGEN"):
+        _, subject, rest = [*text.split(" ", 2), "", ""][:3]
+        conflict = FlowConflict(rest or subject)
+        if code == "EMQTAKEN":
+            conflict.taken = subject
+        else:
+            conflict.generation = "" if subject == "0" else subject
+        return conflict
     cls = _CODES.get(code)
     if cls is None:
         return ServerError(text)

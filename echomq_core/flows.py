@@ -371,11 +371,7 @@ def add_flow(
 
 def _generation(reply: Any) -> str | None:
     """The generation named by a hold refused for planning another one ('' for 0)."""
-    if isinstance(reply, FlowConflict):
-        words = str(reply).split()
-        if len(words) == 5 and words[2:4] == ["is", "generation"]:
-            return "" if words[4] == "0" else words[4]
-    return None
+    return reply.generation if isinstance(reply, FlowConflict) else None
 
 
 def _settle_errors(ks: Keyspace, owners: list[_Node], replies: list[Any]) -> Op[None]:
@@ -388,9 +384,8 @@ def _settle_errors(ks: Keyspace, owners: list[_Node], replies: list[Any]) -> Op[
             first = first or reply
             # "<id> is taken by ...": the flow can never complete; any other conflict (a node of
             # this very flow re-added with other children) is a refusal that changes nothing
-            words = str(reply).split()
-            if isinstance(reply, FlowConflict) and "taken" in words and owner.id not in conflicts:
-                taken = next((w for w in words if w.startswith("JOB-")), owner.id)
+            taken = reply.taken if isinstance(reply, FlowConflict) else None
+            if taken and owner.id not in conflicts:
                 conflicts[owner.id] = (owner, taken)
     if conflicts:
         yield [_fail_call(ks, node, taken, "id is taken") for node, taken in conflicts.values()]

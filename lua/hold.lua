@@ -34,8 +34,9 @@
 -- Owner of what it writes: the row, the counter, the explicit record and the index entry are
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
--- Errors: EMQKIND bad id; EMQFLOW the id exists and is not this flow's parent, or holds a
--- flow of generation n while the host planned another ('is generation n': it re-plans once).
+-- Errors: EMQKIND bad id; EMQTAKEN <id> the id is another flow's node or a plain job; EMQFLOW
+-- the parent exists with other children; EMQGEN <n> it holds a flow of generation n while the
+-- host planned another (the host re-plans once). All three are FlowConflict on the host.
 local bad = check_id(ARGV[1])
 if bad then return bad end
 local row = redis.call('HMGET', KEYS[1], 'total', 'fp', 'parent', 'state', 'gen')
@@ -45,10 +46,10 @@ elseif row[1] then
   if (row[3] or '') ~= ARGV[5] then
     local owner = 'a root flow parent'
     if row[3] then owner = 'a child of ' .. row[3] end
-    return redis.error_reply('EMQFLOW id ' .. ARGV[1] .. ' is taken by ' .. owner)
+    return redis.error_reply('EMQTAKEN ' .. ARGV[1] .. ' id ' .. ARGV[1] .. ' is taken by ' .. owner)
   end
   if (row[5] or '') ~= ARGV[12] then  -- the host planned another generation's ids: re-plan
-    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' is generation ' ..
+    return redis.error_reply('EMQGEN ' .. (row[5] or '0') .. ' parent ' .. ARGV[1] .. ' is generation ' ..
       (row[5] or '0'))
   end
   if row[1] ~= ARGV[3] then
@@ -61,7 +62,8 @@ elseif row[1] then
   end
   return 0
 elseif redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.error_reply('EMQFLOW id ' .. ARGV[1] .. ' is taken by a job that is not a flow parent')
+  return redis.error_reply('EMQTAKEN ' .. ARGV[1] .. ' id ' .. ARGV[1] ..
+    ' is taken by a job that is not a flow parent')
 end
 local now = now_ms()
 local fields = {'state', 'held', 'payload', ARGV[2], 'total', ARGV[3], 'max_attempts', ARGV[4],

@@ -26,7 +26,7 @@
 -- re-queues a child, even one that already completed).
 -- Owner of what it writes: the rows are removed with their flow (the retention sweep).
 -- Returns: a list of 1 (landed) / 0 (existed), per child.
--- Errors: EMQKIND bad id; EMQFLOW <id> a child id that is taken (nothing written).
+-- Errors: EMQKIND bad id; EMQTAKEN <id> a child id that is taken (nothing written).
 local check, parent, up_queue, policy, attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local timeout = ARGV[6]
 local n = (#ARGV - 6) / 2
@@ -41,7 +41,8 @@ for i = 1, n do
       if row[2] ~= parent then
         local owner = 'a plain job'
         if row[2] then owner = 'a child of ' .. row[2] elseif row[3] then owner = 'a flow parent' end
-        return redis.error_reply('EMQFLOW child id ' .. ARGV[5 + 2 * i] .. ' is taken by ' ..
+        return redis.error_reply('EMQTAKEN ' .. ARGV[5 + 2 * i] .. ' child id ' ..
+          ARGV[5 + 2 * i] .. ' is taken by ' ..
           owner .. ', not free for parent ' .. parent)
       end
       out[i] = 0
