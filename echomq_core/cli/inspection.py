@@ -106,10 +106,8 @@ def add_parsers(sub: Any) -> None:
         "that already ended otherwise (failed, completed) is left as it is. Prints the "
         "state after the call. Exit 1 when there is no such flow, or it is still held.",
     )
-    close.add_argument("queue", metavar="QUEUE", help="the parent's queue")
-    close.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
-    close.add_argument("--json", action="store_true", help="print one JSON object")
-    _common(close, run_flow_close)
+    _root_args(close)
+    _common(close, run_flow_close, json_flag=True)
 
     cancel = flow.add_parser(
         "cancel",
@@ -120,11 +118,9 @@ def add_parsers(sub: Any) -> None:
         "becomes 'cancelled' with the reason; the reads still work; its 'cancelled' "
         "retention runs. Idempotent. Exit 1 when there is no such flow.",
     )
-    cancel.add_argument("queue", metavar="QUEUE", help="the parent's queue")
-    cancel.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
+    _root_args(cancel)
     cancel.add_argument("--reason", default="", help="why (shown by flow show and in waits)")
-    cancel.add_argument("--json", action="store_true", help="print one JSON object")
-    _common(cancel, run_flow_cancel)
+    _common(cancel, run_flow_cancel, json_flag=True)
 
     retry = flow.add_parser(
         "retry",
@@ -135,13 +131,11 @@ def add_parsers(sub: Any) -> None:
         "again; sub-flows are repaired bottom-up. Idempotent. Exit 1 when there is nothing "
         "to repair.",
     )
-    retry.add_argument("queue", metavar="QUEUE", help="the parent's queue")
-    retry.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
+    _root_args(retry)
     retry.add_argument(
         "--ignored", action="store_true", help="also re-run children whose failure was ignored"
     )
-    retry.add_argument("--json", action="store_true", help="print one JSON object")
-    _common(retry, run_flow_retry)
+    _common(retry, run_flow_retry, json_flag=True)
 
     queue = sub.add_parser(
         "queue", help="inspect and configure queues", description="Inspect and configure queues."
@@ -250,7 +244,15 @@ _END_STATES = {
 }
 
 
-def _common(parser: argparse.ArgumentParser, run: Any) -> None:
+def _root_args(parser: argparse.ArgumentParser) -> None:
+    """QUEUE PARENT_ID of a flow's root (close, cancel, retry)."""
+    parser.add_argument("queue", metavar="QUEUE", help="the parent's queue")
+    parser.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
+
+
+def _common(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = False) -> None:
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_connection_options(parser, url_default=env_url())
     add_verbosity(parser)
     parser.set_defaults(run=run)
