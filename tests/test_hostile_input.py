@@ -9,7 +9,7 @@ that the retry converges to the flow a clean add makes.
 
 Entry points covered: the core API (``EchoMQ``, ``AsyncEchoMQ``, ``Queue``, ``Worker``,
 ``Pump``, ``Child``, ``Backoff``, ``FlowRef``), the ``echomq`` command line, the Airflow
-operator's argument translation (``airflow_provider.flow_specs``, pure Python), the Airflow
+operator's argument translation (``echomq_provider.flow_specs``, pure Python), the Airflow
 connection settings and the Dagster IO manager's flow reads (those two only where Airflow /
 Dagster are installed, as in CI).
 """
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from echomq_provider.flow_specs import flow_target, to_children
 
-from airflow_provider.flow_specs import flow_target, to_children
 from echomq_core import (
     AsyncEchoMQ,
     Backoff,
@@ -496,7 +496,7 @@ def test_malformed_flows(stage: Stage) -> None:
             FlowConflict,
         ),
     ]
-    # the Airflow operator's child specs (airflow_provider.flow_specs.to_children)
+    # the Airflow operator's child specs (echomq_provider.flow_specs.to_children)
     specs: list[tuple[str, Any]] = [
         ("not a list", "abc"),
         ("a mapping", {"payload": 1}),
@@ -857,7 +857,7 @@ def test_unstorable_results_fail_the_job_and_the_worker_survives(
 
 def test_airflow_connection_settings_refused() -> None:
     pytest.importorskip("airflow")
-    from airflow_provider.hooks.settings import EchoMQConnectionSettings
+    from echomq_provider.hooks.settings import EchoMQConnectionSettings
 
     @dataclass
     class Conn:
@@ -887,7 +887,7 @@ def test_airflow_connection_settings_refused() -> None:
 
 def test_dagster_io_manager_flow_reads_refused(stage: Stage) -> None:
     pytest.importorskip("dagster")
-    from dagster_integration.io_manager import read_handle, store_handle, wait_released
+    from dagster_echomq.io_manager import read_handle, store_handle, wait_released
 
     mq = stage.mq
     rows: list[Any] = [
@@ -910,7 +910,7 @@ def test_dagster_io_manager_flow_reads_refused(stage: Stage) -> None:
     ]
     stage.refuses(rows)
     # a stored handle that is not a flow reference (written by something else): refused by type
-    from dagster_integration import io_manager
+    from dagster_echomq import io_manager
 
     key = ["hostile", "asset"]
     raw_key = mq.keys.ref(io_manager.handle_name(key))

@@ -778,7 +778,7 @@ def test_secrets_stay_out_of_reprs_errors_and_logs(
 
 def test_adapter_settings_keep_the_password_out_of_reprs() -> None:
     pytest.importorskip("airflow")
-    from airflow_provider.hooks.settings import EchoMQConnectionSettings
+    from echomq_provider.hooks.settings import EchoMQConnectionSettings
 
     class Conn:
         conn_id, host, port, login, password, schema = "c", "h", 6379, "echomq", SECRET, "0"
@@ -790,7 +790,7 @@ def test_adapter_settings_keep_the_password_out_of_reprs() -> None:
 
 def test_dagster_resource_keeps_the_password_out_of_its_repr() -> None:
     pytest.importorskip("dagster")
-    from dagster_integration.resource import EchoMQResource
+    from dagster_echomq.resource import EchoMQResource
 
     resource = EchoMQResource(url=f"redis://echomq:{SECRET}@h:6379/0", prefix="p")
     assert _secret_free(repr(resource)) and _secret_free(str(resource))

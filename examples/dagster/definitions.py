@@ -31,8 +31,8 @@ from dagster import (
     asset,
     define_asset_job,
 )
+from dagster_echomq import EchoMQIOManager, EchoMQResource, echomq_flow_sensor
 
-from dagster_integration import EchoMQIOManager, EchoMQResource, echomq_flow_sensor
 from echomq_core import Child, FlowRef
 
 REPORTS = "example-reports"

@@ -28,6 +28,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 EXAMPLES = ROOT / "examples" / "airflow"
+PACKAGED_EXAMPLES = ROOT / "airflow_provider" / "echomq_provider" / "example_dags"
 
 if importlib.util.find_spec("airflow") is None:
     collect_ignore_glob = ["test_*.py"]
@@ -55,7 +56,7 @@ def airflow_db() -> Path:
     """A migrated metadata DB and a DAGs folder holding the example and the test DAGs."""
     dags = AIRFLOW_HOME / "dags"
     dags.mkdir(exist_ok=True)
-    for source in [*EXAMPLES.glob("*.py"), *(HERE / "dags").glob("*.py")]:
+    for source in [*PACKAGED_EXAMPLES.glob("echomq_*.py"), *(HERE / "dags").glob("*.py")]:
         shutil.copy(source, dags / source.name)
     from .helpers import airflow_cli
 

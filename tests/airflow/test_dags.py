@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from echomq_provider.flow_specs import parent_id_for
 
-from airflow_provider.flow_specs import parent_id_for
 from echomq_core import EchoMQ
 
 from .helpers import RunResult, read_records, run_dag

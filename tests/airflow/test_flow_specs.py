@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from echomq_provider.flow_specs import flow_target, parent_id_for, to_children
 
-from airflow_provider.flow_specs import flow_target, parent_id_for, to_children
 from echomq_core import Child, FlowRef, InvalidInput
 from echomq_core.keyspace import JOB_ID_RE
 
@@ -91,7 +91,7 @@ def test_flow_target_forms() -> None:
 
 
 def test_sensor_deferrable_defaults_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider.sensors.echo_flow import EchoFlowSensor
+    from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
     ref = {"queue": "q", "parent_id": "JOB-1"}
     assert EchoFlowSensor(task_id="a", flow=ref).deferrable is False
@@ -104,9 +104,8 @@ def test_sensor_deferrable_defaults_from_config(monkeypatch: pytest.MonkeyPatch)
 
 def test_template_fields_do_not_shadow_operator_fields() -> None:
     from airflow.sdk import BaseOperator
-
-    from airflow_provider.operators.echo_flow import EchoFlowOperator
-    from airflow_provider.sensors.echo_flow import EchoFlowSensor
+    from echomq_provider.operators.echo_flow import EchoFlowOperator
+    from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
     base = set(BaseOperator(task_id="base").__dict__) | set(dir(BaseOperator))
     for cls in (EchoFlowOperator, EchoFlowSensor):

@@ -12,9 +12,9 @@ import logging
 from typing import Any
 
 import pytest
+from echomq_provider.hooks.echomq import EchoMQHook
+from echomq_provider.hooks.settings import EchoMQConnectionSettings
 
-from airflow_provider.hooks.echomq import EchoMQHook
-from airflow_provider.hooks.settings import EchoMQConnectionSettings
 from echomq_core import Child, ConfigurationError, EchoMQ
 
 pytestmark = pytest.mark.onlystandalone

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from airflow_provider.get_provider_info import get_provider_info
+from echomq_provider.get_provider_info import get_provider_info
 
 from .helpers import cli_json
 
@@ -23,21 +23,21 @@ def test_provider_info_matches_airflow_schema() -> None:
     schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
     info = get_provider_info()
     jsonschema.validate(info, schema)
-    assert info["package-name"] == importlib.metadata.metadata("echomq")["Name"]
+    assert info["package-name"] == importlib.metadata.metadata("airflow-provider-echomq")["Name"]
 
 
 def test_airflow_providers_list_shows_echomq(airflow_db: Path) -> None:
     providers = {p["package_name"]: p for p in cli_json("providers", "list")}
-    assert providers["echomq"]["version"] == "0.1.0"
+    assert providers["airflow-provider-echomq"]["version"] == "0.1.0"
 
 
 def test_airflow_providers_hooks_shows_connection_type(airflow_db: Path) -> None:
     hooks = {h["connection_type"]: h for h in cli_json("providers", "hooks")}
     assert hooks["echomq"] == {
         "connection_type": "echomq",
-        "class": "airflow_provider.hooks.echomq.EchoMQHook",
+        "class": "echomq_provider.hooks.echomq.EchoMQHook",
         "conn_id_attribute_name": "echomq_conn_id",
-        "package_name": "echomq",
+        "package_name": "airflow-provider-echomq",
         "hook_name": "EchoMQ",
     }
 
@@ -52,14 +52,53 @@ def test_connection_form_declared_in_provider_info(airflow_db: Path) -> None:
     behaviour = pm.field_behaviours["echomq"]
     assert behaviour["hidden_fields"] == ["extra"]
     assert behaviour["relabeling"]["schema"] == "Database number"
-    assert ("airflow_provider.triggers.echo_flow", "echomq") in {
+    assert ("echomq_provider.triggers.echo_flow", "airflow-provider-echomq") in {
         (t.trigger_class_name, t.package_name) for t in pm.trigger
     }
 
 
 def test_hook_uses_no_deprecated_form_methods() -> None:
-    from airflow_provider.hooks.echomq import EchoMQHook
+    from echomq_provider.hooks.echomq import EchoMQHook
 
     # Declared in provider info instead (Airflow 3.2+ deprecates the hook methods).
     assert "get_connection_form_widgets" not in EchoMQHook.__dict__
     assert "get_ui_field_behaviour" not in EchoMQHook.__dict__
+
+
+def test_default_install_with_example_dags_logs_nothing_from_echomq(tmp_path: Path) -> None:
+    """Airflow's default settings load every provider's example DAGs (``load_examples``): our
+    provider's bundle is found (through ``airflow_provider_echomq``) and parses, and nothing
+    it logs is a warning or an error."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "airflow"
+    env = dict(
+        os.environ,
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__LOAD_EXAMPLES="True",
+        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+    )
+    (home / "dags").mkdir(parents=True)
+    airflow = [sys.executable, "-m", "airflow"]
+    for args in (["db", "migrate"], ["dags", "reserialize"]):
+        done = subprocess.run(
+            [*airflow, *args], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = (done.stdout + done.stderr).splitlines()
+        ours = [
+            line
+            for line in lines
+            if "echomq" in line.lower()
+            and any(word in line.lower() for word in ("warn", "error", "exception", "could not"))
+        ]
+        assert ours == [], ours
+    listed = subprocess.run(
+        [*airflow, "dags", "list", "-o", "json"], env=env, capture_output=True, text=True
+    )
+    table = next(line for line in listed.stdout.splitlines() if line.startswith("[{"))
+    dags = {d["dag_id"]: d for d in json.loads(table)}
+    assert dags["echomq_fan_out"]["bundle_name"] == "airflow-provider-echomq-example-dags"

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from echomq_provider.triggers.echo_flow import EchoFlowTrigger
 
-from airflow_provider.triggers.echo_flow import EchoFlowTrigger
 from echomq_core import Child, EchoMQ, FlowRef
 
 pytestmark = pytest.mark.onlystandalone
@@ -64,7 +64,7 @@ def test_serialize_round_trips() -> None:
         timeout_at=1234.5,
     )
     classpath, kwargs = trigger.serialize()
-    assert classpath == "airflow_provider.triggers.echo_flow.EchoFlowTrigger"
+    assert classpath == "echomq_provider.triggers.echo_flow.EchoFlowTrigger"
     # As the task runner ships it to the triggerer: serde-encoded, re-imported by path.
     rebuilt = import_string(classpath)(**deserialize(serialize(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)

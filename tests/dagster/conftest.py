@@ -1,7 +1,7 @@
 """Fixtures for the Dagster integration tests: real Dagster, real servers, real workers.
 
 Where Dagster is not installed (the project's main environment) this directory is not
-collected; CI runs it from the environment that has ``echomq[dagster]``. So nothing here
+collected; CI runs it from the environment that has ``dagster-echomq``. So nothing here
 imports Dagster at module level.
 """
 
@@ -71,7 +71,7 @@ def workers(spawn: Callable[..., subprocess.Popen[bytes]]) -> Callable[..., obje
 @pytest.fixture(autouse=True)
 def no_pump_left_behind() -> Iterator[None]:
     """Every test ends with no resource Pump registered and no Pump thread alive."""
-    from dagster_integration.resource import _PumpShare
+    from dagster_echomq.resource import _PumpShare
 
     yield
     deadline = time.monotonic() + 5

@@ -25,15 +25,15 @@ from dagster import (
     materialize,
     op,
 )
-from dagster_support import client_url, pump_threads
-
-from dagster_integration import (
+from dagster_echomq import (
     EchoMQIOManager,
     EchoMQResource,
     FlowFailedError,
     flow_metadata,
 )
-from dagster_integration.resource import _PumpShare
+from dagster_echomq.resource import _PumpShare
+from dagster_support import client_url, pump_threads
+
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
 from echomq_core.keyspace import check_job_id
 

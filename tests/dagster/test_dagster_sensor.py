@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from dagster import DagsterInstance, asset, build_sensor_context
+from dagster_echomq import EchoMQResource, echomq_flow_sensor, flow_from_tags
+from dagster_echomq.sensor import parse_cursor
 from dagster_support import client_url
 
-from dagster_integration import EchoMQResource, echomq_flow_sensor, flow_from_tags
-from dagster_integration.sensor import parse_cursor
 from echomq_core import Child, EchoMQ, FlowRef, ParentFailed, Pump
 
 PARENT = "sn-parent"

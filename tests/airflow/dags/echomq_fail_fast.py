@@ -14,9 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from airflow.sdk import dag
-
-from airflow_provider.operators.echo_flow import EchoFlowOperator
-from airflow_provider.sensors.echo_flow import EchoFlowSensor
+from echomq_provider.operators.echo_flow import EchoFlowOperator
+from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
 
 def record_failure(context: Any) -> None:

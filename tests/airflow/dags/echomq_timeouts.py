@@ -10,9 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import dag
-
-from airflow_provider.operators.echo_flow import EchoFlowOperator
-from airflow_provider.sensors.echo_flow import EchoFlowSensor
+from echomq_provider.operators.echo_flow import EchoFlowOperator
+from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
 MODES = {
     "poke": {"mode": "poke", "deferrable": False},

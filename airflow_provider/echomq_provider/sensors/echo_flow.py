@@ -15,7 +15,7 @@ Modes, all with the same outcome:
 * ``poke`` - polls in the worker slot every ``poke_interval``.
 * ``reschedule`` - one poll per run; the slot is freed between polls.
 * deferrable (``deferrable=True``; default ``[operators] default_deferrable``) - one poll, then
-  :class:`~airflow_provider.triggers.echo_flow.EchoFlowTrigger` polls in the triggerer with
+  :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger` polls in the triggerer with
   the async client and the slot is freed until it fires.
 
 Fail fast: when the parent has failed (a fail-parent child died) the sensor fails at once

@@ -77,7 +77,7 @@ def echomq_flow_sensor(
 
     ``flows``: fixed ``FlowRef``s, or a callable ``(context, client) -> iterable of FlowRef``
     read at every evaluation. ``assets``: asset keys whose latest flow handle (stored by
-    :class:`~dagster_integration.EchoMQIOManager`) is watched.
+    :class:`~dagster_echomq.EchoMQIOManager`) is watched.
     """
     asset_keys = [AssetKey.from_coercible(a) for a in assets]
 

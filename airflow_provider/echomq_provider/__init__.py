@@ -1,7 +1,7 @@
-"""The EchoMQ provider for Apache Airflow 3.3 (Task SDK).
+"""The EchoMQ provider for Apache Airflow 3.1 to 3.3 (Task SDK).
 
-Installed with ``pip install 'echomq[airflow]'``; Airflow finds it through the
-``apache_airflow_provider`` entry point (:mod:`airflow_provider.get_provider_info`).
+Installed with ``pip install airflow-provider-echomq``; Airflow finds it through the
+``apache_airflow_provider`` entry point (:mod:`echomq_provider.get_provider_info`).
 
 ==========================================  ==================================================
 module                                      holds

@@ -9,7 +9,7 @@ Using::
 The connection comes from wherever Airflow keeps connections: the metadata DB, a secrets
 backend, or an ``AIRFLOW_CONN_ECHOMQ_DEFAULT`` variable in URI form
 (``echomq://:pw@host:6379/0?prefix=etl``) or JSON form. Its fields are described in
-:mod:`airflow_provider.hooks.settings`; the form Airflow's UI shows for them is declared in
+:mod:`echomq_provider.hooks.settings`; the form Airflow's UI shows for them is declared in
 ``get_provider_info`` (``conn-fields`` / ``ui-field-behaviour``), not by hook methods, which
 Airflow 3.2 deprecated.
 

@@ -140,7 +140,7 @@ def flow_target(
 ) -> tuple[str, str]:
     """The ``(queue, parent_id)`` a sensor waits on.
 
-    ``flow`` is what :class:`~airflow_provider.operators.echo_flow.EchoFlowOperator` returns
+    ``flow`` is what :class:`~echomq_provider.operators.echo_flow.EchoFlowOperator` returns
     (a mapping with ``queue`` and ``parent_id``, usually passed as ``operator.output``) or a
     :class:`~echomq_core.FlowRef`; otherwise ``queue`` and ``parent_id`` name it directly.
     Raises :class:`~echomq_core.InvalidInput`.

@@ -27,9 +27,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import dag, task
-
-from airflow_provider.operators.echo_flow import EchoFlowOperator
-from airflow_provider.sensors.echo_flow import EchoFlowSensor
+from echomq_provider.operators.echo_flow import EchoFlowOperator
+from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
 REPORT_QUEUE = "example.reports"
 SQUARE_QUEUE = "example.square"
@@ -90,7 +89,7 @@ def echomq_fan_out() -> None:
         print(f"EchoMQ flow summary: {summary}")
         return summary
 
-    summarise(wait.output["children_values"], wait.output["ignored_failures"])
+    summarise(wait.output["children_values"], wait.output["ignored_failures"])  # type: ignore[index]
 
 
 echomq_fan_out()

@@ -15,7 +15,7 @@ Using::
 The task returns ``{"queue": ..., "parent_id": ...}`` as its XCom value: the reference a
 sensor (or anything else) reads the flow by.
 
-Retry-safe: the parent id comes from :func:`~airflow_provider.flow_specs.parent_id_for` (dag
+Retry-safe: the parent id comes from :func:`~echomq_provider.flow_specs.parent_id_for` (dag
 id, run id, task id, map index; never the try number) and child ids from the parent's, so an
 Airflow retry of this task re-adds the same flow, which EchoMQ converges, instead of adding a
 second one. A retry whose children differ in number (an upstream task recomputed them) is
@@ -53,7 +53,7 @@ class EchoFlowOperator(BaseOperator):
         "timeout": seconds}``), bare
         payloads, or :class:`~echomq_core.Child` objects; or an upstream task's output
         (an ``XComArg``) that resolves to such a list. See
-        :func:`~airflow_provider.flow_specs.to_children`.
+        :func:`~echomq_provider.flow_specs.to_children`.
     :param payload: the parent's payload (JSON-serialisable).
     :param child_queue: the queue of children that name none (default: the parent's).
     :param child_max_attempts: attempts of children that set none (default: ``max_attempts``).
@@ -63,7 +63,7 @@ class EchoFlowOperator(BaseOperator):
     :param parent_id: an explicit parent id (``JOB-...``). Leave it unset to get the derived,
         retry-safe id; an explicit one must be just as stable across tries.
     :param barrier: True (the default): the flow is read by a sensor, not run by a worker -
-        its parent is never claimed, and :class:`~airflow_provider.sensors.echo_flow.
+        its parent is never claimed, and :class:`~echomq_provider.sensors.echo_flow.
         EchoFlowSensor` closes it once it has read the results (its retention then runs).
         False: a worker runs the parent (give it a handler for ``parent_queue``).
     :param echomq_conn_id: the ``echomq`` connection.

@@ -3,8 +3,11 @@
 Airflow calls :func:`get_provider_info` at the start of every ``airflow`` command and checks
 it against ``provider_info.schema.json``. Two rules matter:
 
-* ``package-name`` must equal the distribution name (``echomq``): Airflow compares them and
-  raises otherwise, which makes *every* ``airflow`` command fail at start.
+* ``package-name`` must equal the distribution name (``airflow-provider-echomq``): Airflow
+  compares them and raises otherwise, which makes *every* ``airflow`` command fail at start.
+  Airflow 3.3 also imports ``package-name`` with dashes as underscores
+  (``airflow_provider_echomq``) to look for example DAGs; that module ships with the provider
+  and points at :mod:`echomq_provider.example_dags`.
 * The connection form is declared here (``conn-fields`` for the extras,
   ``ui-field-behaviour`` for the standard fields) - the Airflow 3.2+ way. Declared like this,
   Airflow builds the form without importing the hook; the hook methods
@@ -22,7 +25,7 @@ _INTEGRATION = "EchoMQ"
 
 def get_provider_info() -> dict[str, Any]:
     return {
-        "package-name": "echomq",
+        "package-name": "airflow-provider-echomq",
         "name": "EchoMQ",
         "description": "Durable fan-out / fan-in on Redis-protocol servers: add a flow from a "
         "task, wait for its children (poke, reschedule or deferrable), and hand "
@@ -32,28 +35,28 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": _INTEGRATION,
-                "python-modules": ["airflow_provider.operators.echo_flow"],
+                "python-modules": ["echomq_provider.operators.echo_flow"],
             }
         ],
         "sensors": [
             {
                 "integration-name": _INTEGRATION,
-                "python-modules": ["airflow_provider.sensors.echo_flow"],
+                "python-modules": ["echomq_provider.sensors.echo_flow"],
             }
         ],
         "hooks": [
-            {"integration-name": _INTEGRATION, "python-modules": ["airflow_provider.hooks.echomq"]}
+            {"integration-name": _INTEGRATION, "python-modules": ["echomq_provider.hooks.echomq"]}
         ],
         "triggers": [
             {
                 "integration-name": _INTEGRATION,
-                "python-modules": ["airflow_provider.triggers.echo_flow"],
+                "python-modules": ["echomq_provider.triggers.echo_flow"],
             }
         ],
         "connection-types": [
             {
                 "connection-type": "echomq",
-                "hook-class-name": "airflow_provider.hooks.echomq.EchoMQHook",
+                "hook-class-name": "echomq_provider.hooks.echomq.EchoMQHook",
                 "hook-name": "EchoMQ",
                 "conn-fields": {
                     "prefix": {

@@ -1,6 +1,6 @@
 """EchoMQ for Dagster: a resource that runs the Pump, flow results as asset inputs, a sensor.
 
-Install with ``pip install 'echomq[dagster]'``. See ``examples/dagster/`` for Definitions that
+Install with ``pip install dagster-echomq``. See ``examples/dagster/`` for Definitions that
 fan out across two queues and summarise the children's results downstream.
 """
 
