@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import ops, retention
-from .checks import check_int, check_seconds
 from .connection import Call, Durable, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
+from .options import PumpOptions, build
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -241,25 +241,32 @@ class Pump:
     methods, see :mod:`echomq_core.hooks`, fired after each tick; None for none).
     """
 
-    def __init__(self, client: EchoMQ, queues: Sequence[str] | None = None, *,
-                 page: int = 1000, max_tries: int = 5, lease: float = 10.0,
-                 interval: float = 0.05, max_stalls: int = 5, discover_every: float = 2.0,
-                 sweep_every: float | None = 1.0, maintain_every: float = 0.1,
-                 pump_id: str | None = None, hooks: Any = None) -> None:
+    def __init__(
+        self,
+        client: EchoMQ,
+        queues: Sequence[str] | None = None,
+        *,
+        options: PumpOptions | None = None,
+        pump_id: str | None = None,
+        hooks: Any = None,
+        **settings: Any,
+    ) -> None:
+        """``settings`` are :class:`~echomq_core.options.PumpOptions` fields by name
+        (``lease=5, page=500``), applied over ``options`` (or the defaults)."""
         self.client = client
         self.hooks = hooks
         if isinstance(queues, str | bytes):
             raise InvalidArgument(f"queues must be a list of queue names, not a string {queues!r}")
         self.fixed = [check_queue(q) for q in queues] if queues is not None else None
-        self.page = check_int("page", page, 1, 100_000)
-        self.max_tries = check_int("max_tries", max_tries, 1)
-        self.lease_ms = int(check_seconds("lease", lease, 0.1) * 1000)
-        self.interval = check_seconds("interval", interval, 0.0)
-        self.max_stalls = check_int("max_stalls", max_stalls, 0)
-        self.discover_every = check_seconds("discover_every", discover_every, 0.0)
-        self.sweep_every = (None if sweep_every is None
-                            else check_seconds("sweep_every", sweep_every, 0.0))
-        self.maintain_every = check_seconds("maintain_every", maintain_every, 0.0)
+        opts = self.options = build(PumpOptions, options, settings)
+        self.page = opts.page
+        self.max_tries = opts.max_tries
+        self.lease_ms = int(opts.lease * 1000)
+        self.interval = opts.interval
+        self.max_stalls = opts.max_stalls
+        self.discover_every = opts.discover_every
+        self.sweep_every = opts.sweep_every
+        self.maintain_every = opts.maintain_every
         self._maintained_at = self._swept_at = float("-inf")
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
         self.totals = TickStats()

@@ -56,10 +56,10 @@ from typing import TYPE_CHECKING, Any
 from redis.crc import key_slot
 
 from . import ops
-from .checks import MAX_TIMEOUT, check_int, check_seconds
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
 from .keyspace import check_queue
 from .models import Job, Settlement
+from .options import WorkerOptions, build
 from .queue import Queue
 
 if TYPE_CHECKING:
@@ -121,18 +121,13 @@ class Worker:
         client: EchoMQ,
         handlers: Mapping[str, Handler],
         *,
-        concurrency: int = 1,
-        max_batch: int = 500,
-        lease: float = 30.0,
-        poll: float = 0.05,
-        max_poll: float = 0.5,
-        grace: float = 30.0,
-        fast_job: float = 0.005,
-        flush_after: float = 0.02,
-        timeout: float | None = None,
+        options: WorkerOptions | None = None,
         queue_options: Mapping[str, Any] | None = None,
         hooks: Any = None,
+        **settings: Any,
     ) -> None:
+        """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
+        (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
         if not isinstance(handlers, Mapping) or not handlers:
             raise InvalidArgument("a worker needs a mapping of queue names to handlers")
         if queue_options is not None and (
@@ -143,24 +138,25 @@ class Worker:
                 "queue_options takes max_attempts, backoff, keep_completed and timeout (lease "
                 f"is the worker's own option), got {queue_options!r:.200}"
             )
-        if timeout is not None:
-            check_seconds("timeout", timeout, 0.001, MAX_TIMEOUT)
-        options = {"timeout": timeout, **dict(queue_options or {})}
+        opts = self.options = build(WorkerOptions, options, settings)
+        queue_settings = {"timeout": opts.timeout, **dict(queue_options or {})}
         for name, fn in handlers.items():
             check_queue(name)
             if not callable(fn):
                 raise InvalidArgument(f"handler for queue {name!r} is not callable")
         self.client = client
         self.handlers = dict(handlers)
-        self.queues = {n: Queue(client, n, lease=lease, **options) for n in self.handlers}
-        self.concurrency = check_int("concurrency", concurrency, 1, 1024)
-        self.max_batch = check_int("max_batch", max_batch, 1, 5000)
-        self.lease = check_seconds("lease", lease, 0.05)
-        self.poll = check_seconds("poll", poll, 0.001)
-        self.max_poll = max(self.poll, check_seconds("max_poll", max_poll, 0.001))
-        self.grace = check_seconds("grace", grace)
-        self.fast_job = check_seconds("fast_job", fast_job)
-        self.flush_after = check_seconds("flush_after", flush_after)
+        self.queues = {
+            n: Queue(client, n, lease=opts.lease, **queue_settings) for n in self.handlers
+        }
+        self.concurrency = opts.concurrency
+        self.max_batch = opts.max_batch
+        self.lease = opts.lease
+        self.poll = opts.poll
+        self.max_poll = opts.max_poll
+        self.grace = opts.grace
+        self.fast_job = opts.fast_job
+        self.flush_after = opts.flush_after
         self.hooks = hooks
         self.completed = 0
         self.failed = 0
