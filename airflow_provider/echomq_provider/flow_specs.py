@@ -18,19 +18,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from echomq_core import Child, FlowRef, InvalidInput
-from echomq_core.keyspace import check_job_id, check_queue
+from echomq_core.keyspace import check_job_id, check_queue, id_part
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
 CHILD_KEYS = ("payload", "queue", "ignore_failure", "max_attempts", "timeout")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._\-]")
-
-
 def parent_id_for(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
     """``JOB-af/<dag>/<task>/<digest>``: readable for a person scanning keys, unique by digest.
 
@@ -42,7 +38,8 @@ def parent_id_for(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
     digest = hashlib.sha256(
         json.dumps([dag_id, run_id, task_id, int(map_index)]).encode()
     ).hexdigest()[:32]
-    readable = f"{_UNSAFE.sub('_', dag_id)[:60]}/{_UNSAFE.sub('_', task_id)[:60]}"
+    dag, task = (id_part(p, 60, word=True, mark=False) for p in (dag_id, task_id))
+    readable = f"{dag}/{task}"
     return check_job_id(f"JOB-af/{readable}/{digest}")
 
 

@@ -34,8 +34,6 @@ for the first and stops it with the last.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -51,10 +49,10 @@ from dagster import (
 from pydantic import Field, PrivateAttr
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, Pump
+from echomq_core.keyspace import id_part
 from echomq_core.options import PumpOptions, describe
 
-#: Characters a job id tail may hold (mirrors ``echomq_core.keyspace.JOB_ID_RE``).
-_ID_CHARS = re.compile(r"[^A-Za-z0-9._\-/@+=~#]")
+#: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``).
 _ID_TAIL_MAX = 200
 
 
@@ -122,16 +120,6 @@ def _pump_field(name: str, **override: Any) -> Any:
         default=override.get("default", default),
         description=override.get("description", doc[0].upper() + doc[1:] + "."),
     )
-
-
-def safe_id_part(text: str, limit: int = 80) -> str:
-    """``text`` made usable inside a job id: unsafe characters become ``_``; a changed or
-    truncated part gets a short digest of the original, so distinct inputs stay distinct."""
-    cleaned = _ID_CHARS.sub("_", text)
-    if cleaned == text and len(text) <= limit:
-        return text
-    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
-    return f"{cleaned[: max(1, limit - 11)]}~{digest}"
 
 
 # ConfigurableResource is generic only for typing; Dagster documents it unsubscripted.
@@ -348,5 +336,5 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
         if context.has_partition_key:
             tail.append(context.partition_key)
         tail += parts
-        joined = ".".join(safe_id_part(p) for p in ["dagster", *tail])
-        return "JOB-" + safe_id_part(joined, _ID_TAIL_MAX)
+        joined = ".".join(id_part(p) for p in ["dagster", *tail])
+        return "JOB-" + id_part(joined, _ID_TAIL_MAX)
