@@ -116,9 +116,15 @@ def test_failed_child_fails_sensor_at_once(
     assert wait.start_date.timestamp() < died < wait.end_date.timestamp() < died + 15
     [record] = read_records(record_file)
     assert record["task_id"] == "wait"
-    assert f"{parent}.1: Unrecoverable: item 2: corrupt input" in record["exception"]
-    assert f"{parent}.0" not in record["exception"]
-    assert ran_trigger(capfd, caplog) == (mode == "deferrable")
+    output = capfd.readouterr().out + caplog.text
+    failure = record["exception"]
+    if failure == "None":
+        # Airflow 3.1's dag.test() hands a task resumed from a trigger to its failure callback
+        # without the exception; the task's own log line carries it.
+        failure = next(line for line in output.splitlines() if "AirflowFailException:" in line)
+    assert f"{parent}.1: Unrecoverable: item 2: corrupt input" in failure
+    assert f"{parent}.0" not in failure
+    assert ("running trigger in line" in output) == (mode == "deferrable")
 
 
 def test_operator_retry_converges_on_one_flow(

@@ -43,13 +43,29 @@ def test_airflow_providers_hooks_shows_connection_type(airflow_db: Path) -> None
 
 
 def test_connection_form_declared_in_provider_info(airflow_db: Path) -> None:
+    import importlib.util
+
     from airflow.providers_manager import ProvidersManager
+    from echomq_provider._compat import FORM_FROM_HOOK
 
     pm = ProvidersManager()
     widgets = pm.connection_form_widgets
-    assert {"extra__echomq__prefix", "extra__echomq__tls", "extra__echomq__cluster"} <= set(widgets)
-    assert widgets["extra__echomq__prefix"].field["value"] == "emq"
-    behaviour = pm.field_behaviours["echomq"]
+    if FORM_FROM_HOOK and importlib.util.find_spec("flask_appbuilder") is None:
+        # Airflow 3.1 builds the form from wtforms and Flask-AppBuilder, which its default
+        # install lacks: it then registers no provider's form (it logs so at INFO and stops
+        # before the field behaviour). What the hook would answer is checked against Airflow's
+        # own schema instead.
+        from echomq_provider.hooks.echomq import EchoMQHook
+
+        assert not any(name.startswith("extra__echomq__") for name in widgets)
+        behaviour = EchoMQHook.get_ui_field_behaviour()
+        pm._customized_form_fields_schema_validator.validate(behaviour)
+    else:
+        wanted = {"extra__echomq__prefix", "extra__echomq__tls", "extra__echomq__cluster"}
+        assert wanted <= set(widgets)
+        prefix = widgets["extra__echomq__prefix"].field
+        assert (prefix["value"] if isinstance(prefix, dict) else prefix.kwargs["default"]) == "emq"
+        behaviour = pm.field_behaviours["echomq"]
     assert behaviour["hidden_fields"] == ["extra"]
     assert behaviour["relabeling"]["schema"] == "Database number"
     assert ("echomq_provider.triggers.echo_flow", "airflow-provider-echomq") in {
@@ -58,11 +74,13 @@ def test_connection_form_declared_in_provider_info(airflow_db: Path) -> None:
 
 
 def test_hook_uses_no_deprecated_form_methods() -> None:
+    from echomq_provider._compat import FORM_FROM_HOOK
     from echomq_provider.hooks.echomq import EchoMQHook
 
-    # Declared in provider info instead (Airflow 3.2+ deprecates the hook methods).
-    assert "get_connection_form_widgets" not in EchoMQHook.__dict__
-    assert "get_ui_field_behaviour" not in EchoMQHook.__dict__
+    # Declared in provider info (Airflow 3.2+ deprecates the hook methods); Airflow 3.1 knows
+    # only the methods, which then answer from the same declaration.
+    assert ("get_connection_form_widgets" in EchoMQHook.__dict__) is FORM_FROM_HOOK
+    assert ("get_ui_field_behaviour" in EchoMQHook.__dict__) is FORM_FROM_HOOK
 
 
 def test_default_install_with_example_dags_logs_nothing_from_echomq(tmp_path: Path) -> None:
@@ -101,4 +119,9 @@ def test_default_install_with_example_dags_logs_nothing_from_echomq(tmp_path: Pa
     )
     table = next(line for line in listed.stdout.splitlines() if line.startswith("[{"))
     dags = {d["dag_id"]: d for d in json.loads(table)}
-    assert dags["echomq_fan_out"]["bundle_name"] == "airflow-provider-echomq-example-dags"
+    from airflow.dag_processing.bundles import manager
+
+    if hasattr(manager, "_add_provider_example_dags_to_bundle"):  # Airflow 3.3+
+        assert dags["echomq_fan_out"]["bundle_name"] == "airflow-provider-echomq-example-dags"
+    else:  # before 3.3 Airflow loads no example DAGs of providers outside airflow.providers
+        assert "echomq_fan_out" not in dags

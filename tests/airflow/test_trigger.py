@@ -52,8 +52,15 @@ async def first_event(trigger: EchoFlowTrigger, timeout: float = 10.0) -> Any:
 
 
 def test_serialize_round_trips() -> None:
-    from airflow.sdk._shared.module_loading import import_string
-    from airflow.sdk.serde import deserialize, serialize
+    try:
+        from airflow.sdk._shared.module_loading import import_string
+        from airflow.sdk.serde import deserialize, serialize
+    except ImportError:  # Airflow 3.1
+        from airflow.sdk.module_loading import import_string  # type: ignore[no-redef]
+        from airflow.serialization.serde import (  # type: ignore[no-redef]
+            deserialize,
+            serialize,
+        )
 
     trigger = EchoFlowTrigger(
         queue="q",

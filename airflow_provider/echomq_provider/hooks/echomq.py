@@ -26,6 +26,7 @@ from airflow.sdk import BaseHook
 
 from echomq_core import AsyncEchoMQ, EchoMQ
 
+from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
 from .settings import EchoMQConnectionSettings
 
 
@@ -50,6 +51,15 @@ class EchoMQHook(BaseHook):
         self.prefix = prefix
         self._client: EchoMQ | None = None
 
+    if FORM_FROM_HOOK:  # Airflow 3.1; 3.2+ reads the form from provider info
+        @classmethod
+        def get_connection_form_widgets(cls) -> dict[str, Any]:
+            return form_widgets()
+
+        @classmethod
+        def get_ui_field_behaviour(cls) -> dict[str, Any]:
+            return field_behaviour()
+
     def __repr__(self) -> str:
         return f"EchoMQHook(echomq_conn_id={self.echomq_conn_id!r}, prefix={self.prefix!r})"
 
@@ -62,7 +72,7 @@ class EchoMQHook(BaseHook):
     async def asettings(self) -> EchoMQConnectionSettings:
         """Read the connection without blocking the event loop (triggers)."""
         conn = await self.aget_connection(self.echomq_conn_id)
-        extra = await conn.aextra_dejson()
+        extra = await aextra_dejson(conn)
         return EchoMQConnectionSettings.from_connection(conn, extra, prefix=self.prefix)
 
     # -- clients --------------------------------------------------------------------------

@@ -38,12 +38,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import (
-    AirflowFailException,
-    AirflowSensorTimeout,
-    AirflowSkipException,
-)
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from echomq_core import (
     EchoMQ,
@@ -55,6 +50,12 @@ from echomq_core import (
 )
 from echomq_core.errors import flow_error
 
+from .._compat import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    conf,
+)
 from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
 from ..triggers.echo_flow import EchoFlowTrigger

@@ -1,0 +1,97 @@
+"""What differs between the Airflow versions this provider supports (3.1 to 3.3): one place.
+
+* ``conf`` and the task exceptions moved into the Task SDK (``airflow.sdk``) in 3.2; 3.1 has
+  them in ``airflow.configuration`` and ``airflow.exceptions``.
+* ``Connection.aextra_dejson`` (the async read of the extras) exists from 3.2.
+* The connection form: 3.2 reads it from provider info (``conn-fields``,
+  ``ui-field-behaviour``) and deprecates the hook methods; 3.1 knows only the hook methods
+  ``get_connection_form_widgets`` / ``get_ui_field_behaviour``. :data:`FORM_FROM_HOOK` says which
+  this Airflow needs; :func:`form_widgets` and :func:`field_behaviour` build the 3.1 answer
+  from the one declaration in :mod:`echomq_provider.get_provider_info`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow import __version__ as AIRFLOW_VERSION
+from packaging.version import Version
+
+AIRFLOW_3_2 = Version(Version(AIRFLOW_VERSION).base_version) >= Version("3.2")
+
+if AIRFLOW_3_2:
+    from airflow.sdk import conf
+    from airflow.sdk.exceptions import (
+        AirflowFailException,
+        AirflowSensorTimeout,
+        AirflowSkipException,
+    )
+else:  # Airflow 3.1
+    from airflow.configuration import conf  # type: ignore[no-redef,assignment]
+    from airflow.exceptions import (  # type: ignore[no-redef,assignment]
+        AirflowFailException,
+        AirflowSensorTimeout,
+        AirflowSkipException,
+    )
+
+#: Whether this Airflow takes the connection form from the hook's methods (3.1) rather than
+#: from provider info (3.2+).
+FORM_FROM_HOOK = not AIRFLOW_3_2
+
+__all__ = [
+    "AIRFLOW_3_2",
+    "FORM_FROM_HOOK",
+    "AirflowFailException",
+    "AirflowSensorTimeout",
+    "AirflowSkipException",
+    "aextra_dejson",
+    "conf",
+    "field_behaviour",
+    "form_widgets",
+]
+
+
+async def aextra_dejson(conn: Any) -> dict[str, Any]:
+    """The connection's extras, read without blocking the event loop. On 3.1 the extras are
+    parsed as they are (this connection type keeps no secret in them)."""
+    if hasattr(conn, "aextra_dejson"):
+        return dict(await conn.aextra_dejson())
+    return dict(json.loads(conn.extra)) if conn.extra else {}
+
+
+def _connection_type() -> dict[str, Any]:
+    from .get_provider_info import get_provider_info
+
+    return dict(get_provider_info()["connection-types"][0])
+
+
+def field_behaviour() -> dict[str, Any]:
+    """``ui-field-behaviour`` in the hook method's shape (``hidden_fields``, ...)."""
+    declared = _connection_type()["ui-field-behaviour"]
+    return {key.replace("-", "_"): value for key, value in declared.items()}
+
+
+def form_widgets() -> dict[str, Any]:
+    """``conn-fields`` as the wtforms fields Airflow 3.1's hook method returns. Airflow imports
+    this only where its form libraries are installed (an ImportError is its documented signal
+    that they are not)."""
+    from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
+    from flask_babel import lazy_gettext
+    from wtforms import BooleanField, StringField
+
+    widgets: dict[str, Any] = {}
+    for name, spec in _connection_type()["conn-fields"].items():
+        kinds = spec["schema"]["type"]
+        label = lazy_gettext(spec["label"])
+        description = spec.get("description", "")
+        if "boolean" in kinds:
+            widgets[name] = BooleanField(label, description=description)
+        else:
+            widgets[name] = StringField(
+                label,
+                widget=BS3TextFieldWidget(),
+                description=description,
+                default=spec["schema"].get("default"),
+            )
+    return widgets
