@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from . import ops, retention
 from .connection import Call, Durable, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
+from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
@@ -229,16 +230,14 @@ def poison_replay(ks: Keyspace, queue: str, count: int) -> Op[int]:
 class Pump:
     """Runs :func:`drain` plus the maintenance duties in a loop, as a thread or in the caller.
 
-    Options: ``queues`` (None: discover from the registry every ``discover_every`` s),
-    ``page`` (1000 signals per outbox per tick), ``max_tries`` (5 failed deliveries of a head
-    before it is poisoned), ``lease`` (10 s outbox lease), ``interval`` (0.05 s idle sleep,
-    jittered), ``max_stalls`` (5 lease expiries before a job is buried), ``sweep_every``
-    (1 s between retention sweeps; None: this Pump never sweeps - how long each end state is
-    kept is the queue's setting on the server, see :mod:`echomq_core.retention`),
-    ``maintain_every`` (0.1 s between maintenance passes),
-    ``hooks`` (an object with ``job_dead`` (jobs it buries after ``max_stalls`` expired
-    leases; their token is '') / ``flow_released`` / ``flow_failed`` / ``signal_poisoned``
-    methods, see :mod:`echomq_core.hooks`, fired after each tick; None for none).
+    Options: ``queues`` (None: discover from the registry every ``discover_every`` s); the
+    settings of :class:`~echomq_core.options.PumpOptions` (page, max_tries, lease, interval,
+    max_stalls, discover_every, sweep_every - None: this Pump never sweeps; how long each end
+    state is kept is the queue's setting on the server, see :mod:`echomq_core.retention` -
+    maintain_every), by name or as ``options=``;
+    ``hooks`` (a :class:`~echomq_core.hooks.LifecycleHooks`: ``job_dead`` for jobs it buries
+    after ``max_stalls`` expired leases, their token '', ``flow_released``, ``flow_failed``,
+    ``signal_poisoned``; fired after each tick; None for none).
     """
 
     def __init__(
@@ -248,7 +247,7 @@ class Pump:
         *,
         options: PumpOptions | None = None,
         pump_id: str | None = None,
-        hooks: Any = None,
+        hooks: LifecycleHooks | None = None,
         **settings: Any,
     ) -> None:
         """``settings`` are :class:`~echomq_core.options.PumpOptions` fields by name
@@ -315,22 +314,20 @@ class Pump:
             log.warning("pump %s poisoned %d signal(s): %s", self.id, stats.poisoned,
                         stats.blocked)
         if self.hooks is not None:
-            self._fire_hooks(stats)
+            self._fire_hooks(self.hooks, stats)
         return stats
 
-    def _fire_hooks(self, stats: TickStats) -> None:
-        # After the scripts returned, never inside them; a raising hook must not stop the Pump.
-        events: list[tuple[str, dict[str, Any]]] = [
-            *(("job_dead", {"job": j, "error": e}) for j, e in stats.dead),
-            *(("flow_released", {"queue": q, "parent_id": p}) for q, p in stats.released),
-            *(("flow_failed", {"queue": q, "parent_id": p}) for q, p in stats.failed),
-            *(("signal_poisoned", {"queue": q, "reason": r}) for q, r in stats.poisoned_entries),
-        ]
-        for name, kwargs in events:
-            try:
-                getattr(self.hooks, name)(**kwargs)
-            except Exception:
-                log.exception("hook %s raised; ignored", name)
+    @staticmethod
+    def _fire_hooks(hooks: LifecycleHooks, stats: TickStats) -> None:
+        # After the scripts returned, never inside them (hooks.fire logs what a hook raises).
+        for job, error in stats.dead:
+            fire(hooks, "job_dead", job=job, error=error)
+        for queue, parent_id in stats.released:
+            fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
+        for queue, parent_id in stats.failed:
+            fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
+        for queue, reason in stats.poisoned_entries:
+            fire(hooks, "signal_poisoned", queue=queue, reason=reason)
 
     def run(self) -> None:
         """Tick until :meth:`stop`; errors are logged and retried with a bounded backoff."""

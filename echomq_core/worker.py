@@ -57,6 +57,7 @@ from redis.crc import key_slot
 
 from . import ops
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
+from .hooks import LifecycleHooks, fire
 from .keyspace import check_queue
 from .models import Job, Settlement
 from .options import WorkerOptions, build
@@ -112,8 +113,8 @@ class Worker:
       own (``queue_options``) and a job's own win. None: no limit.
     * ``queue_options``: passed to each :class:`Queue` (max_attempts, backoff, keep_completed,
       timeout).
-    * ``hooks``: an object with ``job_completed(job, result)`` / ``job_dead(job, error)``
-      methods (see :mod:`echomq_core.hooks`), or None.
+    * ``hooks``: a :class:`~echomq_core.hooks.LifecycleHooks` (``job_completed``, ``job_dead``,
+      ``flow_released``, ``flow_failed``; usually a :class:`~echomq_core.hooks.Hooks`), or None.
     """
 
     def __init__(
@@ -123,7 +124,7 @@ class Worker:
         *,
         options: WorkerOptions | None = None,
         queue_options: Mapping[str, Any] | None = None,
-        hooks: Any = None,
+        hooks: LifecycleHooks | None = None,
         **settings: Any,
     ) -> None:
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
@@ -447,16 +448,16 @@ class Worker:
                 if self.hooks is not None:
                     for (job, raw), status in zip(done, settled.statuses, strict=True):
                         if status:
-                            self._hook("job_completed", job=job, result=raw)
-                    self._flow_hooks(settled)
+                            fire(self.hooks, "job_completed", job=job, result=raw)
+                    self._flow_hooks(self.hooks, settled)
             if failed:
                 settled = queue.settle_failed(failed)
                 self.failed += len(failed)
                 if self.hooks is not None:
                     for (job, error, _), status in zip(failed, settled.statuses, strict=True):
                         if status == 2:
-                            self._hook("job_dead", job=job, error=error)
-                    self._flow_hooks(settled)
+                            fire(self.hooks, "job_dead", job=job, error=error)
+                    self._flow_hooks(self.hooks, settled)
         except EchoMQError as exc:
             # The leases stay; the jobs come back when they expire (at-least-once).
             log.warning(
@@ -468,17 +469,12 @@ class Worker:
                     if self._inflight.get((queue.name, job.id)) is job:  # not a later claim's
                         del self._inflight[(queue.name, job.id)]
 
-    def _flow_hooks(self, settled: Settlement) -> None:
+    @staticmethod
+    def _flow_hooks(hooks: LifecycleHooks, settled: Settlement) -> None:
         for queue, parent_id in settled.released:
-            self._hook("flow_released", queue=queue, parent_id=parent_id)
+            fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
         for queue, parent_id in settled.failed:
-            self._hook("flow_failed", queue=queue, parent_id=parent_id)
-
-    def _hook(self, name: str, **kwargs: Any) -> None:
-        try:
-            getattr(self.hooks, name)(**kwargs)
-        except Exception:
-            log.exception("hook %s raised; ignored", name)
+            fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
 
     def _give_back(self, jobs: list[Job]) -> None:
         by_queue: dict[str, list[Job]] = {}
