@@ -33,6 +33,7 @@ from .common import (
     open_client,
     seconds,
 )
+from .metrics_option import add_metrics_option, start_metrics
 
 
 def add_parsers(sub: Any) -> None:
@@ -87,6 +88,7 @@ def add_parsers(sub: Any) -> None:
         "directory is importable); repeatable",
     )
     add_flags(w, WorkerOptions, types=FLAG_TYPES)
+    add_metrics_option(w)
     _plugin_options(w)
     add_connection_options(w, url_default=env_url())
     add_verbosity(w)
@@ -100,6 +102,7 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to serve")
     add_flags(p, PumpOptions, types=FLAG_TYPES)
+    add_metrics_option(p)
     _plugin_options(p)
     add_connection_options(p, url_default=env_url())
     add_verbosity(p)
@@ -246,18 +249,25 @@ def run_worker(args: argparse.Namespace) -> int:
             {q: handlers[q] for q in args.queues} if args.queues else handlers
         )
         names = hooks.plugin_names()
+        metrics = start_metrics(args)
         worker = Worker(
             mq,
-            chosen,
+            metrics.wrap_handlers(chosen) if metrics else chosen,
             options=from_namespace(WorkerOptions, args),
-            hooks=hooks if names else None,
+            hooks=metrics.hooks(hooks if names else None) if metrics else hooks if names else None,
         )
+        if metrics:
+            metrics.watch_worker(worker)
         _say(
             f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}; "
             f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
             f"{', '.join(names) or 'none'}"
         )
-        worker.run()
+        try:
+            worker.run()
+        finally:
+            if metrics:
+                metrics.close()
         _say(f"worker: stopped ({worker.completed} completed, {worker.failed} failed attempts)")
     finally:
         mq.close()
@@ -272,12 +282,15 @@ def run_pump(args: argparse.Namespace) -> int:
     try:
         hooks = _hooks(args, mq)
         names = hooks.plugin_names()
+        metrics = start_metrics(args, mq, args.queues or None)
         pump = Pump(
             mq,
             args.queues or None,
             options=from_namespace(PumpOptions, args),
-            hooks=hooks if names else None,
+            hooks=metrics.hooks(hooks if names else None) if metrics else hooks if names else None,
         )
+        if metrics:
+            metrics.watch_pump(pump)
         stop = _stop_event()
         _say(
             f"pump: queues {', '.join(args.queues) or '(discovered)'}; "
@@ -291,6 +304,8 @@ def run_pump(args: argparse.Namespace) -> int:
                     raise CommandFailed("the pump stopped unexpectedly (see the log above)")
         finally:
             pump.stop()
+            if metrics:
+                metrics.close()
         t = pump.totals
         _say(
             f"pump: stopped ({t.delivered} delivered, {t.poisoned} poisoned, {t.promoted} "
