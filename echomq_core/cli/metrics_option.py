@@ -62,5 +62,6 @@ def start_metrics(
             f"--metrics-port {args.metrics_port}: cannot listen on "
             f"{args.metrics_host}:{args.metrics_port}: {exc}"
         ) from exc
-    print(f"echomq metrics: http://{server.host}:{server.port}/metrics", file=sys.stderr, flush=True)
+    url = f"http://{server.host}:{server.port}/metrics"
+    print(f"echomq metrics: {url}", file=sys.stderr, flush=True)
     return metrics
