@@ -406,4 +406,4 @@ __all__ = [
     "QueueCollector",
     "QueueReading",
     "read_queues",
-    ]
+]
