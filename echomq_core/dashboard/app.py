@@ -305,6 +305,8 @@ class Dashboard:
             status = 404
         elif isinstance(exc, InvalidInput):
             status = 400
+        elif not isinstance(exc, EchoMQError):
+            status = 500
         else:
             status = 503  # the server is unreachable or answered with an error
             log.warning("dashboard: %s: %s", request.url.path, exc)
@@ -333,6 +335,9 @@ def create_app(
             try:
                 return await run_in_threadpool(fn, request)
             except EchoMQError as exc:
+                return d.error_page(request, exc)
+            except Exception as exc:  # a bug: logged with its traceback, shown as one line
+                log.exception("dashboard: %s failed", request.url.path)
                 return d.error_page(request, exc)
 
         return endpoint

@@ -81,7 +81,9 @@ class FlowPage:
 def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPage | None:
     """A flow's tree and counts, its failed and ignored children (first
     :data:`SHOWN_ERRORS`), and one page of its children's values from ``cursor``; None when
-    there is no such flow."""
+    there is no such flow. A page is one HSCAN: about :data:`PAGE` values, or the whole hash
+    while it is small enough for the server to keep it compact (listpack: up to 128 or 512
+    entries by default), which HSCAN returns in one go."""
     check_queue(queue)
     check_job_id(parent_id)
     snap = mq.snapshot(queue, parent_id)
@@ -148,7 +150,11 @@ def _dead_ids(key: str, offset: int, limit: int) -> Op[tuple[int, list[tuple[str
         Call.cmd("ZCARD", key),
         Call.cmd("ZRANGE", key, offset, offset + limit - 1, "REV", "WITHSCORES"),
     ]
-    pairs = [(_text(flat[i]), int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]
+    if flat and isinstance(flat[0], list | tuple):  # redis-py pairs WITHSCORES up itself
+        scored = [(m, sc) for m, sc in flat]
+    else:
+        scored = list(zip(flat[::2], flat[1::2], strict=True))
+    pairs = [(_text(m), int(float(sc))) for m, sc in scored]
     return int(total), pairs
 
 
