@@ -199,7 +199,9 @@ def build_scenario(mq: EchoMQ, url: str) -> Scenario:
     raw = redis.Redis.from_url(url)
     raw.rpush(mq.keys.outbox("dk-kids"), b"garbage that is no signal")
     raw.close()
-    Pump(mq, ["dk-kids"], max_tries=1, maintain_every=3600).tick()
+    pump = Pump(mq, ["dk-kids"], max_tries=1, maintain_every=3600)
+    pump.tick()
+    pump.release_leases()  # so the tests' own Pumps drain at once
     assert mq.snapshot("dk-parents", released.parent_id).released
     assert mq.snapshot("dk-parents", failed.parent_id).parent_state == "failed"
     assert mq.queue("dk-kids").stats()["poison"] == 1
