@@ -33,8 +33,8 @@ def test_airflow_lists_the_plugin(airflow_db: Path) -> None:
 def test_nav_entry_is_an_external_view(airflow_db: Path) -> None:
     from airflow import plugins_manager
 
-    views, _ = plugins_manager._get_ui_plugins()  # what the UI's plugin endpoint serves
-    (ours,) = [v for v in views if v.get("url_route") == "echomq"]
+    (info,) = [p for p in plugins_manager.get_plugin_info() if p["name"] == "echomq"]
+    (ours,) = [v for v in info["external_views"] if v.get("url_route") == "echomq"]
     assert (ours["name"], ours["href"], ours["destination"]) == ("EchoMQ", "echomq/", "nav")
 
 
