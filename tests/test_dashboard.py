@@ -114,9 +114,12 @@ def test_every_page_shows_the_real_flows(scenario: Scenario, readonly: Dashboard
 
 
 def test_json_twins_and_metrics(scenario: Scenario, readonly: Dashboard) -> None:
-    doc = json.loads(readonly.get("/api" + flow_path("dk-parents", scenario.held.parent_id)).body)
+    held = "/api" + flow_path("dk-parents", scenario.held.parent_id)
+    doc = json.loads(readonly.get(held).body)
     assert (doc["flow"]["total"], doc["settled"], doc["outcome"]) == (10, 4, "waiting")
-    assert sorted(v["square"] for v in doc["values"].values()) == [0, 1, 4, 9]
+    values = json.loads(readonly.get(held + "/values").body)
+    assert sorted(v["square"] for v in values["values"].values()) == [0, 1, 4, 9]
+    assert values["cursor"] == 0
     queues = json.loads(readonly.get("/api/queues").body)["queues"]
     assert queues["dk-parents"]["flows"]["cancelled"] == 1
     flows = json.loads(readonly.get("/api/flows?queue=dk-parents&state=failed").body)
@@ -138,7 +141,7 @@ def test_values_are_paged(client: EchoMQ, readonly: Dashboard) -> None:
     cursor, pages = 0, 0
     while True:
         doc = json.loads(
-            readonly.get(f"/api{flow_path('dk-big', ref.parent_id)}?cursor={cursor}").body
+            readonly.get(f"/api{flow_path('dk-big', ref.parent_id)}/values?cursor={cursor}").body
         )
         seen.update(doc["values"])
         pages += 1
@@ -147,6 +150,33 @@ def test_values_are_paged(client: EchoMQ, readonly: Dashboard) -> None:
             break
         assert pages < 20
     assert len(seen) == 700 and pages >= 2  # small hashes come whole (listpack)
+
+
+@pytest.mark.parametrize("size", [10, 10_000])
+def test_a_live_poll_costs_one_command_whatever_the_flow(
+    size: int, client: EchoMQ, readonly: Dashboard, standalone_server: EmbeddedServer
+) -> None:
+    """What an open flow page polls every few seconds: the snapshot, one script call (whose
+    own O(1) reads INFO commandstats counts too) - the same at 10 and 10,000 children."""
+    import redis
+
+    from echomq_core import Child
+
+    ref = client.add_flow("dk-poll", [Child(i, queue="dk-poll-kids") for i in range(size)])
+    raw = redis.Redis.from_url(standalone_server.url)
+    raw.config_resetstat()
+    doc = json.loads(readonly.get("/api" + flow_path("dk-poll", ref.parent_id)).body)
+    stats = raw.info("commandstats")
+    raw.close()
+    calls = {
+        k: int(v["calls"])
+        for k, v in stats.items()
+        if not k.startswith(("cmdstat_config", "cmdstat_info"))
+    }
+    assert doc["flow"]["total"] == size
+    assert calls.pop("cmdstat_evalsha") == 1, calls
+    # inside the script, O(1) reads only: 3 HLEN, GET, HMGET, ZSCORE
+    assert calls == {"cmdstat_hlen": 3, "cmdstat_get": 1, "cmdstat_hmget": 1, "cmdstat_zscore": 1}
 
 
 def test_bad_input_is_a_clear_error(readonly: Dashboard) -> None:

@@ -9,7 +9,8 @@ under ``echomq dashboard`` and inside Airflow's api-server under ``/echomq``):
 ``GET /``                                 queues at a glance (``/api/queues``)
 ``GET /flows?queue=&state=&offset=``      root flows by state with progress (``/api/flows``)
 ``GET /flow/{queue}/{parent_id}``         a flow: tree, counts, failed and ignored children,
-                                          values paged by ``?cursor=`` (``/api/flow/...``)
+                                          values paged by ``?cursor=`` (``/api/flow/...``: the
+                                          snapshot only, one command per poll; ``.../values``)
 ``GET /dead/{queue}?offset=``             dead jobs, newest first, each with its flow to repair
 ``GET /poison/{queue}``                   poisoned signals with their reasons
 ``GET /metrics``                          Prometheus text format (:mod:`echomq_core.metrics`)
@@ -35,7 +36,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..client import EchoMQ
 from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
@@ -43,35 +43,10 @@ from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..metrics import QueueCollector
 from ..pump import poison_replay
 from . import reads
-from .security import CSRF_FIELD, SESSION_COOKIE, Guard
+from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
-#: Security headers of every response. frame-ancestors 'self': Airflow shows the app in an
-#: iframe of its own origin; no other site may frame it (clickjacking).
-HEADERS = [
-    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'self'; form-action 'self'"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-]
-
-
-class _SecurityHeaders:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], *HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
 
 
 class Dashboard:
@@ -188,7 +163,18 @@ class Dashboard:
         )
 
     def api_flow(self, request: Request) -> Response:
-        return JSONResponse(self._flow(request).to_dict())
+        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
+        found = reads.flow_status(self.client, queue, pid)
+        if found is None:
+            raise JobNotFound(f"no flow {pid} in queue {queue!r} (never added, or expired)")
+        return JSONResponse(found)
+
+    def api_values(self, request: Request) -> Response:
+        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
+        cursor = _int_param(request, "cursor", 0, 2**63)
+        next_cursor, values = reads.values_page(self.client, queue, pid, cursor)
+        shown = {k: reads.jsonable(v) for k, v in values.items()}
+        return JSONResponse({"values": shown, "cursor": next_cursor})
 
     def dead(self, request: Request) -> Response:
         queue = check_queue(request.path_params["queue"])
@@ -364,6 +350,7 @@ def create_app(
         Route("/api/queues", sync(d.api_queues)),
         Route("/api/flows", sync(d.api_flows)),
         Route("/api" + flow, sync(d.api_flow)),
+        Route("/api" + flow + "/values", sync(d.api_values)),
         Route(flow + "/cancel", guarded(d.cancel), methods=["POST"]),
         Route(flow + "/retry", guarded(d.retry), methods=["POST"]),
         Route(flow + "/close", guarded(d.close), methods=["POST"]),
@@ -374,7 +361,7 @@ def create_app(
     ]
     app = Starlette(routes=routes)
     app.state.dashboard = d
-    app.add_middleware(_SecurityHeaders)
+    app.add_middleware(SecurityHeaders)
     return app
 
 

@@ -65,25 +65,41 @@ class FlowPage:
     up: JobInfo | None  # this flow's own row: its parent when it is a sub-flow
     root: tuple[str, str] | None = None  # (queue, id) of the root flow, when it is a sub-flow
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "flow": self.tree.to_dict(),
-            "outcome": self.tree.snap.outcome,
-            "settled": self.tree.snap.settled,
-            "failed_children": self.failed,
-            "ignored_failures": self.ignored,
-            "values": {k: _jsonable(v) for k, v in self.values.items()},
-            "cursor": self.cursor,
-            "root": list(self.root) if self.root else None,
-        }
+
+def flow_status(mq: EchoMQ, queue: str, parent_id: str) -> dict[str, Any] | None:
+    """What a flow's page polls for live progress: its snapshot - ONE script call, whatever
+    the flow's size (the tree and the values are read when the page loads, not per poll);
+    None when there is no such flow."""
+    snap = mq.snapshot(check_queue(queue), check_job_id(parent_id))
+    if snap.parent_state is None and snap.total == 0:
+        return None
+    flow = {**snap.to_dict(), "released": snap.released}
+    return {"flow": flow, "settled": snap.settled, "outcome": snap.outcome}
+
+
+def values_page(
+    mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0
+) -> tuple[int, dict[str, Any]]:
+    """One HSCAN page of a flow's children's values from ``cursor``: (next cursor, 0 at the
+    end; {child id: value}). About :data:`PAGE` values, or the whole hash while the server
+    keeps it compact (listpack: up to 128 or 512 entries by default): HSCAN returns those in
+    one go."""
+    check_queue(queue)
+    check_job_id(parent_id)
+    next_cursor, raw = mq.run(scan_page(mq.keys.processed(queue, parent_id), cursor, PAGE))
+    values = {}
+    for child_id, value in raw.items():
+        try:
+            values[child_id] = mq.serializer.loads(value)
+        except Exception:  # shown as it is stored
+            values[child_id] = value.decode(errors="replace")
+    return next_cursor, values
 
 
 def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPage | None:
     """A flow's tree and counts, its failed and ignored children (first
     :data:`SHOWN_ERRORS`), and one page of its children's values from ``cursor``; None when
-    there is no such flow. A page is one HSCAN: about :data:`PAGE` values, or the whole hash
-    while it is small enough for the server to keep it compact (listpack: up to 128 or 512
-    entries by default), which HSCAN returns in one go."""
+    there is no such flow (values: see :func:`values_page`)."""
     check_queue(queue)
     check_job_id(parent_id)
     snap = mq.snapshot(queue, parent_id)
@@ -93,13 +109,7 @@ def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPa
     ks = mq.keys
     _, failed = mq.run(scan_page(ks.failed(queue, parent_id), 0, SHOWN_ERRORS))
     _, ignored = mq.run(scan_page(ks.unsuccessful(queue, parent_id), 0, SHOWN_ERRORS))
-    next_cursor, raw = mq.run(scan_page(ks.processed(queue, parent_id), cursor, PAGE))
-    values = {}
-    for child_id, value in raw.items():
-        try:
-            values[child_id] = mq.serializer.loads(value)
-        except Exception:  # shown as it is stored
-            values[child_id] = value.decode(errors="replace")
+    next_cursor, values = values_page(mq, queue, parent_id, cursor)
     try:
         up = mq.get_job(queue, parent_id)
     except JobNotFound:
@@ -198,7 +208,8 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` if JSON can carry it, else its repr (a custom serializer's objects)."""
     import json
 
     try:
