@@ -19,6 +19,7 @@ from echomq_core.dashboard import create_app
 from echomq_core.errors import ConfigurationError
 from echomq_core.server import EmbeddedServer
 
+from .conftest import Backend
 from .dashkit import CLI, TOKEN, Dashboard, Scenario, build_scenario, csrf_of, env_for
 
 
@@ -282,3 +283,35 @@ def test_bearer_token_repairs_closes_and_replays(
     replayed = actions.post("/poison/dk-kids/replay", headers=bearer)
     assert json.loads(replayed.body)["replayed"] == 1
     assert client.queue("dk-kids").stats()["poison"] == 0
+
+
+@pytest.mark.onlycluster
+def test_pages_on_a_cluster(
+    backend: Backend, mq: EchoMQ, prefix: str, proc_env: dict[str, str]
+) -> None:
+    """The same reads on a 3-master Cluster: a nested flow whose queues live on three nodes."""
+    from echomq_core import Child
+
+    top, mid, leaf = backend.queues_on_distinct_nodes(3, stem="dkc")
+    ref = mq.add_flow(
+        top,
+        [
+            Child({"p": p}, queue=mid, children=[Child(i, queue=leaf) for i in range(4)])
+            for p in range(2)
+        ],
+        barrier=True,
+    )
+    leaves = mq.queue(leaf)
+    leaves.complete_many([(job, job.payload) for job in leaves.claim(3)])
+    url = backend.url.replace("redis://", "redis+cluster://", 1)  # what the CLI takes
+    d = Dashboard(url, prefix, env_for(proc_env))
+    try:
+        page = d.get(flow_path(top, ref.parent_id)).body
+        assert page.count("data-node=") == 2 and ">held<" in page
+        home = d.get("/").body
+        assert all(f'data-queue="{q}"' in home for q in (top, mid, leaf))
+        metrics = d.get("/metrics").body
+        assert f'echomq_queue_jobs{{queue="{leaf}",state="completed"}} 3.0' in metrics
+        assert f'echomq_flows{{queue="{top}",state="held"}} 1.0' in metrics
+    finally:
+        d.stop()
