@@ -78,6 +78,12 @@ def api_server(
     airflow_db: Path, echomq_conn: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[_Served]:
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "echomq-test-" + "x" * 32)
+    # the UI without a login page (the browser test below opens it as an admin)
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "True")
+    from echomq_provider.plugins.dashboard import EchoMQPlugin
+
+    for mounted in EchoMQPlugin.fastapi_apps:  # built once per process: this test's connection
+        mounted["app"].reset()
     served = _Served()
     yield served
     served.stop()
@@ -125,3 +131,38 @@ def test_flow_task_instances_link_to_their_flow_page(
     expected = f"/echomq/flow/example.reports/{quote(parent, safe='')}"
     assert run.xcom("fan_out", "_link_EchoFlowLink") == expected
     assert run.xcom("wait", "_link_EchoFlowSensorLink") == expected
+
+
+def test_the_dashboard_inside_airflows_ui_in_chromium(
+    api_server: _Served, prefix: str, standalone_server: Any, tmp_path: Path
+) -> None:
+    """As a person would: Airflow's UI in headless Chromium, Browse -> EchoMQ, the dashboard
+    in Airflow's page (an iframe of the same origin), live, with a flow held."""
+    import os
+
+    from echomq_core import Child, EchoMQ
+    from tests.browser.cdp import Browser
+
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    mq.add_flow("af-ui", [Child(i, queue="af-ui-kids") for i in range(4)], barrier=True)
+    shots = Path(os.environ.get("ECHOMQ_SCREENSHOTS") or tmp_path)
+    browser = Browser()
+    try:
+        browser.goto(f"http://127.0.0.1:{api_server.port}/")
+        browser.wait_for("document.body.innerText.includes('Browse')", timeout=30)
+        browser.click("button[aria-label='Browse'], [title='Browse']")
+        link = "[...document.querySelectorAll('a')].find(a => a.textContent.trim() === 'EchoMQ')"
+        browser.wait_for(f"{link} !== undefined")
+        browser.js(f"{link}.setAttribute('id', 'echomq-nav')")
+        browser.click("#echomq-nav")
+        frame = "document.querySelector('iframe')"
+        browser.wait_for(f"{frame} && {frame}.src.endsWith('/echomq/')", timeout=30)
+        inner = f"{frame}.contentDocument"
+        browser.wait_for(inner + "?.querySelector('[data-queue=af-ui]') != null")
+        held = inner + ".querySelector(\"[data-k='queues|af-ui|flows|held']\").textContent"
+        assert browser.js(held) == "1"
+        browser.wait_for(f"{inner}.querySelector('#live-status').className === 'ok'")
+        browser.screenshot(shots / "airflow.png")
+    finally:
+        browser.close()
+        mq.close()

@@ -73,6 +73,14 @@ class LazyDashboard:
         self._app: Any = None
         self._lock = threading.Lock()
 
+    def reset(self) -> None:
+        """Forget the built dashboard (its client is closed): the next request builds it
+        again from the settings then in force."""
+        with self._lock:
+            app, self._app = self._app, None
+        if app is not None:
+            app.state.dashboard.client.close()
+
     def _build(self) -> Any:
         with self._lock:
             if self._app is None:
