@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 
-from echomq_core import EchoMQ, Pump
+from echomq_core import EchoMQ, JobSpec, Pump
 from echomq_core.server import EmbeddedServer
 
 from ..dashkit import TOKEN, Dashboard, Scenario, build_scenario, env_for
@@ -166,6 +166,34 @@ def test_progress_updates_without_a_reload(
     assert browser.text("#flow-outstanding") == "0"
     assert browser.text("#live-status").startswith("live")
     assert browser.errors() == []
+
+
+def test_lists_update_without_a_reload(
+    browser: Browser, scenario: Scenario, readonly: Dashboard, client: EchoMQ
+) -> None:
+    """The overview's counts and the flow list's progress bars follow the server live."""
+    held = scenario.held.parent_id
+    browser.goto(f"{readonly.base}/flows?queue=dk-parents&state=held")
+    browser.js("window.__loadedOnce = 'yes'")
+    bar = f"document.querySelector('tr[data-flow=\"{held}\"] progress')"
+    assert browser.js(f"{bar}.value") == 4
+    kids = client.queue("dk-kids")
+    mine = [j for j in kids.claim(10) if j.parent and j.parent.id == held]
+    kids.complete_many([(job, 0) for job in mine[:2]])
+    pump = Pump(client, ["dk-kids", "dk-parents"])
+    pump.tick()
+    browser.wait_for(f"{bar}.value === 6")
+    assert browser.js("window.__loadedOnce") == "yes"
+
+    browser.goto(f"{readonly.base}/")
+    browser.js("window.__loadedOnce = 'yes'")
+    pending = "document.querySelector('[data-k=\"queues|dk-plain|pending\"]').textContent"
+    assert browser.js(pending) == "0"
+    client.queue("dk-plain").add_bulk([JobSpec(i) for i in range(1234)])
+    browser.wait_for(f"{pending} === '1,234'")
+    assert browser.js("window.__loadedOnce") == "yes"
+    assert browser.errors() == []
+    pump.release_leases()
 
 
 def test_sign_in_then_cancel_and_repair_by_clicking(
