@@ -33,9 +33,10 @@ signal's true age (it was in the outbox before it reached the head).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -287,17 +288,33 @@ class ProcessMetrics:
         duration = self.duration.labels(queue)
         failed, retried = self.failed.labels(queue), self.retried.labels(queue)
 
-        def timed(job: Job) -> Any:
-            started = time.perf_counter()
+        def note(job: Job, exc: BaseException) -> None:
+            failed.inc()
+            if not isinstance(exc, Unrecoverable) and job.attempts + 1 < job.max_attempts:
+                retried.inc()
+
+        async def awaited(job: Job, pending: Awaitable[Any], started: float) -> Any:
+            # an async handler: the worker awaits what it returns; time and count that
             try:
-                return fn(job)
+                return await pending
             except BaseException as exc:
-                failed.inc()
-                if not isinstance(exc, Unrecoverable) and job.attempts + 1 < job.max_attempts:
-                    retried.inc()
+                note(job, exc)
                 raise
             finally:
                 duration.observe(time.perf_counter() - started)
+
+        def timed(job: Job) -> Any:
+            started = time.perf_counter()
+            try:
+                result = fn(job)
+            except BaseException as exc:
+                note(job, exc)
+                duration.observe(time.perf_counter() - started)
+                raise
+            if inspect.isawaitable(result):
+                return awaited(job, result, started)
+            duration.observe(time.perf_counter() - started)
+            return result
 
         timed.__name__ = getattr(fn, "__name__", "handler")
         timed.__wrapped__ = fn  # type: ignore[attr-defined]

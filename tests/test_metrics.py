@@ -214,6 +214,42 @@ def test_worker_metrics_count_what_the_worker_did(backend: Backend, mq: EchoMQ) 
     assert 1 <= value(found, "echomq_claim_batch_size_count", queue="mx-w") < 24
 
 
+def test_async_handlers_are_timed_and_counted_when_awaited(backend: Backend, mq: EchoMQ) -> None:
+    import asyncio
+
+    metrics = ProcessMetrics()
+
+    async def handle(job: Any) -> Any:
+        await asyncio.sleep(0.03)
+        if job.payload == "bad":
+            raise ValueError("async failure")
+        return job.payload
+
+    q = mq.queue("mx-async", max_attempts=1)
+    q.add_bulk([JobSpec("ok"), JobSpec("bad")])
+    worker = Worker(
+        mq,
+        metrics.wrap_handlers({"mx-async": handle}),
+        hooks=metrics.hooks(),
+        poll=0.01,
+        max_poll=0.05,
+    )
+    worker.start()
+    deadline = time.monotonic() + 20
+    try:
+        while q.stats()["completed"] < 1 or q.stats()["dead"] < 1:
+            assert time.monotonic() < deadline, q.stats()
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    found = samples(metrics.registry)
+    assert value(found, "echomq_handler_duration_seconds_count", queue="mx-async") == 2
+    assert value(found, "echomq_handler_duration_seconds_sum", queue="mx-async") >= 0.06
+    assert value(found, "echomq_job_attempts_failed_total", queue="mx-async") == 1
+    assert value(found, "echomq_jobs_retried_total", queue="mx-async") == 0
+    assert value(found, "echomq_jobs_completed_total", queue="mx-async") == 1
+
+
 def test_pump_metrics_count_deliveries_and_releases(backend: Backend, mq: EchoMQ) -> None:
     metrics = ProcessMetrics()
     ref = mq.add_flow("mx-p-parents", [Child(i, queue="mx-p-kids") for i in range(5)])

@@ -249,12 +249,13 @@ def run_worker(args: argparse.Namespace) -> int:
             {q: handlers[q] for q in args.queues} if args.queues else handlers
         )
         names = hooks.plugin_names()
+        lifecycle = hooks if names else None
         metrics = start_metrics(args)
         worker = Worker(
             mq,
             metrics.wrap_handlers(chosen) if metrics else chosen,
             options=from_namespace(WorkerOptions, args),
-            hooks=metrics.hooks(hooks if names else None) if metrics else hooks if names else None,
+            hooks=metrics.hooks(lifecycle) if metrics else lifecycle,
         )
         if metrics:
             metrics.watch_worker(worker)
@@ -282,12 +283,13 @@ def run_pump(args: argparse.Namespace) -> int:
     try:
         hooks = _hooks(args, mq)
         names = hooks.plugin_names()
+        lifecycle = hooks if names else None
         metrics = start_metrics(args, mq, args.queues or None)
         pump = Pump(
             mq,
             args.queues or None,
             options=from_namespace(PumpOptions, args),
-            hooks=metrics.hooks(hooks if names else None) if metrics else hooks if names else None,
+            hooks=metrics.hooks(lifecycle) if metrics else lifecycle,
         )
         if metrics:
             metrics.watch_pump(pump)
