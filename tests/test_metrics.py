@@ -333,3 +333,38 @@ def test_worker_and_pump_serve_metrics_on_metrics_port(
             proc.communicate(timeout=30)
         mq.close()
     assert [p.returncode for p in procs] == [0, 0]
+
+
+def test_workers_without_metrics_do_not_need_prometheus_client(
+    standalone_server: EmbeddedServer, prefix: str, app_dir: Path, proc_env: dict[str, str]
+) -> None:
+    """prometheus-client is the metrics extra's: the core and the CLI import without it, and
+    --metrics-port without it is refused in one line naming what to install."""
+    blocked = (
+        "import sys; sys.modules['prometheus_client'] = None; "
+        "import echomq_core, echomq_core.cli, echomq_core.worker, echomq_core.pump; "
+        "from echomq_core.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    conn = ["--url", standalone_server.url, "--prefix", prefix]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            blocked,
+            "worker",
+            "mx-cli",
+            "--app",
+            "mx_app:HANDLERS",
+            "--metrics-port",
+            "0",
+            *conn,
+        ],
+        cwd=app_dir,
+        env=proc_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "pip install 'echomq[metrics]'" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
