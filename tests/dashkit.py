@@ -74,7 +74,9 @@ class Dashboard:
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, "the dashboard never answered"
+            if time.monotonic() > deadline:
+                self.stop()  # never leave the process behind a failed start
+                raise AssertionError("the dashboard never answered")
             time.sleep(0.05)
 
     def request(
