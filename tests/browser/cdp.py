@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -66,6 +67,13 @@ class Browser:
             stderr=subprocess.PIPE,
             text=True,
         )
+        try:
+            self._connect(width, height)
+        except BaseException:
+            self.close()  # never leave a browser behind a failed start
+            raise
+
+    def _connect(self, width: int, height: int) -> None:
         port = self._devtools_port()
         targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list").read())
         page = next(t for t in targets if t["type"] == "page")
@@ -86,7 +94,7 @@ class Browser:
     def _devtools_port(self) -> int:
         assert self.proc.stderr is not None
         deadline = time.monotonic() + 30
-        seen = []
+        seen: list[str] = []
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline()
             if not line:
@@ -96,9 +104,20 @@ class Browser:
             seen.append(line)
             found = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
             if found:
+                # keep reading what it logs, or a full pipe would stall the browser
+                threading.Thread(
+                    target=self._discard, args=(self.proc.stderr,), daemon=True
+                ).start()
                 return int(found.group(1))
-        self.close()
         raise RuntimeError("chromium did not start:\n" + "".join(seen[-20:]))
+
+    @staticmethod
+    def _discard(stream: Any) -> None:
+        try:
+            for _ in stream:
+                pass
+        except (OSError, ValueError):  # closed by close()
+            pass
 
     # -- protocol --------------------------------------------------------------------------
     def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
@@ -212,6 +231,4 @@ class Browser:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait(5)
-            if self.proc.stderr is not None:
-                self.proc.stderr.close()
             shutil.rmtree(self.profile, ignore_errors=True)
