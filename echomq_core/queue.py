@@ -159,23 +159,26 @@ class Queue:
     # -- claim ----------------------------------------------------------------------------
     def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> list[Job]:
         """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
+        return self.client.run(self.claim_op(count, lease=lease, promote=promote))
+
+    def claim_op(
+        self, count: int = 1, *, lease: float | None = None, promote: int = 100
+    ) -> Op[list[Job]]:
+        """The operation :meth:`claim` runs (the asyncio worker drives the same one)."""
         check_int("count", count, 1, 10_000)
         lease_ms = (
             self.lease_ms
             if lease is None
             else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         )
-        token = uuid.uuid4().hex
-        return self.client.run(
-            ops.claim(
-                self.client.keys,
-                self.name,
-                count,
-                lease_ms,
-                token,
-                check_int("promote", promote, 0, 1000),
-                self.client.serializer,
-            )
+        return ops.claim(
+            self.client.keys,
+            self.name,
+            count,
+            lease_ms,
+            uuid.uuid4().hex,
+            check_int("promote", promote, 0, 1000),
+            self.client.serializer,
         )
 
     # -- settle ---------------------------------------------------------------------------
@@ -195,9 +198,11 @@ class Queue:
         the batch released or failed (the worker fires its hooks from them)."""
         if not encoded:
             return Settlement([])
-        return self.client.run(
-            ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
-        )
+        return self.client.run(self.settle_completed_op(encoded))
+
+    def settle_completed_op(self, encoded: Sequence[tuple[Job, bytes]]) -> Op[Settlement]:
+        """The operation :meth:`settle_completed` runs (``encoded`` not empty)."""
+        return ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
 
     def fail(self, job: Job, error: str, *, retry: bool = True) -> bool:
         """Record a failed attempt; returns True if the job died. ``retry=False`` buries it
@@ -225,6 +230,12 @@ class Queue:
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""
+        if not jobs:
+            return []
+        return self.client.run(self.heartbeat_op(jobs, lease=lease))
+
+    def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
+        """The operation :meth:`heartbeat` runs (``jobs`` not empty)."""
         lease_ms = (
             self.lease_ms
             if lease is None
@@ -232,19 +243,21 @@ class Queue:
         )
         for job in jobs:
             self._own(job)
-        if not jobs:
-            return []
-        return self.client.run(ops.heartbeat(self.client.keys, self.name, jobs, lease_ms))
+        return ops.heartbeat(self.client.keys, self.name, jobs, lease_ms)
 
     def release(self, jobs: Sequence[Job]) -> list[bool]:
         """Give leased ``jobs`` back untouched: to the front of pending, no attempt counted,
         idle workers woken (what a worker does with jobs it will not run when it stops).
         False where the lease was already lost."""
-        for job in jobs:
-            self._own(job)
         if not jobs:
             return []
-        return self.client.run(ops.release(self.client.keys, self.name, jobs))
+        return self.client.run(self.release_op(jobs))
+
+    def release_op(self, jobs: Sequence[Job]) -> Op[list[bool]]:
+        """The operation :meth:`release` runs (``jobs`` not empty)."""
+        for job in jobs:
+            self._own(job)
+        return ops.release(self.client.keys, self.name, jobs)
 
     # -- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> JobInfo:
