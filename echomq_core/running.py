@@ -35,7 +35,10 @@ class Intake:
     doubles in size up to ``max_batch`` and the next one is made when the buffer is half
     empty, so no-op jobs cost one claim and one completion per batch and the runners never
     wait for a round trip. As soon as handlers are slow, a claim takes only as many jobs as
-    there are free runners: a worker never sits on work that another worker could run."""
+    there are free runners, plus the few that runners will finish while the claim is on its
+    way (concurrency x claim time / handler time, rounded: none for a handful of runners on
+    long jobs): a worker does not sit on work that another worker could run, and a runner
+    that finishes a job finds the next one waiting instead of waiting for a round trip."""
 
     def __init__(self, concurrency: int, max_batch: int, fast_job: float) -> None:
         self.concurrency = concurrency
@@ -43,6 +46,7 @@ class Intake:
         self.fast_job = fast_job
         self.batch = 1
         self.average = 0.0
+        self.claim_time = 0.0
 
     @property
     def fast(self) -> bool:
@@ -56,15 +60,18 @@ class Intake:
 
     def want(self, running: int, buffered: int) -> int:
         """How many jobs to claim now (0: none yet)."""
-        free = max(0, self.concurrency - running - buffered)
         if not self.fast:
-            return min(self.max_batch, free)
+            ahead = round(self.concurrency * self.claim_time / self.average)
+            return max(0, min(self.max_batch, self.concurrency - running + ahead - buffered))
+        free = max(0, self.concurrency - running - buffered)
         if buffered >= max(1, self.batch // 2):
             return 0
         return min(self.max_batch, max(self.batch, free))
 
-    def claimed(self, count: int) -> None:
-        """A claim returned ``count`` jobs (the next one may be twice as big while fast)."""
+    def claimed(self, count: int, seconds: float) -> None:
+        """A claim returned ``count`` jobs after ``seconds`` (the next one may be twice as big
+        while handlers are fast)."""
+        self.claim_time += SMOOTHING * (seconds - self.claim_time)
         if count and self.fast:
             self.batch = min(self.max_batch, self.batch * 2)
 

@@ -277,6 +277,7 @@ class Worker:
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
                 try:
+                    sent = time.monotonic()
                     jobs = self.queues[name].claim(want)
                 except EchoMQError as exc:
                     if not self._stop.is_set():
@@ -286,7 +287,7 @@ class Worker:
                 if jobs:
                     took = True
                     turn += 1
-                    self._take(jobs)
+                    self._take(jobs, time.monotonic() - sent)
                     break
             if took:
                 idle = self.poll
@@ -300,11 +301,11 @@ class Worker:
             return 0  # back-pressure: the flusher is behind
         return self._intake.want(self._running, len(self._buffer))
 
-    def _take(self, jobs: list[Job]) -> None:
+    def _take(self, jobs: list[Job], seconds: float) -> None:
         """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""
         now = time.monotonic()
         with self._lock:
-            self._intake.claimed(len(jobs))
+            self._intake.claimed(len(jobs), seconds)
             for job in jobs:
                 self._inflight[(job.queue, job.id)] = job
             if not self._stop.is_set():
