@@ -219,14 +219,19 @@ class Queue:
     def settle_failed(self, failed: Sequence[tuple[Job, str, bool]]) -> Settlement:
         """Fail ``(job, error, retry?)`` triples, the backoff chosen here; as
         :meth:`settle_completed`, the statuses and the parents released or failed."""
+        if not failed:
+            return Settlement([])
+        return self.client.run(self.settle_failed_op(failed))
+
+    def settle_failed_op(self, failed: Sequence[tuple[Job, str, bool]]) -> Op[Settlement]:
+        """The operation :meth:`settle_failed` runs (``failed`` not empty): the backoff of
+        each retried job is chosen here."""
         rows = []
         for job, error, retry in failed:
             self._own(job)
             delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
             rows.append((job, str(error)[:10_000], delay))
-        if not rows:
-            return Settlement([])
-        return self.client.run(ops.fail(self.client.keys, self.name, rows))
+        return ops.fail(self.client.keys, self.name, rows)
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""

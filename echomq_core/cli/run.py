@@ -8,6 +8,7 @@ and exits 0; a second signal gives back running jobs at once.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import os
 import signal
@@ -17,6 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..async_worker import AsyncWorker
+from ..client import AsyncEchoMQ
 from ..errors import ConfigurationError
 from ..hooks import Handler, Hooks, plugin_manager
 from ..options import PumpOptions, WorkerOptions, add_flags, from_namespace
@@ -85,6 +88,13 @@ def add_parsers(sub: Any) -> None:
         metavar="MODULE:OBJECT",
         help="a {queue: handler} mapping, or a callable returning one (the current "
         "directory is importable); repeatable",
+    )
+    w.add_argument(
+        "--async",
+        dest="use_async",
+        action="store_true",
+        help="run the handlers on one asyncio event loop (AsyncWorker): async handlers are "
+        "awaited, --concurrency of them at once; sync ones run in a pool of that many threads",
     )
     add_flags(w, WorkerOptions, types=FLAG_TYPES)
     _plugin_options(w)
@@ -246,22 +256,45 @@ def run_worker(args: argparse.Namespace) -> int:
             {q: handlers[q] for q in args.queues} if args.queues else handlers
         )
         names = hooks.plugin_names()
-        worker = Worker(
-            mq,
-            chosen,
-            options=from_namespace(WorkerOptions, args),
-            hooks=hooks if names else None,
-        )
+        options = from_namespace(WorkerOptions, args)
         _say(
-            f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}; "
+            f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}"
+            f"{' (asyncio)' if args.use_async else ''}; "
             f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
             f"{', '.join(names) or 'none'}"
         )
-        worker.run()
-        _say(f"worker: stopped ({worker.completed} completed, {worker.failed} failed attempts)")
+        if args.use_async:
+            done = asyncio.run(_run_async(args, chosen, options, hooks if names else None))
+        else:
+            worker = Worker(mq, chosen, options=options, hooks=hooks if names else None)
+            worker.run()
+            done = (worker.completed, worker.failed)
+        _say(f"worker: stopped ({done[0]} completed, {done[1]} failed attempts)")
     finally:
         mq.close()
     return 0
+
+
+async def _run_async(
+    args: argparse.Namespace,
+    handlers: Mapping[str, Callable[..., Any]],
+    options: WorkerOptions,
+    hooks: Hooks | None,
+) -> tuple[int, int]:
+    """``echomq worker --async``: an :class:`AsyncWorker` on its own asyncio client (the same
+    URL, prefix and timeouts as the sync one, which the hooks keep using)."""
+    amq = AsyncEchoMQ(
+        args.url,
+        prefix=args.prefix,
+        socket_connect_timeout=args.connect_timeout,
+        socket_timeout=60.0,
+    )
+    try:
+        worker = AsyncWorker(amq, handlers, options=options, hooks=hooks)
+        await worker.run()
+        return worker.completed, worker.failed
+    finally:
+        await amq.close()
 
 
 # -- pump ----------------------------------------------------------------------------------
