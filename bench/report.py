@@ -130,8 +130,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
             if row:
                 cpi = row["summary"]["commands_per_item"]["median"]
                 add(
-                    f"{w} commands per {UNITS[w][:-1] if w == 'W1' else 'child'} at "
-                    f"concurrency {level}",
+                    f"{w} commands per {UNITS[w][:-1] if w == 'W1' else 'child'}"
+                    + ("" if level == 1 else f" at concurrency {level}"),
                     cpi,
                     f"<= {COMMANDS_TARGET:g}",
                     cpi <= COMMANDS_TARGET,

@@ -270,7 +270,12 @@ async def _io_async(job: Job) -> None:
     await asyncio.sleep(IO_WAIT)
 
 
-SYNC = {"w1": _noop, "w6": _io}
+def _stamp(job: Job) -> float:
+    """bench.latency's children: the wall-clock time (ms) at which the handler finished."""
+    return time.time() * 1000
+
+
+SYNC = {"w1": _noop, "w6": _io, "lat": _stamp, "latc": _stamp}
 ASYNC = {"w1": _noop_async, "w6": _io_async}
 
 
