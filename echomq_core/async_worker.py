@@ -52,8 +52,8 @@ from .errors import EchoMQError
 from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
-from .running import Intake, Outcome, failure, fire_hooks, split
-from .worker import BLOCK_SLICE, make_queues, wake_queues
+from .running import Intake, Outcome, failure, fire_hooks, make_queues, split, wake_queues
+from .worker import BLOCK_SLICE
 
 if TYPE_CHECKING:
     from .client import AsyncEchoMQ

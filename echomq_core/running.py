@@ -12,11 +12,16 @@ completion serves many runners: the commands per job do not grow with concurrenc
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import InvalidPayload, Unrecoverable
+from redis.crc import key_slot
+
+from .errors import InvalidArgument, InvalidPayload, Unrecoverable
+from .keyspace import check_queue
 from .models import Job, Settlement
+from .options import WorkerOptions
+from .queue import Queue
 
 log = logging.getLogger("echomq_core.worker")
 
@@ -46,15 +51,26 @@ class Intake:
         self.fast_job = fast_job
         self.batch = 1
         self.average = 0.0
+        self.cpu_share = 0.0
         self.claim_time = 0.0
 
     @property
     def fast(self) -> bool:
         return self.average < self.fast_job
 
-    def observe(self, seconds: float) -> None:
-        """A handler call took ``seconds``."""
+    @property
+    def spread(self) -> bool:
+        """False while handlers are fast and spend their time on the CPU: under the GIL a
+        second thread cannot run such jobs any sooner, only take turns with the first, so the
+        threaded worker then keeps one runner busy and lets the others rest."""
+        return not self.fast or self.cpu_share < 0.5
+
+    def observe(self, seconds: float, cpu: float | None = None) -> None:
+        """A handler call took ``seconds`` (``cpu`` of them on this thread's CPU)."""
         self.average += SMOOTHING * (seconds - self.average)
+        if cpu is not None:
+            share = min(1.0, cpu / seconds) if seconds > 0 else 1.0
+            self.cpu_share += SMOOTHING * (share - self.cpu_share)
         if not self.fast:
             self.batch = 1
 
@@ -149,3 +165,37 @@ def _hook(hooks: Any, name: str, **kwargs: Any) -> None:
         getattr(hooks, name)(**kwargs)
     except Exception:
         log.exception("hook %s raised; ignored", name)
+
+
+def make_queues(
+    client: Any,
+    handlers: Mapping[str, Any],
+    opts: WorkerOptions,
+    queue_options: Mapping[str, Any] | None,
+) -> dict[str, Queue]:
+    """Check a worker's handlers and queue options; the :class:`Queue` of each handler."""
+    if not isinstance(handlers, Mapping) or not handlers:
+        raise InvalidArgument("a worker needs a mapping of queue names to handlers")
+    if queue_options is not None and (
+        not isinstance(queue_options, Mapping)
+        or set(queue_options) - {"max_attempts", "backoff", "keep_completed", "timeout"}
+    ):
+        raise InvalidArgument(
+            "queue_options takes max_attempts, backoff, keep_completed and timeout (lease "
+            f"is the worker's own option), got {queue_options!r:.200}"
+        )
+    queue_settings = {"timeout": opts.timeout, **dict(queue_options or {})}
+    for name, fn in handlers.items():
+        check_queue(name)
+        if not callable(fn):
+            raise InvalidArgument(f"handler for queue {name!r} is not callable")
+    return {n: Queue(client, n, lease=opts.lease, **queue_settings) for n in handlers}
+
+
+def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | None:
+    """The queues an idle fetcher can block on in one BZPOPMIN (None: poll instead): all of
+    them, unless a Cluster puts them on different slots."""
+    if not is_cluster:
+        return names
+    slots = {key_slot(keys.wake(n).encode()) for n in names}
+    return names if len(slots) == 1 else None

@@ -56,15 +56,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.crc import key_slot
-
 from . import ops
-from .errors import EchoMQError, InvalidArgument
-from .keyspace import check_queue
+from .errors import EchoMQError
 from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
-from .running import Intake, Outcome, fire_hooks, outcome, split
+from .running import Intake, Outcome, fire_hooks, make_queues, outcome, split, wake_queues
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -157,6 +154,7 @@ class Worker:
         self._first_result = 0.0
         self._flushing = 0
         self._running = 0
+        self._awake = 0  # runners not waiting for the buffer
         self._closing = False
         self._intake = Intake(self.concurrency, self.max_batch, self.fast_job)
         self._runners: list[threading.Thread] = []
@@ -310,7 +308,8 @@ class Worker:
                 self._inflight[(job.queue, job.id)] = job
             if not self._stop.is_set():
                 self._buffer.extend((job, now) for job in jobs)
-                self._jobs_ready.notify(len(jobs))
+                # one runner for fast CPU-bound jobs (the others would only take turns)
+                self._jobs_ready.notify(len(jobs) if self._intake.spread else 1)
                 return
         self._give_back(jobs)
 
@@ -338,11 +337,27 @@ class Worker:
 
     # -- the runners ----------------------------------------------------------------------
     def _runner(self, slot: _Slot) -> None:
+        with self._lock:
+            self._awake += 1
+        try:
+            self._run_jobs(slot)
+        finally:
+            with self._lock:
+                if not slot.abandoned:  # an abandoned runner stopped counting at the time
+                    self._awake -= 1
+
+    def _run_jobs(self, slot: _Slot) -> None:
         while True:
             with self._lock:
-                while not self._buffer and not self._stop.is_set() and not slot.abandoned:
+                while (
+                    not self._stop.is_set()
+                    and not slot.abandoned
+                    and (not self._buffer or self._rest(slot))
+                ):
                     self._want_jobs.notify()
+                    self._awake -= 1
                     self._jobs_ready.wait(NAP)
+                    self._awake += 1
                 if self._stop.is_set() or slot.abandoned:
                     return
                 job, claimed = self._buffer.popleft()
@@ -358,7 +373,9 @@ class Worker:
                 slot.job, slot.limit, slot.started = job, (limit_ms or 0) / 1000, time.monotonic()
                 slot.deadline = slot.started + slot.limit if limit_ms else 0.0
                 self._running += 1
+            cpu = time.thread_time()
             result = self._call(self.handlers[job.queue], job)
+            cpu = time.thread_time() - cpu
             with self._lock:
                 took = time.monotonic() - slot.started
                 slot.job, slot.deadline = None, 0.0
@@ -367,7 +384,7 @@ class Worker:
                         self._add_result(job, result)
                 else:
                     self._running -= 1
-                    self._intake.observe(took)
+                    self._intake.observe(took, cpu)
                     self._add_result(job, result)
             if slot.abandoned:
                 log.warning(
@@ -376,6 +393,23 @@ class Worker:
                     job.id,
                 )
                 return
+
+    def _rest(self, slot: _Slot) -> bool:
+        """True when this runner should leave the buffer to another (under the lock): handlers
+        are fast and CPU-bound (see :attr:`Intake.spread`) and another runner is in a call it
+        started less than ``fast_job`` ago - it will be back for the next job in a moment, and
+        two threads would only take turns on the GIL. A runner that rests looks again within
+        :data:`NAP`, so a call that turns out long does not hold the buffer up for longer."""
+        if self._intake.spread or self._awake <= 1:
+            return False
+        now = time.monotonic()
+        return any(
+            other is not slot
+            and not other.abandoned
+            and other.job is not None
+            and now - other.started < self.fast_job
+            for other in self._slots
+        )
 
     def _add_result(self, job: Job, result: Outcome) -> None:
         """Hand one result to the flusher (under the lock)."""
@@ -565,6 +599,7 @@ class Worker:
                 slot.abandoned = True
                 self.abandoned += 1
                 self._running -= 1
+                self._awake -= 1
                 error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
                 self._add_result(job, (error, True))
                 self._results_ready.notify()
@@ -579,40 +614,6 @@ class Worker:
             )
             if not self._stop.is_set():
                 self._spawn(slot.index)
-
-
-def make_queues(
-    client: Any,
-    handlers: Mapping[str, Any],
-    opts: WorkerOptions,
-    queue_options: Mapping[str, Any] | None,
-) -> dict[str, Queue]:
-    """Check a worker's handlers and queue options; the :class:`Queue` of each handler."""
-    if not isinstance(handlers, Mapping) or not handlers:
-        raise InvalidArgument("a worker needs a mapping of queue names to handlers")
-    if queue_options is not None and (
-        not isinstance(queue_options, Mapping)
-        or set(queue_options) - {"max_attempts", "backoff", "keep_completed", "timeout"}
-    ):
-        raise InvalidArgument(
-            "queue_options takes max_attempts, backoff, keep_completed and timeout (lease "
-            f"is the worker's own option), got {queue_options!r:.200}"
-        )
-    queue_settings = {"timeout": opts.timeout, **dict(queue_options or {})}
-    for name, fn in handlers.items():
-        check_queue(name)
-        if not callable(fn):
-            raise InvalidArgument(f"handler for queue {name!r} is not callable")
-    return {n: Queue(client, n, lease=opts.lease, **queue_settings) for n in handlers}
-
-
-def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | None:
-    """The queues an idle fetcher can block on in one BZPOPMIN (None: poll instead): all of
-    them, unless a Cluster puts them on different slots."""
-    if not is_cluster:
-        return names
-    slots = {key_slot(keys.wake(n).encode()) for n in names}
-    return names if len(slots) == 1 else None
 
 
 async def _await(awaitable: Any) -> Any:
