@@ -307,6 +307,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append("")
         if workload == "W5":
             lines += _reader_lines(entry)
+    lines += matrix(doc)
     tgt = targets(doc)
     if tgt:
         lines += [
@@ -340,6 +341,37 @@ def markdown(doc: dict[str, Any]) -> str:
         for workload, note in peer.get("notes", {}).items():
             lines.append(f"  - {workload}: {note}.")
     return "\n".join(lines) + "\n"
+
+
+def matrix(doc: dict[str, Any]) -> list[str]:
+    """With several concurrency levels: one table of rates (median, min-max) and commands per
+    item, a row per library and workload, a column per level (what the README shows)."""
+    levels = doc["meta"].get("concurrency", [1])
+    if len(levels) < 2:
+        return []
+    head = " | ".join(f"c{c} items/s | c{c} cmds/item" for c in levels)
+    lines = [
+        "## Side by side at matched concurrency",
+        "",
+        f"| Workload | Library | {head} |",
+        "|---|---|" + "---:|---:|" * len(levels),
+    ]
+    for workload in ("W1", "W2", "W3"):
+        entry = doc["workloads"].get(workload)
+        if not entry:
+            continue
+        names = list(dict.fromkeys(split_key(n)[0] for n in entry["results"]))
+        for name in names:
+            cells = []
+            for level in levels:
+                row = main_row(entry, name if level == 1 else f"{name}@c{level}")
+                if row is None:
+                    cells += ["-", "-"]
+                    continue
+                s = row["summary"]
+                cells += [_spread(s["rate"], 0), _num(s["commands_per_item"]["median"], 2)]
+            lines.append(f"| {workload} | {label(name)} | {' | '.join(cells)} |")
+    return [*lines, ""]
 
 
 def _reader_lines(entry: dict[str, Any]) -> list[str]:
