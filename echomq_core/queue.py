@@ -8,6 +8,7 @@ changes nothing. Every call takes batches: a batch costs one round trip, not one
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -129,13 +130,16 @@ class Queue:
         rows: list[tuple[str, bytes, int, int, int, int | None]] = []
         check = False
         encode, attempts_default = self.client.encode, self.max_attempts
-        for item in jobs:
+        # generated ids: one random 96-bit stem per call and the item's index - unique like
+        # an uuid4 per job, at a fraction of the cost of a bulk add, and shorter
+        stem = f"JOB-{secrets.token_hex(12)}-"
+        for index, item in enumerate(jobs):
             if not isinstance(item, JobSpec):  # a bare payload: every option is the default
-                rows.append(("JOB-" + uuid.uuid4().hex, encode(item), attempts_default, 0, 0, None))
+                rows.append((f"{stem}{index:x}", encode(item), attempts_default, 0, 0, None))
                 continue
             spec = item
             if spec.id is None:
-                job_id = "JOB-" + uuid.uuid4().hex
+                job_id = f"{stem}{index:x}"
             else:
                 job_id, check = check_job_id(spec.id), True
             delay_ms = int(check_seconds("delay", spec.delay, 0.0, MAX_DELAY) * 1000)

@@ -257,44 +257,42 @@ def run_worker(args: argparse.Namespace) -> int:
         )
         names = hooks.plugin_names()
         options = from_namespace(WorkerOptions, args)
+        # the worker is made (its handlers and options checked) before anything is said
+        worker: Worker | AsyncWorker
+        if args.use_async:
+            amq = AsyncEchoMQ(
+                args.url,
+                prefix=args.prefix,
+                socket_connect_timeout=args.connect_timeout,
+                socket_timeout=60.0,
+            )
+            worker = AsyncWorker(amq, chosen, options=options, hooks=hooks if names else None)
+        else:
+            worker = Worker(mq, chosen, options=options, hooks=hooks if names else None)
         _say(
             f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}"
             f"{' (asyncio)' if args.use_async else ''}; "
             f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
             f"{', '.join(names) or 'none'}"
         )
-        if args.use_async:
-            done = asyncio.run(_run_async(args, chosen, options, hooks if names else None))
+        if isinstance(worker, AsyncWorker):
+            asyncio.run(_run_async(worker))
         else:
-            worker = Worker(mq, chosen, options=options, hooks=hooks if names else None)
             worker.run()
-            done = (worker.completed, worker.failed)
+        done = (worker.completed, worker.failed)
         _say(f"worker: stopped ({done[0]} completed, {done[1]} failed attempts)")
     finally:
         mq.close()
     return 0
 
 
-async def _run_async(
-    args: argparse.Namespace,
-    handlers: Mapping[str, Callable[..., Any]],
-    options: WorkerOptions,
-    hooks: Hooks | None,
-) -> tuple[int, int]:
-    """``echomq worker --async``: an :class:`AsyncWorker` on its own asyncio client (the same
+async def _run_async(worker: AsyncWorker) -> None:
+    """``echomq worker --async``: the :class:`AsyncWorker` on its own asyncio client (the same
     URL, prefix and timeouts as the sync one, which the hooks keep using)."""
-    amq = AsyncEchoMQ(
-        args.url,
-        prefix=args.prefix,
-        socket_connect_timeout=args.connect_timeout,
-        socket_timeout=60.0,
-    )
     try:
-        worker = AsyncWorker(amq, handlers, options=options, hooks=hooks)
         await worker.run()
-        return worker.completed, worker.failed
     finally:
-        await amq.close()
+        await worker.client.close()
 
 
 # -- pump ----------------------------------------------------------------------------------
