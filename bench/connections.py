@@ -6,9 +6,9 @@ Usage (from the repository root, in the bench venv)::
     python -m bench.connections --levels 1,50 --n 5000
 
 For each worker kind (threaded ``Worker``, ``AsyncWorker``) and concurrency: a fresh worker
-process is started on an empty queue after ``CONFIG RESETSTAT``, N jobs are added (no-op ones,
-then N/4 that wait 50 ms, so both the batched and the one-per-runner claim paths run), the
-worker drains them and is stopped. Every connection a client opens greets the server with
+process is started on an empty queue after ``CONFIG RESETSTAT``, N no-op jobs are added, then
+5 x concurrency jobs that wait 50 ms (so both the batched and the one-per-runner claim paths
+run), the worker drains them and is stopped. Every connection a client opens greets the server with
 ``HELLO`` (redis-py; ``CLIENT SETINFO`` twice besides), so ``cmdstat_hello`` counts the
 connections the worker opened over its whole life - the harness's own client connects before
 the reset. Also reported: the most connections the server saw at once (``connected_clients``
@@ -47,7 +47,7 @@ def one(url: str, mode: str, level: int, n: int) -> dict[str, Any]:
     ).wait_ready()
     peak = 0
     try:
-        for name, count in (("w1", n), ("w6", n // 4)):
+        for name, count in (("w1", n), ("w6", 5 * level)):
             queue = mq.queue(name)
             queue.add_bulk(range(count))
             deadline = time.monotonic() + 300
