@@ -124,7 +124,7 @@ class AsyncWorker:
         self._idle_runners: deque[asyncio.Future[None]] = deque()  # woken one per job
         self._want_jobs = asyncio.Event()  # a runner is free or the buffer ran low
         self._results_ready = asyncio.Event()  # results should be recorded now
-        self._stopped = asyncio.Event()
+        self._shutdown: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         return f"AsyncWorker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
@@ -188,9 +188,13 @@ class AsyncWorker:
 
     async def stop(self, *, wait: bool = True) -> None:
         """Stop claiming; with ``wait``, let running handlers finish for up to ``grace``
-        seconds, then give back (and cancel) whatever still runs."""
-        if self._stopped.is_set():
-            return
+        seconds, then give back (and cancel) whatever still runs. A second call waits for
+        the first one's shutdown."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._drain(wait))
+        await asyncio.shield(self._shutdown)
+
+    async def _drain(self, wait: bool) -> None:
         self._stop.set()
         if not wait:
             self._halt.set()
@@ -216,7 +220,6 @@ class AsyncWorker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
-        self._stopped.set()
 
     # -- the fetcher ----------------------------------------------------------------------
     async def _fetcher(self) -> None:

@@ -409,3 +409,33 @@ def test_sigterm_mid_batch_loses_nothing(
     q.complete_many([(j, j.payload * 2) for j in rest])
     assert all(q.get_job(i).result == n * 2 for n, i in enumerate(ids))
     mq.close()
+
+
+def test_stop_from_another_task_while_run_waits(mq: EchoMQ, backend: Backend, prefix: str) -> None:
+    """run() in one task, stop() from another: one shutdown (the second call waits for it),
+    the running job finishes, the unstarted ones go back untouched."""
+    q = mq.queue("aw-stop")
+    q.add_bulk(range(50))
+    gate = asyncio.Event()
+
+    async def handle(job: Job) -> int:
+        gate.set()
+        await asyncio.sleep(0.05)
+        return int(job.payload)
+
+    async def main() -> AsyncWorker:
+        amq = _aclient(backend, prefix)
+        worker = AsyncWorker(amq, {"aw-stop": handle}, concurrency=2)
+        running = asyncio.create_task(worker.run(install_signals=False))
+        await asyncio.wait_for(gate.wait(), 30)
+        await asyncio.gather(worker.stop(), worker.stop())
+        await asyncio.wait_for(running, 30)
+        await amq.close()
+        return worker
+
+    worker = asyncio.run(main())
+    stats = q.stats()
+    assert stats["active"] == 0
+    assert stats["completed"] == worker.completed > 0
+    assert stats["completed"] + stats["pending"] == 50
+    assert all(j.attempts == 0 for j in q.claim(50))
