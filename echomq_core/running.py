@@ -77,11 +77,8 @@ class Intake:
     def want(self, running: int, buffered: int) -> int:
         """How many jobs to claim now (0: none yet)."""
         if not self.fast:
-            # claim once half of the jobs kept ahead are gone: fewer, larger claims, and the
-            # other half covers the round trip
             ahead = round(self.concurrency * self.claim_time / self.average)
-            short = self.concurrency - running + ahead - buffered
-            return min(self.max_batch, short) if short >= max(1, ahead // 2) else 0
+            return max(0, min(self.max_batch, self.concurrency - running + ahead - buffered))
         free = max(0, self.concurrency - running - buffered)
         if buffered >= max(1, self.batch // 2):
             return 0
