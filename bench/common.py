@@ -196,8 +196,17 @@ class Proc:
     the repository root, output to a log file, ready when it prints :data:`READY`."""
 
     def __init__(
-        self, module: str, args: Sequence[str], *, name: str, env: dict[str, str] | None = None
+        self,
+        module: str,
+        args: Sequence[str],
+        *,
+        name: str,
+        env: dict[str, str] | None = None,
+        command: Sequence[str] | None = None,
+        stdin: bool = False,
     ) -> None:
+        """``command``: run this instead of ``python -m module`` (a Node peer); ``stdin``:
+        keep a pipe to the process's input (a driver that is told when to start)."""
         self.name = name
         self.log = Path(tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")[1])
         full_env = dict(os.environ)
@@ -208,15 +217,33 @@ class Proc:
         full_env.update(env or {})
         with self.log.open("wb") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
+                [*(command or [sys.executable, "-m", module]), *args],
                 cwd=REPO,
                 env=full_env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+
+    def send(self, line: str) -> None:
+        """Write one line to the process's input (started with ``stdin=True``)."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(line.encode() + b"\n")
+        self.popen.stdin.flush()
+
+    def wait_line(self, prefix: str, timeout: float) -> str:
+        """The first output line after the READY line that starts with ``prefix`` (waits)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.output().split(READY, 1)[-1].splitlines():
+                if line.startswith(prefix):
+                    return line[len(prefix) :].strip()
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.name}: no {prefix!r} after {timeout:.0f}s:\n{self.tail()}")
+            time.sleep(0.005)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -260,6 +287,9 @@ class Proc:
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (a graceful stop for every library's worker), SIGKILL after ``timeout``."""
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
             try:

@@ -7,17 +7,57 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-LABELS = {"echomq": "EchoMQ", "bullmq": "BullMQ (Python)", "celery": "Celery", "rq": "RQ"}
-UNITS = {"W1": "jobs", "W2": "children", "W3": "children", "W4": "signals", "W5": "children"}
-COLORS = {"echomq": "#d62728", "bullmq": "#1f77b4", "celery": "#2ca02c", "rq": "#9467bd"}
-#: The issue's targets for EchoMQ, each checked in the same run.
+LABELS = {
+    "echomq": "EchoMQ",
+    "echomq_async": "EchoMQ (asyncio worker)",
+    "bullmq_node": "BullMQ (Node)",
+    "bullmq": "BullMQ (Python)",
+    "celery": "Celery",
+    "rq": "RQ",
+}
+UNITS = {
+    "W1": "jobs",
+    "W2": "children",
+    "W3": "children",
+    "W4": "signals",
+    "W5": "children",
+    "W6": "jobs",
+}
+COLORS = {
+    "echomq": "#d62728",
+    "echomq_async": "#ff9896",
+    "bullmq_node": "#17becf",
+    "bullmq": "#1f77b4",
+    "celery": "#2ca02c",
+    "rq": "#9467bd",
+}
+#: The targets for EchoMQ, each checked in the same run (issue 19: vs BullMQ for Node and
+#: for Python at matched concurrency; concurrency 50 at 0.9x concurrency 1 or better; W6 at
+#: 90% of its ideal rate).
 SPEED_TARGET, COMMANDS_TARGET, PUMP_TARGET, MEMORY_TARGET = 10.0, 4.0, 50_000.0, 0.5
+NODE_TARGET, PYTHON_TARGET, SCALING_TARGET, IO_TARGET = 5.0, 15.0, 0.9, 0.9
+#: W6's ideal rate: concurrency / handler wait.
+IO_IDEAL = 200 / 0.05
+
+
+def split_key(name: str) -> tuple[str, int]:
+    """``"echomq@c50"`` -> ("echomq", 50); a name without a suffix ran at concurrency 1."""
+    base, _, level = name.partition("@c")
+    return base, int(level) if level else 1
+
+
+def ours(name: str) -> str:
+    """EchoMQ's result key at the concurrency of ``name``."""
+    _, level = split_key(name)
+    return "echomq" if level == 1 else f"echomq@c{level}"
 #: W5 reads "flat" when reading every page peaks at most this much above reading one page.
 FLAT_SLACK_KIB = 8 * 1024
 
 
 def label(name: str) -> str:
-    return LABELS.get(name, name)
+    base, level = split_key(name)
+    text = LABELS.get(base, base)
+    return text if "@c" not in name else f"{text} c{level}"
 
 
 def main_row(entry: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -38,21 +78,19 @@ def ratios(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     commands per item / EchoMQ's, and EchoMQ's retained memory per item / the peer's."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for workload, entry in doc["workloads"].items():
-        ours = main_row(entry, "echomq")
-        if ours is None:
-            continue
         for name in entry["results"]:
+            mine = main_row(entry, ours(name))
             theirs = main_row(entry, name)
-            if name == "echomq" or theirs is None:
+            if split_key(name)[0] == "echomq" or theirs is None or mine is None:
                 continue
-            a, b = ours["summary"], theirs["summary"]
+            a, b = mine["summary"], theirs["summary"]
             out.setdefault(workload, {})[name] = {
                 "speed": _div(a["rate"]["median"], b["rate"]["median"]),
                 "commands": _div(
                     b["commands_per_item"]["median"], a["commands_per_item"]["median"]
                 ),
                 "memory": _div(a["memory_per_item"]["median"], b["memory_per_item"]["median"]),
-                "n_echomq": ours["n"],
+                "n_echomq": mine["n"],
                 "n_peer": theirs["n"],
             }
     return out
@@ -72,26 +110,67 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     def add(target: str, value: Any, goal: str, met: bool | None) -> None:
         out.append({"target": target, "value": value, "goal": goal, "met": met})
 
+    levels = doc["meta"].get("concurrency", [1])
     for w in ("W1", "W2", "W3"):
         if w not in doc["workloads"]:
             continue
-        vs = rat.get(w, {}).get("bullmq")
-        if vs:
+        entry = doc["workloads"][w]
+        for level in levels:
+            suffix = "" if level == 1 else f"@c{level}"
+            for peer, goal in (("bullmq_node", NODE_TARGET), ("bullmq", PYTHON_TARGET)):
+                vs = rat.get(w, {}).get(peer + suffix)
+                if vs:
+                    add(
+                        f"{w} speed vs {label(peer)} at concurrency {level}",
+                        f"{vs['speed']}x",
+                        f">= {goal:g}x",
+                        vs["speed"] is not None and vs["speed"] >= goal,
+                    )
+            row = main_row(entry, "echomq" + suffix)
+            if row:
+                cpi = row["summary"]["commands_per_item"]["median"]
+                add(
+                    f"{w} commands per {UNITS[w][:-1] if w == 'W1' else 'child'}"
+                    + ("" if level == 1 else f" at concurrency {level}"),
+                    cpi,
+                    f"<= {COMMANDS_TARGET:g}",
+                    cpi <= COMMANDS_TARGET,
+                )
+        one = main_row(entry, "echomq")
+        for level in levels:
+            many = main_row(entry, f"echomq@c{level}") if level != 1 else None
+            if one and many:
+                ratio = round(
+                    many["summary"]["rate"]["median"] / one["summary"]["rate"]["median"], 2
+                )
+                add(
+                    f"{w} concurrency {level} vs 1",
+                    f"{ratio}x",
+                    f">= {SCALING_TARGET:g}x",
+                    ratio >= SCALING_TARGET,
+                )
+    if "W6" in doc["workloads"]:
+        entry = doc["workloads"]["W6"]
+        node = main_row(entry, "bullmq_node@c200")
+        for name in ("echomq@c200", "echomq_async@c200"):
+            row = main_row(entry, name)
+            if not row:
+                continue
+            rate = row["summary"]["rate"]["median"]
             add(
-                f"{w} speed vs BullMQ",
-                f"{vs['speed']}x",
-                f">= {SPEED_TARGET:g}x",
-                vs["speed"] is not None and vs["speed"] >= SPEED_TARGET,
+                f"W6 {label(name)} vs the ideal {IO_IDEAL:,.0f} jobs/s",
+                f"{rate / IO_IDEAL:.0%}",
+                f">= {IO_TARGET:.0%}",
+                rate >= IO_TARGET * IO_IDEAL,
             )
-        row = main_row(doc["workloads"][w], "echomq")
-        if row:
-            cpi = row["summary"]["commands_per_item"]["median"]
-            add(
-                f"{w} commands per {UNITS[w][:-1] if w == 'W1' else 'child'}",
-                cpi,
-                f"<= {COMMANDS_TARGET:g}",
-                cpi <= COMMANDS_TARGET,
-            )
+            if node:
+                theirs = node["summary"]["rate"]["median"]
+                add(
+                    f"W6 {label(name)} vs BullMQ (Node) c200",
+                    f"{rate / theirs:.2f}x",
+                    ">= 1x",
+                    rate >= theirs,
+                )
     for w in ("W2", "W3"):
         vs = rat.get(w, {}).get("bullmq")
         if vs and vs["memory"] is not None:
@@ -228,6 +307,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append("")
         if workload == "W5":
             lines += _reader_lines(entry)
+    lines += matrix(doc)
     tgt = targets(doc)
     if tgt:
         lines += [
@@ -261,6 +341,37 @@ def markdown(doc: dict[str, Any]) -> str:
         for workload, note in peer.get("notes", {}).items():
             lines.append(f"  - {workload}: {note}.")
     return "\n".join(lines) + "\n"
+
+
+def matrix(doc: dict[str, Any]) -> list[str]:
+    """With several concurrency levels: one table of rates (median, min-max) and commands per
+    item, a row per library and workload, a column per level (what the README shows)."""
+    levels = doc["meta"].get("concurrency", [1])
+    if len(levels) < 2:
+        return []
+    head = " | ".join(f"c{c} items/s | c{c} cmds/item" for c in levels)
+    lines = [
+        "## Side by side at matched concurrency",
+        "",
+        f"| Workload | Library | {head} |",
+        "|---|---|" + "---:|---:|" * len(levels),
+    ]
+    for workload in ("W1", "W2", "W3"):
+        entry = doc["workloads"].get(workload)
+        if not entry:
+            continue
+        names = list(dict.fromkeys(split_key(n)[0] for n in entry["results"]))
+        for name in names:
+            cells = []
+            for level in levels:
+                row = main_row(entry, name if level == 1 else f"{name}@c{level}")
+                if row is None:
+                    cells += ["-", "-"]
+                    continue
+                s = row["summary"]
+                cells += [_spread(s["rate"], 0), _num(s["commands_per_item"]["median"], 2)]
+            lines.append(f"| {workload} | {label(name)} | {' | '.join(cells)} |")
+    return [*lines, ""]
 
 
 def _reader_lines(entry: dict[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,11 +38,15 @@ from echomq_core.server import EmbeddedServer
 
 from . import report
 from .common import REPO, BenchError, summarize
-from .peers import WORKLOADS, Peer, Unsupported
+from .peers import FIXED_CONCURRENCY, WORKLOADS, Peer, Unsupported
 
+#: What the Node peer needs: ``npm install`` in bench/peers/node (see bench/README.md).
+NODE_PEER = "node:bench/peers/node/node_modules/bullmq"
 #: name -> (module that must be importable, "module:class" of the peer)
 PEERS = {
     "echomq": ("echomq_core", "bench.peers.echomq_peer:EchoMQPeer"),
+    "echomq_async": ("echomq_core", "bench.peers.echomq_peer:EchoMQAsyncPeer"),
+    "bullmq_node": (NODE_PEER, "bench.peers.bullmq_node_peer:BullMQNodePeer"),
     "bullmq": ("bullmq", "bench.peers.bullmq_peer:BullMQPeer"),
     "celery": ("celery", "bench.peers.celery_peer:CeleryPeer"),
     "rq": ("rq", "bench.peers.rq_peer:RQPeer"),
@@ -71,7 +76,10 @@ def log(message: str) -> None:
 def load_peer(name: str) -> Peer | str:
     """The peer, or why it cannot run (the library is not installed)."""
     library, target = PEERS[name]
-    if importlib.util.find_spec(library) is None:
+    if library.startswith("node:"):
+        if shutil.which("node") is None or not (REPO / library[5:]).is_dir():
+            return "not installed (needs node and `npm install` in bench/peers/node)"
+    elif importlib.util.find_spec(library) is None:
         return f"not installed ({library} is not importable: pip install -r bench/requirements.txt)"
     module, cls = target.split(":")
     peer: Peer = getattr(importlib.import_module(module), cls)()
@@ -145,6 +153,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     for w in workloads:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    levels_all = [int(c) for c in args.concurrency.split(",") if c.strip()]
     peers: dict[str, Peer] = {}
     doc: dict[str, Any] = {"meta": {}, "peers": {}, "workloads": {}}
     for name in names:
@@ -178,6 +187,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "clients": client_versions(),
         "load_before": list(os.getloadavg()),
         "command": " ".join(["python -m bench.run", *sys.argv[1:]]),
+        "concurrency": levels_all,
     }
     try:
         for workload in workloads:
@@ -188,19 +198,22 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 "results": {},
             }
             doc["workloads"][workload] = entry
+            levels = [FIXED_CONCURRENCY[workload]] if workload in FIXED_CONCURRENCY else levels_all
             for run in range(args.runs):
-                for name, peer in peers.items():
+                for level, (name, peer) in [(c, p) for c in levels for p in peers.items()]:
                     if name != "echomq" and workload == "W5" and run >= PEER_W5_RUNS:
                         continue
+                    peer.concurrency = level
+                    key = name if level == 1 else f"{name}@c{level}"
                     for n in peer.sizes(workload, args.smoke):
-                        rows = entry["results"].setdefault(name, {})
+                        rows = entry["results"].setdefault(key, {})
                         if "unsupported" in rows:
                             continue
                         row = rows.setdefault(str(n), {"n": n, "runs": [], "errors": []})
                         record = _attempt(admin, peer, workload, server.url, n, row, run, args.runs)
                         if isinstance(record, Unsupported):
-                            entry["results"][name] = {"unsupported": str(record)}
-                            log(f"{workload} {name}: n/a")
+                            entry["results"][key] = {"unsupported": str(record)}
+                            log(f"{workload} {key}: n/a")
             for rows in entry["results"].values():
                 if "unsupported" not in rows:
                     for row in rows.values():
@@ -245,8 +258,10 @@ def _attempt(
                 traceback.print_exc()
             continue
         row["runs"].append(record)
+        record["concurrency"] = peer.concurrency
         log(
-            f"{workload} {peer.name} n={n} run {run + 1}/{runs}: {record['rate']}/s, "
+            f"{workload} {peer.name} c{peer.concurrency} n={n} run {run + 1}/{runs}: "
+            f"{record['rate']}/s, "
             f"{record['commands_per_item']} cmds/item, {record['memory_per_item']} B/item "
             f"({time.time() - t0:.1f}s)"
         )
@@ -293,8 +308,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--workloads",
-        default=",".join(WORKLOADS),
-        help="comma-separated workloads (default: W1,W2,W3,W4,W5)",
+        default="W1,W2,W3,W4,W5",
+        help=f"comma-separated workloads of {','.join(WORKLOADS)} (default: W1,W2,W3,W4,W5)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        default="1",
+        help="comma-separated worker concurrencies, each library runs at each (default 1; "
+        f"{', '.join(f'{w} always runs at {c}' for w, c in FIXED_CONCURRENCY.items())})",
     )
     parser.add_argument(
         "--out",

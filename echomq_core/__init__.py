@@ -1,5 +1,6 @@
 """EchoMQ: durable fan-out / fan-in for data pipelines on Redis-protocol servers."""
 
+from .async_worker import AsyncWorker as AsyncWorker
 from .client import AsyncEchoMQ as AsyncEchoMQ
 from .client import EchoMQ as EchoMQ
 from .errors import (

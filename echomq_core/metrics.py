@@ -51,6 +51,7 @@ from .keyspace import FLOW_INDEXES, Keyspace, check_queue
 from .models import Job
 
 if TYPE_CHECKING:
+    from .async_worker import AsyncWorker
     from .client import EchoMQ
     from .hooks import LifecycleHooks
     from .pump import Pump, TickStats
@@ -320,20 +321,22 @@ class ProcessMetrics:
         timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed
 
-    def watch_worker(self, worker: Worker) -> Worker:
-        """Record the size of every non-empty claim of ``worker`` (wraps each of its queues'
-        ``claim``; the worker's code is not touched)."""
+    def watch_worker(self, worker: Worker | AsyncWorker) -> None:
+        """Record the size of every non-empty claim of ``worker``, threaded or asyncio (wraps
+        each of its queues' ``claim_op``, the one operation both workers claim through; the
+        workers' code is not touched)."""
         for name, queue in worker.queues.items():
-            claim, batch = queue.claim, self.batch.labels(name)
+            claim_op, batch = queue.claim_op, self.batch.labels(name)
 
-            def metered(*args: Any, _claim: Any = claim, _batch: Any = batch, **kw: Any) -> Any:
-                jobs = _claim(*args, **kw)
+            def metered(
+                *args: Any, _claim_op: Any = claim_op, _batch: Any = batch, **kw: Any
+            ) -> Any:
+                jobs = yield from _claim_op(*args, **kw)
                 if jobs:
                     _batch.observe(len(jobs))
                 return jobs
 
-            queue.claim = metered  # type: ignore[method-assign]
-        return worker
+            queue.claim_op = metered  # type: ignore[method-assign]
 
     # -- Pump -----------------------------------------------------------------------------
     def watch_pump(self, pump: Pump) -> Pump:

@@ -64,7 +64,7 @@ class WorkerOptions(_Checked):
     """How a :class:`~echomq_core.worker.Worker` claims and runs jobs."""
 
     concurrency: int = dataclasses.field(
-        default=1, metadata=_int(1, 1024, "jobs run at once, one thread each")
+        default=1, metadata=_int(1, 1024, "jobs run at once: threads (asyncio worker: tasks)")
     )
     max_batch: int = dataclasses.field(
         default=500, metadata=_int(1, 5000, "most jobs one thread claims at once")

@@ -16,21 +16,24 @@ worker survives all of them.
 Time limits: a job's own ``timeout`` (``JobSpec``, ``Child``), else its queue's, else the
 worker's ``timeout``. A handler still running past it is abandoned: the job's lease is no
 longer extended, a failed attempt is recorded (``TimeoutError``, retried by the usual policy),
-the rest of that runner's batch is given back and a fresh runner takes the slot. Python cannot
-kill a thread, so the abandoned call runs on; whatever it returns later is refused by its
-lease token and changes nothing.
+and a fresh runner takes the slot. Python cannot kill a thread, so the abandoned call runs on;
+whatever it returns later is refused by its lease token and changes nothing.
 
-Design: ``concurrency`` runner threads, each looping claim -> run -> complete on its own. A
-runner claims a *batch* whose size adapts to the handler: it doubles while jobs take under
-``fast_job`` seconds (no-op jobs then cost one claim and one completion per batch) and falls
-back to 1 as soon as jobs are slow (so one runner never sits on work other runners could
-take). Results are handed to the runner's flusher thread as one pipelined ``complete`` when
-the batch is done or the oldest result is ``flush_after`` old (so a slow batch does not hold
-back the fan-in of a finished child); the flusher records them while the runner claims and
-runs the next batch, so the server's work on one batch overlaps the handlers of the next (at
-most one batch waits: back-pressure). An idle runner blocks on its queues' wake-up hint
-instead of sleeping, so work added later starts at once. One heartbeat thread extends the
-leases of everything in flight every ``lease / 3`` seconds.
+Design (shared with :class:`~echomq_core.async_worker.AsyncWorker`, see
+:mod:`echomq_core.running`): one *fetcher* thread claims jobs into a local buffer, and
+``concurrency`` runner threads take them from it one at a time. While handlers are fast, a
+claim doubles in size up to ``max_batch`` and the next is made when the buffer is half empty,
+so no-op jobs cost one claim per batch whatever the concurrency; as soon as handlers are slow,
+a claim takes only as many jobs as there are free runners (a worker never sits on work other
+workers could take). One *flusher* thread records the results of every runner as one
+pipelined ``complete`` / ``fail`` when the oldest result is ``flush_after`` old, when
+``max_batch`` results are waiting, or at once when the worker has nothing else in hand (so the
+fan-in of a finished child is not held back); the server's work on one batch overlaps the
+handlers of the next. An idle fetcher blocks on its queues' wake-up hint instead of sleeping,
+so work added later starts at once. One heartbeat thread extends the leases of everything in
+flight every ``lease / 3`` seconds and watches time limits. Only the fetcher, the flusher and
+the heartbeat talk to the server: a worker holds a few connections of its client's pool
+whatever its concurrency, where one connection per runner used to be the rule.
 
 Shutdown (SIGTERM, SIGINT or :meth:`stop`): runners stop claiming, finish the job in hand,
 give unstarted jobs back to pending (no attempt counted) and flush results. Jobs still
@@ -45,54 +48,49 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import queue as queue_mod
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.crc import key_slot
-
 from . import ops
-from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
-from .hooks import LifecycleHooks, fire
-from .keyspace import check_queue
-from .models import Job, Settlement
+from .errors import EchoMQError
+from .hooks import LifecycleHooks
+from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
+from .running import Intake, Outcome, fire_hooks, make_queues, outcome, split, wake_queues
 
 if TYPE_CHECKING:
     from .client import EchoMQ
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
-#: The longest single BZPOPMIN of an idle runner (s): well inside redis-py's default socket
+#: The longest single BZPOPMIN of an idle fetcher (s): well inside redis-py's default socket
 #: timeout (5 s), so a long ``max_poll`` is waited in slices, never as a read that times out,
-#: and a stopping worker's idle runners see the stop within one slice.
+#: and a stopping worker's fetcher sees the stop within one slice.
 BLOCK_SLICE = 1.0
-#: One batch's results on their way to the server: (queue, completed, failed).
-_Results = tuple[Queue, list[tuple[Job, bytes]], list[tuple[Job, str, bool]]]
 #: How often the watchdog looks for handlers past their time limit (s).
 WATCH_EVERY = 0.1
+#: How long a waiting runner or fetcher sleeps before it looks at the stop flag again (s): a
+#: flag set without :meth:`Worker.stop` (which wakes them at once) is seen within this.
+NAP = 0.2
 
 
 @dataclass(eq=False)
 class _Slot:
     """One runner's state, shared with the watchdog (under the worker's lock): the job whose
-    handler runs now, its deadline, the rest of its batch and the results not yet handed to
-    the flusher - what the watchdog takes over when it abandons the runner."""
+    handler runs now and its deadline - what the watchdog takes over when it abandons the
+    runner."""
 
     index: int
-    out: queue_mod.Queue[_Results | None]
-    queue: Queue | None = None
     job: Job | None = None
+    started: float = 0.0  # monotonic
     deadline: float = 0.0  # monotonic; 0: no limit
     limit: float = 0.0
-    rest: list[Job] = field(default_factory=list)
-    done: list[tuple[Job, bytes]] = field(default_factory=list)
-    failed: list[tuple[Job, str, bool]] = field(default_factory=list)
     abandoned: bool = False
 
 
@@ -100,9 +98,9 @@ class Worker:
     """Runs ``handlers`` ({queue name: callable}) until stopped. Options:
 
     * ``concurrency`` (1): runner threads, i.e. jobs run at once.
-    * ``max_batch`` (500): the most jobs one runner claims at once (fast handlers only).
+    * ``max_batch`` (500): the most jobs one claim takes (fast handlers only).
     * ``lease`` (30 s): lease per claim; heartbeats every lease / 3 keep long jobs leased.
-    * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): an idle runner waits for work starting at
+    * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): an idle worker waits for work starting at
       ``poll`` and backing off to ``max_poll`` while every queue is empty. It waits *blocked*
       on the queues' wake-up hint (BZPOPMIN), which every add, land, release, promotion and
       recovery sets, so new jobs start at once, not at the next poll; the timeout only bounds
@@ -129,27 +127,10 @@ class Worker:
     ) -> None:
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
         (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
-        if not isinstance(handlers, Mapping) or not handlers:
-            raise InvalidArgument("a worker needs a mapping of queue names to handlers")
-        if queue_options is not None and (
-            not isinstance(queue_options, Mapping)
-            or set(queue_options) - {"max_attempts", "backoff", "keep_completed", "timeout"}
-        ):
-            raise InvalidArgument(
-                "queue_options takes max_attempts, backoff, keep_completed and timeout (lease "
-                f"is the worker's own option), got {queue_options!r:.200}"
-            )
         opts = self.options = build(WorkerOptions, options, settings)
-        queue_settings = {"timeout": opts.timeout, **dict(queue_options or {})}
-        for name, fn in handlers.items():
-            check_queue(name)
-            if not callable(fn):
-                raise InvalidArgument(f"handler for queue {name!r} is not callable")
+        self.queues = make_queues(client, handlers, opts, queue_options)
         self.client = client
         self.handlers = dict(handlers)
-        self.queues = {
-            n: Queue(client, n, lease=opts.lease, **queue_settings) for n in self.handlers
-        }
         self.concurrency = opts.concurrency
         self.max_batch = opts.max_batch
         self.lease = opts.lease
@@ -165,17 +146,32 @@ class Worker:
         self._halt = threading.Event()  # second signal: do not wait for handlers
         self._beat_stop = threading.Event()
         self._lock = threading.Lock()
+        self._jobs_ready = threading.Condition(self._lock)  # runners wait for the buffer
+        self._want_jobs = threading.Condition(self._lock)  # the fetcher waits for free slots
+        self._results_ready = threading.Condition(self._lock)  # the flusher waits for results
         self._inflight: dict[tuple[str, str], Job] = {}
+        self._buffer: deque[tuple[Job, float]] = deque()  # claimed, not started: (job, when)
+        self._results: list[tuple[Job, Outcome]] = []
+        self._first_result = 0.0
+        self._flushing = 0
+        self._running = 0
+        self._awake = 0  # runners not waiting for the buffer
+        self._closing = False
+        self._intake = Intake(self.concurrency, self.max_batch, self.fast_job)
         self._runners: list[threading.Thread] = []
         self._slots: list[_Slot] = []
+        self._helpers: list[threading.Thread] = []
         self.abandoned = 0  # handler calls left running past their time limit
         self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
         self._lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
-        #: A batch older than this re-checks the leases of its unstarted jobs (one call) before
-        #: it starts the next: a cancelled flow's claimed children are dropped, not started.
+        #: Buffered jobs claimed longer ago than this have their leases re-checked (one call)
+        #: before the next starts: a cancelled flow's claimed children are dropped, not started.
         self.recheck = min(0.25, self.lease / 3)
+        self._checked = 0.0
+        self._checking = False
         self._wake = self._wake_queues(client, list(self.handlers))
         self._beater: threading.Thread | None = None
+        self._loops = threading.local()  # each runner's event loop for async handlers
         for name in self.handlers:
             client.register_queue(name)
 
@@ -184,21 +180,26 @@ class Worker:
 
     @staticmethod
     def _wake_queues(client: EchoMQ, names: list[str]) -> list[str] | None:
-        """The queues an idle runner can block on in one BZPOPMIN (None: poll instead)."""
-        if not client.connection.is_cluster:
-            return names
-        slots = {key_slot(client.keys.wake(n).encode()) for n in names}
-        return names if len(slots) == 1 else None
+        """The queues an idle fetcher can block on in one BZPOPMIN (None: poll instead)."""
+        return wake_queues(client.keys, client.connection.is_cluster, names)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Worker:
-        """Start the runner and heartbeat threads and return (for in-process use)."""
+        """Start the runner, fetcher, flusher and heartbeat threads and return (for in-process
+        use)."""
         self._stop.clear()
         self._halt.clear()
         self._beat_stop.clear()
+        self._closing = False
         self._runners, self._slots = [], []
         for i in range(self.concurrency):
             self._spawn(i)
+        self._helpers = [
+            threading.Thread(target=self._fetcher, daemon=True, name="echomq-fetch"),
+            threading.Thread(target=self._flusher, daemon=True, name="echomq-flush"),
+        ]
+        for thread in self._helpers:
+            thread.start()
         self._beater = threading.Thread(
             target=self._heartbeats, daemon=True, name="echomq-heartbeat"
         )
@@ -207,7 +208,7 @@ class Worker:
 
     def _spawn(self, index: int) -> None:
         """Start runner ``index`` (again, when the watchdog abandoned the previous one)."""
-        slot = _Slot(index, queue_mod.Queue(maxsize=1))
+        slot = _Slot(index)
         thread = threading.Thread(
             target=self._runner, args=(slot,), daemon=True, name=f"echomq-runner-{index}"
         )
@@ -223,10 +224,21 @@ class Worker:
         if not wait:
             self._halt.set()
         deadline = time.monotonic() + (self.grace if wait else 0.0)
-        with self._lock:  # abandoned runners are not waited for: their calls hang
+        with self._lock:
+            self._jobs_ready.notify_all()
+            self._want_jobs.notify_all()
+            unstarted = [job for job, _ in self._buffer]
+            self._buffer.clear()
+            # abandoned runners are not waited for: their calls hang
             live = [t for t, s in zip(self._runners, self._slots, strict=True) if not s.abandoned]
+        self._give_back(unstarted)
         for thread in live:
             thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._closing = True
+            self._results_ready.notify_all()
+        for thread in self._helpers:  # the fetcher gives back a claim made during the stop
+            thread.join(max(1.0, deadline - time.monotonic()))
         self._give_back(list(self._inflight.values()))
         self._beat_stop.set()
         if self._beater is not None:
@@ -250,55 +262,57 @@ class Worker:
             log.info("signal %d: finishing running jobs, then stopping", signum)
         self._stop.set()
 
-    # -- the runner loop ------------------------------------------------------------------
-    def _runner(self, slot: _Slot) -> None:
-        # Results are recorded by this runner's flusher thread while the runner claims and
-        # runs the next batch: the server's work on one batch overlaps the handlers of the
-        # next. At most one batch waits to be recorded (back-pressure); the runner hands its
-        # last batch over and waits for it before it returns, so stop() sees every result.
-        flusher = threading.Thread(
-            target=self._flusher, args=(slot.out,), daemon=True, name=f"echomq-flush-{slot.index}"
-        )
-        flusher.start()
-        try:
-            self._claim_loop(slot)
-        finally:
-            slot.out.put(None)
-            flusher.join()
-
-    def _flusher(self, out: queue_mod.Queue[_Results | None]) -> None:
-        while (item := out.get()) is not None:
-            try:
-                self._flush(*item)
-            except Exception:  # never die: the runner would wait on a full hand-over for ever
-                log.exception(
-                    "recording %d result(s) failed; their leases will expire",
-                    len(item[1]) + len(item[2]),
-                )
-
-    def _claim_loop(self, slot: _Slot) -> None:
+    # -- the fetcher ----------------------------------------------------------------------
+    def _fetcher(self) -> None:
         names = list(self.handlers)
-        batch, idle, turn = 1, self.poll, slot.index
-        while not self._stop.is_set() and not slot.abandoned:
+        idle, turn = self.poll, 0
+        while not self._stop.is_set():
+            with self._lock:
+                want = self._want()
+                if want <= 0:
+                    self._want_jobs.wait(NAP)
+                    continue
             took = False
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
                 try:
-                    jobs = self.queues[name].claim(batch)
+                    sent = time.monotonic()
+                    jobs = self.queues[name].claim(want)
                 except EchoMQError as exc:
-                    log.warning("claim from %r failed: %s", name, exc)
-                    self._stop.wait(idle)
+                    if not self._stop.is_set():
+                        log.warning("claim from %r failed: %s", name, exc)
+                        self._stop.wait(idle)
                     continue
                 if jobs:
                     took = True
                     turn += 1
-                    batch = self._run_batch(slot, name, jobs, batch)
+                    self._take(jobs, time.monotonic() - sent)
                     break
             if took:
                 idle = self.poll
             else:
                 self._idle(idle)
                 idle = min(self.max_poll, idle * 2)
+
+    def _want(self) -> int:
+        """How many jobs to claim now (under the lock)."""
+        if len(self._results) + self._flushing >= 2 * self.max_batch:
+            return 0  # back-pressure: the flusher is behind
+        return self._intake.want(self._running, len(self._buffer))
+
+    def _take(self, jobs: list[Job], seconds: float) -> None:
+        """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""
+        now = time.monotonic()
+        with self._lock:
+            self._intake.claimed(len(jobs), seconds)
+            for job in jobs:
+                self._inflight[(job.queue, job.id)] = job
+            if not self._stop.is_set():
+                self._buffer.extend((job, now) for job in jobs)
+                # one runner for fast CPU-bound jobs (the others would only take turns)
+                self._jobs_ready.notify(len(jobs) if self._intake.spread else 1)
+                return
+        self._give_back(jobs)
 
     def _idle(self, seconds: float) -> None:
         """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible."""
@@ -322,69 +336,130 @@ class Worker:
                     self._stop.wait(left)
                 return
 
-    def _run_batch(self, slot: _Slot, name: str, jobs: list[Job], batch: int) -> int:
-        """Run one claimed batch; the next batch size (doubled while jobs are fast)."""
-        queue, handler = self.queues[name], self.handlers[name]
+    # -- the runners ----------------------------------------------------------------------
+    def _runner(self, slot: _Slot) -> None:
         with self._lock:
-            for job in jobs:
-                self._inflight[(name, job.id)] = job
-            slot.queue, slot.rest = queue, list(jobs)
-        started = first_result = checked = time.monotonic()
-        for job in jobs:
-            if self._stop.is_set():
-                with self._lock:
-                    rest, slot.rest = slot.rest, []
-                self._give_back(rest)
-                break
-            if time.monotonic() - checked >= self.recheck:
-                checked = time.monotonic()
-                self._check_leases(queue, list(slot.rest))
-            if self._drop_if_lost(slot, job):
+            self._awake += 1
+        try:
+            self._run_jobs(slot)
+        finally:
+            with self._lock:
+                if not slot.abandoned:  # an abandoned runner stopped counting at the time
+                    self._awake -= 1
+
+    def _run_jobs(self, slot: _Slot) -> None:
+        while True:
+            with self._lock:
+                while (
+                    not self._stop.is_set()
+                    and not slot.abandoned
+                    and (not self._buffer or self._rest(slot))
+                ):
+                    self._want_jobs.notify()
+                    self._awake -= 1
+                    self._jobs_ready.wait(NAP)
+                    self._awake += 1
+                if self._stop.is_set() or slot.abandoned:
+                    return
+                job, claimed = self._buffer.popleft()
+                if self._buffer:
+                    self._want_jobs.notify()  # maybe half empty: the next claim may start
+            if self._stale(claimed):
+                self._check_leases(job)
+            if self._drop_if_lost(job):
                 continue
+            queue = self.queues[job.queue]
             limit_ms = job.timeout_ms or queue.timeout_ms
             with self._lock:
-                slot.rest.pop(0)
-                slot.job, slot.limit = job, (limit_ms or 0) / 1000
-                slot.deadline = time.monotonic() + slot.limit if limit_ms else 0.0
-            outcome = self._call(handler, job)
+                slot.job, slot.limit, slot.started = job, (limit_ms or 0) / 1000, time.monotonic()
+                slot.deadline = slot.started + slot.limit if limit_ms else 0.0
+                self._running += 1
+            cpu = time.thread_time()
+            result = self._call(self.handlers[job.queue], job)
+            cpu = time.thread_time() - cpu
             with self._lock:
+                took = time.monotonic() - slot.started
                 slot.job, slot.deadline = None, 0.0
-                abandoned = slot.abandoned
-                if not abandoned:
-                    if not slot.done and not slot.failed:
-                        first_result = time.monotonic()
-                    if isinstance(outcome, bytes):
-                        slot.done.append((job, outcome))
-                    else:
-                        slot.failed.append((job, outcome[0], outcome[1]))
-            if abandoned:  # the watchdog failed this job and took the batch over
-                if isinstance(outcome, bytes):  # presented with its gone token: refused
-                    slot.out.put((queue, [(job, outcome)], []))
+                if slot.abandoned:  # the watchdog failed this job and freed the slot
+                    if isinstance(result, bytes):  # presented with its gone token: refused
+                        self._add_result(job, result)
+                else:
+                    self._running -= 1
+                    self._intake.observe(took, cpu)
+                    self._add_result(job, result)
+            if slot.abandoned:
                 log.warning(
                     "runner %d: the call that ran %s past its time limit returned; the thread ends",
                     slot.index,
                     job.id,
                 )
-                return 1
-            if time.monotonic() - first_result >= self.flush_after:
-                self._hand_over(slot)
-        self._hand_over(slot)
-        if self._lost:
-            with self._lock:
-                self._lost.difference_update((j.queue, j.id, j.token) for j in jobs)
-        per_job = (time.monotonic() - started) / max(1, len(jobs))
-        return min(self.max_batch, batch * 2) if per_job < self.fast_job else 1
+                return
 
-    def _check_leases(self, queue: Queue, jobs: list[Job]) -> None:
-        """Extend the leases of a batch's unstarted jobs, noting those that are gone."""
-        if not jobs:
-            return
+    def _rest(self, slot: _Slot) -> bool:
+        """True when this runner should leave the buffer to another (under the lock): handlers
+        are fast and CPU-bound (see :attr:`Intake.spread`) and another runner is in a call it
+        started less than ``fast_job`` ago - it will be back for the next job in a moment, and
+        two threads would only take turns on the GIL. A runner that rests looks again within
+        :data:`NAP`, so a call that turns out long does not hold the buffer up for longer."""
+        if self._intake.spread or self._awake <= 1:
+            return False
+        now = time.monotonic()
+        return any(
+            other is not slot
+            and not other.abandoned
+            and other.job is not None
+            and now - other.started < self.fast_job
+            for other in self._slots
+        )
+
+    def _add_result(self, job: Job, result: Outcome) -> None:
+        """Hand one result to the flusher (under the lock)."""
+        if not self._results:
+            self._first_result = time.monotonic()
+        self._results.append((job, result))
+        if self._flush_now():
+            self._results_ready.notify()
+        if not self._intake.fast:
+            self._want_jobs.notify()  # a runner is free: claim for it
+
+    def _flush_now(self) -> bool:
+        """Record the waiting results now (under the lock): enough of them, the oldest is
+        ``flush_after`` old, or nothing else is in hand (a finished child's fan-in is not
+        held back waiting for a batch that will not come)."""
+        return (
+            len(self._results) >= self.max_batch
+            or time.monotonic() - self._first_result >= self.flush_after
+            or (self._running == 0 and not self._buffer)
+            or self._stop.is_set()
+        )
+
+    def _stale(self, claimed: float) -> bool:
+        """True when this runner should re-check the buffer's leases (one does at a time)."""
+        now = time.monotonic()
+        if now - claimed < self.recheck or now - self._checked < self.recheck:
+            return False
+        with self._lock:
+            if self._checking:
+                return False
+            self._checking, self._checked = True, now
+        return True
+
+    def _check_leases(self, job: Job) -> None:
+        """Extend the leases of the buffered jobs (and ``job``), noting those that are gone."""
         try:
-            held = queue.heartbeat(jobs)
-        except EchoMQError as exc:
-            log.warning("lease check for %r failed: %s", queue.name, exc)
-            return
-        self._note_lost(jobs, held)
+            with self._lock:
+                jobs = [job, *(j for j, _ in self._buffer)]
+            by_queue: dict[str, list[Job]] = {}
+            for item in jobs:
+                by_queue.setdefault(item.queue, []).append(item)
+            for name, items in by_queue.items():
+                try:
+                    self._note_lost(items, self.queues[name].heartbeat(items))
+                except EchoMQError as exc:
+                    log.warning("lease check for %r failed: %s", name, exc)
+        finally:
+            with self._lock:
+                self._checking = False
 
     def _note_lost(self, jobs: list[Job], held: list[bool]) -> None:
         lost = [(j.queue, j.id, j.token) for j, ok in zip(jobs, held, strict=True) if not ok]
@@ -392,7 +467,7 @@ class Worker:
             with self._lock:
                 self._lost.update(lost)
 
-    def _drop_if_lost(self, slot: _Slot, job: Job) -> bool:
+    def _drop_if_lost(self, job: Job) -> bool:
         """True (and the job forgotten) when its lease is gone: it must not start - its flow
         was cancelled, or the lease expired and another worker may hold the job now."""
         key = (job.queue, job.id, job.token)
@@ -400,64 +475,62 @@ class Worker:
             if key not in self._lost:
                 return False
             self._lost.discard(key)
-            if slot.rest and slot.rest[0] is job:
-                slot.rest.pop(0)
             if self._inflight.get((job.queue, job.id)) is job:
                 del self._inflight[(job.queue, job.id)]
             self.dropped += 1
-        log.info("job %s in %r not started: its lease is gone (cancelled flow?)",
-                 job.id, job.queue)
+        log.info("job %s in %r not started: its lease is gone (cancelled flow?)", job.id, job.queue)
         return True
 
-    def _hand_over(self, slot: _Slot) -> None:
-        """Give the results gathered so far to the flusher (waits while it is busy)."""
-        with self._lock:
-            done, failed, slot.done, slot.failed = slot.done, slot.failed, [], []
-        if (done or failed) and slot.queue is not None:
-            slot.out.put((slot.queue, done, failed))
-
-    def _call(self, handler: Handler, job: Job) -> bytes | tuple[str, bool]:
+    def _call(self, handler: Handler, job: Job) -> Outcome:
         """Run one handler: the encoded result, or (error text, retry?)."""
-        if job.decode_error is not None:
-            return (job.decode_error, False)
-        try:
+
+        def call() -> Any:
             result = handler(job)
-            if inspect.isawaitable(result):
-                result = asyncio.run(_await(result))
-            return self.client.encode(result)
-        except InvalidPayload as exc:
-            return (f"result cannot be stored: {exc}", False)
-        except Unrecoverable as exc:
-            return (f"Unrecoverable: {exc}", False)
-        except Exception as exc:
-            return (f"{type(exc).__name__}: {exc}", True)
-        except BaseException as exc:  # KeyboardInterrupt, SystemExit, GeneratorExit: the
-            # attempt failed; the runner lives on (signals reach the process's handlers)
-            log.warning(
-                "handler for %s raised %s; counted as a failed attempt", job.id, type(exc).__name__
-            )
-            return (f"{type(exc).__name__}: {exc}", True)
+            if inspect.isawaitable(result):  # one event loop per runner thread, kept
+                loop = getattr(self._loops, "loop", None)
+                if loop is None:
+                    loop = self._loops.loop = asyncio.new_event_loop()
+                result = loop.run_until_complete(_await(result))
+            return result
+
+        return outcome(self.client.encode, job, call)
+
+    # -- the flusher ----------------------------------------------------------------------
+    def _flusher(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._results and self._flush_now()):
+                    if self._closing and not self._results:
+                        return
+                    if self._results:
+                        left = self.flush_after - (time.monotonic() - self._first_result)
+                        self._results_ready.wait(max(0.001, left))
+                    else:
+                        self._results_ready.wait(NAP)
+                items, self._results = self._results, []
+                self._flushing = len(items)
+            try:
+                for name, (done, failed) in split(items).items():
+                    self._flush(self.queues[name], done, failed)
+            except Exception:  # never die: results would wait for ever
+                log.exception("recording %d result(s) failed; their leases will expire", len(items))
+            finally:
+                with self._lock:
+                    self._flushing = 0
+                    self._want_jobs.notify()
 
     def _flush(
         self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
     ) -> None:
         try:
+            completed = settled = None
             if done:
-                settled = queue.settle_completed(done)
-                self.completed += sum(settled.statuses)
-                if self.hooks is not None:
-                    for (job, raw), status in zip(done, settled.statuses, strict=True):
-                        if status:
-                            fire(self.hooks, "job_completed", job=job, result=raw)
-                    self._flow_hooks(self.hooks, settled)
+                completed = queue.settle_completed(done)
+                self.completed += sum(completed.statuses)
             if failed:
                 settled = queue.settle_failed(failed)
                 self.failed += len(failed)
-                if self.hooks is not None:
-                    for (job, error, _), status in zip(failed, settled.statuses, strict=True):
-                        if status == 2:
-                            fire(self.hooks, "job_dead", job=job, error=error)
-                    self._flow_hooks(self.hooks, settled)
+            fire_hooks(self.hooks, done, completed, failed, settled)
         except EchoMQError as exc:
             # The leases stay; the jobs come back when they expire (at-least-once).
             log.warning(
@@ -468,13 +541,8 @@ class Worker:
                 for job in [j for j, _ in done] + [j for j, _, _ in failed]:
                     if self._inflight.get((queue.name, job.id)) is job:  # not a later claim's
                         del self._inflight[(queue.name, job.id)]
-
-    @staticmethod
-    def _flow_hooks(hooks: LifecycleHooks, settled: Settlement) -> None:
-        for queue, parent_id in settled.released:
-            fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
-        for queue, parent_id in settled.failed:
-            fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
+                    if self._lost:
+                        self._lost.discard((job.queue, job.id, job.token))
 
     def _give_back(self, jobs: list[Job]) -> None:
         by_queue: dict[str, list[Job]] = {}
@@ -494,6 +562,7 @@ class Worker:
                     exc,
                 )
 
+    # -- heartbeats and time limits -------------------------------------------------------
     def _heartbeats(self) -> None:
         """Extend the leases of everything in flight every ``lease / 3`` seconds and, every
         :data:`WATCH_EVERY`, abandon handlers past their time limit."""
@@ -517,37 +586,33 @@ class Worker:
 
     def _watch(self) -> None:
         """Abandon every runner whose handler is past its deadline: fail that job
-        (``TimeoutError``, retried by the usual policy), record the results its batch had,
-        give back the rest, and start a fresh runner in its place."""
+        (``TimeoutError``, retried by the usual policy) and start a fresh runner in its
+        place."""
         now = time.monotonic()
-        taken: list[tuple[_Slot, Job, list[Job], _Results]] = []
+        taken: list[_Slot] = []
         with self._lock:
             for slot in self._slots:
                 if slot.abandoned or not slot.deadline or now < slot.deadline:
                     continue
-                job, queue = slot.job, slot.queue
-                if job is None or queue is None:
+                job = slot.job
+                if job is None:
                     continue
                 slot.abandoned = True
                 self.abandoned += 1
-                if self._inflight.get((job.queue, job.id)) is job:
-                    del self._inflight[(job.queue, job.id)]  # no more heartbeats for it
+                self._running -= 1
+                self._awake -= 1
                 error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
-                results = (queue, slot.done, [*slot.failed, (job, error, True)])
-                taken.append((slot, job, slot.rest, results))
-                slot.rest, slot.done, slot.failed = [], [], []
-        for slot, job, rest, results in taken:
+                self._add_result(job, (error, True))
+                self._results_ready.notify()
+                taken.append(slot)
+        for slot in taken:
             log.warning(
-                "job %s in %r ran past its time limit (%gs): failed the attempt, "
-                "runner %d replaced (%d call(s) abandoned so far)",
-                job.id,
-                job.queue,
-                slot.limit,
+                "a job in runner %d ran past its time limit (%gs): failed the attempt, "
+                "runner replaced (%d call(s) abandoned so far)",
                 slot.index,
+                slot.limit,
                 self.abandoned,
             )
-            self._flush(*results)
-            self._give_back(rest)
             if not self._stop.is_set():
                 self._spawn(slot.index)
 

@@ -99,3 +99,45 @@ def test_peers_smoke_side_by_side(tmp_path: Path) -> None:
             ratio = doc["ratios"][workload][name]
             assert ratio["speed"] > 0 and ratio["commands"] > 0
         assert doc["workloads"]["W4"]["results"][name]["unsupported"].startswith("n/a")
+
+
+NODE = (ROOT / "bench" / "peers" / "node" / "node_modules" / "bullmq").is_dir()
+
+
+def test_concurrency_levels_async_worker_and_io_bound_smoke(tmp_path: Path) -> None:
+    """--concurrency runs every library at each level (keys name@cN), the asyncio worker is a
+    peer of its own, W6 always runs at concurrency 200, and the targets compare like with
+    like (issue 19)."""
+    only = "echomq,echomq_async" + (",bullmq_node" if NODE else "")
+    env = ["--concurrency", "1,4"]
+    doc = run_bench_args(tmp_path, ["--only", only, "--workloads", "W1,W2,W6", *env])
+    assert doc["meta"]["concurrency"] == [1, 4]
+    for name in only.split(","):
+        for key in (name, f"{name}@c4"):
+            for workload in ("W1", "W2"):
+                run = only_run(doc, workload, key)
+                assert run["rate"] > 0 and run["concurrency"] == (4 if "@c4" in key else 1)
+        run = only_run(doc, "W6", f"{name}@c200")
+        assert run["concurrency"] == 200 and run["rate"] > 0
+    names = [t["target"] for t in doc["targets"]]
+    assert "W1 commands per job at concurrency 4" in names
+    assert "W1 concurrency 4 vs 1" in names
+    assert any(n.startswith("W6 EchoMQ c200 vs the ideal") for n in names)
+    if NODE:
+        assert doc["ratios"]["W1"]["bullmq_node@c4"]["speed"] > 0
+        assert "W1 speed vs BullMQ (Node) at concurrency 1" in names
+
+
+def run_bench_args(out: Path, args: list[str]) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    return json.loads((out / "results.json").read_text())  # type: ignore[no-any-return]

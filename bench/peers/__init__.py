@@ -15,7 +15,13 @@ WORKLOADS = {
     "W3": ("fan-in, cross-queue", 10_000, 200),
     "W4": ("Pump: outbox drain", 100_000, 1_000),
     "W5": ("scale: one large flow", 200_000, 2_000),
+    "W6": ("I/O-bound: handlers that wait 50 ms", 10_000, 400),
 }
+#: Workloads that run at one concurrency whatever ``--concurrency`` says (W6: the issue's 200,
+#: where the ideal rate is 200 / 0.05 s = 4,000 jobs/s).
+FIXED_CONCURRENCY = {"W6": 200}
+#: How long a W6 handler waits (s).
+IO_WAIT = 0.05
 
 
 class Unsupported(Exception):
@@ -35,6 +41,8 @@ class Peer:
     full_sizes: dict[str, list[int]] = {}
     smoke_sizes: dict[str, list[int]] = {}
     notes: dict[str, str] = {}
+    #: Jobs one worker process runs at once (set by the harness for each run).
+    concurrency = 1
 
     def sizes(self, workload: str, smoke: bool) -> list[int]:
         table = self.smoke_sizes if smoke else self.full_sizes
@@ -43,7 +51,14 @@ class Peer:
         return [WORKLOADS[workload][2 if smoke else 1]]
 
     def run(self, workload: str, url: str, n: int) -> dict[str, Any]:
-        table = {"W1": self.w1, "W2": self.w2, "W3": self.w3, "W4": self.w4, "W5": self.w5}
+        table = {
+            "W1": self.w1,
+            "W2": self.w2,
+            "W3": self.w3,
+            "W4": self.w4,
+            "W5": self.w5,
+            "W6": self.w6,
+        }
         return table[workload](url, n)
 
     def w1(self, url: str, n: int) -> dict[str, Any]:
@@ -65,3 +80,8 @@ class Peer:
 
     def w5(self, url: str, n: int) -> dict[str, Any]:
         raise NotImplementedError
+
+    def w6(self, url: str, n: int) -> dict[str, Any]:
+        """N jobs whose handler waits :data:`IO_WAIT` seconds without using the CPU (a sleep
+        in a sync handler, an awaited sleep in an async one), at :attr:`concurrency`."""
+        raise Unsupported("not implemented for this library")

@@ -2,10 +2,10 @@
 
 Configuration: library defaults (jobs kept after completion: ``removeOnComplete`` unset; the
 events stream at its default cap), one worker process running one ``Worker`` per queue with
-``concurrency`` CONCURRENCY (async processors; see :data:`CONCURRENCY`). Flows are added with
-``FlowProducer.add`` (one MULTI/EXEC); the parent job is processed by the worker and reads its
-children with ``job.getChildrenValues()`` - BullMQ's fan-in. Cross-queue (W3): the parent in
-its own queue, served by a second ``Worker`` in the same process.
+``concurrency`` C (async processors; the harness's ``--concurrency``, default 1, BullMQ's own).
+Flows are added with ``FlowProducer.add`` (one MULTI/EXEC); the parent job is processed by the
+worker and reads its children with ``job.getChildrenValues()`` - BullMQ's fan-in. Cross-queue
+(W3): the parent in its own queue, served by a second ``Worker`` in the same process.
 
 Processes: ``python -m bench.peers.bullmq_peer worker URL QUEUE[,QUEUE] CONCURRENCY`` and
 ``python -m bench.peers.bullmq_peer read URL QUEUE PARENT_ID MODE`` (MODE: baseline, whole).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
@@ -32,12 +31,9 @@ from ..common import (
     reached,
     result,
 )
-from . import Peer, Unsupported
+from . import IO_WAIT, Peer, Unsupported
 
 MODULE = "bench.peers.bullmq_peer"
-#: Jobs one worker process runs at once. 1 is BullMQ's default; no-op async jobs gain little
-#: from more (measured on the 2-core machine: 1, 8 and 50 within noise, 50 slower in-process).
-CONCURRENCY = int(os.environ.get("BENCH_BULLMQ_CONCURRENCY", "1"))
 
 
 def _version() -> str:
@@ -53,20 +49,19 @@ def _timeout(n: int) -> float:
     return max(120.0, n / 20)
 
 
-def _worker(url: str, queues: str) -> Proc:
-    return Proc(MODULE, ["worker", url, queues, str(CONCURRENCY)], name="bullmq-worker").wait_ready(
-        settle=0.5
-    )
+def _worker(url: str, queues: str, concurrency: int) -> Proc:
+    args = ["worker", url, queues, str(concurrency)]
+    return Proc(MODULE, args, name="bullmq-worker").wait_ready(settle=0.5)
 
 
 class BullMQPeer(Peer):
     name = "bullmq"
     version = _version()
     config = (
-        f"defaults (completed jobs kept, events stream capped at its default); 1 worker "
-        f"process, Worker concurrency={CONCURRENCY}; FlowProducer.add, the parent job "
+        "defaults (completed jobs kept, events stream capped at its default); 1 worker "
+        "process, Worker concurrency=C; FlowProducer.add, the parent job "
         "runs on the worker and reads getChildrenValues(); W3 parent queue served by a "
-        "second Worker in the same process"
+        "second Worker in the same process; W6 processors await asyncio.sleep(0.05)"
     )
     full_sizes = {"W5": [20_000]}
     notes = {
@@ -78,22 +73,25 @@ class BullMQPeer(Peer):
     }
 
     def w1(self, url: str, n: int) -> dict[str, Any]:
-        return asyncio.run(self._w1(url, n))
+        return asyncio.run(self._flat(url, n, "w1", "noop"))
 
-    async def _w1(self, url: str, n: int) -> dict[str, Any]:
+    def w6(self, url: str, n: int) -> dict[str, Any]:
+        return asyncio.run(self._flat(url, n, "w6", "io"))
+
+    async def _flat(self, url: str, n: int, name: str, kind: str) -> dict[str, Any]:
         from bullmq import Queue
 
         win = Window(url)
-        queue = Queue("w1", {"connection": url})
+        queue = Queue(name, {"connection": url})
         try:
             with Stopper() as procs:
-                worker = procs.add(_worker(url, "w1"))
+                worker = procs.add(_worker(url, name, self.concurrency))
                 win.begin()
-                await queue.addBulk([{"name": "noop", "data": {"i": i}} for i in range(n)])
+                await queue.addBulk([{"name": kind, "data": {"i": i}} for i in range(n)])
                 win.split("added")
                 await _wait_for(
                     win,
-                    lambda: reached(win.cmd("ZCARD", "bull:w1:completed"), n),
+                    lambda: reached(win.cmd("ZCARD", f"bull:{name}:completed"), n),
                     n,
                     f"{n} completions",
                     worker,
@@ -124,7 +122,7 @@ class BullMQPeer(Peer):
         queues = parent_q if parent_q == child_q else f"{child_q},{parent_q}"
         try:
             with Stopper() as procs:
-                worker = procs.add(_worker(url, queues))
+                worker = procs.add(_worker(url, queues, self.concurrency))
                 win.begin()
                 tree = await producer.add(
                     {
@@ -216,6 +214,9 @@ async def _process(job: Any, token: str) -> Any:
         values = await job.getChildrenValues()
         return {"count": len(values), "sum": sum(values.values())}
     if job.name == "noop":
+        return None
+    if job.name == "io":
+        await asyncio.sleep(IO_WAIT)
         return None
     return job.data["i"] * 2
 

@@ -1,21 +1,24 @@
 """EchoMQ under the benchmark workloads, and its worker / reader processes.
 
 Configuration: the library defaults (``keep_completed=True``, lease 30 s, JSON), one worker
-process ``Worker(mq, {queue: handler}, concurrency=1)`` (its one runner claims adaptive batches
-of up to 500 and hands results to its flusher thread). Fan-in results are read the way the
-orchestrator adapters read them: the adding process waits for the parent's release and reads
-``children_values`` (W5: in pages, in a fresh process). Cross-queue fan-in (W3) is carried by
-a Pump thread in the adding process.
+process ``Worker(mq, {queue: handler}, concurrency=C)`` (its fetcher claims adaptive batches of
+up to 500 for the C runner threads; its flusher records their results); ``echomq_async``: the
+same with ``AsyncWorker`` (one event loop, C handler tasks, async handlers). Fan-in results are
+read the way the orchestrator adapters read them: the adding process waits for the parent's
+release and reads ``children_values`` (W5: in pages, in a fresh process). Cross-queue fan-in
+(W3) is carried by a Pump thread in the adding process.
 
-Processes: ``python -m bench.peers.echomq_peer worker URL QUEUE[,QUEUE]`` and
-``python -m bench.peers.echomq_peer read URL QUEUE PARENT_ID MODE`` (MODE: baseline, page,
-paged, whole; prints one JSON line with the peak RSS of the process).
+Processes: ``python -m bench.peers.echomq_peer worker URL QUEUE[,QUEUE] CONCURRENCY MODE``
+(MODE: threaded, async) and ``python -m bench.peers.echomq_peer read URL QUEUE PARENT_ID MODE``
+(MODE: baseline, page, paged, whole; prints one JSON line with the peak RSS of the process).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 import echomq_core
@@ -32,7 +35,7 @@ from ..common import (
     reached,
     result,
 )
-from . import Peer
+from . import IO_WAIT, Peer, Unsupported
 
 MODULE = "bench.peers.echomq_peer"
 #: W5 reads in pages of this many results (HSCAN COUNT).
@@ -43,8 +46,9 @@ def _timeout(n: int) -> float:
     return max(60.0, n / 100)
 
 
-def _worker(url: str, queues: str) -> Proc:
-    return Proc(MODULE, ["worker", url, queues], name="echomq-worker").wait_ready()
+def _worker(url: str, queues: str, concurrency: int, mode: str) -> Proc:
+    args = ["worker", url, queues, str(concurrency), mode]
+    return Proc(MODULE, args, name="echomq-worker").wait_ready()
 
 
 def _expected_sum(n: int) -> int:
@@ -53,23 +57,34 @@ def _expected_sum(n: int) -> int:
 
 class EchoMQPeer(Peer):
     name = "echomq"
+    mode = "threaded"
     version = echomq_core.__version__
     config = (
-        "defaults (keep_completed=True); 1 worker process, concurrency=1 (one runner: "
-        "adaptive claim batches up to 500, results recorded by its flusher thread); "
-        "W2/W3/W5 results read by the adding process (wait + children_values; W5 "
-        "iter_children_values in pages of 5000); W3 Pump as a thread of the adding process"
+        "defaults (keep_completed=True); 1 worker process, Worker(concurrency=C) (C runner "
+        "threads; one fetcher claims adaptive batches up to 500, one flusher records the "
+        "results); W2/W3/W5 results read by the adding process (wait + children_values; W5 "
+        "iter_children_values in pages of 5000); W3 Pump as a thread of the adding process; "
+        "W6 handlers time.sleep(0.05)"
     )
     notes = {"W4": "Pump.tick() on one outbox of N completion signals, default page (1000)"}
 
-    # -- W1 -------------------------------------------------------------------------------
+    def _worker(self, url: str, queues: str) -> Proc:
+        return _worker(url, queues, self.concurrency, self.mode)
+
+    # -- W1, W6 ---------------------------------------------------------------------------
     def w1(self, url: str, n: int) -> dict[str, Any]:
+        return self._flat(url, n, "w1")
+
+    def w6(self, url: str, n: int) -> dict[str, Any]:
+        return self._flat(url, n, "w6")
+
+    def _flat(self, url: str, n: int, name: str) -> dict[str, Any]:
         mq, win = EchoMQ(url), Window(url)
-        queue = mq.queue("w1")
+        queue = mq.queue(name)
         completed = win.counted(lambda: queue.stats()["completed"])
         try:
             with Stopper() as procs:
-                worker = procs.add(_worker(url, "w1"))
+                worker = procs.add(self._worker(url, name))
                 win.begin()
                 queue.add_bulk(range(n))
                 win.split("added")
@@ -83,7 +98,7 @@ class EchoMQPeer(Peer):
                 measure = win.end()
             stats = queue.stats()
             if stats["completed"] != n or stats["pending"] or stats["active"]:
-                raise BenchError(f"W1 incomplete: {stats}")
+                raise BenchError(f"{name} incomplete: {stats}")
             return result(measure, n=n, unit="jobs")
         finally:
             mq.close()
@@ -95,7 +110,7 @@ class EchoMQPeer(Peer):
         released = win.counted(mq.snapshot, parent_q, "JOB-bench-probe")
         try:
             with Stopper() as procs:
-                worker = procs.add(_worker(url, child_q))
+                worker = procs.add(self._worker(url, child_q))
                 pump = Pump(pump_mq, [child_q]) if parent_q != child_q else None
                 if pump is not None:
                     pump.start()
@@ -152,7 +167,7 @@ class EchoMQPeer(Peer):
         released = win.counted(mq.snapshot, "w5", "JOB-bench-probe")
         try:
             with Stopper() as procs:
-                worker = procs.add(_worker(url, "w5"))
+                worker = procs.add(self._worker(url, "w5"))
                 win.begin()
                 ref = mq.add_flow("w5", [Child(i) for i in range(n)])
                 added = win.split("added")
@@ -191,6 +206,22 @@ class EchoMQPeer(Peer):
             win.close()
 
 
+class EchoMQAsyncPeer(EchoMQPeer):
+    name = "echomq_async"
+    mode = "async"
+    config = (
+        "as EchoMQ, with AsyncWorker(concurrency=C): one event loop, C handler tasks, async "
+        "handlers (W6: await asyncio.sleep(0.05))"
+    )
+    notes: dict[str, str] = {}
+
+    def w4(self, url: str, n: int) -> dict[str, Any]:
+        raise Unsupported("the Pump is the same as EchoMQ's (no worker runs)")
+
+    def w5(self, url: str, n: int) -> dict[str, Any]:
+        raise Unsupported("not run (W2 shows the same worker)")
+
+
 def _wait_released(
     win: Window, snapshot: Any, queue: str, parent_id: str, n: int, worker: Proc
 ) -> None:
@@ -223,10 +254,50 @@ def _noop(job: Job) -> None:
     return None
 
 
-def run_worker(url: str, queues: str) -> None:
+def _io(job: Job) -> None:
+    time.sleep(IO_WAIT)
+
+
+async def _handle_async(job: Job) -> Any:
+    return _handle(job)
+
+
+async def _noop_async(job: Job) -> None:
+    return None
+
+
+async def _io_async(job: Job) -> None:
+    await asyncio.sleep(IO_WAIT)
+
+
+def _stamp(job: Job) -> float:
+    """bench.latency's children: the wall-clock time (ms) at which the handler finished."""
+    return time.time() * 1000
+
+
+SYNC = {"w1": _noop, "w6": _io, "lat": _stamp, "latc": _stamp}
+ASYNC = {"w1": _noop_async, "w6": _io_async}
+
+
+def run_worker(url: str, queues: str, concurrency: str, mode: str) -> None:
+    names = queues.split(",")
+    if mode == "async":
+        from echomq_core import AsyncEchoMQ, AsyncWorker
+
+        async def main() -> None:
+            amq = AsyncEchoMQ(url)
+            handlers = {q: ASYNC.get(q, _handle_async) for q in names}
+            worker = AsyncWorker(amq, handlers, concurrency=int(concurrency))
+            await worker.start()  # registers its queues before the window opens
+            print(READY, flush=True)
+            await worker.run()
+            await amq.close()
+
+        asyncio.run(main())
+        return
     mq = EchoMQ(url)
-    handlers = {q: (_noop if q == "w1" else _handle) for q in queues.split(",")}
-    worker = Worker(mq, handlers, concurrency=1)
+    handlers = {q: SYNC.get(q, _handle) for q in names}
+    worker = Worker(mq, handlers, concurrency=int(concurrency))
     print(READY, flush=True)
     worker.run()
 
@@ -266,7 +337,7 @@ def run_reader(url: str, queue: str, parent_id: str, mode: str) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["worker"]:
-        run_worker(*argv[1:3])
+        run_worker(*argv[1:5])
     elif argv[:1] == ["read"]:
         run_reader(*argv[1:5])
     else:

@@ -8,6 +8,7 @@ and exits 0; a second signal gives back running jobs at once.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import os
 import signal
@@ -17,8 +18,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..async_worker import AsyncWorker
+from ..client import AsyncEchoMQ
 from ..errors import ConfigurationError
-from ..hooks import Handler, Hooks, plugin_manager
+from ..hooks import Handler, Hooks, LifecycleHooks, plugin_manager
 from ..options import PumpOptions, WorkerOptions, add_flags, from_namespace
 from ..pump import Pump
 from ..server import EmbeddedServer
@@ -86,6 +89,13 @@ def add_parsers(sub: Any) -> None:
         metavar="MODULE:OBJECT",
         help="a {queue: handler} mapping, or a callable returning one (the current "
         "directory is importable); repeatable",
+    )
+    w.add_argument(
+        "--async",
+        dest="use_async",
+        action="store_true",
+        help="run the handlers on one asyncio event loop (AsyncWorker): async handlers are "
+        "awaited, --concurrency of them at once; sync ones run in a pool of that many threads",
     )
     add_flags(w, WorkerOptions, types=FLAG_TYPES)
     add_metrics_option(w)
@@ -249,30 +259,54 @@ def run_worker(args: argparse.Namespace) -> int:
             {q: handlers[q] for q in args.queues} if args.queues else handlers
         )
         names = hooks.plugin_names()
-        lifecycle = hooks if names else None
+        lifecycle: LifecycleHooks | None = hooks if names else None
         metrics = start_metrics(args)
-        worker = Worker(
-            mq,
-            metrics.wrap_handlers(chosen) if metrics else chosen,
-            options=from_namespace(WorkerOptions, args),
-            hooks=metrics.hooks(lifecycle) if metrics else lifecycle,
-        )
+        options = from_namespace(WorkerOptions, args)
+        if metrics:
+            chosen = metrics.wrap_handlers(chosen)
+        lifecycle = metrics.hooks(lifecycle) if metrics else lifecycle
+        # the worker is made (its handlers and options checked) before anything is said
+        worker: Worker | AsyncWorker
+        if args.use_async:
+            amq = AsyncEchoMQ(
+                args.url,
+                prefix=args.prefix,
+                socket_connect_timeout=args.connect_timeout,
+                socket_timeout=60.0,
+            )
+            worker = AsyncWorker(amq, chosen, options=options, hooks=lifecycle)
+        else:
+            worker = Worker(mq, chosen, options=options, hooks=lifecycle)
         if metrics:
             metrics.watch_worker(worker)
         _say(
-            f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}; "
+            f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}"
+            f"{' (asyncio)' if args.use_async else ''}; "
             f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
             f"{', '.join(names) or 'none'}"
         )
         try:
-            worker.run()
+            if isinstance(worker, AsyncWorker):
+                asyncio.run(_run_async(worker))
+            else:
+                worker.run()
         finally:
             if metrics:
                 metrics.close()
-        _say(f"worker: stopped ({worker.completed} completed, {worker.failed} failed attempts)")
+        done = (worker.completed, worker.failed)
+        _say(f"worker: stopped ({done[0]} completed, {done[1]} failed attempts)")
     finally:
         mq.close()
     return 0
+
+
+async def _run_async(worker: AsyncWorker) -> None:
+    """``echomq worker --async``: the :class:`AsyncWorker` on its own asyncio client (the same
+    URL, prefix and timeouts as the sync one, which the hooks keep using)."""
+    try:
+        await worker.run()
+    finally:
+        await worker.client.close()
 
 
 # -- pump ----------------------------------------------------------------------------------

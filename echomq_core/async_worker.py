@@ -1,0 +1,521 @@
+"""The asyncio worker: one event loop runs ``concurrency`` handlers at once.
+
+Using::
+
+    async def fetch(job: Job) -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(job.payload["url"])).json()
+
+    mq = AsyncEchoMQ(url)
+    await AsyncWorker(mq, {"pages": fetch}, concurrency=200).run()
+
+or ``echomq worker --async``. Async handlers (``async def``, or any callable whose
+``__call__`` is one) are awaited on the loop, so 200 handlers that wait on the network cost
+200 tasks, not 200 threads. Sync handlers run in a pool of ``concurrency`` threads, so a sync
+handler never blocks the loop.
+
+It is the threaded :class:`~echomq_core.worker.Worker` with tasks for threads - the same
+operations (:class:`~echomq_core.queue.Queue`'s ``*_op`` methods, driven by the
+:class:`~echomq_core.connection.AsyncConnection`), the same scripts, the same claim sizes,
+outcome rules and hooks (:mod:`echomq_core.running`), the same options
+(:class:`~echomq_core.options.WorkerOptions`): one fetcher task claims into a local buffer, N
+runner tasks take jobs from it, one flusher task records results in batches, one heartbeat task
+extends leases every ``lease / 3`` seconds; jobs of a cancelled flow that were claimed but not
+started are dropped.
+
+Time limits (a job's own, its queue's, the worker's ``timeout``): an async handler past its
+limit is cancelled; a sync one cannot be stopped and is abandoned (its thread runs on, and the
+pool is replaced so the slot is free). Either way the attempt fails with ``TimeoutError`` and
+whatever the call returns later is refused by its lease token.
+
+Shutdown (SIGTERM, SIGINT or :meth:`AsyncWorker.stop`): as the threaded worker - stop
+claiming, give unstarted jobs back, let running handlers finish for up to ``grace`` seconds,
+record their results, then give back (and cancel) whatever still runs. A second signal skips
+the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from . import ops
+from .errors import EchoMQError
+from .hooks import LifecycleHooks
+from .models import Job
+from .options import WorkerOptions, build
+from .queue import Queue
+from .running import Intake, Outcome, failure, fire_hooks, make_queues, split, wake_queues
+from .worker import BLOCK_SLICE
+
+if TYPE_CHECKING:
+    from .client import AsyncEchoMQ
+
+log = logging.getLogger("echomq_core.worker")
+Handler = Callable[[Job], Any]
+
+
+def is_async(handler: Any) -> bool:
+    """True for ``async def`` handlers and callables whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )
+
+
+class AsyncWorker:
+    """Runs ``handlers`` ({queue name: callable}) on the running event loop until stopped.
+    Options as :class:`~echomq_core.worker.Worker` (``concurrency`` is the number of handler
+    tasks, and of threads for sync handlers)."""
+
+    def __init__(
+        self,
+        client: AsyncEchoMQ,
+        handlers: Mapping[str, Handler],
+        *,
+        options: WorkerOptions | None = None,
+        queue_options: Mapping[str, Any] | None = None,
+        hooks: LifecycleHooks | None = None,
+        **settings: Any,
+    ) -> None:
+        opts = self.options = build(WorkerOptions, options, settings)
+        #: Only the ``*_op`` methods of these queues are used: their sync ones need a sync
+        #: client, and this worker drives the same operations on its asyncio connection.
+        self.queues: dict[str, Queue] = make_queues(client, handlers, opts, queue_options)
+        self.client = client
+        self.connection = client.connection
+        self.handlers = dict(handlers)
+        self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
+        self.concurrency = opts.concurrency
+        self.max_batch = opts.max_batch
+        self.lease = opts.lease
+        self.grace = opts.grace
+        self.flush_after = opts.flush_after
+        self.poll, self.max_poll = opts.poll, opts.max_poll
+        self.hooks = hooks
+        self.completed = 0
+        self.failed = 0
+        self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
+        self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
+        self.recheck = min(0.25, self.lease / 3)
+        self._intake = Intake(self.concurrency, self.max_batch, opts.fast_job)
+        self._wake = wake_queues(client.keys, self.connection.is_cluster, list(self.handlers))
+        self._inflight: dict[tuple[str, str], Job] = {}
+        self._buffer: deque[tuple[Job, float]] = deque()
+        self._results: list[tuple[Job, Outcome]] = []
+        self._first_result = 0.0
+        self._flushing = 0
+        self._running = 0  # handlers running now
+        self._lost: set[tuple[str, str, str]] = set()
+        self._checked = 0.0
+        self._pool: ThreadPoolExecutor | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._runners: list[asyncio.Task[Any]] = []
+        self._started = False
+        self._stop = asyncio.Event()
+        self._halt = asyncio.Event()
+        self._closing = False
+        self._idle_runners: deque[asyncio.Future[None]] = deque()  # woken one per job
+        self._want_jobs = asyncio.Event()  # a runner is free or the buffer ran low
+        self._results_ready = asyncio.Event()  # results should be recorded now
+        self._shutdown: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"AsyncWorker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> AsyncWorker:
+        """Register the queues and start the tasks on the running loop; returns at once."""
+        if self._started:
+            return self
+        await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
+        self._started = True
+        self._runners = [
+            asyncio.create_task(self._runner(i), name=f"echomq-runner-{i}")
+            for i in range(self.concurrency)
+        ]
+        self._tasks = [
+            asyncio.create_task(self._fetcher(), name="echomq-fetch"),
+            asyncio.create_task(self._flusher(), name="echomq-flush"),
+            asyncio.create_task(self._heartbeats(), name="echomq-heartbeat"),
+        ]
+        return self
+
+    async def run(self, *, install_signals: bool = True) -> None:
+        """Run until SIGTERM/SIGINT (or :meth:`stop` from elsewhere), then drain."""
+        loop = asyncio.get_running_loop()
+        installed = []
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                    installed.append(sig)
+        try:
+            await self.start()
+            await self._stop.wait()
+            await self.stop(wait=not self._halt.is_set())
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, signum: int) -> None:
+        if self._stop.is_set():
+            log.warning("second signal: giving back running jobs now")
+            self._halt.set()
+        else:
+            log.info("signal %d: finishing running jobs, then stopping", signum)
+        self._stop.set()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        self._want_jobs.set()
+        self._results_ready.set()
+        self._wake_runners(len(self._idle_runners))
+
+    def _wake_runners(self, count: int) -> None:
+        """Wake up to ``count`` idle runners (one per job put in the buffer)."""
+        while count > 0 and self._idle_runners:
+            waiter = self._idle_runners.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                count -= 1
+
+    async def stop(self, *, wait: bool = True) -> None:
+        """Stop claiming; with ``wait``, let running handlers finish for up to ``grace``
+        seconds, then give back (and cancel) whatever still runs. A second call waits for
+        the first one's shutdown."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._drain(wait))
+        await asyncio.shield(self._shutdown)
+
+    async def _drain(self, wait: bool) -> None:
+        self._stop.set()
+        if not wait:
+            self._halt.set()
+        self._wake_all()
+        unstarted = [job for job, _ in self._buffer]
+        self._buffer.clear()
+        await self._give_back(unstarted)
+        runners = [t for t in self._runners if not t.done()]
+        if runners:
+            grace = self.grace if wait else 0.0
+            _, pending = await asyncio.wait(runners, timeout=grace)
+            if pending:  # past the grace: their jobs go back, their handlers are cancelled
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        self._closing = True
+        self._results_ready.set()
+        helpers = [t for t in self._tasks if t.get_name() != "echomq-heartbeat"]
+        await asyncio.wait(helpers, timeout=max(1.0, BLOCK_SLICE * 2))
+        await self._give_back(list(self._inflight.values()))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    # -- the fetcher ----------------------------------------------------------------------
+    async def _fetcher(self) -> None:
+        names = list(self.handlers)
+        idle, turn = self.poll, 0
+        while not self._stop.is_set():
+            want = self._want()
+            if want <= 0:
+                self._want_jobs.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._want_jobs.wait(), 0.2)
+                continue
+            took = False
+            for step in range(len(names)):
+                name = names[(turn + step) % len(names)]
+                try:
+                    sent = time.monotonic()
+                    jobs = await self.connection.run(self.queues[name].claim_op(want))
+                except EchoMQError as exc:
+                    if not self._stop.is_set():
+                        log.warning("claim from %r failed: %s", name, exc)
+                        await self._sleep(idle)
+                    continue
+                if jobs:
+                    took = True
+                    turn += 1
+                    await self._take(jobs, time.monotonic() - sent)
+                    break
+            if took:
+                idle = self.poll
+            else:
+                await self._idle(idle)
+                idle = min(self.max_poll, idle * 2)
+
+    def _want(self) -> int:
+        if len(self._results) + self._flushing >= 2 * self.max_batch:
+            return 0  # back-pressure: the flusher is behind
+        return self._intake.want(self._running, len(self._buffer))
+
+    async def _take(self, jobs: list[Job], seconds: float) -> None:
+        self._intake.claimed(len(jobs), seconds)
+        for job in jobs:
+            self._inflight[(job.queue, job.id)] = job
+        if self._stop.is_set():
+            await self._give_back(jobs)
+            return
+        now = time.monotonic()
+        self._buffer.extend((job, now) for job in jobs)
+        self._wake_runners(len(jobs))
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _idle(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible."""
+        if self._wake is None:
+            await self._sleep(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            op = ops.wait_for_work(self.client.keys, self._wake, min(left, BLOCK_SLICE))
+            try:
+                if await self.connection.run(op):
+                    return
+            except EchoMQError as exc:
+                if not self._stop.is_set():
+                    log.warning("waiting for work failed: %s", exc)
+                    await self._sleep(left)
+                return
+
+    # -- the runners ----------------------------------------------------------------------
+    async def _runner(self, index: int) -> None:
+        while not self._stop.is_set():
+            if not self._buffer:
+                self._want_jobs.set()
+                waiter = asyncio.get_running_loop().create_future()
+                self._idle_runners.append(waiter)
+                await waiter
+                continue
+            job, claimed = self._buffer.popleft()
+            self._want_jobs.set()  # maybe low: the next claim may start
+            now = time.monotonic()
+            if now - claimed >= self.recheck and now - self._checked >= self.recheck:
+                self._checked = now
+                await self._check_leases(job)
+            if self._drop_if_lost(job):
+                continue
+            await self._run_one(job)
+
+    async def _run_one(self, job: Job) -> None:
+        queue = self.queues[job.queue]
+        limit_ms = job.timeout_ms or queue.timeout_ms
+        started = time.monotonic()
+        self._running += 1
+        try:
+            if not limit_ms:  # the common case costs no task of its own
+                result = await self._invoke(job)
+            else:
+                timed = await self._invoke_within(job, limit_ms / 1000)
+                if timed is None:
+                    return
+                result = timed
+        finally:
+            self._running -= 1
+        self._intake.observe(time.monotonic() - started)
+        self._add_result(job, result)
+
+    async def _invoke_within(self, job: Job, limit: float) -> Outcome | None:
+        """:meth:`_invoke` with a time limit; None when the call ran past it (the attempt is
+        failed here, the call cancelled or, in a thread, abandoned)."""
+        handler = asyncio.ensure_future(self._invoke(job))
+        try:
+            await asyncio.wait([handler], timeout=limit)
+        except asyncio.CancelledError:  # stopping past the grace: the job is given back
+            handler.cancel()
+            raise
+        if handler.done():
+            return handler.result()
+        self.abandoned += 1
+        if self._async[job.queue]:
+            handler.cancel()
+        else:  # a thread cannot be stopped: later calls get a fresh pool
+            self._pool_lost()
+        log.warning(
+            "job %s in %r ran past its time limit (%gs): failed the attempt (%d call(s) "
+            "abandoned so far)",
+            job.id,
+            job.queue,
+            limit,
+            self.abandoned,
+        )
+        self._add_result(job, (f"TimeoutError: the handler ran longer than {limit:g}s", True))
+        return None
+
+    async def _invoke(self, job: Job) -> Outcome:
+        """Run one handler: the encoded result, or (error text, retry?)."""
+        if job.decode_error is not None:
+            return (job.decode_error, False)
+        handler = self.handlers[job.queue]
+        try:
+            if self._async[job.queue]:
+                value = await handler(job)
+            else:
+                loop = asyncio.get_running_loop()
+                value = await loop.run_in_executor(self._threads(), handler, job)
+                if inspect.isawaitable(value):
+                    value = await value
+            return self.client.encode(value)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # classified by failure()
+            return failure(job, exc)
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="echomq-sync")
+        return self._pool
+
+    def _pool_lost(self) -> None:
+        """A sync call was abandoned: its thread stays busy, so later calls get a new pool
+        (the old one ends its threads as their calls return)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def _add_result(self, job: Job, result: Outcome) -> None:
+        if not self._results:
+            self._first_result = time.monotonic()
+        self._results.append((job, result))
+        if self._flush_now():
+            self._results_ready.set()
+        if not self._intake.fast:
+            self._want_jobs.set()
+
+    def _flush_now(self) -> bool:
+        """As :meth:`Worker._flush_now`: enough results, the oldest ``flush_after`` old, or
+        nothing else in hand."""
+        return (
+            len(self._results) >= self.max_batch
+            or time.monotonic() - self._first_result >= self.flush_after
+            or (self._running == 0 and not self._buffer)
+            or self._stop.is_set()
+        )
+
+    async def _check_leases(self, job: Job) -> None:
+        jobs = [job, *(j for j, _ in self._buffer)]
+        by_queue: dict[str, list[Job]] = {}
+        for item in jobs:
+            by_queue.setdefault(item.queue, []).append(item)
+        for name, items in by_queue.items():
+            try:
+                held = await self.connection.run(self.queues[name].heartbeat_op(items))
+            except EchoMQError as exc:
+                log.warning("lease check for %r failed: %s", name, exc)
+                continue
+            self._note_lost(items, held)
+
+    def _note_lost(self, jobs: list[Job], held: list[bool]) -> None:
+        self._lost.update(
+            (j.queue, j.id, j.token) for j, ok in zip(jobs, held, strict=True) if not ok
+        )
+
+    def _drop_if_lost(self, job: Job) -> bool:
+        key = (job.queue, job.id, job.token)
+        if key not in self._lost:
+            return False
+        self._lost.discard(key)
+        if self._inflight.get((job.queue, job.id)) is job:
+            del self._inflight[(job.queue, job.id)]
+        self.dropped += 1
+        log.info("job %s in %r not started: its lease is gone (cancelled flow?)", job.id, job.queue)
+        return True
+
+    # -- the flusher ----------------------------------------------------------------------
+    async def _flusher(self) -> None:
+        while True:
+            if not self._results:
+                if self._closing:
+                    return
+                self._results_ready.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._results_ready.wait(), 0.2)
+                continue
+            if not self._flush_now() and not self._closing:
+                left = self.flush_after - (time.monotonic() - self._first_result)
+                self._results_ready.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._results_ready.wait(), max(0.001, left))
+                continue
+            items, self._results = self._results, []
+            self._flushing = len(items)
+            try:
+                for name, (done, failed) in split(items).items():
+                    await self._flush(self.queues[name], done, failed)
+            except Exception:  # never die: results would wait for ever
+                log.exception("recording %d result(s) failed; their leases will expire", len(items))
+            finally:
+                self._flushing = 0
+                self._want_jobs.set()
+
+    async def _flush(
+        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
+    ) -> None:
+        try:
+            completed = settled = None
+            if done:
+                completed = await self.connection.run(queue.settle_completed_op(done))
+                self.completed += sum(completed.statuses)
+            if failed:
+                settled = await self.connection.run(queue.settle_failed_op(failed))
+                self.failed += len(failed)
+            fire_hooks(self.hooks, done, completed, failed, settled)
+        except EchoMQError as exc:
+            log.warning(
+                "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
+            )
+        finally:
+            for job in [j for j, _ in done] + [j for j, _, _ in failed]:
+                if self._inflight.get((queue.name, job.id)) is job:
+                    del self._inflight[(queue.name, job.id)]
+                self._lost.discard((job.queue, job.id, job.token))
+
+    async def _give_back(self, jobs: list[Job]) -> None:
+        by_queue: dict[str, list[Job]] = {}
+        for job in jobs:
+            if self._inflight.get((job.queue, job.id)) is job:
+                del self._inflight[(job.queue, job.id)]
+                by_queue.setdefault(job.queue, []).append(job)
+        for name, items in by_queue.items():
+            try:
+                await self.connection.run(self.queues[name].release_op(items))
+            except EchoMQError as exc:
+                log.warning(
+                    "could not give back %d job(s) of %r (their leases will expire): %s",
+                    len(items),
+                    name,
+                    exc,
+                )
+
+    # -- heartbeats -----------------------------------------------------------------------
+    async def _heartbeats(self) -> None:
+        every = self.lease / 3
+        while True:
+            await asyncio.sleep(every)
+            by_queue: dict[str, list[Job]] = {}
+            for job in list(self._inflight.values()):
+                by_queue.setdefault(job.queue, []).append(job)
+            for name, items in by_queue.items():
+                try:
+                    held = await self.connection.run(self.queues[name].heartbeat_op(items))
+                except EchoMQError as exc:
+                    log.warning("heartbeat for %r failed: %s", name, exc)
+                    continue
+                self._note_lost(items, held)

@@ -1,0 +1,196 @@
+"""What the threaded and the asyncio worker share: how much to claim, how a handler's outcome
+is read, and how settled results fire hooks.
+
+Both workers have the same shape (see :mod:`echomq_core.worker`): one *fetcher* claims jobs
+into a local buffer, N *runners* take jobs from it one at a time, one *flusher* records the
+results of all runners in batched ``complete`` / ``fail`` calls, one *heartbeat* extends
+leases and watches time limits. Only the fetcher, the flusher and the heartbeat talk to the
+server, so a worker holds a handful of connections whatever its concurrency, and a claim or a
+completion serves many runners: the commands per job do not grow with concurrency.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from redis.crc import key_slot
+
+from .errors import InvalidArgument, InvalidPayload, Unrecoverable
+from .hooks import LifecycleHooks, fire
+from .keyspace import check_queue
+from .models import Job, Settlement
+from .options import WorkerOptions
+from .queue import Queue
+
+log = logging.getLogger("echomq_core.worker")
+
+#: A handler's outcome: the encoded result, or (error text, retry?).
+Outcome = bytes | tuple[str, bool]
+#: One queue's results: (job, encoded result) completed, (job, error, retry?) failed.
+Batch = tuple[list[tuple[Job, bytes]], list[tuple[Job, str, bool]]]
+#: Weight of the newest handler duration in the running average that decides fast or slow.
+SMOOTHING = 0.3
+
+
+class Intake:
+    """How many jobs the fetcher claims next, from how fast handlers are.
+
+    While handlers are *fast* (their running average below ``fast_job`` seconds) a claim
+    doubles in size up to ``max_batch`` and the next one is made when the buffer is half
+    empty, so no-op jobs cost one claim and one completion per batch and the runners never
+    wait for a round trip. As soon as handlers are slow, a claim takes only as many jobs as
+    there are free runners, plus the few that runners will finish while the claim is on its
+    way (concurrency x claim time / handler time, rounded: none for a handful of runners on
+    long jobs): a worker does not sit on work that another worker could run, and a runner
+    that finishes a job finds the next one waiting instead of waiting for a round trip."""
+
+    def __init__(self, concurrency: int, max_batch: int, fast_job: float) -> None:
+        self.concurrency = concurrency
+        self.max_batch = max_batch
+        self.fast_job = fast_job
+        self.batch = 1
+        self.average = 0.0
+        self.cpu_share = 0.0
+        self.claim_time = 0.0
+
+    @property
+    def fast(self) -> bool:
+        return self.average < self.fast_job
+
+    @property
+    def spread(self) -> bool:
+        """False while handlers are fast and spend their time on the CPU: under the GIL a
+        second thread cannot run such jobs any sooner, only take turns with the first, so the
+        threaded worker then keeps one runner busy and lets the others rest."""
+        return not self.fast or self.cpu_share < 0.5
+
+    def observe(self, seconds: float, cpu: float | None = None) -> None:
+        """A handler call took ``seconds`` (``cpu`` of them on this thread's CPU)."""
+        self.average += SMOOTHING * (seconds - self.average)
+        if cpu is not None:
+            share = min(1.0, cpu / seconds) if seconds > 0 else 1.0
+            self.cpu_share += SMOOTHING * (share - self.cpu_share)
+        if not self.fast:
+            self.batch = 1
+
+    def want(self, running: int, buffered: int) -> int:
+        """How many jobs to claim now (0: none yet)."""
+        if not self.fast:
+            ahead = round(self.concurrency * self.claim_time / self.average)
+            return max(0, min(self.max_batch, self.concurrency - running + ahead - buffered))
+        free = max(0, self.concurrency - running - buffered)
+        if buffered >= max(1, self.batch // 2):
+            return 0
+        return min(self.max_batch, max(self.batch, free))
+
+    def claimed(self, count: int, seconds: float) -> None:
+        """A claim returned ``count`` jobs after ``seconds`` (the next one may be twice as big
+        while handlers are fast)."""
+        self.claim_time += SMOOTHING * (seconds - self.claim_time)
+        if count and self.fast:
+            self.batch = min(self.max_batch, self.batch * 2)
+
+
+def outcome(encode: Callable[[Any], bytes], job: Job, call: Callable[[], Any]) -> Outcome:
+    """Run ``call`` (a handler applied to ``job``) and read what happened: the encoded result,
+    or (error text, retry?). ``Unrecoverable`` and results that cannot be stored bury the job;
+    ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit`` raised by a handler fail the
+    attempt and nothing else (signals reach the process through its own handlers)."""
+    if job.decode_error is not None:
+        return (job.decode_error, False)
+    try:
+        return encode(call())
+    except BaseException as exc:  # classified by failure()
+        return failure(job, exc)
+
+
+def failure(job: Job, exc: BaseException) -> tuple[str, bool]:
+    """(error text, retry?) for an exception a handler raised."""
+    if isinstance(exc, InvalidPayload):
+        return (f"result cannot be stored: {exc}", False)
+    if isinstance(exc, Unrecoverable):
+        return (f"Unrecoverable: {exc}", False)
+    if not isinstance(exc, Exception):
+        log.warning(
+            "handler for %s raised %s; counted as a failed attempt", job.id, type(exc).__name__
+        )
+    return (f"{type(exc).__name__}: {exc}", True)
+
+
+def split(items: list[tuple[Job, Outcome]]) -> dict[str, Batch]:
+    """Results by queue: (completed, failed)."""
+    out: dict[str, Batch] = {}
+    for job, result in items:
+        done, failed = out.setdefault(job.queue, ([], []))
+        if isinstance(result, bytes):
+            done.append((job, result))
+        else:
+            failed.append((job, result[0], result[1]))
+    return out
+
+
+def fire_hooks(
+    hooks: LifecycleHooks | None,
+    done: list[tuple[Job, bytes]],
+    completed: Settlement | None,
+    failed: list[tuple[Job, str, bool]],
+    settled: Settlement | None,
+) -> None:
+    """The hooks of one recorded batch: ``job_completed`` / ``job_dead`` per job the server
+    accepted, ``flow_released`` / ``flow_failed`` per parent the batch settled (each through
+    :func:`~echomq_core.hooks.fire`: logged, never raised)."""
+    if hooks is None:
+        return
+    if completed is not None:
+        for (job, raw), status in zip(done, completed.statuses, strict=True):
+            if status:
+                fire(hooks, "job_completed", job=job, result=raw)
+        _flow_hooks(hooks, completed)
+    if settled is not None:
+        for (job, error, _), status in zip(failed, settled.statuses, strict=True):
+            if status == 2:
+                fire(hooks, "job_dead", job=job, error=error)
+        _flow_hooks(hooks, settled)
+
+
+def _flow_hooks(hooks: LifecycleHooks, settled: Settlement) -> None:
+    for queue, parent_id in settled.released:
+        fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
+    for queue, parent_id in settled.failed:
+        fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
+
+
+def make_queues(
+    client: Any,
+    handlers: Mapping[str, Any],
+    opts: WorkerOptions,
+    queue_options: Mapping[str, Any] | None,
+) -> dict[str, Queue]:
+    """Check a worker's handlers and queue options; the :class:`Queue` of each handler."""
+    if not isinstance(handlers, Mapping) or not handlers:
+        raise InvalidArgument("a worker needs a mapping of queue names to handlers")
+    if queue_options is not None and (
+        not isinstance(queue_options, Mapping)
+        or set(queue_options) - {"max_attempts", "backoff", "keep_completed", "timeout"}
+    ):
+        raise InvalidArgument(
+            "queue_options takes max_attempts, backoff, keep_completed and timeout (lease "
+            f"is the worker's own option), got {queue_options!r:.200}"
+        )
+    queue_settings = {"timeout": opts.timeout, **dict(queue_options or {})}
+    for name, fn in handlers.items():
+        check_queue(name)
+        if not callable(fn):
+            raise InvalidArgument(f"handler for queue {name!r} is not callable")
+    return {n: Queue(client, n, lease=opts.lease, **queue_settings) for n in handlers}
+
+
+def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | None:
+    """The queues an idle fetcher can block on in one BZPOPMIN (None: poll instead): all of
+    them, unless a Cluster puts them on different slots."""
+    if not is_cluster:
+        return names
+    slots = {key_slot(keys.wake(n).encode()) for n in names}
+    return names if len(slots) == 1 else None
