@@ -158,6 +158,8 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         for flow in flows.values():
             if self.wait_on_output:
                 snap = self._settle(context, flow)
+                if snap.outcome != "released":
+                    raise flow_error(client, snap)
                 metadata.update(settled_metadata(client, snap))
             else:
                 snap = client.snapshot(flow.queue, flow.parent_id)
@@ -186,7 +188,10 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 context.add_input_metadata(meta, description="EchoMQ flow released")
             else:
                 self._observe(context, key, meta, "EchoMQ flow released")
-            values[key] = self._stream(flow) if stream else self._read(flow)
+            # Only a barrier flow is closed by its reader (a worker-run parent is 'pending'
+            # or 'completed' when released, and its completion starts its retention).
+            close = self.close_after_read and snap.parent_state == "released"
+            values[key] = self._stream(flow, close) if stream else self._read(flow, close)
         if None in values:
             return values[None]
         return values
@@ -271,19 +276,19 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         )
         context.instance.report_runless_asset_event(event)
 
-    def _read(self, flow: FlowRef) -> dict[str, Any]:
+    def _read(self, flow: FlowRef, close: bool) -> dict[str, Any]:
         values = dict(self.client.iter_children_values(flow.queue, flow.parent_id, page=self.page))
-        if self.close_after_read:
+        if close:
             self.client.close_flow(flow.queue, flow.parent_id)
         return values
 
-    def _stream(self, flow: FlowRef) -> Iterator[tuple[str, Any]]:
+    def _stream(self, flow: FlowRef, close: bool) -> Iterator[tuple[str, Any]]:
         """The results page by page; the flow is closed once the iterator is exhausted. It
         opens its own client: the step's may be closed before a lazy consumer finishes."""
         client = self.open_client()
         try:
             yield from client.iter_children_values(flow.queue, flow.parent_id, page=self.page)
-            if self.close_after_read:
+            if close:
                 client.close_flow(flow.queue, flow.parent_id)
         finally:
             client.close()

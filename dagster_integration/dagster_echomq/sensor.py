@@ -135,7 +135,7 @@ def echomq_flow_sensor(
             for entry in waiting:
                 queue, parent_id, partition, run_id = entry
                 verdict = _verdict(context, client, FlowRef(queue, parent_id), run_id)
-                if verdict == "wait":
+                if verdict == "waiting":
                     still.append(entry)
                 # "missing": it expired long ago (a first evaluation reading old history)
                 elif verdict == "request":
@@ -207,7 +207,7 @@ def _flows_of(metadata: Mapping[str, Any], partition: str | None) -> dict[str | 
 def _verdict(
     context: SensorEvaluationContext, client: EchoMQ, flow: FlowRef, run_id: str | None
 ) -> str:
-    """'request', 'wait', 'missing' or 'drop' for one watched flow."""
+    """'request', 'waiting', 'missing' or 'drop' for one watched flow."""
     snap = client.snapshot(flow.queue, flow.parent_id)
     if snap.outcome in ("waiting", "missing"):
         return snap.outcome
@@ -222,7 +222,7 @@ def _verdict(
     if run_id is not None:
         run = context.instance.get_run_by_id(run_id)
         if run is not None and not run.is_finished:
-            return "wait"  # the run that stored it may read it itself
+            return "waiting"  # the run that stored it may read it itself
     return "request"
 
 
@@ -238,7 +238,7 @@ def _check_fixed(
     settled = {(str(q), str(p)) for q, p in state["settled"]} & listed
     for key in sorted(listed - settled):
         verdict = _verdict(context, client, FlowRef(*key), None)
-        if verdict not in ("wait", "missing"):  # a missing one may be added later
+        if verdict not in ("waiting", "missing"):  # a missing one may be added later
             settled.add(key)
         if verdict == "request":
             requests.append(_request(FlowRef(*key), None))

@@ -39,3 +39,12 @@ def load_example(monkeypatch: pytest.MonkeyPatch, url: str, prefix: str, n: int)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def evaluate_sensor(sensor: Any, instance: Any, cursor: str | None, resources: Any) -> Any:
+    """One evaluation of ``sensor`` as the daemon runs it: resources set up (EnvVar values
+    resolved) and torn down around it."""
+    from dagster import build_sensor_context
+
+    with build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
+        return sensor.evaluate_tick(context)
