@@ -175,7 +175,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
     # -- input ----------------------------------------------------------------------------
     def load_input(self, context: InputContext) -> Any:
         flows = self.flows_for_input(context)
-        stream = _wants_stream(context, partitioned=None not in flows)
+        stream = _wants_stream(context, partitioned=len(flows) > 1)
         observe_in_run = context.has_asset_key and len(flows) == 1
         values: dict[str | None, Any] = {}
         for key, flow in flows.items():
@@ -192,8 +192,8 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             # or 'completed' when released, and its completion starts its retention).
             close = self.close_after_read and snap.parent_state == "released"
             values[key] = self._stream(flow, close) if stream else self._read(flow, close)
-        if None in values:
-            return values[None]
+        if len(values) == 1:  # unpartitioned, or one partition: the flow's values themselves
+            return next(iter(values.values()))
         return values
 
     def flows_for_input(self, context: InputContext) -> dict[str | None, FlowRef]:

@@ -4,9 +4,11 @@
 
 Each handler returns ``{"queue", "n", "value": n * n}`` for a payload ``{"n": n}``; a payload
 with ``"fail": true`` raises :class:`Unrecoverable`, so the child dies at once (and a
-fail-the-parent child fails its parent). SIGTERM drains and stops.
+fail-the-parent child fails its parent); so does one with ``"fail_unless": PATH`` while no file
+is at PATH (a failure a test then repairs). SIGTERM drains and stops.
 """
 
+import os
 import sys
 from typing import Any
 
@@ -18,6 +20,8 @@ def handle(job: Job) -> dict[str, Any]:
     n = int(payload.get("n", 0))
     if payload.get("fail"):
         raise Unrecoverable(f"child {n} refused on purpose")
+    if payload.get("fail_unless") and not os.path.exists(payload["fail_unless"]):
+        raise Unrecoverable(f"child {n} refused until {payload['fail_unless']} exists")
     return {"queue": job.queue, "n": n, "value": n * n}
 
 
