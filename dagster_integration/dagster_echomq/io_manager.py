@@ -12,7 +12,7 @@ Using::
         ...
 
     @asset
-    def big_summary(measurements: Iterator[tuple[str, Any]]) -> ...:   # streamed, page by page
+    def big_summary(measurements: FlowStream) -> ...:   # (child id, result) pairs, page by page
         ...
 
 **Output.** ``handle_output`` stores the handle (see :mod:`dagster_echomq.reading`) and
@@ -26,8 +26,9 @@ partition to its flow (the sensor reads it).
 **Input.** ``load_input`` finds the flow (the upstream's handle, or the flow an ``AssetSpec``
 names, or - a spec naming only a queue - the flow the sensor launched this run for), runs a
 Pump for the queues of its children while it waits (:mod:`dagster_echomq.resource`), logs
-progress, and returns ``{child id: result}``; an input annotated ``Iterator[...]`` gets an
-iterator that reads the results page by page instead (memory flat at any N). A downstream
+progress, and returns ``{child id: result}``; an input annotated :class:`FlowStream` gets an
+iterator of ``(child id, result)`` that reads the results page by page instead (memory flat
+at any N). A downstream
 step over several partitions gets ``{partition key: <that>}``. It records the final counts
 and the ids and errors of failed and ignored children (capped) as metadata of the input,
 which Dagster also shows as an observation of the upstream asset.
@@ -74,6 +75,25 @@ from .reading import (
     wait_settled,
 )
 from .resource import EchoMQConfig, EchoMQResource
+
+
+class FlowStream(Iterator[tuple[str, Any]]):
+    """A flow's results as an iterator of ``(child id, result)``, read from the server one
+    page (``EchoMQIOManager.page`` results) at a time, so memory stays flat at any N. Annotate
+    an input with it to get one. Iterate it once; the flow is closed (when the IO manager
+    closes what it reads) once it is exhausted. ``total`` / ``processed``: the flow's counts."""
+
+    def __init__(self, flow: FlowRef, snap: FlowSnapshot, pages: Iterator[tuple[str, Any]]):
+        self.flow = flow
+        self.total = snap.total
+        self.processed = snap.processed
+        self._pages = pages
+
+    def __next__(self) -> tuple[str, Any]:
+        return next(self._pages)
+
+    def __repr__(self) -> str:
+        return f"FlowStream({self.flow.queue!r}, {self.flow.parent_id!r}, total={self.total})"
 
 
 class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
@@ -191,7 +211,10 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             # Only a barrier flow is closed by its reader (a worker-run parent is 'pending'
             # or 'completed' when released, and its completion starts its retention).
             close = self.close_after_read and snap.parent_state == "released"
-            values[key] = self._stream(flow, close) if stream else self._read(flow, close)
+            if stream:
+                values[key] = FlowStream(flow, snap, self._stream(flow, close))
+            else:
+                values[key] = self._read(flow, close)
         if len(values) == 1:  # unpartitioned, or one partition: the flow's values themselves
             return next(iter(values.values()))
         return values
@@ -344,14 +367,13 @@ def _named_flow(context: InputContext, meta: Mapping[str, Any]) -> FlowRef:
 
 
 def _wants_stream(context: InputContext, *, partitioned: bool) -> bool:
-    """Whether the input is annotated as an iterator (of a partition mapping's values, when
-    the step reads several partitions)."""
+    """Whether the input is annotated :class:`FlowStream` (or, read over several partitions,
+    ``dict[str, FlowStream]``)."""
     typ = context.dagster_type.typing_type
     if partitioned and typing.get_origin(typ) in (dict, collections.abc.Mapping):
         args = typing.get_args(typ)
         typ = args[1] if len(args) == 2 else Any
-    origin = typing.get_origin(typ) or typ
-    return origin in (collections.abc.Iterator, collections.abc.Iterable, typing.Iterator)
+    return isinstance(typ, type) and issubclass(typ, FlowStream)
 
 
 def _run_tags(context: InputContext) -> Mapping[str, str]:
