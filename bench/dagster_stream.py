@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench.dagster_stream [--children 200000] [--page 1000] [--out FILE]
 
+Prints the report as JSON (and writes it to ``--out`` when given).
+
 One embedded Valkey; one barrier flow of N children (same queue, completed here with
 ``claim`` / ``complete_many``, each result a small dict). Then three fresh processes, each
 materializing - in process, on an ephemeral instance - an asset whose input is that flow
@@ -96,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--children", type=int, default=200_000)
     parser.add_argument("--page", type=int, default=1000)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "dagster_stream.json"))
+    parser.add_argument("--out", default=None, help="also write the JSON report here")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)  # mode url prefix page
     args = parser.parse_args()
     if args.child:
@@ -144,7 +146,8 @@ def main() -> None:
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     assert runs["dict"]["sum"] == runs["stream"]["sum"] == sum(range(args.children))
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 
 
