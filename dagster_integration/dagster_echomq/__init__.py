@@ -15,5 +15,6 @@ from .reading import FlowFailedError as FlowFailedError
 from .reading import flow_metadata as flow_metadata
 from .resource import EchoMQConfig as EchoMQConfig
 from .resource import EchoMQResource as EchoMQResource
+from .run_sensors import echomq_cancel_sensors as echomq_cancel_sensors
 from .sensor import echomq_flow_sensor as echomq_flow_sensor
 from .sensor import flow_from_tags as flow_from_tags

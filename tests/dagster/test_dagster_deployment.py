@@ -5,6 +5,8 @@ GraphQL API as a user's UI would be.
 * ``imports_released`` (a sensor watching every flow of ``example-imports``) launches exactly
   one run per flow added outside Dagster, and none more on later ticks; each run reads its
   flow (an ``AssetSpec`` naming only the queue; the run's tags name the flow) and closes it.
+* A run terminated while it waits for its flow (children in a queue no worker serves) ends
+  CANCELED, and its flow is cancelled, naming the run.
 * A backfill of two daily partitions of ``day_numbers`` -> ``day_summary`` (single-run backfill
   policy) completes, one flow per partition, each read and closed.
 
@@ -118,6 +120,20 @@ def poll(what: str, check: Callable[[], Any], timeout: float, logs: list[Path]) 
         time.sleep(0.5)
 
 
+def _logs_mention(gql: GraphQL, run_id: str, text: str) -> bool:
+    """Whether the run's event log has a message containing ``text``."""
+    data = gql(
+        """query($id: ID!) {
+          logsForRun(runId: $id) {
+            ... on EventConnection { events { ... on MessageEvent { message } } }
+          }
+        }""",
+        id=run_id,
+    )
+    events = data["logsForRun"].get("events") or []
+    return any(text in (e.get("message") or "") for e in events)
+
+
 SENSOR = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
 
 RUNS = """query($key: String!, $value: String!) {
@@ -206,12 +222,59 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
 
         def both_succeeded() -> list[dict[str, Any]] | None:
             runs = import_runs()
-            failed = [r for r in runs if r["status"] in ("FAILURE", "CANCELED")]
+            failed = [r for r in runs if r["status"] == "FAILURE"]
             assert not failed, failed
             done = [r for r in runs if r["status"] == "SUCCESS"]
             return runs if len(done) >= 2 else None
 
         poll("a successful run per external flow", both_succeeded, 240, logs)
+
+        # A flow whose children nobody runs: its run waits; terminating it cancels the flow.
+        stuck = mq.add_flow(
+            IMPORTS,
+            [Child({"n": 1}, queue="example-nobody")],
+            parent_id="JOB-import-stuck",
+            barrier=True,
+        )
+
+        def stuck_run() -> str | None:
+            for run in import_runs():
+                tags = {t["key"]: t["value"] for t in run["tags"]}
+                if tags["echomq/parent_id"] == stuck.parent_id and run["status"] == "STARTED":
+                    run_id: str = run["runId"]
+                    return run_id
+            return None
+
+        run_id = poll("the run of the stuck flow to start", stuck_run, 240, logs)
+        poll(
+            "the run to wait for its flow",
+            lambda: (
+                mq.child_queues(stuck.queue, stuck.parent_id)
+                and _logs_mention(gql, run_id, "EchoMQ flow")
+            ),
+            120,
+            logs,
+        )
+        terminated = gql(
+            """mutation($id: String!) {
+              terminateRun(runId: $id) { __typename ... on PythonError { message } }
+            }""",
+            id=run_id,
+        )["terminateRun"]
+        assert terminated["__typename"] == "TerminateRunSuccess", terminated
+
+        def canceled() -> bool:
+            runs = [r for r in import_runs() if r["runId"] == run_id]
+            return runs[0]["status"] == "CANCELED"
+
+        poll("the terminated run to end CANCELED", canceled, 120, logs)
+        snap = poll(
+            "the flow of the terminated run to be cancelled",
+            lambda: (s := mq.snapshot(stuck.queue, stuck.parent_id)).outcome == "cancelled" and s,
+            60,
+            logs,
+        )
+        assert "terminated" in snap.error and run_id in snap.error
 
         def ticks() -> list[dict[str, Any]]:
             state = gql(TICKS, sel=sensor)["sensorOrError"]["sensorState"]
@@ -224,7 +287,7 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
         by_flow = sorted(
             next(t["value"] for t in r["tags"] if t["key"] == "echomq/parent_id") for r in runs
         )
-        assert by_flow == sorted(f.parent_id for f in flows)  # one each, no more
+        assert by_flow == sorted([*(f.parent_id for f in flows), stuck.parent_id])  # one each
         for flow in flows:
             assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "closed"
 

@@ -249,3 +249,48 @@ def test_a_waiting_step_pumps_only_the_queues_of_its_flow(
     assert served == {(CHILD,)}
     with EchoMQ(url, prefix=prefix) as mq:
         assert mq.snapshot("lc-elsewhere", "JOB-other").parent_state == "held"  # not pumped
+
+
+@pytest.mark.onlystandalone
+def test_the_cancel_sensor_cancels_what_a_failed_run_left_unread(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    """The upstream stored its flow, another step of the run failed, nobody read the flow:
+    the run failure sensor cancels it (children that have not started never start)."""
+    from dagster import DagsterRunStatus, build_run_status_sensor_context
+    from dagster_echomq import echomq_cancel_sensors
+
+    url = client_url(backend)
+
+    @asset
+    def boom() -> None:
+        raise RuntimeError("an unrelated step fails")
+
+    @asset
+    def read(fan: dict[str, Any]) -> int:  # never materialized here: not selected
+        return len(fan)
+
+    fan, _ = fan_assets(lambda: [Child({"n": i}, queue=CHILD) for i in range(3)], read)
+    result = materialize(
+        [fan, boom], resources=resources(url, prefix), instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    flow: FlowRef = result.output_for_node("fan")
+    failed_sensor, terminated_sensor = echomq_cancel_sensors()
+    assert terminated_sensor.name == "echomq_cancel_terminated"
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
+    with build_run_status_sensor_context(
+        sensor_name=failed_sensor.name,
+        dagster_event=event,
+        dagster_instance=instance,
+        dagster_run=run,
+        resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
+    ) as context:
+        failed_sensor(context.for_run_failure())
+    with EchoMQ(url, prefix=prefix) as mq:
+        snap = mq.snapshot(flow.queue, flow.parent_id)
+        assert snap.outcome == "cancelled"
+        assert snap.error == f"dagster run {result.run_id} failed"
+        assert mq.queue(CHILD).stats()["pending"] == 0  # its children will never start
