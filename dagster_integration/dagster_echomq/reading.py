@@ -10,9 +10,10 @@ Kubernetes executor, a later run, the sensor.
 
 Waiting (:func:`wait_settled`) polls the flow's snapshot until it is released, failed or
 cancelled, and logs progress every ``log_every`` seconds. It gives up with the core's
-``FlowTimeout`` after ``timeout`` seconds in all, or sooner when no child settled for
-``stall_timeout`` seconds - the usual reason is that no worker serves the children's queues,
-and the error names them rather than blocking the step for the full timeout.
+``FlowTimeout`` after ``timeout`` seconds in all, or sooner when for ``stall_timeout`` seconds
+no child settled and no job of the children's queues was running (leased) - the usual reason
+is that no worker serves those queues, and the error names them rather than blocking the step
+for the full timeout. Children that run long (leased, no settle yet) are not a stall.
 """
 
 from __future__ import annotations
@@ -182,6 +183,8 @@ def wait_settled(
                 f"{snap.dependencies} outstanding after {now - started:.0f}s"
             )
         where = f" in {', '.join(queues)}" if queues else ""
+        if now - progressed >= stall_timeout and _busy(client, queues):
+            progressed = now  # children are running (long ones): not a stall
         if now - progressed >= stall_timeout:
             raise FlowTimeout(
                 f"flow {flow.parent_id} in {flow.queue!r}: no child settled for "
@@ -194,6 +197,11 @@ def wait_settled(
                 f"({snap.dependencies} outstanding{where})"
             )
         time.sleep(poll)
+
+
+def _busy(client: EchoMQ, queues: Sequence[str]) -> bool:
+    """Whether some worker holds a job of ``queues`` now (a lease is running)."""
+    return any(client.queue(q).stats()["active"] > 0 for q in queues)
 
 
 def encode_partitions(flows: Mapping[str, FlowRef]) -> str:

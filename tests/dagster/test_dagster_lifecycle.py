@@ -122,6 +122,26 @@ def test_a_stalled_wait_fails_fast_names_the_queues_and_cancels_the_flow(
 
 
 @pytest.mark.onlystandalone
+def test_children_that_run_long_are_not_a_stall(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """No child settles for longer than stall_timeout, but they are running: the load waits."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+
+    @asset
+    def read(fan: dict[str, Any]) -> int:
+        return len(fan)
+
+    result = materialize(
+        fan_assets(lambda: [Child({"n": i, "sleep": 3}, queue=CHILD) for i in range(2)], read),
+        resources=resources(url, prefix, stall_timeout=1.0),
+        instance=instance,
+    )
+    assert result.output_for_node("read") == 2
+
+
+@pytest.mark.onlystandalone
 def test_reexecution_from_failure_repairs_the_flow(
     backend: Any,
     prefix: str,
