@@ -229,13 +229,32 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
 
         poll("a successful run per external flow", both_succeeded, 240, logs)
 
-        # A flow whose children nobody runs: its run waits; terminating it cancels the flow.
+        # A flow whose children nobody runs, and a run of import_job for it (tagged as the
+        # sensor tags its runs): the run waits; terminating it cancels the flow.
         stuck = mq.add_flow(
             IMPORTS,
             [Child({"n": 1}, queue="example-nobody")],
             parent_id="JOB-import-stuck",
             barrier=True,
         )
+        launched_run = gql(
+            """mutation($params: ExecutionParams!) {
+              launchRun(executionParams: $params) {
+                __typename ... on LaunchRunSuccess { run { runId } }
+                ... on PythonError { message }
+              }
+            }""",
+            params={
+                "selector": {**SENSOR, "jobName": "import_job"},
+                "executionMetadata": {
+                    "tags": [
+                        {"key": "echomq/queue", "value": IMPORTS},
+                        {"key": "echomq/parent_id", "value": stuck.parent_id},
+                    ]
+                },
+            },
+        )["launchRun"]
+        assert launched_run["__typename"] == "LaunchRunSuccess", launched_run
 
         def stuck_run() -> str | None:
             for run in import_runs():
@@ -287,7 +306,8 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
         by_flow = sorted(
             next(t["value"] for t in r["tags"] if t["key"] == "echomq/parent_id") for r in runs
         )
-        assert by_flow == sorted([*(f.parent_id for f in flows), stuck.parent_id])  # one each
+        # one run per external flow (the sensor launched two; the stuck one was launched here)
+        assert by_flow == sorted([*(f.parent_id for f in flows), stuck.parent_id])
         for flow in flows:
             assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "closed"
 

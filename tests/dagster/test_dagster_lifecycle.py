@@ -128,6 +128,9 @@ def test_children_that_run_long_are_not_a_stall(
     """No child settles for longer than stall_timeout, but they are running: the load waits."""
     url = client_url(backend)
     workers(url, prefix, CHILD)
+    with EchoMQ(url, prefix=prefix) as mq:  # the worker is up (its start is no stall test)
+        warm = mq.add_flow(CHILD, [Child({"n": 0})])  # same queue: settles with no Pump
+        mq.wait(CHILD, warm.parent_id, timeout=60, poll=0.05)
 
     @asset
     def read(fan: dict[str, Any]) -> int:
