@@ -12,6 +12,8 @@
   flow that nobody read; ``imports_released`` launches ``import_job`` once for every flow
   that something outside Dagster adds to ``example-imports`` (``imported`` reads it: an
   ``AssetSpec`` naming only the queue).
+* ``echomq_cancel_failed`` / ``echomq_cancel_terminated``: a run that fails or is terminated
+  cancels the flows it stored and nobody read.
 
 Try it (any Redis-protocol server; ``echomq server`` starts one)::
 
@@ -42,7 +44,13 @@ from dagster import (
     asset,
     define_asset_job,
 )
-from dagster_echomq import EchoMQIOManager, EchoMQResource, echomq_flow_sensor, flow_metadata
+from dagster_echomq import (
+    EchoMQIOManager,
+    EchoMQResource,
+    echomq_cancel_sensors,
+    echomq_flow_sensor,
+    flow_metadata,
+)
 
 from echomq_core import Child, FlowRef
 
@@ -150,6 +158,7 @@ defs = Definitions(
             queues=[IMPORTS],
             minimum_interval_seconds=INTERVAL,
         ),
+        *echomq_cancel_sensors(),
     ],
     resources={"echomq": echomq, "echomq_io": EchoMQIOManager.from_resource(echomq)},
 )
