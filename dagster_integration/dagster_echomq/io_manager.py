@@ -74,6 +74,8 @@ from .reading import (
     store_handle,
     wait_settled,
 )
+from .reading import handle_name as handle_name  # the handle helpers, where they always were
+from .reading import wait_released as wait_released
 from .resource import EchoMQConfig, EchoMQResource
 
 

@@ -204,6 +204,15 @@ def _busy(client: EchoMQ, queues: Sequence[str]) -> bool:
     return any(client.queue(q).stats()["active"] > 0 for q in queues)
 
 
+def wait_released(client: EchoMQ, flow: FlowRef, *, timeout: float, poll: float) -> FlowSnapshot:
+    """Wait until ``flow`` is released; :class:`FlowFailedError` if it failed or was
+    cancelled (:func:`wait_settled` without a stall limit or logging)."""
+    snap = wait_settled(client, flow, timeout=timeout, stall_timeout=timeout, poll=poll)
+    if snap.outcome != "released":
+        raise flow_error(client, snap)
+    return snap
+
+
 def encode_partitions(flows: Mapping[str, FlowRef]) -> str:
     return json.dumps({k: [f.queue, f.parent_id] for k, f in sorted(flows.items())})
 
