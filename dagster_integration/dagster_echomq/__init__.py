@@ -7,11 +7,11 @@ downstream, and the README's Dagster section for how to deploy it.
 """
 
 from .io_manager import EchoMQIOManager as EchoMQIOManager
-from .io_manager import FlowStream as FlowStream
 from .reading import FLOW_PARENT_ID as FLOW_PARENT_ID
 from .reading import FLOW_PARTITIONS as FLOW_PARTITIONS
 from .reading import FLOW_QUEUE as FLOW_QUEUE
 from .reading import FlowFailedError as FlowFailedError
+from .reading import FlowStream as FlowStream
 from .reading import flow_metadata as flow_metadata
 from .resource import EchoMQConfig as EchoMQConfig
 from .resource import EchoMQResource as EchoMQResource

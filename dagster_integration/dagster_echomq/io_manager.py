@@ -66,6 +66,7 @@ from .reading import (
     FLOW_PARENT_ID,
     FLOW_PARTITIONS,
     FLOW_QUEUE,
+    FlowStream,
     added_metadata,
     encode_partitions,
     flow_error,
@@ -77,25 +78,6 @@ from .reading import (
 from .reading import handle_name as handle_name  # the handle helpers, where they always were
 from .reading import wait_released as wait_released
 from .resource import EchoMQConfig, EchoMQResource
-
-
-class FlowStream(Iterator[tuple[str, Any]]):
-    """A flow's results as an iterator of ``(child id, result)``, read from the server one
-    page (``EchoMQIOManager.page`` results) at a time, so memory stays flat at any N. Annotate
-    an input with it to get one. Iterate it once; the flow is closed (when the IO manager
-    closes what it reads) once it is exhausted. ``total`` / ``processed``: the flow's counts."""
-
-    def __init__(self, flow: FlowRef, snap: FlowSnapshot, pages: Iterator[tuple[str, Any]]):
-        self.flow = flow
-        self.total = snap.total
-        self.processed = snap.processed
-        self._pages = pages
-
-    def __next__(self) -> tuple[str, Any]:
-        return next(self._pages)
-
-    def __repr__(self) -> str:
-        return f"FlowStream({self.flow.queue!r}, {self.flow.parent_id!r}, total={self.total})"
 
 
 class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dagster import DagsterLogManager, Failure, MetadataValue
@@ -65,6 +65,25 @@ class FlowFailedError(ParentFailed, Failure):
         if reason:
             self.metadata["cancelled"] = MetadataValue.text(reason)
         self.allow_retries = False
+
+
+class FlowStream(Iterator[tuple[str, Any]]):
+    """A flow's results as an iterator of ``(child id, result)``, read from the server one
+    page (``EchoMQIOManager.page`` results) at a time, so memory stays flat at any N. Annotate
+    an input with it to get one. Iterate it once; the flow is closed (when the IO manager
+    closes what it reads) once it is exhausted. ``total`` / ``processed``: the flow's counts."""
+
+    def __init__(self, flow: FlowRef, snap: FlowSnapshot, pages: Iterator[tuple[str, Any]]):
+        self.flow = flow
+        self.total = snap.total
+        self.processed = snap.processed
+        self._pages = pages
+
+    def __next__(self) -> tuple[str, Any]:
+        return next(self._pages)
+
+    def __repr__(self) -> str:
+        return f"FlowStream({self.flow.queue!r}, {self.flow.parent_id!r}, total={self.total})"
 
 
 def flow_metadata(queue: str, parent_id: str | None = None) -> dict[str, str]:

@@ -31,7 +31,7 @@ from dagster_echomq import (
     FlowFailedError,
     flow_metadata,
 )
-from dagster_echomq.resource import _PumpShare
+from dagster_echomq.pumps import _PumpShare
 from dagster_support import client_url, pump_threads
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed

@@ -21,7 +21,7 @@ from dagster import (
     reconstructable,
 )
 from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowStream
-from dagster_echomq.resource import _PumpShare
+from dagster_echomq.pumps import _PumpShare
 from dagster_support import client_url
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
