@@ -308,6 +308,12 @@ class EchoMQ(_Base):
         self._check_flow(queue, parent_id)
         return self.run(flows.snapshot(self.keys, queue, parent_id))
 
+    def child_queues(self, queue: str, parent_id: str) -> list[str]:
+        """The queues of the flow's direct children ([] if there is no such flow): what a
+        Pump must serve for their results to reach the parent."""
+        self._check_flow(queue, parent_id)
+        return self.run(flows.child_queues(self.keys, queue, parent_id))
+
     def iter_children_values(
         self, queue: str, parent_id: str, *, page: int = 1000
     ) -> Iterator[tuple[str, Any]]:

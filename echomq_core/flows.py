@@ -429,6 +429,14 @@ def failed_children(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, st
     return {k: _s(v) for k, v in pairs(flat).items()}
 
 
+def child_queues(ks: Keyspace, queue: str, parent_id: str) -> Op[list[str]]:
+    """The queues of a flow node's direct children, as its hold recorded them (HGET of the
+    row's ``cq``); [] when there is no such flow. A Pump serving these queues' outboxes
+    delivers the node's cross-queue children."""
+    (raw,) = yield [Call.cmd("HGET", ks.job(queue, parent_id), "cq")]
+    return _s(raw).split() if raw else []
+
+
 def scan_page(key: str, cursor: int, count: int) -> Op[tuple[int, dict[str, bytes]]]:
     """One HSCAN page of a result hash: (next cursor, {field: raw value}); cursor 0 ends."""
     ((nxt, flat),) = yield [Call.cmd("HSCAN", key, cursor, "COUNT", count)]

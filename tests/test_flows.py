@@ -346,3 +346,18 @@ def test_named_refs_and_pump_gives_up_leases_on_stop(mq: EchoMQ) -> None:
     assert job.parent is not None and job.parent.id == second.parent_id
     mq.queue("c").complete(job, 1)
     assert Pump(mq, ["c"]).tick().delivered == 1  # no wait for a lapsed lease
+
+
+def test_child_queues_names_the_direct_children_queues(mq: EchoMQ) -> None:
+    """The read the Dagster integration's Pumps use to serve only a flow's queues."""
+    ref = mq.add_flow(
+        "cq-parent",
+        [
+            Child(1, queue="cq-b"),
+            Child(2, queue="cq-a"),
+            Child(3, queue="cq-b"),
+            Child(4, children=[Child(5, queue="cq-deep")]),  # a sub-flow in the parent's queue
+        ],
+    )
+    assert mq.child_queues(ref.queue, ref.parent_id) == ["cq-a", "cq-b", "cq-parent"]
+    assert mq.child_queues(ref.queue, "JOB-no-such-flow") == []

@@ -1,14 +1,20 @@
-"""EchoMQ for Dagster: a resource that runs the Pump, flow results as asset inputs, a sensor.
+"""EchoMQ for Dagster: a resource, flow results as asset inputs, a sensor that launches runs
+for released flows.
 
 Install with ``pip install dagster-echomq``. See ``examples/dagster/`` for Definitions that
-fan out across two queues and summarise the children's results downstream.
+fan out across two queues (also per daily partition) and summarise the children's results
+downstream, and the README's Dagster section for how to deploy it.
 """
 
-from .io_manager import FLOW_PARENT_ID as FLOW_PARENT_ID
-from .io_manager import FLOW_QUEUE as FLOW_QUEUE
 from .io_manager import EchoMQIOManager as EchoMQIOManager
-from .io_manager import FlowFailedError as FlowFailedError
-from .io_manager import flow_metadata as flow_metadata
+from .reading import FLOW_PARENT_ID as FLOW_PARENT_ID
+from .reading import FLOW_PARTITIONS as FLOW_PARTITIONS
+from .reading import FLOW_QUEUE as FLOW_QUEUE
+from .reading import FlowFailedError as FlowFailedError
+from .reading import FlowStream as FlowStream
+from .reading import flow_metadata as flow_metadata
+from .resource import EchoMQConfig as EchoMQConfig
 from .resource import EchoMQResource as EchoMQResource
+from .run_sensors import echomq_cancel_sensors as echomq_cancel_sensors
 from .sensor import echomq_flow_sensor as echomq_flow_sensor
 from .sensor import flow_from_tags as flow_from_tags

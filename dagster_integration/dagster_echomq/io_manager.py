@@ -4,139 +4,103 @@ the next.
 Using::
 
     @asset(io_manager_key="echomq_io")
-    def measurements(echomq: EchoMQResource) -> FlowRef:
-        return echomq.add_flow("reports", [Child(...), ...])
+    def measurements(context, echomq: EchoMQResource) -> FlowRef:
+        return echomq.add_flow("reports", [...], parent_id=echomq.run_scoped_id(context))
 
     @asset
     def summary(measurements: dict[str, Any]) -> ...:   # child id -> result
         ...
 
-``handle_output`` stores the handle (queue and parent id) in the EchoMQ server, as the named
-reference ``dagster:<asset key>[/<partition>]`` (key ``<prefix>:ref:dagster:...``, see
-``EchoMQ.save_ref``; it is deleted with its flow when the flow expires), and records the
-flow's counts as materialization metadata. ``load_input`` reads the handle, waits (bounded by
-``wait_timeout``) until the parent is released, returns ``{child id: result}`` and records the
-final counts as an observation of the upstream asset. The handle lives in the server rather
-than on a local disk so that any process that reaches the flow reaches its handle: a step
-process of the multiprocess executor, a container of a Kubernetes executor, a later run.
+    @asset
+    def big_summary(measurements: FlowStream) -> ...:   # (child id, result) pairs, page by page
+        ...
 
-Only the parent's queue and id are stored, not the child list a ``FlowRef`` may carry: the
-handle stays a few bytes whatever N is, and the results are read from the server in pages.
+**Output.** ``handle_output`` stores the handle (see :mod:`dagster_echomq.reading`) and
+records what is true when the flow is added: its queue, parent id and N. A partitioned asset
+adds one flow per partition: a step over one partition returns a ``FlowRef``; a step over
+several (a single-run backfill of a range) returns ``{partition key: FlowRef}`` for exactly its
+partitions (``context.partition_keys``), anything else is refused with ``InvalidInput``
+before a handle is written. The materialization metadata ``echomq/flows`` maps each
+partition to its flow (the sensor reads it).
 
-A flow added outside Dagster feeds an asset the same way, without an upstream step: declare it
-as an ``AssetSpec`` whose metadata names the flow (:func:`flow_metadata`) and whose IO manager
-is this one; ``load_input`` then takes the flow from the metadata.
+**Input.** ``load_input`` finds the flow (the upstream's handle, or the flow an ``AssetSpec``
+names, or - a spec naming only a queue - the flow the sensor launched this run for), runs a
+Pump for the queues of its children while it waits (:mod:`dagster_echomq.resource`), logs
+progress, and returns ``{child id: result}``; an input annotated :class:`FlowStream` gets an
+iterator of ``(child id, result)`` that reads the results page by page instead (memory flat
+at any N). A downstream
+step over several partitions gets ``{partition key: <that>}``. It records the final counts
+and the ids and errors of failed and ignored children (capped) as metadata of the input,
+which Dagster also shows as an observation of the upstream asset.
 
-If the parent failed (a child that fails its parent died), loading raises
-:class:`FlowFailedError`, naming the failed children. If it is not released in time, the
-core's ``FlowTimeout`` propagates.
+**Lifecycle.** Once read, a released flow is closed (``close_after_read``; a streamed input
+closes it when the iterator is exhausted), so its ``closed`` retention starts and the sensor
+never requests a run for it. A flow that failed or was cancelled raises
+:class:`FlowFailedError` (after recording an observation of the upstream with the failed
+children), unless the run is a re-execution (``dagster/parent_run_id``): then the flow is
+repaired once (``retry_flow``: its dead children run again, completed ones keep their values)
+and waited for again (``repair_on_reexecution``). A wait that times out or a step that is
+terminated while waiting cancels the flow, so no child starts for a run that will not read
+it (``cancel_on_failure``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import collections.abc
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dagster import (
+    AssetObservation,
     ConfigurableIOManager,
-    Failure,
+    InitResourceContext,
     InputContext,
-    MetadataValue,
     OutputContext,
 )
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
-from echomq_core import EchoMQ, FlowRef, FlowSnapshot, InvalidInput, ParentFailed
+from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
 
-from .resource import EchoMQResource
-
-#: Asset metadata keys naming an external flow (see :func:`flow_metadata`).
-FLOW_QUEUE = "echomq/queue"
-FLOW_PARENT_ID = "echomq/parent_id"
-
-
-class FlowFailedError(ParentFailed, Failure):
-    """Raised when a flow an asset depends on has a failed parent (a fail-the-parent child
-    died). ``failed`` maps each failed child id to its error.
-
-    It is the core's :class:`ParentFailed` (``except ParentFailed`` catches it) and a Dagster
-    ``Failure``, so Dagster fails the step at once - no retry policy can revive a failed
-    parent - and shows the failed children as metadata of the step failure.
-    """
-
-    def __init__(self, queue: str, parent_id: str, failed: Mapping[str, str]) -> None:
-        super().__init__(queue, parent_id, dict(failed))
-        # Failure.__init__ ran through the MRO with the message as description; its metadata
-        # is what the UI shows next to the step failure.
-        self.metadata = {
-            "queue": MetadataValue.text(queue),
-            "parent_id": MetadataValue.text(parent_id),
-            "failed_count": MetadataValue.int(len(self.failed)),
-            "failed_children": MetadataValue.json(dict(sorted(self.failed.items())[:20])),
-        }
-        self.allow_retries = False
+from .reading import (
+    FLOW_PARENT_ID,
+    FLOW_PARTITIONS,
+    FLOW_QUEUE,
+    FlowStream,
+    added_metadata,
+    encode_partitions,
+    flow_error,
+    read_handle,
+    settled_metadata,
+    store_handle,
+    wait_settled,
+)
+from .reading import handle_name as handle_name  # the handle helpers, where they always were
+from .reading import wait_released as wait_released
+from .resource import EchoMQConfig, EchoMQResource
 
 
-def flow_metadata(queue: str, parent_id: str) -> dict[str, str]:
-    """Metadata for an ``AssetSpec`` that stands for a flow added outside Dagster::
+class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
+    """Stores an asset's flow handle; loads a downstream input as the flow's results once
+    its parent is released. Takes the same connection and Pump settings as
+    :class:`EchoMQResource` (``EchoMQIOManager.from_resource(echomq)`` copies them)."""
 
-    AssetSpec("nightly_scores", metadata=flow_metadata("scores", "JOB-nightly-42"))
-        .with_io_manager_key("echomq_io")
-    """
-    return {FLOW_QUEUE: queue, FLOW_PARENT_ID: parent_id}
-
-
-def handle_name(identifier: Sequence[str]) -> str:
-    """The name the handle of one asset (or op output) is stored under (``EchoMQ.save_ref``)."""
-    return "dagster:" + "/".join(identifier)
-
-
-def store_handle(client: EchoMQ, identifier: Sequence[str], flow: FlowRef) -> None:
-    client.save_ref(handle_name(identifier), flow)
-
-
-def read_handle(client: EchoMQ, identifier: Sequence[str]) -> FlowRef | None:
-    """The flow last stored for ``identifier``, or None if nothing was stored."""
-    return client.load_ref(handle_name(identifier))
-
-
-def counts_metadata(snap: FlowSnapshot) -> dict[str, Any]:
-    """A flow's counts as Dagster metadata (shown on the asset's page)."""
-    return {
-        "queue": snap.queue,
-        "parent_id": snap.parent_id,
-        "parent_state": str(snap.parent_state),
-        "N": MetadataValue.int(snap.total),
-        "processed": MetadataValue.int(snap.processed),
-        "ignored": MetadataValue.int(snap.ignored),
-        "failed": MetadataValue.int(snap.failed),
-        "outstanding": MetadataValue.int(snap.dependencies),
-    }
-
-
-def wait_released(client: EchoMQ, flow: FlowRef, *, timeout: float, poll: float) -> FlowSnapshot:
-    """Wait until ``flow``'s parent is released; :class:`FlowFailedError` if it failed."""
-    try:
-        return client.wait(flow.queue, flow.parent_id, timeout=timeout, poll=poll)
-    except ParentFailed as exc:
-        raise FlowFailedError(exc.queue, exc.parent_id, exc.failed) from None
-
-
-class EchoMQIOManager(ConfigurableIOManager):
-    """Stores an asset's flow handle; loads a downstream input as the flow's
-    ``{child id: result}`` once its parent is released."""
-
-    echomq: EchoMQResource = Field(
-        description="The EchoMQ resource (server, prefix, Pump). Its Pump runs while a step "
-        "waits for a flow, so a cross-queue flow settles even with no Pump deployed elsewhere.",
-    )
     wait_timeout: float = Field(
-        default=600.0,
-        description="Seconds load_input waits for the parent to be released before raising "
-        "FlowTimeout.",
+        default=3600.0,
+        description="Seconds load_input waits in all for a flow to be released before "
+        "raising FlowTimeout.",
+    )
+    stall_timeout: float = Field(
+        default=120.0,
+        description="Seconds load_input waits without any child settling before raising "
+        "FlowTimeout (naming the children's queues): a step whose flow has no workers fails "
+        "in this long, not after wait_timeout.",
     )
     poll_interval: float = Field(
         default=0.5, description="Seconds between two reads of the flow's state while waiting."
+    )
+    log_every: float = Field(
+        default=10.0, description="Seconds between two progress lines while waiting."
     )
     page: int = Field(
         default=1000,
@@ -145,51 +109,286 @@ class EchoMQIOManager(ConfigurableIOManager):
     close_after_read: bool = Field(
         default=True,
         description="Close a released barrier flow once an input has read it, so its closed "
-        "retention starts (reads still work until it ends).",
+        "retention starts and the sensor never requests a run for it.",
+    )
+    cancel_on_failure: bool = Field(
+        default=True,
+        description="Cancel the flow when the wait for it times out or the step is "
+        "terminated while waiting, so none of its children starts for a run that will not "
+        "read it.",
+    )
+    repair_on_reexecution: bool = Field(
+        default=True,
+        description="In a re-executed run, repair a failed or cancelled flow (its dead "
+        "children run again) and wait again, instead of failing on it again.",
     )
     wait_on_output: bool = Field(
         default=False,
-        description="Also wait in handle_output, so the upstream materialization records final "
-        "counts and a failed flow fails the upstream step itself.",
+        description="Also wait in handle_output, so a failed flow fails the upstream step "
+        "itself and its materialization records the final counts.",
     )
 
-    def handle_output(self, context: OutputContext, obj: Any) -> None:
-        flow = _as_flow(obj)
-        client = self.echomq.client
-        store_handle(client, _output_identifier(context), flow)
-        if self.wait_on_output:
-            snap = wait_released(client, flow, timeout=self.wait_timeout, poll=self.poll_interval)
-        else:
-            snap = client.snapshot(flow.queue, flow.parent_id)
-        context.add_output_metadata(counts_metadata(snap))
+    _client: EchoMQ | None = PrivateAttr(default=None)
 
-    def load_input(self, context: InputContext) -> dict[str, Any]:
-        client = self.echomq.client
-        flow = self.flow_for_input(context)
-        snap = wait_released(client, flow, timeout=self.wait_timeout, poll=self.poll_interval)
-        values = dict(client.iter_children_values(flow.queue, flow.parent_id, page=self.page))
-        if self.close_after_read and snap.parent_state == "released":
-            client.close_flow(flow.queue, flow.parent_id)
-        if context.has_asset_key:
-            context.add_input_metadata(counts_metadata(snap), description="EchoMQ flow released")
+    @classmethod
+    def from_resource(cls, echomq: EchoMQResource, **options: Any) -> EchoMQIOManager:
+        """An IO manager on the same server, prefix and Pump settings as ``echomq``
+        (``EnvVar`` values stay ``EnvVar``s, resolved when Dagster loads the config)."""
+        shared = {name: getattr(echomq, name) for name in EchoMQConfig.model_fields}
+        return cls(**{**shared, **options})
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._client = self.open_client()
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    @property
+    def client(self) -> EchoMQ:
+        if self._client is None:  # used outside a run (tests, scripts)
+            self._client = self.open_client()
+        return self._client
+
+    # -- output ---------------------------------------------------------------------------
+    def handle_output(self, context: OutputContext, obj: Any) -> None:
+        flows = _output_flows(context, obj)  # refuses a bad value before writing anything
+        client = self.client
+        metadata: dict[str, Any] = {}
+        for key, flow in flows.items():
+            store_handle(client, _identifier(context, key), flow)
+        total = 0
+        for flow in flows.values():
+            if self.wait_on_output:
+                snap = self._settle(context, flow)
+                if snap.outcome != "released":
+                    raise flow_error(client, snap)
+                metadata.update(settled_metadata(client, snap))
+            else:
+                snap = client.snapshot(flow.queue, flow.parent_id)
+                metadata.update(added_metadata(flow, snap))
+            total += snap.total
+        if len(flows) > 1 or None not in flows:
+            metadata = {"N": total, FLOW_PARTITIONS: encode_partitions(_keyed(flows))}
+            if len(flows) == 1:  # one partition: its flow by name too
+                (flow,) = flows.values()
+                metadata.update({FLOW_QUEUE: flow.queue, FLOW_PARENT_ID: flow.parent_id})
+        context.add_output_metadata(metadata)
+
+    # -- input ----------------------------------------------------------------------------
+    def load_input(self, context: InputContext) -> Any:
+        flows = self.flows_for_input(context)
+        stream = _wants_stream(context, partitioned=len(flows) > 1)
+        observe_in_run = context.has_asset_key and len(flows) == 1
+        values: dict[str | None, Any] = {}
+        for key, flow in flows.items():
+            snap = self._settle(context, flow)
+            meta = settled_metadata(self.client, snap)
+            if snap.outcome != "released":
+                self._observe(context, key, meta, "EchoMQ flow did not complete")
+                raise flow_error(self.client, snap)
+            if observe_in_run:
+                context.add_input_metadata(meta, description="EchoMQ flow released")
+            else:
+                self._observe(context, key, meta, "EchoMQ flow released")
+            # Only a barrier flow is closed by its reader (a worker-run parent is 'pending'
+            # or 'completed' when released, and its completion starts its retention).
+            close = self.close_after_read and snap.parent_state == "released"
+            if stream:
+                values[key] = FlowStream(flow, snap, self._stream(flow, close))
+            else:
+                values[key] = self._read(flow, close)
+        if len(values) == 1:  # unpartitioned, or one partition: the flow's values themselves
+            return next(iter(values.values()))
         return values
 
-    def flow_for_input(self, context: InputContext) -> FlowRef:
-        """The flow an input reads: named in the upstream asset's metadata (an external flow),
-        else the handle its materialization stored."""
+    def flows_for_input(self, context: InputContext) -> dict[str | None, FlowRef]:
+        """The flow(s) an input reads, by upstream partition (None: not partitioned): named
+        in the upstream asset's metadata (an external flow), else the handles its
+        materializations stored."""
         upstream = context.upstream_output
         meta = upstream.definition_metadata if upstream is not None else {}
-        if meta and FLOW_QUEUE in meta and FLOW_PARENT_ID in meta:
-            return FlowRef(str(_raw(meta[FLOW_QUEUE])), str(_raw(meta[FLOW_PARENT_ID])))
-        identifier = _input_identifier(context)
-        flow = read_handle(self.echomq.client, identifier)
-        if flow is None:
+        if meta and FLOW_QUEUE in meta:
+            return {None: _named_flow(context, meta)}
+        if context.has_asset_key and context.has_asset_partitions:
+            keys: list[str | None] = list(context.asset_partition_keys)
+        else:
+            keys = [None]
+        found: dict[str | None, FlowRef] = {}
+        for key in keys:
+            identifier = _identifier(context, key)
+            flow = read_handle(self.client, identifier)
+            if flow is None:
+                raise InvalidInput(
+                    f"no EchoMQ flow stored for {'/'.join(identifier)!r} under prefix "
+                    f"{self.prefix!r}: materialize the upstream asset first, or name the "
+                    f"flow in its metadata ({FLOW_QUEUE!r}, {FLOW_PARENT_ID!r})"
+                )
+            found[key] = flow
+        return found
+
+    # -- helpers --------------------------------------------------------------------------
+    def _settle(self, context: InputContext | OutputContext, flow: FlowRef) -> FlowSnapshot:
+        """Wait (pumping) until ``flow`` settles; in a re-executed run, repair it once first
+        if it failed; cancel it if the wait times out or the step is interrupted."""
+        client = self.client
+        queues = client.child_queues(flow.queue, flow.parent_id)
+        snap = client.snapshot(flow.queue, flow.parent_id)
+        if snap.outcome in ("failed", "cancelled") and self.repair_on_reexecution:
+            parent_run = _parent_run_id(context)
+            if parent_run is not None:
+                repaired = client.retry_flow(flow.queue, flow.parent_id)
+                context.log.info(
+                    f"EchoMQ flow {flow.parent_id} {snap.outcome} in an earlier run "
+                    f"({parent_run}): repaired, {repaired.requeued} children run again"
+                )
+        try:
+            with self.pumping(queues):
+                return wait_settled(
+                    client,
+                    flow,
+                    timeout=self.wait_timeout,
+                    stall_timeout=self.stall_timeout,
+                    poll=self.poll_interval,
+                    log=context.log,
+                    log_every=self.log_every,
+                    queues=queues,
+                )
+        except FlowTimeout:
+            self._cancel(context, flow, "the wait for it timed out")
+            raise
+        except Exception:
+            raise
+        except BaseException:  # the step was terminated (Dagster interrupts it) or killed
+            self._cancel(context, flow, "the step was terminated while waiting")
+            raise
+
+    def _cancel(self, context: InputContext | OutputContext, flow: FlowRef, why: str) -> None:
+        if not self.cancel_on_failure:
+            return
+        reason = f"dagster run {_run_id(context)}: {why}"
+        state = self.client.cancel_flow(flow.queue, flow.parent_id, reason=reason).state
+        context.log.warning(f"EchoMQ flow {flow.parent_id} {state}: {why}")
+
+    def _observe(
+        self, context: InputContext, key: str | None, meta: dict[str, Any], text: str
+    ) -> None:
+        """An observation of the upstream asset recorded at once (also when the load then
+        fails, and for one partition of several, which add_input_metadata cannot do)."""
+        if not context.has_asset_key:
+            return
+        event = AssetObservation(
+            asset_key=context.asset_key, partition=key, metadata=meta, description=text
+        )
+        context.instance.report_runless_asset_event(event)
+
+    def _read(self, flow: FlowRef, close: bool) -> dict[str, Any]:
+        values = dict(self.client.iter_children_values(flow.queue, flow.parent_id, page=self.page))
+        if close:
+            self.client.close_flow(flow.queue, flow.parent_id)
+        return values
+
+    def _stream(self, flow: FlowRef, close: bool) -> Iterator[tuple[str, Any]]:
+        """The results page by page; the flow is closed once the iterator is exhausted. It
+        opens its own client: the step's may be closed before a lazy consumer finishes."""
+        client = self.open_client()
+        try:
+            yield from client.iter_children_values(flow.queue, flow.parent_id, page=self.page)
+            if close:
+                client.close_flow(flow.queue, flow.parent_id)
+        finally:
+            client.close()
+
+
+def _output_flows(context: OutputContext, obj: Any) -> dict[str | None, FlowRef]:
+    """The flows an output stores, by partition (None: not partitioned)."""
+    partitioned = context.has_asset_key and context.has_asset_partitions
+    keys = list(context.asset_partition_keys) if partitioned else []
+    if isinstance(obj, Mapping) and not _looks_like_ref(obj):
+        if not partitioned:
             raise InvalidInput(
-                f"no EchoMQ flow stored for {'/'.join(identifier)!r} under prefix "
-                f"{self.echomq.prefix!r}: materialize the upstream asset first, or name the "
-                f"flow in its metadata ({FLOW_QUEUE!r}, {FLOW_PARENT_ID!r})"
+                "a mapping of partition keys to flows needs a partitioned asset; return the "
+                "FlowRef of the one flow instead"
             )
-        return flow
+        got: dict[str | None, FlowRef] = {str(k): _as_flow(v) for k, v in obj.items()}
+        named = sorted(str(k) for k in got)
+        if named != sorted(keys):
+            raise InvalidInput(
+                f"the flows returned are for partitions {named[:5]}, but this step "
+                f"covers {sorted(keys)[:5]} ({len(keys)} in all): return one flow per partition "
+                "of context.partition_keys"
+            )
+        return got
+    flow = _as_flow(obj)
+    if not partitioned:
+        return {None: flow}
+    if len(keys) != 1:
+        raise InvalidInput(
+            f"this step covers {len(keys)} partitions: return {{partition key: FlowRef}}, one "
+            "flow per partition (run_scoped_id(context, partition_key=key) gives each its id)"
+        )
+    return {keys[0]: flow}
+
+
+def _keyed(flows: Mapping[str | None, FlowRef]) -> dict[str, FlowRef]:
+    return {str(k): f for k, f in flows.items() if k is not None}
+
+
+def _named_flow(context: InputContext, meta: Mapping[str, Any]) -> FlowRef:
+    """The flow an external ``AssetSpec`` names; with only a queue, the run's flow."""
+    queue = str(_raw(meta[FLOW_QUEUE]))
+    if FLOW_PARENT_ID in meta:
+        return FlowRef(queue, str(_raw(meta[FLOW_PARENT_ID])))
+    tags = _run_tags(context)
+    if tags.get(FLOW_QUEUE) != queue or FLOW_PARENT_ID not in tags:
+        raise InvalidInput(
+            f"the asset names EchoMQ queue {queue!r} but no flow: it is read by runs that an "
+            f"echomq_flow_sensor watching queues=[{queue!r}] launched (their tags name the "
+            f"flow); this run's tags name {tags.get(FLOW_QUEUE)!r}/{tags.get(FLOW_PARENT_ID)!r}"
+        )
+    return FlowRef(queue, tags[FLOW_PARENT_ID])
+
+
+def _wants_stream(context: InputContext, *, partitioned: bool) -> bool:
+    """Whether the input is annotated :class:`FlowStream` (or, read over several partitions,
+    ``dict[str, FlowStream]``)."""
+    typ = context.dagster_type.typing_type
+    if partitioned and typing.get_origin(typ) in (dict, collections.abc.Mapping):
+        args = typing.get_args(typ)
+        typ = args[1] if len(args) == 2 else Any
+    return isinstance(typ, type) and issubclass(typ, FlowStream)
+
+
+def _run_tags(context: InputContext) -> Mapping[str, str]:
+    try:
+        return context.step_context.dagster_run.tags
+    except Exception:  # a context built outside a run (build_input_context) has no step
+        return {}
+
+
+def _parent_run_id(context: InputContext | OutputContext) -> str | None:
+    try:
+        return context.step_context.dagster_run.parent_run_id
+    except Exception:
+        return None
+
+
+def _run_id(context: InputContext | OutputContext) -> str:
+    try:
+        return context.step_context.run_id
+    except Exception:
+        return "(outside a run)"
+
+
+def _identifier(context: InputContext | OutputContext, partition: str | None) -> Sequence[str]:
+    """Where the handle of one output partition lives: the asset key path plus the
+    partition (what ``get_asset_identifier`` gives a one-partition step); an op output's
+    run-scoped identifier."""
+    if context.has_asset_key:
+        path = list(context.asset_key.path)
+        return path if partition is None else [*path, partition]
+    return context.get_identifier()
 
 
 def _raw(value: Any) -> Any:
@@ -197,22 +396,17 @@ def _raw(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
+def _looks_like_ref(obj: Mapping[Any, Any]) -> bool:
+    return "queue" in obj and "parent_id" in obj
+
+
 def _as_flow(obj: Any) -> FlowRef:
     if isinstance(obj, FlowRef):
         return obj
-    if isinstance(obj, Mapping) and "queue" in obj and "parent_id" in obj:
+    if isinstance(obj, Mapping) and _looks_like_ref(obj):
         return FlowRef.from_dict(dict(obj))
     raise InvalidInput(
         "an asset stored with EchoMQIOManager must return a FlowRef (from add_flow) or its "
-        f"to_dict(), got {type(obj).__name__}"
+        f"to_dict(), or for several partitions {{partition key: FlowRef}}; got "
+        f"{type(obj).__name__}"
     )
-
-
-def _output_identifier(context: OutputContext) -> Sequence[str]:
-    return context.get_asset_identifier() if context.has_asset_key else context.get_identifier()
-
-
-def _input_identifier(context: InputContext) -> Sequence[str]:
-    if context.has_asset_key:
-        return context.get_asset_identifier()
-    return context.get_identifier()

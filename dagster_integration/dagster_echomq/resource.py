@@ -10,107 +10,55 @@ Using::
         return echomq.add_flow("reports", children, parent_id=echomq.run_scoped_id(context))
 
     defs = Definitions(assets=[measurements, ...],
-                       resources={"echomq": echomq, "echomq_io": EchoMQIOManager(echomq=echomq)})
+                       resources={"echomq": echomq,
+                                  "echomq_io": EchoMQIOManager.from_resource(echomq)})
 
 Lifecycle: Dagster calls :meth:`setup_for_execution` once per run and per process (once for
 the in-process executor, once per step process under the multiprocess executor), and
-:meth:`teardown_after_execution` afterwards, even when the step failed. Setup opens a client
-and, unless ``run_pump`` is off, starts a Pump thread; teardown stops and joins the thread and
-closes the clients. Runtime state lives only in private attributes, so the resource stays a
+:meth:`teardown_after_execution` afterwards, even when the step failed. Setup opens a client;
+teardown closes it. Runtime state lives only in private attributes, so the resource stays a
 plain, serialisable piece of config.
 
-Why the resource runs a Pump at all: a child in another queue than its parent settles the
-parent only when a Pump delivers its signal. A run that adds a flow and then waits for it
-(the IO manager's ``load_input``) would otherwise depend on a Pump deployed somewhere else;
-with this resource the run carries its own, and extra Pumps are harmless (outbox leases make
-them take turns).
+Why a step runs a Pump while it waits: a child in another queue than its parent settles the
+parent only when a Pump delivers its signal. A step that waits for a flow (the IO manager's
+``load_input``, :meth:`EchoMQResource.wait`) would otherwise depend on a Pump deployed
+somewhere else; so it runs one for the queues of that flow's children (read from the flow's
+row, ``EchoMQ.child_queues``), for as long as it waits, and no other queue of the keyspace.
+Extra Pumps are harmless (outbox leases make them take turns). ``pump_queues`` instead runs
+one Pump for the whole run on the queues it names. A flow released while no run waits for it
+(the sensor path) is pumped by the sensor itself, or by a long-lived ``echomq pump`` (see the
+README's deploying note).
 
-Why the Pump is shared per process: the IO manager holds the resource as a nested field, so a
-step that uses both the resource and the IO manager sets up two instances of it. Both would
-otherwise start a Pump on the same keyspace in the same process. :class:`_PumpShare` counts
-the instances that set up with the same server, prefix and Pump options, starts one thread
-for the first and stops it with the last.
+Why the Pump is shared per process: two waits of one process on flows with the same child
+queues (two inputs, two partitions) would otherwise start two Pumps on the same outboxes.
+:class:`_PumpShare` counts the users of each (server, prefix, queues, Pump options) key,
+starts one thread for the first and stops it with the last.
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from dagster import (
     AssetExecutionContext,
+    Config,
     ConfigurableResource,
     InitResourceContext,
     OpExecutionContext,
 )
 from pydantic import Field, PrivateAttr
 
-from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, Pump
+from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
 from echomq_core.keyspace import id_part
 from echomq_core.options import PumpOptions, describe
 
+from .pumps import _PumpShare
+
 #: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``).
 _ID_TAIL_MAX = 200
-
-
-@dataclass
-class _Shared:
-    pump: Pump
-    client: EchoMQ
-    users: int
-
-
-class _PumpShare:
-    """One Pump thread per process for each (server, prefix, Pump options) key."""
-
-    _lock = threading.Lock()
-    _live: dict[tuple[Any, ...], _Shared] = {}
-
-    @classmethod
-    def acquire(cls, key: tuple[Any, ...], make: Callable[[], tuple[EchoMQ, Pump]]) -> Pump:
-        """Join the Pump for ``key``, starting it with ``make() -> (client, Pump)`` if none."""
-        with cls._lock:
-            shared = cls._live.get(key)
-            if shared is None:
-                client, pump = make()
-                try:
-                    pump.start()
-                except BaseException:
-                    client.close()
-                    raise
-                shared = cls._live[key] = _Shared(pump, client, 0)
-            shared.users += 1
-            return shared.pump
-
-    @classmethod
-    def release(cls, key: tuple[Any, ...], timeout: float) -> bool:
-        """Leave the Pump for ``key``; the last user stops and joins it. Returns whether the
-        thread is gone (False only if it outlived ``timeout``)."""
-        with cls._lock:
-            shared = cls._live.get(key)
-            if shared is None:
-                return True
-            shared.users -= 1
-            if shared.users > 0:
-                return True
-            del cls._live[key]
-        thread = _thread_named(shared.pump.id)
-        shared.pump.stop(timeout)
-        shared.client.close()
-        return thread is None or not thread.is_alive()
-
-    @classmethod
-    def live_pumps(cls) -> list[str]:
-        """The ids of the Pumps this process runs now (for tests and diagnostics)."""
-        with cls._lock:
-            return [shared.pump.id for shared in cls._live.values()]
-
-
-def _thread_named(name: str) -> threading.Thread | None:
-    return next((t for t in threading.enumerate() if t.name == name), None)
 
 
 def _pump_field(name: str, **override: Any) -> Any:
@@ -122,13 +70,14 @@ def _pump_field(name: str, **override: Any) -> Any:
     )
 
 
-# ConfigurableResource is generic only for typing; Dagster documents it unsubscripted.
-class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
-    """An EchoMQ client for assets and ops, with a Pump running for the length of the run.
+class EchoMQConfig(Config):
+    """The settings :class:`EchoMQResource` and :class:`~dagster_echomq.EchoMQIOManager` share:
+    where the server is, the key prefix, and how a Pump runs while a step waits for a flow.
 
-    Offers what an asset needs to fan work out and read it back: :meth:`add_flow`,
-    :meth:`snapshot`, :meth:`wait`, :meth:`children_values`, :meth:`failed_children`,
-    :meth:`ignored_failures`, and :attr:`client` for anything else.
+    Both classes carry these fields themselves (rather than the IO manager nesting the
+    resource): a nested resource is set up a second time inside the IO manager, and on
+    Dagster 1.13 that path goes through the deprecated ``InitResourceContext.dagster_run``.
+    ``EchoMQIOManager.from_resource(echomq)`` copies them, ``EnvVar`` values included.
     """
 
     url: str = Field(
@@ -148,13 +97,14 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
     )
     run_pump: bool = Field(
         default=True,
-        description="Run a Pump thread during the run, so children in other queues than their "
-        "parent settle it even if no Pump is deployed elsewhere.",
+        description="Run a Pump thread while a step waits for a flow (and, with pump_queues, "
+        "for the whole run), so children in other queues than their parent settle it even "
+        "if no Pump is deployed elsewhere.",
     )
     pump_queues: list[str] | None = Field(
         default=None,
-        description="Queues the Pump serves; unset: every queue in the keyspace's registry, "
-        "re-read every pump_discover_every seconds.",
+        description="Queues the run's Pump serves, for the whole run; unset: while a step "
+        "waits for a flow, the queues of that flow's children (read from the server).",
     )
     # The Pump's settings: defaults and descriptions come from echomq_core.options.PumpOptions
     # (the same ones `echomq pump` offers), except the lease (see its description).
@@ -165,15 +115,84 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
         default=3.0,
         description="Seconds an outbox lease lasts: how soon another Pump takes over the outbox "
         "of one that stopped or died. Shorter than a standalone Pump's 10 s because run Pumps "
-        "stop at the end of every step process and the next one waits out the lease.",
+        "stop at the end of every wait and the next one waits out the lease.",
     )
     pump_interval: float = _pump_field("interval")
     pump_max_stalls: int = _pump_field("max_stalls")
     pump_discover_every: float = _pump_field("discover_every")
     pump_stop_timeout: float = Field(
         default=10.0,
-        description="Seconds teardown waits for the Pump thread to finish its tick and exit.",
+        description="Seconds a stopping Pump is given to finish its tick and exit.",
     )
+
+    def open_client(self) -> EchoMQ:
+        """A new client for this server and prefix; the caller closes it."""
+        return EchoMQ(self.url, cluster=self.cluster, prefix=self.prefix)
+
+    def pump_options(self) -> PumpOptions:
+        """The ``pump_*`` fields as the core's :class:`~echomq_core.options.PumpOptions`
+        (checked there: a bad value raises ``InvalidArgument`` naming it)."""
+        return PumpOptions(
+            page=self.pump_page,
+            max_tries=self.pump_max_tries,
+            lease=self.pump_lease,
+            interval=self.pump_interval,
+            max_stalls=self.pump_max_stalls,
+            discover_every=self.pump_discover_every,
+        )
+
+    def pump_key(self, queues: Sequence[str] | None) -> tuple[Any, ...]:
+        """What makes two Pumps of one process the same one (see :class:`_PumpShare`)."""
+        return (
+            self.url,
+            self.cluster,
+            self.prefix,
+            tuple(sorted(set(queues))) if queues is not None else None,
+            self.pump_options(),
+        )
+
+    def make_pump(self, queues: Sequence[str] | None) -> tuple[EchoMQ, Pump]:
+        """A client and a (not started) Pump serving ``queues`` (None: every queue)."""
+        client = self.open_client()
+        try:
+            pump = Pump(
+                client,
+                sorted(set(queues)) if queues is not None else None,
+                options=self.pump_options(),
+                pump_id="dagster-pump-" + uuid.uuid4().hex[:12],
+            )
+        except BaseException:
+            client.close()
+            raise
+        return client, pump
+
+    @contextmanager
+    def pumping(self, queues: Sequence[str]) -> Iterator[Pump | None]:
+        """Run a Pump for ``queues`` (``pump_queues`` if set) for the length of the block,
+        shared with any other block of this process that pumps the same queues. Nothing
+        (None) when ``run_pump`` is off or there is no queue to serve."""
+        chosen = list(self.pump_queues) if self.pump_queues is not None else list(queues)
+        if not self.run_pump or not chosen:
+            yield None
+            return
+        key = self.pump_key(chosen)
+        pump = _PumpShare.acquire(key, lambda: self.make_pump(chosen))
+        try:
+            yield pump
+        finally:
+            _PumpShare.release(key, self.pump_stop_timeout)
+
+
+# ConfigurableResource is generic only for typing; Dagster documents it unsubscripted.
+class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-arg]
+    """An EchoMQ client for assets and ops, with a Pump while the run waits for flows.
+
+    Offers what an asset needs to fan work out and read it back: :meth:`add_flow`,
+    :meth:`snapshot`, :meth:`wait`, :meth:`children_values`, :meth:`failed_children`,
+    :meth:`ignored_failures`, :meth:`close_flow`, :meth:`cancel_flow`, and :attr:`client`
+    for anything else. In a sensor, declare it as a parameter (``echomq: EchoMQResource``):
+    Dagster then hands the sensor the configured resource, ``EnvVar`` values resolved.
+    """
 
     _client: EchoMQ | None = PrivateAttr(default=None)
     _pump: Pump | None = PrivateAttr(default=None)
@@ -182,18 +201,19 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
     # -- lifecycle ------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._client = self.open_client()
-        if not self.run_pump:
-            return
+        if not self.run_pump or self.pump_queues is None:
+            return  # Pumps start per wait, for the queues of the flow waited on
+        queues = list(self.pump_queues)
         try:
-            self._pump_key = self._share_key()
-            self._pump = _PumpShare.acquire(self._pump_key, self._make_pump)
+            self._pump_key = self.pump_key(queues)
+            self._pump = _PumpShare.acquire(self._pump_key, lambda: self.make_pump(queues))
         except BaseException:
             # Dagster does not call teardown when setup raises: undo here.
             self._client.close()
             self._client, self._pump_key = None, None
             raise
         if context.log is not None:
-            context.log.debug(f"EchoMQ pump {self._pump.id} serving prefix {self.prefix!r}")
+            context.log.debug(f"EchoMQ pump {self._pump.id} serving {queues}")
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         try:
@@ -210,51 +230,7 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
                 self._client.close()
                 self._client = None
 
-    def _share_key(self) -> tuple[Any, ...]:
-        return (
-            self.url,
-            self.cluster,
-            self.prefix,
-            tuple(self.pump_queues) if self.pump_queues is not None else None,
-            self.pump_page,
-            self.pump_max_tries,
-            self.pump_lease,
-            self.pump_interval,
-            self.pump_max_stalls,
-            self.pump_discover_every,
-        )
-
-    def pump_options(self) -> PumpOptions:
-        """The ``pump_*`` fields as the core's :class:`~echomq_core.options.PumpOptions`
-        (checked there: a bad value raises ``InvalidArgument`` naming it)."""
-        return PumpOptions(
-            page=self.pump_page,
-            max_tries=self.pump_max_tries,
-            lease=self.pump_lease,
-            interval=self.pump_interval,
-            max_stalls=self.pump_max_stalls,
-            discover_every=self.pump_discover_every,
-        )
-
-    def _make_pump(self) -> tuple[EchoMQ, Pump]:
-        client = self.open_client()
-        try:
-            pump = Pump(
-                client,
-                self.pump_queues,
-                options=self.pump_options(),
-                pump_id="dagster-pump-" + uuid.uuid4().hex[:12],
-            )
-        except BaseException:
-            client.close()
-            raise
-        return client, pump
-
     # -- clients --------------------------------------------------------------------------
-    def open_client(self) -> EchoMQ:
-        """A new client for this resource's server and prefix; the caller closes it."""
-        return EchoMQ(self.url, cluster=self.cluster, prefix=self.prefix)
-
     @property
     def client(self) -> EchoMQ:
         """The run's client. Outside a run (the resource used directly, in a script or a
@@ -288,15 +264,18 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
         parent_id: str | None = None,
         max_attempts: int = 3,
         barrier: bool = True,
+        repair: bool = True,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle (see ``EchoMQ.add_flow``).
 
         Pass ``parent_id=self.run_scoped_id(context)`` so a retried step re-adds the same flow
-        (adds converge by id) instead of fanning the work out twice. ``barrier`` (True): the
-        flow is read by a downstream asset, not run by a worker; the IO manager closes it
-        once it has read it (then its ``closed`` retention runs).
+        (adds converge by id) instead of fanning the work out twice. If that flow had failed
+        or was cancelled (the step's first attempt, or a terminated run, left it so), the
+        re-add repairs it (``retry_flow``: dead and cancelled children run again, completed
+        ones keep their values) unless ``repair`` is off. ``barrier`` (True): the flow is read
+        by a downstream asset, not run by a worker; the IO manager closes it once read.
         """
-        return self.client.add_flow(
+        ref = self.client.add_flow(
             queue,
             list(children),
             payload=payload,
@@ -304,13 +283,22 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
             max_attempts=max_attempts,
             barrier=barrier,
         )
+        if (
+            repair
+            and parent_id is not None
+            and self.snapshot(ref).outcome in ("failed", "cancelled")
+        ):
+            self.client.retry_flow(ref.queue, ref.parent_id)
+        return ref
 
     def snapshot(self, flow: FlowRef) -> FlowSnapshot:
         return self.client.snapshot(flow.queue, flow.parent_id)
 
     def wait(self, flow: FlowRef, *, timeout: float = 60.0, poll: float = 0.2) -> FlowSnapshot:
-        """Block until the parent is released; raises ``ParentFailed`` / ``FlowTimeout``."""
-        return self.client.wait(flow.queue, flow.parent_id, timeout=timeout, poll=poll)
+        """Block until the parent is released, pumping the queues of its children meanwhile;
+        raises ``ParentFailed`` (``FlowCancelled``) / ``FlowTimeout`` as ``EchoMQ.wait``."""
+        with self.pumping(self.client.child_queues(flow.queue, flow.parent_id)):
+            return self.client.wait(flow.queue, flow.parent_id, timeout=timeout, poll=poll)
 
     def children_values(self, flow: FlowRef) -> dict[str, Any]:
         """Child id -> result, for every child that completed (read in pages)."""
@@ -322,10 +310,29 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
     def ignored_failures(self, flow: FlowRef) -> dict[str, str]:
         return self.client.ignored_failures(flow.queue, flow.parent_id)
 
+    def close_flow(self, flow: FlowRef) -> str:
+        """Done reading a released barrier flow: its ``closed`` retention starts."""
+        return self.client.close_flow(flow.queue, flow.parent_id)
+
+    def cancel_flow(self, flow: FlowRef, reason: str = "") -> str:
+        """Cancel the flow: no child that has not started will start; the new state."""
+        return self.client.cancel_flow(flow.queue, flow.parent_id, reason=reason).state
+
     @staticmethod
-    def run_scoped_id(context: AssetExecutionContext | OpExecutionContext, *parts: str) -> str:
+    def run_scoped_id(
+        context: AssetExecutionContext | OpExecutionContext,
+        *parts: str,
+        partition_key: str | None = None,
+    ) -> str:
         """A parent id stable across retries of one step and distinct across runs:
-        ``JOB-dagster.<run id>.<asset key or op name>[.<partition>][.<parts>...]``."""
+        ``JOB-dagster.<run id>.<asset key or op name>[.<partition>][.<parts>...]``.
+
+        A step over one partition puts it in the id by itself. A step over several (a
+        single-run backfill of a range) adds one flow per partition: pass each one's
+        ``partition_key`` (one of ``context.partition_keys``); without it the id would be
+        the same for all of them, so that is refused (``InvalidInput``) before anything is
+        added.
+        """
         if isinstance(context, AssetExecutionContext):
             context = context.op_execution_context
         if context.has_assets_def and len(context.assets_def.keys) == 1:
@@ -333,8 +340,29 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
         else:
             name = context.op_def.name
         tail = [context.run_id, name]
-        if context.has_partition_key:
+        if partition_key is not None:
+            partitioned = context.has_partition_key_range or context.has_partition_key
+            if partitioned and partition_key not in context.partition_keys:
+                raise InvalidInput(
+                    f"partition_key {partition_key!r} is not one of this step's "
+                    f"partitions ({_keys_text(context.partition_keys)})"
+                )
+            tail.append(partition_key)
+        elif context.has_partition_key_range and len(context.partition_keys) != 1:
+            raise InvalidInput(
+                f"this step covers {len(context.partition_keys)} partitions "
+                f"({_keys_text(context.partition_keys)}): add one flow per partition, "
+                "passing run_scoped_id(context, partition_key=key) for each"
+            )
+        elif context.has_partition_key:
             tail.append(context.partition_key)
+        elif context.has_partition_key_range:
+            tail.append(context.partition_keys[0])
         tail += parts
         joined = ".".join(id_part(p) for p in ["dagster", *tail])
         return "JOB-" + id_part(joined, _ID_TAIL_MAX)
+
+
+def _keys_text(keys: Sequence[str]) -> str:
+    shown = ", ".join(keys[:3])
+    return shown + (f", ... {len(keys) - 3} more" if len(keys) > 3 else "")

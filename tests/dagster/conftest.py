@@ -71,7 +71,7 @@ def workers(spawn: Callable[..., subprocess.Popen[bytes]]) -> Callable[..., obje
 @pytest.fixture(autouse=True)
 def no_pump_left_behind() -> Iterator[None]:
     """Every test ends with no resource Pump registered and no Pump thread alive."""
-    from dagster_echomq.resource import _PumpShare
+    from dagster_echomq.pumps import _PumpShare
 
     yield
     deadline = time.monotonic() + 5

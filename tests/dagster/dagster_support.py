@@ -39,3 +39,17 @@ def load_example(monkeypatch: pytest.MonkeyPatch, url: str, prefix: str, n: int)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def evaluate_sensor(
+    sensor: Any, instance: Any, cursor: str | None, resources: Any, definitions: Any = None
+) -> Any:
+    """One evaluation of ``sensor`` as the daemon runs it: resources set up (EnvVar values
+    resolved) and torn down around it. ``definitions`` (needed for partitioned run requests):
+    the Definitions the sensor belongs to."""
+    from dagster import build_sensor_context
+
+    with build_sensor_context(
+        instance=instance, cursor=cursor, resources=resources, definitions=definitions
+    ) as context:
+        return sensor.evaluate_tick(context)

@@ -16,8 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
-from dagster_support import EXAMPLE_DIR, ROOT, client_url, load_example, pump_threads
+from dagster import AssetKey, DagsterInstance, materialize
+from dagster_support import (
+    EXAMPLE_DIR,
+    ROOT,
+    client_url,
+    evaluate_sensor,
+    load_example,
+    pump_threads,
+)
 
 from echomq_core import EchoMQ
 
@@ -65,18 +72,39 @@ def test_example_materializes_in_process(
     assert set(values) == {f"{flow.parent_id}.{i}" for i in range(2 * N)}
     upstream = result.asset_materializations_for_node("measurements")[0].metadata
     assert upstream["N"].value == 2 * N
+    assert upstream["echomq/parent_id"].value == flow.parent_id
+    assert "processed" not in upstream  # counts are recorded when the flow settles, not here
     observed = result.asset_observations_for_node("summary")[0]
     assert observed.asset_key == AssetKey("measurements")
     counts = {k: observed.metadata[k].value for k in ("N", "processed", "ignored", "failed")}
     assert counts == {"N": 2 * N, "processed": 2 * N, "ignored": 0, "failed": 0}
+    with EchoMQ(url, prefix=prefix) as mq:
+        assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "closed"
     assert pump_threads() == []
 
-    # The example's sensor watches the flow that materialization stored: one run, once.
+    # The example's sensor watches the flows of measurements. The one above was read (and
+    # closed) by summary in the same run: it never requests a run, even on a first tick.
     sensor = example.defs.resolve_sensor_def("reports_released")
-    first = sensor.evaluate_tick(build_sensor_context(instance=instance))
-    assert [r.run_key for r in first.run_requests or []] == [flow.parent_id]
-    again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor))
-    assert not again.run_requests
+    sensor_resources = {"echomq": resources["echomq"]}  # its url is EnvVar("ECHOMQ_URL")
+
+    def tick(cursor: str | None) -> Any:
+        return evaluate_sensor(sensor, instance, cursor, sensor_resources)
+
+    first = tick(None)
+    assert not first.run_requests
+    # A flow nobody read yet: one run, once.
+    alone = materialize([example.measurements], resources=resources, instance=instance)
+    unread = alone.output_for_node("measurements")
+    cursor = first.cursor
+    requested: list[str | None] = []
+    deadline = time.monotonic() + 60
+    while not requested:
+        assert time.monotonic() < deadline, "the sensor never requested the unread flow"
+        result = tick(cursor)
+        cursor = result.cursor
+        requested += [r.run_key for r in result.run_requests or []]
+    assert requested == [unread.parent_id]
+    assert not tick(cursor).run_requests
 
 
 @pytest.mark.onlystandalone
@@ -98,29 +126,37 @@ def test_example_materializes_under_multiprocess_cli(
         "DAGSTER_HOME": str(home),
     }
 
-    started = time.monotonic()
-    run = subprocess.run(
-        [
-            DAGSTER,
-            "asset",
-            "materialize",
-            "-f",
-            str(EXAMPLE_DIR / "definitions.py"),
-            "--select",
-            "*",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert "multiprocess executor" in run.stderr
-    assert "RUN_SUCCESS" in run.stderr
+    def materialize_cli(*args: str) -> str:
+        run = subprocess.run(
+            [DAGSTER, "asset", "materialize", "-f", str(EXAMPLE_DIR / "definitions.py"), *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        assert "multiprocess executor" in run.stderr
+        assert "RUN_SUCCESS" in run.stderr
+        return run.stderr
+
+    materialize_cli("--select", "measurements,summary")
     with open(home / "storage" / "summary", "rb") as fh:
         assert pickle.load(fh) == expected_summary(N)
-    assert time.monotonic() - started < 150
+
+    # A range of two daily partitions in one run (single-run backfill policy): one flow per
+    # day, and the downstream gets each day's values.
+    log = materialize_cli(
+        "--select", "day_numbers,day_summary", "--partition-range", "2026-11-01...2026-11-02"
+    )
+    with EchoMQ(url, prefix=prefix) as mq:
+        closed = mq.list_flows("example-reports", "closed")
+    days = sorted(f.parent_id.rsplit(".", 1)[1] for f in closed if ".day_numbers." in f.parent_id)
+    assert days == ["2026-11-01", "2026-11-02"]
+    assert all(f.total == 2 * N for f in closed)
+    for day in (1, 2):
+        squares = sum((day + i) ** 2 for i in range(N))
+        assert f"'example-squares': {squares}" in log
 
 
 def test_example_passes_definitions_validate(proc_env: dict[str, str], tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from dagster_echomq import (
     FlowFailedError,
     flow_metadata,
 )
-from dagster_echomq.resource import _PumpShare
+from dagster_echomq.pumps import _PumpShare
 from dagster_support import client_url, pump_threads
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
@@ -57,11 +57,11 @@ def fan_out_assets(n: int = N, fail: set[int] | None = None) -> list[Any]:
 
 
 def resources(url: str, prefix: str, **io_options: Any) -> dict[str, Any]:
-    pump_on = io_options.pop("run_pump", True)
-    echomq = EchoMQResource(url=url, prefix=prefix, run_pump=pump_on, pump_discover_every=0.2)
+    shared = {k: io_options.pop(k) for k in ("run_pump", "pump_queues") if k in io_options}
+    echomq = EchoMQResource(url=url, prefix=prefix, **shared)
     return {
         "echomq": echomq,
-        "echomq_io": EchoMQIOManager(echomq=echomq, poll_interval=0.05, **io_options),
+        "echomq_io": EchoMQIOManager.from_resource(echomq, poll_interval=0.05, **io_options),
     }
 
 
@@ -85,7 +85,7 @@ def test_cross_queue_flow_completes_only_through_the_resource_pump(
     # finish every child, yet the parent stays held and the downstream load times out.
     stuck = materialize(
         assets,
-        resources=resources(url, prefix, run_pump=False, wait_timeout=3.0),
+        resources=resources(url, prefix, run_pump=False, wait_timeout=3.0, cancel_on_failure=False),
         instance=instance,
         raise_on_error=False,
     )
@@ -184,11 +184,11 @@ def test_external_flow_feeds_an_asset(
 
 
 @pytest.mark.onlystandalone
-def test_pump_runs_for_the_run_and_stops_after_it_even_when_a_step_fails(
+def test_pump_queues_run_one_pump_for_the_run_and_stop_after_it_even_when_a_step_fails(
     backend: Any, prefix: str, instance: DagsterInstance
 ) -> None:
-    """The resource and the IO manager's nested resource both set up in this process: they
-    share one Pump thread, which teardown stops and joins although the step raised."""
+    """With pump_queues, the resource runs one Pump on those queues for the whole run, and
+    teardown stops and joins it although the step raised."""
     seen: dict[str, Any] = {}
 
     @asset(io_manager_key="echomq_io")
@@ -197,14 +197,19 @@ def test_pump_runs_for_the_run_and_stops_after_it_even_when_a_step_fails(
         seen["pump"] = echomq.pump.id
         seen["threads"] = pump_threads()
         seen["live"] = _PumpShare.live_pumps()
+        seen["queues"] = echomq.pump.fixed
         raise RuntimeError("step fails after the pump started")
 
     url = client_url(backend)
     result = materialize(
-        [probe], resources=resources(url, prefix), instance=instance, raise_on_error=False
+        [probe],
+        resources=resources(url, prefix, pump_queues=[CHILD]),
+        instance=instance,
+        raise_on_error=False,
     )
     assert not result.success
     assert seen["threads"] == seen["live"] == [seen["pump"]]
+    assert seen["queues"] == [CHILD]
     assert seen["pump"] not in [t.name for t in threading.enumerate()]
     assert pump_threads() == []
 
@@ -304,4 +309,4 @@ def test_wait_on_output_records_final_counts_on_the_upstream(
         instance=instance,
     )
     meta = done.asset_materializations_for_node("fan_out")[0].metadata
-    assert (meta["N"].value, meta["processed"].value, meta["outstanding"].value) == (4, 4, 0)
+    assert (meta["N"].value, meta["processed"].value, meta["outcome"].value) == (4, 4, "released")

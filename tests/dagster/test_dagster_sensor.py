@@ -6,10 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from dagster import DagsterInstance, asset, build_sensor_context
+from dagster import DagsterInstance, asset
 from dagster_echomq import EchoMQResource, echomq_flow_sensor, flow_from_tags
 from dagster_echomq.sensor import parse_cursor
-from dagster_support import client_url
+from dagster_support import client_url, evaluate_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef, ParentFailed, Pump
 
@@ -50,15 +50,15 @@ def test_sensor_requests_exactly_one_run_per_released_flow(
         sensor = echomq_flow_sensor(
             name="flows_released",
             target=report,
-            echomq=EchoMQResource(url=url, prefix=prefix),
             flows=lambda context, client: list(watched),
         )
+        resources = {"echomq": EchoMQResource(url=url, prefix=prefix)}
         requested: Counter[str] = Counter()
         cursor: str | None = None
 
         def evaluate() -> list[str]:
             nonlocal cursor
-            tick = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor))
+            tick = evaluate_sensor(sensor, instance, cursor, resources)
             cursor = tick.cursor
             keys = [r.run_key for r in tick.run_requests or []]
             for request in tick.run_requests or []:
@@ -86,7 +86,7 @@ def test_sensor_requests_exactly_one_run_per_released_flow(
         assert requested == Counter({"JOB-a": 1, "JOB-b": 1, "JOB-c": 1})
         # the cursor holds the settled flows (failed included), not the unknown one
         settled = {(PARENT, p) for p in ("JOB-a", "JOB-b", "JOB-c", "JOB-d")}
-        assert parse_cursor(cursor) == settled
+        assert {tuple(p) for p in parse_cursor(cursor)["settled"]} == settled
 
         # A flow added later under the watched id is picked up on a later evaluation.
         late = mq.add_flow(PARENT, [Child({"n": 1}, queue="sn-a")], parent_id=not_yet.parent_id)
@@ -97,7 +97,7 @@ def test_sensor_requests_exactly_one_run_per_released_flow(
         # The cursor keeps only flows still watched, so it stays as small as the list.
         watched.remove(a)
         assert evaluate() == []
-        assert (PARENT, "JOB-a") not in parse_cursor(cursor)
+        assert [PARENT, "JOB-a"] not in parse_cursor(cursor)["settled"]
     finally:
         pump.stop()
         mq.close()

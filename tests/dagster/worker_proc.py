@@ -4,10 +4,14 @@
 
 Each handler returns ``{"queue", "n", "value": n * n}`` for a payload ``{"n": n}``; a payload
 with ``"fail": true`` raises :class:`Unrecoverable`, so the child dies at once (and a
-fail-the-parent child fails its parent). SIGTERM drains and stops.
+fail-the-parent child fails its parent); so does one with ``"fail_unless": PATH`` while no file
+is at PATH (a failure a test then repairs); ``"sleep": S`` makes it run S seconds first.
+SIGTERM drains and stops.
 """
 
+import os
 import sys
+import time
 from typing import Any
 
 from echomq_core import EchoMQ, Job, Unrecoverable, Worker
@@ -16,8 +20,11 @@ from echomq_core import EchoMQ, Job, Unrecoverable, Worker
 def handle(job: Job) -> dict[str, Any]:
     payload = job.payload or {}
     n = int(payload.get("n", 0))
+    time.sleep(float(payload.get("sleep", 0)))
     if payload.get("fail"):
         raise Unrecoverable(f"child {n} refused on purpose")
+    if payload.get("fail_unless") and not os.path.exists(payload["fail_unless"]):
+        raise Unrecoverable(f"child {n} refused until {payload['fail_unless']} exists")
     return {"queue": job.queue, "n": n, "value": n * n}
 
 

@@ -1,0 +1,244 @@
+"""Reading a flow from Dagster: where its handle lives, how a step waits for it, what
+metadata it leaves. Shared by the IO manager and the sensor.
+
+Handles: an asset's flow is stored in the EchoMQ server as the named reference
+``dagster:<asset key>[/<partition>]`` (key ``<prefix>:ref:dagster:...``, see
+``EchoMQ.save_ref``; it is deleted with its flow when the flow expires), one per partition.
+The handle lives in the server rather than on a local disk so that any process that reaches
+the flow reaches its handle: a step process of the multiprocess executor, a container of a
+Kubernetes executor, a later run, the sensor.
+
+Waiting (:func:`wait_settled`) polls the flow's snapshot until it is released, failed or
+cancelled, and logs progress every ``log_every`` seconds. It gives up with the core's
+``FlowTimeout`` after ``timeout`` seconds in all, or sooner when for ``stall_timeout`` seconds
+no child settled and no job of the children's queues was running (leased) - the usual reason
+is that no worker serves those queues, and the error names them rather than blocking the step
+for the full timeout. Children that run long (leased, no settle yet) are not a stall.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from dagster import DagsterLogManager, Failure, MetadataValue
+
+from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, JobNotFound, ParentFailed
+
+#: Keys naming a flow: in an ``AssetSpec``'s definition metadata (an external flow, see
+#: :func:`flow_metadata`), in a materialization's metadata, and in a sensor's run tags.
+FLOW_QUEUE = "echomq/queue"
+FLOW_PARENT_ID = "echomq/parent_id"
+#: Materialization metadata of a partitioned asset: {partition key: parent id} (one flow each).
+FLOW_PARTITIONS = "echomq/flows"
+#: How many child ids (with their errors) metadata and errors show at most.
+SHOWN_CHILDREN = 20
+
+
+class FlowFailedError(ParentFailed, Failure):
+    """Raised when a flow an asset depends on has a failed parent (a fail-the-parent child
+    died) or was cancelled. ``failed`` maps each failed child id to its error.
+
+    It is the core's :class:`ParentFailed` (``except ParentFailed`` catches it) and a Dagster
+    ``Failure``, so Dagster fails the step at once - no retry policy can revive a failed
+    parent; re-executing the run from failure repairs it instead (see the IO manager) - and
+    shows the failed children as metadata of the step failure.
+    """
+
+    def __init__(
+        self, queue: str, parent_id: str, failed: Mapping[str, str], reason: str | None = None
+    ) -> None:
+        super().__init__(queue, parent_id, dict(failed))
+        if reason:
+            self.args = (f"{self.args[0]}; cancelled: {reason}",)
+            self.description = self.args[0]
+        # Failure.__init__ ran through the MRO with the message as description; its metadata
+        # is what the UI shows next to the step failure.
+        self.metadata = {
+            "queue": MetadataValue.text(queue),
+            "parent_id": MetadataValue.text(parent_id),
+            "failed_count": MetadataValue.int(len(self.failed)),
+            "failed_children": MetadataValue.json(capped(self.failed)),
+        }
+        if reason:
+            self.metadata["cancelled"] = MetadataValue.text(reason)
+        self.allow_retries = False
+
+
+class FlowStream(Iterator[tuple[str, Any]]):
+    """A flow's results as an iterator of ``(child id, result)``, read from the server one
+    page (``EchoMQIOManager.page`` results) at a time, so memory stays flat at any N. Annotate
+    an input with it to get one. Iterate it once; the flow is closed (when the IO manager
+    closes what it reads) once it is exhausted. ``total`` / ``processed``: the flow's counts."""
+
+    def __init__(self, flow: FlowRef, snap: FlowSnapshot, pages: Iterator[tuple[str, Any]]):
+        self.flow = flow
+        self.total = snap.total
+        self.processed = snap.processed
+        self._pages = pages
+
+    def __next__(self) -> tuple[str, Any]:
+        return next(self._pages)
+
+    def __repr__(self) -> str:
+        return f"FlowStream({self.flow.queue!r}, {self.flow.parent_id!r}, total={self.total})"
+
+
+def flow_metadata(queue: str, parent_id: str | None = None) -> dict[str, str]:
+    """Definition metadata for an ``AssetSpec`` that stands for a flow added outside
+    Dagster::
+
+        AssetSpec("nightly_scores", metadata=flow_metadata("scores", "JOB-nightly-42"))
+            .with_io_manager_key("echomq_io")
+
+    Without ``parent_id`` the spec stands for whichever flow of ``queue`` a run was launched
+    for: an ``echomq_flow_sensor`` watching ``queues=[queue]`` puts it in the run's tags.
+    """
+    meta = {FLOW_QUEUE: queue}
+    if parent_id is not None:
+        meta[FLOW_PARENT_ID] = parent_id
+    return meta
+
+
+def handle_name(identifier: Sequence[str]) -> str:
+    """The name the handle of one asset partition (or op output) is stored under."""
+    return "dagster:" + "/".join(identifier)
+
+
+def store_handle(client: EchoMQ, identifier: Sequence[str], flow: FlowRef) -> None:
+    client.save_ref(handle_name(identifier), flow)
+
+
+def read_handle(client: EchoMQ, identifier: Sequence[str]) -> FlowRef | None:
+    """The flow last stored for ``identifier``, or None if nothing was stored."""
+    return client.load_ref(handle_name(identifier))
+
+
+def capped(children: Mapping[str, str]) -> dict[str, str]:
+    """At most :data:`SHOWN_CHILDREN` child ids with their errors (cut to 300 characters)."""
+    return {k: v[:300] for k, v in sorted(children.items())[:SHOWN_CHILDREN]}
+
+
+def added_metadata(flow: FlowRef, snap: FlowSnapshot) -> dict[str, Any]:
+    """What is true of a flow when it is added: where it is and how many children it has."""
+    return {
+        FLOW_QUEUE: flow.queue,
+        FLOW_PARENT_ID: flow.parent_id,
+        "N": MetadataValue.int(snap.total),
+    }
+
+
+def settled_metadata(client: EchoMQ, snap: FlowSnapshot) -> dict[str, Any]:
+    """A settled flow's final counts, and the ids and errors of the children that failed
+    it or whose failure was ignored (at most :data:`SHOWN_CHILDREN` each)."""
+    meta: dict[str, Any] = {
+        FLOW_QUEUE: snap.queue,
+        FLOW_PARENT_ID: snap.parent_id,
+        "outcome": snap.outcome,
+        "N": MetadataValue.int(snap.total),
+        "processed": MetadataValue.int(snap.processed),
+        "ignored": MetadataValue.int(snap.ignored),
+        "failed": MetadataValue.int(snap.failed),
+        "repairs": MetadataValue.int(snap.repairs),
+    }
+    if snap.ignored:
+        meta["ignored_children"] = MetadataValue.json(
+            capped(client.ignored_failures(snap.queue, snap.parent_id))
+        )
+    if snap.failed:
+        meta["failed_children"] = MetadataValue.json(
+            capped(client.failed_children(snap.queue, snap.parent_id))
+        )
+    if snap.outcome == "cancelled" and snap.error:
+        meta["cancelled"] = snap.error
+    return meta
+
+
+def flow_error(client: EchoMQ, snap: FlowSnapshot) -> FlowFailedError:
+    """The error for a flow that failed or was cancelled."""
+    failed = client.failed_children(snap.queue, snap.parent_id)
+    reason = snap.error if snap.outcome == "cancelled" else None
+    return FlowFailedError(snap.queue, snap.parent_id, failed, reason or None)
+
+
+def wait_settled(
+    client: EchoMQ,
+    flow: FlowRef,
+    *,
+    timeout: float,
+    stall_timeout: float,
+    poll: float,
+    log: DagsterLogManager | None = None,
+    log_every: float = 10.0,
+    queues: Sequence[str] = (),
+) -> FlowSnapshot:
+    """Poll until ``flow`` is released, failed or cancelled; return that snapshot.
+
+    Raises ``JobNotFound`` at once if there is no such flow (expired, or another prefix),
+    ``FlowTimeout`` after ``timeout`` s, or after ``stall_timeout`` s without a child
+    settling (the message names the children's ``queues``)."""
+    started = progressed = time.monotonic()
+    next_log = started + log_every
+    last = -1
+    while True:
+        snap = client.snapshot(flow.queue, flow.parent_id)
+        if snap.outcome == "missing":
+            raise JobNotFound(
+                f"no flow {flow.parent_id} in {flow.queue!r} under prefix "
+                f"{client.keys.prefix!r}: never added there, or expired"
+            )
+        if snap.outcome != "waiting":
+            return snap
+        now = time.monotonic()
+        if snap.settled + snap.failed != last:
+            last, progressed = snap.settled + snap.failed, now
+        if log is not None and now >= next_log:
+            next_log = now + log_every
+            log.info(
+                f"EchoMQ flow {flow.parent_id}: {snap.settled}/{snap.total} children settled "
+                f"({snap.processed} processed, {snap.ignored} ignored), "
+                f"{snap.dependencies} outstanding after {now - started:.0f}s"
+            )
+        where = f" in {', '.join(queues)}" if queues else ""
+        if now - progressed >= stall_timeout and _busy(client, queues):
+            progressed = now  # children are running (long ones): not a stall
+        if now - progressed >= stall_timeout:
+            raise FlowTimeout(
+                f"flow {flow.parent_id} in {flow.queue!r}: no child settled for "
+                f"{stall_timeout}s ({snap.dependencies} outstanding{where}); are workers "
+                "running for those queues, and a Pump if they differ from the parent's?"
+            )
+        if now - started >= timeout:
+            raise FlowTimeout(
+                f"flow {flow.parent_id} in {flow.queue!r} not released after {timeout}s "
+                f"({snap.dependencies} outstanding{where})"
+            )
+        time.sleep(poll)
+
+
+def _busy(client: EchoMQ, queues: Sequence[str]) -> bool:
+    """Whether some worker holds a job of ``queues`` now (a lease is running)."""
+    return any(client.queue(q).stats()["active"] > 0 for q in queues)
+
+
+def wait_released(client: EchoMQ, flow: FlowRef, *, timeout: float, poll: float) -> FlowSnapshot:
+    """Wait until ``flow`` is released; :class:`FlowFailedError` if it failed or was
+    cancelled (:func:`wait_settled` without a stall limit or logging)."""
+    snap = wait_settled(client, flow, timeout=timeout, stall_timeout=timeout, poll=poll)
+    if snap.outcome != "released":
+        raise flow_error(client, snap)
+    return snap
+
+
+def encode_partitions(flows: Mapping[str, FlowRef]) -> str:
+    return json.dumps({k: [f.queue, f.parent_id] for k, f in sorted(flows.items())})
+
+
+def decode_partitions(raw: Any) -> dict[str, FlowRef]:
+    """The inverse of :func:`encode_partitions` (metadata may arrive wrapped or plain)."""
+    data = json.loads(getattr(raw, "value", raw) if not isinstance(raw, str) else raw)
+    if isinstance(data, str):
+        data = json.loads(data)
+    return {str(k): FlowRef(str(v[0]), str(v[1])) for k, v in data.items()}

@@ -1,0 +1,319 @@
+"""The flow lifecycle as the IO manager and the resource drive it: metadata when a flow
+settles, a stalled wait that cancels its flow, repair on re-execution and on re-add, a
+streamed input, Pumps that serve only the flow's queues. Real Dagster, server and workers."""
+
+# No ``from __future__ import annotations``: Dagster reads the asset functions' annotations.
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    ReexecutionOptions,
+    asset,
+    execute_job,
+    materialize,
+    reconstructable,
+)
+from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowStream
+from dagster_echomq.pumps import _PumpShare
+from dagster_support import client_url
+
+from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
+
+PARENT, CHILD = "lc-parent", "lc-child"
+
+
+def resources(url: str, prefix: str, **io_options: Any) -> dict[str, Any]:
+    echomq = EchoMQResource(url=url, prefix=prefix)
+    options = {"poll_interval": 0.05, **io_options}
+    return {"echomq": echomq, "echomq_io": EchoMQIOManager.from_resource(echomq, **options)}
+
+
+def fan_assets(children: Callable[[], list[Child]], reader: Callable[..., Any]) -> list[Any]:
+    @asset(io_manager_key="echomq_io")
+    def fan(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        return echomq.add_flow(PARENT, children(), parent_id=echomq.run_scoped_id(context))
+
+    return [fan, reader]
+
+
+@pytest.mark.onlystandalone
+def test_ignored_and_failed_children_are_recorded_when_the_flow_settles(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+
+    @asset
+    def read(fan: dict[str, Any]) -> int:
+        return len(fan)
+
+    def ignoring() -> list[Child]:
+        return [
+            Child({"n": i, "fail": i == 1}, queue=CHILD, ignore_dependency_on_failure=i == 1)
+            for i in range(4)
+        ]
+
+    done = materialize(
+        fan_assets(ignoring, read), resources=resources(url, prefix), instance=instance
+    )
+    assert done.output_for_node("read") == 3
+    flow: FlowRef = done.output_for_node("fan")
+    (observed,) = done.asset_observations_for_node("read")  # of the upstream, in the run
+    assert observed.asset_key == AssetKey("fan")
+    meta = {k: v.value for k, v in observed.metadata.items()}
+    assert (meta["N"], meta["processed"], meta["ignored"], meta["failed"]) == (4, 3, 1, 0)
+    assert list(meta["ignored_children"]) == [f"{flow.parent_id}.1"]
+    assert "refused on purpose" in meta["ignored_children"][f"{flow.parent_id}.1"]
+
+    def failing() -> list[Child]:
+        return [Child({"n": i, "fail": i == 2}, queue=CHILD) for i in range(4)]
+
+    failed = materialize(
+        fan_assets(failing, read),
+        resources=resources(url, prefix),
+        instance=instance,
+        raise_on_error=False,
+    )
+    assert not failed.success
+    bad: FlowRef = failed.output_for_node("fan")
+    # The load failed, yet the upstream got its observation: failed, naming the child.
+    records = instance.fetch_observations(AssetKey("fan"), limit=5).records
+    latest = next(r.asset_observation for r in records if r.asset_observation is not None)
+    assert (
+        latest.metadata["parent_id"].value == bad.parent_id
+        if "parent_id" in latest.metadata
+        else True
+    )
+    assert latest.metadata["echomq/parent_id"].value == bad.parent_id
+    assert latest.metadata["outcome"].value == "failed"
+    assert list(latest.metadata["failed_children"].value) == [f"{bad.parent_id}.2"]
+
+
+@pytest.mark.onlystandalone
+def test_a_stalled_wait_fails_fast_names_the_queues_and_cancels_the_flow(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    """No worker serves the children: the load gives up after stall_timeout (not the hour of
+    wait_timeout), says which queues have no progress, and cancels the flow."""
+    url = client_url(backend)
+
+    @asset
+    def read(fan: dict[str, Any]) -> int:
+        return len(fan)
+
+    with pytest.raises(FlowTimeout, match=f"no child settled for 1.0s .*in {CHILD}"):
+        materialize(
+            fan_assets(lambda: [Child({"n": 1}, queue=CHILD)], read),
+            resources=resources(url, prefix, stall_timeout=1.0),
+            instance=instance,
+        )
+    with EchoMQ(url, prefix=prefix) as mq:
+        (cancelled,) = mq.list_flows(PARENT, "cancelled")
+        snap = mq.snapshot(PARENT, cancelled.parent_id)
+    assert snap.outcome == "cancelled"
+    assert snap.error is not None and "timed out" in snap.error and "dagster run" in snap.error
+
+
+@pytest.mark.onlystandalone
+def test_children_that_run_long_are_not_a_stall(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """No child settles for longer than stall_timeout, but they are running: the load waits."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    with EchoMQ(url, prefix=prefix) as mq:  # the worker is up (its start is no stall test)
+        warm = mq.add_flow(CHILD, [Child({"n": 0})])  # same queue: settles with no Pump
+        mq.wait(CHILD, warm.parent_id, timeout=60, poll=0.05)
+
+    @asset
+    def read(fan: dict[str, Any]) -> int:
+        return len(fan)
+
+    result = materialize(
+        fan_assets(lambda: [Child({"n": i, "sleep": 3}, queue=CHILD) for i in range(2)], read),
+        resources=resources(url, prefix, stall_timeout=1.0),
+        instance=instance,
+    )
+    assert result.output_for_node("read") == 2
+
+
+@pytest.mark.onlystandalone
+def test_reexecution_from_failure_repairs_the_flow(
+    backend: Any,
+    prefix: str,
+    workers: Callable[..., Any],
+    instance: DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from reexec_job import PARENT as RX_PARENT
+    from reexec_job import make_job
+
+    url = client_url(backend)
+    marker = tmp_path / "fixed"
+    monkeypatch.setenv("ECHOMQ_REEXEC_URL", url)
+    monkeypatch.setenv("ECHOMQ_REEXEC_PREFIX", prefix)
+    monkeypatch.setenv("ECHOMQ_REEXEC_MARKER", str(marker))
+    workers(url, prefix, "rx-child")
+
+    first = execute_job(reconstructable(make_job), instance, raise_on_error=False)
+    assert not first.success
+    (failure,) = [e for e in first.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    assert failure.step_key == "flaky_sum"
+    assert failure.step_failure_data.error.cls_name == "FlowFailedError"
+    with EchoMQ(url, prefix=prefix) as mq:
+        (flow,) = mq.list_flows(RX_PARENT, "failed")
+
+    marker.touch()  # what made child 1 die is fixed; re-execute the run from its failure
+    options = ReexecutionOptions.from_failure(first.run_id, instance)
+    again = execute_job(reconstructable(make_job), instance, reexecution_options=options)
+    assert again.success
+    (summed,) = again.asset_materializations_for_node("flaky_sum")
+    assert summed.metadata["sum"].value == sum(i * i for i in range(4))
+    with EchoMQ(url, prefix=prefix) as mq:
+        snap = mq.snapshot(RX_PARENT, flow.parent_id)  # the same flow, repaired, read
+    assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", 1, 4)
+
+
+@pytest.mark.onlystandalone
+def test_re_adding_a_failed_flow_repairs_it(
+    backend: Any, prefix: str, workers: Callable[..., Any], tmp_path: Path
+) -> None:
+    """A retried step re-adds its flow under the same id: a failed one is repaired."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    marker = tmp_path / "fixed"
+    echomq = EchoMQResource(url=url, prefix=prefix)
+    children = [
+        Child({"n": i, "fail_unless": str(marker) if i else ""}, queue=CHILD) for i in range(3)
+    ]
+    try:
+        flow = echomq.add_flow(PARENT, children, parent_id="JOB-readd")
+        with pytest.raises(ParentFailed):
+            echomq.wait(flow, timeout=30, poll=0.05)
+        marker.touch()
+        assert echomq.add_flow(PARENT, children, parent_id="JOB-readd") == flow
+        snap = echomq.wait(flow, timeout=30, poll=0.05)
+        assert (snap.outcome, snap.repairs, snap.processed) == ("released", 1, 3)
+    finally:
+        echomq.close()
+
+
+@pytest.mark.onlystandalone
+def test_a_streamed_input_reads_page_by_page_and_closes_the_flow_after(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    seen: dict[str, Any] = {}
+
+    @asset
+    def read(context: AssetExecutionContext, fan: FlowStream) -> int:
+        seen["type"] = type(fan).__name__
+        seen["total"] = fan.total
+        first = next(fan)
+        with EchoMQ(url, prefix=prefix) as mq:  # not closed until the iterator is exhausted
+            seen["state_midway"] = mq.snapshot(PARENT, first[0].rsplit(".", 1)[0]).parent_state
+        return 1 + sum(1 for _ in fan)
+
+    result = materialize(
+        fan_assets(lambda: [Child({"n": i}, queue=CHILD) for i in range(25)], read),
+        resources=resources(url, prefix, page=4),
+        instance=instance,
+    )
+    assert result.output_for_node("read") == 25
+    assert (seen["type"], seen["total"]) == ("FlowStream", 25)
+    assert seen["state_midway"] == "released"
+    flow: FlowRef = result.output_for_node("fan")
+    with EchoMQ(url, prefix=prefix) as mq:
+        assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "closed"
+
+
+@pytest.mark.onlystandalone
+def test_a_waiting_step_pumps_only_the_queues_of_its_flow(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    url = client_url(backend)
+    workers(url, prefix, CHILD, "lc-other")
+    with EchoMQ(url, prefix=prefix) as mq:  # another queue of the keyspace, with its outbox
+        mq.add_flow("lc-elsewhere", [Child({"n": 1}, queue="lc-other")], parent_id="JOB-other")
+    served: set[tuple[str, ...]] = set()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            with _PumpShare._lock:
+                served.update(tuple(key[3]) for key in _PumpShare._live)
+            stop.wait(0.005)
+
+    @asset
+    def read(fan: dict[str, Any]) -> int:
+        return len(fan)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        result = materialize(
+            fan_assets(lambda: [Child({"n": i}, queue=CHILD) for i in range(5)], read),
+            resources=resources(url, prefix),
+            instance=instance,
+        )
+    finally:
+        stop.set()
+        sampler.join()
+    assert result.output_for_node("read") == 5
+    assert served == {(CHILD,)}
+    with EchoMQ(url, prefix=prefix) as mq:
+        assert mq.snapshot("lc-elsewhere", "JOB-other").parent_state == "held"  # not pumped
+
+
+@pytest.mark.onlystandalone
+def test_the_cancel_sensor_cancels_what_a_failed_run_left_unread(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    """The upstream stored its flow, another step of the run failed, nobody read the flow:
+    the run failure sensor cancels it (children that have not started never start)."""
+    from dagster import DagsterRunStatus, build_run_status_sensor_context
+    from dagster_echomq import echomq_cancel_sensors
+
+    url = client_url(backend)
+
+    @asset
+    def boom() -> None:
+        raise RuntimeError("an unrelated step fails")
+
+    @asset
+    def read(fan: dict[str, Any]) -> int:  # never materialized here: not selected
+        return len(fan)
+
+    fan, _ = fan_assets(lambda: [Child({"n": i}, queue=CHILD) for i in range(3)], read)
+    result = materialize(
+        [fan, boom], resources=resources(url, prefix), instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    flow: FlowRef = result.output_for_node("fan")
+    failed_sensor, terminated_sensor = echomq_cancel_sensors()
+    assert terminated_sensor.name == "echomq_cancel_terminated"
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
+    with build_run_status_sensor_context(
+        sensor_name=failed_sensor.name,
+        dagster_event=event,
+        dagster_instance=instance,
+        dagster_run=run,
+        resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
+    ) as context:
+        failed_sensor(context.for_run_failure())
+    with EchoMQ(url, prefix=prefix) as mq:
+        snap = mq.snapshot(flow.queue, flow.parent_id)
+        assert snap.outcome == "cancelled"
+        assert snap.error == f"dagster run {result.run_id} failed"
+        assert mq.queue(CHILD).stats()["pending"] == 0  # its children will never start
