@@ -164,10 +164,14 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 snap = self._settle(context, flow)
                 if snap.outcome != "released":
                     raise flow_error(client, snap)
-                metadata.update(settled_metadata(client, snap))
+                metadata.update(
+                    settled_metadata(client, snap, self.flow_page(flow.queue, flow.parent_id))
+                )
             else:
                 snap = client.snapshot(flow.queue, flow.parent_id)
-                metadata.update(added_metadata(flow, snap))
+                metadata.update(
+                    added_metadata(flow, snap, self.flow_page(flow.queue, flow.parent_id))
+                )
             total += snap.total
         if len(flows) > 1 or None not in flows:
             metadata = {"N": total, FLOW_PARTITIONS: encode_partitions(_keyed(flows))}
@@ -184,7 +188,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         values: dict[str | None, Any] = {}
         for key, flow in flows.items():
             snap = self._settle(context, flow)
-            meta = settled_metadata(self.client, snap)
+            meta = settled_metadata(self.client, snap, self.flow_page(flow.queue, flow.parent_id))
             if snap.outcome != "released":
                 self._observe(context, key, meta, "EchoMQ flow did not complete")
                 raise flow_error(self.client, snap)

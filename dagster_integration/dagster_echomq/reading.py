@@ -121,16 +121,22 @@ def capped(children: Mapping[str, str]) -> dict[str, str]:
     return {k: v[:300] for k, v in sorted(children.items())[:SHOWN_CHILDREN]}
 
 
-def added_metadata(flow: FlowRef, snap: FlowSnapshot) -> dict[str, Any]:
-    """What is true of a flow when it is added: where it is and how many children it has."""
-    return {
+def added_metadata(flow: FlowRef, snap: FlowSnapshot, page: str | None = None) -> dict[str, Any]:
+    """What is true of a flow when it is added: where it is and how many children it has
+    (and its dashboard page, when one is configured)."""
+    meta: dict[str, Any] = {
         FLOW_QUEUE: flow.queue,
         FLOW_PARENT_ID: flow.parent_id,
         "N": MetadataValue.int(snap.total),
     }
+    if page:
+        meta["flow_page"] = MetadataValue.url(page)
+    return meta
 
 
-def settled_metadata(client: EchoMQ, snap: FlowSnapshot) -> dict[str, Any]:
+def settled_metadata(
+    client: EchoMQ, snap: FlowSnapshot, page: str | None = None
+) -> dict[str, Any]:
     """A settled flow's final counts, and the ids and errors of the children that failed
     it or whose failure was ignored (at most :data:`SHOWN_CHILDREN` each)."""
     meta: dict[str, Any] = {
@@ -153,6 +159,8 @@ def settled_metadata(client: EchoMQ, snap: FlowSnapshot) -> dict[str, Any]:
         )
     if snap.outcome == "cancelled" and snap.error:
         meta["cancelled"] = snap.error
+    if page:
+        meta["flow_page"] = MetadataValue.url(page)
     return meta
 
 

@@ -54,6 +54,7 @@ from pydantic import Field, PrivateAttr
 from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
 from echomq_core.keyspace import id_part
 from echomq_core.options import PumpOptions, describe
+from echomq_core.urls import flow_page
 
 from .pumps import _PumpShare
 
@@ -124,6 +125,18 @@ class EchoMQConfig(Config):
         default=10.0,
         description="Seconds a stopping Pump is given to finish its tick and exit.",
     )
+    dashboard_url: str | None = Field(
+        default=None,
+        description="Where an EchoMQ dashboard serves this keyspace (`echomq dashboard`, e.g. "
+        "http://127.0.0.1:8787, or Airflow's api-server URL + /echomq); set, every flow's "
+        "materialization and input metadata links to its page (flow_page).",
+    )
+
+    def flow_page(self, queue: str, parent_id: str) -> str | None:
+        """The flow's page in the dashboard, if ``dashboard_url`` is set."""
+        if not self.dashboard_url:
+            return None
+        return flow_page(self.dashboard_url, queue, parent_id)
 
     def open_client(self) -> EchoMQ:
         """A new client for this server and prefix; the caller closes it."""

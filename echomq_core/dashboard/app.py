@@ -42,6 +42,7 @@ from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..metrics import QueueCollector
 from ..pump import poison_replay
+from ..urls import FLOW_ROUTE, flow_page
 from . import reads
 from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
 
@@ -159,7 +160,7 @@ class Dashboard:
             f=found,
             s=s,
             cursor=_int_param(request, "cursor", 0, 2**63),
-            live=f"api/flow/{quote(s.queue, safe='')}/{quote(s.parent_id, safe='')}",
+            live=flow_page("api", s.queue, s.parent_id),
         )
 
     def api_flow(self, request: Request) -> Response:
@@ -220,7 +221,7 @@ class Dashboard:
     def _flow_ids(self, request: Request) -> tuple[str, str, str]:
         queue = check_queue(request.path_params["queue"])
         pid = check_job_id(request.path_params["parent_id"])
-        return queue, pid, f"flow/{quote(queue, safe='')}/{quote(pid, safe='')}"
+        return queue, pid, flow_page("", queue, pid).lstrip("/")
 
     async def cancel(self, request: Request) -> Response:
         queue, pid, back = self._flow_ids(request)
@@ -339,7 +340,7 @@ def create_app(
 
         return endpoint
 
-    flow = "/flow/{queue}/{parent_id}"
+    flow = FLOW_ROUTE
     routes = [
         Route("/", sync(d.overview)),
         Route("/flows", sync(d.flows)),

@@ -310,3 +310,39 @@ def test_wait_on_output_records_final_counts_on_the_upstream(
     )
     meta = done.asset_materializations_for_node("fan_out")[0].metadata
     assert (meta["N"].value, meta["processed"].value, meta["outcome"].value) == (4, 4, "released")
+
+
+@pytest.mark.onlystandalone
+def test_metadata_links_each_flow_to_its_dashboard_page(
+    backend: Any,
+    prefix: str,
+    workers: Callable[..., Any],
+    instance: DagsterInstance,
+    proc_env: dict[str, str],
+) -> None:
+    """With ``dashboard_url`` set, the upstream's materialization and the downstream's input
+    metadata carry ``flow_page``: the flow's page on a real ``echomq dashboard`` process."""
+    from tests.dashkit import Dashboard
+
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    dash = Dashboard(url, prefix, proc_env)
+    try:
+        echomq = EchoMQResource(url=url, prefix=prefix, dashboard_url=dash.base)
+        io = EchoMQIOManager.from_resource(echomq, poll_interval=0.05)
+        done = materialize(
+            fan_out_assets(n=3), resources={"echomq": echomq, "echomq_io": io}, instance=instance
+        )
+        meta = done.asset_materializations_for_node("fan_out")[0].metadata
+        page = meta["flow_page"].value
+        parent_id = meta["echomq/parent_id"].value
+        assert page == echomq.flow_page(PARENT, parent_id)
+        assert page.startswith(dash.base + "/flow/")
+        shown = dash.get(page.removeprefix(dash.base))
+        assert shown.status == 200 and parent_id in shown.body
+        # the downstream's load records the settled flow, its page included
+        observed = [e.asset_observation_data.asset_observation.metadata for e in done.all_events
+                    if e.event_type == DagsterEventType.ASSET_OBSERVATION]  # fmt: skip
+        assert [m["flow_page"].value for m in observed if "flow_page" in m] == [page]
+    finally:
+        dash.stop()

@@ -11,9 +11,10 @@ declares in ``operator_extra_links``) and serves them from XCom; so the classes 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
+
+from echomq_core.urls import flow_page
 
 from .._compat import conf
 
@@ -24,9 +25,7 @@ URL_PREFIX = "/echomq"
 def flow_url(queue: str, parent_id: str) -> str:
     """The flow's page in the mounted dashboard (absolute when ``[api] base_url`` is set)."""
     base = conf.get("api", "base_url", fallback="") or ""
-    return (
-        f"{base.rstrip('/')}{URL_PREFIX}/flow/{quote(queue, safe='')}/{quote(parent_id, safe='')}"
-    )
+    return flow_page(base.rstrip("/") + URL_PREFIX, queue, parent_id)
 
 
 class EchoFlowLink(BaseOperatorLink):
