@@ -273,7 +273,9 @@ def sweep_cost(
     began = time.monotonic()
     passes = flows = rows = swept = 0
     while True:
-        stats = mq.run(sweep(mq.keys, [PARENTS, KIDS], "soak-sweeper", lease_ms=10_000, limit=200))
+        stats = mq.perform(
+            sweep(mq.keys, [PARENTS, KIDS], "soak-sweeper", lease_ms=10_000, limit=200)
+        )
         passes += 1
         flows += len(stats.flows)
         rows += stats.rows

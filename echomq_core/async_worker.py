@@ -238,7 +238,7 @@ class AsyncWorker:
                 name = names[(turn + step) % len(names)]
                 try:
                     sent = time.monotonic()
-                    jobs = await self.connection.run(self.queues[name].claim_op(want))
+                    jobs = await self.connection.perform(self.queues[name].claim_op(want))
                 except EchoMQError as exc:
                     if not self._stop.is_set():
                         log.warning("claim from %r failed: %s", name, exc)
@@ -287,7 +287,7 @@ class AsyncWorker:
                 return
             op = ops.wait_for_work(self.client.keys, self._wake, min(left, BLOCK_SLICE))
             try:
-                if await self.connection.run(op):
+                if await self.connection.perform(op):
                     return
             except EchoMQError as exc:
                 if not self._stop.is_set():
@@ -416,7 +416,7 @@ class AsyncWorker:
             by_queue.setdefault(item.queue, []).append(item)
         for name, items in by_queue.items():
             try:
-                held = await self.connection.run(self.queues[name].heartbeat_op(items))
+                held = await self.connection.perform(self.queues[name].heartbeat_op(items))
             except EchoMQError as exc:
                 log.warning("lease check for %r failed: %s", name, exc)
                 continue
@@ -471,10 +471,10 @@ class AsyncWorker:
         try:
             completed = settled = None
             if done:
-                completed = await self.connection.run(queue.settle_completed_op(done))
+                completed = await self.connection.perform(queue.settle_completed_op(done))
                 self.completed += sum(completed.statuses)
             if failed:
-                settled = await self.connection.run(queue.settle_failed_op(failed))
+                settled = await self.connection.perform(queue.settle_failed_op(failed))
                 self.failed += len(failed)
             fire_hooks(self.hooks, done, completed, failed, settled)
         except EchoMQError as exc:
@@ -495,7 +495,7 @@ class AsyncWorker:
                 by_queue.setdefault(job.queue, []).append(job)
         for name, items in by_queue.items():
             try:
-                await self.connection.run(self.queues[name].release_op(items))
+                await self.connection.perform(self.queues[name].release_op(items))
             except EchoMQError as exc:
                 log.warning(
                     "could not give back %d job(s) of %r (their leases will expire): %s",
@@ -514,7 +514,7 @@ class AsyncWorker:
                 by_queue.setdefault(job.queue, []).append(job)
             for name, items in by_queue.items():
                 try:
-                    held = await self.connection.run(self.queues[name].heartbeat_op(items))
+                    held = await self.connection.perform(self.queues[name].heartbeat_op(items))
                 except EchoMQError as exc:
                     log.warning("heartbeat for %r failed: %s", name, exc)
                     continue

@@ -153,9 +153,9 @@ class EchoMQ(_Base):
     def close(self) -> None:
         self.connection.close()
 
-    def run(self, op: Op[T]) -> T:
+    def perform(self, op: Op[T]) -> T:
         """Drive one operation on this client's connection."""
-        return self.connection.run(op)
+        return self.connection.perform(op)
 
     def register_queue(self, name: str) -> None:
         """Record ``name`` in the queue registry (once per process) so Pumps find it."""
@@ -229,7 +229,7 @@ class EchoMQ(_Base):
         new, op = self._add_op(
             queue, children, payload, parent_id, max_attempts, barrier, replace, self.unregistered
         )
-        ref = self.run(op)
+        ref = self.perform(op)
         self._registered.update(new)
         return ref
 
@@ -239,7 +239,7 @@ class EchoMQ(_Base):
         nothing. Returns the state after the call. :class:`JobNotFound` when there is no
         such flow (or it expired); :class:`FlowConflict` while it is still held."""
         self._check_flow(queue, parent_id)
-        return self.run(flows.close_flow(self.keys, queue, parent_id))
+        return self.perform(flows.close_flow(self.keys, queue, parent_id))
 
     def cancel_flow(
         self, queue: str, parent_id: str, *, reason: str = ""
@@ -253,7 +253,7 @@ class EchoMQ(_Base):
         is left as it is. See :mod:`echomq_core.lifecycle`."""
         self._check_flow(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
-        return self.run(op)
+        return self.perform(op)
 
     def retry_flow(
         self, queue: str, parent_id: str, *, ignored: bool = False
@@ -265,7 +265,7 @@ class EchoMQ(_Base):
         Idempotent: a repair cut short is completed by calling it again."""
         self._check_flow(queue, parent_id)
         op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
-        return self.run(op)
+        return self.perform(op)
 
     def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
@@ -273,46 +273,46 @@ class EchoMQ(_Base):
         """Root flows of ``queue`` (held, released, closed, failed; or one ``state``), oldest
         first in each state: a page of ``limit`` per state from ``offset``."""
         states, limit, offset = self._list_args(queue, state, limit, offset)
-        return self.run(flows.list_flows(self.keys, queue, states, offset=offset, limit=limit))
+        return self.perform(flows.list_flows(self.keys, queue, states, offset=offset, limit=limit))
 
     def retention(self, queue: str) -> dict[str, float | int | None]:
         """The queue's retention settings (seconds and counts; None: unlimited), as stored on
         the server or the defaults (see :mod:`echomq_core.retention`)."""
         check_queue(queue)
-        return self.run(retention.get_config(self.keys, queue))
+        return self.perform(retention.get_config(self.keys, queue))
 
     def set_retention(self, queue: str, **settings: float | int | None) -> None:
         """Change retention settings of ``queue`` on the server (every Pump applies them):
         ``completed_age=3600, failed_count=1000, unclosed_age=None`` ..."""
         check_queue(queue)
-        self.run(retention.set_config(self.keys, queue, settings))
+        self.perform(retention.set_config(self.keys, queue, settings))
         self.register_queue(queue)
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
-        return self.run(flows.children_values(self.keys, queue, parent_id, self.serializer))
+        return self.perform(flows.children_values(self.keys, queue, parent_id, self.serializer))
 
     def dependencies(self, queue: str, parent_id: str) -> int:
         self._check_flow(queue, parent_id)
-        return self.run(flows.dependencies(self.keys, queue, parent_id))
+        return self.perform(flows.dependencies(self.keys, queue, parent_id))
 
     def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
         self._check_flow(queue, parent_id)
-        return self.run(flows.ignored_failures(self.keys, queue, parent_id))
+        return self.perform(flows.ignored_failures(self.keys, queue, parent_id))
 
     def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
         self._check_flow(queue, parent_id)
-        return self.run(flows.failed_children(self.keys, queue, parent_id))
+        return self.perform(flows.failed_children(self.keys, queue, parent_id))
 
     def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         self._check_flow(queue, parent_id)
-        return self.run(flows.snapshot(self.keys, queue, parent_id))
+        return self.perform(flows.snapshot(self.keys, queue, parent_id))
 
     def child_queues(self, queue: str, parent_id: str) -> list[str]:
         """The queues of the flow's direct children ([] if there is no such flow): what a
         Pump must serve for their results to reach the parent."""
         self._check_flow(queue, parent_id)
-        return self.run(flows.child_queues(self.keys, queue, parent_id))
+        return self.perform(flows.child_queues(self.keys, queue, parent_id))
 
     def iter_children_values(
         self, queue: str, parent_id: str, *, page: int = 1000
@@ -322,7 +322,7 @@ class EchoMQ(_Base):
         key, cursor = self.keys.processed(queue, parent_id), 0
         check_int("page", page, 1, 100_000)
         while True:
-            cursor, items = self.run(flows.scan_page(key, cursor, page))
+            cursor, items = self.perform(flows.scan_page(key, cursor, page))
             for child_id, raw in items.items():
                 yield child_id, self.serializer.loads(raw)
             if cursor == 0:
@@ -330,11 +330,11 @@ class EchoMQ(_Base):
 
     def save_ref(self, name: str, ref: FlowRef) -> None:
         """Store a flow reference under ``name`` for another process to find (adapters)."""
-        self.run(flows.save_ref(self.keys, name, ref))
+        self.perform(flows.save_ref(self.keys, name, ref))
 
     def load_ref(self, name: str) -> FlowRef | None:
         """The flow reference stored under ``name``, or None."""
-        return self.run(flows.load_ref(self.keys, name))
+        return self.perform(flows.load_ref(self.keys, name))
 
     def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
@@ -397,12 +397,12 @@ class AsyncEchoMQ(_Base):
         _, op = self._add_op(
             queue, children, payload, parent_id, max_attempts, barrier, replace, sorted
         )
-        return await self.connection.run(op)
+        return await self.connection.perform(op)
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""
         self._check_flow(queue, parent_id)
-        return await self.connection.run(flows.close_flow(self.keys, queue, parent_id))
+        return await self.connection.perform(flows.close_flow(self.keys, queue, parent_id))
 
     async def cancel_flow(
         self, queue: str, parent_id: str, *, reason: str = ""
@@ -410,7 +410,7 @@ class AsyncEchoMQ(_Base):
         """As :meth:`EchoMQ.cancel_flow`."""
         self._check_flow(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
-        return await self.connection.run(op)
+        return await self.connection.perform(op)
 
     async def retry_flow(
         self, queue: str, parent_id: str, *, ignored: bool = False
@@ -418,38 +418,38 @@ class AsyncEchoMQ(_Base):
         """As :meth:`EchoMQ.retry_flow`."""
         self._check_flow(queue, parent_id)
         op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
-        return await self.connection.run(op)
+        return await self.connection.perform(op)
 
     async def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
     ) -> list[FlowSummary]:
         """As :meth:`EchoMQ.list_flows`."""
         states, limit, offset = self._list_args(queue, state, limit, offset)
-        return await self.connection.run(
+        return await self.connection.perform(
             flows.list_flows(self.keys, queue, states, offset=offset, limit=limit)
         )
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
-        return await self.connection.run(
+        return await self.connection.perform(
             flows.children_values(self.keys, queue, parent_id, self.serializer)
         )
 
     async def dependencies(self, queue: str, parent_id: str) -> int:
         self._check_flow(queue, parent_id)
-        return await self.connection.run(flows.dependencies(self.keys, queue, parent_id))
+        return await self.connection.perform(flows.dependencies(self.keys, queue, parent_id))
 
     async def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
         self._check_flow(queue, parent_id)
-        return await self.connection.run(flows.ignored_failures(self.keys, queue, parent_id))
+        return await self.connection.perform(flows.ignored_failures(self.keys, queue, parent_id))
 
     async def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
         self._check_flow(queue, parent_id)
-        return await self.connection.run(flows.failed_children(self.keys, queue, parent_id))
+        return await self.connection.perform(flows.failed_children(self.keys, queue, parent_id))
 
     async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         self._check_flow(queue, parent_id)
-        return await self.connection.run(flows.snapshot(self.keys, queue, parent_id))
+        return await self.connection.perform(flows.snapshot(self.keys, queue, parent_id))
 
     async def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2

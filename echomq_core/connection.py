@@ -497,7 +497,7 @@ class Connection:
     def __repr__(self) -> str:
         return f"Connection({self.where})"
 
-    def run(self, op: Op[T]) -> T:
+    def perform(self, op: Op[T]) -> T:
         """Run an operation to its end; each step costs one round trip (per node)."""
         try:
             step = next(op)
@@ -657,7 +657,7 @@ class AsyncConnection:
     def __repr__(self) -> str:
         return f"AsyncConnection({self.where})"
 
-    async def run(self, op: Op[T]) -> T:
+    async def perform(self, op: Op[T]) -> T:
         try:
             step = next(op)
             while True:

@@ -142,7 +142,7 @@ class QueueCollector(Collector):
     def read(self) -> list[QueueReading]:
         """Every queue's counts and the age of its outbox head (see the module doc)."""
         names = self.fixed if self.fixed is not None else self.client.queues()
-        pairs = self.client.run(read_queues(self.client.keys, names))
+        pairs = self.client.perform(read_queues(self.client.keys, names))
         now = self.clock()
         with self._lock:
             for reading, head in pairs:

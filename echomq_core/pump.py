@@ -289,7 +289,7 @@ class Pump:
         queues = self.queues(time.monotonic())
         if not queues:
             return TickStats()
-        stats = self.client.run(drain(self.client.keys, queues, self.id, page=self.page,
+        stats = self.client.perform(drain(self.client.keys, queues, self.id, page=self.page,
                                       lease_ms=self.lease_ms, max_tries=self.max_tries))
         now = time.monotonic()
         if now - self._maintained_at >= self.maintain_every:
@@ -298,13 +298,13 @@ class Pump:
             self._maintained_at = now
             keys = self.client.keys
             batch = min(self.page, 1000)  # Lua's unpack() bounds one script's batch
-            stats.promoted = self.client.run(ops.promote(keys, queues, batch))
-            stats.recovered, stats.dead = self.client.run(
+            stats.promoted = self.client.perform(ops.promote(keys, queues, batch))
+            stats.recovered, stats.dead = self.client.perform(
                 ops.recover(keys, queues, batch, self.max_stalls, self.client.serializer))
             stats.buried = len(stats.dead)
             if self.sweep_every is not None and now - self._swept_at >= self.sweep_every:
                 self._swept_at = now
-                swept = self.client.run(retention.sweep(keys, queues, self.id,
+                swept = self.client.perform(retention.sweep(keys, queues, self.id,
                                                         lease_ms=self.lease_ms, limit=200))
                 stats.swept = swept.swept
                 stats.expired = swept.flows

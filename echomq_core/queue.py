@@ -41,7 +41,7 @@ class QueueClient(Protocol):
 
     def encode(self, value: Any) -> bytes: ...
 
-    def run(self, op: Op[T]) -> T: ...
+    def perform(self, op: Op[T]) -> T: ...
 
     def unregistered(self, names: Iterable[str]) -> list[str]: ...
 
@@ -156,14 +156,15 @@ class Queue:
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         if rows:
             new = self.client.unregistered([self.name])
-            self.client.run(ops.add(self.client.keys, self.name, rows, check=check, new_queues=new))
+            add = ops.add(self.client.keys, self.name, rows, check=check, new_queues=new)
+            self.client.perform(add)
             self.client.mark_registered(new)
         return [r[0] for r in rows]
 
     # -- claim ----------------------------------------------------------------------------
     def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> list[Job]:
         """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
-        return self.client.run(self.claim_op(count, lease=lease, promote=promote))
+        return self.client.perform(self.claim_op(count, lease=lease, promote=promote))
 
     def claim_op(
         self, count: int = 1, *, lease: float | None = None, promote: int = 100
@@ -202,7 +203,7 @@ class Queue:
         the batch released or failed (the worker fires its hooks from them)."""
         if not encoded:
             return Settlement([])
-        return self.client.run(self.settle_completed_op(encoded))
+        return self.client.perform(self.settle_completed_op(encoded))
 
     def settle_completed_op(self, encoded: Sequence[tuple[Job, bytes]]) -> Op[Settlement]:
         """The operation :meth:`settle_completed` runs (``encoded`` not empty)."""
@@ -225,7 +226,7 @@ class Queue:
         :meth:`settle_completed`, the statuses and the parents released or failed."""
         if not failed:
             return Settlement([])
-        return self.client.run(self.settle_failed_op(failed))
+        return self.client.perform(self.settle_failed_op(failed))
 
     def settle_failed_op(self, failed: Sequence[tuple[Job, str, bool]]) -> Op[Settlement]:
         """The operation :meth:`settle_failed` runs (``failed`` not empty): the backoff of
@@ -241,7 +242,7 @@ class Queue:
         """Extend the leases of ``jobs``; False where a lease was already lost."""
         if not jobs:
             return []
-        return self.client.run(self.heartbeat_op(jobs, lease=lease))
+        return self.client.perform(self.heartbeat_op(jobs, lease=lease))
 
     def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
         """The operation :meth:`heartbeat` runs (``jobs`` not empty)."""
@@ -260,7 +261,7 @@ class Queue:
         False where the lease was already lost."""
         if not jobs:
             return []
-        return self.client.run(self.release_op(jobs))
+        return self.client.perform(self.release_op(jobs))
 
     def release_op(self, jobs: Sequence[Job]) -> Op[list[bool]]:
         """The operation :meth:`release` runs (``jobs`` not empty)."""
@@ -271,7 +272,7 @@ class Queue:
     # -- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> JobInfo:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
-        info = self.client.run(
+        info = self.client.perform(
             ops.inspect(self.client.keys, self.name, check_job_id(job_id), self.client.serializer)
         )
         if info is None:
@@ -280,7 +281,7 @@ class Queue:
 
     def stats(self) -> dict[str, int]:
         """Counts: pending, active, delayed, dead, completed, outbox, poison."""
-        return self.client.run(ops.stats(self.client.keys, self.name))
+        return self.client.perform(ops.stats(self.client.keys, self.name))
 
     def _own(self, job: Job) -> Job:
         if not isinstance(job, Job):

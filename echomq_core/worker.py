@@ -326,7 +326,7 @@ class Worker:
                 return
             try:
                 # in slices: a blocked read must end well inside the socket timeout
-                if self.client.run(
+                if self.client.perform(
                     ops.wait_for_work(self.client.keys, self._wake, min(left, BLOCK_SLICE))
                 ):
                     return

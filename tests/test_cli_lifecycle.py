@@ -415,7 +415,7 @@ def test_flow_memory_samples_large_indexes_and_follows_children_to_their_node(
                 parent_id=f"JOB-m{i}",
                 barrier=True,
             )
-        held = mq.run(flow_memory(mq.keys, parents))
+        held = mq.perform(flow_memory(mq.keys, parents))
         assert held.counts == {**dict.fromkeys(FLOW_INDEXES, 0), "held": 25}
         assert held.sampled["held"] == 10
         # ten rows of ~100-byte payloads below each root: far more than the root alone

@@ -190,13 +190,13 @@ def test_poison_moves_aside_and_replays(backend: Backend, prefix: str) -> None:
     snap = mq.snapshot(parents, ref.parent_id)
     assert (snap.processed, snap.parent_state) == (6, "pending")  # the rest still delivered
     assert r.llen(outbox) == 0
-    poisoned = mq.run(poison_list(mq.keys, work, 10))
+    poisoned = mq.perform(poison_list(mq.keys, work, 10))
     assert [reason for reason, _ in poisoned] == [
         "malformed signal: expected 5 fields",
         f"parent JOB-gone does not exist in {parents!r}",
     ]
     assert poisoned[0][1] == b"garbage"
-    assert mq.run(poison_replay(mq.keys, work, 10)) == 2
+    assert mq.perform(poison_replay(mq.keys, work, 10)) == 2
     assert r.llen(outbox) == 2 and r.llen(mq.keys.poison(work)) == 0
     mq.close()
 

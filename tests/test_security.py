@@ -283,9 +283,9 @@ def flow_suite(mq: EchoMQ, backend: Backend, url: str) -> None:
     assert list(mq.ignored_failures(parents, "JOB-acl-id")) == ["JOB-acl-id.1"]
     assert mq.snapshot(parents, "JOB-acl-id").processed == 1
     assert set(mq.queues()) >= {parents, a, b}
-    (reason, entry), *_ = mq.run(poison_list(mq.keys, b, 10))
+    (reason, entry), *_ = mq.perform(poison_list(mq.keys, b, 10))
     assert entry == b"garbage" and "malformed" in reason
-    assert mq.run(poison_replay(mq.keys, b, 10)) == 1
+    assert mq.perform(poison_replay(mq.keys, b, 10)) == 1
     if hasattr(mq, "save_ref"):  # adapters hand flows between processes by name
         mq.save_ref("acl/handle", ref)
         assert mq.load_ref("acl/handle").parent_id == ref.parent_id  # type: ignore[union-attr]

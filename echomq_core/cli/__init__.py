@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import redis
 
 from ..errors import EchoMQError, ServerStartError
-from . import dashboard, demo, inspection, run
+from . import dashboard, demo, inspection, services
 from .common import (
     INTERRUPTED,
     CommandFailed,
@@ -76,7 +76,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"echomq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo.add_parser(sub)
-    run.add_parsers(sub)
+    services.add_parsers(sub)
     inspection.add_parsers(sub)
     dashboard.add_parser(sub)
     return parser
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         verbose = args.verbose
         setup_logging(verbose)
-        status: int = args.run(args)
+        status: int = args.invoke(args)
         return status
     except KeyboardInterrupt:
         print("echomq: interrupted", file=sys.stderr)

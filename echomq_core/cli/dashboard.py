@@ -66,7 +66,7 @@ def add_parser(sub: Any) -> None:
     )
     add_connection_options(d, url_default=env_url())
     add_verbosity(d)
-    d.set_defaults(run=run_dashboard)
+    d.set_defaults(invoke=run_dashboard)
 
 
 def _token(args: argparse.Namespace) -> str | None:

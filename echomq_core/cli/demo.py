@@ -97,7 +97,7 @@ def add_parser(sub: Any) -> None:
         help="give up reaching the server after S seconds (default %(default)s)",
     )
     add_verbosity(p)
-    p.set_defaults(run=run)
+    p.set_defaults(invoke=run)
 
 
 def _child(job: Job) -> Any:

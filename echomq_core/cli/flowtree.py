@@ -63,7 +63,8 @@ def read_tree(mq: EchoMQ, queue: str, parent_id: str, *, depth: int = MAX_DEPTH)
     if total * len(queues) > MAX_PROBES:
         node.note = f"sub-flows not listed: {total:,} children x {len(queues)} queues is too many"
         return node
-    for child_queue, child_id in mq.run(_find_subflows(mq.keys, queue, parent_id, total, queues)):
+    found = mq.perform(_find_subflows(mq.keys, queue, parent_id, total, queues))
+    for child_queue, child_id in found:
         node.subflows.append(read_tree(mq, child_queue, child_id, depth=depth - 1))
     return node
 

@@ -255,7 +255,7 @@ def _common(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = Fals
         parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_connection_options(parser, url_default=env_url())
     add_verbosity(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(invoke=run)
 
 
 # -- flow show -----------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def run_flow_ls(args: argparse.Namespace) -> int:
             flows += mq.list_flows(name, args.state, limit=args.limit, offset=args.offset)
             counts[name] = {
                 state: n
-                for state, n in mq.run(flow_counts(mq.keys, name)).items()
+                for state, n in mq.perform(flow_counts(mq.keys, name)).items()
                 if state in states
             }
     finally:
@@ -468,7 +468,7 @@ def run_queue_stats(args: argparse.Namespace) -> int:
     try:
         names = [args.queue] if args.queue is not None else mq.queues()
         counts = {name: mq.queue(name).stats() for name in names}
-        memory = {name: mq.run(flow_memory(mq.keys, name)) for name in names}
+        memory = {name: mq.perform(flow_memory(mq.keys, name)) for name in names}
     finally:
         mq.close()
     if args.json:
@@ -567,7 +567,7 @@ def run_poison_list(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     mq = open_client(args)
     try:
-        items = mq.run(poison_list(mq.keys, args.queue, args.count))
+        items = mq.perform(poison_list(mq.keys, args.queue, args.count))
     finally:
         mq.close()
     rows = [{"reason": reason, **_describe(entry)} for reason, entry in items]
@@ -592,7 +592,7 @@ def run_poison_replay(args: argparse.Namespace) -> int:
     mq = open_client(args)
     try:
         count = args.count if args.count is not None else mq.queue(args.queue).stats()["poison"]
-        moved = mq.run(poison_replay(mq.keys, args.queue, count)) if count else 0
+        moved = mq.perform(poison_replay(mq.keys, args.queue, count)) if count else 0
     finally:
         mq.close()
     print(f"replayed {moved} signal(s) of {args.queue!r} to its outbox")

@@ -257,7 +257,8 @@ class Dashboard:
 
         def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
             count = self.client.queue(queue).stats()["poison"]
-            moved = self.client.run(poison_replay(self.client.keys, queue, count)) if count else 0
+            replay = poison_replay(self.client.keys, queue, count)
+            moved = self.client.perform(replay) if count else 0
             back = f"poison/{quote(queue, safe='')}"
             return back, {"replayed": moved, "done": f"{moved} replayed"}
 

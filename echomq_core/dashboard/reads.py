@@ -50,7 +50,7 @@ def list_flows(
     flows: list[FlowSummary] = []
     counts = {}
     for name in names:
-        counts[name] = mq.run(flow_counts(mq.keys, name))
+        counts[name] = mq.perform(flow_counts(mq.keys, name))
         flows += mq.list_flows(name, state, limit=limit, offset=offset)
     return FlowList(names, counts, flows)
 
@@ -86,7 +86,7 @@ def values_page(
     one go."""
     check_queue(queue)
     check_job_id(parent_id)
-    next_cursor, raw = mq.run(scan_page(mq.keys.processed(queue, parent_id), cursor, PAGE))
+    next_cursor, raw = mq.perform(scan_page(mq.keys.processed(queue, parent_id), cursor, PAGE))
     values = {}
     for child_id, value in raw.items():
         try:
@@ -107,8 +107,8 @@ def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPa
         return None
     tree = read_tree(mq, queue, parent_id)
     ks = mq.keys
-    _, failed = mq.run(scan_page(ks.failed(queue, parent_id), 0, SHOWN_ERRORS))
-    _, ignored = mq.run(scan_page(ks.unsuccessful(queue, parent_id), 0, SHOWN_ERRORS))
+    _, failed = mq.perform(scan_page(ks.failed(queue, parent_id), 0, SHOWN_ERRORS))
+    _, ignored = mq.perform(scan_page(ks.unsuccessful(queue, parent_id), 0, SHOWN_ERRORS))
     next_cursor, values = values_page(mq, queue, parent_id, cursor)
     try:
         up = mq.get_job(queue, parent_id)
@@ -172,7 +172,7 @@ def dead_jobs(mq: EchoMQ, queue: str, offset: int, limit: int = PAGE) -> DeadLis
     """A page of ``queue``'s dead jobs, newest first, each with the root flow whose repair
     re-runs it (None for a plain job)."""
     check_queue(queue)
-    total, ids = mq.run(_dead_ids(mq.keys.dead(queue), offset, limit))
+    total, ids = mq.perform(_dead_ids(mq.keys.dead(queue), offset, limit))
     out = DeadList(queue, total)
     for job_id, died in ids:
         try:
@@ -186,7 +186,7 @@ def dead_jobs(mq: EchoMQ, queue: str, offset: int, limit: int = PAGE) -> DeadLis
 def poisoned(mq: EchoMQ, queue: str, count: int = PAGE) -> list[dict[str, Any]]:
     check_queue(queue)
     rows = []
-    for reason, entry in mq.run(poison_list(mq.keys, queue, count)):
+    for reason, entry in mq.perform(poison_list(mq.keys, queue, count)):
         try:
             sig = parse_signal(entry)
         except ValueError:

@@ -72,7 +72,7 @@ def add_parsers(sub: Any) -> None:
         help="fsync policy of the append-only file (default %(default)s)",
     )
     add_verbosity(s)
-    s.set_defaults(run=run_server)
+    s.set_defaults(invoke=run_server)
 
     w = sub.add_parser(
         "worker",
@@ -102,7 +102,7 @@ def add_parsers(sub: Any) -> None:
     _plugin_options(w)
     add_connection_options(w, url_default=env_url())
     add_verbosity(w)
-    w.set_defaults(run=run_worker)
+    w.set_defaults(invoke=run_worker)
 
     p = sub.add_parser(
         "pump",
@@ -116,7 +116,7 @@ def add_parsers(sub: Any) -> None:
     _plugin_options(p)
     add_connection_options(p, url_default=env_url())
     add_verbosity(p)
-    p.set_defaults(run=run_pump)
+    p.set_defaults(invoke=run_pump)
 
 
 #: argparse converters for the settings' ranges (options.add_flags makes the flags).
