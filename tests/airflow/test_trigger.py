@@ -75,6 +75,7 @@ def test_serialize_round_trips() -> None:
         "prefix": "pfx",
         "poll_interval": 2.0,
         "timeout_at": 1234.5,
+        "cancel_on_kill": True,
     }
 
 
