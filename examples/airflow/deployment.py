@@ -31,6 +31,7 @@ test_deployment.py`` drives the same class.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -107,6 +108,10 @@ class Deployment:
             AIRFLOW__API__WORKERS="1",
             AIRFLOW__API_AUTH__JWT_SECRET="echomq-deployment-example-secret",
             AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(self.home / "logs"),
+            # the log servers of the scheduler and the triggerer: free ports, so that several
+            # deployments (and other Airflows) can run on one machine
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
             # the scheduler notices new runs, finished triggers and cleared tasks quickly
             AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
@@ -161,18 +166,14 @@ class Deployment:
                 os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 20
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
             else:  # the component is gone; end whatever it left in its process group
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         self.server.stop()
 
     def cleanup(self) -> None:
@@ -337,10 +338,8 @@ def main() -> None:
         print("summary:", deployment.xcom("echomq_fan_out", run_id, "summarise"))
         if "--keep" in sys.argv:
             print("running; Ctrl-C stops everything")
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
-            except KeyboardInterrupt:
-                pass
     deployment.cleanup()
 
 

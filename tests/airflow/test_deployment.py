@@ -9,7 +9,8 @@ One test, three stories on one deployment (starting it costs most of the time):
 2. a child dies while the sensor is deferred: the sensor fails naming it and cancels the flow,
    so the sibling still pending never runs;
 3. clearing the operator repairs that flow: only the dead child and the cancelled one run
-   again, and the run succeeds.
+   again, and the run succeeds;
+4. a deferred sensor marked failed (the UI's "Mark as failed"): the trigger cancels the flow.
 
 Then no log line of any component or task came from our packages at WARNING or above.
 """
@@ -70,6 +71,26 @@ def task_log(deployment: Deployment, dag_id: str, run_id: str, task_id: str) -> 
     return "\n".join(p.read_text(errors="replace") for p in sorted(logs.rglob("*.log")))
 
 
+PROGRESS = re.compile(r"settled [0-3] of 4 \(processed [0-3], ignored 0, failed 0\)")
+
+
+def trigger_progress(deployment: Deployment, dag_id: str, run_id: str) -> None:
+    """Wait until the trigger (not the sensor's first poke) logged its first progress line
+    into the task's log: it is running in the triggerer."""
+
+    def logged() -> bool:
+        for line in task_log(deployment, dag_id, run_id, "wait").splitlines():
+            if line.startswith("{"):
+                entry = json.loads(line)
+                if "triggers.echo_flow" in str(entry.get("logger")) and PROGRESS.search(
+                    str(entry.get("event"))
+                ):
+                    return True
+        return False
+
+    deployment.wait_for(logged, 60, "a progress line from the trigger")
+
+
 def runs_of(path: Path) -> Counter[str]:
     if not path.exists():
         return Counter()
@@ -96,6 +117,7 @@ def test_real_deployment(tmp_path: Path) -> None:
             example(deployment, mq)
             parent, run_id = failure_cancels(deployment, mq, runs, markers)
             clear_repairs(deployment, mq, runs, parent, run_id)
+            marked_failed_cancels(deployment, mq)
         assert our_bad_lines(deployment.logs()) == []
     finally:
         deployment.stop()
@@ -121,12 +143,7 @@ def failure_cancels(
     run_id = deployment.trigger(dag_id)
     deployment.wait_task(dag_id, run_id, "wait", ["deferred"])
     # deferred, the trigger reports progress into the task's log
-    progress = re.compile(r"settled [0-2] of 4 \(processed [0-2], ignored 0, failed 0\)")
-    deployment.wait_for(
-        lambda: progress.search(task_log(deployment, dag_id, run_id, "wait")),
-        60,
-        "a progress line from the trigger",
-    )
+    trigger_progress(deployment, dag_id, run_id)
     (markers / (run_id.replace(":", "_") + ".go")).touch()  # now the cube dies
     assert deployment.wait_run(dag_id, run_id) == "failed"
     states = deployment.task_states(dag_id, run_id)
@@ -161,3 +178,19 @@ def clear_repairs(deployment: Deployment, mq: EchoMQ, runs: Path, parent: str, r
     assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", 1, 4)
     log = task_log(deployment, dag_id, run_id, "fan_out")
     assert "repaired (repair 1): 2 children re-run" in log
+
+
+def marked_failed_cancels(deployment: Deployment, mq: EchoMQ) -> None:
+    dag_id = "echomq_deploy_repair"
+    run_id = deployment.trigger(dag_id)  # its cube waits for a go that never comes
+    deployment.wait_task(dag_id, run_id, "wait", ["deferred"])
+    trigger_progress(deployment, dag_id, run_id)
+    parent = parent_id_for(dag_id, run_id, "fan_out")
+    assert mq.snapshot("example.reports", parent).parent_state == "held"
+    deployment.mark(dag_id, run_id, "wait", "failed")
+    snap = deployment.wait_for(
+        lambda: (s := mq.snapshot("example.reports", parent)).parent_state == "cancelled" and s,
+        60,
+        "the flow cancelled after the sensor was marked failed",
+    )
+    assert "task wait was marked failed" in (snap.error or "")

@@ -1,13 +1,12 @@
 """Test DAG for the deployment test: a flow that fails, is cancelled, then repaired by a clear.
 
-Children: two squares, a cube that dies on its first run only (``fail_once``, a marker
-file) once the test says go (``wait_for``), and a child in ``example.later``, a queue no
-worker serves until the test starts one. First
-run: the cube dies while the sensor is deferred; the sensor fails naming it and cancels the
-flow (the later child, still pending, never runs). Then the test starts a worker for
-``example.later`` and clears ``fan_out`` with its downstream tasks: the operator repairs the
-flow - the dead cube and the cancelled later child run again, the squares that completed do
-not - and the sensor and ``summarise`` succeed.
+Children: two squares, a cube that dies on its first run only (``fail_once``, a marker file)
+once the test says go (``wait_for``), and a child in ``example.later``, a queue no worker
+serves until the test starts one. First run: the cube dies while the sensor is deferred; the
+sensor fails naming it and cancels the flow (the later child, still pending, never runs).
+Then the test starts a worker for ``example.later`` and clears ``fan_out`` with its
+downstream tasks: the operator repairs the flow - the dead cube and the cancelled later child
+run again, the squares that completed do not - and the sensor and ``summarise`` succeed.
 """
 
 from __future__ import annotations
@@ -29,7 +28,11 @@ def echomq_deploy_repair() -> None:
         children=[
             {"payload": {"n": 1}, "queue": "example.square"},
             {
-                "payload": {"n": 2, "sleep": 2, "fail_once": "{{ run_id | replace(':', '_') }}"},
+                "payload": {
+                    "n": 2,
+                    "fail_once": "{{ run_id | replace(':', '_') }}",
+                    "wait_for": "{{ run_id | replace(':', '_') }}.go",
+                },
                 "queue": "example.cube",
             },
             {"payload": {"n": 3}, "queue": "example.square"},
