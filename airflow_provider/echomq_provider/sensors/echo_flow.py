@@ -228,7 +228,7 @@ class EchoFlowSensor(BaseSensorOperator):
             error = flow_error(queue, parent_id, snap.outcome, failed, snap.error)
             raise AirflowFailException(str(error))
         if self.return_values and snap.total > self.max_values:
-            raise AirflowFailException(str(self._too_many(snap)))
+            self._refuse_values(snap)
         if snap.outcome != "released":
             self._progress(context, snap)
             return PokeReturnValue(False)
@@ -340,7 +340,7 @@ class EchoFlowSensor(BaseSensorOperator):
         values: Any = None
         if self.return_values:
             if snap.total > self.max_values:
-                raise AirflowFailException(str(self._too_many(snap)))
+                self._refuse_values(snap)
             values = self._values(client, snap)
         ignored = client.ignored_failures(queue, parent_id)
         if self.close_flow and snap.parent_state == "released":  # a barrier flow, now read
@@ -380,12 +380,13 @@ class EchoFlowSensor(BaseSensorOperator):
                 ordered[label] = value
         return ordered
 
-    def _too_many(self, snap: FlowSnapshot) -> TooManyValues:
-        return TooManyValues(
+    def _refuse_values(self, snap: FlowSnapshot) -> None:
+        error = TooManyValues(
             f"flow {snap.parent_id} has {snap.total} children, over max_values="
             f"{self.max_values} for return_values=True: read its results page by page "
             "downstream instead (echomq_provider.results.flow_results)"
         )
+        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
 
     def _poke_seconds(self) -> float:
         interval = self.poke_interval
