@@ -194,3 +194,19 @@ def marked_failed_cancels(deployment: Deployment, mq: EchoMQ) -> None:
         "the flow cancelled after the sensor was marked failed",
     )
     assert "task wait was marked failed" in (snap.error or "")
+
+
+def test_log_scan_flags_our_warnings_only(tmp_path: Path) -> None:
+    """The deployment test's check can fail: our warnings and errors are caught in both log
+    formats, Airflow's own (and our INFO lines) are not."""
+    ours_json = {"level": "warning", "event": "x", "logger": "echomq_provider.hooks.echomq"}
+    theirs_json = {"level": "error", "event": "x", "logger": "airflow.task"}
+    info_json = {"level": "info", "event": "x", "logger": "echomq_core.worker"}
+    lines = [json.dumps(e) for e in (ours_json, theirs_json, info_json)] + [
+        "2026-11-30 [error    ] lost it [echomq_core.pump] loc=pump.py:1",
+        "2026-11-30 [warning  ] Skipping masking [airflow.sdk._shared.secrets_masker] loc=x",
+        "2026-11-30 [info     ] Flow settled [echomq_provider.triggers.echo_flow] loc=x",
+    ]
+    bad = our_bad_lines({tmp_path / "x.log": "\n".join(lines)})
+    assert len(bad) == 2
+    assert "echomq_provider.hooks.echomq" in bad[0] and "echomq_core.pump" in bad[1]
