@@ -1,4 +1,21 @@
-"""Reads of Airflow state that differ between Airflow 3.1 and 3.3, in one place.
+"""What differs between Airflow 3.1 and 3.3, in one place.
+
+The exceptions a task raises to fail, skip or time out (``AirflowFailException``,
+``AirflowSkipException``, ``AirflowSensorTimeout``) live in ``airflow.sdk.exceptions`` from
+3.2 on (``airflow.exceptions`` then re-exports them with a deprecation warning); 3.1 has them
+only in ``airflow.exceptions``. Import them from here.
+
+:func:`aextra`: a connection's extras, parsed without blocking the event loop: 3.2+ has
+``Connection.aextra_dejson()``; 3.1 only the sync ``extra_dejson``, whose masking call would
+block a triggerer, so there the JSON is parsed here (Airflow already masked the connection's
+secrets when it fetched it).
+
+:data:`CONN_FORM_IN_PROVIDER_INFO`: Airflow 3.2+ builds the connection form from
+``conn-fields`` / ``ui-field-behaviour`` in the provider info (and deprecates the hook
+methods); 3.1 asks the hook class (see :mod:`echomq_provider.hooks.echomq`).
+
+:func:`default_deferrable`: ``[operators] default_deferrable``. Airflow 3.2 exports the
+configuration as ``airflow.sdk.conf``; 3.1 has only ``airflow.configuration.conf``.
 
 :func:`task_state` / :func:`atask_state`: the current state of a task instance, asked of the
 API server through the Task SDK's supervisor channel (``GetTaskStates``, in every 3.x). The
@@ -13,10 +30,60 @@ reply that the same loop has to read). Either returns None when the state cannot
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from importlib.metadata import version
 from typing import Any
 
+try:
+    from airflow.sdk.exceptions import (
+        AirflowFailException,
+        AirflowSensorTimeout,
+        AirflowSkipException,
+    )
+except ImportError:  # Airflow 3.1
+    from airflow.exceptions import (  # type: ignore[assignment,no-redef]
+        AirflowFailException,
+        AirflowSensorTimeout,
+        AirflowSkipException,
+    )
+
+CONN_FORM_IN_PROVIDER_INFO = tuple(int(p) for p in version("apache-airflow").split(".")[:2]) >= (
+    3,
+    2,
+)
+
+__all__ = [
+    "CONN_FORM_IN_PROVIDER_INFO",
+    "AirflowFailException",
+    "AirflowSensorTimeout",
+    "AirflowSkipException",
+    "aextra",
+    "atask_state",
+    "default_deferrable",
+    "task_state",
+]
+
 log = logging.getLogger(__name__)
+
+
+async def aextra(conn: Any) -> dict[str, Any]:
+    """The connection's extras as a dict, without a blocking call (see the module doc)."""
+    if hasattr(conn, "aextra_dejson"):
+        return dict(await conn.aextra_dejson())
+    if not conn.extra:
+        return {}
+    parsed = json.loads(conn.extra)
+    return dict(parsed) if isinstance(parsed, dict) else {"": parsed}
+
+
+def default_deferrable() -> bool:
+    """``[operators] default_deferrable`` (False when unset)."""
+    try:
+        from airflow.sdk import conf
+    except ImportError:  # Airflow 3.1
+        from airflow.configuration import conf  # type: ignore[assignment]
+    return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
 
 
 def _request(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> Any:

@@ -77,7 +77,10 @@ class RunResult:
 
 def load_dag(dags: Path, dag_id: str) -> Any:
     """The DAG object, parsed from its file in the session's DAGs folder (as Airflow does)."""
-    from airflow.dag_processing.dagbag import DagBag
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 3.1
+        from airflow.models.dagbag import DagBag  # type: ignore[no-redef]
 
     bag = DagBag(dag_folder=str(dags / f"{dag_id}.py"))
     assert not bag.import_errors, bag.import_errors

@@ -52,8 +52,14 @@ async def first_event(trigger: EchoFlowTrigger, timeout: float = 10.0) -> Any:
 
 
 def test_serialize_round_trips() -> None:
-    from airflow.sdk._shared.module_loading import import_string
-    from airflow.sdk.serde import deserialize, serialize
+    try:
+        from airflow.sdk._shared.module_loading import import_string
+    except ImportError:  # Airflow 3.1
+        from airflow.utils.module_loading import import_string  # type: ignore[no-redef]
+    try:
+        from airflow.sdk.serde import deserialize, serialize
+    except ImportError:  # Airflow 3.1
+        from airflow.serialization.serde import deserialize, serialize  # type: ignore[no-redef]
 
     trigger = EchoFlowTrigger(
         queue="q",

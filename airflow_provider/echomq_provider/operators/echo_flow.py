@@ -59,10 +59,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
 
 from echomq_core import FlowConflict, FlowRef, InvalidInput
 
+from .._compat import AirflowFailException
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
 

@@ -67,12 +67,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import (
-    AirflowFailException,
-    AirflowSensorTimeout,
-    AirflowSkipException,
-)
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from echomq_core import (
     EchoMQ,
@@ -85,7 +80,13 @@ from echomq_core import (
 from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
 
-from .._compat import task_state
+from .._compat import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    default_deferrable,
+    task_state,
+)
 from ..errors import TooManyValues
 from ..flow_specs import child_label, flow_target
 from ..hooks.echomq import EchoMQHook
@@ -167,11 +168,7 @@ class EchoFlowSensor(BaseSensorOperator):
         self.close_flow = close_flow
         self.cancel_on_failure = cancel_on_failure
         # Read at DAG-parse time, not import time, so the setting in force is the one used.
-        self.deferrable = (
-            conf.getboolean("operators", "default_deferrable", fallback=False)
-            if deferrable is None
-            else deferrable
-        )
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self._hook: EchoMQHook | None = None
         self._last_progress: float | None = None
 
