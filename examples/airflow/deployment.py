@@ -91,7 +91,6 @@ class Deployment:
         path = [str(p) for p in pythonpath] + [os.environ.get("PYTHONPATH", "")]
         self.env = dict(
             os.environ,
-            **(env or {}),
             PYTHONPATH=os.pathsep.join(filter(None, path)),
             AIRFLOW_HOME=str(self.home),
             AIRFLOW__CORE__DAGS_FOLDER=str(self.home / "dags"),
@@ -119,6 +118,7 @@ class Deployment:
             AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
         )
         self.env.pop("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", None)
+        self.env.update(env or {})
 
     # -- life -----------------------------------------------------------------------------
     def __enter__(self) -> Deployment:

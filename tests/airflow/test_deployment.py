@@ -38,6 +38,9 @@ from deployment import EXAMPLE_DAGS, Deployment  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.onlystandalone]
 
 OURS = ("echomq_provider", "echomq_core", "airflow_provider_echomq")
+#: Airflow 3.1 writes task and trigger log lines without the logger's name (``"logger":
+#: "task"`` or none): there our lines are known by their source file.
+OUR_FILES = ("echo_flow.py", "echomq.py", "flow_specs.py", "results.py", "_compat.py")
 LEVEL = re.compile(r"\[(warning|error|critical)\s*\]", re.IGNORECASE)
 LOGGER = re.compile(r"\[([A-Za-z0-9_.]+)\]")
 
@@ -54,6 +57,8 @@ def our_bad_lines(logs: dict[Path, str]) -> list[str]:
                 except ValueError:
                     continue
                 logger, level = str(entry.get("logger", "")), str(entry.get("level", ""))
+                if logger in ("", "task") and entry.get("filename") in OUR_FILES:
+                    logger = f"echomq_provider ({entry['filename']})"
             else:
                 found = LEVEL.search(line)
                 loggers = LOGGER.findall(line)
@@ -76,15 +81,14 @@ PROGRESS = re.compile(r"settled [0-3] of 4 \(processed [0-3], ignored 0, failed 
 
 def trigger_progress(deployment: Deployment, dag_id: str, run_id: str) -> None:
     """Wait until the trigger (not the sensor's first poke) logged its first progress line
-    into the task's log: it is running in the triggerer."""
+    into its log beside the task's (``attempt=N.log.trigger.<id>.log``): it is running in the
+    triggerer."""
+    logs = deployment.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=wait"
 
     def logged() -> bool:
-        for line in task_log(deployment, dag_id, run_id, "wait").splitlines():
-            if line.startswith("{"):
-                entry = json.loads(line)
-                if "triggers.echo_flow" in str(entry.get("logger")) and PROGRESS.search(
-                    str(entry.get("event"))
-                ):
+        for path in logs.glob("*.trigger.*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("{") and PROGRESS.search(str(json.loads(line).get("event"))):
                     return True
         return False
 
@@ -202,11 +206,15 @@ def test_log_scan_flags_our_warnings_only(tmp_path: Path) -> None:
     ours_json = {"level": "warning", "event": "x", "logger": "echomq_provider.hooks.echomq"}
     theirs_json = {"level": "error", "event": "x", "logger": "airflow.task"}
     info_json = {"level": "info", "event": "x", "logger": "echomq_core.worker"}
-    lines = [json.dumps(e) for e in (ours_json, theirs_json, info_json)] + [
+    ours_31 = {"level": "error", "event": "x", "logger": "task", "filename": "echo_flow.py"}
+    theirs_31 = {"level": "error", "event": "x", "logger": "task", "filename": "task_runner.py"}
+    entries = (ours_json, theirs_json, info_json, ours_31, theirs_31)
+    lines = [json.dumps(e) for e in entries] + [
         "2026-11-30 [error    ] lost it [echomq_core.pump] loc=pump.py:1",
         "2026-11-30 [warning  ] Skipping masking [airflow.sdk._shared.secrets_masker] loc=x",
         "2026-11-30 [info     ] Flow settled [echomq_provider.triggers.echo_flow] loc=x",
     ]
     bad = our_bad_lines({tmp_path / "x.log": "\n".join(lines)})
-    assert len(bad) == 2
-    assert "echomq_provider.hooks.echomq" in bad[0] and "echomq_core.pump" in bad[1]
+    assert len(bad) == 3
+    assert "echomq_provider.hooks.echomq" in bad[0] and "echo_flow.py" in bad[1]
+    assert "echomq_core.pump" in bad[2]
