@@ -49,7 +49,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pluggy
 
@@ -145,6 +145,39 @@ def plugin_manager(*plugins: object, entry_points: bool = True) -> pluggy.Plugin
             raise
         raise ConfigurationError(f"invalid echomq plugin: {exc}") from exc
     return pm
+
+
+class LifecycleHooks(Protocol):
+    """What the :class:`~echomq_core.Worker` and the :class:`~echomq_core.Pump` call
+    (``hooks=``), one method per event, always with keyword arguments. :class:`Hooks` is the
+    implementation that dispatches to plugins; any object with these methods will do."""
+
+    def job_completed(self, *, job: Job, result: bytes) -> None: ...
+
+    def job_dead(self, *, job: Job, error: str) -> None: ...
+
+    def flow_released(self, *, queue: str, parent_id: str) -> None: ...
+
+    def flow_failed(self, *, queue: str, parent_id: str) -> None: ...
+
+    def signal_poisoned(self, *, queue: str, reason: str) -> None: ...
+
+
+#: The lifecycle events, by the name of their :class:`LifecycleHooks` method.
+Event = Literal["job_completed", "job_dead", "flow_released", "flow_failed", "signal_poisoned"]
+
+
+def fire(hooks: LifecycleHooks, event: Event, **kwargs: Any) -> None:
+    """Call one event's method on ``hooks`` (the Worker's and the Pump's one way to do it): what
+    it raises is logged, never raised, and an object without that method skips the event, so a
+    hook can never stop a worker or a Pump."""
+    method = getattr(hooks, event, None)
+    if method is None:
+        return
+    try:
+        method(**kwargs)
+    except Exception:
+        log.exception("hook %s raised; ignored", event)
 
 
 class Hooks:

@@ -113,6 +113,33 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
+#: Characters that may not appear in a job id's tail (JOB_ID_RE's complement) ...
+ID_UNSAFE_RE = re.compile(r"[^A-Za-z0-9._\-/@+=~#]")
+#: ... and those that may not appear in a part that ``/``-separated ids are built from (a
+#: word: no separators of any kind).
+WORD_UNSAFE_RE = re.compile(r"[^A-Za-z0-9._\-]")
+
+
+def id_part(text: str, limit: int = 80, *, word: bool = False, mark: bool = True) -> str:
+    """``text`` made usable inside a derived job id (the adapters' one rule for turning DAG,
+    task, run, asset and partition names into ids).
+
+    Unsafe characters become ``_`` (``word=True``: also the separators ``/ @ + = ~ #``). With
+    ``mark`` (the default), a part that had to change or be cut to ``limit`` ends in ``~`` and
+    10 hex digits of SHA-1 over the original, so distinct inputs stay distinct; without it the
+    part is only cut, for ids whose uniqueness comes from a digest of their own.
+    """
+    import hashlib
+
+    cleaned = (WORD_UNSAFE_RE if word else ID_UNSAFE_RE).sub("_", text)
+    if not mark:
+        return cleaned[:limit]
+    if cleaned == text and len(text) <= limit:
+        return text
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    return f"{cleaned[: max(1, limit - 11)]}~{digest}"
+
+
 @dataclass(frozen=True, slots=True)
 class Keyspace:
     """Typed key builders for one key prefix."""

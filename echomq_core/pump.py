@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import ops, retention
-from .checks import check_int, check_seconds
 from .connection import Call, Durable, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
+from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
+from .options import PumpOptions, build
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -229,37 +230,42 @@ def poison_replay(ks: Keyspace, queue: str, count: int) -> Op[int]:
 class Pump:
     """Runs :func:`drain` plus the maintenance duties in a loop, as a thread or in the caller.
 
-    Options: ``queues`` (None: discover from the registry every ``discover_every`` s),
-    ``page`` (1000 signals per outbox per tick), ``max_tries`` (5 failed deliveries of a head
-    before it is poisoned), ``lease`` (10 s outbox lease), ``interval`` (0.05 s idle sleep,
-    jittered), ``max_stalls`` (5 lease expiries before a job is buried), ``sweep_every``
-    (1 s between retention sweeps; None: this Pump never sweeps - how long each end state is
-    kept is the queue's setting on the server, see :mod:`echomq_core.retention`),
-    ``maintain_every`` (0.1 s between maintenance passes),
-    ``hooks`` (an object with ``job_dead`` (jobs it buries after ``max_stalls`` expired
-    leases; their token is '') / ``flow_released`` / ``flow_failed`` / ``signal_poisoned``
-    methods, see :mod:`echomq_core.hooks`, fired after each tick; None for none).
+    Options: ``queues`` (None: discover from the registry every ``discover_every`` s); the
+    settings of :class:`~echomq_core.options.PumpOptions` (page, max_tries, lease, interval,
+    max_stalls, discover_every, sweep_every - None: this Pump never sweeps; how long each end
+    state is kept is the queue's setting on the server, see :mod:`echomq_core.retention` -
+    maintain_every), by name or as ``options=``;
+    ``hooks`` (a :class:`~echomq_core.hooks.LifecycleHooks`: ``job_dead`` for jobs it buries
+    after ``max_stalls`` expired leases, their token '', ``flow_released``, ``flow_failed``,
+    ``signal_poisoned``; fired after each tick; None for none).
     """
 
-    def __init__(self, client: EchoMQ, queues: Sequence[str] | None = None, *,
-                 page: int = 1000, max_tries: int = 5, lease: float = 10.0,
-                 interval: float = 0.05, max_stalls: int = 5, discover_every: float = 2.0,
-                 sweep_every: float | None = 1.0, maintain_every: float = 0.1,
-                 pump_id: str | None = None, hooks: Any = None) -> None:
+    def __init__(
+        self,
+        client: EchoMQ,
+        queues: Sequence[str] | None = None,
+        *,
+        options: PumpOptions | None = None,
+        pump_id: str | None = None,
+        hooks: LifecycleHooks | None = None,
+        **settings: Any,
+    ) -> None:
+        """``settings`` are :class:`~echomq_core.options.PumpOptions` fields by name
+        (``lease=5, page=500``), applied over ``options`` (or the defaults)."""
         self.client = client
         self.hooks = hooks
         if isinstance(queues, str | bytes):
             raise InvalidArgument(f"queues must be a list of queue names, not a string {queues!r}")
         self.fixed = [check_queue(q) for q in queues] if queues is not None else None
-        self.page = check_int("page", page, 1, 100_000)
-        self.max_tries = check_int("max_tries", max_tries, 1)
-        self.lease_ms = int(check_seconds("lease", lease, 0.1) * 1000)
-        self.interval = check_seconds("interval", interval, 0.0)
-        self.max_stalls = check_int("max_stalls", max_stalls, 0)
-        self.discover_every = check_seconds("discover_every", discover_every, 0.0)
-        self.sweep_every = (None if sweep_every is None
-                            else check_seconds("sweep_every", sweep_every, 0.0))
-        self.maintain_every = check_seconds("maintain_every", maintain_every, 0.0)
+        opts = self.options = build(PumpOptions, options, settings)
+        self.page = opts.page
+        self.max_tries = opts.max_tries
+        self.lease_ms = int(opts.lease * 1000)
+        self.interval = opts.interval
+        self.max_stalls = opts.max_stalls
+        self.discover_every = opts.discover_every
+        self.sweep_every = opts.sweep_every
+        self.maintain_every = opts.maintain_every
         self._maintained_at = self._swept_at = float("-inf")
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
         self.totals = TickStats()
@@ -308,22 +314,20 @@ class Pump:
             log.warning("pump %s poisoned %d signal(s): %s", self.id, stats.poisoned,
                         stats.blocked)
         if self.hooks is not None:
-            self._fire_hooks(stats)
+            self._fire_hooks(self.hooks, stats)
         return stats
 
-    def _fire_hooks(self, stats: TickStats) -> None:
-        # After the scripts returned, never inside them; a raising hook must not stop the Pump.
-        events: list[tuple[str, dict[str, Any]]] = [
-            *(("job_dead", {"job": j, "error": e}) for j, e in stats.dead),
-            *(("flow_released", {"queue": q, "parent_id": p}) for q, p in stats.released),
-            *(("flow_failed", {"queue": q, "parent_id": p}) for q, p in stats.failed),
-            *(("signal_poisoned", {"queue": q, "reason": r}) for q, r in stats.poisoned_entries),
-        ]
-        for name, kwargs in events:
-            try:
-                getattr(self.hooks, name)(**kwargs)
-            except Exception:
-                log.exception("hook %s raised; ignored", name)
+    @staticmethod
+    def _fire_hooks(hooks: LifecycleHooks, stats: TickStats) -> None:
+        # After the scripts returned, never inside them (hooks.fire logs what a hook raises).
+        for job, error in stats.dead:
+            fire(hooks, "job_dead", job=job, error=error)
+        for queue, parent_id in stats.released:
+            fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
+        for queue, parent_id in stats.failed:
+            fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
+        for queue, reason in stats.poisoned_entries:
+            fire(hooks, "signal_poisoned", queue=queue, reason=reason)
 
     def run(self) -> None:
         """Tick until :meth:`stop`; errors are logged and retried with a bounded backoff."""

@@ -56,10 +56,11 @@ from typing import TYPE_CHECKING, Any
 from redis.crc import key_slot
 
 from . import ops
-from .checks import MAX_TIMEOUT, check_int, check_seconds
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
+from .hooks import LifecycleHooks, fire
 from .keyspace import check_queue
 from .models import Job, Settlement
+from .options import WorkerOptions, build
 from .queue import Queue
 
 if TYPE_CHECKING:
@@ -112,8 +113,8 @@ class Worker:
       own (``queue_options``) and a job's own win. None: no limit.
     * ``queue_options``: passed to each :class:`Queue` (max_attempts, backoff, keep_completed,
       timeout).
-    * ``hooks``: an object with ``job_completed(job, result)`` / ``job_dead(job, error)``
-      methods (see :mod:`echomq_core.hooks`), or None.
+    * ``hooks``: a :class:`~echomq_core.hooks.LifecycleHooks` (``job_completed``, ``job_dead``,
+      ``flow_released``, ``flow_failed``; usually a :class:`~echomq_core.hooks.Hooks`), or None.
     """
 
     def __init__(
@@ -121,18 +122,13 @@ class Worker:
         client: EchoMQ,
         handlers: Mapping[str, Handler],
         *,
-        concurrency: int = 1,
-        max_batch: int = 500,
-        lease: float = 30.0,
-        poll: float = 0.05,
-        max_poll: float = 0.5,
-        grace: float = 30.0,
-        fast_job: float = 0.005,
-        flush_after: float = 0.02,
-        timeout: float | None = None,
+        options: WorkerOptions | None = None,
         queue_options: Mapping[str, Any] | None = None,
-        hooks: Any = None,
+        hooks: LifecycleHooks | None = None,
+        **settings: Any,
     ) -> None:
+        """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
+        (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
         if not isinstance(handlers, Mapping) or not handlers:
             raise InvalidArgument("a worker needs a mapping of queue names to handlers")
         if queue_options is not None and (
@@ -143,24 +139,25 @@ class Worker:
                 "queue_options takes max_attempts, backoff, keep_completed and timeout (lease "
                 f"is the worker's own option), got {queue_options!r:.200}"
             )
-        if timeout is not None:
-            check_seconds("timeout", timeout, 0.001, MAX_TIMEOUT)
-        options = {"timeout": timeout, **dict(queue_options or {})}
+        opts = self.options = build(WorkerOptions, options, settings)
+        queue_settings = {"timeout": opts.timeout, **dict(queue_options or {})}
         for name, fn in handlers.items():
             check_queue(name)
             if not callable(fn):
                 raise InvalidArgument(f"handler for queue {name!r} is not callable")
         self.client = client
         self.handlers = dict(handlers)
-        self.queues = {n: Queue(client, n, lease=lease, **options) for n in self.handlers}
-        self.concurrency = check_int("concurrency", concurrency, 1, 1024)
-        self.max_batch = check_int("max_batch", max_batch, 1, 5000)
-        self.lease = check_seconds("lease", lease, 0.05)
-        self.poll = check_seconds("poll", poll, 0.001)
-        self.max_poll = max(self.poll, check_seconds("max_poll", max_poll, 0.001))
-        self.grace = check_seconds("grace", grace)
-        self.fast_job = check_seconds("fast_job", fast_job)
-        self.flush_after = check_seconds("flush_after", flush_after)
+        self.queues = {
+            n: Queue(client, n, lease=opts.lease, **queue_settings) for n in self.handlers
+        }
+        self.concurrency = opts.concurrency
+        self.max_batch = opts.max_batch
+        self.lease = opts.lease
+        self.poll = opts.poll
+        self.max_poll = opts.max_poll
+        self.grace = opts.grace
+        self.fast_job = opts.fast_job
+        self.flush_after = opts.flush_after
         self.hooks = hooks
         self.completed = 0
         self.failed = 0
@@ -451,16 +448,16 @@ class Worker:
                 if self.hooks is not None:
                     for (job, raw), status in zip(done, settled.statuses, strict=True):
                         if status:
-                            self._hook("job_completed", job=job, result=raw)
-                    self._flow_hooks(settled)
+                            fire(self.hooks, "job_completed", job=job, result=raw)
+                    self._flow_hooks(self.hooks, settled)
             if failed:
                 settled = queue.settle_failed(failed)
                 self.failed += len(failed)
                 if self.hooks is not None:
                     for (job, error, _), status in zip(failed, settled.statuses, strict=True):
                         if status == 2:
-                            self._hook("job_dead", job=job, error=error)
-                    self._flow_hooks(settled)
+                            fire(self.hooks, "job_dead", job=job, error=error)
+                    self._flow_hooks(self.hooks, settled)
         except EchoMQError as exc:
             # The leases stay; the jobs come back when they expire (at-least-once).
             log.warning(
@@ -472,17 +469,12 @@ class Worker:
                     if self._inflight.get((queue.name, job.id)) is job:  # not a later claim's
                         del self._inflight[(queue.name, job.id)]
 
-    def _flow_hooks(self, settled: Settlement) -> None:
+    @staticmethod
+    def _flow_hooks(hooks: LifecycleHooks, settled: Settlement) -> None:
         for queue, parent_id in settled.released:
-            self._hook("flow_released", queue=queue, parent_id=parent_id)
+            fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
         for queue, parent_id in settled.failed:
-            self._hook("flow_failed", queue=queue, parent_id=parent_id)
-
-    def _hook(self, name: str, **kwargs: Any) -> None:
-        try:
-            getattr(self.hooks, name)(**kwargs)
-        except Exception:
-            log.exception("hook %s raised; ignored", name)
+            fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
 
     def _give_back(self, jobs: list[Job]) -> None:
         by_queue: dict[str, list[Job]] = {}

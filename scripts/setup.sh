@@ -34,10 +34,10 @@ case "$mode" in
     ;;
   all)
     # dagster-webserver is resolved together with dagster so both land on one release.
-    pip_install -e ".[dev]" -e ./airflow_provider -e ./dagster_integration dagster-webserver
+    pip_install -e ".[dev,dashboard]" -e ./airflow_provider -e ./dagster_integration dagster-webserver
     ;;
   floor)
-    pip_install -e ".[dev]" -e ./airflow_provider -e ./dagster_integration \
+    pip_install -e ".[dev,dashboard]" -e ./airflow_provider -e ./dagster_integration \
       "apache-airflow~=${FLOOR_AIRFLOW}" "dagster~=${FLOOR_DAGSTER}" \
       "dagster-webserver~=${FLOOR_DAGSTER}"
     ;;

@@ -1,30 +1,20 @@
-"""What differs between Airflow 3.1 and 3.3, in one place.
+"""What differs between the Airflow versions this provider supports (3.1 to 3.3): one place.
 
-The exceptions a task raises to fail, skip or time out (``AirflowFailException``,
-``AirflowSkipException``, ``AirflowSensorTimeout``) live in ``airflow.sdk.exceptions`` from
-3.2 on (``airflow.exceptions`` then re-exports them with a deprecation warning); 3.1 has them
-only in ``airflow.exceptions``. Import them from here.
-
-:func:`aextra`: a connection's extras, parsed without blocking the event loop: 3.2+ has
-``Connection.aextra_dejson()``; 3.1 only the sync ``extra_dejson``, whose masking call would
-block a triggerer, so there the JSON is parsed here (Airflow already masked the connection's
-secrets when it fetched it).
-
-:data:`CONN_FORM_IN_PROVIDER_INFO`: Airflow 3.2+ builds the connection form from
-``conn-fields`` / ``ui-field-behaviour`` in the provider info (and deprecates the hook
-methods); 3.1 asks the hook class (see :mod:`echomq_provider.hooks.echomq`).
-
-:func:`default_deferrable`: ``[operators] default_deferrable``. Airflow 3.2 exports the
-configuration as ``airflow.sdk.conf``; 3.1 has only ``airflow.configuration.conf``.
-
-:func:`task_state` / :func:`atask_state`: the current state of a task instance, asked of the
-API server through the Task SDK's supervisor channel (``GetTaskStates``, in every 3.x). The
-sensor and its trigger ask it when they are stopped, to tell "marked failed" (cancel the flow)
-from "cleared" or "marked successful" (leave it). In a task process the channel is sync; in
-the triggerer, 3.3 offers ``asend`` on it, while 3.1 and 3.2 have only the sync ``send``,
-which must then run in a thread (a sync send on the triggerer's event loop would wait for a
-reply that the same loop has to read). Either returns None when the state cannot be read
-(outside a task or trigger, an older channel, a server that does not answer).
+* ``conf`` and the task exceptions moved into the Task SDK (``airflow.sdk``) in 3.2; 3.1 has
+  them in ``airflow.configuration`` and ``airflow.exceptions``.
+* ``Connection.aextra_dejson`` (the async read of the extras) exists from 3.2.
+* The connection form: 3.2 reads it from provider info (``conn-fields``,
+  ``ui-field-behaviour``) and deprecates the hook methods; 3.1 knows only the hook methods
+  ``get_connection_form_widgets`` / ``get_ui_field_behaviour``. :data:`FORM_FROM_HOOK` says which
+  this Airflow needs; :func:`form_widgets` and :func:`field_behaviour` build the 3.1 answer
+  from the one declaration in :mod:`echomq_provider.get_provider_info`.
+* :func:`task_state` / :func:`atask_state`: the current state of a task instance, asked of the
+  API server through the Task SDK's supervisor channel (``GetTaskStates``, in every 3.x). The
+  sensor and its trigger ask it when they are stopped, to tell "marked failed" (cancel the
+  flow) from "cleared" or "marked successful" (leave it). In a task process the channel is
+  sync; in the triggerer, 3.3 offers ``asend`` on it, while 3.1 and 3.2 have only the sync
+  ``send``, which then runs in a thread (a sync send on the triggerer's event loop would wait
+  for a reply the same loop has to read). Either returns None when the state cannot be read.
 """
 
 from __future__ import annotations
@@ -32,58 +22,92 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from importlib.metadata import version
 from typing import Any
 
-try:
+from airflow import __version__ as AIRFLOW_VERSION
+from packaging.version import Version
+
+AIRFLOW_3_2 = Version(Version(AIRFLOW_VERSION).base_version) >= Version("3.2")
+
+if AIRFLOW_3_2:
+    from airflow.sdk import conf
     from airflow.sdk.exceptions import (
         AirflowFailException,
         AirflowSensorTimeout,
         AirflowSkipException,
     )
-except ImportError:  # Airflow 3.1
-    from airflow.exceptions import (  # type: ignore[assignment,no-redef]
+else:  # Airflow 3.1
+    from airflow.configuration import conf  # type: ignore[no-redef,assignment]
+    from airflow.exceptions import (  # type: ignore[no-redef,assignment]
         AirflowFailException,
         AirflowSensorTimeout,
         AirflowSkipException,
     )
 
-CONN_FORM_IN_PROVIDER_INFO = tuple(int(p) for p in version("apache-airflow").split(".")[:2]) >= (
-    3,
-    2,
-)
+#: Whether this Airflow takes the connection form from the hook's methods (3.1) rather than
+#: from provider info (3.2+).
+FORM_FROM_HOOK = not AIRFLOW_3_2
 
 __all__ = [
-    "CONN_FORM_IN_PROVIDER_INFO",
+    "AIRFLOW_3_2",
+    "FORM_FROM_HOOK",
     "AirflowFailException",
     "AirflowSensorTimeout",
     "AirflowSkipException",
-    "aextra",
+    "aextra_dejson",
     "atask_state",
-    "default_deferrable",
+    "conf",
+    "field_behaviour",
+    "form_widgets",
     "task_state",
 ]
 
 log = logging.getLogger(__name__)
 
 
-async def aextra(conn: Any) -> dict[str, Any]:
-    """The connection's extras as a dict, without a blocking call (see the module doc)."""
+async def aextra_dejson(conn: Any) -> dict[str, Any]:
+    """The connection's extras, read without blocking the event loop. On 3.1 the extras are
+    parsed as they are (this connection type keeps no secret in them)."""
     if hasattr(conn, "aextra_dejson"):
         return dict(await conn.aextra_dejson())
-    if not conn.extra:
-        return {}
-    parsed = json.loads(conn.extra)
-    return dict(parsed) if isinstance(parsed, dict) else {"": parsed}
+    return dict(json.loads(conn.extra)) if conn.extra else {}
 
 
-def default_deferrable() -> bool:
-    """``[operators] default_deferrable`` (False when unset)."""
-    try:
-        from airflow.sdk import conf
-    except ImportError:  # Airflow 3.1
-        from airflow.configuration import conf  # type: ignore[assignment]
-    return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
+def _connection_type() -> dict[str, Any]:
+    from .get_provider_info import get_provider_info
+
+    return dict(get_provider_info()["connection-types"][0])
+
+
+def field_behaviour() -> dict[str, Any]:
+    """``ui-field-behaviour`` in the hook method's shape (``hidden_fields``, ...)."""
+    declared = _connection_type()["ui-field-behaviour"]
+    return {key.replace("-", "_"): value for key, value in declared.items()}
+
+
+def form_widgets() -> dict[str, Any]:
+    """``conn-fields`` as the wtforms fields Airflow 3.1's hook method returns. Airflow imports
+    this only where its form libraries are installed (an ImportError is its documented signal
+    that they are not)."""
+    from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
+    from flask_babel import lazy_gettext
+    from wtforms import BooleanField, StringField
+
+    widgets: dict[str, Any] = {}
+    for name, spec in _connection_type()["conn-fields"].items():
+        kinds = spec["schema"]["type"]
+        label = lazy_gettext(spec["label"])
+        description = spec.get("description", "")
+        if "boolean" in kinds:
+            widgets[name] = BooleanField(label, description=description)
+        else:
+            widgets[name] = StringField(
+                label,
+                widget=BS3TextFieldWidget(),
+                description=description,
+                default=spec["schema"].get("default"),
+            )
+    return widgets
 
 
 def _request(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> Any:

@@ -23,12 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from echomq_core import Child, FlowRef, InvalidInput
-from echomq_core.keyspace import check_job_id, check_queue
+from echomq_core.keyspace import check_job_id, check_queue, id_part
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
 CHILD_KEYS = ("payload", "key", "queue", "ignore_failure", "max_attempts", "timeout")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._\-]")
 #: Characters a key keeps as they are in its child's id; any other byte becomes ``~xx``.
 _KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-/@+=#")
 #: The longest key once encoded (the child id holds ``JOB-af/k/<32 hex>/`` before it).
@@ -46,7 +45,8 @@ def parent_id_for(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
     digest = hashlib.sha256(
         json.dumps([dag_id, run_id, task_id, int(map_index)]).encode()
     ).hexdigest()[:32]
-    readable = f"{_UNSAFE.sub('_', dag_id)[:60]}/{_UNSAFE.sub('_', task_id)[:60]}"
+    dag, task = (id_part(p, 60, word=True, mark=False) for p in (dag_id, task_id))
+    readable = f"{dag}/{task}"
     return check_job_id(f"JOB-af/{readable}/{digest}")
 
 

@@ -34,8 +34,6 @@ for the first and stops it with the last.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -51,9 +49,10 @@ from dagster import (
 from pydantic import Field, PrivateAttr
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, Pump
+from echomq_core.keyspace import id_part
+from echomq_core.options import PumpOptions, describe
 
-#: Characters a job id tail may hold (mirrors ``echomq_core.keyspace.JOB_ID_RE``).
-_ID_CHARS = re.compile(r"[^A-Za-z0-9._\-/@+=~#]")
+#: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``).
 _ID_TAIL_MAX = 200
 
 
@@ -114,14 +113,13 @@ def _thread_named(name: str) -> threading.Thread | None:
     return next((t for t in threading.enumerate() if t.name == name), None)
 
 
-def safe_id_part(text: str, limit: int = 80) -> str:
-    """``text`` made usable inside a job id: unsafe characters become ``_``; a changed or
-    truncated part gets a short digest of the original, so distinct inputs stay distinct."""
-    cleaned = _ID_CHARS.sub("_", text)
-    if cleaned == text and len(text) <= limit:
-        return text
-    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
-    return f"{cleaned[: max(1, limit - 11)]}~{digest}"
+def _pump_field(name: str, **override: Any) -> Any:
+    """A ``pump_<name>`` field whose default and description are PumpOptions' own."""
+    default, doc = describe(PumpOptions, name)
+    return Field(
+        default=override.get("default", default),
+        description=override.get("description", doc[0].upper() + doc[1:] + "."),
+    )
 
 
 # ConfigurableResource is generic only for typing; Dagster documents it unsubscripted.
@@ -158,30 +156,20 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
         description="Queues the Pump serves; unset: every queue in the keyspace's registry, "
         "re-read every pump_discover_every seconds.",
     )
-    pump_page: int = Field(
-        default=1000, description="Signals the Pump reads per outbox per tick (1-100000)."
-    )
-    pump_max_tries: int = Field(
-        default=5,
-        description="Failed deliveries of an outbox head before the Pump moves it to the "
-        "poison list.",
-    )
-    pump_lease: float = Field(
+    # The Pump's settings: defaults and descriptions come from echomq_core.options.PumpOptions
+    # (the same ones `echomq pump` offers), except the lease (see its description).
+    pump_page: int = _pump_field("page")
+    pump_max_tries: int = _pump_field("max_tries")
+    pump_lease: float = _pump_field(
+        "lease",
         default=3.0,
         description="Seconds an outbox lease lasts: how soon another Pump takes over the outbox "
         "of one that stopped or died. Shorter than a standalone Pump's 10 s because run Pumps "
         "stop at the end of every step process and the next one waits out the lease.",
     )
-    pump_interval: float = Field(
-        default=0.05, description="Seconds the Pump sleeps when idle (jittered by +-50%)."
-    )
-    pump_max_stalls: int = Field(
-        default=5, description="Lease expiries of a job before the Pump buries it as dead."
-    )
-    pump_discover_every: float = Field(
-        default=2.0,
-        description="Seconds between re-reads of the queue registry (when pump_queues is unset).",
-    )
+    pump_interval: float = _pump_field("interval")
+    pump_max_stalls: int = _pump_field("max_stalls")
+    pump_discover_every: float = _pump_field("discover_every")
     pump_stop_timeout: float = Field(
         default=10.0,
         description="Seconds teardown waits for the Pump thread to finish its tick and exit.",
@@ -236,18 +224,25 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
             self.pump_discover_every,
         )
 
+    def pump_options(self) -> PumpOptions:
+        """The ``pump_*`` fields as the core's :class:`~echomq_core.options.PumpOptions`
+        (checked there: a bad value raises ``InvalidArgument`` naming it)."""
+        return PumpOptions(
+            page=self.pump_page,
+            max_tries=self.pump_max_tries,
+            lease=self.pump_lease,
+            interval=self.pump_interval,
+            max_stalls=self.pump_max_stalls,
+            discover_every=self.pump_discover_every,
+        )
+
     def _make_pump(self) -> tuple[EchoMQ, Pump]:
         client = self.open_client()
         try:
             pump = Pump(
                 client,
                 self.pump_queues,
-                page=self.pump_page,
-                max_tries=self.pump_max_tries,
-                lease=self.pump_lease,
-                interval=self.pump_interval,
-                max_stalls=self.pump_max_stalls,
-                discover_every=self.pump_discover_every,
+                options=self.pump_options(),
                 pump_id="dagster-pump-" + uuid.uuid4().hex[:12],
             )
         except BaseException:
@@ -341,5 +336,5 @@ class EchoMQResource(ConfigurableResource):  # type: ignore[type-arg]
         if context.has_partition_key:
             tail.append(context.partition_key)
         tail += parts
-        joined = ".".join(safe_id_part(p) for p in ["dagster", *tail])
-        return "JOB-" + safe_id_part(joined, _ID_TAIL_MAX)
+        joined = ".".join(id_part(p) for p in ["dagster", *tail])
+        return "JOB-" + id_part(joined, _ID_TAIL_MAX)

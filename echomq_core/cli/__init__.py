@@ -15,6 +15,7 @@
     echomq queue stats [QUEUE]                         counts per state, flows and their memory
     echomq queue config QUEUE [--closed-age 1d ...]    the queue's retention settings
     echomq poison list|replay QUEUE                    signals the Pump could not deliver
+    echomq dashboard [--port P] [--actions]            the web dashboard and /metrics
 
 Connection: ``--url`` (default ``$ECHOMQ_URL``, else ``redis://127.0.0.1:6379/0``),
 ``--prefix`` (``$ECHOMQ_PREFIX``, else ``emq``), ``--connect-timeout``. Every failure is one
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 import redis
 
 from ..errors import EchoMQError, ServerStartError
-from . import demo, inspection, run
+from . import dashboard, demo, inspection, run
 from .common import (
     INTERRUPTED,
     CommandFailed,
@@ -77,6 +78,7 @@ def build_parser() -> Parser:
     demo.add_parser(sub)
     run.add_parsers(sub)
     inspection.add_parsers(sub)
+    dashboard.add_parser(sub)
     return parser
 
 

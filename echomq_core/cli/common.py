@@ -81,7 +81,7 @@ def int_at_least(low: int, high: int | None = None) -> Any:
     return parse
 
 
-def seconds(low: float = 0.0) -> Any:
+def seconds(low: float = 0.0, high: float | None = None) -> Any:
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -89,6 +89,8 @@ def seconds(low: float = 0.0) -> Any:
             raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
         if not value >= low or value == float("inf"):
             raise argparse.ArgumentTypeError(f"must be a number of seconds >= {low}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:g} seconds, got {text}")
         return value
 
     return parse

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..hooks import Handler, Hooks, plugin_manager
+from ..options import PumpOptions, WorkerOptions, add_flags, from_namespace
 from ..pump import Pump
 from ..server import EmbeddedServer
 from ..worker import Worker
@@ -32,6 +33,7 @@ from .common import (
     open_client,
     seconds,
 )
+from .metrics_option import add_metrics_option, start_metrics
 
 
 def add_parsers(sub: Any) -> None:
@@ -85,41 +87,8 @@ def add_parsers(sub: Any) -> None:
         help="a {queue: handler} mapping, or a callable returning one (the current "
         "directory is importable); repeatable",
     )
-    w.add_argument(
-        "--concurrency",
-        type=int_at_least(1, 1024),
-        default=1,
-        help="jobs run at once, one thread each (default %(default)s)",
-    )
-    w.add_argument(
-        "--lease",
-        type=seconds(0.05),
-        default=30.0,
-        metavar="S",
-        help="lease per claim; long jobs are heartbeated (default %(default)s)",
-    )
-    w.add_argument(
-        "--timeout",
-        type=seconds(0.001),
-        default=None,
-        metavar="S",
-        help="the longest a handler may run a job (a job's own timeout wins); past it the "
-        "attempt fails with TimeoutError and the slot is freed (default: no limit)",
-    )
-    w.add_argument(
-        "--grace",
-        type=seconds(),
-        default=30.0,
-        metavar="S",
-        help="on SIGTERM, how long running jobs may finish (default %(default)s)",
-    )
-    w.add_argument(
-        "--max-batch",
-        type=int_at_least(1, 5000),
-        default=200,
-        metavar="N",
-        help="most jobs one thread claims at once (default %(default)s)",
-    )
+    add_flags(w, WorkerOptions, types=FLAG_TYPES)
+    add_metrics_option(w)
     _plugin_options(w)
     add_connection_options(w, url_default=env_url())
     add_verbosity(w)
@@ -132,45 +101,16 @@ def add_parsers(sub: Any) -> None:
         "registry, re-read every few seconds). Stops on SIGTERM.",
     )
     p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to serve")
-    p.add_argument(
-        "--interval",
-        type=seconds(),
-        default=0.05,
-        metavar="S",
-        help="idle sleep between ticks, jittered (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-tries",
-        type=int_at_least(1),
-        default=5,
-        metavar="N",
-        help="failed deliveries of a signal before it is poisoned (default %(default)s)",
-    )
-    p.add_argument(
-        "--page",
-        type=int_at_least(1, 100_000),
-        default=1000,
-        metavar="N",
-        help="signals read per outbox per tick (default %(default)s)",
-    )
-    p.add_argument(
-        "--lease",
-        type=seconds(0.1),
-        default=10.0,
-        metavar="S",
-        help="outbox lease: another Pump takes over after S seconds (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-stalls",
-        type=int_at_least(0),
-        default=5,
-        metavar="N",
-        help="expired leases before a job is buried (default %(default)s)",
-    )
+    add_flags(p, PumpOptions, types=FLAG_TYPES)
+    add_metrics_option(p)
     _plugin_options(p)
     add_connection_options(p, url_default=env_url())
     add_verbosity(p)
     p.set_defaults(run=run_pump)
+
+
+#: argparse converters for the settings' ranges (options.add_flags makes the flags).
+FLAG_TYPES = {"int": int_at_least, "seconds": seconds}
 
 
 def _plugin_options(parser: argparse.ArgumentParser) -> None:
@@ -309,22 +249,26 @@ def run_worker(args: argparse.Namespace) -> int:
             {q: handlers[q] for q in args.queues} if args.queues else handlers
         )
         names = hooks.plugin_names()
+        lifecycle = hooks if names else None
+        metrics = start_metrics(args)
         worker = Worker(
             mq,
-            chosen,
-            concurrency=args.concurrency,
-            lease=args.lease,
-            grace=args.grace,
-            max_batch=args.max_batch,
-            timeout=args.timeout,
-            hooks=hooks if names else None,
+            metrics.wrap_handlers(chosen) if metrics else chosen,
+            options=from_namespace(WorkerOptions, args),
+            hooks=metrics.hooks(lifecycle) if metrics else lifecycle,
         )
+        if metrics:
+            metrics.watch_worker(worker)
         _say(
             f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}; "
             f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
             f"{', '.join(names) or 'none'}"
         )
-        worker.run()
+        try:
+            worker.run()
+        finally:
+            if metrics:
+                metrics.close()
         _say(f"worker: stopped ({worker.completed} completed, {worker.failed} failed attempts)")
     finally:
         mq.close()
@@ -339,16 +283,16 @@ def run_pump(args: argparse.Namespace) -> int:
     try:
         hooks = _hooks(args, mq)
         names = hooks.plugin_names()
+        lifecycle = hooks if names else None
+        metrics = start_metrics(args, mq, args.queues or None)
         pump = Pump(
             mq,
             args.queues or None,
-            page=args.page,
-            max_tries=args.max_tries,
-            lease=args.lease,
-            interval=args.interval,
-            max_stalls=args.max_stalls,
-            hooks=hooks if names else None,
+            options=from_namespace(PumpOptions, args),
+            hooks=metrics.hooks(lifecycle) if metrics else lifecycle,
         )
+        if metrics:
+            metrics.watch_pump(pump)
         stop = _stop_event()
         _say(
             f"pump: queues {', '.join(args.queues) or '(discovered)'}; "
@@ -362,6 +306,8 @@ def run_pump(args: argparse.Namespace) -> int:
                     raise CommandFailed("the pump stopped unexpectedly (see the log above)")
         finally:
             pump.stop()
+            if metrics:
+                metrics.close()
         t = pump.totals
         _say(
             f"pump: stopped ({t.delivered} delivered, {t.poisoned} poisoned, {t.promoted} "

@@ -54,12 +54,13 @@ async def first_event(trigger: EchoFlowTrigger, timeout: float = 10.0) -> Any:
 def test_serialize_round_trips() -> None:
     try:
         from airflow.sdk._shared.module_loading import import_string
-    except ImportError:  # Airflow 3.1
-        from airflow.utils.module_loading import import_string  # type: ignore[no-redef]
-    try:
         from airflow.sdk.serde import deserialize, serialize
     except ImportError:  # Airflow 3.1
-        from airflow.serialization.serde import deserialize, serialize  # type: ignore[no-redef]
+        from airflow.sdk.module_loading import import_string  # type: ignore[no-redef]
+        from airflow.serialization.serde import (  # type: ignore[no-redef]
+            deserialize,
+            serialize,
+        )
 
     trigger = EchoFlowTrigger(
         queue="q",

@@ -30,18 +30,10 @@ from airflow.sdk import BaseHook
 from echomq_core import AsyncEchoMQ, EchoMQ, JobNotFound
 from echomq_core.errors import flow_error
 
-from .._compat import CONN_FORM_IN_PROVIDER_INFO, aextra
+from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
 from ..errors import FlowNotReleased
 from ..flow_specs import child_label, flow_target
 from .settings import EchoMQConnectionSettings
-
-
-def _conn_type_info() -> dict[str, Any]:
-    from ..get_provider_info import get_provider_info
-
-    [conn_type] = get_provider_info()["connection-types"]
-    return dict(conn_type)
-
 
 #: Results read per round trip by :meth:`EchoMQHook.iter_results` (an HSCAN hint).
 DEFAULT_PAGE = 1000
@@ -68,34 +60,15 @@ class EchoMQHook(BaseHook):
         self.prefix = prefix
         self._client: EchoMQ | None = None
 
-    if not CONN_FORM_IN_PROVIDER_INFO:  # Airflow 3.1 asks the hook for its connection form
+    if FORM_FROM_HOOK:  # Airflow 3.1; 3.2+ reads the form from provider info
 
         @classmethod
         def get_connection_form_widgets(cls) -> dict[str, Any]:
-            """The extras' fields (from ``get_provider_info``'s ``conn-fields``)."""
-            # Airflow 3.1 imports this with FAB and WTForms mocked (they need not be installed)
-            from flask_appbuilder.fieldwidgets import (  # type: ignore[import-not-found]
-                BS3TextFieldWidget,
-            )
-            from flask_babel import lazy_gettext  # type: ignore[import-not-found]
-            from wtforms import BooleanField, StringField  # type: ignore[import-not-found,import-untyped]
-
-            fields = _conn_type_info()["conn-fields"]
-            out: dict[str, Any] = {}
-            for name, spec in fields.items():
-                kind = BooleanField if "boolean" in spec["schema"]["type"] else StringField
-                out[name] = kind(
-                    lazy_gettext(spec["label"]),
-                    widget=None if kind is BooleanField else BS3TextFieldWidget(),
-                    description=spec.get("description", ""),
-                )
-            return out
+            return form_widgets()
 
         @classmethod
         def get_ui_field_behaviour(cls) -> dict[str, Any]:
-            """The standard fields' labels (from ``get_provider_info``)."""
-            behaviour = _conn_type_info()["ui-field-behaviour"]
-            return {key.replace("-", "_"): value for key, value in behaviour.items()}
+            return field_behaviour()
 
     def __repr__(self) -> str:
         return f"EchoMQHook(echomq_conn_id={self.echomq_conn_id!r}, prefix={self.prefix!r})"
@@ -109,7 +82,7 @@ class EchoMQHook(BaseHook):
     async def asettings(self) -> EchoMQConnectionSettings:
         """Read the connection without blocking the event loop (triggers)."""
         conn = await self.aget_connection(self.echomq_conn_id)
-        extra = await aextra(conn)
+        extra = await aextra_dejson(conn)
         return EchoMQConnectionSettings.from_connection(conn, extra, prefix=self.prefix)
 
     # -- clients --------------------------------------------------------------------------

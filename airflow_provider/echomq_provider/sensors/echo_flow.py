@@ -84,7 +84,7 @@ from .._compat import (
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
-    default_deferrable,
+    conf,
     task_state,
 )
 from ..errors import TooManyValues
@@ -168,7 +168,11 @@ class EchoFlowSensor(BaseSensorOperator):
         self.close_flow = close_flow
         self.cancel_on_failure = cancel_on_failure
         # Read at DAG-parse time, not import time, so the setting in force is the one used.
-        self.deferrable = default_deferrable() if deferrable is None else deferrable
+        self.deferrable = (
+            conf.getboolean("operators", "default_deferrable", fallback=False)
+            if deferrable is None
+            else deferrable
+        )
         self._hook: EchoMQHook | None = None
         self._last_progress: float | None = None
 

@@ -1,0 +1,1 @@
+"""Airflow plugins of the provider: the EchoMQ dashboard in the api-server."""

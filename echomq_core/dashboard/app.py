@@ -1,0 +1,397 @@
+"""The dashboard's ASGI app (Starlette): server-rendered pages, a little plain JavaScript that
+polls the JSON twins of the pages for live progress, ``/metrics`` for Prometheus, and - only
+with actions on and a token - the POSTs that cancel, repair and close flows and replay poison.
+
+Pages (every link is relative to where the app is mounted, so the same app runs on its own
+under ``echomq dashboard`` and inside Airflow's api-server under ``/echomq``):
+
+========================================  ==============================================
+``GET /``                                 queues at a glance (``/api/queues``)
+``GET /flows?queue=&state=&offset=``      root flows by state with progress (``/api/flows``)
+``GET /flow/{queue}/{parent_id}``         a flow: tree, counts, failed and ignored children,
+                                          values paged by ``?cursor=`` (``/api/flow/...``: the
+                                          snapshot only, one command per poll; ``.../values``)
+``GET /dead/{queue}?offset=``             dead jobs, newest first, each with its flow to repair
+``GET /poison/{queue}``                   poisoned signals with their reasons
+``GET /metrics``                          Prometheus text format (:mod:`echomq_core.metrics`)
+``POST /flow/{queue}/{id}/cancel|retry|close``, ``POST /poison/{queue}/replay``, ``POST /login``,
+``POST /logout``: see :mod:`.security` for who may.
+========================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+import jinja2
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..client import EchoMQ
+from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
+from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..metrics import QueueCollector
+from ..pump import poison_replay
+from . import reads
+from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).resolve().parent
+
+
+class Dashboard:
+    """The app's state: the client, the guard, the templates and the server-side collector
+    (shared by the overview and ``/metrics``, so both see the same outbox-head ages)."""
+
+    def __init__(
+        self,
+        client: EchoMQ,
+        *,
+        actions: bool = False,
+        token: str | None = None,
+        poll: float = 2.0,
+        title: str = "EchoMQ",
+    ) -> None:
+        if not 0.2 <= poll <= 3600:
+            raise InvalidArgument(f"poll must be 0.2 to 3600 seconds, got {poll!r}")
+        self.client = client
+        self.guard = Guard(actions, token)
+        self.poll = poll
+        self.title = title
+        self.collector = QueueCollector(client)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=jinja2.select_autoescape(["html"]),
+            undefined=jinja2.StrictUndefined,
+        )
+        self.env.filters["ago"] = _ago
+        self.env.filters["q"] = lambda s: quote(str(s), safe="")
+
+    # -- rendering -------------------------------------------------------------------------
+    def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        sid = self.guard.session_id(request.cookies.get(SESSION_COOKIE))
+        base = request.scope.get("root_path", "").rstrip("/")
+        page = self.env.get_template(name).render(
+            **{"live": "", **ctx},
+            base=base,
+            title=self.title,
+            poll_ms=int(self.poll * 1000),
+            actions=self.guard.enabled,
+            signed_in=sid is not None,
+            csrf=self.guard.csrf_for(sid) if sid else "",
+            csrf_field=CSRF_FIELD,
+            states=FLOW_INDEXES,
+            notice=request.query_params.get("done", ""),
+        )
+        return HTMLResponse(page, status_code=status)
+
+    # -- reads -----------------------------------------------------------------------------
+    def overview(self, request: Request) -> Response:
+        started = time.perf_counter()
+        readings = self.collector.read()
+        return self.render(
+            request,
+            "queues.html",
+            readings=readings,
+            live="api/queues",
+            took=time.perf_counter() - started,
+        )
+
+    def api_queues(self, request: Request) -> Response:
+        return JSONResponse({"queues": {r.queue: r.to_dict() for r in self.collector.read()}})
+
+    def _flow_args(self, request: Request) -> tuple[str | None, str | None, int]:
+        queue = request.query_params.get("queue") or None
+        state = request.query_params.get("state") or None
+        if state is not None and state not in FLOW_INDEXES:
+            raise InvalidArgument(f"state must be one of {', '.join(FLOW_INDEXES)}, got {state!r}")
+        return queue, state, _int_param(request, "offset", 0, 10_000_000)
+
+    def flows(self, request: Request) -> Response:
+        queue, state, offset = self._flow_args(request)
+        found = reads.list_flows(self.client, queue, state, offset)
+        query = {k: v for k, v in (("queue", queue), ("state", state)) if v}
+        return self.render(
+            request,
+            "flows.html",
+            found=found,
+            queue=queue or "",
+            state=state or "",
+            offset=offset,
+            page=reads.PAGE,
+            live="api/flows?" + urlencode({**query, "offset": offset}),
+        )
+
+    def api_flows(self, request: Request) -> Response:
+        queue, state, offset = self._flow_args(request)
+        found = reads.list_flows(self.client, queue, state, offset)
+        flows: dict[str, dict[str, Any]] = {}
+        for f in found.flows:
+            flows.setdefault(f.queue, {})[f.parent_id] = f.to_dict()
+        return JSONResponse({"counts": found.counts, "flows": flows})
+
+    def _flow(self, request: Request) -> reads.FlowPage:
+        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
+        cursor = _int_param(request, "cursor", 0, 2**63)
+        found = reads.flow_page(self.client, queue, pid, cursor)
+        if found is None:
+            raise JobNotFound(f"no flow {pid} in queue {queue!r} (never added, or expired)")
+        return found
+
+    def flow(self, request: Request) -> Response:
+        found = self._flow(request)
+        s = found.tree.snap
+        return self.render(
+            request,
+            "flow.html",
+            f=found,
+            s=s,
+            cursor=_int_param(request, "cursor", 0, 2**63),
+            live=f"api/flow/{quote(s.queue, safe='')}/{quote(s.parent_id, safe='')}",
+        )
+
+    def api_flow(self, request: Request) -> Response:
+        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
+        found = reads.flow_status(self.client, queue, pid)
+        if found is None:
+            raise JobNotFound(f"no flow {pid} in queue {queue!r} (never added, or expired)")
+        return JSONResponse(found)
+
+    def api_values(self, request: Request) -> Response:
+        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
+        cursor = _int_param(request, "cursor", 0, 2**63)
+        next_cursor, values = reads.values_page(self.client, queue, pid, cursor)
+        shown = {k: reads.jsonable(v) for k, v in values.items()}
+        return JSONResponse({"values": shown, "cursor": next_cursor})
+
+    def dead(self, request: Request) -> Response:
+        queue = check_queue(request.path_params["queue"])
+        offset = _int_param(request, "offset", 0, 10_000_000)
+        found = reads.dead_jobs(self.client, queue, offset)
+        return self.render(
+            request, "dead.html", found=found, queue=queue, offset=offset, page=reads.PAGE
+        )
+
+    def poison(self, request: Request) -> Response:
+        queue = check_queue(request.path_params["queue"])
+        rows = reads.poisoned(self.client, queue)
+        total = self.client.queue(queue).stats()["poison"]
+        return self.render(request, "poison.html", rows=rows, queue=queue, total=total)
+
+    def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- writes ----------------------------------------------------------------------------
+    async def _guarded(
+        self, request: Request, action: Callable[[dict[str, str]], tuple[str, dict[str, Any]]]
+    ) -> Response:
+        """Run ``action(form)`` (in a thread) if the guard lets this POST through; browsers
+        are redirected back with a notice, API callers (a bearer token) get JSON."""
+        form = await _form(request)
+        why = self.guard.refuse(
+            authorization=request.headers.get("authorization"),
+            cookie=request.cookies.get(SESSION_COOKIE),
+            csrf=form.get(CSRF_FIELD),
+            origin=request.headers.get("origin"),
+            host=request.headers.get("host"),
+        )
+        if why is not None:
+            log.warning("dashboard: refused %s %s: %s", request.method, request.url.path, why)
+            return JSONResponse({"error": why}, status_code=403)
+        back, result = await run_in_threadpool(action, form)
+        if "authorization" in request.headers:
+            return JSONResponse(result)
+        base = request.scope.get("root_path", "").rstrip("/")
+        sep = "&" if "?" in back else "?"
+        return RedirectResponse(f"{base}/{back}{sep}done={quote(result['done'])}", 303)
+
+    def _flow_ids(self, request: Request) -> tuple[str, str, str]:
+        queue = check_queue(request.path_params["queue"])
+        pid = check_job_id(request.path_params["parent_id"])
+        return queue, pid, f"flow/{quote(queue, safe='')}/{quote(pid, safe='')}"
+
+    async def cancel(self, request: Request) -> Response:
+        queue, pid, back = self._flow_ids(request)
+
+        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            r = self.client.cancel_flow(queue, pid, reason=form.get("reason", "")[:500])
+            done = f"{r.state}: {r.children} children stopped"
+            return back, {"state": r.state, "children": r.children, "done": done}
+
+        return await self._guarded(request, act)
+
+    async def retry(self, request: Request) -> Response:
+        queue, pid, back = self._flow_ids(request)
+
+        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            r = self.client.retry_flow(queue, pid, ignored=form.get("ignored") == "1")
+            done = f"{r.state}: {r.requeued} children back to work (repair #{r.repairs})"
+            return back, {"state": r.state, "requeued": r.requeued, "done": done}
+
+        return await self._guarded(request, act)
+
+    async def close(self, request: Request) -> Response:
+        queue, pid, back = self._flow_ids(request)
+
+        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            state = self.client.close_flow(queue, pid)
+            return back, {"state": state, "done": state}
+
+        return await self._guarded(request, act)
+
+    async def replay(self, request: Request) -> Response:
+        queue = check_queue(request.path_params["queue"])
+
+        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            count = self.client.queue(queue).stats()["poison"]
+            moved = self.client.run(poison_replay(self.client.keys, queue, count)) if count else 0
+            back = f"poison/{quote(queue, safe='')}"
+            return back, {"replayed": moved, "done": f"{moved} replayed"}
+
+        return await self._guarded(request, act)
+
+    async def login(self, request: Request) -> Response:
+        if request.method == "GET":
+            return self.render(request, "login.html", error="")
+        form = await _form(request)
+        if not self.guard.token_ok(form.get("token")):
+            return self.render(request, "login.html", status=403, error="wrong token")
+        base = request.scope.get("root_path", "").rstrip("/")
+        response = RedirectResponse(f"{base}/", 303)
+        response.set_cookie(
+            SESSION_COOKIE,
+            self.guard.new_session(),
+            httponly=True,
+            samesite="strict",
+            path=base or "/",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        base = request.scope.get("root_path", "").rstrip("/")
+        response = RedirectResponse(f"{base}/", 303)
+        response.delete_cookie(SESSION_COOKIE, path=base or "/")
+        return response
+
+    # -- errors ----------------------------------------------------------------------------
+    def error_page(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, JobNotFound):
+            status = 404
+        elif isinstance(exc, InvalidInput):
+            status = 400
+        elif not isinstance(exc, EchoMQError):
+            status = 500
+        else:
+            status = 503  # the server is unreachable or answered with an error
+            log.warning("dashboard: %s: %s", request.url.path, exc)
+        if request.url.path.startswith(f"{request.scope.get('root_path', '')}/api/"):
+            return JSONResponse({"error": str(exc), "type": type(exc).__name__}, status)
+        return self.render(
+            request, "error.html", status=status, error=str(exc), kind=type(exc).__name__
+        )
+
+
+def create_app(
+    client: EchoMQ,
+    *,
+    actions: bool = False,
+    token: str | None = None,
+    poll: float = 2.0,
+    title: str = "EchoMQ",
+) -> Starlette:
+    """The dashboard for ``client``'s keyspace. Read-only unless ``actions`` and ``token``
+    (:class:`~echomq_core.errors.ConfigurationError` for actions without a token); ``poll``:
+    seconds between the pages' live updates."""
+    d = Dashboard(client, actions=actions, token=token, poll=poll, title=title)
+
+    def sync(fn: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await run_in_threadpool(fn, request)
+            except EchoMQError as exc:
+                return d.error_page(request, exc)
+            except Exception as exc:  # a bug: logged with its traceback, shown as one line
+                log.exception("dashboard: %s failed", request.url.path)
+                return d.error_page(request, exc)
+
+        return endpoint
+
+    def guarded(
+        fn: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except EchoMQError as exc:
+                return d.error_page(request, exc)
+
+        return endpoint
+
+    flow = "/flow/{queue}/{parent_id}"
+    routes = [
+        Route("/", sync(d.overview)),
+        Route("/flows", sync(d.flows)),
+        Route(flow, sync(d.flow)),
+        Route("/dead/{queue}", sync(d.dead)),
+        Route("/poison/{queue}", sync(d.poison)),
+        Route("/metrics", sync(d.metrics)),
+        Route("/api/queues", sync(d.api_queues)),
+        Route("/api/flows", sync(d.api_flows)),
+        Route("/api" + flow, sync(d.api_flow)),
+        Route("/api" + flow + "/values", sync(d.api_values)),
+        Route(flow + "/cancel", guarded(d.cancel), methods=["POST"]),
+        Route(flow + "/retry", guarded(d.retry), methods=["POST"]),
+        Route(flow + "/close", guarded(d.close), methods=["POST"]),
+        Route("/poison/{queue}/replay", guarded(d.replay), methods=["POST"]),
+        Route("/login", guarded(d.login), methods=["GET", "POST"]),
+        Route("/logout", guarded(d.logout), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.state.dashboard = d
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form body (without python-multipart), or {} for anything else."""
+    if request.method != "POST":
+        return {}
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind != "application/x-www-form-urlencoded":
+        return {}
+    body = (await request.body())[:65536].decode(errors="replace")
+    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
+
+
+def _int_param(request: Request, name: str, low: int, high: int) -> int:
+    raw = request.query_params.get(name, "") or str(low)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer, got {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise InvalidArgument(f"{name} must be {low} to {high}, got {value}")
+    return value
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, float(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.1f}{unit}"
+    return f"{s:.1f}s"

@@ -1,0 +1,222 @@
+"""What each dashboard page reads, through the public client and the CLI's inspection code.
+
+Every read here is bounded by the page, never by the size of a queue or a flow: counts are
+ZCARD/LLEN, lists are one page of an index (``list_flows``, a ZRANGE of ``dead``, an LRANGE of
+``poison``), a flow's children are read in HSCAN pages with a cursor, and a flow's tree is
+``echomq flow show``'s (:func:`echomq_core.cli.flowtree.read_tree`, which gives up on trees
+above its probe limit instead of reading them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cli.flowtree import FlowNode, flow_counts, read_tree
+from ..client import EchoMQ
+from ..connection import Call, Op
+from ..errors import JobNotFound
+from ..flows import scan_page
+from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..models import FlowSummary, JobInfo
+from ..pump import parse_signal, poison_list
+
+#: Rows per page of a list (flows per state, dead jobs, poisoned signals, children's values).
+PAGE = 50
+#: The most failed / ignored children shown on a flow's page (the counts show the rest).
+SHOWN_ERRORS = 100
+#: How far up a dead job's parents are followed to find the root flow to repair.
+MAX_UP = 16
+
+
+@dataclass(slots=True)
+class FlowList:
+    queues: list[str]
+    counts: dict[str, dict[str, int]]  # queue -> state -> root flows
+    flows: list[FlowSummary]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queues": self.queues,
+            "counts": self.counts,
+            "flows": [f.to_dict() for f in self.flows],
+        }
+
+
+def list_flows(
+    mq: EchoMQ, queue: str | None, state: str | None, offset: int, limit: int = PAGE
+) -> FlowList:
+    names = [check_queue(queue)] if queue else mq.queues()
+    flows: list[FlowSummary] = []
+    counts = {}
+    for name in names:
+        counts[name] = mq.run(flow_counts(mq.keys, name))
+        flows += mq.list_flows(name, state, limit=limit, offset=offset)
+    return FlowList(names, counts, flows)
+
+
+@dataclass(slots=True)
+class FlowPage:
+    tree: FlowNode
+    failed: dict[str, str]
+    ignored: dict[str, str]
+    values: dict[str, Any]
+    cursor: int  # the next page of values (0: none)
+    up: JobInfo | None  # this flow's own row: its parent when it is a sub-flow
+    root: tuple[str, str] | None = None  # (queue, id) of the root flow, when it is a sub-flow
+
+
+def flow_status(mq: EchoMQ, queue: str, parent_id: str) -> dict[str, Any] | None:
+    """What a flow's page polls for live progress: its snapshot - ONE script call, whatever
+    the flow's size (the tree and the values are read when the page loads, not per poll);
+    None when there is no such flow."""
+    snap = mq.snapshot(check_queue(queue), check_job_id(parent_id))
+    if snap.parent_state is None and snap.total == 0:
+        return None
+    flow = {**snap.to_dict(), "released": snap.released}
+    return {"flow": flow, "settled": snap.settled, "outcome": snap.outcome}
+
+
+def values_page(
+    mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0
+) -> tuple[int, dict[str, Any]]:
+    """One HSCAN page of a flow's children's values from ``cursor``: (next cursor, 0 at the
+    end; {child id: value}). About :data:`PAGE` values, or the whole hash while the server
+    keeps it compact (listpack: up to 128 or 512 entries by default): HSCAN returns those in
+    one go."""
+    check_queue(queue)
+    check_job_id(parent_id)
+    next_cursor, raw = mq.run(scan_page(mq.keys.processed(queue, parent_id), cursor, PAGE))
+    values = {}
+    for child_id, value in raw.items():
+        try:
+            values[child_id] = mq.serializer.loads(value)
+        except Exception:  # shown as it is stored
+            values[child_id] = value.decode(errors="replace")
+    return next_cursor, values
+
+
+def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPage | None:
+    """A flow's tree and counts, its failed and ignored children (first
+    :data:`SHOWN_ERRORS`), and one page of its children's values from ``cursor``; None when
+    there is no such flow (values: see :func:`values_page`)."""
+    check_queue(queue)
+    check_job_id(parent_id)
+    snap = mq.snapshot(queue, parent_id)
+    if snap.parent_state is None and snap.total == 0:
+        return None
+    tree = read_tree(mq, queue, parent_id)
+    ks = mq.keys
+    _, failed = mq.run(scan_page(ks.failed(queue, parent_id), 0, SHOWN_ERRORS))
+    _, ignored = mq.run(scan_page(ks.unsuccessful(queue, parent_id), 0, SHOWN_ERRORS))
+    next_cursor, values = values_page(mq, queue, parent_id, cursor)
+    try:
+        up = mq.get_job(queue, parent_id)
+    except JobNotFound:
+        up = None
+    root = root_of(mq, up) if up is not None and up.parent is not None else None
+    return FlowPage(
+        tree,
+        {k: _text(v) for k, v in list(failed.items())[:SHOWN_ERRORS]},
+        {k: _text(v) for k, v in list(ignored.items())[:SHOWN_ERRORS]},
+        values,
+        next_cursor,
+        up,
+        root,
+    )
+
+
+def root_of(mq: EchoMQ, job: JobInfo) -> tuple[str, str] | None:
+    """(queue, id) of the root flow above ``job`` (None when it is no flow's child). A repair
+    is asked of the root: it repairs every sub-flow below it, bottom-up."""
+    at = job
+    for _ in range(MAX_UP):
+        up = at.parent
+        if up is None:
+            return (at.queue, at.id) if at is not job else None
+        try:
+            at = mq.get_job(up.queue, up.id)
+        except JobNotFound:
+            return (up.queue, up.id)
+    return (at.queue, at.id)
+
+
+@dataclass(slots=True)
+class DeadJob:
+    job: JobInfo
+    died_ms: int
+    root: tuple[str, str] | None = None  # the flow to repair to re-run it
+
+
+@dataclass(slots=True)
+class DeadList:
+    queue: str
+    total: int
+    jobs: list[DeadJob] = field(default_factory=list)
+
+
+def _dead_ids(key: str, offset: int, limit: int) -> Op[tuple[int, list[tuple[str, int]]]]:
+    total, flat = yield [
+        Call.cmd("ZCARD", key),
+        Call.cmd("ZRANGE", key, offset, offset + limit - 1, "REV", "WITHSCORES"),
+    ]
+    if flat and isinstance(flat[0], list | tuple):  # redis-py pairs WITHSCORES up itself
+        scored = [(m, sc) for m, sc in flat]
+    else:
+        scored = list(zip(flat[::2], flat[1::2], strict=True))
+    pairs = [(_text(m), int(float(sc))) for m, sc in scored]
+    return int(total), pairs
+
+
+def dead_jobs(mq: EchoMQ, queue: str, offset: int, limit: int = PAGE) -> DeadList:
+    """A page of ``queue``'s dead jobs, newest first, each with the root flow whose repair
+    re-runs it (None for a plain job)."""
+    check_queue(queue)
+    total, ids = mq.run(_dead_ids(mq.keys.dead(queue), offset, limit))
+    out = DeadList(queue, total)
+    for job_id, died in ids:
+        try:
+            info = mq.get_job(queue, job_id)
+        except JobNotFound:  # swept since it was listed
+            continue
+        out.jobs.append(DeadJob(info, died, root_of(mq, info) if info.parent else None))
+    return out
+
+
+def poisoned(mq: EchoMQ, queue: str, count: int = PAGE) -> list[dict[str, Any]]:
+    check_queue(queue)
+    rows = []
+    for reason, entry in mq.run(poison_list(mq.keys, queue, count)):
+        try:
+            sig = parse_signal(entry)
+        except ValueError:
+            rows.append({"reason": reason, "raw": entry.decode(errors="replace")})
+            continue
+        rows.append(
+            {
+                "reason": reason,
+                "kind": {"c": "completed", "i": "ignored", "f": "failed"}[sig.kind],
+                "child": sig.child,
+                "parent_queue": sig.parent_queue,
+                "parent": sig.parent,
+            }
+        )
+    return rows
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if JSON can carry it, else its repr (a custom serializer's objects)."""
+    import json
+
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+__all__ = ["FLOW_INDEXES", "PAGE", "dead_jobs", "flow_page", "list_flows", "poisoned"]

@@ -1,0 +1,76 @@
+// EchoMQ dashboard: live numbers without reloading. A page that can update names its JSON
+// twin in <body data-live>; every data-poll ms this fetches it and writes each value into the
+// elements that name its path: data-k="a|b|c" (text) and <progress data-v=... data-max=...>.
+// No framework, no build step.
+(function () {
+  "use strict";
+  var body = document.body;
+  var url = body.dataset.live;
+  var every = parseInt(body.dataset.poll, 10) || 2000;
+  var status = document.getElementById("live-status");
+  if (!url) {
+    return;
+  }
+
+  function get(obj, path) {
+    for (var i = 0; i < path.length; i++) {
+      if (obj === null || obj === undefined) {
+        return undefined;
+      }
+      obj = obj[path[i]];
+    }
+    return obj;
+  }
+
+  function show(value) {
+    if (typeof value === "number") {
+      return Number.isInteger(value) ? value.toLocaleString("en-US") : value.toFixed(1);
+    }
+    return String(value);
+  }
+
+  function apply(data) {
+    document.querySelectorAll("[data-k]").forEach(function (el) {
+      var value = get(data, el.dataset.k.split("|"));
+      if (value !== undefined && value !== null && el.textContent !== show(value)) {
+        el.textContent = show(value);
+        el.classList.add("changed");
+      }
+    });
+    document.querySelectorAll("progress[data-v]").forEach(function (el) {
+      var value = get(data, el.dataset.v.split("|"));
+      var max = el.dataset.max ? get(data, el.dataset.max.split("|")) : undefined;
+      if (typeof max === "number") {
+        el.max = Math.max(max, 1);
+      }
+      if (typeof value === "number") {
+        el.value = value;
+      }
+    });
+  }
+
+  function tick() {
+    fetch(url, { headers: { accept: "application/json" }, credentials: "same-origin" })
+      .then(function (response) {
+        if (!response.ok) {
+          throw new Error("HTTP " + response.status);
+        }
+        return response.json();
+      })
+      .then(function (data) {
+        apply(data);
+        status.textContent = "live " + new Date().toLocaleTimeString();
+        status.className = "ok";
+        body.dataset.updated = String(Date.now());
+      })
+      .catch(function (err) {
+        status.textContent = "live update failed: " + err.message;
+        status.className = "err";
+      })
+      .then(function () {
+        window.setTimeout(tick, every);
+      });
+  }
+
+  window.setTimeout(tick, every);
+})();

@@ -1,0 +1,426 @@
+"""Prometheus metrics: what a queue holds (read from the server) and what a process did.
+
+Needs the ``metrics`` extra (``pip install 'echomq[metrics]'``, ``prometheus-client``); nothing
+else in EchoMQ imports this module, so workers that do not export metrics do not need it.
+
+Two sources, two kinds of metric:
+
+* **The server** (:class:`QueueCollector`, behind ``echomq dashboard``'s ``/metrics``): gauges
+  read at scrape time - jobs per queue and state, outbox and poison lengths, root flows per
+  state, and the Pump's lag. One pipelined read per scrape: :data:`COMMANDS_PER_QUEUE`
+  commands per queue (ZCARD/LLEN/LINDEX, each O(1) or O(log n)) plus one SMEMBERS for the
+  registry - whatever the number of jobs, so a queue of 10 jobs and one of 10,000,000 cost the
+  same (tests/test_metrics.py counts them with ``INFO commandstats``).
+* **A worker or a Pump process** (:class:`ProcessMetrics`, ``echomq worker|pump
+  --metrics-port``): counters and histograms of what this process did - jobs completed,
+  failed attempts, retries, deaths, handler duration, claim batch sizes, flows released and
+  failed, signals delivered and poisoned, Pump tick duration. Nothing here touches the worker's
+  or the Pump's code: completions and deaths come through the lifecycle hooks
+  (:class:`MeteredHooks` wraps any other :class:`~echomq_core.hooks.LifecycleHooks`), handler
+  timing through a wrapper around each handler (:meth:`ProcessMetrics.wrap_handlers`), batch
+  sizes through a wrapper around each of the worker's queues' ``claim``
+  (:meth:`ProcessMetrics.watch_worker`), and the Pump's counts through a wrapper around its
+  ``tick`` (:meth:`ProcessMetrics.watch_pump`).
+
+The Pump's lag, ``echomq_outbox_head_age_seconds``: a signal carries no timestamp, so the lag
+is measured by looking: at each scrape the collector reads the head of every outbox and
+remembers since when it has seen that same entry there. A Pump that keeps up moves the head
+between scrapes (age ~0); a stalled Pump, or a head that does not deliver, shows an age that
+grows - what an alert needs. Resolution: the scrape interval; the age is a lower bound of the
+signal's true age (it was in the outbox before it reached the head).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .checks import check_int
+from .connection import Call, Op
+from .errors import EchoMQError, Unrecoverable
+from .keyspace import FLOW_INDEXES, Keyspace, check_queue
+from .models import Job
+
+if TYPE_CHECKING:
+    from .client import EchoMQ
+    from .hooks import LifecycleHooks
+    from .pump import Pump, TickStats
+    from .worker import Worker
+
+#: The job states counted per queue (the zsets of the keyspace).
+JOB_STATES = ("pending", "active", "delayed", "dead", "completed")
+#: Commands one scrape sends per queue: 5 job-state ZCARDs, outbox and poison LLEN, the
+#: outbox head (LINDEX 0) and 5 flow-index ZCARDs.
+COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES)
+#: Handler durations (s): from a no-op handler (~10 us) to a long batch step.
+DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
+#: Claim batch sizes: the worker doubles a batch from 1 up to max_batch (5000 at most).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 5000)
+
+
+@dataclass(slots=True)
+class QueueReading:
+    """One queue's counts at one moment (one pipelined read for every queue)."""
+
+    queue: str
+    jobs: dict[str, int]
+    outbox: int
+    poison: int
+    flows: dict[str, int]
+    head_age: float = 0.0  # seconds the current outbox head has been seen there
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            **self.jobs,
+            "outbox": self.outbox,
+            "poison": self.poison,
+            "flows": dict(self.flows),
+            "outbox_head_age": round(self.head_age, 3),
+        }
+
+
+def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReading, bytes]]]:
+    """Each queue's counts and its outbox head (b'' when empty): one round trip,
+    :data:`COMMANDS_PER_QUEUE` commands per queue."""
+    calls: list[Call] = []
+    for q in queues:
+        calls += [
+            Call.cmd("ZCARD", ks.pending(q)),
+            Call.cmd("ZCARD", ks.active(q)),
+            Call.cmd("ZCARD", ks.delayed(q)),
+            Call.cmd("ZCARD", ks.dead(q)),
+            Call.cmd("ZCARD", ks.completed(q)),
+            Call.cmd("LLEN", ks.outbox(q)),
+            Call.cmd("LLEN", ks.poison(q)),
+            Call.cmd("LINDEX", ks.outbox(q), 0),
+            *(Call.cmd("ZCARD", ks.flows(q, state)) for state in FLOW_INDEXES),
+        ]
+    if not calls:
+        return []
+    replies = yield calls
+    out = []
+    for i, q in enumerate(queues):
+        r = replies[i * COMMANDS_PER_QUEUE : (i + 1) * COMMANDS_PER_QUEUE]
+        jobs = {state: int(n) for state, n in zip(JOB_STATES, r[:5], strict=True)}
+        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:], strict=True)}
+        out.append((QueueReading(q, jobs, int(r[5]), int(r[6]), flows), bytes(r[7] or b"")))
+    return out
+
+
+class QueueCollector(Collector):
+    """The server-side exporter: register it in a :class:`~prometheus_client.CollectorRegistry`
+    and every scrape reads the queues (``queues``, or every registered queue) once.
+
+    A scrape that cannot reach the server yields ``echomq_up 0`` and no queue metrics (a
+    scrape never raises). :meth:`read` is the same read for other callers (the dashboard).
+    """
+
+    def __init__(
+        self,
+        client: EchoMQ,
+        queues: Iterable[str] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.fixed = [check_queue(q) for q in queues] if queues is not None else None
+        self.clock = clock
+        self._heads: dict[str, tuple[bytes, float]] = {}  # queue -> (head digest, first seen)
+        self._lock = threading.Lock()
+
+    def read(self) -> list[QueueReading]:
+        """Every queue's counts and the age of its outbox head (see the module doc)."""
+        names = self.fixed if self.fixed is not None else self.client.queues()
+        pairs = self.client.run(read_queues(self.client.keys, names))
+        now = self.clock()
+        with self._lock:
+            for reading, head in pairs:
+                if not head:
+                    self._heads.pop(reading.queue, None)
+                    continue
+                digest = hashlib.sha1(head).digest()
+                seen = self._heads.get(reading.queue)
+                if seen is None or seen[0] != digest:
+                    self._heads[reading.queue] = (digest, now)
+                else:
+                    reading.head_age = now - seen[1]
+        return [reading for reading, _ in pairs]
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the metrics are made at collect time; nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        started = time.perf_counter()
+        up = GaugeMetricFamily("echomq_up", "1 when the last scrape read the server, else 0")
+        try:
+            readings = self.read()
+        except EchoMQError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        jobs = GaugeMetricFamily(
+            "echomq_queue_jobs", "Jobs per queue and state", labels=["queue", "state"]
+        )
+        outbox = GaugeMetricFamily(
+            "echomq_outbox_signals",
+            "Fan-in signals waiting in the queue's outbox for the Pump",
+            labels=["queue"],
+        )
+        poison = GaugeMetricFamily(
+            "echomq_poison_signals", "Signals the Pump moved aside (poison list)", labels=["queue"]
+        )
+        flows = GaugeMetricFamily(
+            "echomq_flows", "Root flows per queue and state", labels=["queue", "state"]
+        )
+        lag = GaugeMetricFamily(
+            "echomq_outbox_head_age_seconds",
+            "How long the queue's oldest undelivered signal has been at the head of its "
+            "outbox, as seen by this exporter (0: empty or moving); the Pump's lag",
+            labels=["queue"],
+        )
+        for r in readings:
+            for state, n in r.jobs.items():
+                jobs.add_metric([r.queue, state], n)
+            outbox.add_metric([r.queue], r.outbox)
+            poison.add_metric([r.queue], r.poison)
+            for state, n in r.flows.items():
+                flows.add_metric([r.queue, state], n)
+            lag.add_metric([r.queue], r.head_age)
+        took = GaugeMetricFamily(
+            "echomq_scrape_duration_seconds", "How long the last read of the server took"
+        )
+        took.add_metric([], time.perf_counter() - started)
+        yield from (up, jobs, outbox, poison, flows, lag, took)
+
+
+# -- a worker's or a Pump's own metrics ---------------------------------------------------
+
+
+@dataclass
+class ProcessMetrics:
+    """Counters and histograms of one worker or Pump process, in their own registry."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    server: MetricsServer | None = None
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve this registry over HTTP (see :class:`MetricsServer`); :meth:`close` stops."""
+        self.server = MetricsServer(self.registry, port, host)
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def __post_init__(self) -> None:
+        r, q = self.registry, ["queue"]
+        self.completed = Counter(
+            "echomq_jobs_completed", "Completions recorded (lease current)", q, registry=r
+        )
+        self.failed = Counter(
+            "echomq_job_attempts_failed", "Handler calls that raised", q, registry=r
+        )
+        self.retried = Counter(
+            "echomq_jobs_retried",
+            "Failed attempts with attempts left (scheduled for a retry)",
+            q,
+            registry=r,
+        )
+        self.dead = Counter(
+            "echomq_jobs_dead", "Jobs that died (last attempt failed, or buried)", q, registry=r
+        )
+        self.duration = Histogram(
+            "echomq_handler_duration_seconds",
+            "Time a handler took for one job",
+            q,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.batch = Histogram(
+            "echomq_claim_batch_size",
+            "Jobs per non-empty claim",
+            q,
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.released = Counter(
+            "echomq_flows_released", "Flows this process released", q, registry=r
+        )
+        self.flows_failed = Counter(
+            "echomq_flows_failed", "Flows this process failed", q, registry=r
+        )
+        self.poisoned = Counter(
+            "echomq_signals_poisoned", "Signals moved to the poison list", q, registry=r
+        )
+        self.pump = Counter(
+            "echomq_pump_events",
+            "What the Pump did: delivered, promoted, recovered, buried, swept",
+            ["event"],
+            registry=r,
+        )
+        self.tick = Histogram(
+            "echomq_pump_tick_duration_seconds",
+            "Time one Pump tick took",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+
+    # -- worker ---------------------------------------------------------------------------
+    def wrap_handlers(self, handlers: Mapping[str, Callable[[Job], Any]]) -> dict[str, Any]:
+        """The same handlers, timed; a raise is counted as a failed attempt (and a retry when
+        the job has attempts left and the error is not :class:`Unrecoverable`), then re-raised
+        unchanged for the worker to record."""
+        return {queue: self._timed(queue, fn) for queue, fn in handlers.items()}
+
+    def _timed(self, queue: str, fn: Callable[[Job], Any]) -> Callable[[Job], Any]:
+        duration = self.duration.labels(queue)
+        failed, retried = self.failed.labels(queue), self.retried.labels(queue)
+
+        def note(job: Job, exc: BaseException) -> None:
+            failed.inc()
+            if not isinstance(exc, Unrecoverable) and job.attempts + 1 < job.max_attempts:
+                retried.inc()
+
+        async def awaited(job: Job, pending: Awaitable[Any], started: float) -> Any:
+            # an async handler: the worker awaits what it returns; time and count that
+            try:
+                return await pending
+            except BaseException as exc:
+                note(job, exc)
+                raise
+            finally:
+                duration.observe(time.perf_counter() - started)
+
+        def timed(job: Job) -> Any:
+            started = time.perf_counter()
+            try:
+                result = fn(job)
+            except BaseException as exc:
+                note(job, exc)
+                duration.observe(time.perf_counter() - started)
+                raise
+            if inspect.isawaitable(result):
+                return awaited(job, result, started)
+            duration.observe(time.perf_counter() - started)
+            return result
+
+        timed.__name__ = getattr(fn, "__name__", "handler")
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
+        return timed
+
+    def watch_worker(self, worker: Worker) -> Worker:
+        """Record the size of every non-empty claim of ``worker`` (wraps each of its queues'
+        ``claim``; the worker's code is not touched)."""
+        for name, queue in worker.queues.items():
+            claim, batch = queue.claim, self.batch.labels(name)
+
+            def metered(*args: Any, _claim: Any = claim, _batch: Any = batch, **kw: Any) -> Any:
+                jobs = _claim(*args, **kw)
+                if jobs:
+                    _batch.observe(len(jobs))
+                return jobs
+
+            queue.claim = metered  # type: ignore[method-assign]
+        return worker
+
+    # -- Pump -----------------------------------------------------------------------------
+    def watch_pump(self, pump: Pump) -> Pump:
+        """Count what each tick of ``pump`` did and time it (wraps its ``tick``)."""
+        tick = pump.tick
+
+        def metered() -> TickStats:
+            started = time.perf_counter()
+            try:
+                stats = tick()
+            finally:
+                self.tick.observe(time.perf_counter() - started)
+            for event in ("delivered", "promoted", "recovered", "buried", "swept"):
+                n = getattr(stats, event)
+                if n:
+                    self.pump.labels(event).inc(n)
+            return stats
+
+        pump.tick = metered  # type: ignore[method-assign]
+        return pump
+
+    def hooks(self, inner: LifecycleHooks | None = None) -> MeteredHooks:
+        """Lifecycle hooks that count, then pass every event on to ``inner`` (plugins)."""
+        return MeteredHooks(self, inner)
+
+
+class MeteredHooks:
+    """A :class:`~echomq_core.hooks.LifecycleHooks` that counts each event, then calls the
+    same method of ``inner`` (through :func:`~echomq_core.hooks.fire`: logged, never raised)."""
+
+    def __init__(self, metrics: ProcessMetrics, inner: LifecycleHooks | None = None) -> None:
+        self.metrics = metrics
+        self.inner = inner
+
+    def _pass(self, event: Any, **kwargs: Any) -> None:
+        if self.inner is not None:
+            from .hooks import fire
+
+            fire(self.inner, event, **kwargs)
+
+    def job_completed(self, *, job: Job, result: bytes) -> None:
+        self.metrics.completed.labels(job.queue).inc()
+        self._pass("job_completed", job=job, result=result)
+
+    def job_dead(self, *, job: Job, error: str) -> None:
+        self.metrics.dead.labels(job.queue).inc()
+        self._pass("job_dead", job=job, error=error)
+
+    def flow_released(self, *, queue: str, parent_id: str) -> None:
+        self.metrics.released.labels(queue).inc()
+        self._pass("flow_released", queue=queue, parent_id=parent_id)
+
+    def flow_failed(self, *, queue: str, parent_id: str) -> None:
+        self.metrics.flows_failed.labels(queue).inc()
+        self._pass("flow_failed", queue=queue, parent_id=parent_id)
+
+    def signal_poisoned(self, *, queue: str, reason: str) -> None:
+        self.metrics.poisoned.labels(queue).inc()
+        self._pass("signal_poisoned", queue=queue, reason=reason)
+
+
+class MetricsServer:
+    """``registry`` served at ``http://host:port/metrics`` by prometheus-client's own HTTP
+    server, from a daemon thread, until :meth:`close`. Binds 127.0.0.1 unless told otherwise;
+    port 0 picks a free port (read it back from :attr:`port`)."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
+        check_int("metrics port", port, 0, 65535)
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self.host = host
+        self.port: int = self._server.server_port
+
+    def __repr__(self) -> str:
+        return f"MetricsServer(http://{self.host}:{self.port}/metrics)"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+__all__ = [
+    "COMMANDS_PER_QUEUE",
+    "MeteredHooks",
+    "MetricsServer",
+    "ProcessMetrics",
+    "QueueCollector",
+    "QueueReading",
+    "read_queues",
+]

@@ -1,0 +1,236 @@
+"""The dashboard in a real browser: headless Chromium (Debian's, fetched by
+scripts/fetch-chromium.sh on first use) loads every page of a real ``echomq dashboard``
+process (uvicorn) against real flows - held, released, failed, cancelled, nested, dead,
+poison - checks what it shows and that no script or policy error was raised, watches a flow
+progress without a reload, and with actions on signs in, cancels and repairs a flow by clicking.
+
+Screenshots: each test writes its pages' PNGs to a temporary folder; with
+``ECHOMQ_SCREENSHOTS=docs/dashboard`` they go there instead (how the README's are made).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from echomq_core import EchoMQ, JobSpec, Pump
+from echomq_core.server import EmbeddedServer
+
+from ..dashkit import TOKEN, Dashboard, Scenario, build_scenario, env_for
+from .cdp import Browser
+
+#: Page loads slower than this fail the test: the pages are small and read bounded pages.
+MAX_LOAD_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    b = Browser()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    yield mq
+    mq.close()
+
+
+@pytest.fixture
+def scenario(client: EchoMQ, standalone_server: EmbeddedServer) -> Scenario:
+    return build_scenario(client, standalone_server.url)
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    wanted = os.environ.get("ECHOMQ_SCREENSHOTS")
+    return Path(wanted).resolve() if wanted else tmp_path
+
+
+def _dashboard(
+    url: str, prefix: str, proc_env: dict[str, str], *, actions: bool
+) -> Iterator[Dashboard]:
+    d = Dashboard(url, prefix, env_for(proc_env), actions=actions, poll=0.3)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def readonly(
+    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
+) -> Iterator[Dashboard]:
+    yield from _dashboard(standalone_server.url, prefix, proc_env, actions=False)
+
+
+@pytest.fixture
+def actions(
+    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
+) -> Iterator[Dashboard]:
+    yield from _dashboard(standalone_server.url, prefix, proc_env, actions=True)
+
+
+def flow_url(d: Dashboard, queue: str, pid: str) -> str:
+    return f"{d.base}/flow/{quote(queue, safe='')}/{quote(pid, safe='')}"
+
+
+def load(browser: Browser, url: str, timings: dict[str, float], name: str) -> None:
+    took = browser.goto(url)
+    timings[name] = took
+    assert took < MAX_LOAD_SECONDS, f"{name} took {took:.2f}s"
+    assert browser.errors() == [], f"{name}: {browser.errors()}"
+
+
+def test_every_page_in_chromium(
+    browser: Browser, scenario: Scenario, readonly: Dashboard, shots: Path
+) -> None:
+    s, d, timings = scenario, readonly, {}
+    load(browser, f"{d.base}/", timings, "queues")
+    assert browser.js("document.querySelectorAll('#queues tbody tr').length") == 3
+    assert browser.text('[data-k="queues|dk-kids|poison"]') == "1"
+    assert browser.text("#mode") == "read-only"
+    browser.screenshot(shots / "queues.png")
+
+    load(browser, f"{d.base}/flows?queue=dk-parents", timings, "flows")
+    rows = browser.js(
+        "[...document.querySelectorAll('#flows tbody tr')].map(r => [r.dataset.flow,"
+        " r.querySelector('.state').textContent, r.querySelector('progress').value,"
+        " r.querySelector('progress').max])"
+    )
+    by_id = {pid: (state, value, top) for pid, state, value, top in rows}
+    assert by_id[s.held.parent_id] == ("held", 4, 10)
+    assert by_id[s.released.parent_id] == ("released", 3, 3)
+    assert by_id[s.failed.parent_id][0] == "failed"
+    assert by_id[s.cancelled.parent_id][0] == "cancelled"
+    browser.screenshot(shots / "flows.png")
+
+    load(browser, flow_url(d, "dk-parents", s.held.parent_id), timings, "flow (held)")
+    assert browser.text("#flow-state") == "held"
+    assert browser.js("document.querySelector('#flow-progress').value") == 4
+    assert browser.js("document.querySelectorAll('#values tbody tr').length") == 4
+
+    load(browser, flow_url(d, "dk-parents", s.failed.parent_id), timings, "flow (failed)")
+    assert browser.text("#flow-state") == "failed"
+    assert "RuntimeError: disk full on part 0" in browser.text("#failed-children")
+    browser.screenshot(shots / "flow-failed.png")
+
+    load(browser, flow_url(d, "dk-parents", s.released.parent_id), timings, "flow (released)")
+    assert browser.text("#flow-state") == "released"
+    assert "ValueError: bad row 2" in browser.text("#ignored-children")
+
+    load(browser, flow_url(d, "dk-parents", s.cancelled.parent_id), timings, "flow (cancelled)")
+    assert browser.text("#flow-state") == "cancelled"
+    assert browser.text("#flow-error") == "wrong input file"
+
+    load(browser, flow_url(d, "dk-parents", s.nested.parent_id), timings, "flow (nested)")
+    assert browser.js("document.querySelectorAll('#tree li[data-node]').length") == 2
+    browser.screenshot(shots / "flow-nested.png")
+    browser.click("#tree li a")  # into a sub-flow, and back up through its root link
+    browser.wait_for("document.querySelector('#root-link') !== null")
+    assert browser.text("#flow-state") == "held"
+    browser.click("#root-link")
+    browser.wait_for(f"location.pathname.endsWith('{s.nested.parent_id}')")
+
+    load(browser, f"{d.base}/dead/dk-plain", timings, "dead")
+    assert "KeyError: 'customer_id'" in browser.text("#dead")
+    load(browser, f"{d.base}/poison/dk-kids", timings, "poison")
+    assert "malformed signal" in browser.text("#poison")
+    browser.goto(flow_url(d, "dk-parents", "JOB-nope"))  # the page itself is a 404
+    assert browser.text("h1") == "JobNotFound"
+    assert "never added, or expired" in browser.text("#error")
+    print("page loads (s):", {k: round(v, 3) for k, v in timings.items()})
+
+
+def test_progress_updates_without_a_reload(
+    browser: Browser, scenario: Scenario, readonly: Dashboard, client: EchoMQ
+) -> None:
+    browser.goto(flow_url(readonly, "dk-parents", scenario.held.parent_id))
+    browser.js("window.__loadedOnce = 'yes'")  # gone if the page reloads
+    assert browser.text("#flow-processed") == "4"
+    kids = client.queue("dk-kids")
+    rest = [j for j in kids.claim(10) if j.parent and j.parent.id == scenario.held.parent_id]
+    assert len(rest) == 6
+    pump = Pump(client, ["dk-kids", "dk-parents"])  # cross-queue: the Pump delivers
+    kids.complete_many([(job, {"square": 0}) for job in rest[:3]])
+    pump.tick()
+    browser.wait_for("document.querySelector('#flow-processed').textContent === '7'")
+    assert browser.js("document.querySelector('#flow-progress').value") == 7
+    kids.complete_many([(job, {"square": 0}) for job in rest[3:]])
+    pump.tick()
+    browser.wait_for("document.querySelector('#flow-state').textContent === 'released'")
+    assert browser.js("window.__loadedOnce") == "yes"
+    assert browser.text("#flow-outstanding") == "0"
+    assert browser.text("#live-status").startswith("live")
+    assert browser.errors() == []
+
+
+def test_lists_update_without_a_reload(
+    browser: Browser, scenario: Scenario, readonly: Dashboard, client: EchoMQ
+) -> None:
+    """The overview's counts and the flow list's progress bars follow the server live."""
+    held = scenario.held.parent_id
+    browser.goto(f"{readonly.base}/flows?queue=dk-parents&state=held")
+    browser.js("window.__loadedOnce = 'yes'")
+    bar = f"document.querySelector('tr[data-flow=\"{held}\"] progress')"
+    assert browser.js(f"{bar}.value") == 4
+    kids = client.queue("dk-kids")
+    mine = [j for j in kids.claim(10) if j.parent and j.parent.id == held]
+    kids.complete_many([(job, 0) for job in mine[:2]])
+    pump = Pump(client, ["dk-kids", "dk-parents"])
+    pump.tick()
+    browser.wait_for(f"{bar}.value === 6")
+    assert browser.js("window.__loadedOnce") == "yes"
+
+    browser.goto(f"{readonly.base}/")
+    browser.js("window.__loadedOnce = 'yes'")
+    pending = "document.querySelector('[data-k=\"queues|dk-plain|pending\"]').textContent"
+    assert browser.js(pending) == "0"
+    client.queue("dk-plain").add_bulk([JobSpec(i) for i in range(1234)])
+    browser.wait_for(f"{pending} === '1,234'")
+    assert browser.js("window.__loadedOnce") == "yes"
+    assert browser.errors() == []
+    pump.release_leases()
+
+
+def test_sign_in_then_cancel_and_repair_by_clicking(
+    browser: Browser, scenario: Scenario, actions: Dashboard, client: EchoMQ, shots: Path
+) -> None:
+    held, failed = scenario.held.parent_id, scenario.failed.parent_id
+    browser.goto(flow_url(actions, "dk-parents", held))
+    assert browser.js("document.querySelector('#cancel') === null")  # not signed in yet
+    browser.goto(f"{actions.base}/login")
+    browser.type_into("#token", "not-the-token-at-all")
+    browser.click("#login")
+    browser.wait_for("document.querySelector('#login-error') !== null")
+    browser.type_into("#token", TOKEN)
+    browser.click("#login")
+    browser.wait_for("document.querySelector('#mode').textContent.includes('actions on')")
+
+    browser.goto(flow_url(actions, "dk-parents", held))
+    browser.type_into("#cancel-reason", "clicked in the browser")
+    browser.click("#cancel")
+    browser.wait_for("document.querySelector('#notice') !== null")
+    assert browser.text("#flow-state") == "cancelled"
+    assert "children stopped" in browser.text("#notice")
+    snap = client.snapshot("dk-parents", held)
+    assert (snap.parent_state, snap.error) == ("cancelled", "clicked in the browser")
+
+    browser.goto(flow_url(actions, "dk-parents", failed))
+    browser.screenshot(shots / "flow-actions.png")
+    browser.click("#retry")
+    browser.wait_for("document.querySelector('#notice') !== null")
+    assert browser.text("#flow-state") == "held"
+    assert "back to work" in browser.text("#notice")
+    assert client.snapshot("dk-parents", failed).parent_state == "held"
+    pending = client.queue("dk-parents").stats()["pending"]
+    assert pending >= 1  # the dead child is back to work
+
+    browser.goto(f"{actions.base}/poison/dk-kids")
+    browser.click("#replay")
+    browser.wait_for("document.querySelector('#notice') !== null")
+    assert client.queue("dk-kids").stats()["poison"] == 0
+    assert browser.errors() == []

@@ -1,0 +1,218 @@
+"""Helpers for the dashboard tests: the dashboard as a real process (``echomq dashboard`` on
+uvicorn), plain HTTP against it, and a keyspace of real flows in every state."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlencode, urlsplit
+
+import redis
+
+from echomq_core import Child, EchoMQ, FlowRef, Pump
+
+CLI = [sys.executable, "-m", "echomq_core.cli"]
+TOKEN = "browser-test-token-0123456789"
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: str
+    cookies: list[str] = field(default_factory=list)
+
+
+class Dashboard:
+    """``echomq dashboard --port 0`` in a subprocess, stopped by :meth:`stop`."""
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        env: dict[str, str],
+        *,
+        actions: bool = False,
+        poll: float = 0.3,
+    ) -> None:
+        args = [
+            *CLI,
+            "dashboard",
+            "--port",
+            "0",
+            "--url",
+            url,
+            "--prefix",
+            prefix,
+            "--poll",
+            str(poll),
+        ]
+        env = dict(env)
+        if actions:
+            args.append("--actions")
+            env["ECHOMQ_DASHBOARD_TOKEN"] = TOKEN
+        self.proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("http://"):
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError(f"the dashboard did not start: {line!r} {err}")
+        self.base = line.rstrip("/")
+        parts = urlsplit(self.base)
+        self.host, self.port = parts.hostname or "", parts.port or 0
+        deadline = time.monotonic() + 15
+        while True:  # uvicorn serves a moment after the socket is bound
+            try:
+                if self.get("/api/queues").status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()  # never leave the process behind a failed start
+                raise AssertionError("the dashboard never answered")
+            time.sleep(0.05)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        form: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        body = urlencode(form) if form is not None else None
+        sent = dict(headers or {})
+        if body is not None:
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        conn.request(method, path, body=body, headers=sent)
+        r = conn.getresponse()
+        reply = Reply(
+            r.status,
+            {k.lower(): v for k, v in r.getheaders()},
+            r.read().decode(),
+            r.msg.get_all("set-cookie") or [],
+        )
+        conn.close()
+        return reply
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> Reply:
+        return self.request("GET", path, headers=headers)
+
+    def post(
+        self, path: str, form: dict[str, str] | None = None, headers: dict[str, str] | None = None
+    ) -> Reply:
+        return self.request("POST", path, form if form is not None else {}, headers)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate(timeout=5)
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+@dataclass
+class Scenario:
+    """Flows in every state, in queues ``dk-parents`` / ``dk-kids``, plus a dead plain job and
+    a poisoned signal."""
+
+    held: FlowRef
+    released: FlowRef
+    failed: FlowRef
+    cancelled: FlowRef
+    nested: FlowRef
+    dead_job: str
+
+
+def build_scenario(mq: EchoMQ, url: str) -> Scenario:
+    kids = mq.queue("dk-kids")
+    # held: 10 children across queues, 4 of them done (values to show), the rest pending
+    held = mq.add_flow(
+        "dk-parents", [Child({"n": i}, queue="dk-kids") for i in range(10)], barrier=True
+    )
+    jobs = kids.claim(4)
+    kids.complete_many([(job, {"square": job.payload["n"] ** 2}) for job in jobs])
+    # released: 3 children, one of them an ignored failure
+    released = mq.add_flow(
+        "dk-parents",
+        [
+            Child({"n": 0}, queue="dk-parents"),
+            Child({"n": 1}, queue="dk-parents"),
+            Child({"n": 2}, queue="dk-parents", ignore_dependency_on_failure=True, max_attempts=1),
+        ],
+        barrier=True,
+    )
+    # failed: a fail-the-parent child dies with a readable error
+    failed = mq.add_flow(
+        "dk-parents",
+        [Child({"n": 0}, queue="dk-parents", max_attempts=1), Child({"n": 1}, queue="dk-parents")],
+        barrier=True,
+    )
+    parents = mq.queue("dk-parents")
+    for job in parents.claim(10):
+        if job.parent is not None and job.parent.id == released.parent_id:
+            if job.payload["n"] == 2:
+                parents.fail(job, "ValueError: bad row 2", retry=False)
+            else:
+                parents.complete(job, job.payload["n"])
+        elif job.parent is not None and job.parent.id == failed.parent_id:
+            if job.payload["n"] == 0:
+                parents.fail(job, "RuntimeError: disk full on part 0", retry=False)
+            else:
+                parents.release([job])
+        else:
+            parents.release([job])
+    cancelled = mq.add_flow(
+        "dk-parents", [Child(i, queue="dk-kids") for i in range(3)], barrier=True
+    )
+    mq.cancel_flow("dk-parents", cancelled.parent_id, reason="wrong input file")
+    nested = mq.add_flow(
+        "dk-parents",
+        [
+            Child(
+                {"part": p},
+                queue="dk-kids",
+                children=[Child({"leaf": i}, queue="dk-kids") for i in range(3)],
+            )
+            for p in range(2)
+        ],
+        barrier=True,
+    )
+    # a dead plain job and a poisoned signal
+    plain = mq.queue("dk-plain")
+    dead_id = plain.add({"x": 1}, max_attempts=1)
+    (job,) = plain.claim(1)
+    plain.fail(job, "KeyError: 'customer_id'", retry=False)
+    raw = redis.Redis.from_url(url)
+    raw.rpush(mq.keys.outbox("dk-kids"), b"garbage that is no signal")
+    raw.close()
+    pump = Pump(mq, ["dk-kids"], max_tries=1, maintain_every=3600)
+    pump.tick()
+    pump.release_leases()  # so the tests' own Pumps drain at once
+    assert mq.snapshot("dk-parents", released.parent_id).released
+    assert mq.snapshot("dk-parents", failed.parent_id).parent_state == "failed"
+    assert mq.queue("dk-kids").stats()["poison"] == 1
+    return Scenario(held, released, failed, cancelled, nested, dead_id)
+
+
+def env_for(proc_env: dict[str, str]) -> dict[str, str]:
+    env = dict(proc_env)
+    for name in ("ECHOMQ_URL", "ECHOMQ_PREFIX", "ECHOMQ_DASHBOARD_TOKEN"):
+        env.pop(name, None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

@@ -1,0 +1,370 @@
+"""Prometheus metrics (echomq_core.metrics) against real servers: the server-side collector's
+values and its cost per scrape, a worker's and a Pump's own counters, and ``--metrics-port``."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from echomq_core import Backoff, Child, EchoMQ, JobSpec, Pump, Unrecoverable, Worker
+from echomq_core.metrics import COMMANDS_PER_QUEUE, ProcessMetrics, QueueCollector
+from echomq_core.server import EmbeddedServer
+
+from .conftest import Backend
+
+CLI = [sys.executable, "-m", "echomq_core.cli"]
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a scrape, as {(name, sorted labels): value} - parsed back from the text
+    format, so what Prometheus would read is what is checked."""
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(found: dict[Any, float], name: str, **labels: str) -> float:
+    return found[(name, tuple(sorted(labels.items())))]
+
+
+def test_collector_reports_jobs_flows_outbox_and_poison(backend: Backend, mq: EchoMQ) -> None:
+    q = mq.queue("mx-work", max_attempts=1)
+    q.add_bulk([JobSpec({"n": i}) for i in range(7)])
+    q.add({"later": True}, delay=3600)
+    # a held flow whose children live in another queue, and one that fails
+    held = mq.add_flow("mx-parents", [Child(i, queue="mx-kids") for i in range(3)])
+    doomed = mq.add_flow("mx-parents", [Child("x", queue="mx-parents", max_attempts=1)])
+    kids = mq.queue("mx-kids")
+    done = kids.claim(2)
+    kids.complete_many([(job, 1) for job in done])  # two cross-queue signals in the outbox
+    (job,) = mq.queue("mx-parents").claim(1)
+    assert job.parent is not None and job.parent.id == doomed.parent_id
+    mq.queue("mx-parents").fail(job, "boom", retry=False)
+    (dead,) = q.claim(1)
+    q.fail(dead, "no more", retry=False)
+
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(mq))
+    found = samples(registry)
+    assert value(found, "echomq_up") == 1
+    assert value(found, "echomq_queue_jobs", queue="mx-work", state="pending") == 6
+    assert value(found, "echomq_queue_jobs", queue="mx-work", state="delayed") == 1
+    assert value(found, "echomq_queue_jobs", queue="mx-work", state="dead") == 1
+    assert value(found, "echomq_queue_jobs", queue="mx-kids", state="pending") == 1
+    assert value(found, "echomq_queue_jobs", queue="mx-kids", state="completed") == 2
+    assert value(found, "echomq_outbox_signals", queue="mx-kids") == 2
+    assert value(found, "echomq_poison_signals", queue="mx-kids") == 0
+    assert value(found, "echomq_flows", queue="mx-parents", state="held") == 1
+    assert value(found, "echomq_flows", queue="mx-parents", state="failed") == 1
+    assert value(found, "echomq_flows", queue="mx-parents", state="released") == 0
+    assert held.parent_id != doomed.parent_id
+
+
+@pytest.mark.onlystandalone
+def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
+    standalone_server: EmbeddedServer, prefix: str
+) -> None:
+    """The bound in the module doc, measured with INFO commandstats: COMMANDS_PER_QUEUE per
+    queue plus one SMEMBERS, whatever the number of jobs (and flows) a queue holds."""
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    raw = redis.Redis.from_url(standalone_server.url)
+    costs = {}
+    for n in (10, 10_000):
+        queue = f"mx-size{n}"
+        mq.queue(queue).add_bulk([JobSpec(i) for i in range(n)])
+        mq.add_flow(queue, [Child(i) for i in range(n)])  # a flow of n children too
+        collector = QueueCollector(mq, [queue])
+        raw.config_resetstat()
+        list(collector.collect())
+        stats = {
+            k: int(v["calls"])
+            for k, v in raw.info("commandstats").items()
+            if not k.startswith(("cmdstat_config", "cmdstat_info"))
+        }
+        costs[n] = sum(stats.values())
+        assert stats.keys() <= {
+            "cmdstat_zcard",
+            "cmdstat_llen",
+            "cmdstat_lindex",
+        }
+    # with every registered queue (the default): one SMEMBERS more, per scrape
+    raw.config_resetstat()
+    list(QueueCollector(mq).collect())
+    everything = raw.info("commandstats")
+    assert int(everything["cmdstat_smembers"]["calls"]) == 1
+    print(f"commands per scrape per queue: 10 jobs {costs[10]}, 10,000 jobs {costs[10_000]}")
+    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE == 13
+    raw.close()
+    mq.close()
+
+
+def test_lag_is_how_long_the_outbox_head_has_not_moved(backend: Backend, mq: EchoMQ) -> None:
+    now = [1000.0]
+    collector = QueueCollector(mq, ["mx-lag-kids", "mx-lag-parents"], clock=lambda: now[0])
+    ref = mq.add_flow("mx-lag-parents", [Child(i, queue="mx-lag-kids") for i in range(2)])
+    kids = mq.queue("mx-lag-kids")
+    first = kids.claim(1)
+    kids.complete_many([(job, "v") for job in first])
+
+    def lag() -> float:
+        return {r.queue: r.head_age for r in collector.read()}["mx-lag-kids"]
+
+    assert lag() == 0.0  # first seen now
+    now[0] += 12.5
+    assert lag() == 12.5  # the same head, not delivered: the Pump is behind
+    rest = kids.claim(1)
+    kids.complete_many([(job, "v") for job in rest])  # a second signal queues behind it
+    now[0] += 1
+    assert lag() == 13.5
+    Pump(mq, ["mx-lag-kids", "mx-lag-parents"]).tick()  # delivers both
+    now[0] += 1
+    assert lag() == 0.0
+    assert mq.snapshot("mx-lag-parents", ref.parent_id).released
+
+
+def test_an_unreachable_server_scrapes_as_down() -> None:
+    with _closed_port() as port:
+        mq = EchoMQ(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=0.5)
+        registry = CollectorRegistry()
+        registry.register(QueueCollector(mq, ["q"]))
+        found = samples(registry)
+        mq.close()
+    assert value(found, "echomq_up") == 0
+    assert not any(name == "echomq_queue_jobs" for name, _ in found)
+
+
+class _closed_port:
+    def __enter__(self) -> int:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        return int(self.sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+def test_worker_metrics_count_what_the_worker_did(backend: Backend, mq: EchoMQ) -> None:
+    metrics = ProcessMetrics()
+    seen: list[str] = []
+
+    class Inner:  # a plugin's hooks still get every event
+        def job_dead(self, *, job: Any, error: str) -> None:
+            seen.append(job.id)
+
+    def handle(job: Any) -> Any:
+        kind = job.payload["kind"]
+        if kind == "flaky" and job.attempts == 0:
+            raise RuntimeError("first try fails")
+        if kind == "bad":
+            raise Unrecoverable("never")
+        if kind == "slow":
+            time.sleep(0.05)
+        return kind
+
+    q = mq.queue("mx-w", max_attempts=2)
+    q.add_bulk([JobSpec({"kind": "ok"}) for _ in range(20)])
+    q.add_bulk([JobSpec({"kind": k}) for k in ("flaky", "bad", "slow")])
+    worker = Worker(
+        mq,
+        metrics.wrap_handlers({"mx-w": handle}),
+        hooks=metrics.hooks(Inner()),
+        queue_options={"backoff": Backoff(base_ms=20, cap_ms=50)},
+        concurrency=2,
+        poll=0.01,
+        max_poll=0.05,
+    )
+    metrics.watch_worker(worker)
+    worker.start()
+    deadline = time.monotonic() + 30
+    try:
+        while q.stats()["completed"] < 22 or q.stats()["dead"] < 1:
+            assert time.monotonic() < deadline, q.stats()
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    found = samples(metrics.registry)
+    assert value(found, "echomq_jobs_completed_total", queue="mx-w") == 22
+    assert value(found, "echomq_job_attempts_failed_total", queue="mx-w") == 2
+    assert value(found, "echomq_jobs_retried_total", queue="mx-w") == 1  # flaky, not bad
+    assert value(found, "echomq_jobs_dead_total", queue="mx-w") == 1
+    assert len(seen) == 1
+    assert value(found, "echomq_handler_duration_seconds_count", queue="mx-w") == 24
+    assert value(found, "echomq_handler_duration_seconds_sum", queue="mx-w") >= 0.05
+    assert value(found, "echomq_handler_duration_seconds_bucket", queue="mx-w", le="0.01") < 24
+    # every job run was claimed once, in batches: the batch sizes add up to the claims
+    assert value(found, "echomq_claim_batch_size_sum", queue="mx-w") == 24
+    assert 1 <= value(found, "echomq_claim_batch_size_count", queue="mx-w") < 24
+
+
+def test_async_handlers_are_timed_and_counted_when_awaited(backend: Backend, mq: EchoMQ) -> None:
+    import asyncio
+
+    metrics = ProcessMetrics()
+
+    async def handle(job: Any) -> Any:
+        await asyncio.sleep(0.03)
+        if job.payload == "bad":
+            raise ValueError("async failure")
+        return job.payload
+
+    q = mq.queue("mx-async", max_attempts=1)
+    q.add_bulk([JobSpec("ok"), JobSpec("bad")])
+    worker = Worker(
+        mq,
+        metrics.wrap_handlers({"mx-async": handle}),
+        hooks=metrics.hooks(),
+        poll=0.01,
+        max_poll=0.05,
+    )
+    worker.start()
+    deadline = time.monotonic() + 20
+    try:
+        while q.stats()["completed"] < 1 or q.stats()["dead"] < 1:
+            assert time.monotonic() < deadline, q.stats()
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    found = samples(metrics.registry)
+    assert value(found, "echomq_handler_duration_seconds_count", queue="mx-async") == 2
+    assert value(found, "echomq_handler_duration_seconds_sum", queue="mx-async") >= 0.06
+    assert value(found, "echomq_job_attempts_failed_total", queue="mx-async") == 1
+    assert value(found, "echomq_jobs_retried_total", queue="mx-async") == 0
+    assert value(found, "echomq_jobs_completed_total", queue="mx-async") == 1
+
+
+def test_pump_metrics_count_deliveries_and_releases(backend: Backend, mq: EchoMQ) -> None:
+    metrics = ProcessMetrics()
+    ref = mq.add_flow("mx-p-parents", [Child(i, queue="mx-p-kids") for i in range(5)])
+    kids = mq.queue("mx-p-kids")
+    kids.complete_many([(job, 1) for job in kids.claim(5)])
+    pump = metrics.watch_pump(
+        Pump(mq, ["mx-p-kids", "mx-p-parents"], hooks=metrics.hooks(), maintain_every=0)
+    )
+    pump.tick()
+    found = samples(metrics.registry)
+    assert value(found, "echomq_pump_events_total", event="delivered") == 5
+    assert value(found, "echomq_flows_released_total", queue="mx-p-parents") == 1
+    assert value(found, "echomq_pump_tick_duration_seconds_count") == 1
+    assert mq.snapshot("mx-p-parents", ref.parent_id).released
+
+
+APP = """
+def handle(job):
+    return job.payload * 2
+
+HANDLERS = {"mx-cli": handle}
+"""
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "mx_app.py").write_text(textwrap.dedent(APP))
+    return tmp_path
+
+
+def _metrics_url(proc: subprocess.Popen[str]) -> Iterator[str]:
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        found = re.search(r"echomq metrics: (http://\S+)", line)
+        if found:
+            yield found.group(1)
+            return
+    raise AssertionError("the process never printed its metrics URL")
+
+
+def test_worker_and_pump_serve_metrics_on_metrics_port(
+    standalone_server: EmbeddedServer, prefix: str, app_dir: Path, proc_env: dict[str, str]
+) -> None:
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    ref = mq.add_flow("mx-cli-parents", [Child(i, queue="mx-cli") for i in range(10)])
+    conn = ["--url", standalone_server.url, "--prefix", prefix, "--metrics-port", "0"]
+    procs = [
+        subprocess.Popen(
+            [*CLI, *args, *conn],
+            cwd=app_dir,
+            env=proc_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in (["worker", "mx-cli", "--app", "mx_app:HANDLERS"], ["pump"])
+    ]
+    try:
+        worker_url, pump_url = (next(_metrics_url(p)) for p in procs)
+        assert "127.0.0.1" in worker_url and "127.0.0.1" in pump_url
+        mq.wait("mx-cli-parents", ref.parent_id, timeout=30)
+        deadline = time.monotonic() + 10
+        while True:  # the worker's completions and the Pump's deliveries, as scraped
+            worker_text = urllib.request.urlopen(worker_url, timeout=5).read().decode()
+            pump_text = urllib.request.urlopen(pump_url, timeout=5).read().decode()
+            if (
+                'echomq_jobs_completed_total{queue="mx-cli"} 10.0' in worker_text
+                and 'echomq_pump_events_total{event="delivered"} 10.0' in pump_text
+            ):
+                break
+            assert time.monotonic() < deadline, (worker_text, pump_text)
+            time.sleep(0.1)
+        assert 'echomq_claim_batch_size_count{queue="mx-cli"}' in worker_text
+        assert 'echomq_flows_released_total{queue="mx-cli-parents"} 1.0' in pump_text
+        # the Pump also exports the server-side gauges of the queues it serves
+        assert 'echomq_outbox_head_age_seconds{queue="mx-cli"}' in pump_text
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.communicate(timeout=30)
+        mq.close()
+    assert [p.returncode for p in procs] == [0, 0]
+
+
+def test_workers_without_metrics_do_not_need_prometheus_client(
+    standalone_server: EmbeddedServer, prefix: str, app_dir: Path, proc_env: dict[str, str]
+) -> None:
+    """prometheus-client is the metrics extra's: the core and the CLI import without it, and
+    --metrics-port without it is refused in one line naming what to install."""
+    blocked = (
+        "import sys; sys.modules['prometheus_client'] = None; "
+        "import echomq_core, echomq_core.cli, echomq_core.worker, echomq_core.pump; "
+        "from echomq_core.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    conn = ["--url", standalone_server.url, "--prefix", prefix]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            blocked,
+            "worker",
+            "mx-cli",
+            "--app",
+            "mx_app:HANDLERS",
+            "--metrics-port",
+            "0",
+            *conn,
+        ],
+        cwd=app_dir,
+        env=proc_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "pip install 'echomq[metrics]'" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
