@@ -100,12 +100,13 @@ class Deployment:
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.base}/execution/",
             AIRFLOW__CORE__PARALLELISM="8",
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{self.home}/airflow.db",
+            # SQLite serialises writers: wait up to 60 s for the lock instead of failing at 5
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{self.home}/airflow.db?timeout=60",
             AIRFLOW__API__PORT=str(self.port),
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__BASE_URL=self.base,
             AIRFLOW__API__WORKERS="1",
-            AIRFLOW__API_AUTH__JWT_SECRET="echomq-deployment-example-secret",
+            AIRFLOW__API_AUTH__JWT_SECRET="echomq-deployment-example-" + "0123456789abcdef" * 4,
             AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(self.home / "logs"),
             # the log servers of the scheduler and the triggerer: free ports, so that several
             # deployments (and other Airflows) can run on one machine
@@ -236,7 +237,19 @@ class Deployment:
             self._token = self._request("GET", "/auth/token", None)["access_token"]
         return self._request(method, path, body)
 
-    def _request(self, method: str, path: str, body: Any) -> Any:
+    def _request(self, method: str, path: str, body: Any, tries: int = 5) -> Any:
+        """One call; a 5xx "Database error" (SQLite is locked by another component: its
+        transaction was rolled back) is retried, at most ``tries`` times in all."""
+        for attempt in range(1, tries + 1):
+            try:
+                return self._request_once(method, path, body)
+            except DeploymentError as exc:
+                if attempt == tries or "Database error" not in str(exc):
+                    raise
+                time.sleep(0.5 * attempt)
+        raise AssertionError("unreachable")
+
+    def _request_once(self, method: str, path: str, body: Any) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")

@@ -168,3 +168,20 @@ def test_timeouts_cancel_the_flow(
         assert mq.queue("test.idle").claim(1) == []
     assert snap.parent_state == "cancelled" and "timed out" in (snap.error or "")
     assert job.state == "cancelled"
+
+
+def test_killed_sensor_cancels_its_flow(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    run = run_dag(airflow_db, "echomq_killed")
+    assert (run.state_of("wait_cancelled"), run.state_of("wait_kept")) == ("failed", "failed")
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        cancelled = mq.snapshot(
+            "test.idle-reports", parent_id_for("echomq_killed", run.run_id, "fan_out_cancelled")
+        )
+        kept = mq.snapshot(
+            "test.idle-reports", parent_id_for("echomq_killed", run.run_id, "fan_out_kept")
+        )
+    assert cancelled.parent_state == "cancelled"
+    assert "sensor wait_cancelled:" in (cancelled.error or "")
+    assert kept.parent_state == "held"  # cancel_on_failure=False

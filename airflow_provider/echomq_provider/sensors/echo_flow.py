@@ -175,6 +175,7 @@ class EchoFlowSensor(BaseSensorOperator):
         )
         self._hook: EchoMQHook | None = None
         self._last_progress: float | None = None
+        self._ti_for_kill: Any = None  # the running task instance, for on_kill
 
     # -- modes ----------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
@@ -266,7 +267,7 @@ class EchoFlowSensor(BaseSensorOperator):
         if not self.cancel_on_failure:
             return
         state = None
-        ti = getattr(self, "_ti_for_kill", None)
+        ti = self._ti_for_kill
         if ti is not None:
             state = task_state(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
         if state in _NOT_FAILED:
