@@ -256,7 +256,7 @@ class Deployment:
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=120) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             raise DeploymentError(f"{method} {path}: {exc.code} {exc.read()[:500]!r}") from None
