@@ -341,6 +341,8 @@ class Deployment:
 
 def main() -> None:
     """Run the example DAG once in a fresh deployment; print its summary; stop everything."""
+    # SIGTERM unwinds like Ctrl-C, so every process started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     deployment = Deployment([EXAMPLE_DAGS / "echomq_fan_out.py"])
     with deployment:
         print(f"Airflow API and UI: {deployment.base} (AIRFLOW_HOME {deployment.home})")
