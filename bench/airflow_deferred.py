@@ -265,7 +265,12 @@ def main() -> None:
         worker_queues=["bench.work"],
         pythonpath=[ROOT, ROOT / "examples" / "airflow"],
         prefix="bench",
-        env={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "200"},
+        env={
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "200",
+            # a loaded machine parses slowly: never drop the DAGs as stale mid-run
+            "AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD": "600",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+        },
     )
     results: dict[str, Any] = {}
     if "--triggers" in sys.argv:
