@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import statistics
 import sys
@@ -54,7 +55,7 @@ from echomq_provider.flow_specs import parent_id_for  # noqa: E402
 from echomq_core import EchoMQ, Job  # noqa: E402
 
 DAGS = """
-from datetime import datetime
+from datetime import datetime, timedelta
 from airflow.sdk import dag, task
 from echomq_provider.operators.echo_flow import EchoFlowOperator
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
@@ -73,7 +74,8 @@ def bench_xcom():
 
 
 @dag(dag_id="bench_deferred", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-     max_active_runs=200, max_active_tasks=200)
+     max_active_runs=200, max_active_tasks=200,
+     default_args={"retries": 2, "retry_delay": timedelta(seconds=2)})  # SQLite under load
 def bench_deferred():
     fan_out = EchoFlowOperator(task_id="fan_out", parent_queue="bench.gate",
                                children=[{"payload": 0}])   # same queue: no Pump involved
@@ -253,6 +255,8 @@ def part_deferred(deployment: Deployment, flows: int = 10, window: float = 30.0)
 
 
 def main() -> None:
+    # SIGTERM unwinds like Ctrl-C, so the deployment stops every process it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     dags = Path(tempfile.mkdtemp()) / "bench_airflow_dags.py"
     dags.write_text(DAGS)
     deployment = Deployment(
@@ -261,7 +265,12 @@ def main() -> None:
         worker_queues=["bench.work"],
         pythonpath=[ROOT, ROOT / "examples" / "airflow"],
         prefix="bench",
-        env={"AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "200"},
+        env={
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "200",
+            # a loaded machine parses slowly: never drop the DAGs as stale mid-run
+            "AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD": "600",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+        },
     )
     results: dict[str, Any] = {}
     if "--triggers" in sys.argv:

@@ -256,7 +256,7 @@ class Deployment:
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=120) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             raise DeploymentError(f"{method} {path}: {exc.code} {exc.read()[:500]!r}") from None
@@ -341,6 +341,8 @@ class Deployment:
 
 def main() -> None:
     """Run the example DAG once in a fresh deployment; print its summary; stop everything."""
+    # SIGTERM unwinds like Ctrl-C, so every process started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     deployment = Deployment([EXAMPLE_DAGS / "echomq_fan_out.py"])
     with deployment:
         print(f"Airflow API and UI: {deployment.base} (AIRFLOW_HOME {deployment.home})")
