@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,13 @@ from echomq_core.keyspace import check_job_id, check_queue, id_part
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
-CHILD_KEYS = ("payload", "queue", "ignore_failure", "max_attempts", "timeout")
+CHILD_KEYS = ("payload", "key", "queue", "ignore_failure", "max_attempts", "timeout")
+#: Characters a key keeps as they are in its child's id; any other byte becomes ``~xx``.
+_KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-/@+=#")
+#: The longest key once encoded (the child id holds ``JOB-af/k/<32 hex>/`` before it).
+MAX_KEY_CHARS = 158
+
+
 def parent_id_for(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
     """``JOB-af/<dag>/<task>/<digest>``: readable for a person scanning keys, unique by digest.
 
@@ -43,12 +50,54 @@ def parent_id_for(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
     return check_job_id(f"JOB-af/{readable}/{digest}")
 
 
+def keyed_child_id(parent_id: str, key: str) -> str:
+    """The id of the child a spec gave ``key``: ``JOB-af/k/<digest of the parent id>/<key>``.
+
+    Not ``<parent id>.<key>``: a derived parent id may take 161 characters, which would leave
+    a key 35. The digest ties the child to its parent (a re-add derives the same ids); the key
+    is kept readable, each byte outside the id alphabet written ``~xx`` (``~`` itself too), so
+    :func:`child_label` gives the key back exactly.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidInput(f"a child key must be a non-empty string, got {key!r:.80}")
+    encoded = "".join(
+        ch if ch in _KEY_SAFE else "".join(f"~{b:02x}" for b in ch.encode()) for ch in key
+    )
+    if len(encoded) > MAX_KEY_CHARS:
+        raise InvalidInput(
+            f"child key {key[:40]!r}... is too long: {len(encoded)} characters once encoded "
+            f"(bytes outside A-Z a-z 0-9 . _ - / @ + = # count 3), at most {MAX_KEY_CHARS}"
+        )
+    return check_job_id(f"{_keyed_stem(parent_id)}{encoded}")
+
+
+def _keyed_stem(parent_id: str) -> str:
+    return f"JOB-af/k/{hashlib.sha256(parent_id.encode()).hexdigest()[:32]}/"
+
+
+def child_label(parent_id: str, child_id: str) -> int | str:
+    """What a child's result is matched to its input by: the index of its spec in the
+    operator's ``children`` (derived ids ``<parent>.<i>``, or ``<parent>.g<n>.<i>`` after a
+    replace), or the ``key`` its spec gave. An id of neither form (a flow added outside the
+    operator with explicit ids) is returned as it is."""
+    stem = _keyed_stem(parent_id)
+    if child_id.startswith(stem):
+        raw = child_id[len(stem) :].encode()
+        return re.sub(rb"~([0-9a-f]{2})", lambda m: bytes([int(m[1], 16)]), raw).decode()
+    if child_id.startswith(parent_id + "."):
+        tail = child_id[len(parent_id) + 1 :].rsplit(".", 1)[-1]
+        if tail.isdigit():
+            return int(tail)
+    return child_id
+
+
 def to_children(
     items: Any,
     *,
     default_queue: str | None = None,
     default_max_attempts: int | None = None,
     default_timeout: float | None = None,
+    parent_id: str | None = None,
 ) -> list[Child]:
     """Turn the operator's ``children`` into :class:`~echomq_core.Child` objects.
 
@@ -60,6 +109,10 @@ def to_children(
       returns through XCom;
     * a :class:`~echomq_core.Child` (for DAGs that build specs in Python);
     * any other value (number, string, list): a payload with the defaults.
+
+    A mapping may give a ``key`` (a string): its result is then read back under that key
+    instead of its index (:func:`child_label`). Either every spec gives one or none does; keys
+    are unique. Keyed children need ``parent_id`` (their ids derive from it).
 
     Raises :class:`~echomq_core.InvalidInput` naming the item at fault.
     """
@@ -88,7 +141,33 @@ def to_children(
                 timeout=default_timeout,
             )
         children.append(child)
+    _apply_keys(items, children, parent_id)
     return children
+
+
+def _apply_keys(items: Sequence[Any], children: list[Child], parent_id: str | None) -> None:
+    keyed = [
+        index for index, item in enumerate(items) if isinstance(item, Mapping) and "key" in item
+    ]
+    if not keyed:
+        return
+    if len(keyed) != len(items):
+        missing = next(i for i in range(len(items)) if i not in set(keyed))
+        raise InvalidInput(
+            f"child {missing} has no 'key' while child {keyed[0]} has one: give every child "
+            "a key, or none (results are then matched by index)"
+        )
+    if parent_id is None:
+        raise InvalidInput("keyed children need the flow's parent_id")
+    seen: dict[str, int] = {}
+    for index, (item, child) in enumerate(zip(items, children, strict=True)):
+        key = item["key"]
+        if not isinstance(key, str) or not key:
+            raise InvalidInput(f"child {index}: key must be a non-empty string, got {key!r:.80}")
+        if key in seen:
+            raise InvalidInput(f"child {index}: key {key!r:.80} is also child {seen[key]}'s")
+        seen[key] = index
+        child.id = keyed_child_id(parent_id, key)
 
 
 def _child_from_mapping(

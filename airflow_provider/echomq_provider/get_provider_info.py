@@ -62,29 +62,31 @@ def get_provider_info() -> dict[str, Any]:
                     "prefix": {
                         "label": "Key prefix",
                         "description": "Namespace of every EchoMQ key (several keyspaces can share "
-                        "a server). Must match the workers' prefix.",
+                        "a server). Must match the workers' prefix. Empty: emq.",
+                        # No default value: Airflow masks every string extra in logs and warns
+                        # about each one shorter than 5 characters, so a form that stored "emq"
+                        # would warn on every connection read. Unset means emq.
                         "schema": {
                             "type": ["string", "null"],
-                            "default": "emq",
                             "pattern": "^[A-Za-z0-9._-]{1,32}$",
                         },
                     },
                     "tls": {
                         "label": "TLS",
                         "description": "Connect with TLS (rediss://).",
-                        "schema": {"type": ["boolean", "null"], "default": False},
+                        "schema": {"type": ["boolean", "null"]},
                     },
                     "cluster": {
                         "label": "Cluster",
                         "description": "The server is a Redis Cluster; host and port: any node.",
-                        "schema": {"type": ["boolean", "null"], "default": False},
+                        "schema": {"type": ["boolean", "null"]},
                     },
                     "ssl_cert_reqs": {
                         "label": "TLS certificate check",
+                        "description": "required (empty), optional or none.",
                         "schema": {
                             "type": ["string", "null"],
-                            "default": "required",
-                            "enum": ["required", "optional", "none"],
+                            "enum": ["required", "optional", "none", None],
                         },
                     },
                     "ssl_ca_certs": {

@@ -43,12 +43,17 @@ def cube(job: Job) -> dict[str, int]:
     return {"n": n, "value": n**3}
 
 
+#: The handlers by queue, for ``echomq worker example.square example.cube --app
+#: echomq_worker:HANDLERS`` (what ``deployment.py`` runs).
+HANDLERS = {SQUARE_QUEUE: square, CUBE_QUEUE: cube}
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     url = os.environ.get("ECHOMQ_URL", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("ECHOMQ_PREFIX", "emq")
     with EchoMQ(url, prefix=prefix) as mq, Pump(mq, queues=[SQUARE_QUEUE, CUBE_QUEUE]):
-        Worker(mq, {SQUARE_QUEUE: square, CUBE_QUEUE: cube}, concurrency=2).run()
+        Worker(mq, HANDLERS, concurrency=2).run()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,38 @@ class RunResult:
             ).first()
             return None if row is None else XComModel.deserialize_value(row)
 
+    def mapped_xcoms(self, task_id: str) -> list[Any]:
+        """The return values of a mapped task's instances, by map index."""
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            rows = session.scalars(
+                XComModel.get_many(
+                    run_id=self.run_id, dag_ids=self.dag_id, task_ids=task_id, map_indexes=None
+                )
+            ).all()
+            rows = sorted(rows, key=lambda row: row.map_index)
+            return [XComModel.deserialize_value(row) for row in rows]
+
+    def xcom_bytes(self) -> dict[str, int]:
+        """Bytes of XCom stored per task of this run (the metadata DB's value column)."""
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            rows = session.execute(
+                select(XComModel.task_id, XComModel.value).where(
+                    XComModel.run_id == self.run_id, XComModel.dag_id == self.dag_id
+                )
+            ).all()
+        out: dict[str, int] = {}
+        for task_id, value in rows:
+            raw = value if isinstance(value, bytes | str) else json.dumps(value)
+            out[task_id] = out.get(task_id, 0) + len(raw)
+        return out
+
 
 def load_dag(dags: Path, dag_id: str) -> Any:
     """The DAG object, parsed from its file in the session's DAGs folder (as Airflow does)."""
@@ -55,13 +87,18 @@ def load_dag(dags: Path, dag_id: str) -> Any:
     return bag.get_dag(dag_id)
 
 
-def run_dag(dags: Path, dag_id: str, tweak: Callable[[Any], None] | None = None) -> RunResult:
+def run_dag(
+    dags: Path,
+    dag_id: str,
+    tweak: Callable[[Any], None] | None = None,
+    conf: dict[str, Any] | None = None,
+) -> RunResult:
     """Run ``dag_id`` once with ``dag.test()`` (tasks in process, triggers inline)."""
     dag = load_dag(dags, dag_id)
     if tweak is not None:
         tweak(dag)
     started = time.monotonic()
-    dr = dag.test()
+    dr = dag.test(run_conf=conf)
     seconds = time.monotonic() - started
     tasks = {ti.task_id: ti for ti in dr.get_task_instances()}
     return RunResult(dr.dag_id, dr.run_id, str(dr.state), seconds, tasks)

@@ -110,3 +110,38 @@ def test_template_fields_do_not_shadow_operator_fields() -> None:
     base = set(BaseOperator(task_id="base").__dict__) | set(dir(BaseOperator))
     for cls in (EchoFlowOperator, EchoFlowSensor):
         assert not set(cls.template_fields) & base, cls
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+def test_keys_become_child_ids_and_come_back_exactly() -> None:
+    from echomq_provider.flow_specs import child_label, keyed_child_id
+
+    parent = parent_id_for("dag", "run", "task")
+    keys = ["2026-01-01", "s3://bucket/a b.csv", "ümlaut~", "a" * 50]
+    children = to_children(
+        [{"payload": i, "key": key} for i, key in enumerate(keys)], parent_id=parent
+    )
+    assert [c.id for c in children] == [keyed_child_id(parent, k) for k in keys]
+    assert [child_label(parent, c.id) for c in children if c.id] == keys
+    assert child_label(parent, f"{parent}.7") == 7
+    assert child_label(parent, f"{parent}.g3.12") == 12  # a replaced flow's generation
+    assert child_label(parent, "JOB-other") == "JOB-other"
+    # another parent's keyed ids are not this one's
+    assert child_label(parent, keyed_child_id(parent + "x", "k")) != "k"
+
+
+@pytest.mark.parametrize(
+    ("specs", "complaint"),
+    [
+        ([{"payload": 1, "key": "a"}, {"payload": 2}], "child 1 has no 'key'"),
+        ([{"payload": 1, "key": "a"}, {"payload": 2, "key": "a"}], "also child 0's"),
+        ([{"payload": 1, "key": 5}], "key must be a non-empty string"),
+        ([{"payload": 1, "key": ""}], "key must be a non-empty string"),
+        ([{"payload": 1, "key": "€" * 60}], "too long"),
+    ],
+)
+def test_bad_keys_are_refused_by_name(specs: list[dict[str, object]], complaint: str) -> None:
+    with pytest.raises(InvalidInput, match=complaint):
+        to_children(specs, parent_id="JOB-p")

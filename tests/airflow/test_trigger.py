@@ -82,6 +82,7 @@ def test_serialize_round_trips() -> None:
         "prefix": "pfx",
         "poll_interval": 2.0,
         "timeout_at": 1234.5,
+        "cancel_on_kill": True,
     }
 
 
@@ -102,6 +103,9 @@ def test_no_event_while_children_outstanding(client: EchoMQ) -> None:
         with pytest.raises(TimeoutError):  # polls for a while, fires nothing
             await first_event(trigger, timeout=0.5)
         assert trigger._client is None  # cancelled: its client was closed on the way out
+        # cancelled with no task marked failed (here: no task at all; in a triggerer: a
+        # shutdown, a move, a clear): the flow is left as it is
+        assert client.snapshot(ref.queue, ref.parent_id).parent_state == "held"
         await trigger.cleanup()  # idempotent
         # The children settle while a new instance (as after a triggerer restart) polls.
         waiting = asyncio.ensure_future(first_event(trigger_for(ref)))

@@ -10,10 +10,11 @@
 * ``fan_out`` adds them as one flow under a parent in ``example.reports``. Its ids derive from
   the task instance, so an Airflow retry of it converges on the same flow.
 * The workers (``examples/airflow/echomq_worker.py``, outside Airflow) process the children.
-* ``wait`` defers to the triggerer until every child settled, freeing its worker slot, then
-  pushes ``children_values`` and ``ignored_failures`` to XCom. Had a fail-parent child died,
-  it would fail at once, naming it.
-* ``summarise`` reads both from XCom.
+* ``wait`` defers to the triggerer until every child settled, freeing its worker slot, closes
+  the flow and returns its reference and counts (a few hundred bytes of XCom, whatever N).
+  Had a fail-parent child died, it would fail at once, naming it, and cancel the rest.
+* ``summarise`` reads the values from the server, page by page (``flow_results``), matched to
+  the planned items by index; the ignored failure comes with the sensor's summary.
 
 Set up: an ``echomq`` connection named ``echomq_default``, e.g.
 ``AIRFLOW_CONN_ECHOMQ_DEFAULT='echomq://127.0.0.1:6379/0?prefix=emq'``, a running triggerer
@@ -28,6 +29,7 @@ from typing import Any
 
 from airflow.sdk import dag, task
 from echomq_provider.operators.echo_flow import EchoFlowOperator
+from echomq_provider.results import flow_results
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
 REPORT_QUEUE = "example.reports"
@@ -78,18 +80,18 @@ def echomq_fan_out() -> None:
     )
 
     @task
-    def summarise(values: dict[str, Any], ignored: dict[str, str]) -> dict[str, Any]:
-        results = sorted((v["n"], v["value"]) for v in values.values())
+    def summarise(flow: dict[str, Any]) -> dict[str, Any]:
+        by_index = dict(flow_results(flow))  # {index of the planned item: its result}
         summary = {
-            "results": len(results),
-            "total": sum(value for _, value in results),
-            "by_item": {str(n): value for n, value in results},
-            "ignored": ignored,
+            "results": len(by_index),
+            "total": sum(v["value"] for v in by_index.values()),
+            "by_item": {str(v["n"]): v["value"] for _, v in sorted(by_index.items())},
+            "ignored": flow["ignored_failures"],  # {index: error}, at most 20
         }
         print(f"EchoMQ flow summary: {summary}")
         return summary
 
-    summarise(wait.output["children_values"], wait.output["ignored_failures"])  # type: ignore[index]
+    summarise(wait.output)  # type: ignore[arg-type]  # an XComArg, resolved at run time
 
 
 echomq_fan_out()

@@ -5,6 +5,8 @@ Using::
     hook = EchoMQHook("echomq_default")
     mq = hook.get_conn()                  # sync EchoMQ, for operators and sensors; cached
     amq = await hook.aget_conn()          # AsyncEchoMQ, for triggers; the caller closes it
+    for item, value in hook.iter_results(wait.output):   # a flow's results, page by page
+        ...
 
 The connection comes from wherever Airflow keeps connections: the metadata DB, a secrets
 backend, or an ``AIRFLOW_CONN_ECHOMQ_DEFAULT`` variable in URI form
@@ -20,14 +22,21 @@ fetches the connection with ``aget_connection`` and parses extras with ``aextra_
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from airflow.sdk import BaseHook
 
-from echomq_core import AsyncEchoMQ, EchoMQ
+from echomq_core import AsyncEchoMQ, EchoMQ, JobNotFound
+from echomq_core.errors import flow_error
 
 from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
+from ..errors import FlowNotReleased
+from ..flow_specs import child_label, flow_target
 from .settings import EchoMQConnectionSettings
+
+#: Results read per round trip by :meth:`EchoMQHook.iter_results` (an HSCAN hint).
+DEFAULT_PAGE = 1000
 
 
 class EchoMQHook(BaseHook):
@@ -52,6 +61,7 @@ class EchoMQHook(BaseHook):
         self._client: EchoMQ | None = None
 
     if FORM_FROM_HOOK:  # Airflow 3.1; 3.2+ reads the form from provider info
+
         @classmethod
         def get_connection_form_widgets(cls) -> dict[str, Any]:
             return form_widgets()
@@ -92,6 +102,41 @@ class EchoMQHook(BaseHook):
         s = await self.asettings()
         self.log.info("EchoMQ connection %r (async): %s, prefix %r", s.conn_id, s.where, s.prefix)
         return AsyncEchoMQ(s.url, cluster=s.cluster, prefix=s.prefix, **s.client_options())
+
+    # -- results ------------------------------------------------------------------------
+    def iter_results(
+        self, flow: Any, *, page: int = DEFAULT_PAGE
+    ) -> Iterator[tuple[int | str, Any]]:
+        """Every completed child's result as ``(index or key, value)``, read from the server
+        ``page`` at a time (never through XCom; memory stays flat at any N), in no particular
+        order. ``index`` is the position of the child's spec in the operator's ``children``;
+        ``key`` the string its spec gave (see :func:`~echomq_provider.flow_specs.child_label`).
+
+        ``flow``: what the sensor or the operator returned (a mapping with ``queue`` and
+        ``parent_id``), or a :class:`~echomq_core.FlowRef`. The flow must be released (or
+        closed: a closed flow reads until its retention ends). Raises
+        :class:`~echomq_provider.errors.FlowNotReleased` while children are outstanding,
+        :class:`~echomq_core.ParentFailed` / :class:`~echomq_core.FlowCancelled` for a failed
+        or cancelled flow, and :class:`~echomq_core.JobNotFound` once it expired.
+        """
+        queue, parent_id = flow_target(flow)
+        mq = self.get_conn()
+        snap = mq.snapshot(queue, parent_id)
+        if snap.outcome == "missing":
+            raise JobNotFound(
+                f"no flow {parent_id} in queue {queue!r}: never added (wrong prefix?) or "
+                "expired (its closed retention ended)"
+            )
+        if snap.outcome in ("failed", "cancelled"):
+            failed = mq.failed_children(queue, parent_id)
+            raise flow_error(queue, parent_id, snap.outcome, failed, snap.error)
+        if snap.outcome != "released":
+            raise FlowNotReleased(
+                f"flow {parent_id} in queue {queue!r} is not released: {snap.dependencies} of "
+                f"{snap.total} children outstanding"
+            )
+        for child_id, value in mq.iter_children_values(queue, parent_id, page=page):
+            yield child_label(parent_id, child_id), value
 
     def close(self) -> None:
         """Close the sync client, if one was made."""

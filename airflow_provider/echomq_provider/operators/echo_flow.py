@@ -13,13 +13,40 @@ Using::
     wait = EchoFlowSensor(task_id="wait", flow=fan_out.output)
 
 The task returns ``{"queue": ..., "parent_id": ...}`` as its XCom value: the reference a
-sensor (or anything else) reads the flow by.
+sensor (or anything else) reads the flow by. A child spec may give a ``key`` (every spec or
+none): its result is then read back under that key instead of the spec's index.
 
 Retry-safe: the parent id comes from :func:`~echomq_provider.flow_specs.parent_id_for` (dag
 id, run id, task id, map index; never the try number) and child ids from the parent's, so an
 Airflow retry of this task re-adds the same flow, which EchoMQ converges, instead of adding a
-second one. A retry whose children differ in number (an upstream task recomputed them) is
-refused by EchoMQ with :class:`~echomq_core.FlowConflict` rather than silently merged.
+second one.
+
+What each Airflow action does to the flow (with the sensor's defaults):
+
+==========================================  ================================================
+Airflow action                              the flow
+==========================================  ================================================
+the operator runs                           added (parent held, children pending)
+the operator retries (try 2, 3, ...)        the same flow: the add converges, nothing twice
+operator cleared, flow released or closed   nothing re-runs; the sensor reads it again
+(within retention)                          (closed retention: 1 day by default)
+operator cleared, flow failed or cancelled  repaired: dead (and cancelled, never-started)
+                                            children re-run with fresh attempts; completed
+                                            ones keep their values (``repair=False``: the
+                                            task fails instead)
+operator cleared, the plan changed          ``on_conflict="fail"`` (default): the task fails
+(other children)                            naming the conflict; ``"replace"``: the old flow
+                                            is cancelled and taken away, the new one added
+                                            as a new generation of child ids
+operator cleared after the flow expired     added afresh: every child runs
+the sensor succeeds                         closed: retention starts, results stay readable
+a fail-parent child dies                    the sensor fails at once naming it; the flow is
+                                            cancelled (``cancel_on_failure=False``: not)
+the sensor times out (soft_fail or not)     cancelled
+the sensor is marked failed (running or     cancelled; in reschedule mode between two pokes
+deferred), or killed by execution_timeout   no code runs: ``echomq flow cancel`` it
+the sensor is cleared or marked success     left as it is; a cleared sensor waits again
+==========================================  ================================================
 
 Errors: bad input (queue names, child specs, payloads) and conflicts fail the task without
 retries (``AirflowFailException``: another try cannot fix them); a lost connection raises as
@@ -33,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from echomq_core import FlowConflict, InvalidInput
+from echomq_core import FlowConflict, FlowRef, InvalidInput
 
 from .._compat import AirflowFailException
 from ..flow_specs import parent_id_for, to_children
@@ -41,6 +68,9 @@ from ..hooks.echomq import EchoMQHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+#: The choices of ``on_conflict``.
+ON_CONFLICT = ("fail", "replace")
 
 
 class EchoFlowOperator(BaseOperator):
@@ -66,6 +96,12 @@ class EchoFlowOperator(BaseOperator):
         its parent is never claimed, and :class:`~echomq_provider.sensors.echo_flow.
         EchoFlowSensor` closes it once it has read the results (its retention then runs).
         False: a worker runs the parent (give it a handler for ``parent_queue``).
+    :param repair: when the flow under this task's id failed or was cancelled (the task was
+        cleared after its sensor failed), repair it - re-run its dead and cancelled children
+        only (default True); False: fail the task.
+    :param on_conflict: what to do when this task's id holds a flow of *other* children (the
+        plan changed before a clear): ``"fail"`` (the default) or ``"replace"`` (cancel the
+        old flow and add this one as a new generation).
     :param echomq_conn_id: the ``echomq`` connection.
     :param prefix: key prefix, overriding the connection's.
     """
@@ -92,6 +128,8 @@ class EchoFlowOperator(BaseOperator):
         max_attempts: int = 3,
         parent_id: str | None = None,
         barrier: bool = True,
+        repair: bool = True,
+        on_conflict: str = "fail",
         echomq_conn_id: str = EchoMQHook.default_conn_name,
         prefix: str | None = None,
         **kwargs: Any,
@@ -106,6 +144,15 @@ class EchoFlowOperator(BaseOperator):
         self.max_attempts = max_attempts
         self.parent_id = parent_id
         self.barrier = barrier
+        if on_conflict not in ON_CONFLICT:
+            raise InvalidInput(
+                f"{self.task_id}: on_conflict must be one of {', '.join(ON_CONFLICT)}, "
+                f"got {on_conflict!r}"
+            )
+        if not isinstance(repair, bool):
+            raise InvalidInput(f"{self.task_id}: repair must be True or False, got {repair!r}")
+        self.repair = repair
+        self.on_conflict = on_conflict
         self.echomq_conn_id = echomq_conn_id
         self.prefix = prefix
 
@@ -115,29 +162,65 @@ class EchoFlowOperator(BaseOperator):
         parent_id = self.parent_id or parent_id_for(ti.dag_id, ti.run_id, ti.task_id, map_index)
         hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
         try:
-            children = to_children(
-                self.children,
-                default_queue=self.child_queue,
-                default_max_attempts=self.child_max_attempts,
-                default_timeout=self.child_timeout,
+            try:
+                children = to_children(
+                    self.children,
+                    default_queue=self.child_queue,
+                    default_max_attempts=self.child_max_attempts,
+                    default_timeout=self.child_timeout,
+                    parent_id=parent_id,
+                )
+                ref = hook.get_conn().add_flow(
+                    self.parent_queue,
+                    children,
+                    payload=self.payload,
+                    parent_id=parent_id,
+                    max_attempts=self.max_attempts,
+                    barrier=self.barrier,
+                    replace=self.on_conflict == "replace",
+                )
+            except FlowConflict as exc:
+                raise AirflowFailException(
+                    f"cannot add flow {parent_id}: {exc} (the children differ from the flow "
+                    "added under this task's id before; on_conflict='replace' replaces it)"
+                ) from exc
+            except InvalidInput as exc:
+                raise AirflowFailException(f"cannot add flow {parent_id}: {exc}") from exc
+            self.log.info(
+                "Flow %s in queue %r: %d children (try %s; a retry re-adds the same flow)",
+                ref.parent_id,
+                ref.queue,
+                len(children),
+                ti.try_number,
             )
-            ref = hook.get_conn().add_flow(
-                self.parent_queue,
-                children,
-                payload=self.payload,
-                parent_id=parent_id,
-                max_attempts=self.max_attempts,
-                barrier=self.barrier,
-            )
-        except (InvalidInput, FlowConflict) as exc:
-            raise AirflowFailException(f"cannot add flow {parent_id}: {exc}") from exc
+            self._repair_if_needed(hook, ref)
         finally:
             hook.close()
-        self.log.info(
-            "Flow %s in queue %r: %d children (try %s; a retry re-adds the same flow)",
-            ref.parent_id,
-            ref.queue,
-            len(children),
-            ti.try_number,
-        )
         return {"queue": ref.queue, "parent_id": ref.parent_id}
+
+    def _repair_if_needed(self, hook: EchoMQHook, ref: FlowRef) -> None:
+        mq = hook.get_conn()
+        snap = mq.snapshot(ref.queue, ref.parent_id)
+        if snap.outcome == "released":
+            self.log.info(
+                "Flow %s was released before (%s): nothing re-runs; its results are read again",
+                ref.parent_id,
+                snap.parent_state,
+            )
+            return
+        if snap.outcome not in ("failed", "cancelled"):
+            return
+        if not self.repair:
+            raise AirflowFailException(
+                f"flow {ref.parent_id} is {snap.outcome} ({snap.error}); repair=False"
+            )
+        result = mq.retry_flow(ref.queue, ref.parent_id)
+        self.log.info(
+            "Flow %s was %s: repaired (repair %d): %d children re-run; the %d that completed "
+            "keep their values",
+            ref.parent_id,
+            snap.outcome,
+            result.repairs,
+            result.requeued,
+            snap.processed,
+        )

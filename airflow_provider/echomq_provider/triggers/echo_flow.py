@@ -14,6 +14,16 @@ The children's results are read by the sensor when it resumes on a worker, not c
 ``error``       ``message``: EchoMQ refused or could not reach the server
 ==============  ===========================================================================
 
+Progress: ``settled k of N (processed, ignored, failed)`` at INFO at most every 30 s (the
+triggerer ships trigger logs to the task's log).
+
+Killed: when the triggerer cancels the trigger, it asks the API server for the task's state;
+``failed`` (a user marked the deferred sensor failed, or the DAG run) cancels the flow when
+``cancel_on_kill`` (the sensor's ``cancel_on_failure``) - but a triggerer shutting down, the
+trigger moving to another triggerer, a clear or a mark-success leave it alone. The same check
+runs on Airflow 3.1 to 3.3 (3.3's ``BaseTrigger.on_kill`` fires for clears and mark-success
+too, so the state decides either way).
+
 Why the trigger keeps its own deadline (``timeout_at``, epoch seconds) besides the
 ``timeout`` given to ``defer()``: the triggerer enforces the latter, but an in-process run
 (``dag.test()``) does not, and a sensor's timeout must behave the same everywhere.
@@ -32,12 +42,23 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from echomq_core import AsyncEchoMQ, EchoMQError
+from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
 
+from .._compat import atask_state
 from ..hooks.echomq import EchoMQHook
 
 #: The most failed children an event names (the rest are counted): events live in the DB.
 MAX_REPORTED = 20
+#: The most seconds between two progress lines.
+PROGRESS_EVERY = 30.0
+
+
+def progress_line(snap: FlowSnapshot) -> str:
+    """``Flow <id>: settled k of N (processed p, ignored i, failed f)``."""
+    return (
+        f"Flow {snap.parent_id}: settled {snap.settled} of {snap.total} (processed "
+        f"{snap.processed}, ignored {snap.ignored}, failed {snap.failed})"
+    )
 
 
 class EchoFlowTrigger(BaseTrigger):
@@ -49,6 +70,7 @@ class EchoFlowTrigger(BaseTrigger):
     :param prefix: key prefix, overriding the connection's.
     :param poll_interval: seconds between reads.
     :param timeout_at: epoch seconds after which a ``timeout`` event fires (None: never).
+    :param cancel_on_kill: cancel the flow when the task is marked failed while deferred.
     """
 
     def __init__(
@@ -60,6 +82,7 @@ class EchoFlowTrigger(BaseTrigger):
         prefix: str | None = None,
         poll_interval: float = 5.0,
         timeout_at: float | None = None,
+        cancel_on_kill: bool = True,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger is untyped
         self.queue = queue
@@ -68,6 +91,7 @@ class EchoFlowTrigger(BaseTrigger):
         self.prefix = prefix
         self.poll_interval = float(poll_interval)
         self.timeout_at = None if timeout_at is None else float(timeout_at)
+        self.cancel_on_kill = bool(cancel_on_kill)
         self._client: AsyncEchoMQ | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -80,6 +104,7 @@ class EchoFlowTrigger(BaseTrigger):
                 "prefix": self.prefix,
                 "poll_interval": self.poll_interval,
                 "timeout_at": self.timeout_at,
+                "cancel_on_kill": self.cancel_on_kill,
             },
         )
 
@@ -90,6 +115,10 @@ class EchoFlowTrigger(BaseTrigger):
         # the ``finally`` too.
         try:
             event = await self._wait()
+        except asyncio.CancelledError:
+            if self.cancel_on_kill:
+                await self._cancel_if_marked_failed()
+            raise
         finally:
             await self.cleanup()
         yield TriggerEvent(event)  # type: ignore[no-untyped-call]
@@ -100,8 +129,37 @@ class EchoFlowTrigger(BaseTrigger):
             client, self._client = self._client, None
             await client.close()
 
+    async def _cancel_if_marked_failed(self) -> None:
+        ti = getattr(self, "task_instance", None)
+        if ti is None:  # run outside a triggerer (tests, dag.test()): nobody marked anything
+            return
+        state = await atask_state(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        if state not in ("failed", "upstream_failed"):
+            return
+        try:
+            client = (
+                self._client
+                or await EchoMQHook(self.echomq_conn_id, prefix=self.prefix).aget_conn()
+            )
+            self._client = client
+            result = await client.cancel_flow(
+                self.queue, self.parent_id, reason=f"task {ti.task_id} was marked {state}"
+            )
+        except EchoMQError as exc:
+            self.log.error(
+                "Could not cancel flow %s: %s: %s", self.parent_id, type(exc).__name__, exc
+            )
+            return
+        self.log.info(
+            "Task marked %s: flow %s cancelled (%d children stopped)",
+            state,
+            self.parent_id,
+            result.children,
+        )
+
     async def _wait(self) -> dict[str, Any]:
         where = f"flow {self.parent_id} in queue {self.queue!r}"
+        last_progress: float | None = None
         try:
             self._client = client = await EchoMQHook(
                 self.echomq_conn_id, prefix=self.prefix
@@ -129,9 +187,13 @@ class EchoFlowTrigger(BaseTrigger):
                         "message": f"{where} not released by its deadline "
                         f"({snap.dependencies} of {snap.total} outstanding)",
                     }
-                self.log.debug(
-                    "%s: %d of %d children outstanding", where, snap.dependencies, snap.total
-                )
+                now = time.monotonic()
+                if last_progress is None or now - last_progress >= PROGRESS_EVERY:
+                    last_progress = now
+                    if snap.outcome == "missing":
+                        self.log.warning("No %s (wrong id or prefix?); waiting", where)
+                    else:
+                        self.log.info("%s", progress_line(snap))
                 await asyncio.sleep(self._next_sleep())
         except EchoMQError as exc:
             return {"status": "error", "message": f"{where}: {type(exc).__name__}: {exc}"}

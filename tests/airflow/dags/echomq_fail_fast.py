@@ -37,6 +37,9 @@ def echomq_fail_fast() -> None:
             {"payload": {"n": 1}, "queue": "example.square"},
             {"payload": {"n": 2, "sleep": 2, "fail": "corrupt input"}, "queue": "example.cube"},
             {"payload": {"n": 3}, "queue": "example.square"},
+            # a queue no worker serves yet: still pending when its sibling fails the flow, so
+            # the sensor's cancel must take it away
+            {"payload": {"n": 4}, "queue": "example.later"},
         ],
     )
     EchoFlowSensor(

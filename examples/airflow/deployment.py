@@ -1,0 +1,362 @@
+"""A whole Airflow + EchoMQ deployment on one machine, from one script.
+
+::
+
+    python examples/airflow/deployment.py            # start everything, run the example DAG, stop
+
+What runs where (the README's "Deploying with Airflow" says the same):
+
+==================  =========================================================================
+process             does
+==================  =========================================================================
+``echomq server``   the Redis-protocol server (any Redis 7+ / Valkey 8+ in production)
+``airflow           the REST API and UI, and the Task Execution API the workers and the
+api-server``        triggerer talk to
+``airflow           schedules DAG runs; with LocalExecutor it also runs the tasks
+scheduler``         (``EchoFlowOperator`` adds the flow, ``EchoFlowSensor`` waits)
+``airflow           parses the DAG files
+dag-processor``
+``airflow           runs deferred sensors' ``EchoFlowTrigger`` s: one event loop polls every
+triggerer``         waiting flow (one cheap read each, at least once a second)
+``echomq worker``   runs the children: the handlers of their queues (any host, any number)
+``echomq pump``     delivers completions across queues (children in other queues than their
+                    parent), promotes retries, recovers expired leases, applies retention
+==================  =========================================================================
+
+:class:`Deployment` starts them as child processes with their own ``AIRFLOW_HOME`` (SQLite,
+LocalExecutor, free ports), talks to the REST API v2 (trigger, clear, read states and XComs)
+and stops every process it started - also when something fails. ``tests/airflow/
+test_deployment.py`` drives the same class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from echomq_core.server import EmbeddedServer, free_port
+
+HERE = Path(__file__).resolve().parent
+EXAMPLE_DAGS = HERE.parents[1] / "airflow_provider" / "echomq_provider" / "example_dags"
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+class DeploymentError(RuntimeError):
+    """Raised when a component does not start or a bounded wait runs out."""
+
+
+class Deployment:
+    """Airflow's four components, an EchoMQ server, workers and a Pump, as processes.
+
+    :param dags: DAG files to copy into the DAGs folder.
+    :param worker_app: ``module:object`` of the workers' handlers (``echomq worker --app``).
+    :param worker_queues: the queues the worker serves.
+    :param pythonpath: extra import paths for every process (where ``worker_app`` lives).
+    :param env: more environment for every process.
+    """
+
+    def __init__(
+        self,
+        dags: Iterable[Path],
+        *,
+        worker_app: str = "echomq_worker:HANDLERS",
+        worker_queues: Sequence[str] = ("example.square", "example.cube"),
+        pythonpath: Sequence[Path] = (HERE,),
+        prefix: str = "example",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="echomq-deploy-"))
+        self.dags = list(dags)
+        self.worker_app = worker_app
+        self.worker_queues = list(worker_queues)
+        self.prefix = prefix
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.server = EmbeddedServer()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._token: str | None = None
+        path = [str(p) for p in pythonpath] + [os.environ.get("PYTHONPATH", "")]
+        self.env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, path)),
+            AIRFLOW_HOME=str(self.home),
+            AIRFLOW__CORE__DAGS_FOLDER=str(self.home / "dags"),
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.base}/execution/",
+            AIRFLOW__CORE__PARALLELISM="8",
+            # SQLite serialises writers: wait up to 60 s for the lock instead of failing at 5
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{self.home}/airflow.db?timeout=60",
+            AIRFLOW__API__PORT=str(self.port),
+            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__BASE_URL=self.base,
+            AIRFLOW__API__WORKERS="1",
+            AIRFLOW__API_AUTH__JWT_SECRET="echomq-deployment-example-" + "0123456789abcdef" * 4,
+            AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(self.home / "logs"),
+            # the log servers of the scheduler and the triggerer: free ports, so that several
+            # deployments (and other Airflows) can run on one machine
+            AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
+            AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(free_port()),
+            # the scheduler notices new runs, finished triggers and cleared tasks quickly
+            AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="1",
+            AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+            AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="5",
+            AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
+        )
+        self.env.pop("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", None)
+        self.env.update(env or {})
+
+    # -- life -----------------------------------------------------------------------------
+    def __enter__(self) -> Deployment:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def echomq_url(self) -> str:
+        return f"{self.server.url}/0"
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Start everything; return once the API reports every component healthy."""
+        self.server.start()
+        (self.home / "dags").mkdir(parents=True)
+        for dag in self.dags:
+            shutil.copy(dag, self.home / "dags" / dag.name)
+        host, port = self.server.host, self.server.port
+        self.env["AIRFLOW_CONN_ECHOMQ_DEFAULT"] = f"echomq://{host}:{port}/0?prefix={self.prefix}"
+        self.env["ECHOMQ_URL"] = self.echomq_url
+        self.env["ECHOMQ_PREFIX"] = self.prefix
+        self.airflow("db", "migrate")
+        for name in COMPONENTS:
+            self._spawn(name, [sys.executable, "-m", "airflow", name])
+        self.start_worker("worker", self.worker_queues)
+        self._spawn("pump", [sys.executable, "-m", "echomq_core.cli", "pump"])
+        self.wait_for(self._healthy, timeout, "every Airflow component healthy")
+
+    def start_worker(self, name: str, queues: Sequence[str], concurrency: int = 4) -> None:
+        """An ``echomq worker`` process for ``queues`` (its log: ``<name>.log``)."""
+        command = [sys.executable, "-m", "echomq_core.cli", "worker", *queues]
+        self._spawn(name, [*command, "--app", self.worker_app, "--concurrency", str(concurrency)])
+
+    def stop(self) -> None:
+        """Stop every process started (SIGTERM, then SIGKILL), then the server."""
+        for name in reversed(list(self.procs)):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+            else:  # the component is gone; end whatever it left in its process group
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        self.server.stop()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
+        self.procs[name] = subprocess.Popen(
+            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+
+    def airflow(self, *args: str, timeout: float = 300) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "airflow", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise DeploymentError(f"airflow {' '.join(args)}: {done.stderr[-2000:]}")
+        return done.stdout
+
+    def logs(self) -> dict[Path, str]:
+        """Every log: the components' and the tasks' (path -> text)."""
+        files = sorted(self.home.glob("*.log")) + sorted((self.home / "logs").rglob("*.log"))
+        return {path: path.read_text(errors="replace") for path in files}
+
+    # -- waiting ----------------------------------------------------------------------------
+    def wait_for(
+        self, check: Callable[[], Any], timeout: float, what: str, every: float = 0.5
+    ) -> Any:
+        """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds
+        (or at once if a component died)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+            if dead:
+                raise DeploymentError(f"waiting for {what}: process(es) exited: {dead}")
+            result = check()
+            if result:
+                return result
+            if time.monotonic() >= deadline:
+                raise DeploymentError(f"no {what} after {timeout} s")
+            time.sleep(every)
+
+    def _healthy(self) -> bool:
+        try:
+            health = self.api("GET", "/api/v2/monitor/health")
+        except (OSError, DeploymentError):
+            return False
+        parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        return all((health.get(p) or {}).get("status") == "healthy" for p in parts)
+
+    # -- the REST API v2 ----------------------------------------------------------------
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        if self._token is None and not path.startswith("/api/v2/monitor"):
+            self._token = self._request("GET", "/auth/token", None)["access_token"]
+        return self._request(method, path, body)
+
+    def _request(self, method: str, path: str, body: Any, tries: int = 5) -> Any:
+        """One call; a 5xx "Database error" (SQLite is locked by another component: its
+        transaction was rolled back) is retried, at most ``tries`` times in all."""
+        for attempt in range(1, tries + 1):
+            try:
+                return self._request_once(method, path, body)
+            except DeploymentError as exc:
+                if attempt == tries or "Database error" not in str(exc):
+                    raise
+                time.sleep(0.5 * attempt)
+        raise AssertionError("unreachable")
+
+    def _request_once(self, method: str, path: str, body: Any) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self._token:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise DeploymentError(f"{method} {path}: {exc.code} {exc.read()[:500]!r}") from None
+        return json.loads(raw) if raw else None
+
+    def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
+        """Until the dag-processor has parsed ``dag_id``."""
+
+        def parsed() -> bool:
+            try:
+                return bool(self.api("GET", f"/api/v2/dags/{dag_id}"))
+            except DeploymentError:
+                return False
+
+        self.wait_for(parsed, timeout, f"DAG {dag_id} parsed")
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        """Trigger a run; its run id."""
+        self.wait_dag(dag_id)
+        run = self.api(
+            "POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}}
+        )
+        return str(run["dag_run_id"])
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return str(self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}")["state"])
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 180) -> str:
+        """Until the run finished; its state (``success`` or ``failed``)."""
+
+        def finished() -> str | None:
+            state = self.run_state(dag_id, run_id)
+            return state if state in ("success", "failed") else None
+
+        return str(self.wait_for(finished, timeout, f"run {run_id} of {dag_id} finished"))
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        tis = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances")
+        return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
+
+    def wait_task(
+        self, dag_id: str, run_id: str, task_id: str, states: Sequence[str], timeout: float = 120
+    ) -> str:
+        def reached() -> str | None:
+            state = self.task_states(dag_id, run_id).get(task_id)
+            return state if state in states else None
+
+        return str(self.wait_for(reached, timeout, f"{task_id} in {', '.join(states)}"))
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        entry = self.api(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}"
+            f"/xcomEntries/{key}?deserialize=true",
+        )
+        value = entry["value"]
+        return json.loads(value) if isinstance(value, str) else value
+
+    def clear(self, dag_id: str, run_id: str, task_ids: Sequence[str]) -> None:
+        """Clear ``task_ids`` of a run and everything downstream (the UI's Clear)."""
+        self.api(
+            "POST",
+            f"/api/v2/dags/{dag_id}/clearTaskInstances",
+            {
+                "dry_run": False,
+                "dag_run_id": run_id,
+                "task_ids": list(task_ids),
+                "include_downstream": True,
+                "only_failed": False,
+                "reset_dag_runs": True,
+            },
+        )
+
+    def mark(self, dag_id: str, run_id: str, task_id: str, state: str) -> None:
+        """Set a task instance's state (the UI's Mark failed / Mark success)."""
+        self.api(
+            "PATCH",
+            f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}",
+            {"new_state": state},
+        )
+
+
+def main() -> None:
+    """Run the example DAG once in a fresh deployment; print its summary; stop everything."""
+    # SIGTERM unwinds like Ctrl-C, so every process started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    deployment = Deployment([EXAMPLE_DAGS / "echomq_fan_out.py"])
+    with deployment:
+        print(f"Airflow API and UI: {deployment.base} (AIRFLOW_HOME {deployment.home})")
+        print(f"EchoMQ server: {deployment.echomq_url}, prefix {deployment.prefix}")
+        run_id = deployment.trigger("echomq_fan_out")
+        state = deployment.wait_run("echomq_fan_out", run_id)
+        print(f"echomq_fan_out {run_id}: {state}")
+        print("summary:", deployment.xcom("echomq_fan_out", run_id, "summarise"))
+        if "--keep" in sys.argv:
+            print("running; Ctrl-C stops everything")
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
+    deployment.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""A real deployment: Airflow's api-server, scheduler, dag-processor and triggerer as processes
+(LocalExecutor, SQLite), an EchoMQ server, ``echomq worker`` and ``echomq pump`` processes -
+started by ``examples/airflow/deployment.py``, the example's own script - driven through the
+REST API v2 as a DAG author's clicks would.
+
+One test, three stories on one deployment (starting it costs most of the time):
+
+1. the example DAG, deferrable, succeeds; its summary matches the inputs by index;
+2. a child dies while the sensor is deferred: the sensor fails naming it and cancels the flow,
+   so the sibling still pending never runs;
+3. clearing the operator repairs that flow: only the dead child and the cancelled one run
+   again, and the run succeeds;
+4. a deferred sensor marked failed (the UI's "Mark as failed"): the trigger cancels the flow.
+
+Then no log line of any component or task came from our packages at WARNING or above.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from echomq_provider.flow_specs import parent_id_for
+
+from echomq_core import EchoMQ
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+EXAMPLES = ROOT / "examples" / "airflow"
+sys.path.insert(0, str(EXAMPLES))
+
+from deployment import EXAMPLE_DAGS, Deployment  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.onlystandalone]
+
+OURS = ("echomq_provider", "echomq_core", "airflow_provider_echomq")
+#: Airflow 3.1 writes task and trigger log lines without the logger's name (``"logger":
+#: "task"`` or none): there our lines are known by their source file.
+OUR_FILES = ("echo_flow.py", "echomq.py", "flow_specs.py", "results.py", "_compat.py")
+LEVEL = re.compile(r"\[(warning|error|critical)\s*\]", re.IGNORECASE)
+LOGGER = re.compile(r"\[([A-Za-z0-9_.]+)\]")
+
+
+def our_bad_lines(logs: dict[Path, str]) -> list[str]:
+    """Lines logged by our packages at WARNING or above: JSON lines (task logs) by their
+    ``logger`` and ``level`` fields, console lines by structlog's ``[level] ... [logger]``."""
+    bad = []
+    for path, text in logs.items():
+        for line in text.splitlines():
+            if line.startswith("{"):
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                logger, level = str(entry.get("logger", "")), str(entry.get("level", ""))
+                if logger in ("", "task") and entry.get("filename") in OUR_FILES:
+                    logger = f"echomq_provider ({entry['filename']})"
+            else:
+                found = LEVEL.search(line)
+                loggers = LOGGER.findall(line)
+                level = found.group(1) if found else ""
+                logger = loggers[-1] if loggers else ""
+            if level.lower() in ("warning", "error", "critical") and any(
+                name in logger for name in OURS
+            ):
+                bad.append(f"{path.name}: {line[:400]}")
+    return bad
+
+
+def task_log(deployment: Deployment, dag_id: str, run_id: str, task_id: str) -> str:
+    logs = deployment.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+    return "\n".join(p.read_text(errors="replace") for p in sorted(logs.rglob("*.log")))
+
+
+PROGRESS = re.compile(r"settled [0-3] of 4 \(processed [0-3], ignored 0, failed 0\)")
+
+
+def trigger_progress(deployment: Deployment, dag_id: str, run_id: str) -> None:
+    """Wait until the trigger (not the sensor's first poke) logged its first progress line
+    into its log beside the task's (``attempt=N.log.trigger.<id>.log``): it is running in the
+    triggerer."""
+    logs = deployment.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / "task_id=wait"
+
+    def logged() -> bool:
+        for path in logs.glob("*.trigger.*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("{") and PROGRESS.search(str(json.loads(line).get("event"))):
+                    return True
+        return False
+
+    deployment.wait_for(logged, 60, "a progress line from the trigger")
+
+
+def runs_of(path: Path) -> Counter[str]:
+    if not path.exists():
+        return Counter()
+    return Counter(json.loads(line)["id"] for line in path.read_text().splitlines() if line)
+
+
+def test_real_deployment(tmp_path: Path) -> None:
+    runs, markers = tmp_path / "runs.jsonl", tmp_path / "markers"
+    markers.mkdir()
+    deployment = Deployment(
+        [EXAMPLE_DAGS / "echomq_fan_out.py", HERE / "dags" / "echomq_deploy_repair.py"],
+        worker_app="worker_proc:HANDLERS",
+        pythonpath=[HERE, EXAMPLES, ROOT],
+        prefix="deploy",
+        env={
+            "ECHOMQ_TEST_RUNS": str(runs),
+            "ECHOMQ_TEST_MARKERS": str(markers),
+            "ECHOMQ_TEST_JOB_DELAY": "1",
+        },
+    )
+    try:
+        deployment.start()
+        with EchoMQ(deployment.echomq_url, prefix="deploy") as mq:
+            example(deployment, mq)
+            parent, run_id = failure_cancels(deployment, mq, runs, markers)
+            clear_repairs(deployment, mq, runs, parent, run_id)
+            marked_failed_cancels(deployment, mq)
+        assert our_bad_lines(deployment.logs()) == []
+    finally:
+        deployment.stop()
+        deployment.cleanup()
+
+
+def example(deployment: Deployment, mq: EchoMQ) -> None:
+    run_id = deployment.trigger("echomq_fan_out")
+    assert deployment.wait_run("echomq_fan_out", run_id) == "success"
+    summary = deployment.xcom("echomq_fan_out", run_id, "summarise")
+    assert summary["by_item"] == {str(n): n * n if n % 2 else n**3 for n in range(1, 9)}
+    assert summary["ignored"] == {"8": "Unrecoverable: item 0: best-effort source is offline"}
+    flow = deployment.xcom("echomq_fan_out", run_id, "wait")
+    assert (flow["state"], flow["total"], flow["processed"]) == ("closed", 9, 8)
+    parent = parent_id_for("echomq_fan_out", run_id, "fan_out")
+    assert mq.snapshot("example.reports", parent).parent_state == "closed"
+
+
+def failure_cancels(
+    deployment: Deployment, mq: EchoMQ, runs: Path, markers: Path
+) -> tuple[str, str]:
+    dag_id = "echomq_deploy_repair"
+    run_id = deployment.trigger(dag_id)
+    deployment.wait_task(dag_id, run_id, "wait", ["deferred"])
+    # deferred, the trigger reports progress into the task's log
+    trigger_progress(deployment, dag_id, run_id)
+    (markers / (run_id.replace(":", "_") + ".go")).touch()  # now the cube dies
+    assert deployment.wait_run(dag_id, run_id) == "failed"
+    states = deployment.task_states(dag_id, run_id)
+    assert (states["fan_out"], states["wait"], states["summarise"]) == (
+        "success",
+        "failed",
+        "upstream_failed",
+    )
+    parent = parent_id_for(dag_id, run_id, "fan_out")
+    log = task_log(deployment, dag_id, run_id, "wait")
+    assert f"{parent}.1: Unrecoverable: item 2: corrupt input (first try)" in log
+    snap = mq.snapshot("example.reports", parent)
+    assert snap.parent_state == "cancelled" and "corrupt input" in (snap.error or "")
+    assert mq.get_job("example.cube", f"{parent}.1").state == "dead"
+    assert mq.get_job("example.later", f"{parent}.3").state == "cancelled"
+    assert mq.queue("example.later").claim(1) == []  # nothing of it is claimable
+    ran = runs_of(runs)
+    assert (ran[f"{parent}.1"], ran[f"{parent}.3"]) == (1, 0)
+    return parent, run_id
+
+
+def clear_repairs(deployment: Deployment, mq: EchoMQ, runs: Path, parent: str, run_id: str) -> None:
+    dag_id = "echomq_deploy_repair"
+    deployment.start_worker("later-worker", ["example.later"], concurrency=1)
+    deployment.clear(dag_id, run_id, ["fan_out"])
+    assert deployment.wait_run(dag_id, run_id) == "success"
+    ran = runs_of(runs)
+    # the squares that completed ran once; the dead cube and the cancelled child once more
+    assert [ran[f"{parent}.{i}"] for i in range(4)] == [1, 2, 1, 1]
+    assert deployment.xcom(dag_id, run_id, "summarise") == {"0": 1, "1": 8, "2": 9, "3": 16}
+    snap = mq.snapshot("example.reports", parent)
+    assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", 1, 4)
+    log = task_log(deployment, dag_id, run_id, "fan_out")
+    assert "repaired (repair 1): 2 children re-run" in log
+
+
+def marked_failed_cancels(deployment: Deployment, mq: EchoMQ) -> None:
+    dag_id = "echomq_deploy_repair"
+    run_id = deployment.trigger(dag_id)  # its cube waits for a go that never comes
+    deployment.wait_task(dag_id, run_id, "wait", ["deferred"])
+    trigger_progress(deployment, dag_id, run_id)
+    parent = parent_id_for(dag_id, run_id, "fan_out")
+    assert mq.snapshot("example.reports", parent).parent_state == "held"
+    deployment.mark(dag_id, run_id, "wait", "failed")
+    snap = deployment.wait_for(
+        lambda: (s := mq.snapshot("example.reports", parent)).parent_state == "cancelled" and s,
+        60,
+        "the flow cancelled after the sensor was marked failed",
+    )
+    assert "task wait was marked failed" in (snap.error or "")
+
+
+def test_log_scan_flags_our_warnings_only(tmp_path: Path) -> None:
+    """The deployment test's check can fail: our warnings and errors are caught in both log
+    formats, Airflow's own (and our INFO lines) are not."""
+    ours_json = {"level": "warning", "event": "x", "logger": "echomq_provider.hooks.echomq"}
+    theirs_json = {"level": "error", "event": "x", "logger": "airflow.task"}
+    info_json = {"level": "info", "event": "x", "logger": "echomq_core.worker"}
+    ours_31 = {"level": "error", "event": "x", "logger": "task", "filename": "echo_flow.py"}
+    theirs_31 = {"level": "error", "event": "x", "logger": "task", "filename": "task_runner.py"}
+    entries = (ours_json, theirs_json, info_json, ours_31, theirs_31)
+    lines = [json.dumps(e) for e in entries] + [
+        "2026-11-30 [error    ] lost it [echomq_core.pump] loc=pump.py:1",
+        "2026-11-30 [warning  ] Skipping masking [airflow.sdk._shared.secrets_masker] loc=x",
+        "2026-11-30 [info     ] Flow settled [echomq_provider.triggers.echo_flow] loc=x",
+    ]
+    bad = our_bad_lines({tmp_path / "x.log": "\n".join(lines)})
+    assert len(bad) == 3
+    assert "echomq_provider.hooks.echomq" in bad[0] and "echo_flow.py" in bad[1]
+    assert "echomq_core.pump" in bad[2]

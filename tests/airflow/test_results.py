@@ -1,0 +1,187 @@
+"""Results that scale, on request as values, matched to inputs; repair and replace on re-run.
+
+Real Airflow (``dag.test()``), a real server, real worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from echomq_provider.errors import FlowNotReleased
+from echomq_provider.flow_specs import parent_id_for
+from echomq_provider.hooks.echomq import EchoMQHook
+from echomq_provider.results import flow_results
+from echomq_provider.sensors.echo_flow import EchoFlowSensor
+
+from echomq_core import Child, EchoMQ, JobNotFound, ParentFailed, Pump
+
+from .helpers import run_dag
+
+pytestmark = pytest.mark.onlystandalone
+
+KEYS = ["2026-01-01", "s3://bucket/a b.csv", "ümlaut~"]
+
+
+def test_values_on_request_are_mapped_over(
+    airflow_db: Path,
+    echomq_conn: str,
+    start_worker: Any,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    start_worker()
+    with caplog.at_level(logging.INFO):
+        run = run_dag(airflow_db, "echomq_values")
+    states = {task_id: run.state_of(task_id) for task_id in run.tasks}
+    assert states["wait"] == "success" and states["wait_keyed"] == "success"
+    assert states["double"] == "success"
+    # in spec order, so .expand() maps them one task per child, inputs matched by position
+    assert run.xcom("wait") == [{"n": n, "value": n * n} for n in range(1, 6)]
+    assert run.mapped_xcoms("double") == [2 * n * n for n in range(1, 6)]
+    assert run.xcom("wait", "flow")["processed"] == 5  # the summary, beside the values
+    assert run.xcom("wait_keyed") == {
+        key: {"n": n, "value": n * n} for n, key in enumerate(KEYS, start=1)
+    }
+    # over the cap: a clear, typed error at the first poke, not a 5-value XCom
+    assert states["wait_capped"] == "failed"
+    logged = capfd.readouterr().out + caplog.text  # the task's exception, through structlog
+    assert "TooManyValues: flow " in logged
+    assert "has 5 children, over max_values=3" in logged
+
+
+def test_summary_xcom_stays_small_and_results_read_in_pages(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    """The default sensor output is the same few hundred bytes at 3 and at 20,000 children;
+    ``flow_results`` reads all of them in pages, matched to their index."""
+    sizes = {}
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        for n in (3, 20_000):
+            ref = mq.add_flow("sum", [Child(i) for i in range(n)], barrier=True)
+            work = mq.queue("sum")  # same queue: settled without a Pump
+            while jobs := work.claim(1000):
+                for job in jobs:
+                    work.complete(job, {"square": job.payload * job.payload})
+            sensor = EchoFlowSensor(
+                task_id=f"wait_{n}", parent_queue="sum", parent_id=ref.parent_id
+            )
+            poked = sensor.poke({"ti": _NoXCom()})  # type: ignore[typeddict-item]
+            sensor._close()
+            assert poked.is_done
+            summary = poked.xcom_value
+            sizes[n] = len(json.dumps(summary))
+            assert (summary["state"], summary["total"], summary["processed"]) == ("closed", n, n)
+            assert "children_values" not in summary
+            if n == 20_000:
+                seen = Counter()
+                total = 0
+                for index, value in flow_results(summary, page=500):
+                    seen[index] += 1
+                    total += value["square"]
+                    assert value["square"] == index * index  # matched by index
+                assert len(seen) == n and set(seen.values()) == {1}
+                assert total == sum(i * i for i in range(n))
+    assert sizes[20_000] - sizes[3] < 40  # only the digits of the counts differ
+    assert sizes[20_000] < 600
+
+
+class _NoXCom:
+    """A task instance stand-in for a direct poke: the default mode pushes no XCom."""
+
+    def xcom_push(self, **_: Any) -> None:
+        raise AssertionError("the default mode must not push XCom")
+
+
+def test_iter_results_refuses_what_is_not_readable(
+    echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    hook = EchoMQHook()
+    mq = hook.get_conn()
+    held = mq.add_flow("rd", [Child(1, queue="rd.work")], barrier=True)
+    with pytest.raises(FlowNotReleased, match="1 of 1 children outstanding"):
+        list(hook.iter_results(held.to_dict()))
+    failing = mq.add_flow("rd", [Child(1, queue="rd.work2")], barrier=True)
+    work = mq.queue("rd.work2")
+    [job] = work.claim(1)
+    work.fail(job, "boom", retry=False)
+    with Pump(mq, queues=["rd.work2"]), pytest.raises(ParentFailed):  # carried across queues
+        mq.wait(failing.queue, failing.parent_id, timeout=30)
+    with pytest.raises(ParentFailed, match="boom"):
+        list(hook.iter_results(failing.to_dict()))
+    with pytest.raises(JobNotFound, match=r"never added \(wrong prefix\?\) or expired"):
+        list(hook.iter_results({"queue": "rd", "parent_id": "JOB-nothing"}))
+    hook.close()
+
+
+def test_rerun_repairs_a_failed_flow_and_replaces_a_changed_plan(
+    airflow_db: Path,
+    echomq_conn: str,
+    start_worker: Any,
+    standalone_server: Any,
+    prefix: str,
+    tmp_path: Path,
+    proc_env: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    runs = tmp_path / "runs.jsonl"
+    proc_env.update(ECHOMQ_TEST_RUNS=str(runs), ECHOMQ_TEST_MARKERS=str(tmp_path))
+    start_worker()
+    parent = f"JOB-replan-{prefix}"
+    conf = {"n": 3, "parent": parent, "fail_once": "second"}
+    first = run_dag(airflow_db, "echomq_replan", conf=conf)
+    assert (first.state_of("fan_out"), first.state_of("wait")) == ("success", "failed")
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        assert mq.snapshot("example.reports", parent).parent_state == "cancelled"
+        # the same plan again (as a clear of fan_out would): repaired, only the dead child runs
+        with caplog.at_level(logging.INFO):
+            second = run_dag(airflow_db, "echomq_replan", conf=conf)
+        assert second.state == "success"
+        assert second.xcom("collect") == {"0": 1, "1": 4, "2": 9}
+        ran = Counter(json.loads(line)["id"] for line in runs.read_text().splitlines())
+        assert [ran[f"{parent}.{i}"] for i in range(3)] == [1, 2, 1]
+        assert "repaired (repair 1): 1 children re-run" in capfd.readouterr().out + caplog.text
+        # another plan under the same id: replaced (a new generation of child ids)
+        third = run_dag(airflow_db, "echomq_replan", conf={**conf, "n": 4, "fail_once": ""})
+        assert third.state == "success"
+        assert third.xcom("collect") == {"0": 1, "1": 4, "2": 9, "3": 16}
+        snap = mq.snapshot("example.reports", parent)
+        assert (snap.total, snap.processed, snap.parent_state) == (4, 4, "closed")
+        ran = Counter(json.loads(line)["id"] for line in runs.read_text().splitlines())
+        assert [ran[f"{parent}.g1.{i}"] for i in range(4)] == [1, 1, 1, 1]
+
+
+def test_timeouts_cancel_the_flow(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    run = run_dag(airflow_db, "echomq_timeouts")  # no worker: the flow never settles
+    assert run.state_of("wait_poke") == "failed"
+    parent = parent_id_for("echomq_timeouts", run.run_id, "fan_out")
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        snap = mq.snapshot("test.idle-reports", parent)
+        job = mq.get_job("test.idle", f"{parent}.0")
+        assert mq.queue("test.idle").claim(1) == []
+    assert snap.parent_state == "cancelled" and "timed out" in (snap.error or "")
+    assert job.state == "cancelled"
+
+
+def test_killed_sensor_cancels_its_flow(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    run = run_dag(airflow_db, "echomq_killed")
+    assert (run.state_of("wait_cancelled"), run.state_of("wait_kept")) == ("failed", "failed")
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        cancelled = mq.snapshot(
+            "test.idle-reports", parent_id_for("echomq_killed", run.run_id, "fan_out_cancelled")
+        )
+        kept = mq.snapshot(
+            "test.idle-reports", parent_id_for("echomq_killed", run.run_id, "fan_out_kept")
+        )
+    assert cancelled.parent_state == "cancelled"
+    assert "sensor wait_cancelled:" in (cancelled.error or "")
+    assert kept.parent_state == "held"  # cancel_on_failure=False
