@@ -246,7 +246,7 @@ def part_deferred(deployment: Deployment, flows: int = 10, window: float = 30.0)
     return {
         "flows": flows,
         "triggerer_cpu_idle_pct": round(100 * idle, 1),
-        "triggerer_cpu_100_deferred_pct": round(100 * waiting, 1),
+        "triggerer_cpu_deferred_pct": round(100 * waiting, 1),
         "latency_median_s": round(statistics.median(latencies), 2),
         "latency_p90_s": round(latencies[int(0.9 * len(latencies)) - 1], 2),
         "latency_min_s": round(latencies[0], 2),
