@@ -65,6 +65,7 @@ from echomq_core import FlowConflict, FlowRef, InvalidInput
 from .._compat import AirflowFailException
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
+from ..plugins.links import EchoFlowLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -106,6 +107,9 @@ class EchoFlowOperator(BaseOperator):
     :param prefix: key prefix, overriding the connection's.
     """
 
+    #: "EchoMQ flow" on the task instance: the flow's page in the dashboard the plugin
+    #: mounts in the api-server (see :mod:`echomq_provider.plugins`).
+    operator_extra_links = (EchoFlowLink(),)
     template_fields: Sequence[str] = (
         "parent_queue",
         "children",

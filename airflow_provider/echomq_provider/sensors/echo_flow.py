@@ -90,6 +90,7 @@ from .._compat import (
 from ..errors import TooManyValues
 from ..flow_specs import child_label, flow_target
 from ..hooks.echomq import EchoMQHook
+from ..plugins.links import EchoFlowSensorLink
 from ..triggers.echo_flow import MAX_REPORTED, EchoFlowTrigger, progress_line
 
 if TYPE_CHECKING:
@@ -129,6 +130,9 @@ class EchoFlowSensor(BaseSensorOperator):
         (default True).
     """
 
+    #: "EchoMQ flow" on the task instance: the flow's page in the dashboard the plugin
+    #: mounts in the api-server (see :mod:`echomq_provider.plugins`).
+    operator_extra_links = (EchoFlowSensorLink(),)
     template_fields: Sequence[str] = ("flow", "parent_queue", "parent_id")
     ui_color = "#c6e2f4"
 
