@@ -676,6 +676,8 @@ class AsyncConnection:
                 assert s is not None
                 try:
                     await self.client.script_load(s.source)
+                except ResponseError as exc:  # as the sync driver's _load: a typed error
+                    raise errors.from_reply(str(exc)) from None
                 except _TRANSPORT_ERRORS as exc:
                     raise self._lost(exc) from None
             again = await self._send([calls[i] for i in missing])
@@ -702,6 +704,8 @@ class AsyncConnection:
             raise self._lost(exc) from None
         except RedisError as exc:
             raise errors.ServerError(f"{self.where}: {type(exc).__name__}: {exc}") from None
+        finally:
+            await pipe.reset()  # type: ignore[no-untyped-call]
 
     def _lost(self, exc: BaseException) -> errors.ConnectionLost:
         return errors.ConnectionLost(f"cannot reach {self.where}: {type(exc).__name__}: {exc}")

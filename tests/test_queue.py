@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import pytest
 
@@ -196,6 +197,44 @@ def test_script_reload_after_flush(mq: EchoMQ) -> None:
     client = mq.connection.client
     client.script_flush()  # the server forgets every script: the next call sees NOSCRIPT
     assert len(q.claim()) == 1
+
+
+@pytest.mark.onlystandalone
+def test_a_refused_script_load_is_a_typed_error_sync_and_async(
+    mq: EchoMQ, prefix: str, standalone_server: Any
+) -> None:
+    """After a script flush, a user who may call scripts but not load them gets EchoMQ's typed
+    error from both drivers (the server's NOPERM), not redis-py's ResponseError."""
+    import asyncio
+    import uuid
+
+    from echomq_core import AsyncEchoMQ, EchoMQError
+
+    admin = mq.connection.client
+    user, password = f"noload-{uuid.uuid4().hex[:8]}", "pw-" + uuid.uuid4().hex
+    admin.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"],
+        commands=["+@all", "-script|load"],
+    )  # fmt: skip
+    try:
+        admin.script_flush()
+        url = f"redis://{user}:{password}@{standalone_server.host}:{standalone_server.port}/0"
+        with EchoMQ(url, prefix=prefix) as limited, pytest.raises(EchoMQError) as sync_error:
+            limited.queue("noload").add("x")
+        assert "NOPERM" in str(sync_error.value) or "permission" in str(sync_error.value)
+
+        async def add() -> None:
+            amq = AsyncEchoMQ(url, prefix=prefix)
+            try:
+                await amq.snapshot("noload", "JOB-none")  # a script call
+            finally:
+                await amq.close()
+
+        with pytest.raises(EchoMQError) as async_error:
+            asyncio.run(add())
+        assert type(async_error.value) is type(sync_error.value)
+    finally:
+        admin.acl_deluser(user)
 
 
 def test_bulk_chunks_across_script_calls(mq: EchoMQ) -> None:
