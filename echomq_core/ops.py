@@ -351,6 +351,19 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
     )
 
 
+def revive(ks: Keyspace, queue: str, job_ids: Sequence[str]) -> Op[tuple[int, list[str]]]:
+    """Dead plain jobs back to pending with fresh attempts (revive.lua, in slices of 1,000);
+    the number revived and the ids left as they were."""
+    revived, skipped = 0, []
+    for start in range(0, len(job_ids), 1000):
+        part = list(job_ids[start : start + 1000])
+        keys = [ks.pending(queue), ks.dead(queue), ks.wake(queue), ks.seq(queue)]
+        ((n, left),) = yield [Call.lua("revive", keys + [ks.job(queue, i) for i in part], part)]
+        revived += int(n)
+        skipped += [_s(i) for i in left]
+    return revived, skipped
+
+
 def stats(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
     """Counts per state of one queue (one pipelined read)."""
     replies = yield [

@@ -269,6 +269,17 @@ class Queue:
             self._own(job)
         return ops.release(self.client.keys, self.name, jobs)
 
+    def retry_dead(self, job_ids: Sequence[str]) -> tuple[int, list[str]]:
+        """Give dead plain jobs fresh attempts and queue them again (behind what is pending);
+        their payloads and settings stay. Returns how many were revived and the ids left as
+        they were: not dead, or a flow's (repair the flow instead: ``EchoMQ.retry_flow``)."""
+        if isinstance(job_ids, str | bytes):
+            raise InvalidArgument("job_ids must be a list of job ids, not a string")
+        ids = [check_job_id(i) for i in job_ids]
+        if not ids:
+            return 0, []
+        return self.client.perform(ops.revive(self.client.keys, self.name, ids))
+
     # -- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> JobInfo:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""

@@ -84,6 +84,7 @@ COMMANDS = [
     ["flow", "close"],
     ["queue", "stats"],
     ["queue", "config"],
+    ["queue", "retry-dead"],
     ["poison", "list"],
     ["poison", "replay"],
 ]

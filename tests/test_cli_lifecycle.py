@@ -571,3 +571,20 @@ def test_ages_counts_and_formats() -> None:
         "x         1",
         "long  1,000",
     ]
+
+
+def test_queue_retry_dead_revives_plain_jobs(mq_standalone: EchoMQ, cli: Cli) -> None:
+    q = mq_standalone.queue("rd-plain")
+    dead = q.add("x", max_attempts=1)
+    (job,) = q.claim()
+    q.fail(job, "boom", retry=False)
+    assert cli.json("queue", "retry-dead", "rd-plain", dead) == {
+        "queue": "rd-plain",
+        "revived": 1,
+        "left": [],
+    }
+    assert q.get_job(dead).state == "pending"
+    status, out, _ = cli("queue", "retry-dead", "rd-plain", dead)  # not dead now: left, exit 1
+    assert status == 1 and f"left as it is (not dead, or a flow's: repair the flow): {dead}" in out
+    status, _, err = cli("queue", "retry-dead", "rd-plain", "not-an-id")
+    assert status == 2 and "invalid job id" in err

@@ -209,6 +209,7 @@ def test_read_only_refuses_every_post(
         f"{flow_path('dk-parents', pid)}/cancel",
         f"{flow_path('dk-parents', pid)}/retry",
         "/poison/dk-kids/replay",
+        "/dead/dk-plain/retry",
     ):
         refused = readonly.post(path, headers=bearer)
         assert refused.status == 403 and "read-only" in refused.body
@@ -283,6 +284,16 @@ def test_bearer_token_repairs_closes_and_replays(
     replayed = actions.post("/poison/dk-kids/replay", headers=bearer)
     assert json.loads(replayed.body)["replayed"] == 1
     assert client.queue("dk-kids").stats()["poison"] == 0
+    # a dead plain job is retried on its own; a bad id is a 400 naming the error class
+    dead = scenario.dead_job
+    assert 'class="retry-job"' not in actions.get("/dead/dk-plain").body  # not signed in
+    revived = actions.post("/dead/dk-plain/retry", {"job_id": dead}, headers=bearer)
+    assert revived.status == 200 and json.loads(revived.body)["revived"] == 1
+    assert client.queue("dk-plain").get_job(dead).state == "pending"
+    again = actions.post("/dead/dk-plain/retry", {"job_id": dead}, headers=bearer)
+    assert json.loads(again.body) == {"revived": 0, "left": [dead], "done": f"{dead} left as it is"}
+    bad = actions.post("/dead/dk-plain/retry", {"job_id": "not-an-id"}, headers=bearer)
+    assert bad.status == 400 and "InvalidJobId" in bad.body
 
 
 @pytest.mark.onlycluster

@@ -304,3 +304,34 @@ def test_not_a_redis_server_is_a_server_error() -> None:
     with pytest.raises((ServerError, ConnectionLost)):
         mq.queue("x").stats()
     listener.close()
+
+
+def test_retry_dead_revives_plain_jobs_only(mq: EchoMQ) -> None:
+    from echomq_core import Child, InvalidArgument
+
+    q = mq.queue("revive")
+    plain = q.add({"n": 1}, max_attempts=2, timeout=30)
+    (job,) = q.claim()
+    assert q.fail(job, "gone", retry=False)
+    flow = mq.add_flow("revive", [Child("kid", queue="revive")])
+    (kid,) = q.claim()
+    assert q.fail(kid, "kid gone", retry=False)
+    waiting = q.add("waiting")
+    assert q.stats()["dead"] == 2
+
+    revived, left = q.retry_dead([plain, kid.id, waiting, "JOB-nobody"])
+    assert (revived, left) == (1, [kid.id, waiting, "JOB-nobody"])
+    info = q.get_job(plain)
+    assert (info.state, info.attempts, info.error, info.max_attempts) == ("pending", 0, None, 2)
+    assert q.get_job(kid.id).state == "dead"  # a flow's child: repaired with its flow instead
+    assert q.stats()["dead"] == 1
+    # it runs again, behind what was pending, and can complete this time
+    first, second = q.claim(2)
+    assert (first.id, second.id) == (waiting, plain) and second.payload == {"n": 1}
+    q.complete(second, "ok")
+    assert q.get_job(plain).state == "completed"
+    assert q.retry_dead([plain]) == (0, [plain])  # not dead any more: left as it is
+    assert q.retry_dead([]) == (0, [])
+    with pytest.raises(InvalidArgument):
+        q.retry_dead(plain)  # a string, not a list of ids
+    assert mq.dependencies("revive", flow.parent_id) == 1

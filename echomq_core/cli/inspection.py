@@ -189,6 +189,17 @@ def add_parsers(sub: Any) -> None:
     config.add_argument("--json", action="store_true", help="print one JSON object")
     _common(config, run_queue_config)
 
+    revive = queue.add_parser(
+        "retry-dead",
+        help="give dead plain jobs fresh attempts",
+        description="Give the dead plain jobs JOB_ID... of QUEUE fresh attempts and queue them "
+        "again, behind what is pending (their payloads and settings stay). A flow's dead "
+        "children are re-run by repairing the flow instead ('echomq flow retry').",
+    )
+    revive.add_argument("queue", metavar="QUEUE")
+    revive.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    _common(revive, run_queue_retry_dead, json_flag=True)
+
     poison = sub.add_parser(
         "poison",
         help="list or replay poisoned signals",
@@ -585,6 +596,24 @@ def run_poison_list(args: argparse.Namespace) -> int:
                 f"in {row['parent_queue']!r}"
             )
     return 0
+
+
+def run_queue_retry_dead(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    for job_id in args.job_ids:
+        check_job_id(job_id)
+    mq = open_client(args)
+    try:
+        revived, left = mq.queue(args.queue).retry_dead(args.job_ids)
+    finally:
+        mq.close()
+    if args.json:
+        print(json.dumps({"queue": args.queue, "revived": revived, "left": left}))
+    else:
+        print(f"{revived} dead job(s) of {args.queue!r} queued again")
+        for job_id in left:
+            print(f"left as it is (not dead, or a flow's: repair the flow): {job_id}")
+    return 0 if not left else 1
 
 
 def run_poison_replay(args: argparse.Namespace) -> int:

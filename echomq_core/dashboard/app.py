@@ -252,6 +252,18 @@ class Dashboard:
 
         return await self._guarded(request, act)
 
+    async def retry_dead(self, request: Request) -> Response:
+        queue = check_queue(request.path_params["queue"])
+
+        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            job_id = check_job_id(form.get("job_id", ""))
+            revived, left = self.client.queue(queue).retry_dead([job_id])
+            done = f"{job_id} queued again" if revived else f"{job_id} left as it is"
+            back = f"dead/{quote(queue, safe='')}"
+            return back, {"revived": revived, "left": left, "done": done}
+
+        return await self._guarded(request, act)
+
     async def replay(self, request: Request) -> Response:
         queue = check_queue(request.path_params["queue"])
 
@@ -357,6 +369,7 @@ def create_app(
         Route(flow + "/retry", guarded(d.retry), methods=["POST"]),
         Route(flow + "/close", guarded(d.close), methods=["POST"]),
         Route("/poison/{queue}/replay", guarded(d.replay), methods=["POST"]),
+        Route("/dead/{queue}/retry", guarded(d.retry_dead), methods=["POST"]),
         Route("/login", guarded(d.login), methods=["GET", "POST"]),
         Route("/logout", guarded(d.logout), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
