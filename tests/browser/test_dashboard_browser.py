@@ -233,4 +233,10 @@ def test_sign_in_then_cancel_and_repair_by_clicking(
     browser.click("#replay")
     browser.wait_for("document.querySelector('#notice') !== null")
     assert client.queue("dk-kids").stats()["poison"] == 0
+
+    browser.goto(f"{actions.base}/dead/dk-plain")
+    browser.click(f"tr[data-job='{scenario.dead_job}'] .retry-job")
+    browser.wait_for("document.querySelector('#notice') !== null")
+    assert "queued again" in browser.text("#notice")
+    assert client.queue("dk-plain").get_job(scenario.dead_job).state == "pending"
     assert browser.errors() == []
