@@ -240,9 +240,10 @@ class Queue:
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""
+        op = self.heartbeat_op(jobs, lease=lease)  # checks the lease, also when jobs is empty
         if not jobs:
             return []
-        return self.client.perform(self.heartbeat_op(jobs, lease=lease))
+        return self.client.perform(op)
 
     def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
         """The operation :meth:`heartbeat` runs (``jobs`` not empty)."""
