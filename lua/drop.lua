@@ -4,6 +4,7 @@
 -- KEYS[1..7] the node's row, dependencies, processed, unsuccessful, failed, explicit, repair
 -- KEYS[8] completed  KEYS[9] dead  this queue's job indexes (the node's entries go too)
 -- ARGV[1] id  ARGV[2] parent  the node's own parent (re-checked: only that flow's node goes)
+-- Owner of what it writes: it creates no key; it deletes the node's keys (it is their owner).
 -- Returns: the node's {id, total, child queues, {explicit id, queue, ...}, refs}, so the host
 -- visits its children; {} when the row is not that parent's node.
 if redis.call('HGET', KEYS[1], 'parent') ~= ARGV[2] then return {} end

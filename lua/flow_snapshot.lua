@@ -3,6 +3,7 @@
 -- KEYS[1] row  KEYS[2] dependencies  KEYS[3] processed  KEYS[4] unsuccessful  KEYS[5] failed
 -- KEYS[6] completed  the parent queue's completed set
 -- ARGV[1] the parent id
+-- Owner of what it writes: nothing; a read, it creates no key.
 -- Returns: {state or false, total or false, dependencies or false, |processed|,
 --           |unsuccessful|, |failed|, error (a cancelled flow: its reason) or false, repairs};
 --           state is

@@ -12,6 +12,7 @@
 -- call) - unless it is a parent itself (an inner node): that one is named in the reply and
 -- the host drops it with all its keys (drop.lua), then visits ITS children. A row that
 -- belongs to anything else is never touched.
+-- Owner of what it writes: it creates no key; it deletes rows and their index entries.
 -- Returns: {deleted, {inner node ids}}.
 local rows, ids, inner = {}, {}, {}
 for i = 2, #ARGV do

@@ -3,6 +3,7 @@
 -- KEYS[1] row  KEYS[2] pending  KEYS[3] active  KEYS[4] delayed  KEYS[5] dead
 -- KEYS[6] completed
 -- ARGV[1] id
+-- Owner of what it writes: nothing; a read, it creates no key.
 -- Returns: {where, score, row}: `where` is 'active' | 'pending' | 'delayed' | 'dead' |
 -- 'completed' | '' (a held or failed parent is in no set; its row says which), score is the
 -- job's score there (a deadline, a due or finish time in ms) or false, row is the flat HGETALL

@@ -3,6 +3,7 @@
 --
 -- KEYS[1] lease  string  the id of the Pump draining this outbox
 -- ARGV[1] pump   this Pump's id
+-- Owner of what it writes: it creates no key; it deletes this Pump's outbox lease.
 -- Returns: 1 released, 0 the lease was not this Pump's (left as it is).
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])

@@ -17,10 +17,10 @@ from typing import Any
 from ..errors import ConfigurationError
 from .common import (
     UsageError,
+    add_bind_options,
     add_connection_options,
     add_verbosity,
     env_url,
-    int_at_least,
     open_client,
     seconds,
 )
@@ -35,16 +35,10 @@ def add_parser(sub: Any) -> None:
         description="Serve the EchoMQ dashboard: queues at a glance, flows by state with "
         "progress, a flow's tree and children, dead jobs, poison, and /metrics (Prometheus). "
         "Read-only unless --actions and a token ($ECHOMQ_DASHBOARD_TOKEN or --token-file): "
-        "then cancel, repair and close flows and replay poison, after signing in with the "
-        "token. Needs: pip install 'echomq[dashboard]'.",
+        "then cancel, repair and close flows, retry dead jobs and replay poison, after "
+        "signing in with the token. Needs: pip install 'echomq[dashboard]'.",
     )
-    d.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    d.add_argument(
-        "--port",
-        type=int_at_least(0, 65535),
-        default=8765,
-        help="port; 0 picks a free one (default %(default)s)",
-    )
+    add_bind_options(d, port=8765)
     d.add_argument(
         "--actions",
         action="store_true",

@@ -29,6 +29,7 @@ from ..worker import Worker
 from .common import (
     CommandFailed,
     UsageError,
+    add_bind_options,
     add_connection_options,
     add_verbosity,
     env_url,
@@ -47,13 +48,7 @@ def add_parsers(sub: Any) -> None:
         "its URL (first line of stdout). Persistence (append-only "
         "file) is on unless --no-persistence. Stops on SIGTERM/SIGINT.",
     )
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    s.add_argument(
-        "--port",
-        type=int_at_least(0, 65535),
-        default=6379,
-        help="port; 0 picks a free one (default %(default)s)",
-    )
+    add_bind_options(s, port=6379)
     s.add_argument(
         "--data-dir",
         default="echomq-data",
