@@ -361,11 +361,16 @@ def add_flow(
                 calls.append(Call.lua("land", [*fixed, *(rows + n.id for n in part)], argv))
                 owners.append(up)
         replies = yield calls
-        replies = replies[len(registry) :]
-        registry = []
+        registered, replies = replies[: len(registry)], replies[len(registry) :]
+        if not any(isinstance(r, Exception) for r in registered):
+            registry = []  # else it rides again with the next step (SADD is idempotent)
         yield from _settle_errors(ks, owners, replies)
         fresh = {n.id for n, r in zip(holds, replies, strict=False) if int(r) == 1}
         level = [c for n in level for c in n.children]
+    if registry:
+        # the registry's write failed with every step (on a Cluster it may live on a node the
+        # rest never touched): raise, so the caller's retry, which converges, registers again
+        yield registry
     return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
 
 

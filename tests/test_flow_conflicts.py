@@ -13,6 +13,8 @@ import pytest
 
 from echomq_core import (
     Child,
+    EchoMQ,
+    EchoMQError,
     FlowConflict,
     InvalidArgument,
     InvalidFlow,
@@ -274,3 +276,53 @@ def test_out_of_range_times_and_attempts_are_refused(backend: Backend, prefix: s
         mq.add_flow("lim", [Child(1)], max_attempts=10**30)
     assert keys_of(backend, prefix) == {}
     mq.close()
+
+
+def test_an_add_whose_registry_write_fails_raises_and_its_retry_registers(
+    backend: Backend, prefix: str
+) -> None:
+    """The registry's SADD rides with an add's first step; on a Cluster it goes to a node the
+    rest of the add may never touch, so it can fail alone. Such an add must raise (a Pump would
+    never find the new queue) and its retry, which converges on the flow, must register it.
+    The failure is made deterministic with an ACL user who may do anything but SADD (no script
+    sends SADD), on every node."""
+    import uuid
+
+    import redis
+
+    user, password = f"nosadd-{uuid.uuid4().hex[:8]}", "pw-" + uuid.uuid4().hex
+    admins = [redis.Redis(host=s.host, port=s.port) for s in backend.servers]
+
+    def grant(*commands: str) -> None:
+        for admin in admins:
+            admin.acl_setuser(
+                user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
+                commands=list(commands),
+            )  # fmt: skip
+
+    grant("+@all", "-sadd")
+    url = backend.url.replace("redis://", f"redis://{user}:{password}@")
+    limited = EchoMQ(url, cluster=backend.cluster, prefix=prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rg")
+    children = [Child(i, queue=work) for i in range(50)] + [Child("own")]
+    try:
+        with pytest.raises(EchoMQError) as refused:
+            limited.add_flow(parents, children, parent_id="JOB-reg", payload="p")
+        assert "NOPERM" in str(refused.value) or "permission" in str(refused.value)
+        owner = backend.client(prefix)
+        assert owner.queues() == []  # what landed is complete for a retry, but unregistered
+        grant("+@all")
+        limited.add_flow(parents, children, parent_id="JOB-reg", payload="p")  # the retry
+        assert owner.queues() == sorted([parents, work])
+        clean = backend.client(prefix + "c")
+        clean.add_flow(parents, children, parent_id="JOB-reg", payload="p")
+        assert normalised(backend, prefix) == normalised(backend, prefix + "c")
+        work_off(owner, [parents, work], lambda job: job.payload)
+        assert len(owner.children_values(parents, "JOB-reg")) == 51
+        clean.close()
+        owner.close()
+    finally:
+        limited.close()
+        for admin in admins:
+            admin.acl_deluser(user)
+            admin.close()
