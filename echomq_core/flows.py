@@ -285,15 +285,9 @@ def _check_free(ks: Keyspace, nodes: list[_Node]) -> Op[None]:
 def _fail_call(ks: Keyspace, parent: _Node, child_id: str, why: str) -> Call:
     """Fail ``parent`` naming ``child_id`` (a deliver of one 'f' record on its slot): what an
     add that lost a race for a child id leaves, so no one waits on its parent for ever."""
-    keys = [
-        ks.pending(parent.queue),
-        ks.outbox(parent.queue),
-        ks.wake(parent.queue),
-        *ks.settle_indexes(parent.queue),
-    ]
     return Call.lua(
         "deliver",
-        [*keys, *ks.settle_keys(parent.queue, parent.id)],
+        [*ks.deliver_keys(parent.queue), *ks.settle_keys(parent.queue, parent.id)],
         [parent.queue, 1, parent.id, 1, "f", child_id, f"not added: {why}"],
     )
 

@@ -36,6 +36,10 @@ key                       type    holds
 ``flow:outbox``           list    signals of this queue's children whose parent is elsewhere
 ``flow:outbox:head``      hash    the Pump's ageing record of a head that does not deliver
 ``flow:outbox:lease``     string  which Pump drains this outbox now (SET NX PX)
+``flow:outbox:wake``      zset    one member while signals may be waiting: every script that
+                                  pushes to the outbox sets it, an idle Pump blocks on it
+                                  (BZPOPMIN) instead of sleeping; a hint, never needed for
+                                  correctness
 ``flow:poison``           list    signals moved aside after repeated failures: ``<ms> <reason>``
                                   newline signal
 ``flows:held``            zset    root flows whose parent is held, by creation time (ms)
@@ -209,6 +213,9 @@ class Keyspace:
     def outbox_lease(self, queue: str) -> str:
         return self.base(queue) + "flow:outbox:lease"
 
+    def outbox_wake(self, queue: str) -> str:
+        return self.base(queue) + "flow:outbox:wake"
+
     def poison(self, queue: str) -> str:
         return self.base(queue) + "flow:poison"
 
@@ -228,6 +235,17 @@ class Keyspace:
         """The flow indexes a settling script moves a root between: held, released, failed."""
         base = self.base(queue) + "flows:"
         return [base + "held", base + "released", base + "failed"]
+
+    def deliver_keys(self, queue: str) -> list[str]:
+        """The seven queue keys ``deliver.lua`` takes for parents in ``queue``: pending,
+        outbox, wake, the three :meth:`settle_indexes`, outbox wake."""
+        return [
+            self.pending(queue),
+            self.outbox(queue),
+            self.wake(queue),
+            *self.settle_indexes(queue),
+            self.outbox_wake(queue),
+        ]
 
     def config(self, queue: str) -> str:
         return self.base(queue) + "config"

@@ -131,8 +131,14 @@ def _job(queue: str, job_id: str, token: str, row: Sequence[Any], ser: Serialize
 def wait_for_work(ks: Keyspace, queues: Sequence[str], timeout: float) -> Op[bool]:
     """Block until one of ``queues`` sets its wake-up hint, or ``timeout`` seconds pass (one
     BZPOPMIN; the keys must share a Cluster slot). True when woken: jobs may be claimable."""
+    return (yield from wait_for_hint([ks.wake(q) for q in queues], timeout))
+
+
+def wait_for_hint(keys: Sequence[str], timeout: float) -> Op[bool]:
+    """One BZPOPMIN on wake-up hint keys (``wake`` or ``flow:outbox:wake``; they must share a
+    Cluster slot) for at most ``timeout`` seconds. True when a hint was popped."""
     seconds = max(0.001, round(timeout, 3))  # 0 would block for ever
-    (reply,) = yield [Call.cmd("BZPOPMIN", *(ks.wake(q) for q in queues), seconds)]
+    (reply,) = yield [Call.cmd("BZPOPMIN", *keys, seconds)]
     return reply is not None
 
 
@@ -189,6 +195,7 @@ def complete(
         ks.pending(queue),
         ks.wake(queue),
         *ks.settle_indexes(queue),
+        ks.outbox_wake(queue),
     ]
     rows = ks.job_prefix(queue)
     for part in chunks(done):
@@ -213,6 +220,7 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
             ks.dead(queue),
             ks.wake(queue),
             *ks.settle_indexes(queue),
+            ks.outbox_wake(queue),
             *(ks.job_prefix(queue) + j.id for j, _, _ in part),
             *_group_keys(ks, queue, groups),
         ]
@@ -282,6 +290,7 @@ def recover(
             ks.dead(queue),
             ks.outbox(queue),
             ks.wake(queue),
+            ks.outbox_wake(queue),
             *(ks.job_prefix(queue) + n for n in names),
         ]
         calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))

@@ -16,8 +16,16 @@ the signals in place, and the next Pump redelivers them - harmless, because a pa
 each child with a set-if-absent guard and only a first record decrements. A pop would lose
 them. Why a lease per outbox: two Pumps trimming "N delivered" from the same list would drop
 each other's undelivered signals; one drainer at a time, with a short TTL, keeps the order
-simple and still fails over in ``lease`` seconds. Why a jittered idle sleep: many Pumps on a
-quiet system should not poll in lock-step.
+simple and still fails over in ``lease`` seconds.
+
+An idle Pump waits for the outboxes' wake-up hint (``flow:outbox:wake``, set by every script
+that pushes a signal) with one BZPOPMIN, so a signal is picked up as soon as it is written, not
+after a sleep. The wait is bounded by the jittered ``interval`` (many Pumps on a quiet system
+should not tick in lock-step; maintenance runs on ticks). The hint is popped by one Pump: with
+several Pumps on a queue the one woken may not hold the outbox lease, and the holder then
+finds the signal at its next tick, as without a hint. A Cluster can block only on keys of
+one slot: a Pump whose queues span several slots blocks on the slot of the queue whose outbox
+was busy last, and picks up the others' signals at its next tick.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
+from .running import wake_queues
+from .worker import BLOCK_SLICE
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -87,6 +97,7 @@ class TickStats:
     failed: list[tuple[str, str]] = field(default_factory=list)
     poisoned_entries: list[tuple[str, str]] = field(default_factory=list)  # (queue, reason)
     dead: list[tuple[Job, str]] = field(default_factory=list)  # buried here: (job, error)
+    drained: list[str] = field(default_factory=list)  # queues whose outbox had signals
 
     @property
     def busy(self) -> bool:
@@ -106,6 +117,7 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
             pages[queue] = list(reads[2 * i + 1])
     if not pages:
         return stats
+    stats.drained = list(pages)
     # Per queue, the first entry that did not deliver and why ("" = transient: no ageing).
     # Everything before it delivered; the trim removes exactly that prefix.
     bad: dict[str, tuple[int, str]] = {}
@@ -198,8 +210,7 @@ class _Group:
 
 
 def _deliver_call(ks: Keyspace, parent_queue: str, batch: list[_Group]) -> Call:
-    keys = [ks.pending(parent_queue), ks.outbox(parent_queue), ks.wake(parent_queue),
-            *ks.settle_indexes(parent_queue)]
+    keys = ks.deliver_keys(parent_queue)
     argv: list[Any] = [parent_queue, len(batch)]
     for group in batch:
         keys += ks.settle_keys(parent_queue, group.parent)
@@ -222,8 +233,8 @@ def poison_list(ks: Keyspace, queue: str, count: int) -> Op[list[tuple[str, byte
 
 def poison_replay(ks: Keyspace, queue: str, count: int) -> Op[int]:
     """Move up to ``count`` poisoned signals back to the outbox; the number moved."""
-    (n,) = yield [Call.lua("replay_poison", [ks.poison(queue), ks.outbox(queue),
-                                             ks.outbox_head(queue)], [count])]
+    keys = [ks.poison(queue), ks.outbox(queue), ks.outbox_head(queue), ks.outbox_wake(queue)]
+    (n,) = yield [Call.lua("replay_poison", keys, [count])]
     return int(n)
 
 
@@ -271,6 +282,7 @@ class Pump:
         self.totals = TickStats()
         self._queues: list[str] = list(self.fixed or [])
         self._discovered_at = float("-inf")
+        self._hint_for: str | None = None  # the queue whose outbox was busy last
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -291,6 +303,8 @@ class Pump:
             return TickStats()
         stats = self.client.perform(drain(self.client.keys, queues, self.id, page=self.page,
                                       lease_ms=self.lease_ms, max_tries=self.max_tries))
+        if stats.drained:
+            self._hint_for = stats.drained[-1]
         now = time.monotonic()
         if now - self._maintained_at >= self.maintain_every:
             # Maintenance is cheap but not free: at most every maintain_every seconds, so a
@@ -343,7 +357,35 @@ class Pump:
                 self._stop.wait(wait)
                 continue
             if not busy:
-                self._stop.wait(self.interval * random.uniform(0.5, 1.5))
+                self._idle(self.interval * random.uniform(0.5, 1.5))
+
+    def _idle(self, seconds: float) -> None:
+        """Wait up to ``seconds``, woken early by a signal pushed to an outbox (see the module
+        doc): one BZPOPMIN on the hints of this Pump's queues, in slices."""
+        hints = self._hint_keys()
+        deadline = time.monotonic() + seconds
+        while hints and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                if self.client.perform(ops.wait_for_hint(hints, min(left, BLOCK_SLICE))):
+                    return
+            except EchoMQError as exc:
+                log.warning("pump %s: waiting for signals failed: %s", self.id, exc)
+                break
+        self._stop.wait(max(0.0, deadline - time.monotonic()))
+
+    def _hint_keys(self) -> list[str]:
+        """The outbox wake-up hints this Pump blocks on: all its queues', or on a Cluster
+        whose queues span slots those of the slot of the queue busy last."""
+        queues, keys = self._queues, self.client.keys
+        if not queues:
+            return []
+        if wake_queues(keys, self.client.connection.is_cluster, queues) is None:
+            lead = self._hint_for if self._hint_for in queues else queues[0]
+            queues = [q for q in queues if wake_queues(keys, True, [lead, q]) is not None]
+        return [keys.outbox_wake(q) for q in queues]
 
     def start(self) -> Pump:
         """Run in a daemon thread; :meth:`stop` ends it."""

@@ -8,9 +8,10 @@
 -- KEYS[3] completed zset  finished jobs by finish time (ms)
 -- KEYS[6] wake      zset  set when a same-queue parent is released (idle workers block on it)
 -- KEYS[7] flows:held  KEYS[8] flows:released  KEYS[9] flows:failed  this queue's flow indexes
--- KEYS[9+j]         the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs
+-- KEYS[10] outbox:wake zset set with every signal pushed to an outbox (an idle Pump blocks on it)
+-- KEYS[10+j]        the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs
 --                   have a row to write
--- KEYS[9+p+6(g-1)+1 .. +6]  parent group g: row, dependencies, processed, unsuccessful, failed,
+-- KEYS[10+p+6(g-1)+1 .. +6]  parent group g: row, dependencies, processed, unsuccessful, failed,
 --                   explicit
 --                   (same-queue parents only; the host read each job's parent when it claimed it)
 -- ARGV[1] queue     this queue's name (carried in signals)
@@ -32,14 +33,15 @@
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
 -- their flow's expiry; :processed records and counters go with the flow; outbox signals are
--- trimmed by the Pump (trim_outbox.lua); the wake member is popped by idle workers.
+-- trimmed by the Pump (trim_outbox.lua); the wake member is popped by idle workers, the
+-- outbox:wake member by an idle Pump.
 local queue, keep = ARGV[1], ARGV[2]
 local b = batch(3, 4)
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
 local now = now_ms()
 local out, done, fin, signals, groups = {}, {}, {}, {}, {}
-local plain = 9
+local plain = 10
 for i = 1, n do
   local r = base + (i - 1) * 4
   local id, result, ref = ARGV[r + 1], ARGV[r + 3], tonumber(ARGV[r + 4])
@@ -73,7 +75,10 @@ if #done > 0 then
   redis.call('HDEL', KEYS[2], unpack(done))
   redis.call('ZADD', KEYS[3], unpack(fin))
 end
-if #signals > 0 then redis.call('RPUSH', KEYS[4], unpack(signals)) end
+if #signals > 0 then
+  redis.call('RPUSH', KEYS[4], unpack(signals))
+  redis.call('ZADD', KEYS[10], 0, 'w')
+end
 local events = settle_groups(groups, plain, b.ids_at, queue,
-  {KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[8], KEYS[9]}, now)
+  {KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[8], KEYS[9], KEYS[10]}, now)
 return {out, events}

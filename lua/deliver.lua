@@ -7,7 +7,8 @@
 --                        its own signals upward through it)
 -- KEYS[3] wake     zset  the parent queue's wake-up hint (set when a parent is released)
 -- KEYS[4] flows:held  KEYS[5] flows:released  KEYS[6] flows:failed  the parent queue's indexes
--- KEYS[6+6(g-1)+1 .. +6]  parent g: row, dependencies, processed, unsuccessful, failed, explicit
+-- KEYS[7] outbox:wake zset the parent queue's Pump wake-up hint (set with an upward signal)
+-- KEYS[7+6(g-1)+1 .. +6]  parent g: row, dependencies, processed, unsuccessful, failed, explicit
 -- ARGV[1] parent_queue   the parents' queue name
 -- ARGV[2] g              number of parents
 -- then per parent: its id, m (its number of signals), kinds (m bytes: the kind of each signal,
@@ -17,7 +18,8 @@
 -- release at 0, fail on an 'f' - see settle). Redelivering any signal any number of times
 -- changes nothing: only a first record decrements.
 -- Owner of what it writes: the parents' records and counters (and a released parent's index
--- entry, a failed one's outbox signal upward) go with their flow's expiry; see settle.lua.
+-- entry, a failed one's outbox signal upward) go with their flow's expiry; see settle.lua; the
+-- outbox:wake member is popped by an idle Pump.
 -- Returns: {statuses, events}. statuses: one per signal, in ARGV order: 1 recorded, 0 already
 -- recorded (both count as delivered), -1 the parent does not exist (not delivered; the Pump
 -- ages it). events: flat pairs ('r' | 'f', parent id) released or failed by this call.
@@ -33,10 +35,10 @@ for gi = 1, g do
     items[j] = {string.sub(kinds, j, j), ARGV[a], ARGV[a + 1]}
     a = a + 2
   end
-  local k = 6 + (gi - 1) * 6
+  local k = 7 + (gi - 1) * 6
   local st, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
     KEYS[k + 6]}, pid,
-    queue, {KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], KEYS[6]}, items, now)
+    queue, {KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, items, now)
   for j = 1, m do out[#out + 1] = st[j] end
   if ev then events[#events + 1] = ev; events[#events + 1] = pid end
 end

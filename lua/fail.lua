@@ -8,8 +8,9 @@
 -- KEYS[5] delayed zset retries by due time       KEYS[6] dead    zset the morgue by time of death
 -- KEYS[7] wake    zset set when a same-queue parent is released (idle workers block on it)
 -- KEYS[8] flows:held  KEYS[9] flows:released  KEYS[10] flows:failed  this queue's flow indexes
--- KEYS[10+i]      the row of job i (i = 1..n)
--- KEYS[10+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
+-- KEYS[11] outbox:wake zset set with every signal pushed to the outbox (an idle Pump blocks on it)
+-- KEYS[11+i]      the row of job i (i = 1..n)
+-- KEYS[11+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
 --                           unsuccessful, failed, explicit
 -- ARGV[1] queue
 -- ARGV[2..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 5
@@ -26,8 +27,8 @@
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
 -- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
 -- row with its flow; the row fields it sets (attempts, error, state) go with the row; outbox
--- signals are trimmed by the Pump; records and counters of same-queue parents go with their
--- flow.
+-- signals are trimmed by the Pump, the outbox:wake member popped by an idle Pump; records and
+-- counters of same-queue parents go with their flow.
 -- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
 -- events as in complete.lua.
 local queue = ARGV[1]
@@ -44,7 +45,7 @@ for i = 1, n do
     out[i] = 0
   else
     done[#done + 1] = id
-    local row = KEYS[10 + i]
+    local row = KEYS[11 + i]
     local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch')
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
@@ -74,7 +75,10 @@ if #done > 0 then
 end
 if #later > 0 then redis.call('ZADD', KEYS[5], unpack(later)) end
 if #dead > 0 then redis.call('ZADD', KEYS[6], unpack(dead)) end
-if #signals > 0 then redis.call('RPUSH', KEYS[3], unpack(signals)) end
-local events = settle_groups(groups, 10 + n, b.ids_at, queue,
-  {KEYS[4], KEYS[7], KEYS[3], KEYS[8], KEYS[9], KEYS[10]}, now)
+if #signals > 0 then
+  redis.call('RPUSH', KEYS[3], unpack(signals))
+  redis.call('ZADD', KEYS[11], 0, 'w')
+end
+local events = settle_groups(groups, 11 + n, b.ids_at, queue,
+  {KEYS[4], KEYS[7], KEYS[3], KEYS[8], KEYS[9], KEYS[10], KEYS[11]}, now)
 return {out, events}

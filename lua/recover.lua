@@ -5,7 +5,8 @@
 -- KEYS[1] active  KEYS[2] leases  KEYS[3] pending  KEYS[4] dead
 -- KEYS[5] outbox  this queue's flow:outbox
 -- KEYS[6] wake    zset  set when jobs become claimable (idle workers block on it)
--- KEYS[6+i]       the row of candidate i
+-- KEYS[7] outbox:wake zset set when a signal is pushed to the outbox (an idle Pump blocks on it)
+-- KEYS[7+i]       the row of candidate i
 -- ARGV[1] queue   this queue's name
 -- ARGV[2] max_stalls  a job whose lease expired more than this many times is buried
 -- ARGV[3..]       candidate ids (read by the host from active, by deadline)
@@ -18,7 +19,7 @@
 -- Owner of what it writes: pending entries are claimed; dead entries go with the dead retention
 -- (expire.lua), a plain job's row with them, a flow child's row with its flow; the stalls/state
 -- fields go with the row; outbox signals are trimmed by the Pump; the wake member is popped by
--- idle workers.
+-- idle workers, the outbox:wake member by an idle Pump.
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
 -- parent_queue, parent_policy, stalls, timeout} per buried job} - the row fields in the order the claim
 -- reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.
@@ -26,7 +27,7 @@ local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local back, dead, gone, signals, reports = {}, {}, {}, {}, {}
 for i = 3, #ARGV do
-  local id, row = ARGV[i], KEYS[4 + i]
+  local id, row = ARGV[i], KEYS[5 + i]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
   if deadline and tonumber(deadline) <= now then
     gone[#gone + 1] = id
@@ -59,5 +60,8 @@ if #back > 0 then
   redis.call('ZADD', KEYS[6], 0, 'w')
 end
 if #dead > 0 then redis.call('ZADD', KEYS[4], unpack(dead)) end
-if #signals > 0 then redis.call('RPUSH', KEYS[5], unpack(signals)) end
+if #signals > 0 then
+  redis.call('RPUSH', KEYS[5], unpack(signals))
+  redis.call('ZADD', KEYS[7], 0, 'w')
+end
 return {math.floor(#back / 2), math.floor(#dead / 2), reports}

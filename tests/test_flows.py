@@ -361,3 +361,84 @@ def test_child_queues_names_the_direct_children_queues(mq: EchoMQ) -> None:
     )
     assert mq.child_queues(ref.queue, ref.parent_id) == ["cq-a", "cq-b", "cq-parent"]
     assert mq.child_queues(ref.queue, "JOB-no-such-flow") == []
+
+
+
+def test_every_push_to_an_outbox_sets_the_pumps_wake_up_hint(
+    backend: Backend, prefix: str
+) -> None:
+    """complete, fail and recover (cross-queue children), deliver (a failed nested parent
+    signalling upward) and replay_poison each set ``flow:outbox:wake`` with the signals they
+    push (the idle Pump's BZPOPMIN pops it)."""
+    from echomq_core.pump import poison_replay
+
+    mq = backend.client(prefix)
+    parents, work, mid = backend.queues_on_distinct_nodes(3, "wk")
+    raw = mq.connection.client
+
+    def take(queue: str) -> bool:
+        """The hint was set (and is taken away)."""
+        return bool(raw.delete(mq.keys.outbox_wake(queue)))
+
+    mq.add_flow(parents, [Child(i, queue=work) for i in range(3)], parent_id="JOB-w1")
+    q = mq.queue(work, lease=0.2)
+    done, dies, stalls = q.claim(3)
+    assert not take(work)
+    q.complete(done, 1)  # complete.lua
+    assert take(work)
+    assert q.fail(dies, "no", retry=False)  # fail.lua: buried, its signal pushed
+    assert take(work)
+    deadline = time.monotonic() + 30
+    buried: list[Any] = []
+    pump = Pump(mq, [work], max_stalls=0, maintain_every=0.0)
+    while not buried and time.monotonic() < deadline:  # the lease expires; recover.lua buries
+        time.sleep(0.05)
+        buried = pump.tick().dead
+    assert [job.id for job, _ in buried] == [stalls.id]
+    assert take(work)
+    # deliver.lua: the nested parent (in `mid`) of a child that died fails and signals upward
+    mq.add_flow(
+        parents, [Child("p2", queue=mid, children=[Child(0, queue=work)])], parent_id="JOB-w2"
+    )
+    (child,) = q.claim(1)
+    assert q.fail(child, "dead", retry=False)
+    take(mid)
+    pump.tick()  # the same Pump: it holds the outbox's lease
+    assert mq.snapshot(mid, "JOB-w2.0").parent_state == "failed"
+    assert take(mid)
+    # replay_poison.lua: a signal whose parent does not exist is poisoned, then replayed
+    raw.rpush(mq.keys.outbox(work), b"c\nJOB-x.0\n" + parents.encode() + b"\nJOB-x\n1")
+    pump.max_tries = 1
+    while not raw.llen(mq.keys.poison(work)) and time.monotonic() < deadline:
+        pump.tick()
+    take(work)
+    assert mq.perform(poison_replay(mq.keys, work, 10)) == 1
+    assert take(work)
+    mq.close()
+
+
+def test_an_idle_pump_is_woken_by_a_signal_not_by_its_interval(
+    backend: Backend, prefix: str
+) -> None:
+    """A Pump idles for its whole (here 60 s, jittered) interval unless a signal wakes it: the
+    second flow's release within 20 s can only come from the wake-up hint. The first flow is
+    delivered by the Pump's first tick (on a Cluster it makes the child queue's slot the one
+    the Pump blocks on: its queues span slots)."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "wp")
+    q = mq.queue(work)
+    first = mq.add_flow(parents, [Child(i, queue=work) for i in range(5)])
+    q.complete_many([(j, j.payload) for j in q.claim(5)])
+    with Pump(mq, [parents, work], interval=60.0):
+        deadline = time.monotonic() + 20
+        while mq.dependencies(parents, first.parent_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mq.dependencies(parents, first.parent_id) == 0
+        time.sleep(0.3)  # the Pump is idle now, blocked on the hint
+        second = mq.add_flow(parents, [Child(i, queue=work) for i in range(5)])
+        q.complete_many([(j, j.payload) for j in q.claim(5)])
+        deadline = time.monotonic() + 20
+        while mq.dependencies(parents, second.parent_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mq.dependencies(parents, second.parent_id) == 0
+    mq.close()

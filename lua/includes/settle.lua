@@ -3,8 +3,8 @@
 -- parent's slot. Shared by complete (same-queue), fail (same-queue) and deliver (the Pump's
 -- cross-queue half).
 --   pk       = {row, dependencies, processed, unsuccessful, failed, explicit} keys of the parent
---   pq       = {pending, wake, outbox, flows:held, flows:released, flows:failed} keys of the
---              parent's queue (the flow indexes: a root moves between them)
+--   pq       = {pending, wake, outbox, flows:held, flows:released, flows:failed, outbox:wake}
+--              keys of the parent's queue (the flow indexes: a root moves between them)
 --   items    = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
 -- Each child is recorded with HSETNX: only a first record counts, so settling the same child
 -- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
@@ -24,7 +24,8 @@
 -- Owner of what it writes: :processed/:unsuccessful/:failed records, the counter and the
 -- row's fields go with the flow's expiry (expire.lua / forget.lua / drop.lua); flows:* entries
 -- move on with the flow's state and are dropped at expiry; a released worker-run parent's
--- pending entry is claimed; the upward signal is trimmed by the Pump.
+-- pending entry is claimed; the upward signal is trimmed by the Pump, and the outbox:wake member
+-- set with it is popped by an idle Pump.
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
@@ -99,6 +100,7 @@ local function settle_current(pk, parent_id, parent_queue, pq, items, now, row)
       local kind = 'f'
       if up[3] == 'id' then kind = 'i' end
       redis.call('RPUSH', pq[3], signal(kind, parent_id, up[2] or parent_queue, up[1], err))
+      redis.call('ZADD', pq[7], 0, 'w')
     end
   end
   return statuses, event
