@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from . import ops
 from .checks import check_int
 from .connection import Call, Op
 from .errors import EchoMQError, Unrecoverable
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 #: The job states counted per queue (the zsets of the keyspace).
-JOB_STATES = ("pending", "active", "delayed", "dead", "completed")
+JOB_STATES = ops.STATS[:5]  # then outbox and poison: ops.stat_calls reads all seven
 #: Commands one scrape sends per queue: 5 job-state ZCARDs, outbox and poison LLEN, the
 #: outbox head (LINDEX 0) and 5 flow-index ZCARDs.
 COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES)
@@ -96,13 +97,7 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
     calls: list[Call] = []
     for q in queues:
         calls += [
-            Call.cmd("ZCARD", ks.pending(q)),
-            Call.cmd("ZCARD", ks.active(q)),
-            Call.cmd("ZCARD", ks.delayed(q)),
-            Call.cmd("ZCARD", ks.dead(q)),
-            Call.cmd("ZCARD", ks.completed(q)),
-            Call.cmd("LLEN", ks.outbox(q)),
-            Call.cmd("LLEN", ks.poison(q)),
+            *ops.stat_calls(ks, q),
             Call.cmd("LINDEX", ks.outbox(q), 0),
             *(Call.cmd("ZCARD", ks.flows(q, state)) for state in FLOW_INDEXES),
         ]

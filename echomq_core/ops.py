@@ -373,9 +373,14 @@ def revive(ks: Keyspace, queue: str, job_ids: Sequence[str]) -> Op[tuple[int, li
     return revived, skipped
 
 
-def stats(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
-    """Counts per state of one queue (one pipelined read)."""
-    replies = yield [
+#: What :func:`stat_calls` counts, in its order: five job states, then two lists.
+STATS = ("pending", "active", "delayed", "dead", "completed", "outbox", "poison")
+
+
+def stat_calls(ks: Keyspace, queue: str) -> list[Call]:
+    """The reads of one queue's counts, in :data:`STATS` order (ZCARD of each job state's
+    index, LLEN of the outbox and the poison list)."""
+    return [
         Call.cmd("ZCARD", ks.pending(queue)),
         Call.cmd("ZCARD", ks.active(queue)),
         Call.cmd("ZCARD", ks.delayed(queue)),
@@ -384,13 +389,9 @@ def stats(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
         Call.cmd("LLEN", ks.outbox(queue)),
         Call.cmd("LLEN", ks.poison(queue)),
     ]
-    pending, active, delayed, dead, completed, outbox, poison = replies
-    return {
-        "pending": int(pending),
-        "active": int(active),
-        "delayed": int(delayed),
-        "dead": int(dead),
-        "completed": int(completed),
-        "outbox": int(outbox),
-        "poison": int(poison),
-    }
+
+
+def stats(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
+    """Counts per state of one queue (one pipelined read)."""
+    replies = yield stat_calls(ks, queue)
+    return {name: int(n) for name, n in zip(STATS, replies, strict=True)}
