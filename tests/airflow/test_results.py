@@ -170,6 +170,20 @@ def test_timeouts_cancel_the_flow(
     assert job.state == "cancelled"
 
 
+def test_a_soft_fail_sensor_cancels_its_flow_saying_it_timed_out(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    """soft_fail turns the timeout into a skip whose message says only 'soft_fail'; the
+    cancel reason carries the timeout it came from."""
+    run = run_dag(airflow_db, "echomq_timeouts_soft")
+    assert run.state_of("wait_soft") == "skipped"
+    parent = parent_id_for("echomq_timeouts_soft", run.run_id, "fan_out")
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        snap = mq.snapshot("test.idle-reports", parent)
+    assert snap.parent_state == "cancelled"
+    assert "soft_fail" in (snap.error or "") and "timed out" in (snap.error or ""), snap.error
+
+
 def test_killed_sensor_cancels_its_flow(
     airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
 ) -> None:

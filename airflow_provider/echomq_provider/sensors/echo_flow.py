@@ -292,7 +292,11 @@ class EchoFlowSensor(BaseSensorOperator):
         def __exit__(self, kind: type[BaseException] | None, exc: Any, tb: Any) -> None:
             giving_up = (AirflowFailException, AirflowSensorTimeout, AirflowSkipException)
             if kind is not None and issubclass(kind, giving_up):
-                self.sensor._cancel(f"{type(exc).__name__}: {exc}")
+                why = f"{type(exc).__name__}: {exc}"
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, Exception):  # soft_fail's skip says why only in its cause
+                    why += f" (from {type(cause).__name__}: {cause})"
+                self.sensor._cancel(why)
 
     def _cancel_when_giving_up(self, context: Context) -> EchoFlowSensor._GiveUp:
         self._ti_for_kill = context["ti"]
