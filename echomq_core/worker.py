@@ -62,7 +62,16 @@ from .hooks import LifecycleHooks
 from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
-from .running import Intake, Outcome, fire_hooks, make_queues, outcome, split, wake_queues
+from .running import (
+    Intake,
+    OptionAttributes,
+    Outcome,
+    fire_hooks,
+    make_queues,
+    outcome,
+    split,
+    wake_queues,
+)
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -94,7 +103,7 @@ class _Slot:
     abandoned: bool = False
 
 
-class Worker:
+class Worker(OptionAttributes):
     """Runs ``handlers`` ({queue name: callable}) until stopped. Options:
 
     * ``concurrency`` (1): runner threads, i.e. jobs run at once.
@@ -131,14 +140,6 @@ class Worker:
         self.queues = make_queues(client, handlers, opts, queue_options)
         self.client = client
         self.handlers = dict(handlers)
-        self.concurrency = opts.concurrency
-        self.max_batch = opts.max_batch
-        self.lease = opts.lease
-        self.poll = opts.poll
-        self.max_poll = opts.max_poll
-        self.grace = opts.grace
-        self.fast_job = opts.fast_job
-        self.flush_after = opts.flush_after
         self.hooks = hooks
         self.completed = 0
         self.failed = 0
@@ -157,7 +158,7 @@ class Worker:
         self._running = 0
         self._awake = 0  # runners not waiting for the buffer
         self._closing = False
-        self._intake = Intake(self.concurrency, self.max_batch, self.fast_job)
+        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
         self._runners: list[threading.Thread] = []
         self._slots: list[_Slot] = []
         self._helpers: list[threading.Thread] = []
@@ -166,7 +167,7 @@ class Worker:
         self._lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
         #: Buffered jobs claimed longer ago than this have their leases re-checked (one call)
         #: before the next starts: a cancelled flow's claimed children are dropped, not started.
-        self.recheck = min(0.25, self.lease / 3)
+        self.recheck = min(0.25, opts.lease / 3)
         self._checked = 0.0
         self._checking = False
         self._wake = self._wake_queues(client, list(self.handlers))
@@ -192,7 +193,7 @@ class Worker:
         self._beat_stop.clear()
         self._closing = False
         self._runners, self._slots = [], []
-        for i in range(self.concurrency):
+        for i in range(self.options.concurrency):
             self._spawn(i)
         self._helpers = [
             threading.Thread(target=self._fetcher, daemon=True, name="echomq-fetch"),
@@ -223,7 +224,7 @@ class Worker:
         self._stop.set()
         if not wait:
             self._halt.set()
-        deadline = time.monotonic() + (self.grace if wait else 0.0)
+        deadline = time.monotonic() + (self.options.grace if wait else 0.0)
         with self._lock:
             self._jobs_ready.notify_all()
             self._want_jobs.notify_all()
@@ -265,7 +266,7 @@ class Worker:
     # -- the fetcher ----------------------------------------------------------------------
     def _fetcher(self) -> None:
         names = list(self.handlers)
-        idle, turn = self.poll, 0
+        idle, turn = self.options.poll, 0
         while not self._stop.is_set():
             with self._lock:
                 want = self._want()
@@ -289,14 +290,14 @@ class Worker:
                     self._take(jobs, time.monotonic() - sent)
                     break
             if took:
-                idle = self.poll
+                idle = self.options.poll
             else:
                 self._idle(idle)
-                idle = min(self.max_poll, idle * 2)
+                idle = min(self.options.max_poll, idle * 2)
 
     def _want(self) -> int:
         """How many jobs to claim now (under the lock)."""
-        if len(self._results) + self._flushing >= 2 * self.max_batch:
+        if len(self._results) + self._flushing >= 2 * self.options.max_batch:
             return 0  # back-pressure: the flusher is behind
         return self._intake.want(self._running, len(self._buffer))
 
@@ -408,7 +409,7 @@ class Worker:
             other is not slot
             and not other.abandoned
             and other.job is not None
-            and now - other.started < self.fast_job
+            and now - other.started < self.options.fast_job
             for other in self._slots
         )
 
@@ -427,8 +428,8 @@ class Worker:
         ``flush_after`` old, or nothing else is in hand (a finished child's fan-in is not
         held back waiting for a batch that will not come)."""
         return (
-            len(self._results) >= self.max_batch
-            or time.monotonic() - self._first_result >= self.flush_after
+            len(self._results) >= self.options.max_batch
+            or time.monotonic() - self._first_result >= self.options.flush_after
             or (self._running == 0 and not self._buffer)
             or self._stop.is_set()
         )
@@ -503,7 +504,7 @@ class Worker:
                     if self._closing and not self._results:
                         return
                     if self._results:
-                        left = self.flush_after - (time.monotonic() - self._first_result)
+                        left = self.options.flush_after - (time.monotonic() - self._first_result)
                         self._results_ready.wait(max(0.001, left))
                     else:
                         self._results_ready.wait(NAP)
@@ -566,7 +567,7 @@ class Worker:
     def _heartbeats(self) -> None:
         """Extend the leases of everything in flight every ``lease / 3`` seconds and, every
         :data:`WATCH_EVERY`, abandon handlers past their time limit."""
-        every = self.lease / 3
+        every = self.options.lease / 3
         next_beat = time.monotonic() + every
         while not self._beat_stop.wait(min(every, WATCH_EVERY)):
             self._watch()
