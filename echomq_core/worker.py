@@ -150,6 +150,8 @@ class Worker(OptionAttributes):
         self._jobs_ready = threading.Condition(self._lock)  # runners wait for the buffer
         self._want_jobs = threading.Condition(self._lock)  # the fetcher waits for free slots
         self._results_ready = threading.Condition(self._lock)  # the flusher waits for results
+        self._fetcher_waits = False  # the fetcher waits on _want_jobs
+        self._flusher_waits = False  # the flusher waits on _results_ready
         self._inflight: dict[tuple[str, str], Job] = {}
         self._buffer: deque[tuple[Job, float]] = deque()  # claimed, not started: (job, when)
         self._results: list[tuple[Job, Outcome]] = []
@@ -271,7 +273,9 @@ class Worker(OptionAttributes):
             with self._lock:
                 want = self._want()
                 if want <= 0:
+                    self._fetcher_waits = True
                     self._want_jobs.wait(NAP)
+                    self._fetcher_waits = False
                     continue
             took = False
             for step in range(len(names)):
@@ -349,52 +353,100 @@ class Worker(OptionAttributes):
                     self._awake -= 1
 
     def _run_jobs(self, slot: _Slot) -> None:
+        """Take jobs from the buffer and run them. The hot path takes the lock once per job:
+        recording one job's result, waiting for the next, taking it and starting it."""
+        lock, handlers, queues, recheck = self._lock, self.handlers, self.queues, self.recheck
+        finished: tuple[Job, Outcome, float | None] | None = None
+        calls = 0
         while True:
-            with self._lock:
-                while (
-                    not self._stop.is_set()
-                    and not slot.abandoned
-                    and (not self._buffer or self._rest(slot))
-                ):
-                    self._want_jobs.notify()
-                    self._awake -= 1
-                    self._jobs_ready.wait(NAP)
-                    self._awake += 1
-                if self._stop.is_set() or slot.abandoned:
-                    return
-                job, claimed = self._buffer.popleft()
-                if self._buffer:
-                    self._want_jobs.notify()  # maybe half empty: the next claim may start
-            if self._stale(claimed):
-                self._check_leases(job)
-            if self._drop_if_lost(job):
-                continue
-            queue = self.queues[job.queue]
-            limit_ms = job.timeout_ms or queue.timeout_ms
-            with self._lock:
-                slot.job, slot.limit, slot.started = job, (limit_ms or 0) / 1000, time.monotonic()
-                slot.deadline = slot.started + slot.limit if limit_ms else 0.0
-                self._running += 1
-            cpu = time.thread_time()
-            result = self._call(self.handlers[job.queue], job)
-            cpu = time.thread_time() - cpu
-            with self._lock:
-                took = time.monotonic() - slot.started
-                slot.job, slot.deadline = None, 0.0
-                if slot.abandoned:  # the watchdog failed this job and freed the slot
-                    if isinstance(result, bytes):  # presented with its gone token: refused
-                        self._add_result(job, result)
-                else:
-                    self._running -= 1
-                    self._intake.observe(took, cpu)
-                    self._add_result(job, result)
-            if slot.abandoned:
+            gone = started = check = False
+            with lock:
+                if finished is not None:
+                    gone = self._finish(slot, *finished)
+                    if not gone:
+                        finished = None
+                if not gone:
+                    while (
+                        not self._stop.is_set()
+                        and not slot.abandoned
+                        and (not self._buffer or self._rest(slot))
+                    ):
+                        self._wake_fetcher()
+                        self._awake -= 1
+                        self._jobs_ready.wait(NAP)
+                        self._awake += 1
+                    if self._stop.is_set() or slot.abandoned:
+                        return
+                    job, claimed = self._buffer.popleft()
+                    if self._buffer:
+                        self._wake_fetcher()  # maybe half empty: the next claim may start
+                    now = time.monotonic()
+                    # buffered jobs claimed long ago have their leases re-checked (one
+                    # runner at a time) before the next starts
+                    check = (
+                        now - claimed >= recheck
+                        and now - self._checked >= recheck
+                        and not self._checking
+                    )
+                    if check:
+                        self._checking, self._checked = True, now
+                    elif not self._lost:  # nothing to check: start it now
+                        self._begin(slot, job, job.timeout_ms or queues[job.queue].timeout_ms, now)
+                        started = True
+            if gone:
+                assert finished is not None
                 log.warning(
                     "runner %d: the call that ran %s past its time limit returned; the thread ends",
                     slot.index,
-                    job.id,
+                    finished[0].id,
                 )
                 return
+            if not started:
+                if check:
+                    self._check_leases(job)
+                if self._drop_if_lost(job):
+                    continue
+                limit_ms = job.timeout_ms or queues[job.queue].timeout_ms
+                with lock:
+                    self._begin(slot, job, limit_ms, time.monotonic())
+            # the CPU share of handlers is sampled (every 8th call): a thread's CPU clock is a
+            # system call, which costs more than a no-op job
+            sample = not calls & 7
+            calls += 1
+            cpu = time.thread_time() if sample else 0.0
+            result = self._call(handlers[job.queue], job)
+            finished = (job, result, time.thread_time() - cpu if sample else None)
+
+    def _begin(self, slot: _Slot, job: Job, limit_ms: int | None, now: float) -> None:
+        """Runner ``slot`` starts ``job`` now (under the lock)."""
+        slot.job, slot.limit, slot.started = job, (limit_ms or 0) / 1000, now
+        slot.deadline = now + slot.limit if limit_ms else 0.0
+        self._running += 1
+
+    def _finish(self, slot: _Slot, job: Job, result: Outcome, cpu: float | None) -> bool:
+        """Runner ``slot``'s call of ``job`` returned ``result`` (under the lock). True when
+        the watchdog abandoned the call meanwhile: the runner's thread ends."""
+        took = time.monotonic() - slot.started
+        slot.job, slot.deadline = None, 0.0
+        if slot.abandoned:  # the watchdog failed this job and freed the slot
+            if isinstance(result, bytes):  # presented with its gone token: refused
+                self._add_result(job, result)
+            return True
+        self._running -= 1
+        self._intake.observe(took, cpu)
+        self._add_result(job, result)
+        return False
+
+    def _wake_fetcher(self) -> None:
+        """Wake the fetcher if it waits for free slots (under the lock): a notify costs even
+        with no thread waiting, and runners would pay it on every job."""
+        if self._fetcher_waits:
+            self._want_jobs.notify()
+
+    def _wake_flusher(self) -> None:
+        """Wake the flusher if it waits for results (under the lock)."""
+        if self._flusher_waits:
+            self._results_ready.notify()
 
     def _rest(self, slot: _Slot) -> bool:
         """True when this runner should leave the buffer to another (under the lock): handlers
@@ -419,9 +471,9 @@ class Worker(OptionAttributes):
             self._first_result = time.monotonic()
         self._results.append((job, result))
         if self._flush_now():
-            self._results_ready.notify()
+            self._wake_flusher()
         if not self._intake.fast:
-            self._want_jobs.notify()  # a runner is free: claim for it
+            self._wake_fetcher()  # a runner is free: claim for it
 
     def _flush_now(self) -> bool:
         """Record the waiting results now (under the lock): enough of them, the oldest is
@@ -433,17 +485,6 @@ class Worker(OptionAttributes):
             or (self._running == 0 and not self._buffer)
             or self._stop.is_set()
         )
-
-    def _stale(self, claimed: float) -> bool:
-        """True when this runner should re-check the buffer's leases (one does at a time)."""
-        now = time.monotonic()
-        if now - claimed < self.recheck or now - self._checked < self.recheck:
-            return False
-        with self._lock:
-            if self._checking:
-                return False
-            self._checking, self._checked = True, now
-        return True
 
     def _check_leases(self, job: Job) -> None:
         """Extend the leases of the buffered jobs (and ``job``), noting those that are gone."""
@@ -503,11 +544,13 @@ class Worker(OptionAttributes):
                 while not (self._results and self._flush_now()):
                     if self._closing and not self._results:
                         return
+                    self._flusher_waits = True
                     if self._results:
                         left = self.options.flush_after - (time.monotonic() - self._first_result)
                         self._results_ready.wait(max(0.001, left))
                     else:
                         self._results_ready.wait(NAP)
+                    self._flusher_waits = False
                 items, self._results = self._results, []
                 self._flushing = len(items)
             try:
@@ -518,7 +561,7 @@ class Worker(OptionAttributes):
             finally:
                 with self._lock:
                     self._flushing = 0
-                    self._want_jobs.notify()
+                    self._wake_fetcher()
 
     def _flush(
         self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
