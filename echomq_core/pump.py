@@ -69,13 +69,8 @@ def parse_signal(entry: bytes) -> Signal:
     kind, child, pq, parent, value = parts
     if kind not in _KINDS:
         raise InvalidInput(f"malformed signal: unknown kind {kind[:10]!r}")
-    return Signal(
-        _KINDS[kind],
-        check_job_id(child.decode()),
-        check_queue(pq.decode()),
-        check_job_id(parent.decode()),
-        value,
-    )
+    return Signal(_KINDS[kind], check_job_id(child.decode()), check_queue(pq.decode()),
+                  check_job_id(parent.decode()), value)
 
 
 @dataclass(slots=True)
@@ -98,19 +93,13 @@ class TickStats:
         return bool(self.delivered or self.poisoned or self.promoted or self.recovered)
 
 
-def drain(
-    ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease_ms: int, max_tries: int
-) -> Op[TickStats]:
+def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease_ms: int,
+          max_tries: int) -> Op[TickStats]:
     """One pass over the outboxes of ``queues`` (three round trips in all)."""
     stats = TickStats()
-    reads = yield [
-        call
-        for q in queues
-        for call in (
-            Call.lua("outbox_lease", [ks.outbox_lease(q), ks.outbox(q)], [pump_id, lease_ms]),
-            Call.cmd("LRANGE", ks.outbox(q), 0, page - 1),
-        )
-    ]
+    reads = yield [call for q in queues for call in (
+        Call.lua("outbox_lease", [ks.outbox_lease(q), ks.outbox(q)], [pump_id, lease_ms]),
+        Call.cmd("LRANGE", ks.outbox(q), 0, page - 1))]
     pages: dict[str, list[bytes]] = {}
     for i, queue in enumerate(queues):
         if reads[2 * i] == 1 and reads[2 * i + 1]:
@@ -176,24 +165,17 @@ def drain(
             for group in batch:
                 for (queue, index), st in zip(group.where, statuses, strict=False):
                     if st < 0:
-                        mark(
-                            queue,
-                            index,
-                            f"parent {group.parent} does not exist in {group.parent_queue!r}",
-                        )
+                        mark(queue, index, f"parent {group.parent} does not exist in "
+                                           f"{group.parent_queue!r}")
     trims = []
     for queue, entries in pages.items():
         delivered, reason = bad.get(queue, (len(entries), ""))
         blocked = entries[delivered] if reason else b""
         if reason:
             stats.blocked[queue] = reason
-        trims.append(
-            Call.lua(
-                "trim_outbox",
-                [ks.outbox(queue), ks.outbox_lease(queue), ks.outbox_head(queue), ks.poison(queue)],
-                [pump_id, delivered, entries[0], blocked, max_tries, reason],
-            )
-        )
+        trims.append(Call.lua("trim_outbox", [ks.outbox(queue), ks.outbox_lease(queue),
+                                              ks.outbox_head(queue), ks.poison(queue)],
+                              [pump_id, delivered, entries[0], blocked, max_tries, reason]))
     results = yield trims
     for (trimmed, poisoned), queue in zip(results, pages, strict=True):
         stats.delivered += max(0, int(trimmed))
@@ -216,12 +198,8 @@ class _Group:
 
 
 def _deliver_call(ks: Keyspace, parent_queue: str, batch: list[_Group]) -> Call:
-    keys = [
-        ks.pending(parent_queue),
-        ks.outbox(parent_queue),
-        ks.wake(parent_queue),
-        *ks.settle_indexes(parent_queue),
-    ]
+    keys = [ks.pending(parent_queue), ks.outbox(parent_queue), ks.wake(parent_queue),
+            *ks.settle_indexes(parent_queue)]
     argv: list[Any] = [parent_queue, len(batch)]
     for group in batch:
         keys += ks.settle_keys(parent_queue, group.parent)
@@ -244,11 +222,8 @@ def poison_list(ks: Keyspace, queue: str, count: int) -> Op[list[tuple[str, byte
 
 def poison_replay(ks: Keyspace, queue: str, count: int) -> Op[int]:
     """Move up to ``count`` poisoned signals back to the outbox; the number moved."""
-    (n,) = yield [
-        Call.lua(
-            "replay_poison", [ks.poison(queue), ks.outbox(queue), ks.outbox_head(queue)], [count]
-        )
-    ]
+    (n,) = yield [Call.lua("replay_poison", [ks.poison(queue), ks.outbox(queue),
+                                             ks.outbox_head(queue)], [count])]
     return int(n)
 
 
@@ -314,16 +289,8 @@ class Pump:
         queues = self.queues(time.monotonic())
         if not queues:
             return TickStats()
-        stats = self.client.perform(
-            drain(
-                self.client.keys,
-                queues,
-                self.id,
-                page=self.page,
-                lease_ms=self.lease_ms,
-                max_tries=self.max_tries,
-            )
-        )
+        stats = self.client.perform(drain(self.client.keys, queues, self.id, page=self.page,
+                                      lease_ms=self.lease_ms, max_tries=self.max_tries))
         now = time.monotonic()
         if now - self._maintained_at >= self.maintain_every:
             # Maintenance is cheap but not free: at most every maintain_every seconds, so a
@@ -333,20 +300,19 @@ class Pump:
             batch = min(self.page, 1000)  # Lua's unpack() bounds one script's batch
             stats.promoted = self.client.perform(ops.promote(keys, queues, batch))
             stats.recovered, stats.dead = self.client.perform(
-                ops.recover(keys, queues, batch, self.max_stalls, self.client.serializer)
-            )
+                ops.recover(keys, queues, batch, self.max_stalls, self.client.serializer))
             stats.buried = len(stats.dead)
             if self.sweep_every is not None and now - self._swept_at >= self.sweep_every:
                 self._swept_at = now
-                swept = self.client.perform(
-                    retention.sweep(keys, queues, self.id, lease_ms=self.lease_ms, limit=200)
-                )
+                swept = self.client.perform(retention.sweep(keys, queues, self.id,
+                                                        lease_ms=self.lease_ms, limit=200))
                 stats.swept = swept.swept
                 stats.expired = swept.flows
         for name in ("delivered", "poisoned", "promoted", "recovered", "buried"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
         if stats.poisoned:
-            log.warning("pump %s poisoned %d signal(s): %s", self.id, stats.poisoned, stats.blocked)
+            log.warning("pump %s poisoned %d signal(s): %s", self.id, stats.poisoned,
+                        stats.blocked)
         if self.hooks is not None:
             self._fire_hooks(self.hooks, stats)
         return stats
@@ -399,11 +365,8 @@ class Pump:
 
     def release_leases(self) -> None:
         keys = self.client.keys
-        calls = [
-            Call.lua("outbox_unlease", [lease], [self.id])
-            for q in self._queues
-            for lease in (keys.outbox_lease(q), keys.sweep_lease(q))
-        ]
+        calls = [Call.lua("outbox_unlease", [lease], [self.id])
+                 for q in self._queues for lease in (keys.outbox_lease(q), keys.sweep_lease(q))]
         if calls:
             try:
                 self.client.connection.execute(Lenient(calls))

@@ -84,7 +84,9 @@ def int_at_least(low: int, high: int | None = None) -> Any:
 def add_bind_options(parser: argparse.ArgumentParser, port: int) -> None:
     """``--host`` (127.0.0.1 by default) and ``--port`` (0 picks a free one) of a server that
     a command runs (``echomq server``, ``echomq dashboard``)."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default %(default)s)"
+    )
     parser.add_argument(
         "--port",
         type=int_at_least(0, 65535),
