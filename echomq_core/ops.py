@@ -90,7 +90,8 @@ def add(
 def claim(
     ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int, ser: Serializer
 ) -> Op[list[Job]]:
-    """Lease up to ``count`` jobs: one script call, then one pipelined HMGET per job."""
+    """Lease up to ``count`` jobs: the ``claim`` script, then the ``rows`` script reading
+    every claimed row in one reply (two round trips)."""
     keys = [
         ks.pending(queue),
         ks.active(queue),
