@@ -54,6 +54,11 @@ class Measure:
     splits: dict[str, float]
     commands: dict[str, int]  # library commands by name, harness traffic removed
     memory_delta: int  # used_memory after - before, script cache and client buffers excluded
+    #: CPU seconds spent in the window: ``server`` (INFO cpu), ``workers`` (this process's
+    #: child processes and theirs: worker processes, Node drivers), ``driver`` (this process:
+    #: the add, EchoMQ's Pump thread in W3, the harness's probes). A noisy machine stretches
+    #: wall-clock time; CPU per item moves far less with the load.
+    cpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_commands(self) -> int:
@@ -69,6 +74,7 @@ class Window:
         self.harness: Counter[str] = Counter()
         self.t0 = 0.0
         self.mem0 = 0
+        self.cpu0: dict[str, float] = {}
         self.splits: dict[str, float] = {}
 
     def close(self) -> None:
@@ -120,11 +126,21 @@ class Window:
             - int(mem.get("mem_clients_normal", 0))
         )
 
+    def _cpu(self) -> dict[str, float]:
+        info = self.r.info("cpu")
+        own = os.times()
+        return {
+            "server": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+            "workers": _children_cpu(),
+            "driver": own.user + own.system,
+        }
+
     def begin(self) -> None:
         self.r.config_resetstat()
-        self.harness = Counter({"config|resetstat": 1, "info": 1})
+        self.harness = Counter({"config|resetstat": 1, "info": 2})
         self.mem0 = self._memory()
         self.splits = {}
+        self.cpu0 = self._cpu()
         self.t0 = time.perf_counter()
 
     def split(self, name: str) -> float:
@@ -140,8 +156,10 @@ class Window:
         calls = self._calls()  # INFO does not count itself
         calls.subtract(self.harness)
         commands = {k: v for k, v in calls.items() if v > 0}
+        cpu1 = self._cpu()
+        cpu = {k: cpu1[k] - self.cpu0[k] for k in cpu1}
         mem1 = self._memory()
-        return Measure(seconds, dict(self.splits), commands, mem1 - self.mem0)
+        return Measure(seconds, dict(self.splits), commands, mem1 - self.mem0, cpu)
 
     def wait_for(
         self,
@@ -324,6 +342,29 @@ class Stopper:
             proc.stop()
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's live descendants, from ``/proc`` (0.0
+    where there is none). Processes that ended are not counted: read it while workers run."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        todo = [str(os.getpid())]
+        total = 0
+        first = True
+        while todo:
+            pid = todo.pop()
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    todo += (task / "children").read_text().split()
+            if not first:
+                with contextlib.suppress(OSError):
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    total += int(fields[11]) + int(fields[12])  # utime, stime
+            first = False
+        return total / tick
+    except OSError:
+        return 0.0
+
+
 def result(
     measure: Measure, *, n: int, unit: str, rate_of: str | None = None, **extra: Any
 ) -> dict[str, Any]:
@@ -342,6 +383,10 @@ def result(
         "top_commands": {k: round(v / n, 3) for k, v in top},
         "memory_bytes": measure.memory_delta,
         "memory_per_item": round(measure.memory_delta / n, 1),
+        "cpu_us_per_item": {
+            **{k: round(v * 1e6 / n, 2) for k, v in measure.cpu.items()},
+            "total": round(sum(measure.cpu.values()) * 1e6 / n, 2),
+        },
         **extra,
     }
 

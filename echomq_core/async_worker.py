@@ -53,7 +53,16 @@ from .hooks import LifecycleHooks
 from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
-from .running import Intake, Outcome, failure, fire_hooks, make_queues, split, wake_queues
+from .running import (
+    Intake,
+    OptionAttributes,
+    Outcome,
+    failure,
+    fire_hooks,
+    make_queues,
+    split,
+    wake_queues,
+)
 from .worker import BLOCK_SLICE
 
 if TYPE_CHECKING:
@@ -70,7 +79,7 @@ def is_async(handler: Any) -> bool:
     )
 
 
-class AsyncWorker:
+class AsyncWorker(OptionAttributes):
     """Runs ``handlers`` ({queue name: callable}) on the running event loop until stopped.
     Options as :class:`~echomq_core.worker.Worker` (``concurrency`` is the number of handler
     tasks, and of threads for sync handlers)."""
@@ -93,19 +102,13 @@ class AsyncWorker:
         self.connection = client.connection
         self.handlers = dict(handlers)
         self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
-        self.concurrency = opts.concurrency
-        self.max_batch = opts.max_batch
-        self.lease = opts.lease
-        self.grace = opts.grace
-        self.flush_after = opts.flush_after
-        self.poll, self.max_poll = opts.poll, opts.max_poll
         self.hooks = hooks
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
-        self.recheck = min(0.25, self.lease / 3)
-        self._intake = Intake(self.concurrency, self.max_batch, opts.fast_job)
+        self.recheck = min(0.25, opts.lease / 3)
+        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
         self._wake = wake_queues(client.keys, self.connection.is_cluster, list(self.handlers))
         self._inflight: dict[tuple[str, str], Job] = {}
         self._buffer: deque[tuple[Job, float]] = deque()
@@ -139,7 +142,7 @@ class AsyncWorker:
         self._started = True
         self._runners = [
             asyncio.create_task(self._runner(i), name=f"echomq-runner-{i}")
-            for i in range(self.concurrency)
+            for i in range(self.options.concurrency)
         ]
         self._tasks = [
             asyncio.create_task(self._fetcher(), name="echomq-fetch"),
@@ -205,7 +208,7 @@ class AsyncWorker:
         await self._give_back(unstarted)
         runners = [t for t in self._runners if not t.done()]
         if runners:
-            grace = self.grace if wait else 0.0
+            grace = self.options.grace if wait else 0.0
             _, pending = await asyncio.wait(runners, timeout=grace)
             if pending:  # past the grace: their jobs go back, their handlers are cancelled
                 for task in pending:
@@ -225,7 +228,7 @@ class AsyncWorker:
     # -- the fetcher ----------------------------------------------------------------------
     async def _fetcher(self) -> None:
         names = list(self.handlers)
-        idle, turn = self.poll, 0
+        idle, turn = self.options.poll, 0
         while not self._stop.is_set():
             want = self._want()
             if want <= 0:
@@ -250,13 +253,13 @@ class AsyncWorker:
                     await self._take(jobs, time.monotonic() - sent)
                     break
             if took:
-                idle = self.poll
+                idle = self.options.poll
             else:
                 await self._idle(idle)
-                idle = min(self.max_poll, idle * 2)
+                idle = min(self.options.max_poll, idle * 2)
 
     def _want(self) -> int:
-        if len(self._results) + self._flushing >= 2 * self.max_batch:
+        if len(self._results) + self._flushing >= 2 * self.options.max_batch:
             return 0  # back-pressure: the flusher is behind
         return self._intake.want(self._running, len(self._buffer))
 
@@ -403,8 +406,8 @@ class AsyncWorker:
         """As :meth:`Worker._flush_now`: enough results, the oldest ``flush_after`` old, or
         nothing else in hand."""
         return (
-            len(self._results) >= self.max_batch
-            or time.monotonic() - self._first_result >= self.flush_after
+            len(self._results) >= self.options.max_batch
+            or time.monotonic() - self._first_result >= self.options.flush_after
             or (self._running == 0 and not self._buffer)
             or self._stop.is_set()
         )
@@ -449,7 +452,7 @@ class AsyncWorker:
                     await asyncio.wait_for(self._results_ready.wait(), 0.2)
                 continue
             if not self._flush_now() and not self._closing:
-                left = self.flush_after - (time.monotonic() - self._first_result)
+                left = self.options.flush_after - (time.monotonic() - self._first_result)
                 self._results_ready.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._results_ready.wait(), max(0.001, left))
@@ -506,7 +509,7 @@ class AsyncWorker:
 
     # -- heartbeats -----------------------------------------------------------------------
     async def _heartbeats(self) -> None:
-        every = self.lease / 3
+        every = self.options.lease / 3
         while True:
             await asyncio.sleep(every)
             by_queue: dict[str, list[Job]] = {}

@@ -28,15 +28,35 @@ class JsonSerializer:
     # on every call, which costs more than encoding a small payload.
     _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
     _decode = json.JSONDecoder().decode
+    # The decoder's scanner, without decode()'s two whitespace regex passes: most payloads
+    # and results are small values with no whitespace around them; anything else (leading or
+    # trailing whitespace, extra data, an error) goes through decode() as before.
+    _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
     def dumps(self, value: Any) -> bytes:
+        # None, bools and ints (the usual no-op and counting results) without the encoder's
+        # per-call set-up; the same bytes json.dumps gives
+        kind = type(value)
         try:
+            if value is None:
+                return b"null"
+            if kind is int:
+                return int.__repr__(value).encode()
+            if kind is bool:
+                return b"true" if value else b"false"
             return JsonSerializer._encode(value).encode()
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(f"value is not JSON-serialisable: {exc}") from None
 
     def loads(self, data: bytes) -> Any:
-        return JsonSerializer._decode(data.decode() if isinstance(data, bytes) else data)
+        text = data.decode() if isinstance(data, bytes) else data
+        try:
+            value, end = JsonSerializer._scan(text, 0)
+            if end == len(text):
+                return value
+        except (StopIteration, ValueError):
+            pass
+        return JsonSerializer._decode(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,13 +70,15 @@ def add(
         key = (max_attempts, delay_ms, priority, limit)
         groups.setdefault(key, []).append((job_id, payload))
     fixed = [ks.pending(queue), ks.delayed(queue), ks.seq(queue), ks.wake(queue)]
+    rows = ks.job_prefix(queue)
     for (max_attempts, delay_ms, priority, limit), items in groups.items():
         for part in chunks(items):
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
             argv.append("" if limit is None else limit)
+            keys = fixed.copy()
             for job_id, payload in part:
-                argv += [job_id, payload]
-            keys = [*fixed, *(ks.job_prefix(queue) + job_id for job_id, _ in part)]
+                argv += (job_id, payload)
+                keys.append(rows + job_id)
             calls.append(Call.lua("add", keys, argv))
     replies = yield calls
     return sum(int(r) for r in replies[skip:])
@@ -88,7 +90,8 @@ def add(
 def claim(
     ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int, ser: Serializer
 ) -> Op[list[Job]]:
-    """Lease up to ``count`` jobs: one script call, then one pipelined HMGET per job."""
+    """Lease up to ``count`` jobs: the ``claim`` script, then the ``rows`` script reading
+    every claimed row in one reply (two round trips)."""
     keys = [
         ks.pending(queue),
         ks.active(queue),
@@ -99,25 +102,51 @@ def claim(
     (ids,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
     if not ids:
         return []
-    names = [_s(i) for i in ids]
+    names = [i.decode() if type(i) is bytes else _s(i) for i in ids]
     base = ks.job_prefix(queue)
     (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
-    return [_job(queue, job_id, token, row, ser) for job_id, row in zip(names, rows, strict=True)]
+    parents: dict[tuple[Any, Any, Any], ParentRef] = {}  # siblings share one (it is frozen)
+    return [
+        _job(queue, job_id, token, row, ser, parents)
+        for job_id, row in zip(names, rows, strict=True)
+    ]
 
 
-def _job(queue: str, job_id: str, token: str, row: Sequence[Any], ser: Serializer) -> Job:
-    """A :class:`Job` from its row fields (:data:`ROW_FIELDS` order)."""
+def _job(
+    queue: str,
+    job_id: str,
+    token: str,
+    row: Sequence[Any],
+    ser: Serializer,
+    parents: dict[tuple[Any, Any, Any], ParentRef] | None = None,
+) -> Job:
+    """A :class:`Job` from its row fields (:data:`ROW_FIELDS` order); ``parents`` caches the
+    :class:`ParentRef` of each (parent, queue, policy) across one claim's rows."""
     payload, attempts, max_attempts, parent, parent_queue, policy, stalls, limit = row
-    job = Job(queue, job_id, token, None, _int(attempts), _int(max_attempts, 1))
-    job.stalls = _int(stalls)
+    job = Job(
+        queue,
+        job_id,
+        token,
+        None,
+        0 if attempts is None else int(attempts),
+        1 if max_attempts is None else int(max_attempts),
+    )
+    if stalls is not None:
+        job.stalls = int(stalls)
     if limit:
         job.timeout_ms = int(limit)
     if parent is not None:
-        job.parent = ParentRef(
-            _s(parent_queue) if parent_queue else queue,
-            _s(parent),
-            _s(policy) if policy else FAIL_PARENT,
-        )
+        key = (parent, parent_queue, policy)
+        ref = parents.get(key) if parents is not None else None
+        if ref is None:
+            ref = ParentRef(
+                _s(parent_queue) if parent_queue else queue,
+                _s(parent),
+                _s(policy) if policy else FAIL_PARENT,
+            )
+            if parents is not None:
+                parents[key] = ref
+        job.parent = ref
     if payload is None:
         job.decode_error = "job row is missing (deleted while pending?)"
     else:

@@ -152,7 +152,7 @@ class Queue:
             )
             limit = timeout_ms("timeout", spec.timeout)
             rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
-        if len({r[0] for r in rows}) != len(rows):
+        if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         if rows:
             new = self.client.unregistered([self.name])

@@ -93,6 +93,45 @@ class Intake:
             self.batch = min(self.max_batch, self.batch * 2)
 
 
+class OptionAttributes:
+    """A worker's options as read-only attributes (``worker.concurrency``, ``worker.lease``,
+    ...), read from ``options``: one source of truth, nothing copied."""
+
+    options: WorkerOptions
+
+    @property
+    def concurrency(self) -> int:
+        return self.options.concurrency
+
+    @property
+    def max_batch(self) -> int:
+        return self.options.max_batch
+
+    @property
+    def lease(self) -> float:
+        return self.options.lease
+
+    @property
+    def poll(self) -> float:
+        return self.options.poll
+
+    @property
+    def max_poll(self) -> float:
+        return self.options.max_poll
+
+    @property
+    def grace(self) -> float:
+        return self.options.grace
+
+    @property
+    def fast_job(self) -> float:
+        return self.options.fast_job
+
+    @property
+    def flush_after(self) -> float:
+        return self.options.flush_after
+
+
 def outcome(encode: Callable[[Any], bytes], job: Job, call: Callable[[], Any]) -> Outcome:
     """Run ``call`` (a handler applied to ``job``) and read what happened: the encoded result,
     or (error text, retry?). ``Unrecoverable`` and results that cannot be stored bury the job;
