@@ -137,9 +137,32 @@ def w7_baseline():
     collect(plan())
 
 
+@dag(dag_id="w7_shape", **ARGS)
+def w7_shape():
+    """The EchoMQ DAG's shape with two plain pass-through tasks for fan_out and wait."""
+    @task
+    def plan(params=None):
+        return list(range(params["n"]))
+
+    @task
+    def fan_out(values):
+        return {{"n": len(values)}}
+
+    @task
+    def wait(flow):
+        return flow
+
+    @task
+    def collect(flow):
+        return flow["n"]
+
+    collect(wait(fan_out(plan())))
+
+
 w7_native()
 w7_echomq()
 w7_baseline()
+w7_shape()
 '''
 
 DAGSTER_DEFS = f'''
@@ -247,9 +270,9 @@ def summarise(values: list[float]) -> dict[str, Any]:
         return {"runs": 0}
     return {
         "runs": len(values),
-        "median": round(statistics.median(values), 2),
-        "min": round(min(values), 2),
-        "max": round(max(values), 2),
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
     }
 
 
@@ -320,8 +343,15 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             busy = [r for r in ok if r.get("busy_s") is not None]
             row["busy"] = summarise([r["busy_s"] for r in busy])
             row["echomq_adds_minus_busy"] = summarise([r["wall_s"] - b - r["busy_s"] for r in busy])
+        shape = [
+            r["wall_s"]
+            for r in runs
+            if r["system"] == system and r["way"] == "shape" and r["state"] == "success"
+        ]
+        if way == "echomq" and ok and shape:
+            row["over_shape"] = summarise([r["wall_s"] - statistics.median(shape) for r in ok])
         out.append(row)
-    order = {"baseline": 0, "native": 1, "echomq": 2}
+    order = {"baseline": 0, "shape": 1, "native": 2, "echomq": 3}
     out.sort(key=lambda r: (r["system"], order.get(r["way"], 3), r["n"]))
     return out
 
@@ -329,9 +359,13 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def fmt(s: dict[str, Any]) -> str:
     if not s or not s.get("runs"):
         return "-"
+
+    def num(v: float) -> str:
+        return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
+
     if s["runs"] == 1:
-        return f"{s['median']:.1f} (1 run)"
-    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f}, {s['runs']} runs)"
+        return f"{num(s['median'])} (1 run)"
+    return f"{num(s['median'])} ({num(s['min'])} to {num(s['max'])}, {s['runs']} runs)"
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -343,16 +377,20 @@ def markdown(report: dict[str, Any]) -> str:
         "run end; Dagster CLI start to exit. `EchoMQ adds`: wall(N) - median wall of the "
         "baseline (the same DAG/job without the fan-out, 0 items). `busy`: the EchoMQ "
         "workers' first to last child completion (server). `adds - busy`: the orchestration "
-        "overhead without the item work.",
+        "overhead without the item work. `over shape` (Airflow): wall(N) - median wall of "
+        "the same 4-task DAG with two pass-through tasks in place of the operator and the "
+        "sensor (what EchoMQ adds beyond Airflow's own cost of two more tasks).",
         "",
-        "| system | way | N | wall | end-to-end | EchoMQ adds | busy | adds - busy | outcome |",
-        "|---|---|---:|---|---|---|---|---|---|",
+        "| system | way | N | wall | end-to-end | EchoMQ adds | busy | adds - busy | over shape "
+        "| outcome |",
+        "|---|---|---:|---|---|---|---|---|---|---|",
     ]
     for row in report["table"]:
         lines.append(
             f"| {row['system']} | {row['way']} | {row['n']:,} | {fmt(row['wall'])} | "
             f"{fmt(row['end_to_end'])} | {fmt(row.get('echomq_adds', {}))} | "
             f"{fmt(row.get('busy', {}))} | {fmt(row.get('echomq_adds_minus_busy', {}))} | "
+            f"{fmt(row.get('over_shape', {}))} | "
             f"{', '.join(row['states'])} ({row['attempted']} attempted) |"
         )
     if report["notes"]:
@@ -364,7 +402,7 @@ def markdown(report: dict[str, Any]) -> str:
 def airflow_run(
     dep: Any, rec: Recorder, way: str, n: int, budget: float, raised: int = 0
 ) -> dict[str, Any]:
-    dag_id = {"native": "w7_native", "echomq": "w7_echomq", "baseline": "w7_baseline"}[way]
+    dag_id = f"w7_{way}"
     label = way if way != "native" or not raised else f"native, max_map_length {raised:,}"
     dep.wait_dag(dag_id)
     triggered = time.time()
@@ -385,8 +423,8 @@ def airflow_run(
     tis = dep.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances?limit=100")
     counts: dict[str, int] = {}
     for ti in tis["task_instances"]:
-        label = f"{ti['task_id']}:{ti['state']}"
-        counts[label] = counts.get(label, 0) + 1
+        key = f"{ti['task_id']}:{ti['state']}"
+        counts[key] = counts.get(key, 0) + 1
     result: dict[str, Any] = {
         "system": "airflow",
         "way": label,
@@ -452,8 +490,10 @@ def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
         },
     )
     with dep:
-        for way in ("baseline", "echomq", "native"):
+        for way in ("baseline", "echomq", "native", "shape"):
             dep.wait_dag(f"w7_{way}", timeout=300)
+        for _ in range(args.shape_runs):
+            airflow_run(dep, rec, "shape", 0, args.budget)
         # EchoMQ first: the runs the goal is about
         for _ in range(0 if args.skip_echomq else args.baseline_runs):
             airflow_run(dep, rec, "baseline", 0, args.budget)
@@ -661,6 +701,12 @@ def main() -> None:
     parser.add_argument("--only", choices=("airflow", "dagster"), default=None)
     parser.add_argument("--budget", type=float, default=600.0, help="seconds per run at most")
     parser.add_argument("--baseline-runs", type=int, default=5, help="runs of the baseline")
+    parser.add_argument(
+        "--shape-runs",
+        type=int,
+        default=0,
+        help="Airflow: runs of the 4-task DAG of the EchoMQ shape with pass-through tasks",
+    )
     parser.add_argument("--skip-native", action="store_true", help="EchoMQ runs only")
     parser.add_argument("--skip-echomq", action="store_true", help="native runs only")
     parser.add_argument(
