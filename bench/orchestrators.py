@@ -421,10 +421,13 @@ def airflow_run(
     run = dep.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}")
     start, end = ts(run.get("start_date")), ts(run.get("end_date"))
     tis = dep.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances?limit=100")
-    counts: dict[str, int] = {}
-    for ti in tis["task_instances"]:
-        key = f"{ti['task_id']}:{ti['state']}"
-        counts[key] = counts.get(key, 0) + 1
+    with sqlite3.connect(dep.home / "airflow.db", timeout=60) as db:
+        rows = db.execute(
+            "SELECT task_id, state, COUNT(*) FROM task_instance WHERE dag_id = ? AND run_id = ? "
+            "GROUP BY task_id, state",
+            (dag_id, run_id),
+        ).fetchall()
+    counts = {f"{task}:{ti_state}": int(count) for task, ti_state, count in rows}
     result: dict[str, Any] = {
         "system": "airflow",
         "way": label,
@@ -433,9 +436,17 @@ def airflow_run(
         "state": state,
         "wall_s": round(end - start, 2) if start and end else None,
         "end_to_end_s": round(end - triggered, 2) if end else None,
-        "task_states_first_100": counts,
+        "task_states": counts,
         "task_instances_total": tis.get("total_entries"),
     }
+    if way != "native" and start:  # where the time goes: each task's start and end (s)
+        result["tasks_start_end_s"] = {
+            ti["task_id"]: [
+                round((ts(ti.get("start_date")) or start) - start, 2),
+                round((ts(ti.get("end_date")) or start) - start, 2),
+            ]
+            for ti in tis["task_instances"]
+        }
     if state == "budget exceeded":
         result["wall_s"] = result["end_to_end_s"] = None
         result["stopped_after_s"] = budget
@@ -506,12 +517,28 @@ def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
             return
         per_task = None
         medians: dict[int, float] = {}
-        for n in [n for n in args.n if 0 < n <= 20_000]:
+        stopped = 0  # the N whose run was stopped at the budget: larger ones are not run
+        for n in [n for n in (args.native_n or args.n) if 0 < n <= 20_000]:
+            if stopped:
+                rec.note(
+                    f"Airflow native N={n:,}"
+                    + (f" with max_map_length {raised:,}" if raised else "")
+                    + f": not run (N={stopped:,} did not finish within the "
+                    f"{args.budget:.0f} s budget)"
+                    + (
+                        f"; estimated {args.per_task * n / 60:.0f} min from the measured "
+                        f"{args.per_task:.2f} s per mapped task"
+                        if args.per_task
+                        else ""
+                    )
+                )
+                continue
             if n > MAX_MAP_LENGTH and not raised:
                 run = airflow_run(dep, rec, "native", n, args.budget)
                 note = (
                     f"Airflow native N={n:,} at the default max_map_length {MAX_MAP_LENGTH}: "
-                    f"run {run['state']}; tasks {run['task_states_first_100']}"
+                    f"run {run['state']}; tasks {run['task_states']}; "
+                    + "; ".join(run.get("errors", []))
                 )
                 if per_task:
                     est = per_task * n / 60
@@ -525,7 +552,7 @@ def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
                     )
                 rec.note(note)
                 continue
-            if raised and args.per_task and args.per_task * n > args.budget:
+            if raised and args.per_task and args.per_task * n > 2 * args.budget:
                 rec.note(
                     f"Airflow native N={n:,} with max_map_length {raised:,}: not run, estimated "
                     f"{args.per_task * n / 60:.0f} min from the measured {args.per_task:.2f} s "
@@ -535,6 +562,8 @@ def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
             done = []
             for i in range(runs_for(args, n)):
                 run = airflow_run(dep, rec, "native", n, args.budget, raised)
+                if run["state"] == "budget exceeded":
+                    stopped = n
                 if run["state"] != "success":
                     break
                 done.append(run["wall_s"])
@@ -706,6 +735,9 @@ def main() -> None:
         type=int,
         default=0,
         help="Airflow: runs of the 4-task DAG of the EchoMQ shape with pass-through tasks",
+    )
+    parser.add_argument(
+        "--native-n", type=int, nargs="+", default=None, help="Ns of the native runs (--n)"
     )
     parser.add_argument("--skip-native", action="store_true", help="EchoMQ runs only")
     parser.add_argument("--skip-echomq", action="store_true", help="native runs only")
