@@ -612,33 +612,45 @@ def bench_dagster(args: argparse.Namespace, rec: Recorder) -> None:
         start_new_session=True,
     )  # fmt: skip
     try:
-        for _ in range(args.baseline_runs):
+        for _ in range(0 if args.skip_echomq else args.baseline_runs):
             dagster_run(home, defs, env, rec, "baseline", 0, args.budget)
-        for n in [n for n in args.n if n > 0]:
+        for n in [n for n in args.n if n > 0 and not args.skip_echomq]:
             for _ in range(runs_for(args, n)):
                 dagster_run(home, defs, env, rec, "echomq", n, args.budget)
         if args.skip_native:
             return
         per_step = None
         medians: dict[int, float] = {}
-        for n in [n for n in args.n if 0 < n <= 20_000]:
-            if per_step and per_step * n > args.budget:
-                rec.note(
-                    f"Dagster native N={n:,}: not run, estimated {per_step * n / 60:.0f} min "
-                    f"from the measured {per_step:.2f} s per mapped step (over the "
-                    f"{args.budget:.0f} s budget)"
+        stopped = 0
+        for n in [n for n in (args.native_n or args.n) if 0 < n <= 20_000]:
+            # an N estimated at over twice the budget is not run; one near it runs (and is
+            # stopped at the budget if it gets there)
+            if stopped or (per_step and per_step * n > 2 * args.budget):
+                why = (
+                    f"N={stopped:,} did not finish within the {args.budget:.0f} s budget"
+                    if stopped
+                    else f"over twice the {args.budget:.0f} s budget"
                 )
+                est = (
+                    f"; estimated {per_step * n / 60:.0f} min from the measured "
+                    f"{per_step:.2f} s per mapped step"
+                    if per_step
+                    else ""
+                )
+                rec.note(f"Dagster native N={n:,}: not run ({why}){est}")
                 continue
             done = []
             for _ in range(runs_for(args, n)):
                 run = dagster_run(home, defs, env, rec, "native", n, args.budget)
+                if run["state"] == "budget exceeded":
+                    stopped = n
                 if run["state"] != "success":
                     break
                 done.append(run["end_to_end_s"])
                 if run["end_to_end_s"] * (runs_for(args, n) - len(done)) > args.budget:
                     break  # the rest would take longer than one budget: fewer runs at this N
             if not done:
-                break
+                continue
             medians[n] = statistics.median(done)
             per_step = marginal(medians)
             rec.note(f"Dagster native: {per_step:.3f} s per mapped step (up to N={n:,})")
