@@ -427,6 +427,11 @@ def airflow_run(
             "GROUP BY task_id, state",
             (dag_id, run_id),
         ).fetchall()
+        spans = db.execute(
+            "SELECT task_id, MIN(start_date), MAX(end_date) FROM task_instance "
+            "WHERE dag_id = ? AND run_id = ? GROUP BY task_id",
+            (dag_id, run_id),
+        ).fetchall()
     counts = {f"{task}:{ti_state}": int(count) for task, ti_state, count in rows}
     result: dict[str, Any] = {
         "system": "airflow",
@@ -446,6 +451,14 @@ def airflow_run(
                 round((ts(ti.get("end_date")) or start) - start, 2),
             ]
             for ti in tis["task_instances"]
+        }
+    if start:  # every task's first start and last end (s from the run's start; all map indexes)
+        result["task_span_s"] = {
+            task: [
+                round((ts(first + "+00:00") if first else start) - start, 2),
+                round((ts(last + "+00:00") if last else start) - start, 2),
+            ]
+            for task, first, last in spans
         }
     if state == "budget exceeded":
         result["wall_s"] = result["end_to_end_s"] = None
@@ -482,10 +495,17 @@ def failure_lines(dep: Any, dag_id: str, run_id: str) -> list[str]:
 
 
 def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
-    from deployment import Deployment
-
     dags = Path(tempfile.mkdtemp()) / "w7_dags.py"
     dags.write_text(AIRFLOW_DAGS)
+    try:
+        airflow_deployment(args, rec, dags)
+    finally:
+        shutil.rmtree(dags.parent, ignore_errors=True)
+
+
+def airflow_deployment(args: argparse.Namespace, rec: Recorder, dags: Path) -> None:
+    from deployment import Deployment
+
     raised = args.max_map_length
     extra = {"AIRFLOW__CORE__MAX_MAP_LENGTH": str(raised)} if raised else {}
     dep = Deployment(
@@ -500,79 +520,86 @@ def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
             **extra,
         },
     )
-    with dep:
-        for way in ("baseline", "echomq", "native", "shape"):
-            dep.wait_dag(f"w7_{way}", timeout=300)
-        for _ in range(args.shape_runs):
-            airflow_run(dep, rec, "shape", 0, args.budget)
-        # EchoMQ first: the runs the goal is about
-        for _ in range(0 if args.skip_echomq else args.baseline_runs):
-            airflow_run(dep, rec, "baseline", 0, args.budget)
-        if (0 in args.n or not args.n_given) and not args.skip_echomq:
-            airflow_run(dep, rec, "echomq", 0, args.budget)  # refused: recorded as such
-        for n in [n for n in args.n if n > 0 and not args.skip_echomq]:
-            for _ in range(runs_for(args, n)):
-                airflow_run(dep, rec, "echomq", n, args.budget)
-        if args.skip_native:
-            return
-        per_task = None
-        medians: dict[int, float] = {}
-        stopped = 0  # the N whose run was stopped at the budget: larger ones are not run
-        for n in [n for n in (args.native_n or args.n) if 0 < n <= 20_000]:
-            if stopped:
-                rec.note(
-                    f"Airflow native N={n:,}"
-                    + (f" with max_map_length {raised:,}" if raised else "")
-                    + f": not run (N={stopped:,} did not finish within the "
+    try:
+        with dep:
+            airflow_runs(args, rec, dep, raised)
+    finally:
+        dep.cleanup()  # AIRFLOW_HOME: the metadata DB and every log
+
+
+def airflow_runs(args: argparse.Namespace, rec: Recorder, dep: Any, raised: int) -> None:
+    for way in ("baseline", "echomq", "native", "shape"):
+        dep.wait_dag(f"w7_{way}", timeout=300)
+    for _ in range(args.shape_runs):
+        airflow_run(dep, rec, "shape", 0, args.budget)
+    # EchoMQ first: the runs the goal is about
+    for _ in range(0 if args.skip_echomq else args.baseline_runs):
+        airflow_run(dep, rec, "baseline", 0, args.budget)
+    if (0 in args.n or not args.n_given) and not args.skip_echomq:
+        airflow_run(dep, rec, "echomq", 0, args.budget)  # refused: recorded as such
+    for n in [n for n in args.n if n > 0 and not args.skip_echomq]:
+        for _ in range(runs_for(args, n)):
+            airflow_run(dep, rec, "echomq", n, args.budget)
+    if args.skip_native:
+        return
+    per_task = None
+    medians: dict[int, float] = {}
+    stopped = 0  # the N whose run was stopped at the budget: larger ones are not run
+    for n in [n for n in (args.native_n or args.n) if 0 < n <= 20_000]:
+        if stopped:
+            rec.note(
+                f"Airflow native N={n:,}"
+                + (f" with max_map_length {raised:,}" if raised else "")
+                + f": not run (N={stopped:,} did not finish within the "
+                f"{args.budget:.0f} s budget)"
+                + (
+                    f"; estimated {args.per_task * n / 60:.0f} min from the measured "
+                    f"{args.per_task:.2f} s per mapped task"
+                    if args.per_task
+                    else ""
+                )
+            )
+            continue
+        if n > MAX_MAP_LENGTH and not raised:
+            run = airflow_run(dep, rec, "native", n, args.budget)
+            note = (
+                f"Airflow native N={n:,} at the default max_map_length {MAX_MAP_LENGTH}: "
+                f"run {run['state']}; tasks {run['task_states']}; "
+                + "; ".join(run.get("errors", []))
+            )
+            if per_task:
+                est = per_task * n / 60
+                note += (
+                    f". With max_map_length raised: not run, estimated {est:.0f} min "
+                    f"from the measured {per_task:.2f} s per mapped task (over the "
                     f"{args.budget:.0f} s budget)"
-                    + (
-                        f"; estimated {args.per_task * n / 60:.0f} min from the measured "
-                        f"{args.per_task:.2f} s per mapped task"
-                        if args.per_task
-                        else ""
-                    )
+                    if est * 60 > args.budget
+                    else f". With max_map_length raised (a separate deployment: "
+                    f"--max-map-length): estimated {est:.1f} min"
                 )
-                continue
-            if n > MAX_MAP_LENGTH and not raised:
-                run = airflow_run(dep, rec, "native", n, args.budget)
-                note = (
-                    f"Airflow native N={n:,} at the default max_map_length {MAX_MAP_LENGTH}: "
-                    f"run {run['state']}; tasks {run['task_states']}; "
-                    + "; ".join(run.get("errors", []))
-                )
-                if per_task:
-                    est = per_task * n / 60
-                    note += (
-                        f". With max_map_length raised: not run, estimated {est:.0f} min "
-                        f"from the measured {per_task:.2f} s per mapped task (over the "
-                        f"{args.budget:.0f} s budget)"
-                        if est * 60 > args.budget
-                        else f". With max_map_length raised (a separate deployment: "
-                        f"--max-map-length): estimated {est:.1f} min"
-                    )
-                rec.note(note)
-                continue
-            if raised and args.per_task and args.per_task * n > 2 * args.budget:
-                rec.note(
-                    f"Airflow native N={n:,} with max_map_length {raised:,}: not run, estimated "
-                    f"{args.per_task * n / 60:.0f} min from the measured {args.per_task:.2f} s "
-                    f"per mapped task (over the {args.budget:.0f} s budget)"
-                )
-                continue
-            done = []
-            for i in range(runs_for(args, n)):
-                run = airflow_run(dep, rec, "native", n, args.budget, raised)
-                if run["state"] == "budget exceeded":
-                    stopped = n
-                if run["state"] != "success":
-                    break
-                done.append(run["wall_s"])
-                if run["wall_s"] * (runs_for(args, n) - i - 1) > args.budget:
-                    break  # the rest would take longer than one budget: fewer runs at this N
-            if done:
-                medians[n] = statistics.median(done)
-                per_task = marginal(medians)
-                rec.note(f"Airflow native: {per_task:.3f} s per mapped task (up to N={n:,})")
+            rec.note(note)
+            continue
+        if raised and args.per_task and args.per_task * n > 2 * args.budget:
+            rec.note(
+                f"Airflow native N={n:,} with max_map_length {raised:,}: not run, estimated "
+                f"{args.per_task * n / 60:.0f} min from the measured {args.per_task:.2f} s "
+                f"per mapped task (over the {args.budget:.0f} s budget)"
+            )
+            continue
+        done = []
+        for i in range(runs_for(args, n)):
+            run = airflow_run(dep, rec, "native", n, args.budget, raised)
+            if run["state"] == "budget exceeded":
+                stopped = n
+            if run["state"] != "success":
+                break
+            done.append(run["wall_s"])
+            if run["wall_s"] * (runs_for(args, n) - i - 1) > args.budget:
+                break  # the rest would take longer than one budget: fewer runs at this N
+        if done:
+            medians[n] = statistics.median(done)
+            per_task = marginal(medians)
+            rec.note(f"Airflow native: {per_task:.3f} s per mapped task (up to N={n:,})")
 
 
 def marginal(medians: dict[int, float]) -> float:
