@@ -372,7 +372,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# W7: fan-out/fan-in inside the orchestrators ({report['started']}, {report['machine']})",
         "",
-        "Seconds: median (min-max, runs). `wall`: Airflow DAG run end_date - start_date; "
+        "Seconds: median (min to max, runs). `wall`: Airflow DAG run end_date - start_date; "
         "Dagster run start-to-end from the event log. `end-to-end`: Airflow REST trigger to "
         "run end; Dagster CLI start to exit. `EchoMQ adds`: wall(N) - median wall of the "
         "baseline (the same DAG/job without the fan-out, 0 items). `busy`: the EchoMQ "
