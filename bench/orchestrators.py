@@ -1,0 +1,813 @@
+"""W7: fan-out/fan-in of N trivial items inside the orchestrators, native vs EchoMQ.
+
+::
+
+    .venv/bin/python -m bench.orchestrators                        # everything (long)
+    .venv/bin/python -m bench.orchestrators --only airflow --n 100 500 --runs 3
+    .venv/bin/python -m bench.orchestrators --only dagster --budget 600 --json
+    .venv/bin/python -m bench.orchestrators --out bench/results/w7/   # JSON + markdown there
+
+Four ways to do the same thing - ``plan`` makes N integers, each is doubled (the "work"),
+``collect`` sums the results:
+
+* **Airflow native**: ``collect(work.expand(item=plan()))`` (dynamic task mapping), in a real
+  deployment (``examples/airflow/deployment.py``'s :class:`Deployment`: api-server, scheduler,
+  dag-processor, triggerer as processes, LocalExecutor, SQLite), triggered through the REST
+  API. Above ``[core] max_map_length`` (1,024 by default) the run is made once at the default
+  and what fails, with what error, is recorded.
+* **Airflow EchoMQ**: ``plan -> EchoFlowOperator -> EchoFlowSensor (deferrable) -> collect``;
+  the children run in an ``echomq worker`` process (same trivial work), ``collect`` reads the
+  values page by page (``flow_results``). Baseline: a flow of 0 children is refused by EchoMQ
+  (the ``n=0`` run records the error), so the baseline is the DAG without the fan-out:
+  ``plan -> collect`` with 0 items.
+* **Dagster native**: an op with ``DynamicOut`` yielding N ``DynamicOutput`` s,
+  ``.map(work).collect()`` into ``collect``, run with ``dagster job execute`` (the default
+  executor: multiprocess, one process per step).
+* **Dagster EchoMQ**: an asset adding the flow with ``EchoMQResource`` (its output stored by
+  ``EchoMQIOManager``), a downstream asset getting ``{child id: result}`` as its input;
+  an ``echomq worker`` process runs the children; ``dagster job execute`` the same way.
+  Baseline: the same two-asset job without the fan-out (``plan`` returns 0 items).
+
+Figures per run: Airflow - the DAG run's ``end_date - start_date`` (the scheduler's clock) and
+trigger-to-end (the REST POST to ``end_date``); Dagster - CLI start to exit, and the run's
+start-to-end from the event log. EchoMQ runs also give the workers' busy window: the first to
+the last completion time of the run's children, read from the server (the child queue's
+``completed`` index; the first claim precedes the first completion by one batch of trivial
+handlers - milliseconds). A run past ``--budget`` seconds is stopped (Airflow: the run is
+marked failed through the REST API; Dagster: the CLI's process group is killed) and recorded
+as such. Figures only: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "airflow"))
+
+from echomq_core import Job  # noqa: E402
+
+PREFIX = "w7"
+PARENT_QUEUE = "w7.reports"
+WORK_QUEUE = "w7.work"
+NATIVE_N = (100, 500, 2000, 20_000)
+ECHOMQ_N = (*NATIVE_N, 200_000)
+MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+
+
+def work(job: Job) -> int:
+    """The EchoMQ workers' handler: the same trivial work as the native ``work`` task."""
+    return int(job.payload) * 2
+
+
+HANDLERS = {WORK_QUEUE: work}
+
+AIRFLOW_DAGS = f'''
+from datetime import datetime
+from airflow.sdk import dag, task
+from echomq_provider.operators.echo_flow import EchoFlowOperator
+from echomq_provider.results import flow_results
+from echomq_provider.sensors.echo_flow import EchoFlowSensor
+
+ARGS = dict(schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+            params={{"n": 100}}, max_active_runs=1)
+
+
+@dag(dag_id="w7_native", **ARGS)
+def w7_native():
+    @task
+    def plan(params=None):
+        return list(range(params["n"]))
+
+    @task
+    def work(item):
+        return item * 2
+
+    @task
+    def collect(values):
+        return sum(values)
+
+    collect(work.expand(item=plan()))
+
+
+@dag(dag_id="w7_echomq", **ARGS)
+def w7_echomq():
+    @task
+    def plan(params=None):
+        return list(range(params["n"]))
+
+    fan_out = EchoFlowOperator(task_id="fan_out", parent_queue="{PARENT_QUEUE}",
+                               children=plan(), child_queue="{WORK_QUEUE}")
+    wait = EchoFlowSensor(task_id="wait", flow=fan_out.output, deferrable=True,
+                          poke_interval=1, timeout=3600)
+
+    @task
+    def collect(flow):
+        return sum(value for _index, value in flow_results(flow))
+
+    collect(wait.output)
+
+
+@dag(dag_id="w7_baseline", **ARGS)
+def w7_baseline():
+    """The EchoMQ DAG without the fan-out (EchoMQ refuses a flow of 0 children)."""
+    @task
+    def plan(params=None):
+        return list(range(params["n"]))
+
+    @task
+    def collect(values):
+        return sum(values)
+
+    collect(plan())
+
+
+@dag(dag_id="w7_shape", **ARGS)
+def w7_shape():
+    """The EchoMQ DAG's shape with two plain pass-through tasks for fan_out and wait."""
+    @task
+    def plan(params=None):
+        return list(range(params["n"]))
+
+    @task
+    def fan_out(values):
+        return {{"n": len(values)}}
+
+    @task
+    def wait(flow):
+        return flow
+
+    @task
+    def collect(flow):
+        return flow["n"]
+
+    collect(wait(fan_out(plan())))
+
+
+w7_native()
+w7_echomq()
+w7_baseline()
+w7_shape()
+'''
+
+DAGSTER_DEFS = f'''
+import os
+from typing import Any
+
+from dagster import (DynamicOut, DynamicOutput, Definitions, EnvVar, asset,
+                     define_asset_job, job, op)
+from dagster_echomq import EchoMQIOManager, EchoMQResource
+
+from echomq_core import Child, FlowRef
+
+
+def n() -> int:
+    return int(os.environ["W7_N"])
+
+
+@op(out=DynamicOut())
+def plan():
+    for i in range(n()):
+        yield DynamicOutput(i, mapping_key=str(i))
+
+
+@op
+def work(item: int) -> int:
+    return item * 2
+
+
+@op
+def collect(values: list) -> int:
+    return sum(values)
+
+
+@job
+def w7_native():
+    collect(plan().map(work).collect())
+
+
+@asset(io_manager_key="echomq_io")
+def fan_out(context, echomq: EchoMQResource) -> FlowRef:
+    children = [Child(i, queue="{WORK_QUEUE}") for i in range(n())]
+    return echomq.add_flow("{PARENT_QUEUE}", children, parent_id=echomq.run_scoped_id(context))
+
+
+@asset
+def fan_in(fan_out: dict[str, Any]) -> int:
+    return sum(fan_out.values())
+
+
+@asset
+def plan0() -> list:
+    return list(range(n()))
+
+
+@asset
+def collect0(plan0: list) -> int:
+    return sum(plan0)
+
+
+echomq = EchoMQResource(url=EnvVar("ECHOMQ_URL"), prefix="{PREFIX}")
+defs = Definitions(
+    assets=[fan_out, fan_in, plan0, collect0],
+    jobs=[w7_native,
+          define_asset_job("w7_echomq", selection=["fan_out", "fan_in"]),
+          define_asset_job("w7_baseline", selection=["plan0", "collect0"])],
+    resources={{"echomq": echomq, "echomq_io": EchoMQIOManager.from_resource(echomq)}},
+)
+'''
+
+
+# -- helpers -------------------------------------------------------------------------------
+def ts(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def busy_window(url: str, since: float) -> dict[str, Any]:
+    """First and last completion (server time, ms) of the work queue's jobs since ``since``."""
+    import redis
+
+    from echomq_core.keyspace import Keyspace
+
+    key = Keyspace(PREFIX).completed(WORK_QUEUE)
+    client = redis.Redis.from_url(url)
+    try:
+        low = int(since * 1000)
+        first = client.zrangebyscore(key, low, "+inf", start=0, num=1, withscores=True)
+        last = client.zrevrangebyscore(key, "+inf", low, start=0, num=1, withscores=True)
+        count = client.zcount(key, low, "+inf")
+    finally:
+        client.close()
+    if not first:
+        return {"busy_s": None, "completed": 0}
+    return {
+        "busy_s": round((last[0][1] - first[0][1]) / 1000, 3),
+        "completed": int(count),
+        "first_completed": first[0][1] / 1000,
+        "last_completed": last[0][1] / 1000,
+    }
+
+
+def summarise(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"runs": 0}
+    return {
+        "runs": len(values),
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
+
+
+class Recorder:
+    """Collects every run; writes the JSON after each one (a cut-short bench keeps its runs)."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.out = out
+        self.runs: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        if out is not None and (out / "results.json").exists():  # add to an earlier invocation
+            old = json.loads((out / "results.json").read_text())
+            self.runs, self.notes, self.started = old["runs"], old["notes"], old["started"]
+
+    def add(self, run: dict[str, Any]) -> None:
+        self.runs.append(run)
+        print(json.dumps(run), flush=True)
+        self.save()
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print("NOTE:", text, flush=True)
+        self.save()
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "started": self.started,
+            "machine": f"{os.cpu_count()} cores",
+            "runs": self.runs,
+            "notes": self.notes,
+            "table": table(self.runs),
+        }
+
+    def save(self) -> None:
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "results.json").write_text(json.dumps(self.report(), indent=2) + "\n")
+        (self.out / "results.md").write_text(markdown(self.report()))
+
+
+def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (system, way, n): medians and ranges of the successful runs; EchoMQ adds."""
+    rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        rows.setdefault((run["system"], run["way"], run["n"]), []).append(run)
+    out = []
+    for (system, way, n), group in rows.items():
+        ok = [r for r in group if r["state"] == "success"]
+        row: dict[str, Any] = {
+            "system": system,
+            "way": way,
+            "n": n,
+            "attempted": len(group),
+            "states": sorted({r["state"] for r in group}),
+            "wall": summarise([r["wall_s"] for r in ok]),
+            "end_to_end": summarise([r["end_to_end_s"] for r in ok]),
+        }
+        base = [
+            r["wall_s"]
+            for r in runs
+            if r["system"] == system and r["way"] == "baseline" and r["state"] == "success"
+        ]
+        if way == "echomq" and ok and base:
+            b = statistics.median(base)
+            row["echomq_adds"] = summarise([r["wall_s"] - b for r in ok])
+            busy = [r for r in ok if r.get("busy_s") is not None]
+            row["busy"] = summarise([r["busy_s"] for r in busy])
+            row["echomq_adds_minus_busy"] = summarise([r["wall_s"] - b - r["busy_s"] for r in busy])
+        shape = [
+            r["wall_s"]
+            for r in runs
+            if r["system"] == system and r["way"] == "shape" and r["state"] == "success"
+        ]
+        if way == "echomq" and ok and shape:
+            row["over_shape"] = summarise([r["wall_s"] - statistics.median(shape) for r in ok])
+        out.append(row)
+    order = {"baseline": 0, "shape": 1, "native": 2, "echomq": 3}
+    out.sort(key=lambda r: (r["system"], order.get(r["way"], 3), r["n"]))
+    return out
+
+
+def fmt(s: dict[str, Any]) -> str:
+    if not s or not s.get("runs"):
+        return "-"
+
+    def num(v: float) -> str:
+        return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
+
+    if s["runs"] == 1:
+        return f"{num(s['median'])} (1 run)"
+    return f"{num(s['median'])} ({num(s['min'])} to {num(s['max'])}, {s['runs']} runs)"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# W7: fan-out/fan-in inside the orchestrators ({report['started']}, {report['machine']})",
+        "",
+        "Seconds: median (min to max, runs). `wall`: Airflow DAG run end_date - start_date; "
+        "Dagster run start-to-end from the event log. `end-to-end`: Airflow REST trigger to "
+        "run end; Dagster CLI start to exit. `EchoMQ adds`: wall(N) - median wall of the "
+        "baseline (the same DAG/job without the fan-out, 0 items). `busy`: the EchoMQ "
+        "workers' first to last child completion (server). `adds - busy`: the orchestration "
+        "overhead without the item work. `over shape` (Airflow): wall(N) - median wall of "
+        "the same 4-task DAG with two pass-through tasks in place of the operator and the "
+        "sensor (what EchoMQ adds beyond Airflow's own cost of two more tasks).",
+        "",
+        "| system | way | N | wall | end-to-end | EchoMQ adds | busy | adds - busy | over shape "
+        "| outcome |",
+        "|---|---|---:|---|---|---|---|---|---|---|",
+    ]
+    for row in report["table"]:
+        lines.append(
+            f"| {row['system']} | {row['way']} | {row['n']:,} | {fmt(row['wall'])} | "
+            f"{fmt(row['end_to_end'])} | {fmt(row.get('echomq_adds', {}))} | "
+            f"{fmt(row.get('busy', {}))} | {fmt(row.get('echomq_adds_minus_busy', {}))} | "
+            f"{fmt(row.get('over_shape', {}))} | "
+            f"{', '.join(row['states'])} ({row['attempted']} attempted) |"
+        )
+    if report["notes"]:
+        lines += ["", "Notes:", ""] + [f"* {n}" for n in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+# -- Airflow -------------------------------------------------------------------------------
+def airflow_run(
+    dep: Any, rec: Recorder, way: str, n: int, budget: float, raised: int = 0
+) -> dict[str, Any]:
+    dag_id = f"w7_{way}"
+    label = way if way != "native" or not raised else f"native, max_map_length {raised:,}"
+    dep.wait_dag(dag_id)
+    triggered = time.time()
+    run_id = dep.trigger(dag_id, {"n": n})
+    state = None
+    deadline = time.monotonic() + budget
+    while time.monotonic() < deadline:
+        state = dep.run_state(dag_id, run_id)
+        if state in ("success", "failed"):
+            break
+        time.sleep(1)
+    else:
+        state = "budget exceeded"
+        with contextlib.suppress(Exception):
+            dep.api("PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}", {"state": "failed"})
+    run = dep.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}")
+    start, end = ts(run.get("start_date")), ts(run.get("end_date"))
+    tis = dep.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances?limit=100")
+    with sqlite3.connect(dep.home / "airflow.db", timeout=60) as db:
+        rows = db.execute(
+            "SELECT task_id, state, COUNT(*) FROM task_instance WHERE dag_id = ? AND run_id = ? "
+            "GROUP BY task_id, state",
+            (dag_id, run_id),
+        ).fetchall()
+        spans = db.execute(
+            "SELECT task_id, MIN(start_date), MAX(end_date) FROM task_instance "
+            "WHERE dag_id = ? AND run_id = ? GROUP BY task_id",
+            (dag_id, run_id),
+        ).fetchall()
+    counts = {f"{task}:{ti_state}": int(count) for task, ti_state, count in rows}
+    result: dict[str, Any] = {
+        "system": "airflow",
+        "way": label,
+        "n": n,
+        "run_id": run_id,
+        "state": state,
+        "wall_s": round(end - start, 2) if start and end else None,
+        "end_to_end_s": round(end - triggered, 2) if end else None,
+        "task_states": counts,
+        "task_instances_total": tis.get("total_entries"),
+    }
+    if way != "native" and start:  # where the time goes: each task's start and end (s)
+        result["tasks_start_end_s"] = {
+            ti["task_id"]: [
+                round((ts(ti.get("start_date")) or start) - start, 2),
+                round((ts(ti.get("end_date")) or start) - start, 2),
+            ]
+            for ti in tis["task_instances"]
+        }
+    if start:  # every task's first start and last end (s from the run's start; all map indexes)
+        result["task_span_s"] = {
+            task: [
+                round((ts(first + "+00:00") if first else start) - start, 2),
+                round((ts(last + "+00:00") if last else start) - start, 2),
+            ]
+            for task, first, last in spans
+        }
+    if state == "budget exceeded":
+        result["wall_s"] = result["end_to_end_s"] = None
+        result["stopped_after_s"] = budget
+    if way == "echomq" and state == "success":
+        result.update(busy_window(dep.echomq_url, triggered))
+        with sqlite3.connect(dep.home / "airflow.db") as db:
+            rows = db.execute(
+                "SELECT task_id, SUM(LENGTH(value)) FROM xcom WHERE dag_id = ? AND run_id = ? "
+                "GROUP BY task_id",
+                (dag_id, run_id),
+            ).fetchall()
+        result["xcom_bytes_by_task"] = {t: int(s) for t, s in rows}
+    if state != "success":
+        result["errors"] = failure_lines(dep, dag_id, run_id)
+    rec.add(result)
+    return result
+
+
+def failure_lines(dep: Any, dag_id: str, run_id: str) -> list[str]:
+    """What failed, and why: the exceptions in the run's task logs (JSON lines)."""
+    found = []
+    for path, text in dep.logs().items():
+        if run_id not in str(path):
+            continue
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, TypeError, KeyError, IndexError):
+                event = json.loads(line)
+                for err in event.get("error_detail") or []:
+                    found.append(
+                        f"{event.get('task_id')}: {err['exc_type']}: {str(err['exc_value'])[:600]}"
+                    )
+    return sorted(set(found))[:20]
+
+
+def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
+    dags = Path(tempfile.mkdtemp()) / "w7_dags.py"
+    dags.write_text(AIRFLOW_DAGS)
+    try:
+        airflow_deployment(args, rec, dags)
+    finally:
+        shutil.rmtree(dags.parent, ignore_errors=True)
+
+
+def airflow_deployment(args: argparse.Namespace, rec: Recorder, dags: Path) -> None:
+    from deployment import Deployment
+
+    raised = args.max_map_length
+    extra = {"AIRFLOW__CORE__MAX_MAP_LENGTH": str(raised)} if raised else {}
+    dep = Deployment(
+        [dags],
+        worker_app="bench.orchestrators:HANDLERS",
+        worker_queues=[WORK_QUEUE],
+        pythonpath=[ROOT, ROOT / "examples" / "airflow"],
+        prefix=PREFIX,
+        env={
+            "AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD": "600",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+            **extra,
+        },
+    )
+    try:
+        with dep:
+            airflow_runs(args, rec, dep, raised)
+    finally:
+        dep.cleanup()  # AIRFLOW_HOME: the metadata DB and every log
+
+
+def airflow_runs(args: argparse.Namespace, rec: Recorder, dep: Any, raised: int) -> None:
+    for way in ("baseline", "echomq", "native", "shape"):
+        dep.wait_dag(f"w7_{way}", timeout=300)
+    for _ in range(args.shape_runs):
+        airflow_run(dep, rec, "shape", 0, args.budget)
+    # EchoMQ first: the runs the goal is about
+    for _ in range(0 if args.skip_echomq else args.baseline_runs):
+        airflow_run(dep, rec, "baseline", 0, args.budget)
+    if (0 in args.n or not args.n_given) and not args.skip_echomq:
+        airflow_run(dep, rec, "echomq", 0, args.budget)  # refused: recorded as such
+    for n in [n for n in args.n if n > 0 and not args.skip_echomq]:
+        for _ in range(runs_for(args, n)):
+            airflow_run(dep, rec, "echomq", n, args.budget)
+    if args.skip_native:
+        return
+    per_task = None
+    medians: dict[int, float] = {}
+    stopped = 0  # the N whose run was stopped at the budget: larger ones are not run
+    for n in [n for n in (args.native_n or args.n) if 0 < n <= 20_000]:
+        if stopped:
+            rec.note(
+                f"Airflow native N={n:,}"
+                + (f" with max_map_length {raised:,}" if raised else "")
+                + f": not run (N={stopped:,} did not finish within the "
+                f"{args.budget:.0f} s budget)"
+                + (
+                    f"; estimated {args.per_task * n / 60:.0f} min from the measured "
+                    f"{args.per_task:.2f} s per mapped task"
+                    if args.per_task
+                    else ""
+                )
+            )
+            continue
+        if n > MAX_MAP_LENGTH and not raised:
+            run = airflow_run(dep, rec, "native", n, args.budget)
+            note = (
+                f"Airflow native N={n:,} at the default max_map_length {MAX_MAP_LENGTH}: "
+                f"run {run['state']}; tasks {run['task_states']}; "
+                + "; ".join(run.get("errors", []))
+            )
+            if per_task:
+                est = per_task * n / 60
+                note += (
+                    f". With max_map_length raised: not run, estimated {est:.0f} min "
+                    f"from the measured {per_task:.2f} s per mapped task (over the "
+                    f"{args.budget:.0f} s budget)"
+                    if est * 60 > args.budget
+                    else f". With max_map_length raised (a separate deployment: "
+                    f"--max-map-length): estimated {est:.1f} min"
+                )
+            rec.note(note)
+            continue
+        if raised and args.per_task and args.per_task * n > 2 * args.budget:
+            rec.note(
+                f"Airflow native N={n:,} with max_map_length {raised:,}: not run, estimated "
+                f"{args.per_task * n / 60:.0f} min from the measured {args.per_task:.2f} s "
+                f"per mapped task (over the {args.budget:.0f} s budget)"
+            )
+            continue
+        done = []
+        for i in range(runs_for(args, n)):
+            run = airflow_run(dep, rec, "native", n, args.budget, raised)
+            if run["state"] == "budget exceeded":
+                stopped = n
+            if run["state"] != "success":
+                break
+            done.append(run["wall_s"])
+            if run["wall_s"] * (runs_for(args, n) - i - 1) > args.budget:
+                break  # the rest would take longer than one budget: fewer runs at this N
+        if done:
+            medians[n] = statistics.median(done)
+            per_task = marginal(medians)
+            rec.note(f"Airflow native: {per_task:.3f} s per mapped task (up to N={n:,})")
+
+
+def marginal(medians: dict[int, float]) -> float:
+    """Seconds per item: the slope between the two largest Ns run (one N: wall / N)."""
+    ns = sorted(medians)
+    if len(ns) == 1:
+        return medians[ns[0]] / ns[0]
+    a, b = ns[-2], ns[-1]
+    return max(medians[b] - medians[a], 0.0) / (b - a) or medians[b] / b
+
+
+def runs_for(args: argparse.Namespace, n: int) -> int:
+    return args.runs if n <= 20_000 else max(1, min(args.runs, args.big_runs))
+
+
+# -- Dagster -------------------------------------------------------------------------------
+def bench_dagster(args: argparse.Namespace, rec: Recorder) -> None:
+    from echomq_core.server import EmbeddedServer
+
+    home = Path(tempfile.mkdtemp(prefix="w7-dagster-"))
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    defs = home / "w7_defs.py"
+    defs.write_text(DAGSTER_DEFS)
+    server = EmbeddedServer().start()
+    url = f"{server.url}/0"
+    env = dict(
+        os.environ,
+        DAGSTER_HOME=str(home),
+        ECHOMQ_URL=url,
+        ECHOMQ_PREFIX=PREFIX,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "echomq_core.cli", "worker", WORK_QUEUE, "--app",
+         "bench.orchestrators:HANDLERS", "--concurrency", "4"],
+        env=env, stdout=open(home / "worker.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        for _ in range(0 if args.skip_echomq else args.baseline_runs):
+            dagster_run(home, defs, env, rec, "baseline", 0, args.budget)
+        for n in [n for n in args.n if n > 0 and not args.skip_echomq]:
+            for _ in range(runs_for(args, n)):
+                dagster_run(home, defs, env, rec, "echomq", n, args.budget)
+        if args.skip_native:
+            return
+        per_step = None
+        medians: dict[int, float] = {}
+        stopped = 0
+        for n in [n for n in (args.native_n or args.n) if 0 < n <= 20_000]:
+            # an N estimated at over twice the budget is not run; one near it runs (and is
+            # stopped at the budget if it gets there)
+            if stopped or (per_step and per_step * n > 2 * args.budget):
+                why = (
+                    f"N={stopped:,} did not finish within the {args.budget:.0f} s budget"
+                    if stopped
+                    else f"over twice the {args.budget:.0f} s budget"
+                )
+                est = (
+                    f"; estimated {per_step * n / 60:.0f} min from the measured "
+                    f"{per_step:.2f} s per mapped step"
+                    if per_step
+                    else ""
+                )
+                rec.note(f"Dagster native N={n:,}: not run ({why}){est}")
+                continue
+            done = []
+            for _ in range(runs_for(args, n)):
+                run = dagster_run(home, defs, env, rec, "native", n, args.budget)
+                if run["state"] == "budget exceeded":
+                    stopped = n
+                if run["state"] != "success":
+                    break
+                done.append(run["end_to_end_s"])
+                if run["end_to_end_s"] * (runs_for(args, n) - len(done)) > args.budget:
+                    break  # the rest would take longer than one budget: fewer runs at this N
+            if not done:
+                continue
+            medians[n] = statistics.median(done)
+            per_step = marginal(medians)
+            rec.note(f"Dagster native: {per_step:.3f} s per mapped step (up to N={n:,})")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def dagster_run(
+    home: Path, defs: Path, env: dict[str, str], rec: Recorder, way: str, n: int, budget: float
+) -> dict[str, Any]:
+    job = {"native": "w7_native", "echomq": "w7_echomq", "baseline": "w7_baseline"}[way]
+    command = [sys.executable, "-m", "dagster", "job", "execute", "-f", str(defs), "-j", job]
+    started = time.time()
+    log = home / f"cli-{job}-{n}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            command,
+            env=dict(env, W7_N=str(n)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=home,
+        )
+        try:
+            code: int | None = proc.wait(budget)
+        except subprocess.TimeoutExpired:
+            code = None
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    ended = time.time()
+    result: dict[str, Any] = {
+        "system": "dagster",
+        "way": way,
+        "n": n,
+        "state": "success" if code == 0 else ("budget exceeded" if code is None else "failed"),
+        "end_to_end_s": round(ended - started, 2),
+        "wall_s": None,
+    }
+    stats = run_stats(env)
+    if stats:
+        result.update(stats)
+        if stats.get("run_start") and stats.get("run_end") and code == 0:
+            result["wall_s"] = round(stats["run_end"] - stats["run_start"], 2)
+    if code is None:
+        result["end_to_end_s"] = None
+        result["stopped_after_s"] = budget
+    if way == "echomq" and code == 0:
+        result.update(busy_window(env["ECHOMQ_URL"], started))
+    if code != 0:
+        tail = log.read_text(errors="replace").splitlines()
+        result["errors"] = [line[:400] for line in tail if "rror" in line][-10:]
+    rec.add(result)
+    return result
+
+
+def run_stats(env: dict[str, str]) -> dict[str, Any]:
+    """The latest run's id, status and start/end (the event log), in a fresh process."""
+    code = (
+        "import json\n"
+        "from dagster import DagsterInstance\n"
+        "i = DagsterInstance.get()\n"
+        "r = i.get_runs(limit=1)[0]\n"
+        "s = i.get_run_stats(r.run_id)\n"
+        "print(json.dumps({'dagster_run_id': r.run_id, 'dagster_status': r.status.value,"
+        " 'run_start': s.start_time, 'run_end': s.end_time, 'steps_succeeded': s.steps_succeeded,"
+        " 'steps_failed': s.steps_failed}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        return {"run_stats_error": done.stderr[-500:]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+# -- main ------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, nargs="+", default=None, help="Ns (default: all)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per N (up to 20,000)")
+    parser.add_argument("--big-runs", type=int, default=2, help="runs at N above 20,000")
+    parser.add_argument("--only", choices=("airflow", "dagster"), default=None)
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds per run at most")
+    parser.add_argument("--baseline-runs", type=int, default=5, help="runs of the baseline")
+    parser.add_argument(
+        "--shape-runs",
+        type=int,
+        default=0,
+        help="Airflow: runs of the 4-task DAG of the EchoMQ shape with pass-through tasks",
+    )
+    parser.add_argument(
+        "--native-n", type=int, nargs="+", default=None, help="Ns of the native runs (--n)"
+    )
+    parser.add_argument("--skip-native", action="store_true", help="EchoMQ runs only")
+    parser.add_argument("--skip-echomq", action="store_true", help="native runs only")
+    parser.add_argument(
+        "--max-map-length",
+        type=int,
+        default=0,
+        help="Airflow: raise [core] max_map_length (a separate deployment; native runs)",
+    )
+    parser.add_argument(
+        "--per-task",
+        type=float,
+        default=None,
+        help="Airflow: seconds per mapped task measured before; with --max-map-length, an "
+        "N whose estimate exceeds the budget is not run",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--out", type=Path, default=None, help="write results.json/.md here")
+    args = parser.parse_args()
+    args.n_given = args.n is not None
+    args.n = sorted(args.n if args.n is not None else set(ECHOMQ_N))
+    # SIGTERM unwinds like Ctrl-C, so every process started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rec = Recorder(args.out)
+    if args.only in (None, "airflow"):
+        bench_airflow(args, rec)
+    if args.only in (None, "dagster"):
+        bench_dagster(args, rec)
+    report = rec.report()
+    print(json.dumps(report, indent=2) if args.json else markdown(report))
+
+
+if __name__ == "__main__":
+    main()
