@@ -199,3 +199,17 @@ def test_killed_sensor_cancels_its_flow(
     assert cancelled.parent_state == "cancelled"
     assert "sensor wait_cancelled:" in (cancelled.error or "")
     assert kept.parent_state == "held"  # cancel_on_failure=False
+
+
+def test_an_empty_plan_skips_the_fan_out_as_expand_does(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    """A flow needs a child: the operator given none adds nothing and skips, and the tasks
+    waiting on it are skipped - the run ends as the same DAG with ``.expand()`` does."""
+    native = run_dag(airflow_db, "native_empty")
+    echo = run_dag(airflow_db, "echomq_empty")
+    assert native.state_of("work") == "skipped" and native.state_of("total") == "skipped"
+    assert [echo.state_of(t) for t in ("fan_out", "wait", "collect")] == ["skipped"] * 3
+    assert echo.state == native.state == "success"
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        assert mq.queues() == []  # nothing written

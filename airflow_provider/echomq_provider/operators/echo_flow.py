@@ -27,6 +27,9 @@ What each Airflow action does to the flow (with the sensor's defaults):
 Airflow action                              the flow
 ==========================================  ================================================
 the operator runs                           added (parent held, children pending)
+the operator runs with no children (an      nothing is added: the task is skipped, and so are
+empty plan)                                 the tasks waiting on it - as ``.expand()`` over an
+                                            empty list skips its mapped task
 the operator retries (try 2, 3, ...)        the same flow: the add converges, nothing twice
 operator cleared, flow released or closed   nothing re-runs; the sensor reads it again
 (within retention)                          (closed retention: 1 day by default)
@@ -62,7 +65,7 @@ from airflow.sdk import BaseOperator
 
 from echomq_core import FlowConflict, FlowRef, InvalidInput
 
-from .._compat import AirflowFailException
+from .._compat import AirflowFailException, AirflowSkipException
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowLink
@@ -174,6 +177,11 @@ class EchoFlowOperator(BaseOperator):
                     default_timeout=self.child_timeout,
                     parent_id=parent_id,
                 )
+                if not children:  # a flow needs a child; an empty plan skips, as .expand()
+                    raise AirflowSkipException(
+                        f"no children for flow {parent_id}: nothing to fan out (the tasks "
+                        "waiting on this one are skipped too)"
+                    )
                 ref = hook.get_conn().add_flow(
                     self.parent_queue,
                     children,
