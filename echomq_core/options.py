@@ -127,7 +127,8 @@ class PumpOptions(_Checked):
         metadata=_seconds(0.1, "outbox lease: another Pump takes over after this many seconds"),
     )
     interval: float = dataclasses.field(
-        default=0.05, metadata=_seconds(0.0, "idle sleep between ticks, jittered")
+        default=0.05,
+        metadata=_seconds(0.0, "longest idle wait between ticks, jittered (a signal wakes it)"),
     )
     max_stalls: int = dataclasses.field(
         default=5, metadata=_int(0, None, "expired leases before a job is buried")
