@@ -125,7 +125,7 @@ def w7_echomq():
 
 @dag(dag_id="w7_baseline", **ARGS)
 def w7_baseline():
-    """The EchoMQ DAG without the fan-out (EchoMQ refuses a flow of 0 children)."""
+    """The EchoMQ DAG without the fan-out (a flow needs a child; an empty plan skips)."""
     @task
     def plan(params=None):
         return list(range(params["n"]))
