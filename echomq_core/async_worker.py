@@ -54,6 +54,7 @@ from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
 from .running import (
+    InHand,
     Intake,
     OptionAttributes,
     Outcome,
@@ -106,17 +107,10 @@ class AsyncWorker(OptionAttributes):
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
-        self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
         self.recheck = min(0.25, opts.lease / 3)
         self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
+        self._hand = InHand(opts, self._intake)
         self._wake = wake_queues(client.keys, self.connection.is_cluster, list(self.handlers))
-        self._inflight: dict[tuple[str, str], Job] = {}
-        self._buffer: deque[tuple[Job, float]] = deque()
-        self._results: list[tuple[Job, Outcome]] = []
-        self._first_result = 0.0
-        self._flushing = 0
-        self._running = 0  # handlers running now
-        self._lost: set[tuple[str, str, str]] = set()
         self._checked = 0.0
         self._pool: ThreadPoolExecutor | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -203,8 +197,8 @@ class AsyncWorker(OptionAttributes):
         if not wait:
             self._halt.set()
         self._wake_all()
-        unstarted = [job for job, _ in self._buffer]
-        self._buffer.clear()
+        unstarted = [job for job, _ in self._hand.buffer]
+        self._hand.buffer.clear()
         await self._give_back(unstarted)
         runners = [t for t in self._runners if not t.done()]
         if runners:
@@ -218,7 +212,7 @@ class AsyncWorker(OptionAttributes):
         self._results_ready.set()
         helpers = [t for t in self._tasks if t.get_name() != "echomq-heartbeat"]
         await asyncio.wait(helpers, timeout=max(1.0, BLOCK_SLICE * 2))
-        await self._give_back(list(self._inflight.values()))
+        await self._give_back(list(self._hand.inflight.values()))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -230,7 +224,7 @@ class AsyncWorker(OptionAttributes):
         names = list(self.handlers)
         idle, turn = self.options.poll, 0
         while not self._stop.is_set():
-            want = self._want()
+            want = self._hand.want()
             if want <= 0:
                 self._want_jobs.clear()
                 with contextlib.suppress(TimeoutError):
@@ -258,20 +252,15 @@ class AsyncWorker(OptionAttributes):
                 await self._idle(idle)
                 idle = min(self.options.max_poll, idle * 2)
 
-    def _want(self) -> int:
-        if len(self._results) + self._flushing >= 2 * self.options.max_batch:
-            return 0  # back-pressure: the flusher is behind
-        return self._intake.want(self._running, len(self._buffer))
-
     async def _take(self, jobs: list[Job], seconds: float) -> None:
         self._intake.claimed(len(jobs), seconds)
         for job in jobs:
-            self._inflight[(job.queue, job.id)] = job
+            self._hand.inflight[(job.queue, job.id)] = job
         if self._stop.is_set():
             await self._give_back(jobs)
             return
         now = time.monotonic()
-        self._buffer.extend((job, now) for job in jobs)
+        self._hand.buffer.extend((job, now) for job in jobs)
         self._wake_runners(len(jobs))
 
     async def _sleep(self, seconds: float) -> None:
@@ -301,19 +290,19 @@ class AsyncWorker(OptionAttributes):
     # -- the runners ----------------------------------------------------------------------
     async def _runner(self, index: int) -> None:
         while not self._stop.is_set():
-            if not self._buffer:
+            if not self._hand.buffer:
                 self._want_jobs.set()
                 waiter = asyncio.get_running_loop().create_future()
                 self._idle_runners.append(waiter)
                 await waiter
                 continue
-            job, claimed = self._buffer.popleft()
+            job, claimed = self._hand.buffer.popleft()
             self._want_jobs.set()  # maybe low: the next claim may start
             now = time.monotonic()
             if now - claimed >= self.recheck and now - self._checked >= self.recheck:
                 self._checked = now
                 await self._check_leases(job)
-            if self._drop_if_lost(job):
+            if self._hand.drop_if_lost(job):
                 continue
             await self._run_one(job)
 
@@ -321,7 +310,7 @@ class AsyncWorker(OptionAttributes):
         queue = self.queues[job.queue]
         limit_ms = job.timeout_ms or queue.timeout_ms
         started = time.monotonic()
-        self._running += 1
+        self._hand.running += 1
         try:
             if not limit_ms:  # the common case costs no task of its own
                 result = await self._invoke(job)
@@ -331,7 +320,7 @@ class AsyncWorker(OptionAttributes):
                     return
                 result = timed
         finally:
-            self._running -= 1
+            self._hand.running -= 1
         self._intake.observe(time.monotonic() - started)
         self._add_result(job, result)
 
@@ -394,26 +383,18 @@ class AsyncWorker(OptionAttributes):
             self._pool = None
 
     def _add_result(self, job: Job, result: Outcome) -> None:
-        if not self._results:
-            self._first_result = time.monotonic()
-        self._results.append((job, result))
+        self._hand.add_result(job, result)
         if self._flush_now():
             self._results_ready.set()
         if not self._intake.fast:
             self._want_jobs.set()
 
     def _flush_now(self) -> bool:
-        """As :meth:`Worker._flush_now`: enough results, the oldest ``flush_after`` old, or
-        nothing else in hand."""
-        return (
-            len(self._results) >= self.options.max_batch
-            or time.monotonic() - self._first_result >= self.options.flush_after
-            or (self._running == 0 and not self._buffer)
-            or self._stop.is_set()
-        )
+        """See :meth:`InHand.flush_now`."""
+        return self._hand.flush_now(self._stop.is_set())
 
     async def _check_leases(self, job: Job) -> None:
-        jobs = [job, *(j for j, _ in self._buffer)]
+        jobs = [job, *(j for j, _ in self._hand.buffer)]
         by_queue: dict[str, list[Job]] = {}
         for item in jobs:
             by_queue.setdefault(item.queue, []).append(item)
@@ -423,28 +404,12 @@ class AsyncWorker(OptionAttributes):
             except EchoMQError as exc:
                 log.warning("lease check for %r failed: %s", name, exc)
                 continue
-            self._note_lost(items, held)
-
-    def _note_lost(self, jobs: list[Job], held: list[bool]) -> None:
-        self._lost.update(
-            (j.queue, j.id, j.token) for j, ok in zip(jobs, held, strict=True) if not ok
-        )
-
-    def _drop_if_lost(self, job: Job) -> bool:
-        key = (job.queue, job.id, job.token)
-        if key not in self._lost:
-            return False
-        self._lost.discard(key)
-        if self._inflight.get((job.queue, job.id)) is job:
-            del self._inflight[(job.queue, job.id)]
-        self.dropped += 1
-        log.info("job %s in %r not started: its lease is gone (cancelled flow?)", job.id, job.queue)
-        return True
+            self._hand.note_lost(items, held)
 
     # -- the flusher ----------------------------------------------------------------------
     async def _flusher(self) -> None:
         while True:
-            if not self._results:
+            if not self._hand.results:
                 if self._closing:
                     return
                 self._results_ready.clear()
@@ -452,20 +417,20 @@ class AsyncWorker(OptionAttributes):
                     await asyncio.wait_for(self._results_ready.wait(), 0.2)
                 continue
             if not self._flush_now() and not self._closing:
-                left = self.options.flush_after - (time.monotonic() - self._first_result)
+                left = self.options.flush_after - (time.monotonic() - self._hand.first_result)
                 self._results_ready.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._results_ready.wait(), max(0.001, left))
                 continue
-            items, self._results = self._results, []
-            self._flushing = len(items)
+            items, self._hand.results = self._hand.results, []
+            self._hand.flushing = len(items)
             try:
                 for name, (done, failed) in split(items).items():
                     await self._flush(self.queues[name], done, failed)
             except Exception:  # never die: results would wait for ever
                 log.exception("recording %d result(s) failed; their leases will expire", len(items))
             finally:
-                self._flushing = 0
+                self._hand.flushing = 0
                 self._want_jobs.set()
 
     async def _flush(
@@ -486,15 +451,15 @@ class AsyncWorker(OptionAttributes):
             )
         finally:
             for job in [j for j, _ in done] + [j for j, _, _ in failed]:
-                if self._inflight.get((queue.name, job.id)) is job:
-                    del self._inflight[(queue.name, job.id)]
-                self._lost.discard((job.queue, job.id, job.token))
+                if self._hand.inflight.get((queue.name, job.id)) is job:
+                    del self._hand.inflight[(queue.name, job.id)]
+                self._hand.lost.discard((job.queue, job.id, job.token))
 
     async def _give_back(self, jobs: list[Job]) -> None:
         by_queue: dict[str, list[Job]] = {}
         for job in jobs:
-            if self._inflight.get((job.queue, job.id)) is job:
-                del self._inflight[(job.queue, job.id)]
+            if self._hand.inflight.get((job.queue, job.id)) is job:
+                del self._hand.inflight[(job.queue, job.id)]
                 by_queue.setdefault(job.queue, []).append(job)
         for name, items in by_queue.items():
             try:
@@ -513,7 +478,7 @@ class AsyncWorker(OptionAttributes):
         while True:
             await asyncio.sleep(every)
             by_queue: dict[str, list[Job]] = {}
-            for job in list(self._inflight.values()):
+            for job in list(self._hand.inflight.values()):
                 by_queue.setdefault(job.queue, []).append(job)
             for name, items in by_queue.items():
                 try:
@@ -521,4 +486,4 @@ class AsyncWorker(OptionAttributes):
                 except EchoMQError as exc:
                     log.warning("heartbeat for %r failed: %s", name, exc)
                     continue
-                self._note_lost(items, held)
+                self._hand.note_lost(items, held)

@@ -12,6 +12,8 @@ completion serves many runners: the commands per job do not grow with concurrenc
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -93,11 +95,77 @@ class Intake:
             self.batch = min(self.max_batch, self.batch * 2)
 
 
+class InHand:
+    """What a worker holds between the server and its handlers, and the decisions made from
+    it - the same for the threaded and the asyncio worker (the threaded one calls these under
+    its lock): the claimed jobs not started yet (``buffer``: (job, when claimed)), every job
+    held by (queue, id) (``inflight``), the results waiting for their batch call, and the
+    leases found gone."""
+
+    def __init__(self, options: WorkerOptions, intake: Intake) -> None:
+        self.options = options
+        self.intake = intake
+        self.inflight: dict[tuple[str, str], Job] = {}
+        self.buffer: deque[tuple[Job, float]] = deque()
+        self.results: list[tuple[Job, Outcome]] = []
+        self.first_result = 0.0  # when the oldest waiting result came in
+        self.flushing = 0  # results in the batch call on its way
+        self.running = 0  # handlers running now
+        self.lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
+        self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
+
+    def want(self) -> int:
+        """How many jobs to claim now (0 while the flusher is behind: back-pressure)."""
+        if len(self.results) + self.flushing >= 2 * self.options.max_batch:
+            return 0
+        return self.intake.want(self.running, len(self.buffer))
+
+    def add_result(self, job: Job, result: Outcome) -> None:
+        if not self.results:
+            self.first_result = time.monotonic()
+        self.results.append((job, result))
+
+    def flush_now(self, stopping: bool) -> bool:
+        """Record the waiting results now: enough of them, the oldest is ``flush_after`` old,
+        or nothing else is in hand (a finished child's fan-in is not held back waiting for a
+        batch that will not come)."""
+        return (
+            len(self.results) >= self.options.max_batch
+            or time.monotonic() - self.first_result >= self.options.flush_after
+            or (self.running == 0 and not self.buffer)
+            or stopping
+        )
+
+    def note_lost(self, jobs: list[Job], held: list[bool]) -> None:
+        """Remember the jobs of a lease check whose lease is gone."""
+        pairs = zip(jobs, held, strict=True)
+        self.lost.update((j.queue, j.id, j.token) for j, ok in pairs if not ok)
+
+    def drop_if_lost(self, job: Job) -> bool:
+        """True (and the job forgotten) when its lease is gone: it must not start - its flow
+        was cancelled, or the lease expired and another worker may hold the job now."""
+        key = (job.queue, job.id, job.token)
+        if key not in self.lost:
+            return False
+        self.lost.discard(key)
+        if self.inflight.get((job.queue, job.id)) is job:
+            del self.inflight[(job.queue, job.id)]
+        self.dropped += 1
+        log.info("job %s in %r not started: its lease is gone (cancelled flow?)", job.id, job.queue)
+        return True
+
+
 class OptionAttributes:
     """A worker's options as read-only attributes (``worker.concurrency``, ``worker.lease``,
     ...), read from ``options``: one source of truth, nothing copied."""
 
     options: WorkerOptions
+    _hand: InHand
+
+    @property
+    def dropped(self) -> int:
+        """Claimed jobs not started because their lease was gone (a cancelled flow)."""
+        return self._hand.dropped
 
     @property
     def concurrency(self) -> int:

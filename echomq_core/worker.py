@@ -51,7 +51,6 @@ import logging
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -63,6 +62,7 @@ from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
 from .running import (
+    InHand,
     Intake,
     OptionAttributes,
     Outcome,
@@ -152,21 +152,14 @@ class Worker(OptionAttributes):
         self._results_ready = threading.Condition(self._lock)  # the flusher waits for results
         self._fetcher_waits = False  # the fetcher waits on _want_jobs
         self._flusher_waits = False  # the flusher waits on _results_ready
-        self._inflight: dict[tuple[str, str], Job] = {}
-        self._buffer: deque[tuple[Job, float]] = deque()  # claimed, not started: (job, when)
-        self._results: list[tuple[Job, Outcome]] = []
-        self._first_result = 0.0
-        self._flushing = 0
-        self._running = 0
         self._awake = 0  # runners not waiting for the buffer
         self._closing = False
         self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
+        self._hand = InHand(opts, self._intake)  # under self._lock
         self._runners: list[threading.Thread] = []
         self._slots: list[_Slot] = []
         self._helpers: list[threading.Thread] = []
         self.abandoned = 0  # handler calls left running past their time limit
-        self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
-        self._lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
         #: Buffered jobs claimed longer ago than this have their leases re-checked (one call)
         #: before the next starts: a cancelled flow's claimed children are dropped, not started.
         self.recheck = min(0.25, opts.lease / 3)
@@ -230,8 +223,8 @@ class Worker(OptionAttributes):
         with self._lock:
             self._jobs_ready.notify_all()
             self._want_jobs.notify_all()
-            unstarted = [job for job, _ in self._buffer]
-            self._buffer.clear()
+            unstarted = [job for job, _ in self._hand.buffer]
+            self._hand.buffer.clear()
             # abandoned runners are not waited for: their calls hang
             live = [t for t, s in zip(self._runners, self._slots, strict=True) if not s.abandoned]
         self._give_back(unstarted)
@@ -242,7 +235,7 @@ class Worker(OptionAttributes):
             self._results_ready.notify_all()
         for thread in self._helpers:  # the fetcher gives back a claim made during the stop
             thread.join(max(1.0, deadline - time.monotonic()))
-        self._give_back(list(self._inflight.values()))
+        self._give_back(list(self._hand.inflight.values()))
         self._beat_stop.set()
         if self._beater is not None:
             self._beater.join(1.0)
@@ -271,7 +264,7 @@ class Worker(OptionAttributes):
         idle, turn = self.options.poll, 0
         while not self._stop.is_set():
             with self._lock:
-                want = self._want()
+                want = self._hand.want()
                 if want <= 0:
                     self._fetcher_waits = True
                     self._want_jobs.wait(NAP)
@@ -299,21 +292,15 @@ class Worker(OptionAttributes):
                 self._idle(idle)
                 idle = min(self.options.max_poll, idle * 2)
 
-    def _want(self) -> int:
-        """How many jobs to claim now (under the lock)."""
-        if len(self._results) + self._flushing >= 2 * self.options.max_batch:
-            return 0  # back-pressure: the flusher is behind
-        return self._intake.want(self._running, len(self._buffer))
-
     def _take(self, jobs: list[Job], seconds: float) -> None:
         """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""
         now = time.monotonic()
         with self._lock:
             self._intake.claimed(len(jobs), seconds)
             for job in jobs:
-                self._inflight[(job.queue, job.id)] = job
+                self._hand.inflight[(job.queue, job.id)] = job
             if not self._stop.is_set():
-                self._buffer.extend((job, now) for job in jobs)
+                self._hand.buffer.extend((job, now) for job in jobs)
                 # one runner for fast CPU-bound jobs (the others would only take turns)
                 self._jobs_ready.notify(len(jobs) if self._intake.spread else 1)
                 return
@@ -369,7 +356,7 @@ class Worker(OptionAttributes):
                     while (
                         not self._stop.is_set()
                         and not slot.abandoned
-                        and (not self._buffer or self._rest(slot))
+                        and (not self._hand.buffer or self._rest(slot))
                     ):
                         self._wake_fetcher()
                         self._awake -= 1
@@ -377,8 +364,8 @@ class Worker(OptionAttributes):
                         self._awake += 1
                     if self._stop.is_set() or slot.abandoned:
                         return
-                    job, claimed = self._buffer.popleft()
-                    if self._buffer:
+                    job, claimed = self._hand.buffer.popleft()
+                    if self._hand.buffer:
                         self._wake_fetcher()  # maybe half empty: the next claim may start
                     now = time.monotonic()
                     # buffered jobs claimed long ago have their leases re-checked (one
@@ -390,7 +377,7 @@ class Worker(OptionAttributes):
                     )
                     if check:
                         self._checking, self._checked = True, now
-                    elif not self._lost:  # nothing to check: start it now
+                    elif not self._hand.lost:  # nothing to check: start it now
                         self._begin(slot, job, job.timeout_ms or queues[job.queue].timeout_ms, now)
                         started = True
             if gone:
@@ -421,7 +408,7 @@ class Worker(OptionAttributes):
         """Runner ``slot`` starts ``job`` now (under the lock)."""
         slot.job, slot.limit, slot.started = job, (limit_ms or 0) / 1000, now
         slot.deadline = now + slot.limit if limit_ms else 0.0
-        self._running += 1
+        self._hand.running += 1
 
     def _finish(self, slot: _Slot, job: Job, result: Outcome, cpu: float | None) -> bool:
         """Runner ``slot``'s call of ``job`` returned ``result`` (under the lock). True when
@@ -432,7 +419,7 @@ class Worker(OptionAttributes):
             if isinstance(result, bytes):  # presented with its gone token: refused
                 self._add_result(job, result)
             return True
-        self._running -= 1
+        self._hand.running -= 1
         self._intake.observe(took, cpu)
         self._add_result(job, result)
         return False
@@ -467,30 +454,21 @@ class Worker(OptionAttributes):
 
     def _add_result(self, job: Job, result: Outcome) -> None:
         """Hand one result to the flusher (under the lock)."""
-        if not self._results:
-            self._first_result = time.monotonic()
-        self._results.append((job, result))
+        self._hand.add_result(job, result)
         if self._flush_now():
             self._wake_flusher()
         if not self._intake.fast:
             self._wake_fetcher()  # a runner is free: claim for it
 
     def _flush_now(self) -> bool:
-        """Record the waiting results now (under the lock): enough of them, the oldest is
-        ``flush_after`` old, or nothing else is in hand (a finished child's fan-in is not
-        held back waiting for a batch that will not come)."""
-        return (
-            len(self._results) >= self.options.max_batch
-            or time.monotonic() - self._first_result >= self.options.flush_after
-            or (self._running == 0 and not self._buffer)
-            or self._stop.is_set()
-        )
+        """Record the waiting results now (under the lock): see :meth:`InHand.flush_now`."""
+        return self._hand.flush_now(self._stop.is_set())
 
     def _check_leases(self, job: Job) -> None:
         """Extend the leases of the buffered jobs (and ``job``), noting those that are gone."""
         try:
             with self._lock:
-                jobs = [job, *(j for j, _ in self._buffer)]
+                jobs = [job, *(j for j, _ in self._hand.buffer)]
             by_queue: dict[str, list[Job]] = {}
             for item in jobs:
                 by_queue.setdefault(item.queue, []).append(item)
@@ -504,24 +482,14 @@ class Worker(OptionAttributes):
                 self._checking = False
 
     def _note_lost(self, jobs: list[Job], held: list[bool]) -> None:
-        lost = [(j.queue, j.id, j.token) for j, ok in zip(jobs, held, strict=True) if not ok]
-        if lost:
+        if not all(held):
             with self._lock:
-                self._lost.update(lost)
+                self._hand.note_lost(jobs, held)
 
     def _drop_if_lost(self, job: Job) -> bool:
-        """True (and the job forgotten) when its lease is gone: it must not start - its flow
-        was cancelled, or the lease expired and another worker may hold the job now."""
-        key = (job.queue, job.id, job.token)
+        """:meth:`InHand.drop_if_lost`, under the lock."""
         with self._lock:
-            if key not in self._lost:
-                return False
-            self._lost.discard(key)
-            if self._inflight.get((job.queue, job.id)) is job:
-                del self._inflight[(job.queue, job.id)]
-            self.dropped += 1
-        log.info("job %s in %r not started: its lease is gone (cancelled flow?)", job.id, job.queue)
-        return True
+            return self._hand.drop_if_lost(job)
 
     def _call(self, handler: Handler, job: Job) -> Outcome:
         """Run one handler: the encoded result, or (error text, retry?)."""
@@ -541,18 +509,19 @@ class Worker(OptionAttributes):
     def _flusher(self) -> None:
         while True:
             with self._lock:
-                while not (self._results and self._flush_now()):
-                    if self._closing and not self._results:
+                while not (self._hand.results and self._flush_now()):
+                    if self._closing and not self._hand.results:
                         return
                     self._flusher_waits = True
-                    if self._results:
-                        left = self.options.flush_after - (time.monotonic() - self._first_result)
+                    if self._hand.results:
+                        held = time.monotonic() - self._hand.first_result
+                        left = self.options.flush_after - held
                         self._results_ready.wait(max(0.001, left))
                     else:
                         self._results_ready.wait(NAP)
                     self._flusher_waits = False
-                items, self._results = self._results, []
-                self._flushing = len(items)
+                items, self._hand.results = self._hand.results, []
+                self._hand.flushing = len(items)
             try:
                 for name, (done, failed) in split(items).items():
                     self._flush(self.queues[name], done, failed)
@@ -560,7 +529,7 @@ class Worker(OptionAttributes):
                 log.exception("recording %d result(s) failed; their leases will expire", len(items))
             finally:
                 with self._lock:
-                    self._flushing = 0
+                    self._hand.flushing = 0
                     self._wake_fetcher()
 
     def _flush(
@@ -583,17 +552,17 @@ class Worker(OptionAttributes):
         finally:
             with self._lock:
                 for job in [j for j, _ in done] + [j for j, _, _ in failed]:
-                    if self._inflight.get((queue.name, job.id)) is job:  # not a later claim's
-                        del self._inflight[(queue.name, job.id)]
-                    if self._lost:
-                        self._lost.discard((job.queue, job.id, job.token))
+                    if self._hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
+                        del self._hand.inflight[(queue.name, job.id)]
+                    if self._hand.lost:
+                        self._hand.lost.discard((job.queue, job.id, job.token))
 
     def _give_back(self, jobs: list[Job]) -> None:
         by_queue: dict[str, list[Job]] = {}
         with self._lock:
             for job in jobs:
-                if self._inflight.get((job.queue, job.id)) is job:
-                    del self._inflight[(job.queue, job.id)]
+                if self._hand.inflight.get((job.queue, job.id)) is job:
+                    del self._hand.inflight[(job.queue, job.id)]
                     by_queue.setdefault(job.queue, []).append(job)
         for name, items in by_queue.items():
             try:
@@ -618,7 +587,7 @@ class Worker(OptionAttributes):
                 continue
             next_beat = time.monotonic() + every
             with self._lock:
-                jobs = list(self._inflight.values())
+                jobs = list(self._hand.inflight.values())
             by_queue: dict[str, list[Job]] = {}
             for job in jobs:
                 by_queue.setdefault(job.queue, []).append(job)
@@ -643,7 +612,7 @@ class Worker(OptionAttributes):
                     continue
                 slot.abandoned = True
                 self.abandoned += 1
-                self._running -= 1
+                self._hand.running -= 1
                 self._awake -= 1
                 error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
                 self._add_result(job, (error, True))

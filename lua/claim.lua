@@ -14,13 +14,14 @@
 -- Steps: promote due delayed jobs (so workers do not depend on a Pump for retries), pop the
 -- lowest-scored `count` ids from pending, score them in active at now + lease_ms, and record
 -- the token for all of them with ONE HSET. Rows are not touched here: the caller reads them
--- with pipelined HMGETs (keys derived from ids stay on the host, where Cluster routing sees
+-- with the rows script (keys derived from ids stay on the host, where Cluster routing sees
 -- them). A full batch that leaves jobs behind sets the wake-up hint again, so the next idle
 -- worker (blocked on it) joins in. Returns: {id, ...} in claim order; empty when nothing is
 -- pending.
 -- Owner of what it writes: the active entries and lease tokens are removed by complete, fail,
--- release, recover or cancel_children; the wake member is popped by idle workers (one member
--- per queue at most).
+-- release, recover or cancel_children; the '~roomy' lease field (written only to make the
+-- leases hash a hashtable) is deleted by this script before it returns; the wake member is
+-- popped by idle workers (one member per queue at most).
 local now = now_ms()
 local promote = tonumber(ARGV[4])
 if promote > 0 then
