@@ -75,10 +75,7 @@ if #done > 0 then
   redis.call('HDEL', KEYS[2], unpack(done))
   redis.call('ZADD', KEYS[3], unpack(fin))
 end
-if #signals > 0 then
-  redis.call('RPUSH', KEYS[4], unpack(signals))
-  redis.call('ZADD', KEYS[10], 0, 'w')
-end
+push_signals(KEYS[4], KEYS[10], signals)
 local events = settle_groups(groups, plain, b.ids_at, queue,
   {KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[8], KEYS[9], KEYS[10]}, now)
 return {out, events}

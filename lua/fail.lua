@@ -75,10 +75,7 @@ if #done > 0 then
 end
 if #later > 0 then redis.call('ZADD', KEYS[5], unpack(later)) end
 if #dead > 0 then redis.call('ZADD', KEYS[6], unpack(dead)) end
-if #signals > 0 then
-  redis.call('RPUSH', KEYS[3], unpack(signals))
-  redis.call('ZADD', KEYS[11], 0, 'w')
-end
+push_signals(KEYS[3], KEYS[11], signals)
 local events = settle_groups(groups, 11 + n, b.ids_at, queue,
   {KEYS[4], KEYS[7], KEYS[3], KEYS[8], KEYS[9], KEYS[10], KEYS[11]}, now)
 return {out, events}

@@ -60,8 +60,5 @@ if #back > 0 then
   redis.call('ZADD', KEYS[6], 0, 'w')
 end
 if #dead > 0 then redis.call('ZADD', KEYS[4], unpack(dead)) end
-if #signals > 0 then
-  redis.call('RPUSH', KEYS[5], unpack(signals))
-  redis.call('ZADD', KEYS[7], 0, 'w')
-end
+push_signals(KEYS[5], KEYS[7], signals)
 return {math.floor(#back / 2), math.floor(#dead / 2), reports}

@@ -99,8 +99,7 @@ local function settle_current(pk, parent_id, parent_queue, pq, items, now, row)
     if up[1] then
       local kind = 'f'
       if up[3] == 'id' then kind = 'i' end
-      redis.call('RPUSH', pq[3], signal(kind, parent_id, up[2] or parent_queue, up[1], err))
-      redis.call('ZADD', pq[7], 0, 'w')
+      push_signals(pq[3], pq[7], {signal(kind, parent_id, up[2] or parent_queue, up[1], err)})
     end
   end
   return statuses, event
