@@ -54,6 +54,7 @@ from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
 from .running import (
+    BLOCK_SLICE,
     InHand,
     Intake,
     OptionAttributes,
@@ -64,7 +65,6 @@ from .running import (
     split,
     wake_queues,
 )
-from .worker import BLOCK_SLICE
 
 if TYPE_CHECKING:
     from .client import AsyncEchoMQ

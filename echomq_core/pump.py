@@ -48,8 +48,7 @@ from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
-from .running import wake_queues
-from .worker import BLOCK_SLICE
+from .running import wait_on_hints, wake_queues
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -363,18 +362,11 @@ class Pump:
         """Wait up to ``seconds``, woken early by a signal pushed to an outbox (see the module
         doc): one BZPOPMIN on the hints of this Pump's queues, in slices."""
         hints = self._hint_keys()
-        deadline = time.monotonic() + seconds
-        while hints and not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            try:
-                if self.client.perform(ops.wait_for_hint(hints, min(left, BLOCK_SLICE))):
-                    return
-            except EchoMQError as exc:
-                log.warning("pump %s: waiting for signals failed: %s", self.id, exc)
-                break
-        self._stop.wait(max(0.0, deadline - time.monotonic()))
+        if not hints:
+            self._stop.wait(seconds)
+            return
+        what = f"pump {self.id}: waiting for signals"
+        wait_on_hints(self.client.perform, hints, seconds, self._stop, what)
 
     def _hint_keys(self) -> list[str]:
         """The outbox wake-up hints this Pump blocks on: all its queues', or on a Cluster

@@ -12,6 +12,7 @@ completion serves many runners: the commands per job do not grow with concurrenc
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -19,7 +20,8 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from .errors import InvalidArgument, InvalidPayload, Unrecoverable
+from . import ops
+from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
 from .hooks import LifecycleHooks, fire
 from .keyspace import check_queue
 from .models import Job, Settlement
@@ -34,6 +36,38 @@ Outcome = bytes | tuple[str, bool]
 Batch = tuple[list[tuple[Job, bytes]], list[tuple[Job, str, bool]]]
 #: Weight of the newest handler duration in the running average that decides fast or slow.
 SMOOTHING = 0.3
+
+
+#: The longest single BZPOPMIN of an idle fetcher or Pump (s): well inside redis-py's default socket
+#: timeout (5 s), so a long ``max_poll`` is waited in slices, never as a read that times out,
+#: and a stopping worker's fetcher sees the stop within one slice.
+BLOCK_SLICE = 1.0
+
+
+def wait_on_hints(
+    perform: Callable[[Any], Any],
+    keys: list[str],
+    seconds: float,
+    stop: threading.Event,
+    what: str,
+) -> None:
+    """Wait up to ``seconds`` for one of the wake-up hint ``keys`` (``wake``, or
+    ``flow:outbox:wake``; one Cluster slot), or for ``stop``: BZPOPMIN in slices of
+    :data:`BLOCK_SLICE`, so a blocked read ends well inside the socket timeout and a stop is
+    seen within a slice. A failed wait is logged (``what`` failed) and the rest slept out."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            if perform(ops.wait_for_hint(keys, min(left, BLOCK_SLICE))):
+                return
+        except EchoMQError as exc:
+            if not stop.is_set():  # a stopping client may be closing
+                log.warning("%s failed: %s", what, exc)
+                stop.wait(max(0.0, deadline - time.monotonic()))
+            return
 
 
 class Intake:

@@ -55,7 +55,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import ops
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
@@ -70,6 +69,7 @@ from .running import (
     make_queues,
     outcome,
     split,
+    wait_on_hints,
     wake_queues,
 )
 
@@ -78,10 +78,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Handler = Callable[[Job], Any]
-#: The longest single BZPOPMIN of an idle fetcher (s): well inside redis-py's default socket
-#: timeout (5 s), so a long ``max_poll`` is waited in slices, never as a read that times out,
-#: and a stopping worker's fetcher sees the stop within one slice.
-BLOCK_SLICE = 1.0
 #: How often the watchdog looks for handlers past their time limit (s).
 WATCH_EVERY = 0.1
 #: How long a waiting runner or fetcher sleeps before it looks at the stop flag again (s): a
@@ -311,22 +307,8 @@ class Worker(OptionAttributes):
         if self._wake is None or self._stop.is_set():
             self._stop.wait(seconds)
             return
-        deadline = time.monotonic() + seconds
-        while not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            try:
-                # in slices: a blocked read must end well inside the socket timeout
-                if self.client.perform(
-                    ops.wait_for_work(self.client.keys, self._wake, min(left, BLOCK_SLICE))
-                ):
-                    return
-            except EchoMQError as exc:
-                if not self._stop.is_set():  # a stopping worker's client may be closing
-                    log.warning("waiting for work failed: %s", exc)
-                    self._stop.wait(left)
-                return
+        hints = [self.client.keys.wake(q) for q in self._wake]
+        wait_on_hints(self.client.perform, hints, seconds, self._stop, "waiting for work")
 
     # -- the runners ----------------------------------------------------------------------
     def _runner(self, slot: _Slot) -> None:
