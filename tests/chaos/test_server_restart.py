@@ -3,10 +3,12 @@ same data directory, while real worker and Pump processes keep running against i
 
 * ``appendonly yes`` + ``appendfsync always`` (what EchoMQ's guarantee asks for, see
   docs/RELIABILITY.md): the flow completes with nothing lost and nothing counted twice, across
-  two server crashes. ``everysec`` (the ``echomq server`` default) gives the same result for a
-  *process* crash - the AOF is written before each reply and the kernel keeps it - and is
-  run too; only an OS crash or power loss can cost it the last second, which a test on one
-  machine cannot show.
+  two server crashes, and every count read before a crash is still there after it.
+  ``everysec`` (the ``echomq server`` default) is run too: the flow completes exactly, but a
+  count read before the crash may be rolled back - while a background fsync is slow (a loaded
+  machine) the server postpones writing the AOF for up to 2 s and replies meanwhile, so a
+  SIGKILL can cost acknowledged writes (seen in CI under two CPU hogs: 1,410 settled read
+  before the crash, 1,377 after). The children rolled back run again; the counts stay exact.
 * The server's own defaults (no AOF, RDB snapshots after 60 s at the earliest): the SIGKILL
   loses the whole flow - what a user of a stock ``redis-server`` gets.
 """
@@ -61,6 +63,7 @@ def test_sigkill_and_restart_with_aof(tmp_path: Path, proc_env: dict[str, str], 
         fleet.start().wait_ready()
         started = time.monotonic()
         crashes = []
+        rolled_back = 0  # settled children read before a crash and gone after it (everysec)
         for mark in (0.3, 0.7):
             _wait(lambda m=mark: _settled(mq, parents) >= m * N)
             crashes.append(_settled(mq, parents))
@@ -68,7 +71,9 @@ def test_sigkill_and_restart_with_aof(tmp_path: Path, proc_env: dict[str, str], 
             time.sleep(0.5)  # the fleet sees the server gone
             server.restart()  # same port, same data directory: the AOF is replayed
             after = _settled(mq, parents)
-            assert after >= crashes[-1], "acknowledged progress survived the crash"
+            if fsync == "always":
+                assert after >= crashes[-1], "acknowledged progress survived the crash"
+            rolled_back += max(0, crashes[-1] - after)
         _wait(lambda: mq.get_job(parents, "JOB-restart").state == "completed", 120)
         wall = time.monotonic() - started
         assert not fleet.crashed(), fleet.crashed()
@@ -93,7 +98,8 @@ def test_sigkill_and_restart_with_aof(tmp_path: Path, proc_env: dict[str, str], 
             "parameters": f"{N}-child cross-queue flow (10 ms handlers); 2 worker processes x 4 "
             "threads + 1 Pump process keep running; appendonly yes",
             "faults": f"server SIGKILLed twice (at {crashes[0]} and {crashes[1]} settled), "
-            f"restarted on the same data after 0.5 s; {recovered} leases recovered",
+            f"restarted on the same data after 0.5 s; {recovered} leases recovered; "
+            f"{rolled_back} acknowledged settlements rolled back by the crashes",
             "lost": 0,
             "double_counted": 0,
             "poisoned": 0,
