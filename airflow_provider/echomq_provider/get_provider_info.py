@@ -53,6 +53,12 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["echomq_provider.triggers.echo_flow"],
             }
         ],
+        "task-decorators": [
+            {
+                "name": "echo_flow",
+                "class-name": "echomq_provider.decorators.echo_flow.echo_flow_task",
+            }
+        ],
         "connection-types": [
             {
                 "connection-type": "echomq",

@@ -58,27 +58,37 @@ is, so the task's ``retries`` apply.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from echomq_core import FlowConflict, FlowRef, InvalidInput
+from echomq_core.checks import check_int, check_seconds
+from echomq_core.keyspace import check_queue
 
-from .._compat import AirflowFailException, AirflowSkipException
+from .._compat import AirflowFailException, AirflowSkipException, conf
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowLink
+from ..triggers.echo_flow import EchoFlowTrigger
+from ..waiting import TRIGGER_POLL_MAX, FlowWaiting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 #: The choices of ``on_conflict``.
 ON_CONFLICT = ("fail", "replace")
+#: The first pause between two reads of a flow waited on in the task's process; each pause
+#: is half as long again as the one before, up to ``poll_interval``.
+FIRST_POLL = 0.005
 
 
-class EchoFlowOperator(BaseOperator):
-    """Add a flow; return its reference.
+class EchoFlowOperator(FlowWaiting, BaseOperator):
+    """Add a flow; return its reference (or, with ``wait_for_completion``, what
+    :class:`~echomq_provider.sensors.echo_flow.EchoFlowSensor` would return).
 
     :param parent_queue: the parent's queue. (Not ``queue``: that is every operator's executor
         queue.)
@@ -108,6 +118,23 @@ class EchoFlowOperator(BaseOperator):
         old flow and add this one as a new generation).
     :param echomq_conn_id: the ``echomq`` connection.
     :param prefix: key prefix, overriding the connection's.
+    :param wait_for_completion: after adding, wait until the flow is released and return what
+        :class:`~echomq_provider.sensors.echo_flow.EchoFlowSensor` returns (the summary, with
+        ``queue`` and ``parent_id``, or the values): one task instead of an operator and a
+        sensor. Default False: return the reference at once.
+    :param deferrable: with ``wait_for_completion``, wait in the triggerer (the slot is freed;
+        resuming costs the scheduler another round). Default: ``[operators]
+        default_deferrable``. Not deferred, the task reads the flow in its own process, first
+        after 5 ms, then half as long again each time up to ``poll_interval``.
+    :param poll_interval: with ``wait_for_completion``, the most seconds between two reads
+        (default 0.25; deferred, at most 1).
+    :param wait_timeout: with ``wait_for_completion``, the most seconds to wait (default: no
+        limit but ``execution_timeout``); past it the task fails and the flow is cancelled.
+    :param return_values: with ``wait_for_completion``: as the sensor's (default False).
+    :param max_values: with ``wait_for_completion``: as the sensor's (default 1,024).
+    :param close_flow: with ``wait_for_completion``: as the sensor's (default True).
+    :param cancel_on_failure: with ``wait_for_completion``: cancel the flow when the wait
+        fails, times out or the task is killed while waiting (default True).
     """
 
     #: "EchoMQ flow" on the task instance: the flow's page in the dashboard the plugin
@@ -122,12 +149,14 @@ class EchoFlowOperator(BaseOperator):
     )
     template_fields_renderers = {"children": "json", "payload": "json"}
     ui_color = "#f4d9c6"
+    #: ``@task.echo_flow``: the children come from the decorated function when it runs.
+    _children_from_callable = False
 
     def __init__(
         self,
         *,
         parent_queue: str,
-        children: Any,
+        children: Any = None,
         payload: Any = None,
         child_queue: str | None = None,
         child_max_attempts: int | None = None,
@@ -139,9 +168,45 @@ class EchoFlowOperator(BaseOperator):
         on_conflict: str = "fail",
         echomq_conn_id: str = EchoMQHook.default_conn_name,
         prefix: str | None = None,
+        wait_for_completion: bool = False,
+        deferrable: bool | None = None,
+        poll_interval: float = 0.25,
+        wait_timeout: timedelta | float | None = None,
+        return_values: bool = False,
+        max_values: int = 1024,
+        close_flow: bool = True,
+        cancel_on_failure: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if children is None and not self._children_from_callable:
+            raise InvalidInput(f"{self.task_id}: children is required")
+        for name, value in (
+            ("wait_for_completion", wait_for_completion),
+            ("return_values", return_values),
+            ("close_flow", close_flow),
+            ("cancel_on_failure", cancel_on_failure),
+        ):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {value!r}")
+        if isinstance(wait_timeout, timedelta):
+            wait_timeout = wait_timeout.total_seconds()
+        self.wait_for_completion = wait_for_completion
+        self.deferrable = (
+            conf.getboolean("operators", "default_deferrable", fallback=False)
+            if deferrable is None
+            else deferrable
+        )
+        self.poll_interval = check_seconds("poll_interval", poll_interval, 0.001, 3600)
+        self.wait_timeout = (
+            None if wait_timeout is None else check_seconds("wait_timeout", wait_timeout, 0.001)
+        )
+        self.return_values = return_values
+        self.max_values = check_int("max_values", max_values, 1)
+        self.close_flow = close_flow
+        self.cancel_on_failure = cancel_on_failure
+        self._init_waiting()
+        self._ref: tuple[str, str] | None = None
         self.parent_queue = parent_queue
         self.children = children
         self.payload = payload
@@ -163,10 +228,94 @@ class EchoFlowOperator(BaseOperator):
         self.echomq_conn_id = echomq_conn_id
         self.prefix = prefix
 
-    def execute(self, context: Context) -> dict[str, str]:
+    def execute(self, context: Context) -> Any:
+        ref = self._add(context)
+        if not self.wait_for_completion:
+            return ref
+        self._ref = (ref["queue"], ref["parent_id"])
+        try:
+            with self._cancel_when_giving_up(context):
+                return self._wait(context)
+        finally:
+            self._close()
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+    ) -> Any:
+        # Deferred with wait_for_completion: execute_complete, or a deferral that timed out
+        # in the triggerer ("__fail__"); either way a failure cancels the flow.
+        self._ref = self._own_ref(context)
+        try:
+            with self._cancel_when_giving_up(context):
+                return super().resume_execution(next_method, next_kwargs, context)
+        finally:
+            self._close()
+
+    def on_kill(self) -> None:
+        if self.wait_for_completion and self._ref is not None:  # killed while waiting
+            super().on_kill()
+
+    def _wait(self, context: Context) -> Any:
+        started = time.monotonic()
+        deadline = None if self.wait_timeout is None else started + self.wait_timeout
+        pause = FIRST_POLL
+        while True:
+            read = self._read(context)
+            if read is not None:
+                return self._succeed(context, *read)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                snap = self._client().snapshot(*self._target())
+                raise AirflowFailException(
+                    f"flow {snap.parent_id} in queue {snap.queue!r} not released within "
+                    f"wait_timeout={self.wait_timeout:g}s ({snap.dependencies} of {snap.total} "
+                    "outstanding)"
+                )
+            if self.deferrable:
+                queue, parent_id = self._target()
+                self._close()
+                self.defer(
+                    trigger=EchoFlowTrigger(
+                        queue=queue,
+                        parent_id=parent_id,
+                        echomq_conn_id=self.echomq_conn_id,
+                        prefix=self.prefix,
+                        poll_interval=min(self.poll_interval, TRIGGER_POLL_MAX),
+                        timeout_at=None if left is None else time.time() + left,
+                        cancel_on_kill=self.cancel_on_failure,
+                    ),
+                    method_name="execute_complete",
+                    timeout=None if left is None else timedelta(seconds=left),
+                )
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 1.5, self.poll_interval)
+
+    def _own_ref(self, context: Context) -> tuple[str, str]:
+        """The flow this task adds: its queue and parent id."""
+        return check_queue(self.parent_queue), self._parent_id(context)
+
+    def _parent_id(self, context: Context) -> str:
+        """The explicit ``parent_id``, or the retry-safe one derived from the task instance."""
         ti = context["ti"]
         map_index = -1 if ti.map_index is None else ti.map_index
-        parent_id = self.parent_id or parent_id_for(ti.dag_id, ti.run_id, ti.task_id, map_index)
+        return self.parent_id or parent_id_for(ti.dag_id, ti.run_id, ti.task_id, map_index)
+
+    # -- FlowWaiting ----------------------------------------------------------------------
+    def _flow_ref(self) -> tuple[str, str]:
+        if self._ref is None:
+            raise InvalidInput(f"{self.task_id}: no flow added yet")
+        return self._ref
+
+    def _poke_seconds(self) -> float:
+        return self.poll_interval
+
+    def _kind(self) -> str:
+        return "operator"
+
+    # -- adding ---------------------------------------------------------------------------
+    def _add(self, context: Context) -> dict[str, str]:
+        ti = context["ti"]
+        parent_id = self._parent_id(context)
         hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
         try:
             try:

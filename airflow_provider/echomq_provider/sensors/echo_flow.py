@@ -38,7 +38,7 @@ Modes, all with the same outcome:
   the async client, at least once a second, and the slot is freed until it fires.
 
 Progress: every mode logs ``settled k of N (processed, ignored, failed)`` at INFO, at most
-every 30 s (:data:`PROGRESS_EVERY`).
+every 30 s (:data:`~echomq_provider.triggers.echo_flow.PROGRESS_EVERY`).
 
 Fail fast: when the parent has failed (a fail-parent child died) the sensor fails at once
 with ``AirflowFailException`` naming the failed children and their errors - no retries, as
@@ -69,45 +69,23 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from echomq_core import (
-    EchoMQ,
-    EchoMQError,
-    FlowCancelled,
-    FlowSnapshot,
-    InvalidInput,
-    ParentFailed,
-)
+from echomq_core import InvalidInput
 from echomq_core.checks import check_int
-from echomq_core.errors import flow_error
 
-from .._compat import (
-    AirflowFailException,
-    AirflowSensorTimeout,
-    AirflowSkipException,
-    conf,
-    task_state,
-)
-from ..errors import TooManyValues
-from ..flow_specs import child_label, flow_target
+from .._compat import AirflowFailException, AirflowSkipException, conf
+from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowSensorLink
-from ..triggers.echo_flow import MAX_REPORTED, EchoFlowTrigger, progress_line
+from ..triggers.echo_flow import EchoFlowTrigger
+from ..waiting import FLOW_KEY, TRIGGER_POLL_MAX, FlowWaiting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-#: The XCom key of the summary when the return value holds the values.
-FLOW_KEY = "flow"
-#: The most seconds between two progress lines.
-PROGRESS_EVERY = 30.0
-#: The longest a deferred sensor takes to notice a release (the trigger's slowest poll).
-TRIGGER_POLL_MAX = 1.0
-#: States of a killed task that mean it was cleared or marked successful, not failed: its
-#: flow is left alone.
-_NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
+__all__ = ["FLOW_KEY", "EchoFlowSensor"]
 
 
-class EchoFlowSensor(BaseSensorOperator):
+class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
     """Wait for a flow; return its reference and counts (or, on request, its values).
 
     :param flow: the flow: an :class:`EchoFlowOperator`'s output (``operator.output``),
@@ -177,9 +155,7 @@ class EchoFlowSensor(BaseSensorOperator):
             if deferrable is None
             else deferrable
         )
-        self._hook: EchoMQHook | None = None
-        self._last_progress: float | None = None
-        self._ti_for_kill: Any = None  # the running task instance, for on_kill
+        self._init_waiting()
 
     # -- modes ----------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
@@ -226,194 +202,18 @@ class EchoFlowSensor(BaseSensorOperator):
             self._close()
 
     def poke(self, context: Context) -> PokeReturnValue:
-        queue, parent_id = self._target()
-        client = self._client()
-        snap = client.snapshot(queue, parent_id)
-        if snap.outcome in ("failed", "cancelled"):
-            failed = client.failed_children(queue, parent_id) if snap.outcome == "failed" else {}
-            error = flow_error(queue, parent_id, snap.outcome, failed, snap.error)
-            raise AirflowFailException(str(error))
-        if self.return_values and snap.total > self.max_values:
-            self._refuse_values(snap)
-        if snap.outcome != "released":
-            self._progress(context, snap)
+        read = self._read(context)
+        if read is None:
             return PokeReturnValue(False)
-        return PokeReturnValue(True, self._succeed(context, client, snap))
+        return PokeReturnValue(True, self._succeed(context, *read))
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        """Resume after the trigger fired (on a worker, so the sync client is fine here)."""
-        status = event.get("status")
-        queue, parent_id = self._target()
-        if status == "success":
-            client = self._client()
-            return self._succeed(context, client, client.snapshot(queue, parent_id))
-        if status == "failed" and "cancelled" in event:
-            raise AirflowFailException(
-                str(FlowCancelled(queue, parent_id, str(event["cancelled"])))
-            )
-        if status == "failed":
-            reported = event.get("failed") or {}
-            message = str(ParentFailed(queue, parent_id, reported))
-            count = int(event.get("failed_count", len(reported)))
-            if count > len(reported):
-                message += f"; {count} failed children in all"
-            raise AirflowFailException(message)
-        if status == "timeout":
-            raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}")
-        # Not an AirflowException: as in poke mode, a lost server fails the try (retries
-        # apply) and soft_fail does not turn it into a skip.
-        raise EchoMQError(f"EchoMQ flow trigger: {event.get('message', event)}")
-
-    def on_kill(self) -> None:
-        """The task process is being stopped (``execution_timeout``, marked failed, cleared or
-        marked successful while running): cancel the flow unless it was cleared or marked
-        successful - a cleared sensor waits on the same flow again."""
-        if not self.cancel_on_failure:
-            return
-        state = None
-        ti = self._ti_for_kill
-        if ti is not None:
-            state = task_state(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
-        if state in _NOT_FAILED:
-            self.log.info("Task %s; flow left as it is", state)
-            return
-        self._cancel("the task was killed" + (f" ({state})" if state else ""))
-
-    # -- helpers --------------------------------------------------------------------------
-    class _GiveUp:
-        """Cancels the flow when the wrapped step raises a failure, timeout or skip."""
-
-        def __init__(self, sensor: EchoFlowSensor) -> None:
-            self.sensor = sensor
-
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, kind: type[BaseException] | None, exc: Any, tb: Any) -> None:
-            giving_up = (AirflowFailException, AirflowSensorTimeout, AirflowSkipException)
-            if kind is not None and issubclass(kind, giving_up):
-                why = f"{type(exc).__name__}: {exc}"
-                cause = exc.__cause__ or exc.__context__
-                if isinstance(cause, Exception):  # soft_fail's skip says why only in its cause
-                    why += f" (from {type(cause).__name__}: {cause})"
-                self.sensor._cancel(why)
-
-    def _cancel_when_giving_up(self, context: Context) -> EchoFlowSensor._GiveUp:
-        self._ti_for_kill = context["ti"]
-        return self._GiveUp(self)
-
-    def _cancel(self, why: str) -> None:
-        if not self.cancel_on_failure:
-            return
-        try:
-            queue, parent_id = flow_target(self.flow, self.parent_queue, self.parent_id)
-            result = self._client().cancel_flow(
-                queue, parent_id, reason=f"sensor {self.task_id}: {why}"[:1000]
-            )
-        except EchoMQError as exc:  # the failure being raised matters more; say why not
-            self.log.error("Could not cancel the flow: %s: %s", type(exc).__name__, exc)
-            return
-        if result.state == "cancelled":
-            self.log.info(
-                "Flow %s cancelled: %d children stopped before they started (%s)",
-                parent_id,
-                result.children,
-                why[:200],
-            )
-
-    def _progress(self, context: Context, snap: FlowSnapshot) -> None:
-        """``settled k of N`` at most every :data:`PROGRESS_EVERY` s. Reschedule mode runs
-        each poke in a new process, so there the first poke of a process logs only when the
-        time since the sensor started crossed a multiple of 30 s since the previous poke."""
-        now = time.monotonic()
-        if self._last_progress is not None:
-            due = now - self._last_progress >= PROGRESS_EVERY
-        elif self.reschedule:
-            first = context["ti"].get_first_reschedule_date(context)
-            elapsed = 0.0 if first is None else time.time() - first.timestamp()
-            before = elapsed - self._poke_seconds()
-            due = before < 0 or elapsed // PROGRESS_EVERY != before // PROGRESS_EVERY
-        else:
-            due = True
-        if not due:
-            return
-        self._last_progress = now
-        if snap.outcome == "missing":
-            self.log.warning(
-                "No flow %s in queue %r (wrong id or prefix?); waiting", snap.parent_id, snap.queue
-            )
-        else:
-            self.log.info("%s", progress_line(snap))
-
-    def _succeed(self, context: Context, client: EchoMQ, snap: FlowSnapshot) -> Any:
-        queue, parent_id = snap.queue, snap.parent_id
-        values: Any = None
-        if self.return_values:
-            if snap.total > self.max_values:
-                self._refuse_values(snap)
-            values = self._values(client, snap)
-        ignored = client.ignored_failures(queue, parent_id)
-        if self.close_flow and snap.parent_state == "released":  # a barrier flow, now read
-            state = client.close_flow(queue, parent_id)
-            self.log.info("Flow %s %s: its retention runs from now", parent_id, state)
-            snap = client.snapshot(queue, parent_id)
-        summary = {
-            key: value for key, value in snap.to_dict().items() if key not in ("parent_state",)
-        }
-        summary["state"] = snap.parent_state
-        summary["ignored_failures"] = {
-            str(child_label(parent_id, child)): error
-            for child, error in sorted(ignored.items())[:MAX_REPORTED]
-        }
-        self.log.info(
-            "Flow %s released: %d results, %d ignored failures",
-            parent_id,
-            snap.processed,
-            snap.ignored,
-        )
-        if not self.return_values:
-            return summary
-        context["ti"].xcom_push(key=FLOW_KEY, value=summary)
-        return values
-
-    def _values(self, client: EchoMQ, snap: FlowSnapshot) -> Any:
-        """The values in spec order (``None`` where a failure was ignored), or by key."""
-        labelled = [
-            (child_label(snap.parent_id, child), value)
-            for child, value in client.iter_children_values(snap.queue, snap.parent_id)
-        ]
-        if any(isinstance(label, str) for label, _ in labelled):
-            return {str(label): value for label, value in labelled}
-        ordered: list[Any] = [None] * snap.total
-        for label, value in labelled:
-            if isinstance(label, int) and 0 <= label < snap.total:
-                ordered[label] = value
-        return ordered
-
-    def _refuse_values(self, snap: FlowSnapshot) -> None:
-        error = TooManyValues(
-            f"flow {snap.parent_id} has {snap.total} children, over max_values="
-            f"{self.max_values} for return_values=True: read its results page by page "
-            "downstream instead (echomq_provider.results.flow_results)"
-        )
-        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
+    # -- FlowWaiting ----------------------------------------------------------------------
+    def _flow_ref(self) -> tuple[str, str]:
+        return flow_target(self.flow, self.parent_queue, self.parent_id)
 
     def _poke_seconds(self) -> float:
         interval = self.poke_interval
         return interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
 
-    def _target(self) -> tuple[str, str]:
-        try:
-            return flow_target(self.flow, self.parent_queue, self.parent_id)
-        except InvalidInput as exc:
-            raise AirflowFailException(f"{self.task_id}: {exc}") from exc
-
-    def _client(self) -> EchoMQ:
-        if self._hook is None:
-            self._hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
-        return self._hook.get_conn()
-
-    def _close(self) -> None:
-        if self._hook is not None:
-            self._hook.close()
-            self._hook = None
+    def _kind(self) -> str:
+        return "sensor"

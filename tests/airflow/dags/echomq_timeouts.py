@@ -40,4 +40,3 @@ def echomq_timeouts() -> None:
 
 
 echomq_timeouts()
-

@@ -1,0 +1,1 @@
+"""EchoMQ TaskFlow decorators (``@task.echo_flow``); one per module."""

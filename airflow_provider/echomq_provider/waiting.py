@@ -1,0 +1,276 @@
+"""One home for waiting on a flow and for what a task returns once it is released.
+
+Two kinds of task wait on a flow: :class:`~echomq_provider.sensors.echo_flow.EchoFlowSensor`
+(a flow another task added) and :class:`~echomq_provider.operators.echo_flow.EchoFlowOperator`
+with ``wait_for_completion=True`` (and ``@task.echo_flow``), which waits on the flow it has just
+added - one task where the sensor makes two. :class:`FlowWaiting` is what they share: reading
+the flow (fail fast on a failed or cancelled parent), the return value once it is released
+(the summary, or the values with the summary under the XCom key :data:`FLOW_KEY`), resuming
+from :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger`'s event, the progress line,
+and cancelling the flow when the task gives up on it (``cancel_on_failure``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from echomq_core import (
+    EchoMQ,
+    EchoMQError,
+    FlowCancelled,
+    FlowSnapshot,
+    InvalidInput,
+    ParentFailed,
+)
+from echomq_core.errors import flow_error
+
+from ._compat import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    task_state,
+)
+from .errors import TooManyValues
+from .flow_specs import child_label
+from .hooks.echomq import EchoMQHook
+from .triggers.echo_flow import MAX_REPORTED, PROGRESS_EVERY, progress_line
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator, Context
+
+    _Base = BaseOperator
+else:
+    _Base = object
+
+#: The XCom key of the summary when the return value holds the values.
+FLOW_KEY = "flow"
+#: The longest a deferred task takes to notice a release (the trigger's slowest poll).
+TRIGGER_POLL_MAX = 1.0
+#: States of a killed task that mean it was cleared or marked successful, not failed: its
+#: flow is left alone.
+_NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
+
+
+class FlowWaiting(_Base):
+    """Mixin of the tasks that wait on a flow. The task's ``__init__`` sets the options
+    (``return_values``, ``max_values``, ``close_flow``, ``cancel_on_failure``,
+    ``echomq_conn_id``, ``prefix``) and calls :meth:`_init_waiting`; it says which flow by
+    :meth:`_flow_ref`."""
+
+    return_values: bool
+    max_values: int
+    close_flow: bool
+    cancel_on_failure: bool
+    echomq_conn_id: str
+    prefix: str | None
+
+    def _init_waiting(self) -> None:
+        self._hook: EchoMQHook | None = None
+        self._last_progress: float | None = None
+        self._ti_for_kill: Any = None  # the running task instance, for on_kill
+
+    def _flow_ref(self) -> tuple[str, str]:
+        """``(queue, parent_id)`` of the flow waited on; raises ``InvalidInput``."""
+        raise NotImplementedError
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read(self, context: Context) -> tuple[EchoMQ, FlowSnapshot] | None:
+        """One read: ``(client, snapshot)`` once the flow is released, None while it is not
+        (with a progress line at most every :data:`PROGRESS_EVERY` s). A failed or cancelled
+        flow raises ``AirflowFailException`` naming the failed children."""
+        queue, parent_id = self._target()
+        client = self._client()
+        snap = client.snapshot(queue, parent_id)
+        if snap.outcome in ("failed", "cancelled"):
+            failed = client.failed_children(queue, parent_id) if snap.outcome == "failed" else {}
+            error = flow_error(queue, parent_id, snap.outcome, failed, snap.error)
+            raise AirflowFailException(str(error))
+        if self.return_values and snap.total > self.max_values:
+            self._refuse_values(snap)
+        if snap.outcome != "released":
+            self._progress(context, snap)
+            return None
+        return client, snap
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """Resume after the trigger fired (on a worker, so the sync client is fine here)."""
+        status = event.get("status")
+        queue, parent_id = self._target()
+        if status == "success":
+            client = self._client()
+            return self._succeed(context, client, client.snapshot(queue, parent_id))
+        if status == "failed" and "cancelled" in event:
+            raise AirflowFailException(
+                str(FlowCancelled(queue, parent_id, str(event["cancelled"])))
+            )
+        if status == "failed":
+            reported = event.get("failed") or {}
+            message = str(ParentFailed(queue, parent_id, reported))
+            count = int(event.get("failed_count", len(reported)))
+            if count > len(reported):
+                message += f"; {count} failed children in all"
+            raise AirflowFailException(message)
+        if status == "timeout":
+            raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}")
+        # Not an AirflowException: as in poke mode, a lost server fails the try (retries
+        # apply) and soft_fail does not turn it into a skip.
+        raise EchoMQError(f"EchoMQ flow trigger: {event.get('message', event)}")
+
+    def _succeed(self, context: Context, client: EchoMQ, snap: FlowSnapshot) -> Any:
+        queue, parent_id = snap.queue, snap.parent_id
+        values: Any = None
+        if self.return_values:
+            if snap.total > self.max_values:
+                self._refuse_values(snap)
+            values = self._values(client, snap)
+        ignored = client.ignored_failures(queue, parent_id)
+        if self.close_flow and snap.parent_state == "released":  # a barrier flow, now read
+            state = client.close_flow(queue, parent_id)
+            self.log.info("Flow %s %s: its retention runs from now", parent_id, state)
+            snap = client.snapshot(queue, parent_id)
+        summary = {
+            key: value for key, value in snap.to_dict().items() if key not in ("parent_state",)
+        }
+        summary["state"] = snap.parent_state
+        summary["ignored_failures"] = {
+            str(child_label(parent_id, child)): error
+            for child, error in sorted(ignored.items())[:MAX_REPORTED]
+        }
+        self.log.info(
+            "Flow %s released: %d results, %d ignored failures",
+            parent_id,
+            snap.processed,
+            snap.ignored,
+        )
+        if not self.return_values:
+            return summary
+        context["ti"].xcom_push(key=FLOW_KEY, value=summary)
+        return values
+
+    def _values(self, client: EchoMQ, snap: FlowSnapshot) -> Any:
+        """The values in spec order (``None`` where a failure was ignored), or by key."""
+        labelled = [
+            (child_label(snap.parent_id, child), value)
+            for child, value in client.iter_children_values(snap.queue, snap.parent_id)
+        ]
+        if any(isinstance(label, str) for label, _ in labelled):
+            return {str(label): value for label, value in labelled}
+        ordered: list[Any] = [None] * snap.total
+        for label, value in labelled:
+            if isinstance(label, int) and 0 <= label < snap.total:
+                ordered[label] = value
+        return ordered
+
+    def _refuse_values(self, snap: FlowSnapshot) -> None:
+        error = TooManyValues(
+            f"flow {snap.parent_id} has {snap.total} children, over max_values="
+            f"{self.max_values} for return_values=True: read its results page by page "
+            "downstream instead (echomq_provider.results.flow_results)"
+        )
+        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
+
+    def _progress(self, context: Context, snap: FlowSnapshot) -> None:
+        """``settled k of N`` at most every :data:`PROGRESS_EVERY` s. Reschedule mode runs
+        each poke in a new process, so there the first poke of a process logs only when the
+        time since the sensor started crossed a multiple of 30 s since the previous poke."""
+        now = time.monotonic()
+        if self._last_progress is not None:
+            due = now - self._last_progress >= PROGRESS_EVERY
+        elif getattr(self, "reschedule", False):
+            first = context["ti"].get_first_reschedule_date(context)
+            elapsed = 0.0 if first is None else time.time() - first.timestamp()
+            before = elapsed - self._poke_seconds()
+            due = before < 0 or elapsed // PROGRESS_EVERY != before // PROGRESS_EVERY
+        else:
+            due = True
+        if not due:
+            return
+        self._last_progress = now
+        if snap.outcome == "missing":
+            self.log.warning(
+                "No flow %s in queue %r (wrong id or prefix?); waiting", snap.parent_id, snap.queue
+            )
+        else:
+            self.log.info("%s", progress_line(snap))
+
+    def _poke_seconds(self) -> float:
+        raise NotImplementedError
+
+    # -- giving up -------------------------------------------------------------------------
+    def on_kill(self) -> None:
+        """The task process is being stopped (``execution_timeout``, marked failed, cleared or
+        marked successful while running): cancel the flow unless it was cleared or marked
+        successful - a cleared task waits on the same flow again."""
+        if not self.cancel_on_failure:
+            return
+        state = None
+        ti = self._ti_for_kill
+        if ti is not None:
+            state = task_state(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        if state in _NOT_FAILED:
+            self.log.info("Task %s; flow left as it is", state)
+            return
+        self._cancel("the task was killed" + (f" ({state})" if state else ""))
+
+    class _GiveUp:
+        """Cancels the flow when the wrapped step raises a failure, timeout or skip."""
+
+        def __init__(self, task: FlowWaiting) -> None:
+            self.task = task
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, kind: type[BaseException] | None, exc: Any, tb: Any) -> None:
+            giving_up = (AirflowFailException, AirflowSensorTimeout, AirflowSkipException)
+            if kind is not None and issubclass(kind, giving_up):
+                why = f"{type(exc).__name__}: {exc}"
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, Exception):  # soft_fail's skip says why only in its cause
+                    why += f" (from {type(cause).__name__}: {cause})"
+                self.task._cancel(why)
+
+    def _cancel_when_giving_up(self, context: Context) -> FlowWaiting._GiveUp:
+        self._ti_for_kill = context["ti"]
+        return self._GiveUp(self)
+
+    def _cancel(self, why: str) -> None:
+        if not self.cancel_on_failure:
+            return
+        try:
+            queue, parent_id = self._flow_ref()
+            result = self._client().cancel_flow(
+                queue, parent_id, reason=f"{self._kind()} {self.task_id}: {why}"[:1000]
+            )
+        except EchoMQError as exc:  # the failure being raised matters more; say why not
+            self.log.error("Could not cancel the flow: %s: %s", type(exc).__name__, exc)
+            return
+        if result.state == "cancelled":
+            self.log.info(
+                "Flow %s cancelled: %d children stopped before they started (%s)",
+                parent_id,
+                result.children,
+                why[:200],
+            )
+
+    def _kind(self) -> str:
+        """How the cancel reason names this task ("sensor wait: ..."): overridden."""
+        return "task"
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _target(self) -> tuple[str, str]:
+        try:
+            return self._flow_ref()
+        except InvalidInput as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from exc
+
+    def _client(self) -> EchoMQ:
+        if self._hook is None:
+            self._hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
+        return self._hook.get_conn()
+
+    def _close(self) -> None:
+        if self._hook is not None:
+            self._hook.close()
+            self._hook = None
