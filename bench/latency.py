@@ -50,9 +50,7 @@ def measure(url: str, n: int, flows: int, concurrency: int) -> dict[str, Any]:
         ["worker", url, "lat,latc", str(concurrency), "threaded"],
         name="echomq-worker",
     ).wait_ready()
-    pump = Proc(
-        "echomq_core.cli", ["pump", "latc", "latp", "--url", url], name="echomq-pump"
-    )
+    pump = Proc("echomq_core.cli", ["pump", "latc", "latp", "--url", url], name="echomq-pump")
     time.sleep(1.0)  # the Pump connects and starts ticking
     out: dict[str, list[float]] = {"same": [], "cross": []}
     try:

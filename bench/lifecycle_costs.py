@@ -39,8 +39,12 @@ def measured(mq: EchoMQ, action: Any) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     calls, usec = commandstats(mq)
     calls -= 1  # the INFO that read them
-    return {"seconds": round(seconds, 4), "commands": calls, "server_usec": usec,
-            "result": repr(result)}
+    return {
+        "seconds": round(seconds, 4),
+        "commands": calls,
+        "server_usec": usec,
+        "result": repr(result),
+    }
 
 
 def work(mq: EchoMQ, queues: list[str], die: set[int], pump: Pump) -> None:

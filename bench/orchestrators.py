@@ -67,6 +67,9 @@ PARENT_QUEUE = "w7.reports"
 WORK_QUEUE = "w7.work"
 NATIVE_N = (100, 500, 2000, 20_000)
 ECHOMQ_N = (*NATIVE_N, 200_000)
+#: The EchoMQ ways in Airflow (DAG ``w7_<way>``): operator + sensor; the operator waiting
+#: (``wait_for_completion``); ``@task.echo_flow`` planning, adding and waiting in one task.
+AIRFLOW_ECHOMQ_WAYS = ("echomq", "echomq_wait", "echomq_task")
 MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
 
 
@@ -123,6 +126,37 @@ def w7_echomq():
     collect(wait.output)
 
 
+@dag(dag_id="w7_echomq_wait", **ARGS)
+def w7_echomq_wait():
+    @task
+    def plan(params=None):
+        return list(range(params["n"]))
+
+    fan_out = EchoFlowOperator(task_id="fan_out", parent_queue="{PARENT_QUEUE}",
+                               children=plan(), child_queue="{WORK_QUEUE}",
+                               wait_for_completion=True)
+
+    @task
+    def collect(flow):
+        return sum(value for _index, value in flow_results(flow))
+
+    collect(fan_out.output)
+
+
+@dag(dag_id="w7_echomq_task", **ARGS)
+def w7_echomq_task():
+    @task.echo_flow(parent_queue="{PARENT_QUEUE}", child_queue="{WORK_QUEUE}",
+                    wait_for_completion=True)
+    def fan_out(params=None):
+        return list(range(params["n"]))
+
+    @task
+    def collect(flow):
+        return sum(value for _index, value in flow_results(flow))
+
+    collect(fan_out())
+
+
 @dag(dag_id="w7_baseline", **ARGS)
 def w7_baseline():
     """The EchoMQ DAG without the fan-out (a flow needs a child; an empty plan skips)."""
@@ -161,6 +195,8 @@ def w7_shape():
 
 w7_native()
 w7_echomq()
+w7_echomq_wait()
+w7_echomq_task()
 w7_baseline()
 w7_shape()
 '''
@@ -337,22 +373,33 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in runs
             if r["system"] == system and r["way"] == "baseline" and r["state"] == "success"
         ]
-        if way == "echomq" and ok and base:
+        echomq = way in ("echomq", *AIRFLOW_ECHOMQ_WAYS) and n > 0
+        if echomq and ok and base:
             b = statistics.median(base)
             row["echomq_adds"] = summarise([r["wall_s"] - b for r in ok])
             busy = [r for r in ok if r.get("busy_s") is not None]
             row["busy"] = summarise([r["busy_s"] for r in busy])
             row["echomq_adds_minus_busy"] = summarise([r["wall_s"] - b - r["busy_s"] for r in busy])
+        zero = [
+            r["wall_s"]
+            for r in runs
+            if (r["system"], r["way"], r["n"], r["state"]) == (system, way, 0, "success")
+        ]
+        if echomq and ok and zero:  # over the same DAG with 0 items (the issue's measure)
+            z = statistics.median(zero)
+            row["over_zero"] = summarise([r["wall_s"] - z for r in ok])
+            busy = [r for r in ok if r.get("busy_s") is not None]
+            row["over_zero_minus_busy"] = summarise([r["wall_s"] - z - r["busy_s"] for r in busy])
         shape = [
             r["wall_s"]
             for r in runs
             if r["system"] == system and r["way"] == "shape" and r["state"] == "success"
         ]
-        if way == "echomq" and ok and shape:
+        if way == "echomq" and n > 0 and ok and shape:
             row["over_shape"] = summarise([r["wall_s"] - statistics.median(shape) for r in ok])
         out.append(row)
-    order = {"baseline": 0, "shape": 1, "native": 2, "echomq": 3}
-    out.sort(key=lambda r: (r["system"], order.get(r["way"], 3), r["n"]))
+    order = {"baseline": 0, "shape": 1, "native": 2, "echomq": 3, "echomq_wait": 4}
+    out.sort(key=lambda r: (r["system"], order.get(r["way"], 5), r["n"]))
     return out
 
 
@@ -379,18 +426,25 @@ def markdown(report: dict[str, Any]) -> str:
         "workers' first to last child completion (server). `adds - busy`: the orchestration "
         "overhead without the item work. `over shape` (Airflow): wall(N) - median wall of "
         "the same 4-task DAG with two pass-through tasks in place of the operator and the "
-        "sensor (what EchoMQ adds beyond Airflow's own cost of two more tasks).",
+        "sensor (what EchoMQ adds beyond Airflow's own cost of two more tasks). `over 0` "
+        "(Airflow): wall(N) - median wall of the same DAG run with 0 items (nothing fanned "
+        "out: the EchoMQ task skips); `over 0 - busy`: that without the item work. Ways "
+        "(Airflow): `echomq` plan -> EchoFlowOperator -> EchoFlowSensor (deferrable) -> "
+        "collect; `echomq_wait` plan -> EchoFlowOperator(wait_for_completion=True) -> "
+        "collect; `echomq_task` `@task.echo_flow(wait_for_completion=True)` (plans, adds and "
+        "waits) -> collect.",
         "",
         "| system | way | N | wall | end-to-end | EchoMQ adds | busy | adds - busy | over shape "
-        "| outcome |",
-        "|---|---|---:|---|---|---|---|---|---|---|",
+        "| over 0 | over 0 - busy | outcome |",
+        "|---|---|---:|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["table"]:
         lines.append(
             f"| {row['system']} | {row['way']} | {row['n']:,} | {fmt(row['wall'])} | "
             f"{fmt(row['end_to_end'])} | {fmt(row.get('echomq_adds', {}))} | "
             f"{fmt(row.get('busy', {}))} | {fmt(row.get('echomq_adds_minus_busy', {}))} | "
-            f"{fmt(row.get('over_shape', {}))} | "
+            f"{fmt(row.get('over_shape', {}))} | {fmt(row.get('over_zero', {}))} | "
+            f"{fmt(row.get('over_zero_minus_busy', {}))} | "
             f"{', '.join(row['states'])} ({row['attempted']} attempted) |"
         )
     if report["notes"]:
@@ -463,7 +517,7 @@ def airflow_run(
     if state == "budget exceeded":
         result["wall_s"] = result["end_to_end_s"] = None
         result["stopped_after_s"] = budget
-    if way == "echomq" and state == "success":
+    if way in AIRFLOW_ECHOMQ_WAYS and n > 0 and state == "success":
         result.update(busy_window(dep.echomq_url, triggered))
         with sqlite3.connect(dep.home / "airflow.db") as db:
             rows = db.execute(
@@ -528,18 +582,21 @@ def airflow_deployment(args: argparse.Namespace, rec: Recorder, dags: Path) -> N
 
 
 def airflow_runs(args: argparse.Namespace, rec: Recorder, dep: Any, raised: int) -> None:
-    for way in ("baseline", "echomq", "native", "shape"):
+    for way in ("baseline", "native", "shape", *AIRFLOW_ECHOMQ_WAYS):
         dep.wait_dag(f"w7_{way}", timeout=300)
     for _ in range(args.shape_runs):
         airflow_run(dep, rec, "shape", 0, args.budget)
     # EchoMQ first: the runs the goal is about
-    for _ in range(0 if args.skip_echomq else args.baseline_runs):
+    ways = [] if args.skip_echomq else args.ways
+    for _ in range(args.baseline_runs if ways else 0):
         airflow_run(dep, rec, "baseline", 0, args.budget)
-    if (0 in args.n or not args.n_given) and not args.skip_echomq:
-        airflow_run(dep, rec, "echomq", 0, args.budget)  # refused: recorded as such
-    for n in [n for n in args.n if n > 0 and not args.skip_echomq]:
-        for _ in range(runs_for(args, n)):
-            airflow_run(dep, rec, "echomq", n, args.budget)
+    for _ in range(args.zero_runs):  # the same DAG with 0 items: an empty plan skips
+        for way in ways:
+            airflow_run(dep, rec, way, 0, args.budget)
+    for n in [n for n in args.n if n > 0]:
+        for _ in range(runs_for(args, n)):  # interleaved, so load drifts hit every way alike
+            for way in ways:
+                airflow_run(dep, rec, way, n, args.budget)
     if args.skip_native:
         return
     per_task = None
@@ -769,6 +826,19 @@ def main() -> None:
     parser.add_argument("--only", choices=("airflow", "dagster"), default=None)
     parser.add_argument("--budget", type=float, default=600.0, help="seconds per run at most")
     parser.add_argument("--baseline-runs", type=int, default=5, help="runs of the baseline")
+    parser.add_argument(
+        "--zero-runs",
+        type=int,
+        default=3,
+        help="Airflow: runs of each EchoMQ DAG with 0 items (the same DAG, nothing fanned out)",
+    )
+    parser.add_argument(
+        "--ways",
+        nargs="+",
+        choices=AIRFLOW_ECHOMQ_WAYS,
+        default=list(AIRFLOW_ECHOMQ_WAYS),
+        help="Airflow: the EchoMQ DAGs to run (default: all)",
+    )
     parser.add_argument(
         "--shape-runs",
         type=int,

@@ -50,6 +50,8 @@ def ours(name: str) -> str:
     """EchoMQ's result key at the concurrency of ``name``."""
     _, level = split_key(name)
     return "echomq" if level == 1 else f"echomq@c{level}"
+
+
 #: W5 reads "flat" when reading every page peaks at most this much above reading one page.
 FLAT_SLACK_KIB = 8 * 1024
 
