@@ -519,6 +519,11 @@ def airflow_run(
         result["stopped_after_s"] = budget
     if way in AIRFLOW_ECHOMQ_WAYS and n > 0 and state == "success":
         result.update(busy_window(dep.echomq_url, triggered))
+        if start and result.get("first_completed"):  # the item work on the run's clock (s)
+            result["completed_first_last_s"] = [
+                round(result["first_completed"] - start, 2),
+                round(result["last_completed"] - start, 2),
+            ]
         with sqlite3.connect(dep.home / "airflow.db") as db:
             rows = db.execute(
                 "SELECT task_id, SUM(LENGTH(value)) FROM xcom WHERE dag_id = ? AND run_id = ? "
