@@ -105,7 +105,11 @@ def test_real_deployment(tmp_path: Path) -> None:
     runs, markers = tmp_path / "runs.jsonl", tmp_path / "markers"
     markers.mkdir()
     deployment = Deployment(
-        [EXAMPLE_DAGS / "echomq_fan_out.py", HERE / "dags" / "echomq_deploy_repair.py"],
+        [
+            EXAMPLE_DAGS / "echomq_fan_out.py",
+            EXAMPLE_DAGS / "echomq_one_task.py",
+            HERE / "dags" / "echomq_deploy_repair.py",
+        ],
         worker_app="worker_proc:HANDLERS",
         pythonpath=[HERE, EXAMPLES, ROOT],
         prefix="deploy",
@@ -119,6 +123,7 @@ def test_real_deployment(tmp_path: Path) -> None:
         deployment.start()
         with EchoMQ(deployment.echomq_url, prefix="deploy") as mq:
             example(deployment, mq)
+            one_task(deployment, mq)
             parent, run_id = failure_cancels(deployment, mq, runs, markers)
             clear_repairs(deployment, mq, runs, parent, run_id)
             marked_failed_cancels(deployment, mq)
@@ -137,6 +142,23 @@ def example(deployment: Deployment, mq: EchoMQ) -> None:
     flow = deployment.xcom("echomq_fan_out", run_id, "wait")
     assert (flow["state"], flow["total"], flow["processed"]) == ("closed", 9, 8)
     parent = parent_id_for("echomq_fan_out", run_id, "fan_out")
+    assert mq.snapshot("example.reports", parent).parent_state == "closed"
+
+
+def one_task(deployment: Deployment, mq: EchoMQ) -> None:
+    """``@task.echo_flow`` as deployed: the dag-processor finds the provider's decorator,
+    the scheduler runs plan + fan-out + wait as one task, the summary reaches the next."""
+    run_id = deployment.trigger("echomq_one_task")
+    assert deployment.wait_run("echomq_one_task", run_id) == "success"
+    assert deployment.task_states("echomq_one_task", run_id) == {
+        "fan_out": "success",
+        "summarise": "success",
+    }
+    summary = deployment.xcom("echomq_one_task", run_id, "summarise")
+    assert summary["by_item"] == {str(n): n * n if n % 2 else n**3 for n in range(1, 9)}
+    flow = deployment.xcom("echomq_one_task", run_id, "fan_out")
+    assert (flow["state"], flow["total"], flow["processed"]) == ("closed", 8, 8)
+    parent = parent_id_for("echomq_one_task", run_id, "fan_out")
     assert mq.snapshot("example.reports", parent).parent_state == "closed"
 
 

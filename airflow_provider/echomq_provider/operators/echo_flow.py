@@ -49,7 +49,17 @@ the sensor times out (soft_fail or not)     cancelled
 the sensor is marked failed (running or     cancelled; in reschedule mode between two pokes
 deferred), or killed by execution_timeout   no code runs: ``echomq flow cancel`` it
 the sensor is cleared or marked success     left as it is; a cleared sensor waits again
+``wait_for_completion=True``: the flow        the task fails and cancels the flow, as the
+fails, ``wait_timeout`` passes, or the task  sensor would (``cancel_on_failure=False``: not);
+is killed (marked failed) while waiting       cleared or marked success: left as it is
 ==========================================  ================================================
+
+``wait_for_completion=True`` (and ``@task.echo_flow``, see
+:mod:`echomq_provider.decorators.echo_flow`) folds the sensor into this task: after adding,
+it waits until the flow is released - in its own process (reads 5 ms apart at first, the
+pauses growing by half up to ``poll_interval``), or deferred to the trigger with
+``deferrable=True`` - and returns the sensor's summary (or the values, ``return_values``).
+Airflow schedules one task instead of two; the slot is held while waiting unless deferred.
 
 Errors: bad input (queue names, child specs, payloads) and conflicts fail the task without
 retries (``AirflowFailException``: another try cannot fix them); a lost connection raises as
