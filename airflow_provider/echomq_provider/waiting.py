@@ -13,7 +13,8 @@ and cancelling the flow when the task gives up on it (``cancel_on_failure``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from echomq_core import (
     EchoMQ,
@@ -34,7 +35,7 @@ from ._compat import (
 from .errors import TooManyValues
 from .flow_specs import child_label
 from .hooks.echomq import EchoMQHook
-from .triggers.echo_flow import MAX_REPORTED, PROGRESS_EVERY, progress_line
+from .triggers.echo_flow import MAX_REPORTED, PROGRESS_EVERY, EchoFlowTrigger, progress_line
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
@@ -92,6 +93,26 @@ class FlowWaiting(_Base):
             self._progress(context, snap)
             return None
         return client, snap
+
+    def _defer(self, poll_interval: float, seconds_left: float | None) -> NoReturn:
+        """Hand the wait to :class:`EchoFlowTrigger` (reads at least every
+        :data:`TRIGGER_POLL_MAX` s; a ``timeout`` event after ``seconds_left``); the task
+        resumes in :meth:`execute_complete`."""
+        queue, parent_id = self._target()
+        self._close()
+        self.defer(
+            trigger=EchoFlowTrigger(
+                queue=queue,
+                parent_id=parent_id,
+                echomq_conn_id=self.echomq_conn_id,
+                prefix=self.prefix,
+                poll_interval=min(poll_interval, TRIGGER_POLL_MAX),
+                timeout_at=None if seconds_left is None else time.time() + seconds_left,
+                cancel_on_kill=self.cancel_on_failure,
+            ),
+            method_name="execute_complete",
+            timeout=None if seconds_left is None else timedelta(seconds=seconds_left),
+        )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired (on a worker, so the sync client is fine here)."""

@@ -83,8 +83,7 @@ from .._compat import AirflowFailException, AirflowSkipException, conf
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowLink
-from ..triggers.echo_flow import EchoFlowTrigger
-from ..waiting import TRIGGER_POLL_MAX, FlowWaiting
+from ..waiting import FlowWaiting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -282,21 +281,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                     "outstanding)"
                 )
             if self.deferrable:
-                queue, parent_id = self._target()
-                self._close()
-                self.defer(
-                    trigger=EchoFlowTrigger(
-                        queue=queue,
-                        parent_id=parent_id,
-                        echomq_conn_id=self.echomq_conn_id,
-                        prefix=self.prefix,
-                        poll_interval=min(self.poll_interval, TRIGGER_POLL_MAX),
-                        timeout_at=None if left is None else time.time() + left,
-                        cancel_on_kill=self.cancel_on_failure,
-                    ),
-                    method_name="execute_complete",
-                    timeout=None if left is None else timedelta(seconds=left),
-                )
+                self._defer(self.poll_interval, left)
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 1.5, self.poll_interval)
 

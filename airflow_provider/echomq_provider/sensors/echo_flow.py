@@ -76,8 +76,7 @@ from .._compat import AirflowFailException, AirflowSkipException, conf
 from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowSensorLink
-from ..triggers.echo_flow import EchoFlowTrigger
-from ..waiting import FLOW_KEY, TRIGGER_POLL_MAX, FlowWaiting
+from ..waiting import FLOW_KEY, FlowWaiting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -174,20 +173,7 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
                     raise
                 if first:
                     return first.xcom_value
-                queue, parent_id = self._target()
-                self.defer(
-                    trigger=EchoFlowTrigger(
-                        queue=queue,
-                        parent_id=parent_id,
-                        echomq_conn_id=self.echomq_conn_id,
-                        prefix=self.prefix,
-                        poll_interval=min(self._poke_seconds(), TRIGGER_POLL_MAX),
-                        timeout_at=started + self.timeout,
-                        cancel_on_kill=self.cancel_on_failure,
-                    ),
-                    method_name="execute_complete",
-                    timeout=timedelta(seconds=self.timeout),
-                )
+                self._defer(self._poke_seconds(), max(0.0, started + self.timeout - time.time()))
         finally:
             self._close()
 
