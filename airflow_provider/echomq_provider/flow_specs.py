@@ -16,6 +16,7 @@ write), the retry must re-add *the same* flow - EchoMQ converges a re-add with t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -28,6 +29,9 @@ from echomq_core.keyspace import check_job_id, check_queue, id_part
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
 CHILD_KEYS = ("payload", "key", "queue", "ignore_failure", "max_attempts", "timeout")
+CHILD_KEY_SET = frozenset(CHILD_KEYS)
+#: Payload types taken as they are (a bare payload with the defaults), checked first.
+_BARE = frozenset({int, float, str, bool, type(None), list})
 #: Characters a key keeps as they are in its child's id; any other byte becomes ``~xx``.
 _KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-/@+=#")
 #: The longest key once encoded (the child id holds ``JOB-af/k/<32 hex>/`` before it).
@@ -71,6 +75,7 @@ def keyed_child_id(parent_id: str, key: str) -> str:
     return check_job_id(f"{_keyed_stem(parent_id)}{encoded}")
 
 
+@functools.lru_cache(maxsize=64)  # child_label runs once per result of flows of 100,000s
 def _keyed_stem(parent_id: str) -> str:
     return f"JOB-af/k/{hashlib.sha256(parent_id.encode()).hexdigest()[:32]}/"
 
@@ -121,9 +126,17 @@ def to_children(
             f"children must be a list, got {type(items).__name__}; "
             "to pull it from an upstream task pass that task's output"
         )
+    # Runs once per child of flows of 100,000s: a bare payload of a JSON type costs a type
+    # lookup and a Child, not the ABC checks (isinstance against Mapping) the other forms need.
     children = []
+    keyed: list[int] = []
+    checked_queues: set[str] = set()
     for index, item in enumerate(items):
-        if isinstance(item, Child):
+        if type(item) in _BARE:
+            child = Child(
+                item, default_queue, None, False, True, default_max_attempts, [], default_timeout
+            )
+        elif isinstance(item, Child):
             child = item
             if child.queue is None and default_queue is not None:
                 child = dataclasses.replace(child, queue=default_queue)
@@ -131,8 +144,10 @@ def to_children(
                 child = dataclasses.replace(child, timeout=default_timeout)
         elif isinstance(item, Mapping):
             child = _child_from_mapping(
-                index, item, default_queue, default_max_attempts, default_timeout
+                index, item, default_queue, default_max_attempts, default_timeout, checked_queues
             )
+            if "key" in item:
+                keyed.append(index)
         else:
             child = Child(
                 item,
@@ -141,16 +156,14 @@ def to_children(
                 timeout=default_timeout,
             )
         children.append(child)
-    _apply_keys(items, children, parent_id)
+    if keyed:
+        _apply_keys(items, keyed, children, parent_id)
     return children
 
 
-def _apply_keys(items: Sequence[Any], children: list[Child], parent_id: str | None) -> None:
-    keyed = [
-        index for index, item in enumerate(items) if isinstance(item, Mapping) and "key" in item
-    ]
-    if not keyed:
-        return
+def _apply_keys(
+    items: Sequence[Any], keyed: list[int], children: list[Child], parent_id: str | None
+) -> None:
     if len(keyed) != len(items):
         missing = next(i for i in range(len(items)) if i not in set(keyed))
         raise InvalidInput(
@@ -176,9 +189,10 @@ def _child_from_mapping(
     default_queue: str | None,
     default_max_attempts: int | None,
     default_timeout: float | None,
+    checked_queues: set[str],
 ) -> Child:
-    unknown = sorted(str(k) for k in spec if k not in CHILD_KEYS)
-    if unknown or "payload" not in spec:
+    if "payload" not in spec or not CHILD_KEY_SET.issuperset(spec):
+        unknown = sorted(str(k) for k in spec if k not in CHILD_KEYS)
         problem = (
             f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else "no 'payload' key"
         )
@@ -187,8 +201,8 @@ def _child_from_mapping(
             "(put a dict payload under 'payload')"
         )
     queue = spec.get("queue", default_queue)
-    if queue is not None:
-        check_queue(queue)
+    if queue is not None and queue not in checked_queues:
+        checked_queues.add(check_queue(queue))
     ignore = spec.get("ignore_failure", False)
     if not isinstance(ignore, bool):
         raise InvalidInput(f"child {index}: ignore_failure must be true or false, got {ignore!r}")
