@@ -2,6 +2,8 @@
 
 * ``conf`` and the task exceptions moved into the Task SDK (``airflow.sdk``) in 3.2; 3.1 has
   them in ``airflow.configuration`` and ``airflow.exceptions``.
+* ``determine_kwargs`` (what a TaskFlow callable takes from the context) is in the Task SDK
+  from 3.2; 3.1 has it in ``airflow.utils.operator_helpers``.
 * ``Connection.aextra_dejson`` (the async read of the extras) exists from 3.2.
 * The connection form: 3.2 reads it from provider info (``conn-fields``,
   ``ui-field-behaviour``) and deprecates the hook methods; 3.1 knows only the hook methods
@@ -44,6 +46,11 @@ else:  # Airflow 3.1
         AirflowSkipException,
     )
 
+try:  # the keyword arguments a TaskFlow callable takes from the context (3.2+: the Task SDK)
+    from airflow.sdk.bases.decorator import determine_kwargs
+except ImportError:  # Airflow 3.1
+    from airflow.utils.operator_helpers import determine_kwargs  # type: ignore[no-redef,attr-defined]
+
 #: Whether this Airflow takes the connection form from the hook's methods (3.1) rather than
 #: from provider info (3.2+).
 FORM_FROM_HOOK = not AIRFLOW_3_2
@@ -57,6 +64,7 @@ __all__ = [
     "aextra_dejson",
     "atask_state",
     "conf",
+    "determine_kwargs",
     "field_behaviour",
     "form_widgets",
     "task_state",

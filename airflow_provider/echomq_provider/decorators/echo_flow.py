@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 from airflow.sdk.definitions.context import context_merge
 
+from .._compat import determine_kwargs
 from ..operators.echo_flow import EchoFlowOperator
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class _EchoFlowDecoratedOperator(DecoratedOperator, EchoFlowOperator):
 
     def execute(self, context: Context) -> Any:
         context_merge(context, self.op_kwargs)
-        kwargs = self.determine_kwargs(context)
+        kwargs = determine_kwargs(self.python_callable, self.op_args, context)
         self.children = self.python_callable(*self.op_args, **kwargs)
         return super().execute(context)
 
