@@ -94,6 +94,7 @@ def test_a_waiting_task_that_gives_up_cancels_its_flow(
         "fail_fast": "failed",
         "too_slow": "failed",
         "too_slow_kept": "failed",
+        "killed": "failed",
     }
     logged = capfd.readouterr().out + caplog.text
     parent = parent_id_for(dag_id, run_id, "fail_fast")
@@ -112,6 +113,10 @@ def test_a_waiting_task_that_gives_up_cancels_its_flow(
         ] * 2
         kept = mq.snapshot("example.reports", parent_id_for(dag_id, run_id, "too_slow_kept"))
         assert kept.parent_state == "held"
+        killed = mq.snapshot("example.reports", parent_id_for(dag_id, run_id, "killed"))
+        assert killed.parent_state == "cancelled" and "operator killed: the task was killed" in (
+            killed.error or ""
+        )
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,13 @@
 * ``too_slow``: nothing serves its queue; ``wait_timeout=1``: the task fails saying so and the
   flow is cancelled.
 * ``too_slow_kept``: the same with ``cancel_on_failure=False``: the flow is left held.
+* ``killed``: nothing serves its queue; its ``execution_timeout`` (1.5 s) kills it while it
+  waits (``on_kill``): the flow is cancelled.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import dag, task
@@ -48,6 +50,17 @@ def echomq_taskflow_fail() -> None:
         return [1]
 
     too_slow_kept()
+
+    @task.echo_flow(
+        parent_queue=REPORTS,
+        child_queue="test.idle",
+        wait_for_completion=True,
+        execution_timeout=timedelta(seconds=1.5),
+    )
+    def killed() -> list[int]:
+        return [1]
+
+    killed()
 
 
 echomq_taskflow_fail()
