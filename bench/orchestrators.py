@@ -533,8 +533,25 @@ def airflow_run(
         result["xcom_bytes_by_task"] = {t: int(s) for t, s in rows}
     if state != "success":
         result["errors"] = failure_lines(dep, dag_id, run_id)
+        if rec.out is not None:  # everything that speaks of the run, to read afterwards
+            result["logs"] = keep_logs(dep, run_id, rec.out)
     rec.add(result)
     return result
+
+
+def keep_logs(dep: Any, run_id: str, out: Path) -> str:
+    """The run's task and trigger logs, and the components' lines from its time, in one file
+    under ``out/failures/``; returns its path relative to ``out``."""
+    path = out / "failures" / f"{run_id.replace(':', '_').replace('+', '_')}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as dump:
+        for log, text in dep.logs().items():
+            if run_id in str(log):
+                dump.write(f"==== {log}\n{text}\n")
+            elif "logs" not in log.parts:  # a component's own log: its tail
+                dump.write(f"==== {log} (last 400 lines)\n")
+                dump.write("\n".join(text.splitlines()[-400:]) + "\n")
+    return str(path.relative_to(out))
 
 
 def failure_lines(dep: Any, dag_id: str, run_id: str) -> list[str]:
