@@ -4,6 +4,8 @@
   them in ``airflow.configuration`` and ``airflow.exceptions``.
 * ``determine_kwargs`` (what a TaskFlow callable takes from the context) is in the Task SDK
   from 3.2; 3.1 has it in ``airflow.utils.operator_helpers``.
+* :func:`listeners_registered`: the listener manager is the Task SDK's from 3.2
+  (``airflow.sdk.listener``), ``airflow.listeners.listener`` on 3.1.
 * ``Connection.aextra_dejson`` (the async read of the extras) exists from 3.2.
 * The connection form: 3.2 reads it from provider info (``conn-fields``,
   ``ui-field-behaviour``) and deprecates the hook methods; 3.1 knows only the hook methods
@@ -67,10 +69,26 @@ __all__ = [
     "determine_kwargs",
     "field_behaviour",
     "form_widgets",
+    "listeners_registered",
     "task_state",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def listeners_registered() -> bool:
+    """Whether plugins registered task-instance listeners in this process (OpenLineage does).
+    A task the triggerer ends runs no listener hook, so Airflow refuses ``end_from_trigger``
+    with listeners; not knowing counts as yes."""
+    try:
+        try:
+            from airflow.sdk.listener import get_listener_manager
+        except ImportError:  # Airflow 3.1
+            from airflow.listeners.listener import get_listener_manager  # type: ignore[assignment]
+        return bool(get_listener_manager().has_listeners)
+    except Exception:
+        log.debug("could not read the listener manager", exc_info=True)
+        return True
 
 
 async def aextra_dejson(conn: Any) -> dict[str, Any]:

@@ -30,12 +30,20 @@ from ._compat import (
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
+    listeners_registered,
     task_state,
 )
 from .errors import TooManyValues
-from .flow_specs import child_label
 from .hooks.echomq import EchoMQHook
-from .triggers.echo_flow import MAX_REPORTED, PROGRESS_EVERY, EchoFlowTrigger, progress_line
+from .summary import (
+    FLOW_KEY,
+    PROGRESS_EVERY,
+    progress_line,
+    released_line,
+    summary_of,
+    values_in_order,
+)
+from .triggers.echo_flow import EchoFlowTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
@@ -44,8 +52,6 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-#: The XCom key of the summary when the return value holds the values.
-FLOW_KEY = "flow"
 #: The longest a deferred task takes to notice a release (the trigger's slowest poll).
 TRIGGER_POLL_MAX = 1.0
 #: States of a killed task that mean it was cleared or marked successful, not failed: its
@@ -56,13 +62,14 @@ _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for
 class FlowWaiting(_Base):
     """Mixin of the tasks that wait on a flow. The task's ``__init__`` sets the options
     (``return_values``, ``max_values``, ``close_flow``, ``cancel_on_failure``,
-    ``echomq_conn_id``, ``prefix``) and calls :meth:`_init_waiting`; it says which flow by
-    :meth:`_flow_ref`."""
+    ``end_from_trigger``, ``echomq_conn_id``, ``prefix``) and calls :meth:`_init_waiting`; it
+    says which flow by :meth:`_flow_ref`."""
 
     return_values: bool
     max_values: int
     close_flow: bool
     cancel_on_failure: bool
+    end_from_trigger: bool | None
     echomq_conn_id: str
     prefix: str | None
 
@@ -109,6 +116,13 @@ class FlowWaiting(_Base):
                 poll_interval=min(poll_interval, TRIGGER_POLL_MAX),
                 timeout_at=None if seconds_left is None else time.time() + seconds_left,
                 cancel_on_kill=self.cancel_on_failure,
+                end_from_trigger=(
+                    not listeners_registered()
+                    if self.end_from_trigger is None
+                    else self.end_from_trigger
+                ),
+                return_values=self.return_values,
+                close_flow=self.close_flow,
             ),
             method_name="execute_complete",
             timeout=None if seconds_left is None else timedelta(seconds=seconds_left),
@@ -116,6 +130,8 @@ class FlowWaiting(_Base):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Resume after the trigger fired (on a worker, so the sync client is fine here)."""
+        if not isinstance(event, dict):  # dag.test() resumes an end-from-trigger success here
+            event = {"status": "success"}
         status = event.get("status")
         queue, parent_id = self._target()
         if status == "success":
@@ -144,44 +160,20 @@ class FlowWaiting(_Base):
         if self.return_values:
             if snap.total > self.max_values:
                 self._refuse_values(snap)
-            values = self._values(client, snap)
+            values = values_in_order(
+                parent_id, snap.total, client.iter_children_values(queue, parent_id)
+            )
         ignored = client.ignored_failures(queue, parent_id)
         if self.close_flow and snap.parent_state == "released":  # a barrier flow, now read
             state = client.close_flow(queue, parent_id)
             self.log.info("Flow %s %s: its retention runs from now", parent_id, state)
             snap = client.snapshot(queue, parent_id)
-        summary = {
-            key: value for key, value in snap.to_dict().items() if key not in ("parent_state",)
-        }
-        summary["state"] = snap.parent_state
-        summary["ignored_failures"] = {
-            str(child_label(parent_id, child)): error
-            for child, error in sorted(ignored.items())[:MAX_REPORTED]
-        }
-        self.log.info(
-            "Flow %s released: %d results, %d ignored failures",
-            parent_id,
-            snap.processed,
-            snap.ignored,
-        )
+        summary = summary_of(snap, ignored)
+        self.log.info("%s", released_line(snap))
         if not self.return_values:
             return summary
         context["ti"].xcom_push(key=FLOW_KEY, value=summary)
         return values
-
-    def _values(self, client: EchoMQ, snap: FlowSnapshot) -> Any:
-        """The values in spec order (``None`` where a failure was ignored), or by key."""
-        labelled = [
-            (child_label(snap.parent_id, child), value)
-            for child, value in client.iter_children_values(snap.queue, snap.parent_id)
-        ]
-        if any(isinstance(label, str) for label, _ in labelled):
-            return {str(label): value for label, value in labelled}
-        ordered: list[Any] = [None] * snap.total
-        for label, value in labelled:
-            if isinstance(label, int) and 0 <= label < snap.total:
-                ordered[label] = value
-        return ordered
 
     def _refuse_values(self, snap: FlowSnapshot) -> None:
         error = TooManyValues(

@@ -29,11 +29,12 @@ def client(standalone_server: Any, prefix: str, echomq_conn: str) -> Iterator[Ec
         yield mq
 
 
-def add_flow(mq: EchoMQ, children: list[Child] | None = None) -> FlowRef:
+def add_flow(mq: EchoMQ, children: list[Child] | None = None, barrier: bool = False) -> FlowRef:
     return mq.add_flow(
         QUEUE,
         children or [Child({"n": 1}), Child({"n": 2})],
         parent_id=f"JOB-trig-{time.monotonic_ns()}",
+        barrier=barrier,
     )
 
 
@@ -83,6 +84,9 @@ def test_serialize_round_trips() -> None:
         "poll_interval": 2.0,
         "timeout_at": 1234.5,
         "cancel_on_kill": True,
+        "end_from_trigger": False,
+        "return_values": False,
+        "close_flow": False,
     }
 
 
@@ -93,6 +97,38 @@ def test_success_when_count_reaches_zero(client: EchoMQ) -> None:
     assert event.payload["status"] == "success"
     assert event.payload["snapshot"]["dependencies"] == 0
     assert event.payload["snapshot"]["processed"] == 2
+
+
+def test_end_from_trigger_ends_the_task_with_its_xcom(client: EchoMQ) -> None:
+    """What the task would return on resuming, done in the trigger: the summary (the flow
+    closed), or the values in spec order with the summary under ``flow``."""
+    from airflow.triggers.base import TaskSuccessEvent
+
+    ref = add_flow(client, barrier=True)  # as the operator adds: read and closed by a task
+    complete_all(client)
+    event = asyncio.run(first_event(trigger_for(ref, end_from_trigger=True, close_flow=True)))
+    assert isinstance(event, TaskSuccessEvent)
+    summary = event.xcoms["return_value"]
+    assert (summary["parent_id"], summary["state"], summary["processed"]) == (
+        ref.parent_id,
+        "closed",
+        2,
+    )
+    assert client.snapshot(QUEUE, ref.parent_id).parent_state == "closed"
+
+    ref = add_flow(client, barrier=True)
+    complete_all(client)
+    trigger = trigger_for(ref, end_from_trigger=True, return_values=True)
+    event = asyncio.run(first_event(trigger))
+    assert event.xcoms["return_value"] == [10, 20]  # spec order
+    assert event.xcoms["flow"]["state"] == "released"  # close_flow=False: left released
+    # a failure is not ended here: the task resumes to raise it (retries, callbacks, soft_fail)
+    failing = add_flow(client, [Child({"n": 1}, max_attempts=1)])
+    queue = client.queue(QUEUE)
+    [job] = queue.claim(1)
+    queue.fail(job, "boom")
+    event = asyncio.run(first_event(trigger_for(failing, end_from_trigger=True)))
+    assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "failed"
 
 
 def test_no_event_while_children_outstanding(client: EchoMQ) -> None:

@@ -144,6 +144,14 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
     :param close_flow: with ``wait_for_completion``: as the sensor's (default True).
     :param cancel_on_failure: with ``wait_for_completion``: cancel the flow when the wait
         fails, times out or the task is killed while waiting (default True).
+    :param end_from_trigger: deferred, let the trigger end the task once the flow is released
+        (its reads, ``close_flow`` and the XCom done there) instead of resuming it on a
+        worker: a scheduling round less, and no spurious failure when the flow is released
+        within seconds of deferring (an Airflow 3.2/3.3 race, see
+        :meth:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger._end`). Default None: yes,
+        unless plugins registered listeners (OpenLineage does; Airflow refuses a DAG whose
+        task sets ``end_from_trigger=True`` beside listeners, which would not run). A
+        failure, a timeout or a lost server still resume on a worker.
     """
 
     #: "EchoMQ flow" on the task instance: the flow's page in the dashboard the plugin
@@ -185,6 +193,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         max_values: int = 1024,
         close_flow: bool = True,
         cancel_on_failure: bool = True,
+        end_from_trigger: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -214,6 +223,12 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         self.max_values = check_int("max_values", max_values, 1)
         self.close_flow = close_flow
         self.cancel_on_failure = cancel_on_failure
+        if end_from_trigger is not None and not isinstance(end_from_trigger, bool):
+            raise InvalidInput(
+                f"{self.task_id}: end_from_trigger must be True, False or None, got "
+                f"{end_from_trigger!r}"
+            )
+        self.end_from_trigger = end_from_trigger
         self._init_waiting()
         self._ref: tuple[str, str] | None = None
         self.parent_queue = parent_queue

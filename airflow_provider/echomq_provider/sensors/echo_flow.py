@@ -76,7 +76,8 @@ from .._compat import AirflowFailException, AirflowSkipException, conf
 from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowSensorLink
-from ..waiting import FLOW_KEY, FlowWaiting
+from ..summary import FLOW_KEY
+from ..waiting import FlowWaiting
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -105,6 +106,14 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
         cleared sensor still read a closed flow until that retention ends.
     :param cancel_on_failure: cancel the flow when the sensor fails, times out or is killed
         (default True).
+    :param end_from_trigger: deferred, let the trigger end the task once the flow is released
+        (its reads, ``close_flow`` and the XCom done there) instead of resuming it on a
+        worker: a scheduling round less, and no spurious failure when the flow is released
+        within seconds of deferring (an Airflow 3.2/3.3 race, see
+        :meth:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger._end`). Default None: yes,
+        unless plugins registered listeners (OpenLineage does; Airflow refuses a DAG whose
+        task sets ``end_from_trigger=True`` beside listeners, which would not run). A
+        failure, a timeout or a lost server still resume on a worker.
     """
 
     #: "EchoMQ flow" on the task instance: the flow's page in the dashboard the plugin
@@ -127,6 +136,7 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
         max_values: int = 1024,
         close_flow: bool = True,
         cancel_on_failure: bool = True,
+        end_from_trigger: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
@@ -148,6 +158,12 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
         self.max_values = check_int("max_values", max_values, 1)
         self.close_flow = close_flow
         self.cancel_on_failure = cancel_on_failure
+        if end_from_trigger is not None and not isinstance(end_from_trigger, bool):
+            raise InvalidInput(
+                f"{self.task_id}: end_from_trigger must be True, False or None, got "
+                f"{end_from_trigger!r}"
+            )
+        self.end_from_trigger = end_from_trigger
         # Read at DAG-parse time, not import time, so the setting in force is the one used.
         self.deferrable = (
             conf.getboolean("operators", "default_deferrable", fallback=False)

@@ -40,25 +40,23 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
+from echomq_core import AsyncEchoMQ, EchoMQError
 
 from .._compat import atask_state
 from ..hooks.echomq import EchoMQHook
+from ..summary import (
+    FLOW_KEY,
+    MAX_REPORTED,
+    PROGRESS_EVERY,
+    progress_line,
+    released_line,
+    summary_of,
+    values_in_order,
+)
 
-#: The most failed children an event names (the rest are counted): events live in the DB.
-MAX_REPORTED = 20
-#: The most seconds between two progress lines.
-PROGRESS_EVERY = 30.0
-
-
-def progress_line(snap: FlowSnapshot) -> str:
-    """``Flow <id>: settled k of N (processed p, ignored i, failed f)``."""
-    return (
-        f"Flow {snap.parent_id}: settled {snap.settled} of {snap.total} (processed "
-        f"{snap.processed}, ignored {snap.ignored}, failed {snap.failed})"
-    )
+__all__ = ["MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
 
 
 class EchoFlowTrigger(BaseTrigger):
@@ -71,6 +69,12 @@ class EchoFlowTrigger(BaseTrigger):
     :param poll_interval: seconds between reads.
     :param timeout_at: epoch seconds after which a ``timeout`` event fires (None: never).
     :param cancel_on_kill: cancel the flow when the task is marked failed while deferred.
+    :param end_from_trigger: on success, end the task here (``TaskSuccessEvent`` carrying its
+        XCom) instead of resuming it on a worker: the reads, ``close_flow`` and the summary are
+        done with the async client.
+    :param return_values: with ``end_from_trigger``: the XCom is the values (the summary goes
+        to the key ``flow``), as the task's own ``return_values``.
+    :param close_flow: with ``end_from_trigger``: close a released barrier flow.
     """
 
     def __init__(
@@ -83,6 +87,9 @@ class EchoFlowTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         timeout_at: float | None = None,
         cancel_on_kill: bool = True,
+        end_from_trigger: bool = False,
+        return_values: bool = False,
+        close_flow: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger is untyped
         self.queue = queue
@@ -92,6 +99,9 @@ class EchoFlowTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.timeout_at = None if timeout_at is None else float(timeout_at)
         self.cancel_on_kill = bool(cancel_on_kill)
+        self.end_from_trigger = bool(end_from_trigger)
+        self.return_values = bool(return_values)
+        self.close_flow = bool(close_flow)
         self._client: AsyncEchoMQ | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -105,6 +115,9 @@ class EchoFlowTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "timeout_at": self.timeout_at,
                 "cancel_on_kill": self.cancel_on_kill,
+                "end_from_trigger": self.end_from_trigger,
+                "return_values": self.return_values,
+                "close_flow": self.close_flow,
             },
         )
 
@@ -113,15 +126,54 @@ class EchoFlowTrigger(BaseTrigger):
         # yields, the triggerer may never resume the generator, so nothing must stay open
         # across the yield. Cancellation (the task was cleared, the triggerer moved it) runs
         # the ``finally`` too.
+        ended: TriggerEvent | None = None
         try:
             event = await self._wait()
+            if event["status"] == "success" and self.end_from_trigger:
+                ended = await self._end(event)
         except asyncio.CancelledError:
             if self.cancel_on_kill:
                 await self._cancel_if_marked_failed()
             raise
         finally:
             await self.cleanup()
-        yield TriggerEvent(event)  # type: ignore[no-untyped-call]
+        yield ended or TriggerEvent(event)  # type: ignore[no-untyped-call]
+
+    async def _end(self, event: dict[str, Any]) -> TriggerEvent | None:
+        """The task's success, ended here: what the waiting task would return on resuming,
+        as its XCom. None (resume on a worker, which does the same) when a read fails.
+
+        Ending here is also what keeps a fast flow from failing the task: when the trigger
+        fires before the scheduler has taken the deferring process's exit, Airflow (3.2, 3.3)
+        sees that stale "success" of a task it has re-queued and fails it as changed
+        externally; a task the triggerer ended is already a success."""
+        assert self._client is not None
+        client, queue, parent_id = self._client, self.queue, self.parent_id
+        try:
+            snap = await client.snapshot(queue, parent_id)
+            values = None
+            if self.return_values:
+                pairs = (await client.children_values(queue, parent_id)).items()
+                values = values_in_order(parent_id, snap.total, pairs)
+            ignored = await client.ignored_failures(queue, parent_id)
+            if self.close_flow and snap.parent_state == "released":
+                state = await client.close_flow(queue, parent_id)
+                self.log.info("Flow %s %s: its retention runs from now", parent_id, state)
+                snap = await client.snapshot(queue, parent_id)
+        except EchoMQError as exc:
+            self.log.warning(
+                "Flow %s released, but not read here (%s: %s): the task resumes to read it",
+                parent_id,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        summary = summary_of(snap, ignored)
+        self.log.info("%s", released_line(snap))
+        xcoms: dict[str, Any] = {"return_value": summary}
+        if self.return_values:
+            xcoms = {"return_value": values, FLOW_KEY: summary}
+        return TaskSuccessEvent(xcoms=xcoms)
 
     async def cleanup(self) -> None:
         """Close the client if one is open (idempotent; Airflow calls it on every exit)."""
