@@ -64,6 +64,7 @@ __all__ = [
     "AirflowSensorTimeout",
     "AirflowSkipException",
     "aextra_dejson",
+    "aset_xcom",
     "atask_state",
     "conf",
     "determine_kwargs",
@@ -152,6 +153,26 @@ def _state_of(reply: Any, run_id: str, task_id: str, map_index: int | None) -> s
     name = task_id if map_index is None or map_index < 0 else f"{task_id}_{map_index}"
     state = states.get(run_id, {}).get(name)
     return "none" if state is None and name in states.get(run_id, {}) else state and str(state)
+
+
+async def aset_xcom(ti: Any, key: str, value: Any) -> None:
+    """Store a task's XCom from the triggerer's event loop, serialised as the task itself
+    would (the XCom backend's ``serialize_value``, then ``SetXCom`` to the supervisor). Not
+    ``TaskSuccessEvent(xcoms=...)``: on 3.3 that path stores the value JSON-encoded once
+    more, and the downstream task reads a string. Raises when the channel refuses."""
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import SetXCom
+    from airflow.sdk.execution_time.xcom import XCom
+
+    map_index = -1 if ti.map_index is None else ti.map_index
+    ident = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id}
+    stored = XCom.serialize_value(value=value, key=key, map_index=map_index, **ident)
+    request = SetXCom(key=key, value=stored, map_index=map_index, **ident)
+    comms = task_runner.SUPERVISOR_COMMS
+    if hasattr(comms, "asend"):
+        await comms.asend(request)
+    else:  # Airflow 3.1 / 3.2: the sync channel, off the event loop
+        await asyncio.to_thread(comms.send, request)
 
 
 def task_state(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str | None:

@@ -44,7 +44,7 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from echomq_core import AsyncEchoMQ, EchoMQError
 
-from .._compat import atask_state
+from .._compat import aset_xcom, atask_state
 from ..hooks.echomq import EchoMQHook
 from ..summary import (
     FLOW_KEY,
@@ -173,7 +173,18 @@ class EchoFlowTrigger(BaseTrigger):
         xcoms: dict[str, Any] = {"return_value": summary}
         if self.return_values:
             xcoms = {"return_value": values, FLOW_KEY: summary}
-        return TaskSuccessEvent(xcoms=xcoms)
+        ti = getattr(self, "task_instance", None)
+        if ti is None:  # run outside a triggerer (tests): the event carries them
+            return TaskSuccessEvent(xcoms=xcoms)
+        try:
+            for key, value in xcoms.items():
+                await aset_xcom(ti, key, value)
+        except Exception as exc:  # a task that resumes stores them itself
+            self.log.warning(
+                "Could not store the XCom here (%s: %s): the task resumes", type(exc).__name__, exc
+            )
+            return None
+        return TaskSuccessEvent()
 
     async def cleanup(self) -> None:
         """Close the client if one is open (idempotent; Airflow calls it on every exit)."""
