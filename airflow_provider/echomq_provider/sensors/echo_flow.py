@@ -35,7 +35,9 @@ Modes, all with the same outcome:
 * ``reschedule`` - one poll per run; the slot is freed between polls.
 * deferrable (``deferrable=True``; default ``[operators] default_deferrable``) - one poll, then
   :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger` polls in the triggerer with
-  the async client, at least once a second, and the slot is freed until it fires.
+  the async client, at least once a second, and the slot is freed until it fires. On a
+  release the trigger ends the task itself (``end_from_trigger``; default: unless plugins
+  registered listeners): no worker resumes it.
 
 Progress: every mode logs ``settled k of N (processed, ignored, failed)`` at INFO, at most
 every 30 s (:data:`~echomq_provider.triggers.echo_flow.PROGRESS_EVERY`).

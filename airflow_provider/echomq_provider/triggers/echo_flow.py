@@ -2,7 +2,14 @@
 
 It polls one flow with the async client until the flow settles, then fires one event and
 ends. The event is small on purpose (it is stored in the metadata DB): a status and counts.
-The children's results are read by the sensor when it resumes on a worker, not carried here.
+
+On success with ``end_from_trigger`` (the waiting task's default unless plugins registered
+listeners), the trigger ends the task itself: it does the reads the task would do on resuming
+(the summary, or the values with ``return_values``) and ``close_flow`` with the async client,
+stores the task's XCom and yields ``TaskSuccessEvent``; no worker resumes the task. Should a
+read or the XCom store fail, it yields the normal event below and the task resumes on a
+worker, which does the same. Without ``end_from_trigger`` the results are read by the task
+when it resumes, not carried in the event.
 
 ==============  ===========================================================================
 ``status``      the event also holds
