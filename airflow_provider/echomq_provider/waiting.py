@@ -24,12 +24,14 @@ from echomq_core import (
     InvalidInput,
     ParentFailed,
 )
+from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
 
 from ._compat import (
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
+    conf,
     listeners_registered,
     task_state,
 )
@@ -60,20 +62,52 @@ _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for
 
 
 class FlowWaiting(_Base):
-    """Mixin of the tasks that wait on a flow. The task's ``__init__`` sets the options
-    (``return_values``, ``max_values``, ``close_flow``, ``cancel_on_failure``,
-    ``end_from_trigger``, ``echomq_conn_id``, ``prefix``) and calls :meth:`_init_waiting`; it
-    says which flow by :meth:`_flow_ref`."""
+    """Mixin of the tasks that wait on a flow. The task's ``__init__`` sets ``echomq_conn_id``
+    and ``prefix`` and hands the waiting options to :meth:`_init_waiting`, which checks and
+    sets them; it says which flow by :meth:`_flow_ref`."""
 
     return_values: bool
     max_values: int
     close_flow: bool
     cancel_on_failure: bool
     end_from_trigger: bool | None
+    deferrable: bool
     echomq_conn_id: str
     prefix: str | None
 
-    def _init_waiting(self) -> None:
+    def _init_waiting(
+        self,
+        *,
+        deferrable: bool | None,
+        return_values: bool,
+        max_values: int,
+        close_flow: bool,
+        cancel_on_failure: bool,
+        end_from_trigger: bool | None,
+    ) -> None:
+        for name, value in (
+            ("return_values", return_values),
+            ("close_flow", close_flow),
+            ("cancel_on_failure", cancel_on_failure),
+        ):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {value!r}")
+        for name, maybe in (("deferrable", deferrable), ("end_from_trigger", end_from_trigger)):
+            if maybe is not None and not isinstance(maybe, bool):
+                raise InvalidInput(
+                    f"{self.task_id}: {name} must be True, False or None, got {maybe!r}"
+                )
+        self.return_values = return_values
+        self.max_values = check_int("max_values", max_values, 1)
+        self.close_flow = close_flow
+        self.cancel_on_failure = cancel_on_failure
+        self.end_from_trigger = end_from_trigger
+        # Read at DAG-parse time, not import time, so the setting in force is the one used.
+        self.deferrable = (
+            conf.getboolean("operators", "default_deferrable", fallback=False)
+            if deferrable is None
+            else deferrable
+        )
         self._hook: EchoMQHook | None = None
         self._last_progress: float | None = None
         self._ti_for_kill: Any = None  # the running task instance, for on_kill

@@ -127,6 +127,8 @@ def test_a_waiting_task_that_gives_up_cancels_its_flow(
         ({"wait_timeout": -1}, "wait_timeout must be"),
         ({"return_values": 1}, "return_values must be True or False"),
         ({"max_values": 0}, "max_values"),
+        ({"deferrable": "no"}, "deferrable must be True, False or None"),
+        ({"end_from_trigger": 1}, "end_from_trigger must be True, False or None"),
         ({"children": None}, "children is required"),
     ],
 )
@@ -134,10 +136,16 @@ def test_bad_waiting_options_are_refused_when_the_dag_is_parsed(
     airflow_db: Path, kwargs: dict[str, Any], named: str
 ) -> None:
     from echomq_provider.operators.echo_flow import EchoFlowOperator
+    from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
     args: dict[str, Any] = {"task_id": "fan_out", "parent_queue": "q", "children": [1]}
     with pytest.raises(InvalidInput, match=named):
         EchoFlowOperator(**{**args, **kwargs})
+    # the sensor shares the waiting options and their checks (FlowWaiting._init_waiting)
+    if not {"wait_for_completion", "poll_interval", "wait_timeout", "children"} & set(kwargs):
+        sensor_args: dict[str, Any] = {"task_id": "wait", "parent_queue": "q", "parent_id": "p"}
+        with pytest.raises(InvalidInput, match=named):
+            EchoFlowSensor(**{**sensor_args, **kwargs})
 
 
 def test_the_decorator_is_registered_with_airflow(airflow_db: Path) -> None:

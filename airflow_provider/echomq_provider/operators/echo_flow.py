@@ -76,10 +76,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from echomq_core import FlowConflict, FlowRef, InvalidInput
-from echomq_core.checks import check_int, check_seconds
+from echomq_core.checks import check_seconds
 from echomq_core.keyspace import check_queue
 
-from .._compat import AirflowFailException, AirflowSkipException, conf
+from .._compat import AirflowFailException, AirflowSkipException
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowLink
@@ -199,37 +199,26 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         super().__init__(**kwargs)
         if children is None and not self._children_from_callable:
             raise InvalidInput(f"{self.task_id}: children is required")
-        for name, value in (
-            ("wait_for_completion", wait_for_completion),
-            ("return_values", return_values),
-            ("close_flow", close_flow),
-            ("cancel_on_failure", cancel_on_failure),
-        ):
-            if not isinstance(value, bool):
-                raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {value!r}")
+        if not isinstance(wait_for_completion, bool):
+            raise InvalidInput(
+                f"{self.task_id}: wait_for_completion must be True or False, got "
+                f"{wait_for_completion!r}"
+            )
         if isinstance(wait_timeout, timedelta):
             wait_timeout = wait_timeout.total_seconds()
         self.wait_for_completion = wait_for_completion
-        self.deferrable = (
-            conf.getboolean("operators", "default_deferrable", fallback=False)
-            if deferrable is None
-            else deferrable
-        )
         self.poll_interval = check_seconds("poll_interval", poll_interval, 0.001, 3600)
         self.wait_timeout = (
             None if wait_timeout is None else check_seconds("wait_timeout", wait_timeout, 0.001)
         )
-        self.return_values = return_values
-        self.max_values = check_int("max_values", max_values, 1)
-        self.close_flow = close_flow
-        self.cancel_on_failure = cancel_on_failure
-        if end_from_trigger is not None and not isinstance(end_from_trigger, bool):
-            raise InvalidInput(
-                f"{self.task_id}: end_from_trigger must be True, False or None, got "
-                f"{end_from_trigger!r}"
-            )
-        self.end_from_trigger = end_from_trigger
-        self._init_waiting()
+        self._init_waiting(
+            deferrable=deferrable,
+            return_values=return_values,
+            max_values=max_values,
+            close_flow=close_flow,
+            cancel_on_failure=cancel_on_failure,
+            end_from_trigger=end_from_trigger,
+        )
         self._ref: tuple[str, str] | None = None
         self.parent_queue = parent_queue
         self.children = children

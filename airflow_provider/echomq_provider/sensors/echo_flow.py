@@ -72,9 +72,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from echomq_core import InvalidInput
-from echomq_core.checks import check_int
 
-from .._compat import AirflowFailException, AirflowSkipException, conf
+from .._compat import AirflowFailException, AirflowSkipException
 from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowSensorLink
@@ -144,35 +143,19 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
         super().__init__(poke_interval=poke_interval, **kwargs)
         if flow is None and (parent_queue is None or parent_id is None):
             raise InvalidInput(f"{self.task_id}: give flow, or both parent_queue and parent_id")
-        for name, value in (
-            ("return_values", return_values),
-            ("close_flow", close_flow),
-            ("cancel_on_failure", cancel_on_failure),
-        ):
-            if not isinstance(value, bool):
-                raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {value!r}")
         self.flow = flow
         self.parent_queue = parent_queue
         self.parent_id = parent_id
         self.echomq_conn_id = echomq_conn_id
         self.prefix = prefix
-        self.return_values = return_values
-        self.max_values = check_int("max_values", max_values, 1)
-        self.close_flow = close_flow
-        self.cancel_on_failure = cancel_on_failure
-        if end_from_trigger is not None and not isinstance(end_from_trigger, bool):
-            raise InvalidInput(
-                f"{self.task_id}: end_from_trigger must be True, False or None, got "
-                f"{end_from_trigger!r}"
-            )
-        self.end_from_trigger = end_from_trigger
-        # Read at DAG-parse time, not import time, so the setting in force is the one used.
-        self.deferrable = (
-            conf.getboolean("operators", "default_deferrable", fallback=False)
-            if deferrable is None
-            else deferrable
+        self._init_waiting(
+            deferrable=deferrable,
+            return_values=return_values,
+            max_values=max_values,
+            close_flow=close_flow,
+            cancel_on_failure=cancel_on_failure,
+            end_from_trigger=end_from_trigger,
         )
-        self._init_waiting()
 
     # -- modes ----------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
