@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
 from . import flows, lifecycle, ops, retention
@@ -226,10 +226,18 @@ class EchoMQ(_Base):
         it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
         way. See :mod:`echomq_core.lifecycle`.
         """
-        new, op = self._add_op(
-            queue, children, payload, parent_id, max_attempts, barrier, replace, self.unregistered
-        )
-        ref = self.perform(op)
+        with ops.gc_paused(len(children) if isinstance(children, Sized) else 0):
+            new, op = self._add_op(
+                queue,
+                children,
+                payload,
+                parent_id,
+                max_attempts,
+                barrier,
+                replace,
+                self.unregistered,
+            )
+            ref = self.perform(op)
         self._registered.update(new)
         return ref
 
@@ -394,9 +402,11 @@ class AsyncEchoMQ(_Base):
         replace: bool = False,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
-        _, op = self._add_op(
-            queue, children, payload, parent_id, max_attempts, barrier, replace, sorted
-        )
+        with ops.gc_paused(len(children) if isinstance(children, Sized) else 0):
+            # the planning only: a pause across the await would hold for the loop's other tasks
+            _, op = self._add_op(
+                queue, children, payload, parent_id, max_attempts, barrier, replace, sorted
+            )
         return await self.connection.perform(op)
 
     async def close_flow(self, queue: str, parent_id: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -127,6 +127,10 @@ class Queue:
         """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
+        with ops.gc_paused(len(jobs) if isinstance(jobs, Sized) else 0):
+            return self._add_bulk(jobs)
+
+    def _add_bulk(self, jobs: Iterable[Any]) -> list[str]:
         rows: list[tuple[str, bytes, int, int, int, int | None]] = []
         check = False
         encode, attempts_default = self.client.encode, self.max_attempts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from echomq_core import (
     Worker,
 )
 from echomq_core import flows as flow_ops
+from echomq_core.ops import GC_PAUSE_AT, gc_paused
 
 from .conftest import Backend
 from .flowkit import keys_of, run_steps, work_off
@@ -316,6 +318,54 @@ def test_add_costs_two_round_trips(backend: Backend, prefix: str) -> None:
     assert len(calls) == 2, calls  # hold, then every landing (+ registry) in one pipeline
     assert calls == [1, 3]  # the registry, then 500 children per script call, per queue
     mq.close()
+
+
+def test_big_adds_build_without_garbage_collections(
+    mq: EchoMQ, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bulk call of GC_PAUSE_AT items or more pauses the cyclic collector while it builds
+    (echomq_core.ops.gc_paused): at most the one collection due when the pause ends."""
+    from echomq_core import ops
+
+    started: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    def collections_during(call: Any) -> int:
+        gc.collect()
+        started.clear()
+        gc.callbacks.append(count)
+        try:
+            call()
+        finally:
+            gc.callbacks.remove(count)
+        return len(started)
+
+    children = [[Child(i, queue="c") for i in range(20_000)] for _ in range(2)]
+    jobs = [list(range(20_000)) for _ in range(2)]
+    paused = collections_during(lambda: mq.add_flow("p", children[0], parent_id="JOB-a"))
+    paused_bulk = collections_during(lambda: mq.queue("c").add_bulk(jobs[0]))
+    monkeypatch.setattr(ops, "GC_PAUSE_AT", 10**9)  # the same calls, never paused
+    unpaused = collections_during(lambda: mq.add_flow("p", children[1], parent_id="JOB-b"))
+    unpaused_bulk = collections_during(lambda: mq.queue("c").add_bulk(jobs[1]))
+    assert paused <= 1 and paused_bulk <= 1 and unpaused > 5 and unpaused_bulk > 5, (
+        paused,
+        paused_bulk,
+        unpaused,
+        unpaused_bulk,
+    )
+    assert gc.isenabled()
+    assert mq.snapshot("p", "JOB-a").total == 20_000
+    # a collector the caller turned off stays off
+    gc.disable()
+    try:
+        with gc_paused(GC_PAUSE_AT):
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_named_refs_and_pump_gives_up_leases_on_stop(mq: EchoMQ) -> None:

@@ -69,7 +69,7 @@ is, so the task's ``retries`` apply.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,7 @@ from airflow.sdk import BaseOperator
 from echomq_core import FlowConflict, FlowRef, InvalidInput
 from echomq_core.checks import check_seconds
 from echomq_core.keyspace import check_queue
+from echomq_core.ops import gc_paused
 
 from .._compat import AirflowFailException, AirflowSkipException
 from ..flow_specs import parent_id_for, to_children
@@ -316,29 +317,31 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         ti = context["ti"]
         parent_id = self._parent_id(context)
         hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
+        size = len(self.children) if isinstance(self.children, Sized) else 0
         try:
             try:
-                children = to_children(
-                    self.children,
-                    default_queue=self.child_queue,
-                    default_max_attempts=self.child_max_attempts,
-                    default_timeout=self.child_timeout,
-                    parent_id=parent_id,
-                )
-                if not children:  # a flow needs a child; an empty plan skips, as .expand()
-                    raise AirflowSkipException(
-                        f"no children for flow {parent_id}: nothing to fan out (the tasks "
-                        "waiting on this one are skipped too)"
+                with gc_paused(size):  # the specs and the add: see echomq_core.ops.gc_paused
+                    children = to_children(
+                        self.children,
+                        default_queue=self.child_queue,
+                        default_max_attempts=self.child_max_attempts,
+                        default_timeout=self.child_timeout,
+                        parent_id=parent_id,
                     )
-                ref = hook.get_conn().add_flow(
-                    self.parent_queue,
-                    children,
-                    payload=self.payload,
-                    parent_id=parent_id,
-                    max_attempts=self.max_attempts,
-                    barrier=self.barrier,
-                    replace=self.on_conflict == "replace",
-                )
+                    if not children:  # a flow needs a child; an empty plan skips, as .expand()
+                        raise AirflowSkipException(
+                            f"no children for flow {parent_id}: nothing to fan out (the tasks "
+                            "waiting on this one are skipped too)"
+                        )
+                    ref = hook.get_conn().add_flow(
+                        self.parent_queue,
+                        children,
+                        payload=self.payload,
+                        parent_id=parent_id,
+                        max_attempts=self.max_attempts,
+                        barrier=self.barrier,
+                        replace=self.on_conflict == "replace",
+                    )
             except FlowConflict as exc:
                 raise AirflowFailException(
                     f"cannot add flow {parent_id}: {exc} (the children differ from the flow "
