@@ -33,6 +33,10 @@ FLOW_QUEUE = "echomq/queue"
 FLOW_PARENT_ID = "echomq/parent_id"
 #: Materialization metadata of a partitioned asset: {partition key: parent id} (one flow each).
 FLOW_PARTITIONS = "echomq/flows"
+#: How EchoMQResource.add_flow logs a barrier flow it added inside a run (then the flow's
+#: ``{"queue": ..., "parent_id": ...}`` as JSON): the cancel sensors find in the run's event
+#: log the flows of a step that failed before its output was stored.
+ADDED_LOG_PREFIX = "EchoMQ flow added: "
 #: How many child ids (with their errors) metadata and errors show at most.
 SHOWN_CHILDREN = 20
 

@@ -37,6 +37,7 @@ starts one thread for the first and stops it with the last.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ from dagster import (
     AssetExecutionContext,
     Config,
     ConfigurableResource,
+    DagsterLogManager,
     InitResourceContext,
     OpExecutionContext,
 )
@@ -57,6 +59,7 @@ from echomq_core.options import PumpOptions, describe
 from echomq_core.urls import flow_page
 
 from .pumps import _PumpShare
+from .reading import ADDED_LOG_PREFIX
 
 #: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``).
 _ID_TAIL_MAX = 200
@@ -210,10 +213,12 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
     _client: EchoMQ | None = PrivateAttr(default=None)
     _pump: Pump | None = PrivateAttr(default=None)
     _pump_key: tuple[Any, ...] | None = PrivateAttr(default=None)
+    _log: DagsterLogManager | None = PrivateAttr(default=None)
 
     # -- lifecycle ------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._client = self.open_client()
+        self._log = context.log
         if not self.run_pump or self.pump_queues is None:
             return  # Pumps start per wait, for the queues of the flow waited on
         queues = list(self.pump_queues)
@@ -238,7 +243,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
                         f"{self.pump_stop_timeout}s; it exits after its current tick"
                     )
         finally:
-            self._pump, self._pump_key = None, None
+            self._pump, self._pump_key, self._log = None, None, None
             if self._client is not None:
                 self._client.close()
                 self._client = None
@@ -287,6 +292,10 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         re-add repairs it (``retry_flow``: dead and cancelled children run again, completed
         ones keep their values) unless ``repair`` is off. ``barrier`` (True): the flow is read
         by a downstream asset, not run by a worker; the IO manager closes it once read.
+
+        Inside a run, a barrier flow is logged (INFO, ``EchoMQ flow added: {...}``) as soon as
+        it is added: should the run fail before anything reads it - even in this very step,
+        before its output is stored - ``echomq_cancel_sensors`` find it there and cancel it.
         """
         ref = self.client.add_flow(
             queue,
@@ -296,6 +305,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             max_attempts=max_attempts,
             barrier=barrier,
         )
+        if barrier and self._log is not None:
+            added = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
+            self._log.info(f"{ADDED_LOG_PREFIX}{added}")
         if (
             repair
             and parent_id is not None

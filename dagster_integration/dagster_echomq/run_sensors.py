@@ -6,8 +6,9 @@ Using::
 
 Two run status sensors (a run failure sensor, and one for CANCELED runs) that, for every run
 of the code location that fails or is terminated, read the flows its materializations stored
-(the ``echomq/...`` metadata the IO manager records) and cancel each one that has not been
-read (closed) or settled otherwise, with the reason ``dagster run <id> failed`` (or
+(the ``echomq/...`` metadata the IO manager records) and the barrier flows its steps added
+(``EchoMQResource.add_flow`` logs each one), and cancel each one that has not been read
+(closed) or settled otherwise, with the reason ``dagster run <id> failed`` (or
 ``... was terminated``). Nothing of those flows that has not started then starts, for a run
 that will not read it. Re-executing the run from failure repairs a cancelled flow (the IO
 manager's ``repair_on_reexecution``), so cancelling loses nothing.
@@ -18,17 +19,20 @@ step (the downstream never started) has nobody waiting for it. Why they are opt-
 them out of the Definitions): a flow read by a sensor-launched run rather than by the run that
 added it must outlive the failure of an unrelated step of that run.
 
-A flow added by a step that failed before its output was stored is not known to Dagster;
-it expires with its queue's ``unclosed`` retention.
+A flow added by a step that failed before its output was stored is found through the line
+``EchoMQResource.add_flow`` logged for it (``EchoMQ flow added: {...}``, INFO), so it is
+cancelled too. Not found: a flow added with the client itself (``echomq.client.add_flow``) or
+outside a run, and one whose line was not stored (a run whose log level is above INFO); those
+expire with their queue's ``unclosed`` retention.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from dagster import (
-    DagsterEventType,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunFailureSensorContext,
@@ -40,7 +44,13 @@ from dagster import (
 
 from echomq_core import EchoMQ, FlowRef
 
-from .reading import FLOW_PARENT_ID, FLOW_PARTITIONS, FLOW_QUEUE, decode_partitions
+from .reading import (
+    ADDED_LOG_PREFIX,
+    FLOW_PARENT_ID,
+    FLOW_PARTITIONS,
+    FLOW_QUEUE,
+    decode_partitions,
+)
 from .resource import EchoMQResource
 
 
@@ -79,11 +89,17 @@ def cancel_run_flows(context: RunStatusSensorContext, echomq: EchoMQResource, wh
     """Cancel the unread flows the run's materializations stored; how many were cancelled."""
     run_id = context.dagster_run.run_id
     flows: dict[tuple[str, str], FlowRef] = {}
-    for entry in context.instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+    # one read of the run's event log: its materializations and the resource's "added" lines
+    for entry in context.instance.all_logs(run_id):
         event = entry.asset_materialization
         if event is not None:
-            for flow in _flows_of(event.metadata):
-                flows[(flow.queue, flow.parent_id)] = flow
+            found = _flows_of(event.metadata)
+        elif entry.dagster_event is None and entry.user_message.startswith(ADDED_LOG_PREFIX):
+            found = _flow_added(entry.user_message)
+        else:
+            continue
+        for flow in found:
+            flows[(flow.queue, flow.parent_id)] = flow
     cancelled = 0
     with echomq.open_client() as client:
         for flow in flows.values():
@@ -103,6 +119,14 @@ def _cancel_unread(
     state = client.cancel_flow(flow.queue, flow.parent_id, reason=reason).state
     context.log.info(f"EchoMQ flow {flow.parent_id} in {flow.queue!r}: {state} ({reason})")
     return 1
+
+
+def _flow_added(message: str) -> list[FlowRef]:
+    try:
+        added = json.loads(message[len(ADDED_LOG_PREFIX) :])
+        return [FlowRef(str(added["queue"]), str(added["parent_id"]))]
+    except (ValueError, TypeError, KeyError):
+        return []  # a line that only looks like ours
 
 
 def _flows_of(metadata: Mapping[str, Any]) -> list[FlowRef]:

@@ -317,3 +317,52 @@ def test_the_cancel_sensor_cancels_what_a_failed_run_left_unread(
         assert snap.outcome == "cancelled"
         assert snap.error == f"dagster run {result.run_id} failed"
         assert mq.queue(CHILD).stats()["pending"] == 0  # its children will never start
+
+
+@pytest.mark.onlystandalone
+def test_the_cancel_sensor_cancels_a_flow_whose_step_failed_before_storing_it(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    """A step added a barrier flow, then failed: no output, no materialization, only the line
+    the resource logged. The run failure sensor finds the flow there and cancels it; a
+    worker-run flow (barrier=False) the same step added is left alone."""
+    from dagster import DagsterRunStatus, build_run_status_sensor_context
+    from dagster_echomq import echomq_cancel_sensors
+
+    url = client_url(backend)
+    added: dict[str, FlowRef] = {}
+
+    @asset
+    def fan_then_fail(context: AssetExecutionContext, echomq: EchoMQResource) -> None:
+        parent_id = echomq.run_scoped_id(context)
+        children = [Child({"n": i}, queue=CHILD) for i in range(3)]
+        added["barrier"] = echomq.add_flow(PARENT, children, parent_id=parent_id)
+        added["plain"] = echomq.add_flow(
+            PARENT, [Child({"n": 9}, queue=CHILD)], parent_id=f"{parent_id}.job", barrier=False
+        )
+        raise RuntimeError("the step fails after adding, before returning the flow")
+
+    result = materialize(
+        [fan_then_fail], resources=resources(url, prefix), instance=instance, raise_on_error=False
+    )
+    assert not result.success
+    flow, plain = added["barrier"], added["plain"]
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
+    failed_sensor, _ = echomq_cancel_sensors()
+    with EchoMQ(url, prefix=prefix) as mq:
+        assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "held"
+        with build_run_status_sensor_context(
+            sensor_name=failed_sensor.name,
+            dagster_event=event,
+            dagster_instance=instance,
+            dagster_run=run,
+            resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
+        ) as context:
+            failed_sensor(context.for_run_failure())
+        snap = mq.snapshot(flow.queue, flow.parent_id)
+        assert snap.outcome == "cancelled"
+        assert snap.error == f"dagster run {result.run_id} failed"
+        assert mq.snapshot(plain.queue, plain.parent_id).outcome not in ("cancelled",)
+        assert mq.queue(CHILD).stats()["pending"] == 1  # only the worker-run flow's child
