@@ -131,6 +131,35 @@ def test_end_from_trigger_ends_the_task_with_its_xcom(client: EchoMQ) -> None:
     assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "failed"
 
 
+def test_the_pause_shrinks_as_the_flow_nears_its_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """poll_interval at most; while children settle, the time the rest should take at the
+    rate seen since the last read, never under FAST_POLL; the deadline still caps it."""
+    from echomq_provider.triggers import echo_flow
+
+    from echomq_core import FlowSnapshot
+
+    clock = [100.0]
+    monkeypatch.setattr(echo_flow.time, "monotonic", lambda: clock[0])
+
+    def snap(settled: int, total: int = 1000) -> FlowSnapshot:
+        return FlowSnapshot("q", "JOB-p", "held", total, total - settled, settled, 0, 0)
+
+    trigger = EchoFlowTrigger(queue="q", parent_id="JOB-p", poll_interval=1.0)
+    assert trigger._next_sleep(snap(0)) == 1.0  # no rate yet
+    clock[0] += 1.0
+    assert trigger._next_sleep(snap(0)) == 1.0  # nothing settled: no rate
+    clock[0] += 1.0
+    assert trigger._next_sleep(snap(200)) == 1.0  # 200/s, 800 to go: 4 s, capped
+    clock[0] += 1.0
+    assert trigger._next_sleep(snap(900)) == pytest.approx(100 / 700)  # 700/s, 100 to go
+    clock[0] += 0.1
+    assert trigger._next_sleep(snap(999)) == echo_flow.FAST_POLL  # 1 to go at 990/s
+    timed = EchoFlowTrigger(
+        queue="q", parent_id="JOB-p", poll_interval=1.0, timeout_at=time.time() + 0.01
+    )
+    assert timed._next_sleep(snap(0)) <= 0.01
+
+
 def test_no_event_while_children_outstanding(client: EchoMQ) -> None:
     ref = add_flow(client)
 

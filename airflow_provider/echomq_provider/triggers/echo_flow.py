@@ -49,7 +49,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from echomq_core import AsyncEchoMQ, EchoMQError
+from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
 
 from .._compat import aset_xcom, atask_state
 from ..hooks.echomq import EchoMQHook
@@ -65,6 +65,9 @@ from ..summary import (
 
 __all__ = ["MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
 
+#: The shortest pause between two reads of a flow about to be released (see _next_sleep).
+FAST_POLL = 0.05
+
 
 class EchoFlowTrigger(BaseTrigger):
     """Fire once when the flow ``parent_id`` in ``queue`` is released or has failed.
@@ -73,7 +76,9 @@ class EchoFlowTrigger(BaseTrigger):
     :param parent_id: the parent's id.
     :param echomq_conn_id: the ``echomq`` connection (fetched asynchronously).
     :param prefix: key prefix, overriding the connection's.
-    :param poll_interval: seconds between reads.
+    :param poll_interval: seconds between reads, at most: while children settle, the pause
+        shrinks to the time the rest should take at the rate seen since the last read (down
+        to :data:`FAST_POLL`), so a release is noticed about when it happens.
     :param timeout_at: epoch seconds after which a ``timeout`` event fires (None: never).
     :param cancel_on_kill: cancel the flow when the task is marked failed while deferred.
     :param end_from_trigger: on success, end the task here (``TaskSuccessEvent`` carrying its
@@ -110,6 +115,7 @@ class EchoFlowTrigger(BaseTrigger):
         self.return_values = bool(return_values)
         self.close_flow = bool(close_flow)
         self._client: AsyncEchoMQ | None = None
+        self._last_read: tuple[float, int] | None = None  # (monotonic time, settled children)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -264,11 +270,22 @@ class EchoFlowTrigger(BaseTrigger):
                         self.log.warning("No %s (wrong id or prefix?); waiting", where)
                     else:
                         self.log.info("%s", progress_line(snap))
-                await asyncio.sleep(self._next_sleep())
+                await asyncio.sleep(self._next_sleep(snap))
         except EchoMQError as exc:
             return {"status": "error", "message": f"{where}: {type(exc).__name__}: {exc}"}
 
-    def _next_sleep(self) -> float:
+    def _next_sleep(self, snap: FlowSnapshot) -> float:
+        """``poll_interval``, shortened to the time the flow should take to settle at the
+        rate it settled since the last read (at least :data:`FAST_POLL`): a flow about to be
+        released is read again about when it is, not up to ``poll_interval`` later."""
+        pause = self.poll_interval
+        now, settled = time.monotonic(), snap.settled
+        if self._last_read is not None:
+            then, before = self._last_read
+            if settled > before and now > then:
+                rate = (settled - before) / (now - then)
+                pause = min(pause, max(FAST_POLL, snap.dependencies / rate))
+        self._last_read = (now, settled)
         if self.timeout_at is None:
-            return self.poll_interval
-        return max(0.0, min(self.poll_interval, self.timeout_at - time.time()))
+            return pause
+        return max(0.0, min(pause, self.timeout_at - time.time()))
