@@ -43,6 +43,26 @@ def fan_assets(children: Callable[[], list[Child]], reader: Callable[..., Any]) 
     return [fan, reader]
 
 
+def run_the_failure_sensor(result: Any, instance: DagsterInstance, url: str, prefix: str) -> None:
+    """Evaluate echomq_cancel_sensors' run failure sensor on the failed run ``result``."""
+    from dagster import DagsterRunStatus, build_run_status_sensor_context
+    from dagster_echomq import echomq_cancel_sensors
+
+    failed_sensor, terminated_sensor = echomq_cancel_sensors()
+    assert terminated_sensor.name == "echomq_cancel_terminated"
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
+    with build_run_status_sensor_context(
+        sensor_name=failed_sensor.name,
+        dagster_event=event,
+        dagster_instance=instance,
+        dagster_run=run,
+        resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
+    ) as context:
+        failed_sensor(context.for_run_failure())
+
+
 @pytest.mark.onlystandalone
 def test_ignored_and_failed_children_are_recorded_when_the_flow_settles(
     backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
@@ -280,9 +300,6 @@ def test_the_cancel_sensor_cancels_what_a_failed_run_left_unread(
 ) -> None:
     """The upstream stored its flow, another step of the run failed, nobody read the flow:
     the run failure sensor cancels it (children that have not started never start)."""
-    from dagster import DagsterRunStatus, build_run_status_sensor_context
-    from dagster_echomq import echomq_cancel_sensors
-
     url = client_url(backend)
 
     @asset
@@ -299,19 +316,7 @@ def test_the_cancel_sensor_cancels_what_a_failed_run_left_unread(
     )
     assert not result.success
     flow: FlowRef = result.output_for_node("fan")
-    failed_sensor, terminated_sensor = echomq_cancel_sensors()
-    assert terminated_sensor.name == "echomq_cancel_terminated"
-    run = instance.get_run_by_id(result.run_id)
-    assert run is not None and run.status == DagsterRunStatus.FAILURE
-    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
-    with build_run_status_sensor_context(
-        sensor_name=failed_sensor.name,
-        dagster_event=event,
-        dagster_instance=instance,
-        dagster_run=run,
-        resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
-    ) as context:
-        failed_sensor(context.for_run_failure())
+    run_the_failure_sensor(result, instance, url, prefix)
     with EchoMQ(url, prefix=prefix) as mq:
         snap = mq.snapshot(flow.queue, flow.parent_id)
         assert snap.outcome == "cancelled"
@@ -326,9 +331,6 @@ def test_the_cancel_sensor_cancels_a_flow_whose_step_failed_before_storing_it(
     """A step added a barrier flow, then failed: no output, no materialization, only the line
     the resource logged. The run failure sensor finds the flow there and cancels it; a
     worker-run flow (barrier=False) the same step added is left alone."""
-    from dagster import DagsterRunStatus, build_run_status_sensor_context
-    from dagster_echomq import echomq_cancel_sensors
-
     url = client_url(backend)
     added: dict[str, FlowRef] = {}
 
@@ -347,20 +349,9 @@ def test_the_cancel_sensor_cancels_a_flow_whose_step_failed_before_storing_it(
     )
     assert not result.success
     flow, plain = added["barrier"], added["plain"]
-    run = instance.get_run_by_id(result.run_id)
-    assert run is not None and run.status == DagsterRunStatus.FAILURE
-    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
-    failed_sensor, _ = echomq_cancel_sensors()
     with EchoMQ(url, prefix=prefix) as mq:
         assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "held"
-        with build_run_status_sensor_context(
-            sensor_name=failed_sensor.name,
-            dagster_event=event,
-            dagster_instance=instance,
-            dagster_run=run,
-            resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
-        ) as context:
-            failed_sensor(context.for_run_failure())
+        run_the_failure_sensor(result, instance, url, prefix)
         snap = mq.snapshot(flow.queue, flow.parent_id)
         assert snap.outcome == "cancelled"
         assert snap.error == f"dagster run {result.run_id} failed"

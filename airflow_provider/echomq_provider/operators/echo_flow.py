@@ -145,14 +145,8 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
     :param close_flow: with ``wait_for_completion``: as the sensor's (default True).
     :param cancel_on_failure: with ``wait_for_completion``: cancel the flow when the wait
         fails, times out or the task is killed while waiting (default True).
-    :param end_from_trigger: deferred, let the trigger end the task once the flow is released
-        (its reads, ``close_flow`` and the XCom done there) instead of resuming it on a
-        worker: a scheduling round less, and no spurious failure when the flow is released
-        within seconds of deferring (an Airflow 3.2/3.3 race, see
-        :meth:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger._end`). Default None: yes,
-        unless plugins registered listeners (OpenLineage does; Airflow refuses a DAG whose
-        task sets ``end_from_trigger=True`` beside listeners, which would not run). A
-        failure, a timeout or a lost server still resume on a worker.
+    :param end_from_trigger: with ``wait_for_completion`` and deferred: as the sensor's
+        (default None: the trigger ends the task unless plugins registered listeners).
     """
 
     #: "EchoMQ flow" on the task instance: the flow's page in the dashboard the plugin
