@@ -5,10 +5,15 @@ when it ends the task itself)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
-from echomq_core import FlowSnapshot
+from echomq_core import FlowSnapshot, flows
+from echomq_core.connection import Op
+from echomq_core.keyspace import Keyspace
+from echomq_core.models import Serializer
 
 from .flow_specs import child_label
 
@@ -19,6 +24,8 @@ FLOW_KEY = "flow"
 MAX_REPORTED = 20
 #: The most seconds between two progress lines.
 PROGRESS_EVERY = 30.0
+#: Results per HSCAN page when ``return_values`` reads a flow's values.
+VALUES_PAGE = 1000
 
 
 def progress_line(snap: FlowSnapshot) -> str:
@@ -27,6 +34,50 @@ def progress_line(snap: FlowSnapshot) -> str:
         f"Flow {snap.parent_id}: settled {snap.settled} of {snap.total} (processed "
         f"{snap.processed}, ignored {snap.ignored}, failed {snap.failed})"
     )
+
+
+def log_progress(log: logging.Logger | Any, snap: FlowSnapshot) -> None:
+    """The progress line at INFO, or a warning when there is no such flow."""
+    if snap.outcome == "missing":
+        log.warning(
+            "No flow %s in queue %r (wrong id or prefix?); waiting", snap.parent_id, snap.queue
+        )
+    else:
+        log.info("%s", progress_line(snap))
+
+
+class Reading(NamedTuple):
+    """What :func:`read_released` read of a released flow."""
+
+    snap: FlowSnapshot  # after the close, when it closed the flow
+    summary: dict[str, Any]
+    values: Any  # with return_values; else None
+    closed: str | None  # the state close_flow left, when it closed the flow
+
+
+def read_released(
+    ks: Keyspace, ser: Serializer, snap: FlowSnapshot, *, return_values: bool, close_flow: bool
+) -> Op[Reading]:
+    """What a waiting task returns once its flow is released (``snap``): the values in spec
+    order (``return_values``; HSCAN pages), the summary, and a barrier flow closed
+    (``close_flow``) - one operation, driven by the sync client on a worker
+    (``client.perform``) and by the async one in the triggerer (``connection.perform``)."""
+    queue, parent_id = snap.queue, snap.parent_id
+    values = None
+    if return_values:
+        key, cursor, pairs = ks.processed(queue, parent_id), 0, []
+        while True:
+            cursor, page = yield from flows.scan_page(key, cursor, VALUES_PAGE)
+            pairs += [(child, ser.loads(raw)) for child, raw in page.items()]
+            if cursor == 0:
+                break
+        values = values_in_order(parent_id, snap.total, pairs)
+    ignored = yield from flows.ignored_failures(ks, queue, parent_id)
+    closed = None
+    if close_flow and snap.parent_state == "released":  # a barrier flow, now read
+        closed = yield from flows.close_flow(ks, queue, parent_id)
+        snap = dataclasses.replace(snap, parent_state=closed)  # closing changes only that
+    return Reading(snap, summary_of(snap, ignored), values, closed)
 
 
 def summary_of(snap: FlowSnapshot, ignored: dict[str, str]) -> dict[str, Any]:

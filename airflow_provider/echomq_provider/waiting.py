@@ -37,14 +37,7 @@ from ._compat import (
 )
 from .errors import TooManyValues
 from .hooks.echomq import EchoMQHook
-from .summary import (
-    FLOW_KEY,
-    PROGRESS_EVERY,
-    progress_line,
-    released_line,
-    summary_of,
-    values_in_order,
-)
+from .summary import FLOW_KEY, PROGRESS_EVERY, log_progress, read_released, released_line
 from .triggers.echo_flow import EchoFlowTrigger
 
 if TYPE_CHECKING:
@@ -189,25 +182,24 @@ class FlowWaiting(_Base):
         raise EchoMQError(f"EchoMQ flow trigger: {event.get('message', event)}")
 
     def _succeed(self, context: Context, client: EchoMQ, snap: FlowSnapshot) -> Any:
-        queue, parent_id = snap.queue, snap.parent_id
-        values: Any = None
-        if self.return_values:
-            if snap.total > self.max_values:
-                self._refuse_values(snap)
-            values = values_in_order(
-                parent_id, snap.total, client.iter_children_values(queue, parent_id)
+        if self.return_values and snap.total > self.max_values:
+            self._refuse_values(snap)
+        read = client.perform(
+            read_released(
+                client.keys,
+                client.serializer,
+                snap,
+                return_values=self.return_values,
+                close_flow=self.close_flow,
             )
-        ignored = client.ignored_failures(queue, parent_id)
-        if self.close_flow and snap.parent_state == "released":  # a barrier flow, now read
-            state = client.close_flow(queue, parent_id)
-            self.log.info("Flow %s %s: its retention runs from now", parent_id, state)
-            snap = client.snapshot(queue, parent_id)
-        summary = summary_of(snap, ignored)
-        self.log.info("%s", released_line(snap))
+        )
+        if read.closed is not None:
+            self.log.info("Flow %s %s: its retention runs from now", snap.parent_id, read.closed)
+        self.log.info("%s", released_line(read.snap))
         if not self.return_values:
-            return summary
-        context["ti"].xcom_push(key=FLOW_KEY, value=summary)
-        return values
+            return read.summary
+        context["ti"].xcom_push(key=FLOW_KEY, value=read.summary)
+        return read.values
 
     def _refuse_values(self, snap: FlowSnapshot) -> None:
         error = TooManyValues(
@@ -234,12 +226,7 @@ class FlowWaiting(_Base):
         if not due:
             return
         self._last_progress = now
-        if snap.outcome == "missing":
-            self.log.warning(
-                "No flow %s in queue %r (wrong id or prefix?); waiting", snap.parent_id, snap.queue
-            )
-        else:
-            self.log.info("%s", progress_line(snap))
+        log_progress(self.log, snap)
 
     def _poke_seconds(self) -> float:
         raise NotImplementedError

@@ -57,10 +57,10 @@ from ..summary import (
     FLOW_KEY,
     MAX_REPORTED,
     PROGRESS_EVERY,
+    log_progress,
     progress_line,
+    read_released,
     released_line,
-    summary_of,
-    values_in_order,
 )
 
 __all__ = ["MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
@@ -161,18 +161,17 @@ class EchoFlowTrigger(BaseTrigger):
         sees that stale "success" of a task it has re-queued and fails it as changed
         externally; a task the triggerer ended is already a success."""
         assert self._client is not None
-        client, queue, parent_id = self._client, self.queue, self.parent_id
+        client, parent_id = self._client, self.parent_id
         try:
-            snap = await client.snapshot(queue, parent_id)
-            values = None
-            if self.return_values:
-                pairs = (await client.children_values(queue, parent_id)).items()
-                values = values_in_order(parent_id, snap.total, pairs)
-            ignored = await client.ignored_failures(queue, parent_id)
-            if self.close_flow and snap.parent_state == "released":
-                state = await client.close_flow(queue, parent_id)
-                self.log.info("Flow %s %s: its retention runs from now", parent_id, state)
-                snap = await client.snapshot(queue, parent_id)
+            read = await client.connection.perform(
+                read_released(
+                    client.keys,
+                    client.serializer,
+                    await client.snapshot(self.queue, parent_id),
+                    return_values=self.return_values,
+                    close_flow=self.close_flow,
+                )
+            )
         except EchoMQError as exc:
             self.log.warning(
                 "Flow %s released, but not read here (%s: %s): the task resumes to read it",
@@ -181,11 +180,12 @@ class EchoFlowTrigger(BaseTrigger):
                 exc,
             )
             return None
-        summary = summary_of(snap, ignored)
-        self.log.info("%s", released_line(snap))
-        xcoms: dict[str, Any] = {"return_value": summary}
+        if read.closed is not None:
+            self.log.info("Flow %s %s: its retention runs from now", parent_id, read.closed)
+        self.log.info("%s", released_line(read.snap))
+        xcoms: dict[str, Any] = {"return_value": read.summary}
         if self.return_values:
-            xcoms = {"return_value": values, FLOW_KEY: summary}
+            xcoms = {"return_value": read.values, FLOW_KEY: read.summary}
         ti = getattr(self, "task_instance", None)
         if ti is None:  # run outside a triggerer (tests): the event carries them
             return TaskSuccessEvent(xcoms=xcoms)
@@ -266,10 +266,7 @@ class EchoFlowTrigger(BaseTrigger):
                 now = time.monotonic()
                 if last_progress is None or now - last_progress >= PROGRESS_EVERY:
                     last_progress = now
-                    if snap.outcome == "missing":
-                        self.log.warning("No %s (wrong id or prefix?); waiting", where)
-                    else:
-                        self.log.info("%s", progress_line(snap))
+                    log_progress(self.log, snap)
                 await asyncio.sleep(self._next_sleep(snap))
         except EchoMQError as exc:
             return {"status": "error", "message": f"{where}: {type(exc).__name__}: {exc}"}
