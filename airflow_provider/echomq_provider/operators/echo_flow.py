@@ -237,11 +237,11 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         self.prefix = prefix
 
     def execute(self, context: Context) -> Any:
-        ref = self._add(context)
-        if not self.wait_for_completion:
-            return ref
-        self._ref = (ref["queue"], ref["parent_id"])
-        try:
+        try:  # one client (FlowWaiting's) for the add and the wait
+            ref = self._add(context)
+            if not self.wait_for_completion:
+                return ref
+            self._ref = (ref["queue"], ref["parent_id"])
             with self._cancel_when_giving_up(context):
                 return self._wait(context)
         finally:
@@ -310,53 +310,49 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
     def _add(self, context: Context) -> dict[str, str]:
         ti = context["ti"]
         parent_id = self._parent_id(context)
-        hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
         size = len(self.children) if isinstance(self.children, Sized) else 0
         try:
-            try:
-                with gc_paused(size):  # the specs and the add: see echomq_core.ops.gc_paused
-                    children = to_children(
-                        self.children,
-                        default_queue=self.child_queue,
-                        default_max_attempts=self.child_max_attempts,
-                        default_timeout=self.child_timeout,
-                        parent_id=parent_id,
+            with gc_paused(size):  # the specs and the add: see echomq_core.ops.gc_paused
+                children = to_children(
+                    self.children,
+                    default_queue=self.child_queue,
+                    default_max_attempts=self.child_max_attempts,
+                    default_timeout=self.child_timeout,
+                    parent_id=parent_id,
+                )
+                if not children:  # a flow needs a child; an empty plan skips, as .expand()
+                    raise AirflowSkipException(
+                        f"no children for flow {parent_id}: nothing to fan out (the tasks "
+                        "waiting on this one are skipped too)"
                     )
-                    if not children:  # a flow needs a child; an empty plan skips, as .expand()
-                        raise AirflowSkipException(
-                            f"no children for flow {parent_id}: nothing to fan out (the tasks "
-                            "waiting on this one are skipped too)"
-                        )
-                    ref = hook.get_conn().add_flow(
-                        self.parent_queue,
-                        children,
-                        payload=self.payload,
-                        parent_id=parent_id,
-                        max_attempts=self.max_attempts,
-                        barrier=self.barrier,
-                        replace=self.on_conflict == "replace",
-                    )
-            except FlowConflict as exc:
-                raise AirflowFailException(
-                    f"cannot add flow {parent_id}: {exc} (the children differ from the flow "
-                    "added under this task's id before; on_conflict='replace' replaces it)"
-                ) from exc
-            except InvalidInput as exc:
-                raise AirflowFailException(f"cannot add flow {parent_id}: {exc}") from exc
-            self.log.info(
-                "Flow %s in queue %r: %d children (try %s; a retry re-adds the same flow)",
-                ref.parent_id,
-                ref.queue,
-                len(children),
-                ti.try_number,
-            )
-            self._repair_if_needed(hook, ref)
-        finally:
-            hook.close()
+                ref = self._client().add_flow(
+                    self.parent_queue,
+                    children,
+                    payload=self.payload,
+                    parent_id=parent_id,
+                    max_attempts=self.max_attempts,
+                    barrier=self.barrier,
+                    replace=self.on_conflict == "replace",
+                )
+        except FlowConflict as exc:
+            raise AirflowFailException(
+                f"cannot add flow {parent_id}: {exc} (the children differ from the flow "
+                "added under this task's id before; on_conflict='replace' replaces it)"
+            ) from exc
+        except InvalidInput as exc:
+            raise AirflowFailException(f"cannot add flow {parent_id}: {exc}") from exc
+        self.log.info(
+            "Flow %s in queue %r: %d children (try %s; a retry re-adds the same flow)",
+            ref.parent_id,
+            ref.queue,
+            len(children),
+            ti.try_number,
+        )
+        self._repair_if_needed(ref)
         return {"queue": ref.queue, "parent_id": ref.parent_id}
 
-    def _repair_if_needed(self, hook: EchoMQHook, ref: FlowRef) -> None:
-        mq = hook.get_conn()
+    def _repair_if_needed(self, ref: FlowRef) -> None:
+        mq = self._client()
         snap = mq.snapshot(ref.queue, ref.parent_id)
         if snap.outcome == "released":
             self.log.info(
