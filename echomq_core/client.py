@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from . import flows, lifecycle, ops, retention
@@ -226,7 +226,7 @@ class EchoMQ(_Base):
         it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
         way. See :mod:`echomq_core.lifecycle`.
         """
-        with ops.gc_paused(len(children) if isinstance(children, Sized) else 0):
+        with ops.gc_paused(children):
             new, op = self._add_op(
                 queue,
                 children,
@@ -402,7 +402,7 @@ class AsyncEchoMQ(_Base):
         replace: bool = False,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
-        with ops.gc_paused(len(children) if isinstance(children, Sized) else 0):
+        with ops.gc_paused(children):
             # the planning only: a pause across the await would hold for the loop's other tasks
             _, op = self._add_op(
                 queue, children, payload, parent_id, max_attempts, barrier, replace, sorted

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -127,7 +127,7 @@ class Queue:
         """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
-        with ops.gc_paused(len(jobs) if isinstance(jobs, Sized) else 0):
+        with ops.gc_paused(jobs):
             return self._add_bulk(jobs)
 
     def _add_bulk(self, jobs: Iterable[Any]) -> list[str]:

@@ -361,7 +361,7 @@ def test_big_adds_build_without_garbage_collections(
     # a collector the caller turned off stays off
     gc.disable()
     try:
-        with gc_paused(GC_PAUSE_AT):
+        with gc_paused(range(GC_PAUSE_AT)):
             pass
         assert not gc.isenabled()
     finally:

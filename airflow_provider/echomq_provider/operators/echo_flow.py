@@ -69,7 +69,7 @@ is, so the task's ``retries`` apply.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence, Sized
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -310,9 +310,8 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
     def _add(self, context: Context) -> dict[str, str]:
         ti = context["ti"]
         parent_id = self._parent_id(context)
-        size = len(self.children) if isinstance(self.children, Sized) else 0
         try:
-            with gc_paused(size):  # the specs and the add: see echomq_core.ops.gc_paused
+            with gc_paused(self.children):  # the specs and the add: see echomq_core.ops.gc_paused
                 children = to_children(
                     self.children,
                     default_queue=self.child_queue,
