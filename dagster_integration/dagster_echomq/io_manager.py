@@ -58,22 +58,25 @@ from dagster import (
     InputContext,
     OutputContext,
 )
+from dagster._core.events import DagsterEvent
+from dagster._core.execution.context.system import StepExecutionContext
 from pydantic import Field, PrivateAttr
 
 from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
 
+from . import steps
 from .reading import (
     FLOW_PARENT_ID,
-    FLOW_PARTITIONS,
     FLOW_QUEUE,
     FlowStream,
+    NotABarrierFlow,
     added_metadata,
-    encode_partitions,
     flow_error,
     read_handle,
     settled_metadata,
     store_handle,
     wait_settled,
+    worker_run,
 )
 from .reading import handle_name as handle_name  # the handle helpers, where they always were
 from .reading import wait_released as wait_released
@@ -153,36 +156,65 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
 
     # -- output ---------------------------------------------------------------------------
     def handle_output(self, context: OutputContext, obj: Any) -> None:
-        flows = _output_flows(context, obj)  # refuses a bad value before writing anything
         client = self.client
-        metadata: dict[str, Any] = {}
+        try:  # a bad value is refused before any handle is written
+            flows = _output_flows(context, obj)
+            for flow in worker_run(client, list(flows.values())):
+                why = "EchoMQIOManager stores no handle for it"
+                raise NotABarrierFlow(flow.queue, flow.parent_id, why)
+        except InvalidInput as refused:
+            self._cancel_added(context, refused)
+            raise
+        step = _step(context)
         for key, flow in flows.items():
             store_handle(client, _identifier(context, key), flow)
-        total = 0
-        for flow in flows.values():
+        if step is not None:
+            steps.stored(*step, flows.values())
+        per_flow: dict[str | None, dict[str, Any]] = {}
+        for key, flow in flows.items():
+            page = self.flow_page(flow.queue, flow.parent_id)
             if self.wait_on_output:
                 snap = self._settle(context, flow)
                 if snap.outcome != "released":
                     raise flow_error(client, snap)
-                metadata.update(
-                    settled_metadata(client, snap, self.flow_page(flow.queue, flow.parent_id))
-                )
+                per_flow[key] = settled_metadata(client, snap, page)
             else:
                 snap = client.snapshot(flow.queue, flow.parent_id)
-                metadata.update(
-                    added_metadata(flow, snap, self.flow_page(flow.queue, flow.parent_id))
-                )
-            total += snap.total
-        if len(flows) > 1 or None not in flows:
-            metadata = {"N": total, FLOW_PARTITIONS: encode_partitions(_keyed(flows))}
-            if len(flows) == 1:  # one partition: its flow by name too
-                (flow,) = flows.values()
-                metadata.update({FLOW_QUEUE: flow.queue, FLOW_PARENT_ID: flow.parent_id})
-        context.add_output_metadata(metadata)
+                per_flow[key] = added_metadata(flow, snap, page)
+        if len(per_flow) == 1:  # one flow (of the asset, or of its one partition)
+            (meta,) = per_flow.values()
+            context.add_output_metadata(meta)
+            return
+        # A step over several partitions: each partition's materialization names its own flow
+        # (Dagster merges partition-scoped metadata into the one event of that partition).
+        for key, meta in per_flow.items():
+            context.step_context.add_asset_metadata(
+                meta, asset_key=context.asset_key, partition_key=key
+            )
+
+    def _cancel_added(self, context: OutputContext, refused: InvalidInput) -> None:
+        """The step's output was refused: cancel the barrier flows it added (nobody will
+        read them, no handle names them) and say so in the error."""
+        step = _step(context)
+        added = steps.take(*step) if step is not None else []
+        if step is None or not added:
+            return
+        run_id, step_key = step
+        reason = f"dagster run {run_id}: the output of step {step_key} was refused"
+        for flow in added:
+            self.client.cancel_flow(flow.queue, flow.parent_id, reason=reason)
+        ids = ", ".join(f.parent_id for f in added[:3]) + (
+            f", ... {len(added) - 3} more" if len(added) > 3 else ""
+        )
+        note = f"; the {len(added)} flow(s) this step added were cancelled ({ids})"
+        refused.args = (f"{refused.args[0] if refused.args else refused}{note}", *refused.args[1:])
+        context.log.warning(f"EchoMQ: cancelled {len(added)} flow(s) of a refused output: {ids}")
 
     # -- input ----------------------------------------------------------------------------
     def load_input(self, context: InputContext) -> Any:
         flows = self.flows_for_input(context)
+        for flow in worker_run(self.client, list(flows.values())):
+            raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
         stream = _wants_stream(context, partitioned=len(flows) > 1)
         observe_in_run = context.has_asset_key and len(flows) == 1
         values: dict[str | None, Any] = {}
@@ -278,14 +310,20 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
     def _observe(
         self, context: InputContext, key: str | None, meta: dict[str, Any], text: str
     ) -> None:
-        """An observation of the upstream asset recorded at once (also when the load then
-        fails, and for one partition of several, which add_input_metadata cannot do)."""
+        """An observation of the upstream asset, written to the run's event log at once:
+        also when the load then fails, and for one partition of several (what
+        ``add_input_metadata`` cannot do). It carries the run and step, so the UI shows it
+        with the run that observed it."""
         if not context.has_asset_key:
             return
         event = AssetObservation(
             asset_key=context.asset_key, partition=key, metadata=meta, description=text
         )
-        context.instance.report_runless_asset_event(event)
+        step_context = _step_context(context)
+        if step_context is None:  # a context built outside a run: nothing to attach it to
+            context.instance.report_runless_asset_event(event)
+            return
+        DagsterEvent.asset_observation(step_context, event)  # written as it is built
 
     def _read(self, flow: FlowRef, close: bool) -> dict[str, Any]:
         values = dict(self.client.iter_children_values(flow.queue, flow.parent_id, page=self.page))
@@ -335,10 +373,6 @@ def _output_flows(context: OutputContext, obj: Any) -> dict[str | None, FlowRef]
     return {keys[0]: flow}
 
 
-def _keyed(flows: Mapping[str | None, FlowRef]) -> dict[str, FlowRef]:
-    return {str(k): f for k, f in flows.items() if k is not None}
-
-
 def _named_flow(context: InputContext, meta: Mapping[str, Any]) -> FlowRef:
     """The flow an external ``AssetSpec`` names; with only a queue, the run's flow."""
     queue = str(_raw(meta[FLOW_QUEUE]))
@@ -365,10 +399,21 @@ def _wants_stream(context: InputContext, *, partitioned: bool) -> bool:
 
 
 def _run_tags(context: InputContext) -> Mapping[str, str]:
+    step_context = _step_context(context)
+    return step_context.dagster_run.tags if step_context is not None else {}
+
+
+def _step_context(context: InputContext | OutputContext) -> StepExecutionContext | None:
     try:
-        return context.step_context.dagster_run.tags
+        return context.step_context
     except Exception:  # a context built outside a run (build_input_context) has no step
-        return {}
+        return None
+
+
+def _step(context: InputContext | OutputContext) -> tuple[str, str] | None:
+    """(run id, step key) of the step handling an output, or None outside a run."""
+    step_context = _step_context(context)
+    return (step_context.run_id, step_context.step.key) if step_context is not None else None
 
 
 def _parent_run_id(context: InputContext | OutputContext) -> str | None:

@@ -25,13 +25,24 @@ from typing import Any
 
 from dagster import DagsterLogManager, Failure, MetadataValue
 
-from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, JobNotFound, ParentFailed
+from echomq_core import (
+    EchoMQ,
+    FlowRef,
+    FlowSnapshot,
+    FlowTimeout,
+    InvalidFlow,
+    JobNotFound,
+    ParentFailed,
+)
+from echomq_core.connection import Call
 
 #: Keys naming a flow: in an ``AssetSpec``'s definition metadata (an external flow, see
 #: :func:`flow_metadata`), in a materialization's metadata, and in a sensor's run tags.
 FLOW_QUEUE = "echomq/queue"
 FLOW_PARENT_ID = "echomq/parent_id"
-#: Materialization metadata of a partitioned asset: {partition key: parent id} (one flow each).
+#: Materialization metadata of a partitioned asset as earlier releases wrote it, the same
+#: {partition key: [queue, parent id]} map in every partition's event: still read (by the
+#: sensors), no longer written - each partition's materialization names its own flow.
 FLOW_PARTITIONS = "echomq/flows"
 #: How EchoMQResource.add_flow logs a barrier flow it added inside a run (then the flow's
 #: ``{"queue": ..., "parent_id": ...}`` as JSON): the cancel sensors find in the run's event
@@ -69,6 +80,42 @@ class FlowFailedError(ParentFailed, Failure):
         if reason:
             self.metadata["cancelled"] = MetadataValue.text(reason)
         self.allow_retries = False
+
+
+class NotABarrierFlow(InvalidFlow):
+    """Raised when Dagster is handed a flow added without ``barrier=True`` to read: an
+    asset's output, an input (an ``AssetSpec`` naming it, a sensor-launched run).
+
+    Such a flow's parent is a job: released, it goes to a worker of its queue, which runs it
+    on the children's results, and its completion ends the flow. A Dagster reader cannot end
+    it (``close_flow`` refuses a worker-run flow), so it would be read while its parent waits
+    for a worker - for good where no worker serves that queue - and nothing would mark it
+    read. Nothing is read or requested for it; add flows that Dagster reads with
+    ``barrier=True`` (``EchoMQResource.add_flow``'s default). ``queue`` and ``parent_id``
+    name the flow.
+    """
+
+    def __init__(self, queue: str, parent_id: str, refused: str) -> None:
+        super().__init__(
+            f"flow {parent_id} in {queue!r} was added without barrier=True: its parent is a job "
+            f"for a worker of {queue!r}, whose completion ends the flow, and no reader can "
+            f"close it; {refused} - add flows that Dagster reads with add_flow(..., barrier=True)"
+        )
+        self.queue = queue
+        self.parent_id = parent_id
+
+
+def worker_run(client: EchoMQ, flows: Sequence[FlowRef]) -> list[FlowRef]:
+    """The flows of ``flows`` whose parent exists and is run by a worker (no ``barrier``
+    mark on its row), read in one pipelined step whatever their number. A missing flow is
+    not listed (the wait names it)."""
+    if not flows:
+        return []
+    # The row's own fields: the core's reads (snapshot, get_job) do not say whether a held
+    # parent is a barrier, and a held flow is what the IO manager must judge.
+    keys = [client.keys.job(f.queue, f.parent_id) for f in flows]
+    rows = client.connection.execute([Call.cmd("HMGET", k, "state", "barrier") for k in keys])
+    return [f for f, (state, barrier) in zip(flows, rows, strict=True) if state and not barrier]
 
 
 class FlowStream(Iterator[tuple[str, Any]]):
@@ -244,12 +291,8 @@ def wait_released(client: EchoMQ, flow: FlowRef, *, timeout: float, poll: float)
     return snap
 
 
-def encode_partitions(flows: Mapping[str, FlowRef]) -> str:
-    return json.dumps({k: [f.queue, f.parent_id] for k, f in sorted(flows.items())})
-
-
 def decode_partitions(raw: Any) -> dict[str, FlowRef]:
-    """The inverse of :func:`encode_partitions` (metadata may arrive wrapped or plain)."""
+    """The flows of a :data:`FLOW_PARTITIONS` entry (metadata may arrive wrapped or plain)."""
     data = json.loads(getattr(raw, "value", raw) if not isinstance(raw, str) else raw)
     if isinstance(data, str):
         data = json.loads(data)

@@ -165,6 +165,7 @@ def test_external_flow_feeds_an_asset(
             "ext-parent",
             [Child({"n": i}, queue="ext-child") for i in range(5)],
             parent_id="JOB-nightly-42",
+            barrier=True,
         )
     workers(url, prefix, "ext-child")
     external = AssetSpec("nightly_scores", metadata=flow_metadata(ref.queue, ref.parent_id))
