@@ -22,7 +22,7 @@ from dagster import (
 )
 from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowStream
 from dagster_echomq.pumps import _PumpShare
-from dagster_support import client_url
+from dagster_support import client_url, run_the_failure_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
 
@@ -41,26 +41,6 @@ def fan_assets(children: Callable[[], list[Child]], reader: Callable[..., Any]) 
         return echomq.add_flow(PARENT, children(), parent_id=echomq.run_scoped_id(context))
 
     return [fan, reader]
-
-
-def run_the_failure_sensor(result: Any, instance: DagsterInstance, url: str, prefix: str) -> None:
-    """Evaluate echomq_cancel_sensors' run failure sensor on the failed run ``result``."""
-    from dagster import DagsterRunStatus, build_run_status_sensor_context
-    from dagster_echomq import echomq_cancel_sensors
-
-    failed_sensor, terminated_sensor = echomq_cancel_sensors()
-    assert terminated_sensor.name == "echomq_cancel_terminated"
-    run = instance.get_run_by_id(result.run_id)
-    assert run is not None and run.status == DagsterRunStatus.FAILURE
-    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
-    with build_run_status_sensor_context(
-        sensor_name=failed_sensor.name,
-        dagster_event=event,
-        dagster_instance=instance,
-        dagster_run=run,
-        resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
-    ) as context:
-        failed_sensor(context.for_run_failure())
 
 
 @pytest.mark.onlystandalone

@@ -5,7 +5,9 @@
 Each handler returns ``{"queue", "n", "value": n * n}`` for a payload ``{"n": n}``; a payload
 with ``"fail": true`` raises :class:`Unrecoverable`, so the child dies at once (and a
 fail-the-parent child fails its parent); so does one with ``"fail_unless": PATH`` while no file
-is at PATH (a failure a test then repairs); ``"sleep": S`` makes it run S seconds first.
+is at PATH (a failure a test then repairs); ``"sleep": S`` makes it run S seconds first;
+``"wait_for": PATH`` makes it wait (up to 120 s) until a file is at PATH, a gate the test opens;
+``"record": PATH`` appends ``<queue> <n>`` to the file at PATH each time it runs.
 SIGTERM drains and stops.
 """
 
@@ -20,7 +22,14 @@ from echomq_core import EchoMQ, Job, Unrecoverable, Worker
 def handle(job: Job) -> dict[str, Any]:
     payload = job.payload or {}
     n = int(payload.get("n", 0))
+    if payload.get("record"):
+        with open(payload["record"], "a") as out:  # one short append: whole lines
+            out.write(f"{job.queue} {n}\n")
     time.sleep(float(payload.get("sleep", 0)))
+    if payload.get("wait_for"):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(payload["wait_for"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
     if payload.get("fail"):
         raise Unrecoverable(f"child {n} refused on purpose")
     if payload.get("fail_unless") and not os.path.exists(payload["fail_unless"]):
