@@ -24,6 +24,10 @@ def _until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> No
         time.sleep(0.02)
 
 
+def failed(mq: EchoMQ, ref: Any) -> bool:
+    return mq.snapshot(ref.queue, ref.parent_id).parent_state == "failed"
+
+
 def parse_row(payload: dict[str, Any]) -> int:
     return _inner_parse(payload["row"])
 
@@ -42,7 +46,7 @@ def test_traceback_kept_and_read_through_child_failures(mq: EchoMQ) -> None:
     worker = Worker(mq, {"tb-work": lambda job: parse_row(job.payload)}, concurrency=2).start()
     pump = Pump(mq).start()
     try:
-        _until(lambda: mq.snapshot(ref.queue, ref.parent_id).parent_state == "failed", what="failed")
+        _until(lambda: failed(mq, ref), what="the parent failed")
         _until(lambda: len(mq.child_failures(ref.queue, ref.parent_id)) == 2, what="2 deaths")
     finally:
         worker.stop()
@@ -68,7 +72,7 @@ def test_a_failed_sub_flow_stands_for_its_leaf(mq: EchoMQ) -> None:
     worker = Worker(mq, {"tb-leaf": lambda job: parse_row(job.payload)}, concurrency=1).start()
     pump = Pump(mq).start()
     try:
-        _until(lambda: mq.snapshot(ref.queue, ref.parent_id).parent_state == "failed", what="failed")
+        _until(lambda: failed(mq, ref), what="the parent failed")
     finally:
         worker.stop()
         pump.stop()
