@@ -7,7 +7,8 @@ with ``"fail": true`` raises :class:`Unrecoverable`, so the child dies at once (
 fail-the-parent child fails its parent); so does one with ``"fail_unless": PATH`` while no file
 is at PATH (a failure a test then repairs); ``"sleep": S`` makes it run S seconds first;
 ``"wait_for": PATH`` makes it wait (up to 120 s) until a file is at PATH, a gate the test opens;
-``"record": PATH`` appends ``<queue> <n>`` to the file at PATH each time it runs.
+``"record": PATH`` appends ``<queue> <n>`` to the file at PATH each time it runs;
+``"deep": K`` raises its failure from a chain of K causes (a long traceback).
 SIGTERM drains and stops.
 """
 
@@ -17,6 +18,24 @@ import time
 from typing import Any
 
 from echomq_core import EchoMQ, Job, Unrecoverable, Worker
+
+
+def cause(depth: int) -> None:
+    if depth == 0:
+        raise ValueError("the first cause")
+    try:
+        cause(depth - 1)
+    except ValueError as inner:
+        raise ValueError(f"cause {depth}") from inner
+
+
+def refuse(depth: int, why: str) -> None:
+    if depth == 0:
+        raise Unrecoverable(why)
+    try:
+        cause(depth - 1)
+    except ValueError as inner:
+        raise Unrecoverable(why) from inner
 
 
 def handle(job: Job) -> dict[str, Any]:
@@ -31,7 +50,7 @@ def handle(job: Job) -> dict[str, Any]:
         while not os.path.exists(payload["wait_for"]) and time.monotonic() < deadline:
             time.sleep(0.02)
     if payload.get("fail"):
-        raise Unrecoverable(f"child {n} refused on purpose")
+        refuse(int(payload.get("deep", 0)), f"child {n} refused on purpose")
     if payload.get("fail_unless") and not os.path.exists(payload["fail_unless"]):
         raise Unrecoverable(f"child {n} refused until {payload['fail_unless']} exists")
     return {"queue": job.queue, "n": n, "value": n * n}
