@@ -30,10 +30,11 @@ from dagster_echomq import (
     EchoMQIOManager,
     EchoMQResource,
     FlowFailedError,
+    NotABarrierFlow,
     flow_metadata,
 )
 from dagster_echomq.pumps import _PumpShare
-from dagster_echomq.reading import TRACEBACK_SHOWN
+from dagster_echomq.reading import TRACEBACK_SHOWN, read_handle
 from dagster_support import client_url, pump_threads
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
@@ -107,7 +108,8 @@ def test_cross_queue_flow_completes_only_through_the_resource_pump(
         while {mq.get_job(CHILD, c).state for c in children} != {"completed"}:
             assert time.monotonic() < deadline, "workers did not finish the children"
             time.sleep(0.05)
-        time.sleep(0.5)
+        # every child's signal waits in its queue's outbox: none was delivered
+        assert mq.queue(CHILD).stats()["outbox"] == N
         snap = mq.snapshot(flow.queue, flow.parent_id)
         assert (snap.parent_state, snap.dependencies) == ("held", N)
 
@@ -225,6 +227,45 @@ def test_external_flow_feeds_an_asset(
     assert result.output_for_node("scores_report") == sum(i * i for i in range(5))
     (observed,) = result.asset_observations_for_node("scores_report")
     assert observed.metadata["processed"].value == 5
+
+
+@pytest.mark.onlystandalone
+def test_a_flow_added_without_barrier_is_refused_naming_it(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    """A worker-run flow (no barrier=True) is its parent job's to end: Dagster neither reads
+    one an AssetSpec names (refused before any wait) nor stores one an asset returns."""
+    url = client_url(backend)
+    with EchoMQ(url, prefix=prefix) as mq:
+        ref = mq.add_flow(
+            "ext-parent", [Child({"n": 1}, queue="ext-child")], parent_id="JOB-worker-run-7"
+        )
+    external = AssetSpec("worker_scores", metadata=flow_metadata(ref.queue, ref.parent_id))
+
+    @asset
+    def report(worker_scores: dict[str, Any]) -> int:
+        return len(worker_scores)
+
+    with pytest.raises(NotABarrierFlow, match="flow JOB-worker-run-7 in 'ext-parent' was added"):
+        materialize(
+            [external.with_io_manager_key("echomq_io"), report],
+            resources=resources(url, prefix, stall_timeout=2.0),
+            instance=instance,
+        )
+
+    @asset(io_manager_key="echomq_io")
+    def worker_fan(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        children = [Child({"n": 1}, queue=CHILD)]
+        parent_id = echomq.run_scoped_id(context)
+        return echomq.add_flow(PARENT, children, parent_id=parent_id, barrier=False)
+
+    with pytest.raises(NotABarrierFlow) as caught:
+        materialize([worker_fan], resources=resources(url, prefix), instance=instance)
+    assert "EchoMQIOManager stores no handle for it" in str(caught.value)
+    with EchoMQ(url, prefix=prefix) as mq:
+        assert read_handle(mq, ["worker_fan"]) is None
+        # the worker-run flow is left to its worker, not cancelled
+        assert mq.snapshot(PARENT, caught.value.parent_id).parent_state == "held"
 
 
 @pytest.mark.onlystandalone
