@@ -15,11 +15,12 @@ The sensor takes the ``echomq`` resource of the Definitions as a typed parameter
 hands it the configured resource with ``EnvVar`` values resolved (in the daemon as in tests).
 
 **What it watches.** ``assets``: each new materialization of those assets (read from
-Dagster's event log after the cursor's storage id) names its flow - one per partition, from
-the ``echomq/flows`` metadata the IO manager records - and the flow is watched until it
-settles. ``queues``: every flow of those queues that is released and not yet closed
-(``list_flows``; the first 100 per queue and tick). ``flows``: fixed ``FlowRef``s or a
-callable ``(context, client) -> iterable of FlowRef``.
+Dagster's event log after the cursor's storage id) names its flow - each partition's
+materialization its own (``echomq/queue``, ``echomq/parent_id``; earlier releases wrote one
+``echomq/flows`` map, still read) - and the flow is watched until it settles. ``queues``:
+every flow of those queues that is released and not yet closed (``list_flows``; the first 100
+per queue and tick). ``flows``: fixed ``FlowRef``s or a callable
+``(context, client) -> iterable of FlowRef``.
 
 **What it requests.** One ``RunRequest`` per released flow, with ``run_key`` = the parent id
 (Dagster never launches two runs with one key from one sensor), the partition key of the
