@@ -271,6 +271,7 @@ def test_worker_pump_and_flow_watch(
                 "cli_app:HANDLERS",
                 "--concurrency",
                 "2",
+                "--no-pump",  # the Pump process below delivers
             ],
             ["pump"],
         )
