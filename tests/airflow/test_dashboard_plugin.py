@@ -120,9 +120,10 @@ def test_flow_pages_of_derived_ids_open_in_the_api_server(
     import html
     import re
 
-    from echomq_core import Child, EchoMQ
     from echomq_provider.flow_specs import keyed_child_id
     from echomq_provider.plugins.links import flow_url
+
+    from echomq_core import Child, EchoMQ
 
     mq = EchoMQ(standalone_server.url, prefix=prefix)
     parent = parent_id_for("echomq_fan_out", "manual__2026-01-01T00:00:00+00:00", "fan_out", 2)

@@ -145,6 +145,45 @@ def test_every_page_in_chromium(
     print("page loads (s):", {k: round(v, 3) for k, v in timings.items()})
 
 
+def test_a_flow_whose_names_hold_slashes_opens_from_the_list(
+    browser: Browser, client: EchoMQ, readonly: Dashboard, shots: Path
+) -> None:
+    """An Airflow-derived parent id (``JOB-af/<dag>/<task>/<digest>``) in a queue whose name
+    holds ``/``: clicked in /flows, its page opens, polls its JSON twin live, and its tree
+    links to the sub-flow and back."""
+    from echomq_provider.flow_specs import parent_id_for
+
+    from echomq_core import Child
+
+    queue = "team/reports@v2"
+    pid = parent_id_for("echomq_fan_out", "manual__2026-01-01T00:00:00+00:00", "fan_out")
+    client.add_flow(
+        queue,
+        [Child(queue="dk-kids", children=[Child(i, queue="dk-kids") for i in range(3)])]
+        + [Child(i, queue="dk-kids") for i in range(5)],
+        parent_id=pid,
+        barrier=True,
+    )
+    browser.goto(f"{readonly.base}/flows")
+    browser.js(
+        f"[...document.querySelectorAll('#flows a')].find(a => a.textContent === '{pid}')"
+        ".setAttribute('id', 'the-flow')"
+    )
+    browser.click("#the-flow")
+    browser.wait_for("document.querySelector('#flow-state') !== null")
+    assert browser.js("decodeURIComponent(location.pathname)") == f"/flow/{queue}/{pid}"
+    assert browser.text("h1") == f"Flow {pid} {queue}"
+    assert browser.text("#flow-state") == "held"
+    browser.wait_for("document.querySelector('#live-status').className === 'ok'")
+    browser.screenshot(shots / "flow-slashes.png")
+    browser.click("#tree li a")
+    browser.wait_for("document.querySelector('#root-link') !== null")
+    assert browser.text("h1") == f"Flow {pid}.0 dk-kids"
+    browser.click("#root-link")
+    browser.wait_for(f"document.querySelector('h1').textContent === 'Flow {pid} {queue}'")
+    assert browser.errors() == []
+
+
 def test_progress_updates_without_a_reload(
     browser: Browser, scenario: Scenario, readonly: Dashboard, client: EchoMQ
 ) -> None:
