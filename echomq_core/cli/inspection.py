@@ -12,6 +12,7 @@ the cause - a missing parent, a bug - was fixed).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from .common import (
     add_verbosity,
     age_or_none,
     count_or_none,
+    env_prefix,
     env_url,
     fmt_ago,
     fmt_bytes,
@@ -264,9 +266,33 @@ def _root_args(parser: argparse.ArgumentParser) -> None:
 def _common(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = False) -> None:
     if json_flag:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_connection_options(parser, url_default=env_url())
+    add_connection_options(parser, url_default=env_url(), prefix_default=env_prefix())
     add_verbosity(parser)
     parser.set_defaults(invoke=run)
+
+
+#: How many known queue names an unknown-queue error lists.
+SHOWN_QUEUES = 20
+
+
+def known_queue(mq: EchoMQ, queue: str, prefix: str) -> None:
+    """Refuse ``queue`` unless this keyspace's registry holds it (a queue is registered when
+    the first job is added to it): a mistyped name or prefix would otherwise print zeros and
+    exit 0. The error names the known queues, the closest first."""
+    names = sorted(mq.queues())
+    if queue in names:
+        return
+    if not names:
+        raise CommandFailed(
+            f"no queue {queue!r}: there are no queues under prefix {prefix!r} (wrong --prefix?)"
+        )
+    close = difflib.get_close_matches(queue, names, n=3, cutoff=0.6)
+    listed = [*close, *(n for n in names if n not in close)][:SHOWN_QUEUES]
+    more = f" and {len(names) - len(listed):,} more" if len(names) > len(listed) else ""
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise CommandFailed(
+        f"no queue {queue!r} under prefix {prefix!r}{hint} (known: {', '.join(listed)}{more})"
+    )
 
 
 # -- flow show -----------------------------------------------------------------------------
@@ -336,6 +362,8 @@ def run_flow_ls(args: argparse.Namespace) -> int:
     states = [args.state] if args.state else list(FLOW_INDEXES)
     mq = open_client(args)
     try:
+        if args.queue is not None:
+            known_queue(mq, args.queue, args.prefix)
         names = [args.queue] if args.queue is not None else mq.queues()
         flows: list[FlowSummary] = []
         counts: dict[str, dict[str, int]] = {}
@@ -477,6 +505,8 @@ def run_queue_stats(args: argparse.Namespace) -> int:
         check_queue(args.queue)
     mq = open_client(args)
     try:
+        if args.queue is not None:
+            known_queue(mq, args.queue, args.prefix)
         names = [args.queue] if args.queue is not None else mq.queues()
         counts = {name: mq.queue(name).stats() for name in names}
         memory = {name: mq.perform(flow_memory(mq.keys, name)) for name in names}
@@ -578,6 +608,7 @@ def run_poison_list(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     mq = open_client(args)
     try:
+        known_queue(mq, args.queue, args.prefix)
         items = mq.perform(poison_list(mq.keys, args.queue, args.count))
     finally:
         mq.close()
@@ -620,6 +651,7 @@ def run_poison_replay(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     mq = open_client(args)
     try:
+        known_queue(mq, args.queue, args.prefix)
         count = args.count if args.count is not None else mq.queue(args.queue).stats()["poison"]
         moved = mq.perform(poison_replay(mq.keys, args.queue, count)) if count else 0
     finally:
