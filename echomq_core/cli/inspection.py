@@ -12,6 +12,7 @@ the cause - a missing parent, a bug - was fixed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import time
@@ -40,7 +41,15 @@ from .common import (
     seconds,
     table,
 )
-from .flowtree import MEMORY_SAMPLE, FlowMemory, flow_counts, flow_memory, read_tree, render
+from .flowtree import (
+    MEMORY_SAMPLE,
+    FlowMemory,
+    flow_counts,
+    flow_memory,
+    read_tree,
+    render,
+    render_failures,
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -51,7 +60,9 @@ def add_parsers(sub: Any) -> None:
         "show",
         help="a flow's parent state and counts (a tree for nested flows)",
         description="Print a flow: parent state, N, outstanding, processed, ignored, failed, "
-        "and its sub-flows as a tree. --watch shows a progress bar until the "
+        "and its sub-flows as a tree; then its dead children with their errors (a failed "
+        "sub-flow by the leaf that raised) and the last traceback of the first (of each with "
+        "--tracebacks). --watch shows a progress bar until the "
         "parent is released (exit 0) or failed (exit 1).",
     )
     show.add_argument("queue", metavar="QUEUE", help="the parent's queue")
@@ -70,6 +81,19 @@ def add_parsers(sub: Any) -> None:
         default=0.5,
         metavar="S",
         help="with --watch: seconds between reads (default %(default)s)",
+    )
+    show.add_argument(
+        "--failures",
+        type=int_at_least(1, 10_000),
+        default=5,
+        metavar="N",
+        help="list up to N dead children with their errors, fail-parent ones first "
+        "(default %(default)s)",
+    )
+    show.add_argument(
+        "--tracebacks",
+        action="store_true",
+        help="print the last traceback of every dead child listed (default: the first's)",
     )
     show.add_argument("--json", action="store_true", help="print one JSON object")
     _common(show, run_flow_show)
@@ -310,14 +334,19 @@ def run_flow_show(args: argparse.Namespace) -> int:
         if args.watch:
             failed = _watch(mq, args)
         tree = read_tree(mq, args.queue, args.parent_id)
+        died = tree.snap.failed + tree.snap.ignored
+        failures = (
+            mq.child_failures(args.queue, args.parent_id, limit=args.failures) if died else []
+        )
         if args.json:
-            print(json.dumps(tree.to_dict()))
+            doc = tree.to_dict()
+            doc["failures"] = [dataclasses.asdict(f) for f in failures]
+            print(json.dumps(doc))
         else:
             print("\n".join(render(tree)))
-            if tree.snap.failed:
-                culprits = sorted(mq.failed_children(args.queue, args.parent_id).items())
-                for child_id, error in culprits[:5]:
-                    print(f"  failed child  {child_id}: {error}")
+            if failures:
+                shown = render_failures(failures, args.failures, died, tracebacks=args.tracebacks)
+                print("\n".join(shown))
         if failed:
             raise CommandFailed(f"flow {args.parent_id} failed")
     finally:
