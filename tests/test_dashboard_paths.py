@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from echomq_core import Child, EchoMQ, FlowRef
-from echomq_core.keyspace import JOB_ID_RE, QUEUE_NAME_RE
+from echomq_core.keyspace import FLOW_INDEXES, JOB_ID_RE, QUEUE_NAME_RE
 from echomq_core.server import EmbeddedServer
 from echomq_core.urls import FLOW_PATH, flow_page, split_flow_path
 
@@ -152,6 +152,14 @@ def test_dead_and_poison_pages_of_queues_holding_a_slash(
     opens(readonly, repair, queue, ref.parent_id)
     poison = readonly.get(f"/poison/{quote(queue, safe='')}")
     assert poison.status == 200 and f"signals of {queue}" in html.unescape(poison.body)
+    # every link of the queue's row on the overview opens a page about that queue
+    home = readonly.get("/").body
+    row = home.split(f'data-queue="{html.escape(queue)}"', 1)[1].split("</tr>", 1)[0]
+    hrefs = links(row, "/")
+    assert len(hrefs) == 3 + len(FLOW_INDEXES), hrefs  # flows, dead, poison, one per state
+    for href in hrefs:
+        got = readonly.get(href)
+        assert got.status == 200 and queue in html.unescape(got.body), href
 
 
 def test_actions_on_a_flow_whose_id_holds_a_slash(
