@@ -33,6 +33,8 @@ from .common import (
     add_connection_options,
     add_verbosity,
     add_wait_for_server,
+    bundled_binary,
+    env_prefix,
     env_url,
     int_at_least,
     open_client,
@@ -103,7 +105,7 @@ def add_parsers(sub: Any) -> None:
     add_flags(w, WorkerOptions, types=FLAG_TYPES)
     add_metrics_option(w)
     _plugin_options(w)
-    add_connection_options(w, url_default=env_url())
+    add_connection_options(w, url_default=env_url(), prefix_default=env_prefix())
     add_wait_for_server(w)
     add_verbosity(w)
     w.set_defaults(invoke=run_worker)
@@ -118,7 +120,7 @@ def add_parsers(sub: Any) -> None:
     add_flags(p, PumpOptions, types=FLAG_TYPES)
     add_metrics_option(p)
     _plugin_options(p)
-    add_connection_options(p, url_default=env_url())
+    add_connection_options(p, url_default=env_url(), prefix_default=env_prefix())
     add_wait_for_server(p)
     add_verbosity(p)
     p.set_defaults(invoke=run_pump)
@@ -167,6 +169,7 @@ def run_server(args: argparse.Namespace) -> int:
     data_dir = None if args.no_persistence else Path(args.data_dir).resolve()
     server = EmbeddedServer(
         args.port or None,
+        binary=bundled_binary("echomq server"),
         host=args.host,
         data_dir=data_dir,
         appendonly=not args.no_persistence,
