@@ -566,7 +566,10 @@ class _Step:
         now = time.monotonic()
         for kind, (i, why) in self.held.items():
             window = self.migration_wait if kind == "migration" else CLUSTER_RETRY_WINDOW
-            if now - self.since[kind] + self.wait > window:
+            waited = now - self.since[kind]
+            if waited < window:  # the last try is made when the bound is reached, not before
+                self.wait = min(self.wait, window - waited)
+            else:
                 if kind == "migration":
                     message = f"{self.where}: {self._migration(i, why, window)}; it did not run"
                 else:
