@@ -274,14 +274,16 @@ def slot_of(args: Sequence[Any]) -> int | None:
     return None if key is None else _key_slot(key)
 
 
-def _hash_tag(key: Any) -> tuple[str, int] | None:
-    """A key's hash tag (the queue name, for EchoMQ's keys) and where the tag ends, or None."""
+def _hash_tag(key: Any) -> tuple[str, str] | None:
+    """A key's hash tag (the queue name, for EchoMQ's keys) and the key up to the end of the
+    tag (``<prefix>:{q}``: a key starting so is in the same slot and under the same prefix);
+    None for a key without one."""
     text = key.decode(errors="replace") if isinstance(key, bytes | bytearray) else str(key)
     start = text.find("{")
     end = text.find("}", start + 1) if start >= 0 else -1
     if end <= start + 1:
         return None
-    return text[start + 1 : end], end + 1
+    return text[start + 1 : end], text[: end + 1]
 
 
 @dataclass(slots=True)
@@ -554,7 +556,7 @@ class _Step:
         tag = _hash_tag(_first_key(self.calls[i].args))
         if tag is not None and slot not in self.probed:
             self.probed.add(slot)
-            self.probes[slot] = (name, str(_first_key(self.calls[i].args))[: tag[1]] + _PROBE)
+            self.probes[slot] = (name, tag[1] + _PROBE)
 
     def next_round(self) -> bool:
         """After a round: True when calls are left to send; settles them as lost when they
