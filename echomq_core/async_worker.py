@@ -55,12 +55,14 @@ from .options import WorkerOptions, build
 from .queue import Queue
 from .running import (
     BLOCK_SLICE,
+    Failed,
     InHand,
     Intake,
     OptionAttributes,
     Outcome,
     failure,
     fire_hooks,
+    log_failures,
     make_queues,
     split,
     wake_queues,
@@ -348,13 +350,15 @@ class AsyncWorker(OptionAttributes):
             limit,
             self.abandoned,
         )
-        self._add_result(job, (f"TimeoutError: the handler ran longer than {limit:g}s", True))
+        self._add_result(
+            job, (f"TimeoutError: the handler ran longer than {limit:g}s", True, None)
+        )
         return None
 
     async def _invoke(self, job: Job) -> Outcome:
         """Run one handler: the encoded result, or (error text, retry?)."""
         if job.decode_error is not None:
-            return (job.decode_error, False)
+            return (job.decode_error, False, None)
         handler = self.handlers[job.queue]
         try:
             if self._async[job.queue]:
@@ -434,7 +438,7 @@ class AsyncWorker(OptionAttributes):
                 self._want_jobs.set()
 
     async def _flush(
-        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
+        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
         try:
             completed = settled = None
@@ -444,13 +448,14 @@ class AsyncWorker(OptionAttributes):
             if failed:
                 settled = await self.connection.perform(queue.settle_failed_op(failed))
                 self.failed += len(failed)
+            log_failures(queue.name, failed, settled)
             fire_hooks(self.hooks, done, completed, failed, settled)
         except EchoMQError as exc:
             log.warning(
                 "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
             )
         finally:
-            for job in [j for j, _ in done] + [j for j, _, _ in failed]:
+            for job in [j for j, _ in done] + [f[0] for f in failed]:
                 if self._hand.inflight.get((queue.name, job.id)) is job:
                     del self._hand.inflight[(queue.name, job.id)]
                 self._hand.lost.discard((job.queue, job.id, job.token))

@@ -13,12 +13,21 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from . import flows, lifecycle, ops, retention
+from . import failures, flows, lifecycle, ops, retention
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
 from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
-from .models import Child, FlowRef, FlowSnapshot, FlowSummary, JobInfo, JsonSerializer, Serializer
+from .models import (
+    Child,
+    ChildFailure,
+    FlowRef,
+    FlowSnapshot,
+    FlowSummary,
+    JobInfo,
+    JsonSerializer,
+    Serializer,
+)
 from .queue import Queue
 
 T = TypeVar("T")
@@ -312,6 +321,16 @@ class EchoMQ(_Base):
         self._check_flow(queue, parent_id)
         return self.perform(flows.failed_children(self.keys, queue, parent_id))
 
+    def child_failures(
+        self, queue: str, parent_id: str, *, limit: int = 10
+    ) -> list[ChildFailure]:
+        """The flow's dead children with their errors and last tracebacks, fail-parent ones
+        first, then ignored ones, at most ``limit`` (a failed sub-flow stands for its own
+        failures); see :mod:`echomq_core.failures`."""
+        self._check_flow(queue, parent_id)
+        limit = check_int("limit", limit, 1, 10_000)
+        return self.perform(failures.child_failures(self.keys, queue, parent_id, limit))
+
     def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         self._check_flow(queue, parent_id)
         return self.perform(flows.snapshot(self.keys, queue, parent_id))
@@ -456,6 +475,16 @@ class AsyncEchoMQ(_Base):
     async def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
         self._check_flow(queue, parent_id)
         return await self.connection.perform(flows.failed_children(self.keys, queue, parent_id))
+
+    async def child_failures(
+        self, queue: str, parent_id: str, *, limit: int = 10
+    ) -> list[ChildFailure]:
+        """As :meth:`EchoMQ.child_failures`."""
+        self._check_flow(queue, parent_id)
+        limit = check_int("limit", limit, 1, 10_000)
+        return await self.connection.perform(
+            failures.child_failures(self.keys, queue, parent_id, limit)
+        )
 
     async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         self._check_flow(queue, parent_id)

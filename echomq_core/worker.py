@@ -61,11 +61,13 @@ from .models import Job
 from .options import WorkerOptions, build
 from .queue import Queue
 from .running import (
+    Failed,
     InHand,
     Intake,
     OptionAttributes,
     Outcome,
     fire_hooks,
+    log_failures,
     make_queues,
     outcome,
     split,
@@ -515,7 +517,7 @@ class Worker(OptionAttributes):
                     self._wake_fetcher()
 
     def _flush(
-        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
+        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
         try:
             completed = settled = None
@@ -525,6 +527,7 @@ class Worker(OptionAttributes):
             if failed:
                 settled = queue.settle_failed(failed)
                 self.failed += len(failed)
+            log_failures(queue.name, failed, settled)
             fire_hooks(self.hooks, done, completed, failed, settled)
         except EchoMQError as exc:
             # The leases stay; the jobs come back when they expire (at-least-once).
@@ -533,7 +536,7 @@ class Worker(OptionAttributes):
             )
         finally:
             with self._lock:
-                for job in [j for j, _ in done] + [j for j, _, _ in failed]:
+                for job in [j for j, _ in done] + [f[0] for f in failed]:
                     if self._hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
                         del self._hand.inflight[(queue.name, job.id)]
                     if self._hand.lost:
@@ -597,7 +600,7 @@ class Worker(OptionAttributes):
                 self._hand.running -= 1
                 self._awake -= 1
                 error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
-                self._add_result(job, (error, True))
+                self._add_result(job, (error, True, None))
                 self._results_ready.notify()
                 taken.append(slot)
         for slot in taken:
