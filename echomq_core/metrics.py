@@ -338,10 +338,10 @@ class ProcessMetrics:
         """Count what each tick of ``pump`` did and time it (wraps its ``tick``)."""
         tick = pump.tick
 
-        def metered(*, rearm: bool = False) -> TickStats:
+        def metered() -> TickStats:
             started = time.perf_counter()
             try:
-                stats = tick(rearm=rearm)
+                stats = tick()
             finally:
                 self.tick.observe(time.perf_counter() - started)
             for event in ("delivered", "promoted", "recovered", "buried", "swept"):

@@ -21,9 +21,10 @@ simple and still fails over in ``lease`` seconds.
 An idle Pump waits for the outboxes' wake-up hint (``flow:outbox:wake``, set by every script
 that pushes a signal) with one BZPOPMIN, so a signal is picked up as soon as it is written, not
 after a sleep. The wait is bounded by the jittered ``interval`` (many Pumps on a quiet system
-should not tick in lock-step; maintenance runs on ticks). The hint is popped by one Pump: with
-several Pumps on a queue the one woken may not hold the outbox lease, and the holder then
-finds the signal at its next tick, as without a hint. A Cluster can block only on keys of
+should not tick in lock-step; maintenance runs on ticks). The hint is popped by one drainer,
+so only those that may drain wait on it: a Pump that finds an outbox lease held by another
+stops waiting on that outbox's hint, and one that popped a hint just before sets it again
+once, for the holder (see :class:`Pump`). A Cluster can block only on keys of
 one slot: a Pump whose queues span several slots blocks on the slot of the queue whose outbox
 was busy last, and picks up the others' signals at its next tick.
 """
@@ -301,6 +302,7 @@ class Pump:
         self._discovered_at = float("-inf")
         self._hint_for: str | None = None  # the queue whose outbox was busy last
         self._others: set[str] = set()  # queues whose outbox lease another drainer held
+        self._woken = False  # the next tick follows a wake-up hint this Pump popped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -326,27 +328,29 @@ class Pump:
             raise InvalidArgument("Pump.arun needs an AsyncEchoMQ; run a sync one with run()")
         return connection
 
-    def tick(self, *, rearm: bool = False) -> TickStats:
+    def tick(self) -> TickStats:
         """One pass: deliver and trim; every ``maintain_every`` s also promote due retries and
-        recover expired leases; every ``sweep_every`` s forget what is past its retention.
-        ``rearm``: this pass follows a wake-up hint this Pump popped (see the class doc)."""
+        recover expired leases; every ``sweep_every`` s forget what is past its retention."""
         queues = self.queues(time.monotonic())
         if not queues:
             return TickStats()
+        rearm, self._woken = self._woken, False
         stats = self._sync().perform(self._tick_op(queues, rearm))
         self._after(stats)
         return stats
 
-    async def atick(self, *, rearm: bool = False) -> TickStats:
+    async def atick(self) -> TickStats:
         """:meth:`tick` on an asyncio client (the queues given)."""
         if not self._queues:
             return TickStats()
+        rearm, self._woken = self._woken, False
         stats = await self._aconnection().perform(self._tick_op(self._queues, rearm))
         self._after(stats)
         return stats
 
     def _tick_op(self, queues: list[str], rearm: bool) -> Op[TickStats]:
-        """One tick as one operation, driven by the sync or the asyncio connection."""
+        """One tick as one operation, driven by the sync or the asyncio connection. ``rearm``:
+        it follows a wake-up hint this Pump popped (see the class doc)."""
         keys = self.client.keys
         stats = yield from drain(keys, queues, self.id, page=self.page, lease_ms=self.lease_ms,
                                  max_tries=self.max_tries)
@@ -398,11 +402,11 @@ class Pump:
 
     def run(self) -> None:
         """Tick until :meth:`stop`; errors are logged and retried with a bounded backoff."""
-        failures, woken = 0, False
+        failures = 0
         while not self._stop.is_set():
             try:
-                busy = self.tick(rearm=woken).busy
-                failures, woken = 0, False
+                busy = self.tick().busy
+                failures = 0
             except EchoMQError as exc:
                 failures += 1
                 wait = _backoff(failures)
@@ -410,17 +414,17 @@ class Pump:
                 self._stop.wait(wait)
                 continue
             if not busy:
-                woken = self._idle(self.interval * random.uniform(0.5, 1.5))
+                self._woken = self._idle(self.interval * random.uniform(0.5, 1.5))
 
     async def arun(self, stop: asyncio.Event) -> None:
         """:meth:`run` as an asyncio task on an :class:`~echomq_core.AsyncEchoMQ`, until
         ``stop`` is set; gives up its leases when it ends."""
-        failures, woken = 0, False
+        failures = 0
         try:
             while not stop.is_set():
                 try:
-                    busy = (await self.atick(rearm=woken)).busy
-                    failures, woken = 0, False
+                    busy = (await self.atick()).busy
+                    failures = 0
                 except EchoMQError as exc:
                     failures += 1
                     wait = _backoff(failures)
@@ -428,7 +432,9 @@ class Pump:
                     await _sleep(stop, wait)
                     continue
                 if not busy:
-                    woken = await self._aidle(stop, self.interval * random.uniform(0.5, 1.5))
+                    self._woken = await self._aidle(
+                        stop, self.interval * random.uniform(0.5, 1.5)
+                    )
         finally:
             await self.arelease_leases()
 
