@@ -51,7 +51,8 @@ from . import ops
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
-from .options import WorkerOptions, build
+from .options import PumpOptions, WorkerOptions, build
+from .pump import worker_pump
 from .queue import Queue
 from .running import (
     BLOCK_SLICE,
@@ -95,6 +96,7 @@ class AsyncWorker(OptionAttributes):
         options: WorkerOptions | None = None,
         queue_options: Mapping[str, Any] | None = None,
         hooks: LifecycleHooks | None = None,
+        pump: bool | PumpOptions = True,
         **settings: Any,
     ) -> None:
         opts = self.options = build(WorkerOptions, options, settings)
@@ -104,6 +106,9 @@ class AsyncWorker(OptionAttributes):
         self.client = client
         self.connection = client.connection
         self.handlers = dict(handlers)
+        self.pump = worker_pump(client, list(self.handlers), pump, hooks)
+        self._pump_stop = asyncio.Event()
+        self._pump_task: asyncio.Task[None] | None = None
         self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
         self.hooks = hooks
         self.completed = 0
@@ -145,6 +150,11 @@ class AsyncWorker(OptionAttributes):
             asyncio.create_task(self._flusher(), name="echomq-flush"),
             asyncio.create_task(self._heartbeats(), name="echomq-heartbeat"),
         ]
+        if self.pump is not None:
+            self._pump_stop.clear()
+            self._pump_task = asyncio.create_task(
+                self.pump.arun(self._pump_stop), name="echomq-pump"
+            )
         return self
 
     async def run(self, *, install_signals: bool = True) -> None:
@@ -218,6 +228,14 @@ class AsyncWorker(OptionAttributes):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.pump is not None and self._pump_task is not None:
+            self._pump_stop.set()  # it ends its tick or wait, and gives up its leases
+            await asyncio.gather(self._pump_task, return_exceptions=True)
+            try:  # the signals of the results just recorded reach their parents now
+                await self.pump.atick()
+            except EchoMQError as exc:
+                log.warning("the last drain of %s failed: %s", self.pump.id, exc)
+            await self.pump.arelease_leases()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 

@@ -380,10 +380,8 @@ class EchoMQ(_Base):
             if snap.outcome == "released":
                 return snap
             if time.monotonic() >= deadline:
-                raise FlowTimeout(
-                    f"flow {parent_id} in {queue!r} not released after "
-                    f"{timeout}s ({snap.dependencies} outstanding)"
-                )
+                hint = self.perform(failures.stall_hint(self.keys, queue, parent_id))
+                raise _timeout(queue, parent_id, timeout, snap, hint)
             time.sleep(poll)
 
 
@@ -504,11 +502,20 @@ class AsyncEchoMQ(_Base):
             if snap.outcome == "released":
                 return snap
             if loop.time() >= deadline:
-                raise FlowTimeout(
-                    f"flow {parent_id} in {queue!r} not released after "
-                    f"{timeout}s ({snap.dependencies} outstanding)"
-                )
+                op = failures.stall_hint(self.keys, queue, parent_id)
+                raise _timeout(queue, parent_id, timeout, snap, await self.connection.perform(op))
             await asyncio.sleep(check_seconds("poll", poll, 0.001))
+
+
+def _timeout(
+    queue: str, parent_id: str, timeout: float, snap: FlowSnapshot, hint: str
+) -> FlowTimeout:
+    """The error of a wait that ran out, with what holds the flow up where that shows."""
+    why = f": {hint}" if hint else ""
+    return FlowTimeout(
+        f"flow {parent_id} in {queue!r} not released after {timeout}s "
+        f"({snap.dependencies} outstanding){why}"
+    )
 
 
 def _flag(name: str, value: Any) -> bool:

@@ -1,4 +1,5 @@
-"""What failed in a flow, and why: its dead children with their errors and tracebacks.
+"""What failed in a flow, and why: its dead children with their errors and tracebacks; and,
+for a flow that does not settle, what holds it up (:func:`stall_hint`).
 
 A flow's parent records each dead child's id and one-line error (``:failed`` for fail-parent
 children, ``:unsuccessful`` for ignored ones); the traceback of the child's last attempt is on
@@ -95,3 +96,35 @@ def _order(child_id: str) -> tuple[int, str]:
     else by id."""
     head, _, tail = child_id.rpartition(".")
     return (int(tail), head) if tail.isdigit() else (1 << 62, child_id)
+
+
+def stall_hint(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
+    """Why a flow may not be settling, read from its direct children's queues (two round
+    trips): an outbox holding signals that no drainer holds the lease of (no worker serves that
+    queue and no Pump runs), or jobs pending that nothing claims. '' when nothing stands out."""
+    (cq,) = yield [Call.cmd("HGET", ks.job(queue, parent_id), "cq")]
+    queues = _s(cq).split() if cq else []
+    if not queues:
+        return ""
+    replies = yield [
+        call
+        for q in queues
+        for call in (
+            Call.cmd("LLEN", ks.outbox(q)),
+            Call.cmd("EXISTS", ks.outbox_lease(q)),
+            Call.cmd("ZCARD", ks.pending(q)),
+            Call.cmd("ZCARD", ks.active(q)),
+        )
+    ]
+    said = []
+    for i, q in enumerate(queues):
+        outbox, drained, pending, active = (int(x) for x in replies[4 * i : 4 * i + 4])
+        if outbox and not drained:
+            said.append(
+                f"the outbox of {q!r} holds {outbox} signal(s) and nothing drains it (run a "
+                f"worker for {q!r}, or `echomq pump {q}`)"
+            )
+        if pending and not active:
+            said.append(f"{q!r} has {pending} pending job(s) and none running: does a worker "
+                        "serve it?")
+    return "; ".join(said)

@@ -53,24 +53,26 @@ def wait_on_hints(
     seconds: float,
     stop: threading.Event,
     what: str,
-) -> None:
+) -> bool:
     """Wait up to ``seconds`` for one of the wake-up hint ``keys`` (``wake``, or
     ``flow:outbox:wake``; one Cluster slot), or for ``stop``: BZPOPMIN in slices of
     :data:`BLOCK_SLICE`, so a blocked read ends well inside the socket timeout and a stop is
-    seen within a slice. A failed wait is logged (``what`` failed) and the rest slept out."""
+    seen within a slice. A failed wait is logged (``what`` failed) and the rest slept out.
+    True when a hint was popped."""
     deadline = time.monotonic() + seconds
     while not stop.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return False
         try:
             if perform(ops.wait_for_hint(keys, min(left, BLOCK_SLICE))):
-                return
+                return True
         except EchoMQError as exc:
             if not stop.is_set():  # a stopping client may be closing
                 log.warning("%s failed: %s", what, exc)
                 stop.wait(max(0.0, deadline - time.monotonic()))
-            return
+            return False
+    return False
 
 
 class Intake:

@@ -58,7 +58,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
-from .options import WorkerOptions, build
+from .options import PumpOptions, WorkerOptions, build
+from .pump import Pump, worker_pump
 from .queue import Queue
 from .running import (
     Failed,
@@ -120,6 +121,13 @@ class Worker(OptionAttributes):
       timeout).
     * ``hooks``: a :class:`~echomq_core.hooks.LifecycleHooks` (``job_completed``, ``job_dead``,
       ``flow_released``, ``flow_failed``; usually a :class:`~echomq_core.hooks.Hooks`), or None.
+    * ``pump`` (True): the worker also does the Pump's work for its own queues, in a thread of
+      its own: it drains their outboxes (the cross-queue fan-in of the children it runs),
+      returns their expired leases to pending and sweeps their retention, under the same
+      leases that let several Pumps and workers take turns (see :class:`~echomq_core.Pump`),
+      so a flow settles with nothing but workers running. A
+      :class:`~echomq_core.options.PumpOptions` tunes it; False leaves it all to
+      ``echomq pump``.
     """
 
     def __init__(
@@ -130,12 +138,14 @@ class Worker(OptionAttributes):
         options: WorkerOptions | None = None,
         queue_options: Mapping[str, Any] | None = None,
         hooks: LifecycleHooks | None = None,
+        pump: bool | PumpOptions = True,
         **settings: Any,
     ) -> None:
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
         (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
         opts = self.options = build(WorkerOptions, options, settings)
         self.queues = make_queues(client, handlers, opts, queue_options)
+        self.pump = worker_pump(client, list(self.queues), pump, hooks)
         self.client = client
         self.handlers = dict(handlers)
         self.hooks = hooks
@@ -198,6 +208,8 @@ class Worker(OptionAttributes):
             target=self._heartbeats, daemon=True, name="echomq-heartbeat"
         )
         self._beater.start()
+        if self.pump is not None:
+            self.pump.start()
         return self
 
     def _spawn(self, index: int) -> None:
@@ -237,6 +249,19 @@ class Worker(OptionAttributes):
         self._beat_stop.set()
         if self._beater is not None:
             self._beater.join(1.0)
+        if self.pump is not None:
+            self._last_drain(self.pump)
+
+    @staticmethod
+    def _last_drain(pump: Pump) -> None:
+        """Stop the worker's Pump after one last tick, so the signals of the results just
+        recorded reach their parents now rather than when another drainer comes by."""
+        pump.stop()
+        try:
+            pump.tick()
+        except EchoMQError as exc:  # the outbox keeps them: another drainer delivers them
+            log.warning("the last drain of %s failed: %s", pump.id, exc)
+        pump.release_leases()
 
     def run(self, *, install_signals: bool = True) -> None:
         """Run in the foreground until SIGTERM/SIGINT (or :meth:`stop` from elsewhere)."""
