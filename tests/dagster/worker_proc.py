@@ -1,4 +1,5 @@
-"""A real EchoMQ worker process for the Dagster tests, running no Pump.
+"""A real EchoMQ worker process for the Dagster tests, running no Pump (``pump=False``: these
+tests check that Dagster's own Pumps - the run's, the sensor's - deliver what they wait for).
 
     python worker_proc.py URL PREFIX QUEUE[,QUEUE...]
 
@@ -59,7 +60,8 @@ def handle(job: Job) -> dict[str, Any]:
 def main() -> None:
     url, prefix, queues = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
     with EchoMQ(url, prefix=prefix) as mq:
-        Worker(mq, dict.fromkeys(queues, handle), concurrency=2, poll=0.01, max_poll=0.1).run()
+        handlers = dict.fromkeys(queues, handle)
+        Worker(mq, handlers, concurrency=2, poll=0.01, max_poll=0.1, pump=False).run()
 
 
 if __name__ == "__main__":
