@@ -24,8 +24,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ..calls import Call
 from ..client import DEFAULT_URL, EchoMQ
-from ..connection import Call
 from ..errors import (
     ConfigurationError,
     ConnectionLost,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..calls import Call, Op
 from ..cli.flowtree import FlowNode, flow_counts, read_tree
 from ..client import EchoMQ
-from ..connection import Call, Op
 from ..errors import JobNotFound
 from ..flows import scan_page
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
