@@ -331,6 +331,17 @@ def add_verbosity(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(prog=parser.prog)
 
 
+def add_command(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = False) -> None:
+    """What every command that talks to a server takes besides its own arguments (``--json``
+    too when ``json_flag``): the connection options, ``-v``, and ``run``, the function that
+    runs it."""
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_connection_options(parser, url_default=env_url(), prefix_default=env_prefix())
+    add_verbosity(parser)
+    parser.set_defaults(invoke=run)
+
+
 def bundled_binary(command: str) -> Path:
     """The server binary ``command`` runs. Without one, a :class:`CommandFailed` that says how
     to install it (the ``server`` extra) or, for the demo, how to run on a server of one's own;
