@@ -51,28 +51,28 @@ T = TypeVar("T")
 # -- what a step asks its driver to do ----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Command:
     """Send one command; the reply (an error reply raises)."""
 
     args: tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Pipeline:
     """Send the calls as one pipeline; their replies, error replies in place."""
 
     calls: Sequence[Call]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Load:
     """``SCRIPT LOAD`` the script (standalone: a Cluster round loads on the node that asked)."""
 
     script: Script
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Round:
     """Write every node's batch, then read every node's replies into ``step``."""
 
@@ -80,21 +80,21 @@ class _Round:
     batches: dict[str, Batch]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Move:
     """Patch the client's slot map with a ``MOVED`` reply."""
 
     redirect: MovedError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Refresh:
     """Learn the topology again and replace a default node that failed."""
 
     failed: set[str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Sleep:
     seconds: float
 
