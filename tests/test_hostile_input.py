@@ -739,17 +739,17 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
     calls = {
         "add": Call.lua(
             "add",
-            [ks.pending("hq"), ks.delayed("hq"), ks.seq("hq"), ks.wake("hq"), good_row, good_row],
+            [*ks.queue_keys("hq"), good_row, good_row],
             ["1", 3, 0, 0, "", "JOB-fine", b"1", "JOB-a b", b"2"],
         ),
         "land": Call.lua(
             "land",
-            [ks.pending("hq"), ks.seq("hq"), ks.wake("hq"), good_row],
+            [*ks.queue_keys("hq"), good_row],
             ["1", "JOB-flow", "hp", "fp", 3, "", "JOB-{x}", b"1"],
         ),
         "hold": Call.lua(
             "hold",
-            [good_row, good_row + ":dependencies"],
+            [*ks.queue_keys("hq"), good_row, good_row + ":dependencies"],
             ["JOB-\nx", b"1", 2, 3, "", "", "fp", "0" * 24, ""],
         ),
     }
