@@ -41,14 +41,13 @@ def gc_paused(items: Any) -> Iterator[None]:
     objects (specs, planned nodes, packed commands), when there are at least
     :data:`GC_PAUSE_AT` of them (an iterable without a length is not paused for).
 
-    Building 200,000 children allocates enough objects to set off many collections, and each
-    older-generation one walks every tracked object of the process. Measured on a
-    200,000-child add (the Airflow operator's specs to the last child landed, a bare process,
-    median of 5): 2.0 s with the collector on, 1.5 s paused; the first child claimable after
-    1.1 s and 0.55 s. A process with a bigger heap (an Airflow task) pays more. What the call
-    allocates is freed by reference counting, or by the first collection after it. The pause
-    is process-wide: a collector that was already off (the caller's choice) stays off; one
-    paused by another thread's bulk call comes back when that call ends.
+    Building a flow of hundreds of thousands of children allocates enough objects to set off
+    many collections, and each older-generation one walks every tracked object of the process:
+    the bigger the heap (an Airflow task's), the more each costs (the README's performance
+    notes give the figures). What the call allocates is freed by reference counting, or by the
+    first collection after it. The pause is process-wide: a collector that was already off
+    (the caller's choice) stays off; one paused by another thread's bulk call comes back when
+    that call ends.
     """
     if not isinstance(items, Sized) or len(items) < GC_PAUSE_AT or not gc.isenabled():
         yield
