@@ -54,6 +54,7 @@ from echomq_core.connection import Call
 from .chaos.harness import record
 from .conftest import Backend
 from .flowkit import keys_of, normalised, work_off
+from .waiting import eventually
 
 LIMIT = 1024  # max_payload_bytes of the client under test: "over a configurable size limit"
 
@@ -827,13 +828,13 @@ def test_unstorable_results_fail_the_job_and_the_worker_survives(
     pump = Pump(mq, [parents, work]).start()
     try:
         mq.wait(parents, "JOB-id", timeout=30)
-        deadline = time.monotonic() + 30
-        while not (
-            sum(q.stats()[k] for k in ("completed", "dead")) == 50 + 5 + 4
-            and mq.get_job(parents, "JOB-id").state == "completed"
-        ):
-            assert time.monotonic() < deadline, q.stats()
-            time.sleep(0.05)
+        eventually(
+            lambda: sum(q.stats()[k] for k in ("completed", "dead")) == 50 + 5 + 4
+            and mq.get_job(parents, "JOB-id").state == "completed",
+            30,
+            lambda: f"every job and the parent to finish: {q.stats()}",
+            every=0.05,
+        )
         assert all(t.is_alive() for t in worker._runners), "the worker survived every bad result"
     finally:
         worker.stop()
