@@ -144,7 +144,8 @@ def test_no_include_reads_keys_or_arguments_itself() -> None:
 
 def test_one_order_of_the_queue_keys_on_both_sides() -> None:
     """keyspace.QUEUE_KEYS, the header of includes/queue_keys.lua and the names it gives are
-    the same list in the same order; every script that uses a queue key by name takes them."""
+    the same list in the same order; every script that uses a queue key by name takes them,
+    and its own header says which of them it uses."""
     path = lua_dir() / "includes" / "queue_keys.lua"
     head, code = _split(path)
     rows = [re.match(r"-- KEYS\[(\d+)\]\s+(\w+) = (\S+)", line) for line in head]
@@ -157,8 +158,16 @@ def test_one_order_of_the_queue_keys_on_both_sides() -> None:
     ks = Keyspace("p")
     assert ks.queue_keys("q") == tuple(f"p:{{q}}:{suffix}" for suffix in QUEUE_KEYS)
     for script in sorted(lua_dir().glob("*.lua")):
-        code_text = "\n".join(_split(script)[1])
+        head, code = _split(script)
+        code_text, head_text = "\n".join(code), "\n".join(head)
         used = set(re.findall(r"\bq\.(\w+)", code_text))
         assert used <= names, f"{script.name}: no queue key {sorted(used - names)}"
         if used:
             assert "local q = queue_keys(KEYS)" in code_text, script.name
+        unsaid = [
+            name
+            for name in sorted(used)
+            if not re.search(rf"\b{name}\b", head_text)
+            and not (name.startswith("flows_") and "flows_*" in head_text)
+        ]
+        assert not unsaid, f"{script.name}: its header does not say it uses {unsaid}"
