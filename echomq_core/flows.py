@@ -199,9 +199,9 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False) -> Call:
     return Call.lua(
         "hold",
         [
+            *ks.queue_keys(node.queue),
             ks.job(node.queue, node.id),
             ks.dependencies(node.queue, node.id),
-            ks.flows(node.queue, "held"),
             ks.explicit(node.queue, node.id),
         ],
         [
@@ -287,7 +287,7 @@ def _fail_call(ks: Keyspace, parent: _Node, child_id: str, why: str) -> Call:
     add that lost a race for a child id leaves, so no one waits on its parent for ever."""
     return Call.lua(
         "deliver",
-        [*ks.deliver_keys(parent.queue), *ks.settle_keys(parent.queue, parent.id)],
+        [*ks.queue_keys(parent.queue), *ks.settle_keys(parent.queue, parent.id)],
         [parent.queue, 1, parent.id, 1, "f", child_id, f"not added: {why}"],
     )
 
@@ -344,7 +344,7 @@ def add_flow(
         for (queue, check, _, policy, attempts, limit), nodes in runs:
             up = nodes[0].parent
             assert up is not None
-            fixed = [ks.pending(queue), ks.seq(queue), ks.wake(queue)]
+            fixed = ks.queue_keys(queue)
             rows = ks.job_prefix(queue)  # ids were checked by plan()
             up_queue = up.queue if up.queue != queue else ""
             for part in chunks(nodes):
@@ -473,7 +473,7 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
     ((state, total, deps, processed, ignored, failed, error, repairs),) = yield [
         Call.lua(
             "flow_snapshot",
-            [*ks.parent_keys(queue, parent_id), ks.completed(queue)],
+            [*ks.queue_keys(queue), *ks.parent_keys(queue, parent_id)],
             [parent_id],
         )
     ]
@@ -503,12 +503,7 @@ def close_flow(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
     (state,) = yield [
         Call.lua(
             "close",
-            [
-                ks.job(queue, parent_id),
-                ks.flows(queue, "released"),
-                ks.flows(queue, "closed"),
-                ks.completed(queue),
-            ],
+            [*ks.queue_keys(queue), ks.job(queue, parent_id)],
             [parent_id],
         )
     ]

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .errors import ConfigurationError, InvalidArgument, InvalidJobId, InvalidQueueName
 
@@ -91,6 +92,23 @@ PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,32}")
 FLOW_INDEXES = ("held", "released", "closed", "failed", "cancelled")
 #: A stored reference's name: printable, no whitespace or braces (adapters key them by asset).
 REF_NAME_RE = re.compile(r"[!-z|~]{1,512}")
+#: The shared keys of a queue, in the ONE order every script that touches a queue's sets takes
+#: them, as ``KEYS[1..15]`` (``lua/includes/queue_keys.lua`` names them for the script; a
+#: script's own keys follow). One order for all, so no call site maps keys to a script's
+#: positions; a script that uses a few of them still takes all fifteen (all one slot).
+QUEUE_KEYS = (
+    "pending",
+    "wake",
+    "seq",
+    "active",
+    "leases",
+    "delayed",
+    "dead",
+    "completed",
+    "flow:outbox",
+    "flow:outbox:wake",
+    *(f"flows:{state}" for state in FLOW_INDEXES),
+)
 
 
 def check_queue(name: object) -> str:
@@ -144,6 +162,12 @@ def id_part(text: str, limit: int = 80, *, word: bool = False, mark: bool = True
         return text
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
     return f"{cleaned[: max(1, limit - 11)]}~{digest}"
+
+
+@lru_cache(maxsize=4096)
+def _queue_keys(prefix: str, queue: str) -> tuple[str, ...]:
+    base = f"{prefix}:{{{check_queue(queue)}}}:"
+    return tuple(base + name for name in QUEUE_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,21 +257,10 @@ class Keyspace:
         base = self.base(queue) + "flows:"
         return [base + state for state in FLOW_INDEXES]
 
-    def settle_indexes(self, queue: str) -> list[str]:
-        """The flow indexes a settling script moves a root between: held, released, failed."""
-        base = self.base(queue) + "flows:"
-        return [base + "held", base + "released", base + "failed"]
-
-    def deliver_keys(self, queue: str) -> list[str]:
-        """The seven queue keys ``deliver.lua`` takes for parents in ``queue``: pending,
-        outbox, wake, the three :meth:`settle_indexes`, outbox wake."""
-        return [
-            self.pending(queue),
-            self.outbox(queue),
-            self.wake(queue),
-            *self.settle_indexes(queue),
-            self.outbox_wake(queue),
-        ]
+    def queue_keys(self, queue: str) -> tuple[str, ...]:
+        """The :data:`QUEUE_KEYS` of ``queue``: the first fifteen keys of every script call that
+        touches the queue's sets (cached: hot paths build them for every call)."""
+        return _queue_keys(self.prefix, queue)
 
     def config(self, queue: str) -> str:
         return self.base(queue) + "config"

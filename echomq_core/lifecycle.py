@@ -64,15 +64,7 @@ class RepairResult:
 def _cancel_call(ks: Keyspace, queue: str, node_id: str, reason: str, parent: str) -> Call:
     return Call.lua(
         "cancel",
-        [
-            ks.job(queue, node_id),
-            ks.pending(queue),
-            ks.active(queue),
-            ks.leases(queue),
-            *ks.flow_indexes(queue),
-            ks.explicit(queue, node_id),
-            ks.completed(queue),
-        ],
+        [*ks.queue_keys(queue), ks.job(queue, node_id), ks.explicit(queue, node_id)],
         [node_id, reason, parent],
     )
 
@@ -90,7 +82,7 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
         return {
             q: (
                 "cancel_children",
-                [ks.pending(q), ks.delayed(q), ks.active(q), ks.leases(q)],
+                [*ks.queue_keys(q)],
                 [],
                 ids,
             )
@@ -162,11 +154,9 @@ def _repair_call(ks: Keyspace, queue: str, node_id: str, ignored: bool, parent: 
     return Call.lua(
         "repair",
         [
+            *ks.queue_keys(queue),
             *ks.parent_keys(queue, node_id),
             ks.repair(queue, node_id),
-            *ks.flow_indexes(queue),
-            ks.pending(queue),
-            ks.wake(queue),
             ks.explicit(queue, node_id),
         ],
         [node_id, "1" if ignored else "", parent],
@@ -181,13 +171,10 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
 
     def record_done(node_queue: str, node_id: str, _info: Sequence[Any]) -> None:
         keys = [
+            *ks.queue_keys(node_queue),
             ks.job(node_queue, node_id),
             ks.repair(node_queue, node_id),
             ks.dependencies(node_queue, node_id),
-            ks.pending(node_queue),
-            ks.wake(node_queue),
-            ks.flows(node_queue, "held"),
-            ks.flows(node_queue, "released"),
         ]
         done.append(Call.lua("repair_done", keys, [node_id]))
 
@@ -199,7 +186,7 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         for q, candidates in everything.items():
             ids = candidates if _s(rerun) else listed_ids
             if ids:
-                fixed = [ks.pending(q), ks.dead(q), ks.wake(q), ks.seq(q)]
+                fixed = [*ks.queue_keys(q)]
                 visits[q] = ("requeue", fixed, [_s(rerun)], ids)
         return visits
 
@@ -248,11 +235,6 @@ def add_or_replace(
     (info,) = yield [_cancel_call(ks, queue, parent_id, "", "")]
     node = [parent_id, info[1], info[2], info[3], "", gen_s]
     yield from forget_tree(ks, [(queue, node)], SweepStats())
-    keys = [
-        *ks.node_keys(queue, parent_id),
-        ks.completed(queue),
-        ks.dead(queue),
-        *ks.flow_indexes(queue),
-    ]
+    keys = [*ks.queue_keys(queue), *ks.node_keys(queue, parent_id)]
     (next_gen,) = yield [Call.lua("reset", keys, [parent_id])]
     return (yield from add_flow(ks, plan(_s(next_gen)), new_queues, barrier=barrier, replan=plan))

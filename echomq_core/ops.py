@@ -41,14 +41,13 @@ def gc_paused(items: Any) -> Iterator[None]:
     objects (specs, planned nodes, packed commands), when there are at least
     :data:`GC_PAUSE_AT` of them (an iterable without a length is not paused for).
 
-    Building 200,000 children allocates enough objects to set off many collections, and each
-    older-generation one walks every tracked object of the process. Measured on a
-    200,000-child add (the Airflow operator's specs to the last child landed, a bare process,
-    median of 5): 2.0 s with the collector on, 1.5 s paused; the first child claimable after
-    1.1 s and 0.55 s. A process with a bigger heap (an Airflow task) pays more. What the call
-    allocates is freed by reference counting, or by the first collection after it. The pause
-    is process-wide: a collector that was already off (the caller's choice) stays off; one
-    paused by another thread's bulk call comes back when that call ends.
+    Building a flow of hundreds of thousands of children allocates enough objects to set off
+    many collections, and each older-generation one walks every tracked object of the process:
+    the bigger the heap (an Airflow task's), the more each costs (the README's performance
+    notes give the figures). What the call allocates is freed by reference counting, or by the
+    first collection after it. The pause is process-wide: a collector that was already off
+    (the caller's choice) stays off; one paused by another thread's bulk call comes back when
+    that call ends.
     """
     if not isinstance(items, Sized) or len(items) < GC_PAUSE_AT or not gc.isenabled():
         yield
@@ -98,13 +97,13 @@ def add(
     for job_id, payload, max_attempts, delay_ms, priority, limit in jobs:
         key = (max_attempts, delay_ms, priority, limit)
         groups.setdefault(key, []).append((job_id, payload))
-    fixed = [ks.pending(queue), ks.delayed(queue), ks.seq(queue), ks.wake(queue)]
+    fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
     for (max_attempts, delay_ms, priority, limit), items in groups.items():
         for part in chunks(items):
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
             argv.append("" if limit is None else limit)
-            keys = fixed.copy()
+            keys = [*fixed]
             for job_id, payload in part:
                 argv += (job_id, payload)
                 keys.append(rows + job_id)
@@ -121,13 +120,7 @@ def claim(
 ) -> Op[list[Job]]:
     """Lease up to ``count`` jobs: the ``claim`` script, then the ``rows`` script reading
     every claimed row in one reply (two round trips)."""
-    keys = [
-        ks.pending(queue),
-        ks.active(queue),
-        ks.leases(queue),
-        ks.delayed(queue),
-        ks.wake(queue),
-    ]
+    keys = ks.queue_keys(queue)
     (ids,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
     if not ids:
         return []
@@ -245,16 +238,7 @@ def complete(
 ) -> Op[Settlement]:
     """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current."""
     calls = []
-    fixed = [
-        ks.active(queue),
-        ks.leases(queue),
-        ks.completed(queue),
-        ks.outbox(queue),
-        ks.pending(queue),
-        ks.wake(queue),
-        *ks.settle_indexes(queue),
-        ks.outbox_wake(queue),
-    ]
+    fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
     for part in chunks(done):
         batch, groups, plain = _batch(queue, part)
@@ -272,15 +256,7 @@ def fail(
     for part in chunks(failed):
         batch, groups, _ = _batch(queue, part)
         keys = [
-            ks.active(queue),
-            ks.leases(queue),
-            ks.outbox(queue),
-            ks.pending(queue),
-            ks.delayed(queue),
-            ks.dead(queue),
-            ks.wake(queue),
-            *ks.settle_indexes(queue),
-            ks.outbox_wake(queue),
+            *ks.queue_keys(queue),
             *(ks.job_prefix(queue) + j.id for j, *_ in part),
             *_group_keys(ks, queue, groups),
         ]
@@ -302,7 +278,7 @@ def heartbeat(ks: Keyspace, queue: str, jobs: Sequence[Job], lease_ms: int) -> O
         argv: list[Any] = [lease_ms]
         for job in part:
             argv += [job.id, job.token]
-        calls.append(Call.lua("heartbeat", [ks.active(queue), ks.leases(queue)], argv))
+        calls.append(Call.lua("heartbeat", ks.queue_keys(queue), argv))
     replies = yield calls
     return [bool(flag) for reply in replies for flag in reply]
 
@@ -314,8 +290,7 @@ def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
         argv: list[Any] = []
         for job in part:
             argv += [job.id, job.token]
-        keys = [ks.active(queue), ks.leases(queue), ks.pending(queue), ks.wake(queue)]
-        calls.append(Call.lua("release", keys, argv))
+        calls.append(Call.lua("release", ks.queue_keys(queue), argv))
     replies = yield calls
     return [bool(flag) for reply in replies for flag in reply]
 
@@ -326,7 +301,7 @@ def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
 def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
     """Move due delayed jobs to pending in every queue; the number moved."""
     replies = yield [
-        Call.lua("promote", [ks.delayed(q), ks.pending(q), ks.wake(q)], [limit]) for q in queues
+        Call.lua("promote", ks.queue_keys(q), [limit]) for q in queues
     ]
     return sum(int(r) for r in replies)
 
@@ -336,23 +311,14 @@ def recover(
 ) -> Op[tuple[int, list[tuple[Job, str]]]]:
     """Return expired leases to pending, bury those past ``max_stalls``: (how many were
     recovered, [(job, error)] of the buried - their token is '', the lease is gone)."""
-    due = yield [Call.lua("due", [ks.active(q)], [limit]) for q in queues]
+    due = yield [Call.lua("due", ks.queue_keys(q), [limit]) for q in queues]
     calls, recovered_queues = [], []
     for queue, ids in zip(queues, due, strict=True):
         if not ids:
             continue
         recovered_queues.append(queue)
         names = [_s(i) for i in ids]
-        keys = [
-            ks.active(queue),
-            ks.leases(queue),
-            ks.pending(queue),
-            ks.dead(queue),
-            ks.outbox(queue),
-            ks.wake(queue),
-            ks.outbox_wake(queue),
-            *(ks.job_prefix(queue) + n for n in names),
-        ]
+        keys = [*ks.queue_keys(queue), *(ks.job_prefix(queue) + n for n in names)]
         calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))
     if not calls:
         return (0, [])
@@ -370,14 +336,7 @@ def recover(
 
 def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInfo | None]:
     """One job's row and place, or None when the id names no job."""
-    keys = [
-        ks.job(queue, job_id),
-        ks.pending(queue),
-        ks.active(queue),
-        ks.delayed(queue),
-        ks.dead(queue),
-        ks.completed(queue),
-    ]
+    keys = [*ks.queue_keys(queue), ks.job(queue, job_id)]
     ((where, score, flat),) = yield [Call.lua("inspect", keys, [job_id])]
     row = {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
     where = _s(where)
@@ -427,8 +386,8 @@ def revive(ks: Keyspace, queue: str, job_ids: Sequence[str]) -> Op[tuple[int, li
     revived, skipped = 0, []
     for start in range(0, len(job_ids), 1000):
         part = list(job_ids[start : start + 1000])
-        keys = [ks.pending(queue), ks.dead(queue), ks.wake(queue), ks.seq(queue)]
-        ((n, left),) = yield [Call.lua("revive", keys + [ks.job(queue, i) for i in part], part)]
+        keys = [*ks.queue_keys(queue), *(ks.job(queue, i) for i in part)]
+        ((n, left),) = yield [Call.lua("revive", keys, part)]
         revived += int(n)
         skipped += [_s(i) for i in left]
     return revived, skipped

@@ -116,7 +116,7 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
     """One pass over the outboxes of ``queues`` (three round trips in all)."""
     stats = TickStats()
     reads = yield [call for q in queues for call in (
-        Call.lua("outbox_lease", [ks.outbox_lease(q), ks.outbox(q)], [pump_id, lease_ms]),
+        Call.lua("outbox_lease", [*ks.queue_keys(q), ks.outbox_lease(q)], [pump_id, lease_ms]),
         Call.cmd("LRANGE", ks.outbox(q), 0, page - 1))]
     pages: dict[str, list[bytes]] = {}
     for i, queue in enumerate(queues):
@@ -195,7 +195,7 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
         blocked = entries[delivered] if reason else b""
         if reason:
             stats.blocked[queue] = reason
-        trims.append(Call.lua("trim_outbox", [ks.outbox(queue), ks.outbox_lease(queue),
+        trims.append(Call.lua("trim_outbox", [*ks.queue_keys(queue), ks.outbox_lease(queue),
                                               ks.outbox_head(queue), ks.poison(queue)],
                               [pump_id, delivered, entries[0], blocked, max_tries, reason]))
     results = yield trims
@@ -220,7 +220,7 @@ class _Group:
 
 
 def _deliver_call(ks: Keyspace, parent_queue: str, batch: list[_Group]) -> Call:
-    keys = ks.deliver_keys(parent_queue)
+    keys = [*ks.queue_keys(parent_queue)]
     argv: list[Any] = [parent_queue, len(batch)]
     for group in batch:
         keys += ks.settle_keys(parent_queue, group.parent)
@@ -243,7 +243,7 @@ def poison_list(ks: Keyspace, queue: str, count: int) -> Op[list[tuple[str, byte
 
 def poison_replay(ks: Keyspace, queue: str, count: int) -> Op[int]:
     """Move up to ``count`` poisoned signals back to the outbox; the number moved."""
-    keys = [ks.poison(queue), ks.outbox(queue), ks.outbox_head(queue), ks.outbox_wake(queue)]
+    keys = [*ks.queue_keys(queue), ks.poison(queue), ks.outbox_head(queue)]
     (n,) = yield [Call.lua("replay_poison", keys, [count])]
     return int(n)
 

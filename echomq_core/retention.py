@@ -144,17 +144,7 @@ def sweep(
     picks = yield [
         Call.lua(
             "retain",
-            [
-                ks.config(q),
-                ks.completed(q),
-                ks.dead(q),
-                ks.flows(q, "failed"),
-                ks.flows(q, "closed"),
-                ks.flows(q, "released"),
-                ks.flows(q, "cancelled"),
-                ks.poison(q),
-                ks.sweep_lease(q),
-            ],
+            [*ks.queue_keys(q), ks.config(q), ks.sweep_lease(q), ks.poison(q)],
             [pump_id, lease_ms, limit, *defaults],
         )
         for q in queues
@@ -163,13 +153,7 @@ def sweep(
     calls, where = [], []
     for queue, pick in zip(queues, picks, strict=True):
         stats.poison += int(pick[6])
-        keys = [
-            ks.config(queue),
-            ks.completed(queue),
-            ks.dead(queue),
-            *ks.flow_indexes(queue),
-            ks.sweep_lease(queue),
-        ]
+        keys = [*ks.queue_keys(queue), ks.config(queue), ks.sweep_lease(queue)]
         argv: list[Any] = [pump_id, *defaults]
         for code, ids in zip(_CODES, pick[:6], strict=True):
             for raw in ids:
@@ -206,7 +190,7 @@ def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepSt
             kids = child_candidates(node_id, int(total), _s(child_queues), explicit, _s(gen))
             for child_queue, ids in kids.items():
                 base = ks.job_prefix(child_queue)
-                fixed = [ks.completed(child_queue), ks.dead(child_queue)]
+                fixed = ks.queue_keys(child_queue)
                 for part in chunks(ids):
                     calls.append(
                         Call.lua("forget", [*fixed, *(base + i for i in part)], [node_id, *part])
@@ -220,11 +204,7 @@ def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepSt
             stats.rows += int(deleted)
             for raw in inner:
                 inner_id = _s(raw)
-                keys = [
-                    *ks.node_keys(child_queue, inner_id),
-                    ks.completed(child_queue),
-                    ks.dead(child_queue),
-                ]
+                keys = [*ks.queue_keys(child_queue), *ks.node_keys(child_queue, inner_id)]
                 drops.append(Call.lua("drop", keys, [inner_id, parent_id]))
                 drop_where.append(child_queue)
         nodes = []

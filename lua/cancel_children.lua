@@ -1,8 +1,10 @@
 -- cancel_children: on one child queue's slot, cancel the children of a cancelled node.
 -- @include now_ms
+-- @include queue_keys
 --
--- KEYS[1] pending  KEYS[2] delayed  KEYS[3] active  KEYS[4] leases  this queue's job sets
--- KEYS[4+i] the row of candidate child i
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending, delayed, active
+--             and leases (the children leave them)
+-- KEYS[15+j]  the row of candidate child j (ARGV[1+j])
 -- ARGV[1] parent  the cancelled node's id
 -- then the candidate child ids (the node's derived ids and its explicit ids of this queue;
 --   one without a row here, or with another parent, is skipped)
@@ -17,18 +19,19 @@
 -- (forget.lua); nothing else is created (entries are only removed from pending, delayed,
 -- active, leases).
 -- Returns: {cancelled, {inner node ids}}.
+local q = queue_keys(KEYS)
 local cancelled, inner = 0, {}
 local now = now_ms()
-for i = 2, #ARGV do
-  local id, row = ARGV[i], KEYS[3 + i]
+for j = 1, #ARGV - 1 do
+  local id, row = ARGV[1 + j], KEYS[15 + j]
   local up = redis.call('HMGET', row, 'parent', 'total')
   if up[1] == ARGV[1] then
     if up[2] then
       inner[#inner + 1] = id
     else
-      local hit = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
-      if redis.call('ZREM', KEYS[3], id) == 1 then
-        redis.call('HDEL', KEYS[4], id)
+      local hit = redis.call('ZREM', q.pending, id) + redis.call('ZREM', q.delayed, id)
+      if redis.call('ZREM', q.active, id) == 1 then
+        redis.call('HDEL', q.leases, id)
         hit = 1
       end
       if hit > 0 then

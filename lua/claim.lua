@@ -1,11 +1,9 @@
 -- claim: lease up to `count` jobs of one queue to one caller, in one step.
 -- @include now_ms
+-- @include queue_keys
 --
--- KEYS[1] pending  zset   claimable jobs
--- KEYS[2] active   zset   leased jobs by lease deadline
--- KEYS[3] leases   hash   job id -> lease token
--- KEYS[4] delayed  zset   jobs with a due time
--- KEYS[5] wake     zset   the idle workers' wake-up hint (see keyspace.py)
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending (popped), active
+--             and leases (the new leases), delayed (due jobs promoted first), wake (passed on)
 -- ARGV[1] count    how many jobs at most
 -- ARGV[2] lease_ms how long the lease lasts before the job may be recovered
 -- ARGV[3] token    the lease token for this claim (unique per call, made by the host)
@@ -22,28 +20,29 @@
 -- release, recover or cancel_children; the '~roomy' lease field (written only to make the
 -- leases hash a hashtable) is deleted by this script before it returns; the wake member is
 -- popped by idle workers (one member per queue at most).
+local q = queue_keys(KEYS)
 local now = now_ms()
 local promote = tonumber(ARGV[4])
 if promote > 0 then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, promote)
+  local due = redis.call('ZRANGEBYSCORE', q.delayed, '-inf', now, 'LIMIT', 0, promote)
   if #due > 0 then
     local add = {}
     for i = 1, #due do add[#add + 1] = 0; add[#add + 1] = due[i] end
-    redis.call('ZADD', KEYS[1], unpack(add))
-    redis.call('ZREM', KEYS[4], unpack(due))
+    redis.call('ZADD', q.pending, unpack(add))
+    redis.call('ZREM', q.delayed, unpack(due))
   end
 end
-local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
+local popped = redis.call('ZPOPMIN', q.pending, tonumber(ARGV[1]))
 if #popped == 0 then return {} end
 -- jobs left behind: pass the wake-up on, so another idle worker starts on them now
-if #popped == 2 * tonumber(ARGV[1]) and redis.call('ZCARD', KEYS[1]) > 0 then
-  redis.call('ZADD', KEYS[5], 0, 'w')
+if #popped == 2 * tonumber(ARGV[1]) and redis.call('ZCARD', q.pending) > 0 then
+  redis.call('ZADD', q.wake, 0, 'w')
 end
 local ids, act, lease = {}, {}, {}
 -- Leases of a big batch as a hashtable, not a listpack: the server keeps a hash of up to
 -- hash-max-listpack-entries fields (512 by default in Valkey 9) in a listpack, where every
 -- field written, read or deleted scans the whole list - writing a batch of 500 tokens costs
--- some 20 times as much as in a hashtable, and complete's HMGET / HDEL of them pay again. One
+-- many times what a hashtable costs (README), and complete's HMGET / HDEL of them pay again. One
 -- value longer than hash-max-listpack-value (64) in the same HSET makes the server build a
 -- hashtable; that field ('~' never starts a job id) is deleted again at once.
 local roomy = #popped > 64
@@ -57,10 +56,10 @@ for i = 1, #popped, 2 do
 end
 -- unpack() is bounded by the Lua stack (about 8,000 values): write in slices of 1,000 jobs
 for i = 1, #act, 2000 do
-  redis.call('ZADD', KEYS[2], unpack(act, i, math.min(i + 1999, #act)))
+  redis.call('ZADD', q.active, unpack(act, i, math.min(i + 1999, #act)))
 end
 for i = 1, #lease, 2000 do
-  redis.call('HSET', KEYS[3], unpack(lease, i, math.min(i + 1999, #lease)))
+  redis.call('HSET', q.leases, unpack(lease, i, math.min(i + 1999, #lease)))
 end
-if roomy then redis.call('HDEL', KEYS[3], '~roomy') end
+if roomy then redis.call('HDEL', q.leases, '~roomy') end
 return ids

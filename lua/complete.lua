@@ -1,19 +1,20 @@
 -- complete: record the results of a batch of leased jobs of one queue, with the fan-in.
 -- @include now_ms
+-- @include queue_keys
 -- @include settle_groups
 -- @include batch
+-- @include signal
+-- @include push_signals
 --
--- KEYS[1] active    zset  leased jobs         KEYS[4] outbox   list  this queue's flow:outbox
--- KEYS[2] leases    hash  id -> token         KEYS[5] pending  zset  this queue's pending
--- KEYS[3] completed zset  finished jobs by finish time (ms)
--- KEYS[6] wake      zset  set when a same-queue parent is released (idle workers block on it)
--- KEYS[7] flows:held  KEYS[8] flows:released  KEYS[9] flows:failed  this queue's flow indexes
--- KEYS[10] outbox:wake zset set with every signal pushed to an outbox (an idle Pump blocks on it)
--- KEYS[10+j]        the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs
---                   have a row to write
--- KEYS[10+p+6(g-1)+1 .. +6]  parent group g: row, dependencies, processed, unsuccessful, failed,
---                   explicit
---                   (same-queue parents only; the host read each job's parent when it claimed it)
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
+--             leases end), completed, and for the fan-in: pending and wake (a same-queue parent
+--             released), outbox and outbox_wake (cross-queue signals), flows_held,
+--             flows_released and flows_failed (a root moves between them)
+-- KEYS[15+j]  the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs have a
+--             row to write
+-- KEYS[15+p+6(g-1)+1 .. +6]  parent group g: row, dependencies, processed, unsuccessful, failed,
+--             explicit (same-queue parents only; the host read each job's parent when it
+--             claimed it)
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
 --                   (never a flow parent's row: see below)
@@ -35,17 +36,18 @@
 -- their flow's expiry; :processed records and counters go with the flow; outbox signals are
 -- trimmed by the Pump (trim_outbox.lua); the wake member is popped by idle workers, the
 -- outbox:wake member by an idle Pump.
+local q = queue_keys(KEYS)
 local queue, keep = ARGV[1], ARGV[2]
-local b = batch(3, 4)
+local b = batch(q.leases, ARGV, 3, 4)
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
 local now = now_ms()
 local out, done, fin, signals, groups = {}, {}, {}, {}, {}
-local plain = 10
+local p = 0  -- plain jobs so far: the next one's row is KEYS[15 + p]
 for i = 1, n do
   local r = base + (i - 1) * 4
   local id, result, ref = ARGV[r + 1], ARGV[r + 3], tonumber(ARGV[r + 4])
-  if ref == 0 then plain = plain + 1 end
+  if ref == 0 then p = p + 1 end
   if not b.current[i] then
     out[i] = 0
   else
@@ -55,10 +57,11 @@ for i = 1, n do
     if ref == 0 then
       -- a flow parent's row always stays (its counter and records live on beside it, and a
       -- retry by id of the finished flow must find it): the flow is swept as a unit
-      if keep == '1' or redis.call('HEXISTS', KEYS[plain], 'total') == 1 then
-        redis.call('HSET', KEYS[plain], 'result', result)
+      local row = KEYS[15 + p]
+      if keep == '1' or redis.call('HEXISTS', row, 'total') == 1 then
+        redis.call('HSET', row, 'result', result)
       else
-        redis.call('DEL', KEYS[plain])
+        redis.call('DEL', row)
       end
     elseif ref > 0 then
       local items = groups[ref]
@@ -71,11 +74,10 @@ for i = 1, n do
   end
 end
 if #done > 0 then
-  redis.call('ZREM', KEYS[1], unpack(done))
-  redis.call('HDEL', KEYS[2], unpack(done))
-  redis.call('ZADD', KEYS[3], unpack(fin))
+  redis.call('ZREM', q.active, unpack(done))
+  redis.call('HDEL', q.leases, unpack(done))
+  redis.call('ZADD', q.completed, unpack(fin))
 end
-push_signals(KEYS[4], KEYS[10], signals)
-local events = settle_groups(groups, plain, b.ids_at, queue,
-  {KEYS[5], KEYS[6], KEYS[4], KEYS[7], KEYS[8], KEYS[9], KEYS[10]}, now)
+push_signals(q.outbox, q.outbox_wake, signals)
+local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
 return {out, events}

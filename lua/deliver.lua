@@ -1,18 +1,18 @@
 -- deliver: the Pump's parent-slot half; settle outbox signals on their parents' slot.
 -- @include now_ms
+-- @include queue_keys
 -- @include settle
 --
--- KEYS[1] pending  zset  the parent queue's pending set (a released parent goes here)
--- KEYS[2] outbox   list  the parent queue's own outbox (a failed parent that has a parent of
---                        its own signals upward through it)
--- KEYS[3] wake     zset  the parent queue's wake-up hint (set when a parent is released)
--- KEYS[4] flows:held  KEYS[5] flows:released  KEYS[6] flows:failed  the parent queue's indexes
--- KEYS[7] outbox:wake zset the parent queue's Pump wake-up hint (set with an upward signal)
--- KEYS[7+6(g-1)+1 .. +6]  parent g: row, dependencies, processed, unsuccessful, failed, explicit
+-- KEYS[1..15] the PARENT queue's keys (includes/queue_keys.lua). Used here: pending and wake
+--             (a released parent), outbox and outbox_wake (a failed parent that has a parent
+--             of its own signals upward through them), flows_held, flows_released and
+--             flows_failed (a root moves between them)
+-- KEYS[15+6(g-1)+1 .. +6]  parent g: row, dependencies, processed, unsuccessful, failed,
+--             explicit
 -- ARGV[1] parent_queue   the parents' queue name
 -- ARGV[2] g              number of parents
--- then per parent: its id, m (its number of signals), kinds (m bytes: the kind of each signal,
---   'c' | 'i' | 'f'), then m pairs: child id, value
+-- ARGV[3..] per parent: its id, m (its number of signals), kinds (m bytes: the kind of each
+--   signal, 'c' | 'i' | 'f'), then m pairs: child id, value
 --
 -- Steps: for each parent, settle its signals in one group (HSETNX per child, one DECRBY,
 -- release at 0, fail on an 'f' - see settle). Redelivering any signal any number of times
@@ -23,6 +23,7 @@
 -- Returns: {statuses, events}. statuses: one per signal, in ARGV order: 1 recorded, 0 already
 -- recorded (both count as delivered), -1 the parent does not exist (not delivered; the Pump
 -- ages it). events: flat pairs ('r' | 'f', parent id) released or failed by this call.
+local q = queue_keys(KEYS)
 local now = now_ms()
 local queue, g = ARGV[1], tonumber(ARGV[2])
 local out, events = {}, {}
@@ -35,10 +36,8 @@ for gi = 1, g do
     items[j] = {string.sub(kinds, j, j), ARGV[a], ARGV[a + 1]}
     a = a + 2
   end
-  local k = 7 + (gi - 1) * 6
-  local st, ev = settle({KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5],
-    KEYS[k + 6]}, pid,
-    queue, {KEYS[1], KEYS[3], KEYS[2], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, items, now)
+  local k = 15 + (gi - 1) * 6
+  local st, ev = settle({unpack(KEYS, k + 1, k + 6)}, pid, queue, q, items, now)
   for j = 1, m do out[#out + 1] = st[j] end
   if ev then events[#events + 1] = ev; events[#events + 1] = pid end
 end

@@ -1,13 +1,15 @@
 -- expire: step 2 of a queue's retention sweep: forget what retain.lua picked, re-checked here.
 -- @include now_ms
 -- @include drop_node
+-- @include queue_keys
 --
--- KEYS[1] config  KEYS[2] completed  KEYS[3] dead  KEYS[4] flows:held  KEYS[5] flows:released
--- KEYS[6] flows:closed  KEYS[7] flows:failed  KEYS[8] flows:cancelled  KEYS[9] sweep:lease
--- KEYS[9+7(i-1)+1 .. +7]  candidate i: row, dependencies, processed, unsuccessful, failed,
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: completed, dead and the
+--             five flows_* indexes (the swept entries go)
+-- KEYS[16] config  hash  this queue's retention settings  KEYS[17] sweep:lease  string
+-- KEYS[17+7(i-1)+1 .. +7]  candidate i: row, dependencies, processed, unsuccessful, failed,
 --                         explicit, repair (a flow node's keys; a plain job has only the row)
 -- ARGV[1] pump  ARGV[2..15] the defaults, as in retain.lua
--- then per candidate, 2 values: its index ('c' completed, 'd' dead, 'f' flows:failed,
+-- ARGV[14+2i] ARGV[15+2i]  candidate i: its index ('c' completed, 'd' dead, 'f' flows:failed,
 --   'x' flows:closed, 'u' flows:released past the unclosed retention, 'k' flows:cancelled),
 --   its id
 --
@@ -25,15 +27,17 @@
 -- Owner of what it writes: it creates nothing: it deletes (a failed root still running children
 -- only gets a later score in flows:failed).
 -- Returns: {swept, {dropped root: {id, total, child queues, {explicit id, queue, ...}, refs}}}.
-if redis.call('GET', KEYS[9]) ~= ARGV[1] then return {0, {}} end
+local q = queue_keys(KEYS)
+if redis.call('GET', KEYS[17]) ~= ARGV[1] then return {0, {}} end
 local names = {'completed_age', 'completed_count', 'dead_age', 'dead_count', 'failed_age',
   'failed_count', 'closed_age', 'closed_count', 'unclosed_age', 'unclosed_count',
   'cancelled_age', 'cancelled_count'}
-local conf = redis.call('HMGET', KEYS[1], unpack(names))
+local conf = redis.call('HMGET', KEYS[16], unpack(names))
 local now = now_ms()
-local index = {c = {KEYS[2], 1}, d = {KEYS[3], 3}, f = {KEYS[7], 5}, x = {KEYS[6], 7},
-  u = {KEYS[5], 9}, k = {KEYS[8], 11}}
-local all = {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]}
+local index = {c = {q.completed, 1}, d = {q.dead, 3}, f = {q.flows_failed, 5},
+  x = {q.flows_closed, 7}, u = {q.flows_released, 9}, k = {q.flows_cancelled, 11}}
+local all = {q.completed, q.dead, q.flows_held, q.flows_released, q.flows_closed, q.flows_failed,
+  q.flows_cancelled}
 local function setting(i)
   local v = conf[i] or ARGV[1 + i]
   if v == '-1' or v == '' then return nil end
@@ -54,9 +58,8 @@ local swept, roots = 0, {}
 local n = (#ARGV - 15) / 2
 for i = 1, n do
   local code, id = ARGV[14 + 2 * i], ARGV[15 + 2 * i]
-  local k = 9 + (i - 1) * 7
-  local nk = {KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 6],
-    KEYS[k + 7]}
+  local k = 17 + (i - 1) * 7
+  local nk = {unpack(KEYS, k + 1, k + 7)}
   local ix = index[code]
   if ix and due(ix[1], ix[2], id) then
     local row = redis.call('HMGET', nk[1], 'parent', 'total', 'state')
@@ -68,7 +71,7 @@ for i = 1, n do
         redis.call('HLEN', nk[5])
       if code == 'f' and settled < tonumber(row[2]) then
         local age = setting(5)
-        if age then redis.call('ZADD', KEYS[7], now - age + 60000, id) end
+        if age then redis.call('ZADD', q.flows_failed, now - age + 60000, id) end
       else
         roots[#roots + 1] = drop_node(nk, all, id)
         swept = swept + 1

@@ -1,17 +1,20 @@
 -- fail: record a failed attempt for a batch of leased jobs of one queue; retry or bury each,
 -- and apply the failure policy to the parents of the buried ones.
 -- @include now_ms
+-- @include queue_keys
 -- @include settle_groups
 -- @include batch
+-- @include signal
+-- @include push_signals
+-- @include death
 --
--- KEYS[1] active  KEYS[2] leases  KEYS[3] outbox  KEYS[4] pending
--- KEYS[5] delayed zset retries by due time       KEYS[6] dead    zset the morgue by time of death
--- KEYS[7] wake    zset set when a same-queue parent is released (idle workers block on it)
--- KEYS[8] flows:held  KEYS[9] flows:released  KEYS[10] flows:failed  this queue's flow indexes
--- KEYS[11] outbox:wake zset set with every signal pushed to the outbox (an idle Pump blocks on it)
--- KEYS[11+i]      the row of job i (i = 1..n)
--- KEYS[11+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
---                           unsuccessful, failed, explicit
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
+--             leases end), delayed (retries by due time), dead (the morgue by time of death),
+--             and for the fan-in: pending and wake (a same-queue parent released), outbox and
+--             outbox_wake (cross-queue signals), flows_held, flows_released and flows_failed
+-- KEYS[15+i]  the row of job i (i = 1..n)
+-- KEYS[15+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
+--             unsuccessful, failed, explicit
 -- ARGV[1] queue
 -- ARGV[2..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 6
 --   values: id, token number, error, traceback, delay_ms, ref
@@ -23,8 +26,8 @@
 --   ref: 0 no parent; k > 0 a child of same-queue group k; -k a child of cross-queue parent k
 --
 -- Steps: tokens checked with one HMGET (batch.lua): a stale failure changes nothing. For each
--- current job: attempts + 1; below max_attempts (and delay_ms >= 0) it goes to delayed with its error;
--- otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
+-- current job: attempts + 1; below max_attempts (and delay_ms >= 0) it goes to delayed with its
+-- error; otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
 -- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
@@ -34,8 +37,9 @@
 -- records and counters of same-queue parents go with their flow.
 -- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
 -- events as in complete.lua.
+local q = queue_keys(KEYS)
 local queue = ARGV[1]
-local b = batch(2, 6)
+local b = batch(q.leases, ARGV, 2, 6)
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
 local now = now_ms()
@@ -48,7 +52,7 @@ for i = 1, n do
     out[i] = 0
   else
     done[#done + 1] = id
-    local row = KEYS[11 + i]
+    local row = KEYS[15 + i]
     local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch')
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if trace == '' then
@@ -78,12 +82,11 @@ for i = 1, n do
   end
 end
 if #done > 0 then
-  redis.call('ZREM', KEYS[1], unpack(done))
-  redis.call('HDEL', KEYS[2], unpack(done))
+  redis.call('ZREM', q.active, unpack(done))
+  redis.call('HDEL', q.leases, unpack(done))
 end
-if #later > 0 then redis.call('ZADD', KEYS[5], unpack(later)) end
-if #dead > 0 then redis.call('ZADD', KEYS[6], unpack(dead)) end
-push_signals(KEYS[3], KEYS[11], signals)
-local events = settle_groups(groups, 11 + n, b.ids_at, queue,
-  {KEYS[4], KEYS[7], KEYS[3], KEYS[8], KEYS[9], KEYS[10], KEYS[11]}, now)
+if #later > 0 then redis.call('ZADD', q.delayed, unpack(later)) end
+if #dead > 0 then redis.call('ZADD', q.dead, unpack(dead)) end
+push_signals(q.outbox, q.outbox_wake, signals)
+local events = settle_groups(groups, b.parents, KEYS, 15 + n, queue, q, now)
 return {out, events}

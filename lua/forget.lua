@@ -1,8 +1,10 @@
 -- forget: step 3 of a flow's expiry, on one child queue's slot: delete the rows of one
 -- expired node's children that live in this queue.
+-- @include queue_keys
 --
--- KEYS[1] completed  KEYS[2] dead   this queue's index zsets (a child's entries go too)
--- KEYS[2+i]          the row of candidate child i
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: completed and dead (a
+--             child's entries go too)
+-- KEYS[15+j]  the row of candidate child j (ARGV[1+j])
 -- ARGV[1] parent     the expired node's id
 -- then the candidate child ids (the host lists the node's derived ids <parent>.<index> and
 --   its explicit ids of this queue: a candidate that has no row here is skipped)
@@ -14,21 +16,23 @@
 -- belongs to anything else is never touched.
 -- Owner of what it writes: it creates no key; it deletes rows and their index entries.
 -- Returns: {deleted, {inner node ids}}.
+local q = queue_keys(KEYS)
 local rows, ids, inner = {}, {}, {}
-for i = 2, #ARGV do
-  local up = redis.call('HMGET', KEYS[1 + i], 'parent', 'total')
+for j = 1, #ARGV - 1 do
+  local row = KEYS[15 + j]
+  local up = redis.call('HMGET', row, 'parent', 'total')
   if up[1] == ARGV[1] then
     if up[2] then
-      inner[#inner + 1] = ARGV[i]
+      inner[#inner + 1] = ARGV[1 + j]
     else
-      rows[#rows + 1] = KEYS[1 + i]; ids[#ids + 1] = ARGV[i]
+      rows[#rows + 1] = row; ids[#ids + 1] = ARGV[1 + j]
     end
   end
 end
 -- one DEL and one ZREM per index for the whole batch (at most 500 ids: within unpack's bound)
 if #rows > 0 then
   redis.call('DEL', unpack(rows))
-  redis.call('ZREM', KEYS[1], unpack(ids))
-  redis.call('ZREM', KEYS[2], unpack(ids))
+  redis.call('ZREM', q.completed, unpack(ids))
+  redis.call('ZREM', q.dead, unpack(ids))
 end
 return {#rows, inner}

@@ -1,11 +1,13 @@
 -- hold: the first step of adding a flow; hold a parent on its own slot with its counter.
 -- @include check_id
 -- @include now_ms
+-- @include queue_keys
 --
--- KEYS[1] row           hash    the parent's row
--- KEYS[2] dependencies  string  the parent's outstanding-child counter
--- KEYS[3] flows:held    zset    this queue's index of held root flows (roots only)
--- KEYS[4] explicit      hash    child id -> queue of the children whose ids were given
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: flows_held (this queue's
+--              index of held root flows: roots only)
+-- KEYS[16] row           hash    the parent's row
+-- KEYS[17] dependencies  string  the parent's outstanding-child counter
+-- KEYS[18] explicit      hash    child id -> queue of the children whose ids were given
 -- ARGV[1] id            the parent id
 -- ARGV[2] payload       the parent's payload (serialised)
 -- ARGV[3] total         N, ALL its children, same-queue and cross-queue together
@@ -23,7 +25,7 @@
 -- ARGV[12] gen          '' for a first flow; n for a flow that replaced n older ones under this
 --                       id (its derived child ids are <id>.g<n>.<i>; settle drops reports of
 --                       other generations' children)
--- then pairs: child id, queue - the children whose ids were given (not derived)
+-- ARGV[13..] pairs: child id, queue - the children whose ids were given (not derived)
 --
 -- Steps: a parent that already exists is left exactly as it is (holding never resets a
 -- counter: a retried add converges instead of starting over) - provided it is the SAME flow:
@@ -37,11 +39,12 @@
 -- Errors: EMQKIND bad id; EMQTAKEN <id> the id is another flow's node or a plain job; EMQFLOW
 -- the parent exists with other children; EMQGEN <n> it holds a flow of generation n while the
 -- host planned another (the host re-plans once). All three are FlowConflict on the host.
+local q = queue_keys(KEYS)
 local bad = check_id(ARGV[1])
 if bad then return bad end
-local row = redis.call('HMGET', KEYS[1], 'total', 'fp', 'parent', 'state', 'gen')
+local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen')
 if row[4] == 'replaced' then
-  redis.call('DEL', KEYS[1])  -- the tombstone of a replaced flow: this hold takes its place
+  redis.call('DEL', KEYS[16])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
   if (row[3] or '') ~= ARGV[5] then
     local owner = 'a root flow parent'
@@ -61,7 +64,7 @@ elseif row[1] then
       ' other children (other ids or queues)')
   end
   return 0
-elseif redis.call('EXISTS', KEYS[1]) == 1 then
+elseif redis.call('EXISTS', KEYS[16]) == 1 then
   return redis.error_reply('EMQTAKEN ' .. ARGV[1] .. ' id ' .. ARGV[1] ..
     ' is taken by a job that is not a flow parent')
 end
@@ -73,15 +76,15 @@ if ARGV[5] ~= '' then
   fields[#fields + 1] = 'parent_policy'; fields[#fields + 1] = ARGV[7]
   if ARGV[6] ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = ARGV[6] end
 else
-  redis.call('ZADD', KEYS[3], now, ARGV[1])
+  redis.call('ZADD', q.flows_held, now, ARGV[1])
   if ARGV[10] == '1' then fields[#fields + 1] = 'barrier'; fields[#fields + 1] = '1' end
 end
 if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
 if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('SET', KEYS[2], ARGV[3])
+redis.call('HSET', KEYS[16], unpack(fields))
+redis.call('SET', KEYS[17], ARGV[3])
 -- unpack() is bounded by the Lua stack: write the explicit record in slices
 for i = 13, #ARGV, 1000 do
-  redis.call('HSET', KEYS[4], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+  redis.call('HSET', KEYS[18], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1

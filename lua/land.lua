@@ -1,10 +1,11 @@
 -- land: land a batch of a flow's leaf children on their own queue's slot, claimable at once.
 -- @include check_id
+-- @include queue_keys
+-- @include claimable
 --
--- KEYS[1]   pending   zset  this queue's claimable jobs
--- KEYS[2]   seq       string  this queue's arrival counter (see add.lua)
--- KEYS[3]   wake      zset  set when jobs become claimable (idle workers block on it)
--- KEYS[3+i] the row of child i (i = 1..n)
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending and wake (the
+--             children are claimable at once), seq (the arrival counter, see add.lua)
+-- KEYS[15+i]  the row of child i (i = 1..n)
 -- ARGV[1]   check     '1': skip children whose row exists; '0': their parent was held fresh by
 --                     this very add and their ids derive from it, so no row of THIS parent can
 --                     exist yet: one EXISTS over the batch stands for the per-child reads
@@ -15,8 +16,8 @@
 -- ARGV[4]   policy    'fp' | 'id': the children's failure-policy token
 -- ARGV[5]   max_attempts
 -- ARGV[6]   timeout_ms  the children's handler time limit ('' = the queue's)
--- then per child, 2 values: id, payload (the host groups children by parent and options, so
---   the shared fields travel once per batch)
+-- ARGV[5+2i] ARGV[6+2i]  child i (i = 1..n): its id, its payload (the host groups children by
+--   parent and options, so the shared fields travel once per batch)
 --
 -- Steps: refuse any bad id before writing; with check '1', refuse the whole batch (nothing
 -- written) when a child's row exists and belongs to anything but this parent (a plain job,
@@ -29,6 +30,7 @@
 -- Owner of what it writes: the rows are removed with their flow (the retention sweep).
 -- Returns: a list of 1 (landed) / 0 (existed), per child.
 -- Errors: EMQKIND bad id; EMQTAKEN <id> a child id that is taken (nothing written).
+local q = queue_keys(KEYS)
 local check, parent, up_queue, policy, attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local timeout = ARGV[6]
 local n = (#ARGV - 6) / 2
@@ -43,12 +45,12 @@ end
 -- batch tells, and only then is each row read.
 if check == '0' and n > 0 then
   local rows = {}
-  for i = 1, n do rows[i] = KEYS[3 + i] end
+  for i = 1, n do rows[i] = KEYS[15 + i] end
   if redis.call('EXISTS', unpack(rows)) > 0 then check = '1' end
 end
 if check == '1' then
   for i = 1, n do
-    local row = redis.call('HMGET', KEYS[3 + i], 'payload', 'parent', 'total', 'parent_queue')
+    local row = redis.call('HMGET', KEYS[15 + i], 'payload', 'parent', 'total', 'parent_queue')
     if row[1] or row[3] then
       if row[2] ~= parent or (row[4] or '') ~= up_queue then
         local owner = 'a plain job'
@@ -66,7 +68,7 @@ if check == '1' then
     end
   end
 end
-local seq = redis.call('INCRBY', KEYS[2], n) - n
+local seq = redis.call('INCRBY', q.seq, n) - n
 -- one HSET per child, the shared fields built once
 local fields = {'payload', '', 'parent', parent, 'parent_policy', policy, 'max_attempts', attempts}
 if up_queue ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = up_queue end
@@ -75,12 +77,9 @@ local ready = {}
 for i = 1, n do
   if out[i] == 1 then
     fields[2] = ARGV[6 + 2 * i]
-    redis.call('HSET', KEYS[3 + i], unpack(fields))
+    redis.call('HSET', KEYS[15 + i], unpack(fields))
     ready[#ready + 1] = seq + i; ready[#ready + 1] = ARGV[5 + 2 * i]
   end
 end
-if #ready > 0 then
-  redis.call('ZADD', KEYS[1], unpack(ready))
-  redis.call('ZADD', KEYS[3], 0, 'w')
-end
+claimable(q.pending, q.wake, ready)
 return out

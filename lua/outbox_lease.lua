@@ -1,7 +1,8 @@
 -- outbox_lease: take or renew the right to drain one queue's outbox.
+-- @include queue_keys
 --
--- KEYS[1] lease   string  the id of the Pump draining this outbox now
--- KEYS[2] outbox  list    this queue's flow:outbox
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: outbox (its length)
+-- KEYS[16] lease  string  the id of the Pump draining this outbox now
 -- ARGV[1] pump    this Pump's id
 -- ARGV[2] ttl_ms  how long the right lasts without renewal
 -- Why: two Pumps reading the same page would both trim it, and the second trim would drop
@@ -15,14 +16,15 @@
 -- Returns: 1 held by this Pump (taken or renewed), 2 held by another (whether or not there is
 -- anything to drain: a drainer that is not the holder does not wait on the outbox's wake-up
 -- hint, so the hint reaches the holder), 0 free and nothing to drain.
-if redis.call('LLEN', KEYS[2]) == 0 then
-  local holder = redis.call('GET', KEYS[1])
+local q = queue_keys(KEYS)
+if redis.call('LLEN', q.outbox) == 0 then
+  local holder = redis.call('GET', KEYS[16])
   if holder and holder ~= ARGV[1] then return 2 end
   return 0
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+if redis.call('SET', KEYS[16], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end
+if redis.call('GET', KEYS[16]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[16], tonumber(ARGV[2]))
   return 1
 end
 return 2

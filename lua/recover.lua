@@ -1,12 +1,15 @@
 -- recover: return jobs whose lease expired (their worker died or stalled) to pending.
 -- @include now_ms
+-- @include queue_keys
+-- @include claimable
 -- @include signal
+-- @include push_signals
+-- @include death
 --
--- KEYS[1] active  KEYS[2] leases  KEYS[3] pending  KEYS[4] dead
--- KEYS[5] outbox  this queue's flow:outbox
--- KEYS[6] wake    zset  set when jobs become claimable (idle workers block on it)
--- KEYS[7] outbox:wake zset set when a signal is pushed to the outbox (an idle Pump blocks on it)
--- KEYS[7+i]       the row of candidate i
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
+--             expired leases end), pending and wake (recovered jobs), dead (buried ones),
+--             outbox and outbox_wake (a buried child's signal to its parent)
+-- KEYS[15+j]  the row of candidate j (ARGV[2+j])
 -- ARGV[1] queue   this queue's name
 -- ARGV[2] max_stalls  a job whose lease expired more than this many times is buried
 -- ARGV[3..]       candidate ids (read by the host from active, by deadline)
@@ -21,14 +24,15 @@
 -- fields go with the row; outbox signals are trimmed by the Pump; the wake member is popped by
 -- idle workers, the outbox:wake member by an idle Pump.
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
--- parent_queue, parent_policy, stalls, timeout} per buried job} - the row fields in the order the claim
--- reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.
+-- parent_queue, parent_policy, stalls, timeout} per buried job} - the row fields in the order
+-- the claim reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.
+local q = queue_keys(KEYS)
 local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local back, dead, gone, signals, reports = {}, {}, {}, {}, {}
-for i = 3, #ARGV do
-  local id, row = ARGV[i], KEYS[5 + i]
-  local deadline = redis.call('ZSCORE', KEYS[1], id)
+for j = 1, #ARGV - 2 do
+  local id, row = ARGV[2 + j], KEYS[15 + j]
+  local deadline = redis.call('ZSCORE', q.active, id)
   if deadline and tonumber(deadline) <= now then
     gone[#gone + 1] = id
     if redis.call('EXISTS', row) == 1 then
@@ -53,13 +57,10 @@ for i = 3, #ARGV do
   end
 end
 if #gone > 0 then
-  redis.call('ZREM', KEYS[1], unpack(gone))
-  redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('ZREM', q.active, unpack(gone))
+  redis.call('HDEL', q.leases, unpack(gone))
 end
-if #back > 0 then
-  redis.call('ZADD', KEYS[3], unpack(back))
-  redis.call('ZADD', KEYS[6], 0, 'w')
-end
-if #dead > 0 then redis.call('ZADD', KEYS[4], unpack(dead)) end
-push_signals(KEYS[5], KEYS[7], signals)
+claimable(q.pending, q.wake, back)
+if #dead > 0 then redis.call('ZADD', q.dead, unpack(dead)) end
+push_signals(q.outbox, q.outbox_wake, signals)
 return {math.floor(#back / 2), math.floor(#dead / 2), reports}

@@ -1,19 +1,20 @@
 -- release: give leased jobs back to pending untouched (a worker shutting down gracefully).
+-- @include queue_keys
+-- @include claimable
 --
--- KEYS[1] active   zset  leased jobs
--- KEYS[2] leases   hash  id -> token
--- KEYS[3] pending  zset  claimable jobs
--- KEYS[4] wake     zset  set when jobs become claimable (idle workers block on it)
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
+--             leases end), pending and wake (the jobs are claimable again)
 -- ARGV[1..] id, token pairs
 -- Steps: for each pair whose token is current: drop it from active and leases and put it at
 -- the FRONT of pending (score 0). No attempt or stall is counted: the job never ran, or its
 -- run was abandoned by a clean shutdown. Returns: a list of 1 (released) / 0 (lease lost).
 -- Owner of what it writes: pending entries are claimed; the wake member is popped by idle
 -- workers.
+local q = queue_keys(KEYS)
 local ids = {}
 for i = 1, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then return {} end
-local current = redis.call('HMGET', KEYS[2], unpack(ids))
+local current = redis.call('HMGET', q.leases, unpack(ids))
 local out, back, gone = {}, {}, {}
 for i = 1, #ids do
   if current[i] == ARGV[2 * i] then
@@ -25,9 +26,8 @@ for i = 1, #ids do
   end
 end
 if #gone > 0 then
-  redis.call('ZREM', KEYS[1], unpack(gone))
-  redis.call('HDEL', KEYS[2], unpack(gone))
-  redis.call('ZADD', KEYS[3], unpack(back))
-  redis.call('ZADD', KEYS[4], 0, 'w')
+  redis.call('ZREM', q.active, unpack(gone))
+  redis.call('HDEL', q.leases, unpack(gone))
 end
+claimable(q.pending, q.wake, back)
 return out

@@ -2,11 +2,16 @@
 -- children to re-run are recorded, the node is held again with the right counter.
 -- @include now_ms
 -- @include flow_node
+-- @include queue_keys
+-- @include claimable
 --
--- KEYS[1] row  KEYS[2] dependencies  KEYS[3] processed  KEYS[4] unsuccessful  KEYS[5] failed
--- KEYS[6] repair     hash  child id -> kind ('f' | 'i'): the children this repair re-runs
--- KEYS[7..11] flows:held, flows:released, flows:closed, flows:failed, flows:cancelled
--- KEYS[12] pending  KEYS[13] wake  KEYS[14] explicit
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: the five flows_* indexes
+--             (a root leaves its index; held or released again), pending and wake (a parent
+--             with nothing left outstanding is released at once)
+-- KEYS[16] row  KEYS[17] dependencies  KEYS[18] processed  KEYS[19] unsuccessful
+-- KEYS[20] failed  the node's keys
+-- KEYS[21] repair    hash  child id -> kind ('f' | 'i'): the children this repair re-runs
+-- KEYS[22] explicit  hash  the node's explicit-id record (child id -> queue)
 -- ARGV[1] id  ARGV[2] ignored ('1': ignored failures are re-run too)  ARGV[3] its parent
 --         ('' for a root)
 --
@@ -24,7 +29,8 @@
 --           rerun ('1' | ''), repairs, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, a node that is not the root named, or a
 -- flow with nothing to repair (closed, completed, run by a worker).
-local row, refused = flow_node(KEYS[1], ARGV[1], ARGV[3], 'repair',
+local q = queue_keys(KEYS)
+local row, refused = flow_node(KEYS[16], ARGV[1], ARGV[3], 'repair',
   {'cq', 'barrier', 'rerun', 'gen'})
 if refused then return refused end
 local state = row[1]
@@ -34,9 +40,9 @@ local rerun = row[7] or ''
 local function move(from, kind)
   local flat = redis.call('HGETALL', from)
   for i = 1, #flat, 2 do
-    redis.call('HSET', KEYS[6], flat[i], kind)
+    redis.call('HSET', KEYS[21], flat[i], kind)
     -- the child's next run reports with this epoch; a report of an older one is stale
-    redis.call('HINCRBY', KEYS[1], 'e:' .. flat[i], 1)
+    redis.call('HINCRBY', KEYS[16], 'e:' .. flat[i], 1)
   end
   redis.call('DEL', from)
   return #flat / 2
@@ -45,42 +51,44 @@ local flip = false
 if state == 'failed' or state == 'cancelled' or (state == 'released' and ignored) then
   flip = true
 elseif state == 'held' then
-  if ignored and redis.call('HLEN', KEYS[4]) > 0 then flip = true end
+  if ignored and redis.call('HLEN', KEYS[19]) > 0 then flip = true end
 elseif state ~= 'held' then
   return redis.error_reply('EMQFLOW flow ' .. ARGV[1] .. ' is ' .. state ..
     ': nothing to repair (repair re-runs the dead children of a failed or cancelled flow)')
 end
-local repairs = redis.call('HGET', KEYS[1], 'repairs') or '0'
+local repairs = redis.call('HGET', KEYS[16], 'repairs') or '0'
 if flip then
-  move(KEYS[5], 'f')
+  move(KEYS[20], 'f')
   if ignored then
-    local n = move(KEYS[4], 'i')
-    if n > 0 then redis.call('INCRBY', KEYS[2], n) end
+    local n = move(KEYS[19], 'i')
+    if n > 0 then redis.call('INCRBY', KEYS[17], n) end
   end
   if state == 'cancelled' then rerun = '1' end
-  redis.call('HDEL', KEYS[1], 'error', 'finished', 'reason', 'cancelled', 'cancelled_from',
+  redis.call('HDEL', KEYS[16], 'error', 'finished', 'reason', 'cancelled', 'cancelled_from',
     'released')
-  redis.call('HSET', KEYS[1], 'state', 'held', 'rerun', rerun)
-  repairs = tostring(redis.call('HINCRBY', KEYS[1], 'repairs', 1))
-  for i = 7, 11 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+  redis.call('HSET', KEYS[16], 'state', 'held', 'rerun', rerun)
+  repairs = tostring(redis.call('HINCRBY', KEYS[16], 'repairs', 1))
+  for _, index in ipairs({q.flows_held, q.flows_released, q.flows_closed, q.flows_failed,
+      q.flows_cancelled}) do
+    redis.call('ZREM', index, ARGV[1])
+  end
   state = 'held'
-  local left = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if left <= 0 and redis.call('HLEN', KEYS[6]) == 0 and rerun == '' then
+  local left = tonumber(redis.call('GET', KEYS[17]) or '0')
+  if left <= 0 and redis.call('HLEN', KEYS[21]) == 0 and rerun == '' then
     -- nothing left to run: released now, as the last settle would have done
     local now = now_ms()
     if row[6] then
-      redis.call('HSET', KEYS[1], 'state', 'released', 'released', now)
-      if root then redis.call('ZADD', KEYS[8], now, ARGV[1]) end
+      redis.call('HSET', KEYS[16], 'state', 'released', 'released', now)
+      if root then redis.call('ZADD', q.flows_released, now, ARGV[1]) end
       state = 'released'
     else
-      redis.call('HSET', KEYS[1], 'state', 'pending')
-      redis.call('ZADD', KEYS[12], 0, ARGV[1])
-      redis.call('ZADD', KEYS[13], 0, 'w')
+      redis.call('HSET', KEYS[16], 'state', 'pending')
+      claimable(q.pending, q.wake, {0, ARGV[1]})
       state = 'pending'
     end
   elseif root then
-    redis.call('ZADD', KEYS[7], now_ms(), ARGV[1])
+    redis.call('ZADD', q.flows_held, now_ms(), ARGV[1])
   end
 end
-return {state, row[2], row[5] or '', redis.call('HGETALL', KEYS[14]),
-  redis.call('HKEYS', KEYS[6]), rerun, repairs, row[8] or ''}
+return {state, row[2], row[5] or '', redis.call('HGETALL', KEYS[22]),
+  redis.call('HKEYS', KEYS[21]), rerun, repairs, row[8] or ''}

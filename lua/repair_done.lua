@@ -3,26 +3,30 @@
 -- with nothing left outstanding (its children's reports arrived while it was cancelled) is
 -- released now, as its last settle would have done.
 -- @include now_ms
+-- @include queue_keys
+-- @include claimable
 --
--- KEYS[1] row  KEYS[2] repair  KEYS[3] dependencies  KEYS[4] pending  KEYS[5] wake
--- KEYS[6] flows:held  KEYS[7] flows:released
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: flows_held (a root leaves
+--             it), flows_released (a released barrier root), pending and wake (a released
+--             worker-run parent)
+-- KEYS[16] row  KEYS[17] repair  KEYS[18] dependencies  the node's keys
 -- ARGV[1] id
 -- Owner of what it writes: it deletes :repair; a released root's flows:released entry is moved
 -- by close or dropped by the unclosed retention; a pending parent is claimed.
 -- Returns: the node's state after the call.
-redis.call('DEL', KEYS[2])
-redis.call('HDEL', KEYS[1], 'rerun')
-local row = redis.call('HMGET', KEYS[1], 'state', 'barrier', 'parent')
-local left = tonumber(redis.call('GET', KEYS[3]) or '1')
+local q = queue_keys(KEYS)
+redis.call('DEL', KEYS[17])
+redis.call('HDEL', KEYS[16], 'rerun')
+local row = redis.call('HMGET', KEYS[16], 'state', 'barrier', 'parent')
+local left = tonumber(redis.call('GET', KEYS[18]) or '1')
 if row[1] ~= 'held' or left > 0 then return row[1] or '' end
-redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('ZREM', q.flows_held, ARGV[1])
 if row[2] then
   local now = now_ms()
-  redis.call('HSET', KEYS[1], 'state', 'released', 'released', now)
-  if not row[3] then redis.call('ZADD', KEYS[7], now, ARGV[1]) end
+  redis.call('HSET', KEYS[16], 'state', 'released', 'released', now)
+  if not row[3] then redis.call('ZADD', q.flows_released, now, ARGV[1]) end
   return 'released'
 end
-redis.call('HSET', KEYS[1], 'state', 'pending')
-redis.call('ZADD', KEYS[4], 0, ARGV[1])
-redis.call('ZADD', KEYS[5], 0, 'w')
+redis.call('HSET', KEYS[16], 'state', 'pending')
+claimable(q.pending, q.wake, {0, ARGV[1]})
 return 'pending'

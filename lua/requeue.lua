@@ -1,7 +1,10 @@
 -- requeue: on one child queue's slot, put the children a repair re-runs back to pending.
+-- @include queue_keys
+-- @include claimable
 --
--- KEYS[1] pending  KEYS[2] dead  KEYS[3] wake  KEYS[4] seq  this queue's sets and counter
--- KEYS[4+i] the row of candidate child i
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: dead (the morgue), pending
+--             and wake (requeued children), seq (the arrival counter)
+-- KEYS[15+j]  the row of candidate child j (ARGV[2+j])
 -- ARGV[1] parent  the repaired node's id
 -- ARGV[2] rerun   '1': also re-run children that were cancelled (a repaired cancelled flow)
 -- then the candidate child ids (the node's :repair entries, and with `rerun` its derived and
@@ -16,11 +19,13 @@
 -- with their flow's expiry; the seq counter is the queue's own (one per queue); the wake member
 -- is popped by idle workers.
 -- Returns: {requeued, {inner node ids}}.
+local q = queue_keys(KEYS)
 local n = #ARGV - 2
-local seq = redis.call('INCRBY', KEYS[4], n) - n
+local seq = redis.call('INCRBY', q.seq, n) - n
 local requeued, inner, ready = 0, {}, {}
-for i = 3, #ARGV do
-  local id, row = ARGV[i], KEYS[2 + i]
+for j = 1, n do
+  local i = 2 + j
+  local id, row = ARGV[i], KEYS[15 + j]
   local r = redis.call('HMGET', row, 'parent', 'total', 'state')
   if r[1] == ARGV[1] then
     if r[2] then
@@ -32,14 +37,11 @@ for i = 3, #ARGV do
       redis.call('HSET', row, 'attempts', 0, 'stalls', 0)
       if r[3] == 'dead' then redis.call('HINCRBY', row, 'epoch', 1) end  -- see repair.lua
       redis.call('HDEL', row, 'state', 'error', 'traceback', 'finished', 'cancelled')
-      redis.call('ZREM', KEYS[2], id)
+      redis.call('ZREM', q.dead, id)
       ready[#ready + 1] = seq + i; ready[#ready + 1] = id
       requeued = requeued + 1
     end
   end
 end
-if #ready > 0 then
-  redis.call('ZADD', KEYS[1], unpack(ready))
-  redis.call('ZADD', KEYS[3], 0, 'w')
-end
+claimable(q.pending, q.wake, ready)
 return {requeued, inner}

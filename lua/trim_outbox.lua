@@ -1,11 +1,13 @@
 -- trim_outbox: remove exactly the delivered prefix of an outbox page, and age a head that
 -- does not deliver, moving it to the poison list after `max_tries`.
 -- @include now_ms
+-- @include queue_keys
 --
--- KEYS[1] outbox  list    this queue's flow:outbox
--- KEYS[2] lease   string  the Pump lease of this outbox
--- KEYS[3] head    hash    the ageing record: entry, tries
--- KEYS[4] poison  list    signals moved aside, each '<ms> <reason>\n' .. entry (the time lets
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: outbox (the delivered
+--             prefix goes)
+-- KEYS[16] lease   string  the Pump lease of this outbox
+-- KEYS[17] head    hash    the ageing record: entry, tries
+-- KEYS[18] poison  list    signals moved aside, each '<ms> <reason>\n' .. entry (the time lets
 --                         the retention sweep drop old entries: retain.lua owns them)
 -- ARGV[1] pump       this Pump's id
 -- ARGV[2] delivered  how many entries from the head were delivered (a contiguous prefix)
@@ -22,27 +24,28 @@
 -- Owner of what it writes: the head record is deleted when the head delivers or is poisoned;
 -- poison entries are dropped by the poison retention (retain.lua, by age and count).
 -- Returns: {trimmed, poisoned}; {-1, 0} when the lease or the head did not match.
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {-1, 0} end
+local q = queue_keys(KEYS)
+if redis.call('GET', KEYS[16]) ~= ARGV[1] then return {-1, 0} end
 local delivered = tonumber(ARGV[2])
-if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[3] then return {-1, 0} end
-if delivered > 0 then redis.call('LTRIM', KEYS[1], delivered, -1) end
+if redis.call('LINDEX', q.outbox, 0) ~= ARGV[3] then return {-1, 0} end
+if delivered > 0 then redis.call('LTRIM', q.outbox, delivered, -1) end
 local poisoned = 0
 local blocked = ARGV[4]
-if blocked ~= '' and redis.call('LINDEX', KEYS[1], 0) == blocked then
+if blocked ~= '' and redis.call('LINDEX', q.outbox, 0) == blocked then
   local tries = 1
-  if redis.call('HGET', KEYS[3], 'entry') == blocked then
-    tries = redis.call('HINCRBY', KEYS[3], 'tries', 1)
+  if redis.call('HGET', KEYS[17], 'entry') == blocked then
+    tries = redis.call('HINCRBY', KEYS[17], 'tries', 1)
   else
-    redis.call('HSET', KEYS[3], 'entry', blocked, 'tries', 1)
+    redis.call('HSET', KEYS[17], 'entry', blocked, 'tries', 1)
   end
   if tries >= tonumber(ARGV[5]) then
-    redis.call('LPOP', KEYS[1])
+    redis.call('LPOP', q.outbox)
     local reason = string.gsub(ARGV[6], '\n', ' ')
-    redis.call('RPUSH', KEYS[4], now_ms() .. ' ' .. reason .. '\n' .. blocked)
-    redis.call('DEL', KEYS[3])
+    redis.call('RPUSH', KEYS[18], now_ms() .. ' ' .. reason .. '\n' .. blocked)
+    redis.call('DEL', KEYS[17])
     poisoned = 1
   end
 elseif delivered > 0 then
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[17])
 end
 return {delivered, poisoned}

@@ -7,13 +7,14 @@ import http.client
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from urllib.parse import urlencode, urlsplit
 
 import redis
 
 from echomq_core import Child, EchoMQ, FlowRef, Pump
+
+from .waiting import eventually
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 TOKEN = "browser-test-token-0123456789"
@@ -67,17 +68,18 @@ class Dashboard:
         self.base = line.rstrip("/")
         parts = urlsplit(self.base)
         self.host, self.port = parts.hostname or "", parts.port or 0
-        deadline = time.monotonic() + 15
-        while True:  # uvicorn serves a moment after the socket is bound
+
+        def answers() -> bool:  # uvicorn serves a moment after the socket is bound
             try:
-                if self.get("/api/queues").status == 200:
-                    break
+                return self.get("/api/queues").status == 200
             except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()  # never leave the process behind a failed start
-                raise AssertionError("the dashboard never answered")
-            time.sleep(0.05)
+                return False
+
+        try:
+            eventually(answers, 15, "the dashboard to answer", every=0.05)
+        except AssertionError:
+            self.stop()  # never leave the process behind a failed start
+            raise
 
     def request(
         self,
@@ -244,10 +246,9 @@ def failing_flow(mq: EchoMQ, parent_id: str = "JOB-af/etl/parse/0f3c") -> FlowRe
     worker = Worker(mq, {"tb-kids": lambda job: parse_row(job.payload)}, concurrency=1).start()
     pump = Pump(mq, ["tb-kids", "tb-parents"]).start()
     try:
-        deadline = time.monotonic() + 30
-        while len(mq.child_failures(ref.queue, ref.parent_id)) < 2:
-            assert time.monotonic() < deadline, "the two rows did not die within 30 s"
-            time.sleep(0.02)
+        eventually(
+            lambda: len(mq.child_failures(ref.queue, ref.parent_id)) >= 2, 30, "the two rows to die"
+        )
     finally:
         worker.stop()
         pump.stop()

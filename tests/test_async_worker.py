@@ -32,20 +32,13 @@ from echomq_core import (
 from echomq_core.async_worker import is_async
 
 from .conftest import Backend
+from .waiting import eventually, eventually_async
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 
 
 def _aclient(backend: Backend, prefix: str) -> AsyncEchoMQ:
     return AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
-
-
-async def _until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def _run(
@@ -109,10 +102,10 @@ def test_async_and_sync_handlers_run_and_fail_cleanly(
         return int(job.payload) * 3
 
     async def body(worker: AsyncWorker) -> None:
-        await _until(
+        await eventually_async(
             lambda: q.stats()["completed"] + q.stats()["dead"] == 303
             and s.stats()["completed"] == 50,
-            "every job",
+            what="every job",
         )
 
     _run(backend, prefix, {"aw": handle, "aw-sync": handle_sync}, body, concurrency=4)
@@ -145,7 +138,7 @@ def test_async_handlers_run_concurrently_on_one_loop(
         return int(job.payload)
 
     async def body(worker: AsyncWorker) -> None:
-        await _until(lambda: q.stats()["completed"] == 20, "20 completions")
+        await eventually_async(lambda: q.stats()["completed"] == 20, what="20 completions")
 
     worker = _run(backend, prefix, {"aw-conc": handle}, body, concurrency=20)
     assert sorted(inside) == list(range(20))
@@ -167,8 +160,8 @@ def test_a_base_exception_fails_the_attempt_and_the_worker_lives(
         return job.payload
 
     async def body(worker: AsyncWorker) -> None:
-        await _until(
-            lambda: q.stats()["completed"] == 30 and q.stats()["dead"] == 2, "all jobs"
+        await eventually_async(
+            lambda: q.stats()["completed"] == 30 and q.stats()["dead"] == 2, what="all jobs"
         )
 
     _run(
@@ -202,7 +195,9 @@ def test_long_async_jobs_are_heartbeated(mq: EchoMQ, backend: Backend, prefix: s
         for _ in range(8):
             await asyncio.to_thread(pump.tick)  # would recover the job if its lease lapsed
             await asyncio.sleep(0.1)
-        await _until(lambda: q.get_job(job_id).state == "completed", "the completion")
+        await eventually_async(
+            lambda: q.get_job(job_id).state == "completed", what="the completion"
+        )
 
     _run(backend, prefix, {"aw-slow": handle}, body, lease=0.2)
     assert q.get_job(job_id).stalls == 0
@@ -237,14 +232,14 @@ def test_time_limits_cancel_async_handlers_and_abandon_sync_ones(
 
     async def body(worker: AsyncWorker) -> None:
         # one task: the others can only complete if the hung calls' slots were freed
-        await _until(
+        await eventually_async(
             lambda: q.stats()["completed"] == 10 and s.stats()["completed"] == 10,
-            "the other jobs",
+            what="the other jobs",
         )
-        await _until(
+        await eventually_async(
             lambda: q.get_job("JOB-hang").state == "dead"
             and s.get_job("JOB-hang-sync").state == "dead",
-            "the timeouts",
+            what="the timeouts",
         )
         release.set()  # the abandoned sync call returns "too late": never recorded
         await asyncio.sleep(0.3)
@@ -301,8 +296,10 @@ def test_hooks_fire_as_in_the_threaded_worker(mq: EchoMQ, backend: Backend, pref
         return job.payload
 
     async def body(worker: AsyncWorker) -> None:
-        await _until(lambda: ("released", ref.parent_id) in hooks.seen, "the release")
-        await _until(lambda: ("dead", dead) in hooks.seen, "the dead job")
+        await eventually_async(
+            lambda: ("released", ref.parent_id) in hooks.seen, what="the release"
+        )
+        await eventually_async(lambda: ("dead", dead) in hooks.seen, what="the dead job")
 
     _run(backend, prefix, {"aw-hooks": handle}, body, hooks=hooks)
     assert sum(1 for kind, _ in hooks.seen if kind == "completed") >= 5
@@ -387,11 +384,14 @@ def test_sigterm_mid_batch_loses_nothing(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while q.stats()["completed"] < 20 or q.stats()["active"] == 0:
+
+        def going() -> bool:
+            if q.stats()["completed"] >= 20 and q.stats()["active"] > 0:
+                return True
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the worker did not get going"
-            time.sleep(0.001)
+            return False
+
+        eventually(going, 30, "the worker to get going", every=0.001)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:

@@ -22,6 +22,8 @@ from echomq_core import Child, EchoMQ, Pump
 from echomq_core.keyspace import FLOW_INDEXES
 from echomq_core.server import EmbeddedServer
 
+from .waiting import eventually
+
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 
 
@@ -303,10 +305,12 @@ def test_worker_pump_and_flow_watch(
         shown = json.loads(watched.stdout)
         assert (shown["total"], shown["processed"], shown["dependencies"]) == (50, 50, 0)
         assert shown["released"] is True and shown["subflows"] == []
-        deadline = time.monotonic() + 20
-        while mq.get_job("cli-parents", ref.parent_id).state != "completed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        eventually(
+            lambda: mq.get_job("cli-parents", ref.parent_id).state == "completed",
+            20,
+            "the parent's completion",
+            every=0.05,
+        )
         stats, table = run_many(
             [["queue", "stats", "cli-kids", "--json", *conn], ["queue", "stats", *conn]], env
         )
@@ -353,10 +357,13 @@ def test_worker_drains_on_sigterm(
     try:
         # wait for the handler itself: a claimed job whose handler has not started yet is
         # given back on SIGTERM (by design), so "active" alone would make this test racy
-        deadline = time.monotonic() + 20
-        while not (app_dir / "slow.started").exists():
-            assert time.monotonic() < deadline and worker.poll() is None
-            time.sleep(0.02)
+        def started() -> bool:
+            if (app_dir / "slow.started").exists():
+                return True
+            assert worker.poll() is None, "the worker exited"
+            return False
+
+        eventually(started, 20, "the handler to start")
     finally:
         worker.send_signal(signal.SIGTERM)  # mid-job: the handler is sleeping
         _, err = worker.communicate(timeout=30)

@@ -27,6 +27,7 @@ from echomq_core import flows as flow_ops
 
 from .conftest import Backend
 from .flowkit import keys_of, normalised, work_off
+from .waiting import eventually
 
 
 def test_explicit_child_id_of_a_plain_job_is_refused_and_nothing_is_written(
@@ -233,21 +234,21 @@ def test_keep_completed_false_keeps_a_finished_parent_readable_and_its_retry_run
     try:
         snap = mq.wait(parents, "JOB-k", timeout=30)
         assert snap.released
-        end = time.monotonic() + 30.0
-        while "JOB-k" not in runs and time.monotonic() < end:
-            time.sleep(0.05)
-        assert "JOB-k" in runs
-        while mq.snapshot(parents, "JOB-k").parent_state != "completed":
-            assert time.monotonic() < end
-            time.sleep(0.05)
+        eventually(lambda: "JOB-k" in runs, 30, "the parent's run", every=0.05)
+        eventually(
+            lambda: mq.snapshot(parents, "JOB-k").parent_state == "completed",
+            30,
+            "the parent's completion",
+            every=0.05,
+        )
         info = mq.queue(parents).get_job("JOB-k")
         assert (info.state, info.total) == ("completed", 5)
         assert len(mq.children_values(parents, "JOB-k")) == 5
         assert mq.wait(parents, "JOB-k", timeout=1).released  # no poll until a timeout
         # keep_completed=False still deletes a plain job's row
-        while mq.queue(parents).stats()["completed"] < 4:
-            assert time.monotonic() < end
-            time.sleep(0.05)
+        eventually(
+            lambda: mq.queue(parents).stats()["completed"] >= 4, 30, "4 completions", every=0.05
+        )
         assert not [k for k in keys_of(backend, prefix) if k.endswith(":job:JOB-plain")]
         ran = len(runs)
         mq.add_flow(parents, spec, parent_id="JOB-k")  # a retry by id of the finished flow

@@ -25,6 +25,7 @@ from echomq_core.ops import GC_PAUSE_AT, gc_paused
 
 from .conftest import Backend
 from .flowkit import keys_of, run_steps, work_off
+from .waiting import eventually
 
 
 def result_of(job: Job) -> Any:
@@ -64,14 +65,16 @@ def test_cross_queue_thousand_children(backend: Backend, prefix: str) -> None:
     worker = Worker(mq, {work: result_of}, concurrency=2, max_batch=50, pump=False).start()
     readings = 0
     try:
-        deadline = time.monotonic() + 60
-        while check_invariant(mq, parents, ref.parent_id) > 0:
-            readings += 1
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        while not released:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+
+        def settled() -> bool:
+            nonlocal readings
+            if check_invariant(mq, parents, ref.parent_id) > 0:
+                readings += 1
+                return False
+            return True
+
+        eventually(settled, 60, "every child settled", every=0.002)
+        eventually(lambda: released, 60, "the release", every=0.01)
     finally:
         worker.stop()
         stop.set()
@@ -207,9 +210,9 @@ def test_two_pumps_one_outbox(backend: Backend, prefix: str) -> None:
             work_q.complete_many([(j, j.payload) for j in jobs])
             if len(jobs) % 2:  # let the lease move between Pumps now and then
                 mq.connection.client.delete(mq.keys.outbox_lease(work))
-        deadline = time.monotonic() + 30
-        while mq.dependencies(parents, ref.parent_id) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(
+            lambda: mq.dependencies(parents, ref.parent_id) == 0, 30, "the release", every=0.01
+        )
     finally:
         stop.set()
         for t in threads:
@@ -386,10 +389,9 @@ def test_named_refs_and_pump_gives_up_leases_on_stop(mq: EchoMQ) -> None:
     (job,) = mq.queue("c").claim()
     mq.queue("c").complete(job, 1)
     first = Pump(mq, ["c"]).start()
-    deadline = time.monotonic() + 5
-    while not mq.connection.client.get(mq.keys.outbox_lease("c")):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    eventually(
+        lambda: mq.connection.client.get(mq.keys.outbox_lease("c")), 5, "the lease", every=0.01
+    )
     first.stop()
     assert mq.connection.client.get(mq.keys.outbox_lease("c")) is None
     second = mq.add_flow("p", [Child(2, queue="c")])
@@ -439,12 +441,9 @@ def test_every_push_to_an_outbox_sets_the_pumps_wake_up_hint(
     assert take(work)
     assert q.fail(dies, "no", retry=False)  # fail.lua: buried, its signal pushed
     assert take(work)
-    deadline = time.monotonic() + 30
-    buried: list[Any] = []
     pump = Pump(mq, [work], max_stalls=0, maintain_every=0.0)
-    while not buried and time.monotonic() < deadline:  # the lease expires; recover.lua buries
-        time.sleep(0.05)
-        buried = pump.tick().dead
+    # the lease expires; recover.lua buries
+    buried = eventually(lambda: pump.tick().dead, 30, "the stalled job's burial", every=0.05)
     assert [job.id for job, _ in buried] == [stalls.id]
     assert take(work)
     # deliver.lua: the nested parent (in `mid`) of a child that died fails and signals upward
@@ -460,8 +459,14 @@ def test_every_push_to_an_outbox_sets_the_pumps_wake_up_hint(
     # replay_poison.lua: a signal whose parent does not exist is poisoned, then replayed
     raw.rpush(mq.keys.outbox(work), b"c\nJOB-x.0\n" + parents.encode() + b"\nJOB-x\n1")
     pump.max_tries = 1
-    while not raw.llen(mq.keys.poison(work)) and time.monotonic() < deadline:
+
+    def poisoned() -> bool:
+        if raw.llen(mq.keys.poison(work)):
+            return True
         pump.tick()
+        return False
+
+    eventually(poisoned, 30, "the poisoned signal", every=0.0)
     take(work)
     assert mq.perform(poison_replay(mq.keys, work, 10)) == 1
     assert take(work)
@@ -481,15 +486,21 @@ def test_an_idle_pump_is_woken_by_a_signal_not_by_its_interval(
     first = mq.add_flow(parents, [Child(i, queue=work) for i in range(5)])
     q.complete_many([(j, j.payload) for j in q.claim(5)])
     with Pump(mq, [parents, work], interval=60.0):
-        deadline = time.monotonic() + 20
-        while mq.dependencies(parents, first.parent_id) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(
+            lambda: mq.dependencies(parents, first.parent_id) == 0,
+            20,
+            "the first flow's release",
+            every=0.01,
+        )
         assert mq.dependencies(parents, first.parent_id) == 0
         time.sleep(0.3)  # the Pump is idle now, blocked on the hint
         second = mq.add_flow(parents, [Child(i, queue=work) for i in range(5)])
         q.complete_many([(j, j.payload) for j in q.claim(5)])
-        deadline = time.monotonic() + 20
-        while mq.dependencies(parents, second.parent_id) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(
+            lambda: mq.dependencies(parents, second.parent_id) == 0,
+            20,
+            "the second flow's release",
+            every=0.01,
+        )
         assert mq.dependencies(parents, second.parent_id) == 0
     mq.close()

@@ -54,6 +54,7 @@ from echomq_core.connection import Call
 from .chaos.harness import record
 from .conftest import Backend
 from .flowkit import keys_of, normalised, work_off
+from .waiting import eventually
 
 LIMIT = 1024  # max_payload_bytes of the client under test: "over a configurable size limit"
 
@@ -739,17 +740,17 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
     calls = {
         "add": Call.lua(
             "add",
-            [ks.pending("hq"), ks.delayed("hq"), ks.seq("hq"), ks.wake("hq"), good_row, good_row],
+            [*ks.queue_keys("hq"), good_row, good_row],
             ["1", 3, 0, 0, "", "JOB-fine", b"1", "JOB-a b", b"2"],
         ),
         "land": Call.lua(
             "land",
-            [ks.pending("hq"), ks.seq("hq"), ks.wake("hq"), good_row],
+            [*ks.queue_keys("hq"), good_row],
             ["1", "JOB-flow", "hp", "fp", 3, "", "JOB-{x}", b"1"],
         ),
         "hold": Call.lua(
             "hold",
-            [good_row, good_row + ":dependencies"],
+            [*ks.queue_keys("hq"), good_row, good_row + ":dependencies"],
             ["JOB-\nx", b"1", 2, 3, "", "", "fp", "0" * 24, ""],
         ),
     }
@@ -827,13 +828,13 @@ def test_unstorable_results_fail_the_job_and_the_worker_survives(
     pump = Pump(mq, [parents, work]).start()
     try:
         mq.wait(parents, "JOB-id", timeout=30)
-        deadline = time.monotonic() + 30
-        while not (
-            sum(q.stats()[k] for k in ("completed", "dead")) == 50 + 5 + 4
-            and mq.get_job(parents, "JOB-id").state == "completed"
-        ):
-            assert time.monotonic() < deadline, q.stats()
-            time.sleep(0.05)
+        eventually(
+            lambda: sum(q.stats()[k] for k in ("completed", "dead")) == 50 + 5 + 4
+            and mq.get_job(parents, "JOB-id").state == "completed",
+            30,
+            lambda: f"every job and the parent to finish: {q.stats()}",
+            every=0.05,
+        )
         assert all(t.is_alive() for t in worker._runners), "the worker survived every bad result"
     finally:
         worker.stop()

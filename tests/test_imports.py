@@ -73,3 +73,21 @@ def test_the_core_has_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_package_exports_its_public_api() -> None:
+    """``__all__`` is what ``from echomq_core import *`` gives; every name in it resolves, and
+    every error of the README's Errors table is among them."""
+    import re
+
+    import echomq_core
+
+    assert sorted(echomq_core.__all__) == echomq_core.__all__
+    star: dict[str, object] = {}
+    exec("from echomq_core import *", star)
+    assert sorted(k for k in star if k != "__builtins__") == echomq_core.__all__
+    readme = (CORE.parent / "README.md").read_text()
+    table = readme.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    errors = re.findall(r"^\| `([A-Za-z]+)` \|", table, re.MULTILINE)
+    assert "ServerStartError" in errors
+    assert set(errors) <= set(echomq_core.__all__), set(errors) - set(echomq_core.__all__)

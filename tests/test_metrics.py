@@ -24,6 +24,7 @@ from echomq_core.metrics import COMMANDS_PER_QUEUE, ProcessMetrics, QueueCollect
 from echomq_core.server import EmbeddedServer
 
 from .conftest import Backend
+from .waiting import eventually
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 
@@ -193,11 +194,13 @@ def test_worker_metrics_count_what_the_worker_did(backend: Backend, mq: EchoMQ) 
     )
     metrics.watch_worker(worker)
     worker.start()
-    deadline = time.monotonic() + 30
     try:
-        while q.stats()["completed"] < 22 or q.stats()["dead"] < 1:
-            assert time.monotonic() < deadline, q.stats()
-            time.sleep(0.05)
+        eventually(
+            lambda: q.stats()["completed"] >= 22 and q.stats()["dead"] >= 1,
+            30,
+            lambda: f"22 completions and a death: {q.stats()}",
+            every=0.05,
+        )
     finally:
         worker.stop()
     found = samples(metrics.registry)
@@ -235,11 +238,13 @@ def test_async_handlers_are_timed_and_counted_when_awaited(backend: Backend, mq:
         max_poll=0.05,
     )
     worker.start()
-    deadline = time.monotonic() + 20
     try:
-        while q.stats()["completed"] < 1 or q.stats()["dead"] < 1:
-            assert time.monotonic() < deadline, q.stats()
-            time.sleep(0.05)
+        eventually(
+            lambda: q.stats()["completed"] >= 1 and q.stats()["dead"] >= 1,
+            20,
+            lambda: f"a completion and a death: {q.stats()}",
+            every=0.05,
+        )
     finally:
         worker.stop()
     found = samples(metrics.registry)
@@ -312,17 +317,21 @@ def test_worker_and_pump_serve_metrics_on_metrics_port(
         worker_url, pump_url = (next(_metrics_url(p)) for p in procs)
         assert "127.0.0.1" in worker_url and "127.0.0.1" in pump_url
         mq.wait("mx-cli-parents", ref.parent_id, timeout=30)
-        deadline = time.monotonic() + 10
-        while True:  # the worker's completions and the Pump's deliveries, as scraped
+        last: list[str] = []
+
+        def scraped() -> tuple[str, str] | None:
+            """The worker's completions and the Pump's deliveries, as scraped."""
             worker_text = urllib.request.urlopen(worker_url, timeout=5).read().decode()
             pump_text = urllib.request.urlopen(pump_url, timeout=5).read().decode()
+            last[:] = [worker_text, pump_text]
             if (
                 'echomq_jobs_completed_total{queue="mx-cli"} 10.0' in worker_text
                 and 'echomq_pump_events_total{event="delivered"} 10.0' in pump_text
             ):
-                break
-            assert time.monotonic() < deadline, (worker_text, pump_text)
-            time.sleep(0.1)
+                return worker_text, pump_text
+            return None
+
+        worker_text, pump_text = eventually(scraped, 10, lambda: tuple(last), every=0.1)
         assert 'echomq_claim_batch_size_count{queue="mx-cli"}' in worker_text
         assert 'echomq_flows_released_total{queue="mx-cli-parents"} 1.0' in pump_text
         # the Pump also exports the server-side gauges of the queues it serves

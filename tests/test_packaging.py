@@ -3,7 +3,8 @@ what a working tree collects (local servers, caches, bytecode) and that sits und
 
 Every sdist must hold only its package, README and pyproject (a wheel is then built from the
 sdist, as pip would); every wheel only its import packages. No binary, cache or test server
-reaches an artifact; one version for all three, each adapter pinned to that ``echomq``.
+reaches an artifact; one version for all three, each adapter pinned to that ``echomq``, and
+that version written once (``__version__`` in ``echomq_core/__init__.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -93,7 +95,9 @@ def test_sdist_holds_its_package_only(built: dict[str, tuple[Path, Path]], dist:
     _clean(names, data)
     tops = {name.split("/", 1)[0] for name in names}
     extra = {"README.md", "pyproject.toml", "PKG-INFO", ".gitignore"}
-    extra |= {"lua"} if dist == "echomq" else set()
+    # the core ships its scripts; each adapter its metadata hook (version and pins: see
+    # test_the_version_is_written_once)
+    extra |= {"lua"} if dist == "echomq" else {"hatch_build.py"}
     assert tops == WHEEL_TOPS[dist] | extra
 
 
@@ -136,6 +140,9 @@ def test_one_version_and_each_adapter_needs_that_echomq(
     versions = {dist: meta["Version"] for dist, meta in metadata.items()}
     assert len(set(versions.values())) == 1, versions
     version = versions["echomq"]
+    import echomq_core
+
+    assert version == echomq_core.__version__  # the one source
     for dist in ("airflow-provider-echomq", "dagster-echomq"):
         assert f"echomq=={version}" in metadata[dist].get_all("Requires-Dist"), dist
     # the server binary is an extra: workers, Pumps and orchestrator processes go without it
@@ -147,6 +154,22 @@ def test_one_version_and_each_adapter_needs_that_echomq(
 
     assert get_provider_info()["versions"] == [version]
     assert get_provider_info()["package-name"] == "airflow-provider-echomq"
+
+
+def test_the_version_is_written_once() -> None:
+    """No pyproject states a version or pins ``echomq`` to one: each takes it from
+    ``echomq_core/__init__.py`` (the core through hatch's version source, each adapter through
+    its ``hatch_build.py``, which every adapter sdist carries)."""
+    import echomq_core
+
+    for folder in PROJECTS.values():
+        text = (ROOT / folder / "pyproject.toml").read_text()
+        project = tomllib.loads(text)["project"]
+        assert "version" not in project and "version" in project["dynamic"], folder
+        assert echomq_core.__version__ not in text, folder
+    assert (ROOT / "airflow_provider" / "hatch_build.py").read_bytes() == (
+        ROOT / "dagster_integration" / "hatch_build.py"
+    ).read_bytes()
 
 
 def test_setup_floor_versions_are_the_ranges_lower_ends() -> None:

@@ -28,6 +28,8 @@ from echomq_core import Child, ConfigurationError, EchoMQ, Job, Pump, Worker
 from echomq_core.hooks import ENTRY_POINT_GROUP, Hooks, hookimpl, plugin_manager
 from echomq_core.server import EmbeddedServer
 
+from .waiting import eventually
+
 PLUGIN_PKG = Path(__file__).resolve().parent / "plugin_pkg"
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 
@@ -135,13 +137,19 @@ def test_entry_point_plugin_receives_each_event_once(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while {key(e) for e in read_events(plugin_env)} < expected:
+
+        def all_seen() -> bool:
+            if not {key(e) for e in read_events(plugin_env)} < expected:
+                return True
             assert worker.poll() is None and pump.poll() is None, "a process died"
-            assert time.monotonic() < deadline, sorted(
-                expected - {key(e) for e in read_events(plugin_env)}
-            )
-            time.sleep(0.1)
+            return False
+
+        eventually(
+            all_seen,
+            30,
+            lambda: sorted(expected - {key(e) for e in read_events(plugin_env)}),
+            every=0.1,
+        )
         time.sleep(0.5)  # room for a duplicate to show up
     finally:
         for proc in (worker, pump):
@@ -220,10 +228,12 @@ def test_plugins_registered_in_code(mq: EchoMQ, caplog: pytest.LogCaptureFixture
     pump = Pump(mq, ["kids", "parents"], hooks=hooks).start()
     try:
         mq.wait(flow.queue, flow.parent_id, timeout=20, poll=0.05)
-        deadline = time.monotonic() + 20
-        while mq.get_job(flow.queue, flow.parent_id).state != "completed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        eventually(
+            lambda: mq.get_job(flow.queue, flow.parent_id).state == "completed",
+            20,
+            "the parent's completion",
+            every=0.05,
+        )
     finally:
         worker.stop()
         pump.stop()

@@ -22,6 +22,8 @@ from echomq_core import (
     Pump,
 )
 
+from .waiting import eventually
+
 
 def test_add_claim_complete(mq: EchoMQ) -> None:
     q = mq.queue("work")
@@ -111,18 +113,21 @@ def test_retries_with_backoff_then_dead(mq: EchoMQ) -> None:
     q = mq.queue("work", max_attempts=3, backoff=Backoff(base_ms=50, cap_ms=200))
     job_id = q.add("doomed")
     seen = []
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def attempt() -> bool:
+        """Claim the job when it is due and fail it: True once it died."""
         jobs = q.claim()
         if not jobs:
-            time.sleep(0.01)
-            continue
+            return False
         seen.append(time.monotonic())
         died = q.fail(jobs[0], f"boom {len(seen)}")
         info = q.get_job(job_id)
         if died:
-            break
+            return True
         assert info.state == "delayed" and info.error == f"boom {len(seen)}"
+        return False
+
+    eventually(attempt, 5, "the job's death", every=0.01)
     assert len(seen) == 3
     gaps = [b - a for a, b in itertools.pairwise(seen)]
     assert gaps[0] >= 0.025 and gaps[1] >= 0.05  # jittered 50 ms, then 100 ms, at least half

@@ -52,6 +52,7 @@ from echomq_core.server import EmbeddedServer, find_server_binary, free_port
 from .chaos.harness import record
 from .conftest import ROOT, Backend
 from .flowkit import keys_of
+from .waiting import eventually
 
 DOC = ROOT / "docs" / "RELIABILITY.md"
 SECRET = "S3cr3t-pw-Zq9"
@@ -259,17 +260,17 @@ def flow_suite(mq: EchoMQ, backend: Backend, url: str) -> None:
     try:
         mq.wait(parents, "JOB-acl", timeout=60)
         mq.wait(parents, "JOB-acl-id", timeout=60)
-        deadline = time.monotonic() + 60
-        while not (
-            mq.get_job(parents, "JOB-acl").state == "completed"
+        eventually(
+            lambda: mq.get_job(parents, "JOB-acl").state == "completed"
             and mq.snapshot(parents, "JOB-acl-fp").parent_state == "failed"
             and mq.queue(b).stats()["poison"] == 1
             and all(
                 mq.queue(n).stats()["pending"] + mq.queue(n).stats()["active"] == 0 for n in (a, b)
-            )
-        ):
-            assert time.monotonic() < deadline, [mq.queue(n).stats() for n in (parents, a, b)]
-            time.sleep(0.05)
+            ),
+            60,
+            lambda: [mq.queue(n).stats() for n in (parents, a, b)],
+            every=0.05,
+        )
     finally:
         worker.stop()
         pump.stop()
@@ -619,10 +620,12 @@ def test_a_flow_over_mutual_tls_as_the_acl_user(tls_server: TLSServer) -> None:
     pump.start()
     try:
         mq.wait("tls-parents", "JOB-tls", timeout=30)
-        deadline = time.monotonic() + 30
-        while mq.get_job("tls-parents", "JOB-tls").state != "completed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        eventually(
+            lambda: mq.get_job("tls-parents", "JOB-tls").state == "completed",
+            30,
+            "the parent's completion",
+            every=0.05,
+        )
     finally:
         worker.stop()
         pump.stop()

@@ -15,6 +15,8 @@ import pytest
 from echomq_core import Child, EchoMQ
 from echomq_core.server import EmbeddedServer
 
+from .waiting import eventually
+
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 APP = """
 def double(job):
@@ -27,18 +29,23 @@ HANDLERS = {"st-kids": double}
 def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float = 60.0) -> list[str]:
     """The stderr lines of ``proc`` up to the first that holds ``needle`` (the gate)."""
     assert proc.stderr is not None
+    stderr = proc.stderr
     seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
+
+    def told() -> str:
+        return f"{needle!r} to be logged; stderr so far:\n{''.join(seen)}"
+
+    def logged() -> bool:
+        line = stderr.readline()
         if not line:
             if proc.poll() is not None:
-                break
-            continue
+                raise AssertionError(f"the process exited before {told()}")
+            return False
         seen.append(line)
-        if needle in line:
-            return seen
-    raise AssertionError(f"{needle!r} not logged; stderr so far:\n{''.join(seen)}")
+        return needle in line
+
+    eventually(logged, timeout, told, every=0.0)
+    return seen
 
 
 def test_worker_and_pump_wait_for_a_server_that_starts_late(

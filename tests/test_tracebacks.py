@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import pytest
@@ -14,14 +13,7 @@ from echomq_core import AsyncEchoMQ, AsyncWorker, Backoff, Child, EchoMQ, Job, P
 from echomq_core.models import MAX_TRACEBACK
 
 from .conftest import Backend
-
-
-def _until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        time.sleep(0.02)
+from .waiting import eventually
 
 
 def failed(mq: EchoMQ, ref: Any) -> bool:
@@ -46,8 +38,8 @@ def test_traceback_kept_and_read_through_child_failures(mq: EchoMQ) -> None:
     worker = Worker(mq, {"tb-work": lambda job: parse_row(job.payload)}, concurrency=2).start()
     pump = Pump(mq).start()
     try:
-        _until(lambda: failed(mq, ref), what="the parent failed")
-        _until(lambda: len(mq.child_failures(ref.queue, ref.parent_id)) == 2, what="2 deaths")
+        eventually(lambda: failed(mq, ref), what="the parent failed")
+        eventually(lambda: len(mq.child_failures(ref.queue, ref.parent_id)) == 2, what="2 deaths")
     finally:
         worker.stop()
         pump.stop()
@@ -72,7 +64,7 @@ def test_a_failed_sub_flow_stands_for_its_leaf(mq: EchoMQ) -> None:
     worker = Worker(mq, {"tb-leaf": lambda job: parse_row(job.payload)}, concurrency=1).start()
     pump = Pump(mq).start()
     try:
-        _until(lambda: failed(mq, ref), what="the parent failed")
+        eventually(lambda: failed(mq, ref), what="the parent failed")
     finally:
         worker.stop()
         pump.stop()
@@ -92,7 +84,7 @@ def test_traceback_is_cut_to_its_tail(mq: EchoMQ) -> None:
 
     worker = Worker(mq, {"tb-long": lambda job: deep(200)}, concurrency=1).start()
     try:
-        _until(lambda: q.stats()["dead"] == 1, what="dead")
+        eventually(lambda: q.stats()["dead"] == 1, what="dead")
     finally:
         worker.stop()
     trace = q.get_job(job_id).traceback or ""
@@ -112,7 +104,7 @@ def test_failed_attempts_are_logged(mq: EchoMQ, caplog: pytest.LogCaptureFixture
         queue_options={"backoff": Backoff(10, 20)},
     ).start()
     try:
-        _until(lambda: q.stats()["dead"] == 1, timeout=60, what="dead")
+        eventually(lambda: q.stats()["dead"] == 1, timeout=60, what="dead")
     finally:
         worker.stop()
     lines = [r.getMessage() for r in caplog.records if "failed, attempt" in r.getMessage()]
@@ -132,7 +124,7 @@ def test_failed_attempt_logs_traceback_at_info(
     caplog.set_level(logging.INFO, logger="echomq_core.worker")
     worker = Worker(mq, {"tb-info": lambda job: parse_row(job.payload)}, concurrency=1).start()
     try:
-        _until(lambda: q.stats()["dead"] == 1, what="dead")
+        eventually(lambda: q.stats()["dead"] == 1, what="dead")
     finally:
         worker.stop()
     (line,) = [r.getMessage() for r in caplog.records if "failed, attempt" in r.getMessage()]

@@ -14,16 +14,9 @@ import pytest
 from echomq_core import EchoMQ, Job, Unrecoverable, Worker
 
 from .conftest import Backend
+from .waiting import eventually
 
 PROC = str(Path(__file__).parent / "procs" / "worker_proc.py")
-
-
-def _wait(predicate, timeout: float = 20.0, every: float = 0.02) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(every)
 
 
 def test_worker_runs_handlers_and_fails_cleanly(mq: EchoMQ) -> None:
@@ -45,7 +38,7 @@ def test_worker_runs_handlers_and_fails_cleanly(mq: EchoMQ) -> None:
 
     worker = Worker(mq, {"work": handle}, concurrency=2).start()
     try:
-        _wait(lambda: q.stats()["completed"] + q.stats()["dead"] == 303)
+        eventually(lambda: q.stats()["completed"] + q.stats()["dead"] == 303, 20)
     finally:
         worker.stop()
     assert q.get_job(ok[10]).result == 11
@@ -74,7 +67,7 @@ def test_worker_heartbeats_long_jobs(mq: EchoMQ) -> None:
         for _ in range(8):
             pump.tick()  # would recover the job if its lease lapsed
             time.sleep(0.1)
-        _wait(lambda: q.get_job(job_id).state == "completed")
+        eventually(lambda: q.get_job(job_id).state == "completed", 20)
     finally:
         worker.stop()
     assert q.get_job(job_id).stalls == 0
@@ -104,8 +97,9 @@ def test_sigterm_mid_batch_loses_nothing(
         text=True,
     )
     try:
-        _wait(lambda: q.stats()["completed"] >= 20)
-        _wait(lambda: q.stats()["active"] > 0, every=0.001)  # mid-batch: jobs are leased now
+        eventually(lambda: q.stats()["completed"] >= 20, 20)
+        # mid-batch: jobs are leased now
+        eventually(lambda: q.stats()["active"] > 0, 20, "a leased job", every=0.001)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -151,7 +145,7 @@ def test_idle_worker_starts_new_jobs_at_once(
         assert "waiting for work failed" not in caplog.text
         for round_ in range(3):  # woken, idle again, woken again
             job_id = q.add(round_)
-            _wait(lambda j=job_id: q.get_job(j).state == "completed", timeout=10)
+            eventually(lambda j=job_id: q.get_job(j).state == "completed", timeout=10)
             time.sleep(0.2)
     finally:
         worker.stop()
@@ -168,7 +162,7 @@ def test_wake_up_is_passed_on_to_other_idle_runners(mq: EchoMQ) -> None:
     worker = _idle(Worker(mq, {"wake-many": handle}, concurrency=3, **SLOW_POLL))
     try:
         q.add_bulk(range(60))
-        _wait(lambda: q.stats()["completed"] == 60, timeout=10)
+        eventually(lambda: q.stats()["completed"] == 60, timeout=10)
     finally:
         worker.stop()
     assert len(seen) >= 2, f"only {seen} ran jobs: the wake-up was not passed on"
@@ -187,7 +181,7 @@ def test_flow_children_and_released_parents_wake_their_workers(mq: EchoMQ) -> No
         # cross-queue: landed children wake the child worker; the Pump's delivery wakes the
         # parent's worker
         cross = mq.add_flow("wk-p", [Child(i, queue="wk-c") for i in range(20)])
-        _wait(lambda: {same.parent_id, cross.parent_id} <= set(ran), timeout=10)
+        eventually(lambda: {same.parent_id, cross.parent_id} <= set(ran), timeout=10)
     finally:
         pump.stop()
         children.stop()
@@ -204,10 +198,10 @@ def test_promoted_and_given_back_jobs_wake_workers(mq: EchoMQ) -> None:
     pump = Pump(mq, ["wk-later"]).start()
     try:
         later = q.add("x", delay=0.3)  # due while the worker waits: the Pump's promotion wakes it
-        _wait(lambda: q.get_job(later).state == "completed", timeout=10)
+        eventually(lambda: q.get_job(later).state == "completed", timeout=10)
         time.sleep(0.2)
         assert q.release([held]) == [True]  # a job given back wakes the idle worker
-        _wait(lambda: q.get_job(held_id).state == "completed", timeout=10)
+        eventually(lambda: q.get_job(held_id).state == "completed", timeout=10)
     finally:
         pump.stop()
         worker.stop()

@@ -21,16 +21,9 @@ from echomq_core import Backoff, Child, EchoMQ, Job, JobSpec, ParentFailed, Pump
 from echomq_core.server import EmbeddedServer
 
 from .conftest import Backend
+from .waiting import eventually
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
-
-
-def _wait(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit, GeneratorExit])
@@ -52,7 +45,7 @@ def test_a_handler_raising_a_base_exception_fails_the_attempt_and_the_runner_liv
         mq, {"bx": handle}, concurrency=1, queue_options={"backoff": Backoff(10, 10)}
     ).start()
     try:
-        _wait(lambda: q.stats()["completed"] == 50 and q.stats()["dead"] == 2, what="all jobs")
+        eventually(lambda: q.stats()["completed"] == 50 and q.stats()["dead"] == 2, what="all jobs")
     finally:
         worker.stop()
     assert all(t.is_alive() is False for t in worker._runners)  # stopped, not crashed early
@@ -93,8 +86,8 @@ def test_a_hung_handler_is_abandoned_at_the_queue_timeout_and_its_late_result_is
     ).start()
     try:
         # one runner: the 20 others can only complete if the hung call's slot was freed
-        _wait(lambda: q.stats()["completed"] == 20, what="the other jobs")
-        _wait(lambda: q.get_job("JOB-hang").state == "dead", what="the second timeout")
+        eventually(lambda: q.stats()["completed"] == 20, what="the other jobs")
+        eventually(lambda: q.get_job("JOB-hang").state == "dead", what="the second timeout")
         info = q.get_job("JOB-hang")
         assert info.attempts == 2
         assert info.error == "TimeoutError: the handler ran longer than 0.5s"
@@ -102,7 +95,7 @@ def test_a_hung_handler_is_abandoned_at_the_queue_timeout_and_its_late_result_is
         assert worker.abandoned == 2
         assert q.stats()["active"] == 0  # the lease was not extended past the limit
         release.set()  # the abandoned calls return "too late": refused by their tokens
-        _wait(
+        eventually(
             lambda: sum(1 for t in threading.enumerate() if "runner" in t.name) == 1,
             what="the abandoned threads to end",
         )
@@ -145,7 +138,7 @@ def test_job_and_flow_child_timeouts_win_over_the_queue(backend: Backend, prefix
     try:
         with pytest.raises(ParentFailed, match="TimeoutError"):
             mq.wait(parents, ref.parent_id, timeout=30)
-        _wait(lambda: q.get_job("JOB-own-limit").state == "dead", what="the own limit")
+        eventually(lambda: q.get_job("JOB-own-limit").state == "dead", what="the own limit")
         assert "TimeoutError" in (q.get_job("JOB-own-limit").error or "")
         assert "TimeoutError" in mq.failed_children(parents, "JOB-flow")["JOB-flow.0"]
         assert q.get_job("JOB-no-limit").state == "active"  # 20 s: still running, leased
@@ -212,12 +205,12 @@ def test_worker_process_with_timeout_survives_its_handlers_and_stops_gracefully(
         text=True,
     )
     try:
-        _wait(
+        eventually(
             lambda: q.stats()["dead"] == 3 and q.stats()["completed"] == 10,
             what="three dead, ten completed",
         )
         slow = q.add("slow")
-        _wait(lambda: (tmp_path / "slow.started").exists(), what="the slow handler")
+        eventually(lambda: (tmp_path / "slow.started").exists(), what="the slow handler")
         worker.send_signal(sig)  # mid-job: graceful, the slow job finishes
         _, err = worker.communicate(timeout=30)
     finally:

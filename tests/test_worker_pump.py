@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -22,17 +21,10 @@ from echomq_core import (
 from echomq_core.options import PumpOptions
 
 from .conftest import Backend
+from .waiting import eventually
 
 #: A worker's Pump that recovers leases every 50 ms (the default: once a second).
 FAST = PumpOptions(interval=0.05, maintain_every=0.05)
-
-
-def _until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        time.sleep(0.02)
 
 
 def test_the_readme_program_settles_with_workers_alone(backend: Backend, prefix: str) -> None:
@@ -64,7 +56,9 @@ def test_the_readme_program_settles_with_workers_alone(backend: Backend, prefix:
     worker = Worker(mq, {extract: handle, transform: handle, reports: handle}, concurrency=4)
     worker.start()
     try:
-        _until(lambda: mq.get_job(reports, ref.parent_id).state == "completed", what="parent ran")
+        eventually(
+            lambda: mq.get_job(reports, ref.parent_id).state == "completed", what="parent ran"
+        )
     finally:
         worker.stop()
     assert len(ran) == 1 and set(ran[0]) == {f"{ref.parent_id}.0", f"{ref.parent_id}.2"}
@@ -104,7 +98,7 @@ def test_a_worker_recovers_expired_leases_of_its_queues(mq: EchoMQ) -> None:
     (lost,) = q.claim()  # claimed by a "dead" process that never reports
     worker = Worker(mq, {"wp-stall": lambda job: "done"}, pump=FAST).start()
     try:
-        _until(lambda: q.get_job(job_id).state == "completed", what="the job re-ran")
+        eventually(lambda: q.get_job(job_id).state == "completed", what="the job re-ran")
     finally:
         worker.stop()
     info = q.get_job(job_id)
@@ -120,7 +114,7 @@ def test_pump_false_leaves_the_outbox_to_a_pump(backend: Backend, prefix: str) -
     ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(50)], barrier=True)
     worker = Worker(mq, {work: lambda job: job.payload}, pump=False).start()
     try:
-        _until(lambda: mq.queue(work).stats()["completed"] == 50, what="children done")
+        eventually(lambda: mq.queue(work).stats()["completed"] == 50, what="children done")
     finally:
         worker.stop()
     assert mq.queue(work).stats()["outbox"] == 50

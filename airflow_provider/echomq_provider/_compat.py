@@ -41,8 +41,9 @@ if AIRFLOW_3_2:
         AirflowSkipException,
     )
 else:  # Airflow 3.1
-    from airflow.configuration import conf  # type: ignore[no-redef,assignment]
-    from airflow.exceptions import (  # type: ignore[no-redef,assignment]
+    # the ignores are for the newest Airflow's types; at the floor they are unused
+    from airflow.configuration import conf  # type: ignore[assignment,unused-ignore]
+    from airflow.exceptions import (  # type: ignore[no-redef,unused-ignore]
         AirflowFailException,
         AirflowSensorTimeout,
         AirflowSkipException,
@@ -51,7 +52,9 @@ else:  # Airflow 3.1
 try:  # the keyword arguments a TaskFlow callable takes from the context (3.2+: the Task SDK)
     from airflow.sdk.bases.decorator import determine_kwargs
 except ImportError:  # Airflow 3.1
-    from airflow.utils.operator_helpers import determine_kwargs  # type: ignore[no-redef,attr-defined]
+    from airflow.utils.operator_helpers import (  # type: ignore[attr-defined,unused-ignore]
+        determine_kwargs,
+    )
 
 #: Whether this Airflow takes the connection form from the hook's methods (3.1) rather than
 #: from provider info (3.2+).
@@ -85,7 +88,9 @@ def listeners_registered() -> bool:
         try:
             from airflow.sdk.listener import get_listener_manager
         except ImportError:  # Airflow 3.1
-            from airflow.listeners.listener import get_listener_manager  # type: ignore[assignment]
+            from airflow.listeners.listener import (  # type: ignore[assignment,unused-ignore]
+                get_listener_manager,
+            )
         return bool(get_listener_manager().has_listeners)
     except Exception:
         log.debug("could not read the listener manager", exc_info=True)

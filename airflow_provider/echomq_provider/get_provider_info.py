@@ -13,11 +13,14 @@ it against ``provider_info.schema.json``. Two rules matter:
   Airflow builds the form without importing the hook; the hook methods
   ``get_connection_form_widgets`` / ``get_ui_field_behaviour`` are deprecated.
 
-This module imports nothing from Airflow or EchoMQ, so it stays cheap to call.
+This module imports nothing from Airflow or EchoMQ, so it stays cheap to call; the version is
+the installed distribution's (Airflow finds this function through that distribution's entry
+point), which is echomq's (one version source: see hatch_build.py).
 """
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Any
 
 _INTEGRATION = "EchoMQ"
@@ -30,7 +33,7 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Durable fan-out / fan-in on Redis-protocol servers: add a flow from a "
         "task, wait for its children (poke, reschedule or deferrable), and hand "
         "their results to downstream tasks through XCom.",
-        "versions": ["0.1.0"],
+        "versions": [version("airflow-provider-echomq")],
         "integrations": [{"integration-name": _INTEGRATION, "tags": ["service"]}],
         "operators": [
             {

@@ -24,6 +24,8 @@ import redis
 
 from echomq_core import EchoMQ
 
+from ..waiting import eventually
+
 PROC = str(Path(__file__).with_name("chaos_proc.py"))
 #: When set, each scenario appends its evidence row (one JSON object per line) to this file:
 #: docs/RELIABILITY.md is filled from these rows.
@@ -74,14 +76,22 @@ class Fleet:
         return self
 
     def wait_ready(self, timeout: float = 20.0) -> None:
+        """Until every member logged "ready" (one bound for all of them)."""
         deadline = time.monotonic() + timeout
         for m in self.members:
-            while b"ready" not in m.log.read_bytes():
+
+            def ready(m: Member = m) -> bool:
+                if b"ready" in m.log.read_bytes():
+                    return True
                 if m.proc.poll() is not None:
                     raise AssertionError(f"{m.role} exited early:\n{m.log.read_text()}")
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{m.role} not ready:\n{m.log.read_text()}")
-                time.sleep(0.02)
+                return False
+
+            eventually(
+                ready,
+                max(0.0, deadline - time.monotonic()),
+                lambda m=m: f"{m.role} to be ready:\n{m.log.read_text()}",
+            )
 
     def kill_one(self, rng: random.Random) -> str:
         """SIGKILL a random live member and start a replacement of the same role."""

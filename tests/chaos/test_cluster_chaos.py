@@ -37,6 +37,7 @@ import pytest
 from echomq_core import Child, EchoMQ
 
 from ..conftest import Backend
+from ..waiting import eventually
 from .chaos_proc import runs_key, starts_key
 from .harness import Fleet, Killer, record, row_fields
 
@@ -85,10 +86,14 @@ def run_under_chaos(
         fleet.wait_ready()
         started = time.monotonic()
         killer.start()
-        while not done():
-            assert time.monotonic() - started < timeout, "the flow did not settle in time"
+
+        def settled() -> bool:
+            if done():
+                return True
             assert killer.error is None, killer.error
-            time.sleep(0.1)
+            return False
+
+        eventually(settled, timeout, "the flow to settle", every=0.1)
         wall = time.monotonic() - started
         killer.stop()
         assert killer.error is None, killer.error

@@ -59,9 +59,11 @@ from redis.crc import key_slot
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, EchoMQError, Pump
 from echomq_core.keyspace import Keyspace
+from echomq_core.pump import TickStats
 from echomq_core.server import EmbeddedServer, _command
 
 from ..clusterkit import EmbeddedCluster
+from ..waiting import eventually
 from .harness import Fleet, Member, record, row_fields
 
 PROC_FILE = str(Path(__file__).with_name("topology_proc.py"))
@@ -299,11 +301,18 @@ class Flow:
         return snap.processed + snap.ignored
 
     def wait_settled(self, at_least: int, timeout: float = 60.0) -> int:
-        deadline = time.monotonic() + timeout
-        while (done := self.settled()) < at_least:
-            assert time.monotonic() < deadline, f"only {done} of {self.total} settled"
+        done = 0
+
+        def enough() -> bool:
+            nonlocal done
+            if (done := self.settled()) >= at_least:
+                return True
             assert not self.fleet.crashed(), self.fleet.crashed()
-            time.sleep(0.05)
+            return False
+
+        eventually(
+            enough, timeout, lambda: f"{at_least} settled: only {done} of {self.total}", every=0.05
+        )
         return done
 
     def probe_children(self) -> list[Child]:
@@ -333,7 +342,6 @@ class Flow:
         from the fault on; the processes report their claims and ticks. ``lost``: the queues
         whose master is gone (workers must claim from each of them again); ``ready()``: when
         the fault is over (the replica took over, the reshard ended), None before."""
-        deadline = time.monotonic() + limit
         halt = threading.Event()
         seen: dict[str, list[tuple[str, float]]] = {"sync": [], "async": []}
 
@@ -357,38 +365,44 @@ class Flow:
             thread.start()
         workers: list[float | None] = []
         pumps: list[float | None] = []
+        after: float | None = None
+
+        def recovered() -> Recovery | None:
+            nonlocal workers, pumps, after
+            assert not self.fleet.crashed(), self.fleet.crashed()
+            after = ready()
+            if after is None:
+                return None
+            sync_s = back_after(seen["sync"], since, after)
+            async_s = back_after(seen["async"], since, after)
+            workers = [
+                recovery(m, [f"claim:{q}" for q in lost], since, after)
+                for m in self.fleet.members
+                if m.role == "worker"
+            ]
+            pumps = [
+                recovery(m, ["tick"], since, after) for m in self.fleet.members if m.role == "pump"
+            ]
+            every = [sync_s, async_s, *workers, *pumps]
+            if sync_s is None or async_s is None or None in every:
+                return None
+            return Recovery(
+                round(sync_s, 2),
+                round(async_s, 2),
+                [round(w, 2) for w in workers if w is not None],
+                [round(p, 2) for p in pumps if p is not None],
+            )
+
+        def told() -> str:
+            return (
+                f"everything to work again: not yet {time.time() - since:.1f}s after the fault "
+                f"(over: {after is not None}): back after (s): workers {workers}, Pumps "
+                f"{pumps}; last probes: sync {seen['sync'][-2:]}, async {seen['async'][-2:]}; "
+                f"logs in {self.fleet.logdir}"
+            )
+
         try:
-            while True:
-                assert not self.fleet.crashed(), self.fleet.crashed()
-                after = ready()
-                if after is not None:
-                    sync_s = back_after(seen["sync"], since, after)
-                    async_s = back_after(seen["async"], since, after)
-                    workers = [
-                        recovery(m, [f"claim:{q}" for q in lost], since, after)
-                        for m in self.fleet.members
-                        if m.role == "worker"
-                    ]
-                    pumps = [
-                        recovery(m, ["tick"], since, after)
-                        for m in self.fleet.members
-                        if m.role == "pump"
-                    ]
-                    every = [sync_s, async_s, *workers, *pumps]
-                    if sync_s is not None and async_s is not None and None not in every:
-                        return Recovery(
-                            round(sync_s, 2),
-                            round(async_s, 2),
-                            [round(w, 2) for w in workers if w is not None],
-                            [round(p, 2) for p in pumps if p is not None],
-                        )
-                assert time.monotonic() < deadline, (
-                    f"not everything works again {time.time() - since:.1f}s after the fault "
-                    f"(over: {after is not None}): back after (s): workers {workers}, Pumps "
-                    f"{pumps}; last probes: sync {seen['sync'][-2:]}, async {seen['async'][-2:]}; "
-                    f"logs in {self.fleet.logdir}"
-                )
-                time.sleep(0.1)
+            return eventually(recovered, limit, told, every=0.1)
         finally:
             halt.set()
             for thread in pollers:
@@ -397,14 +411,21 @@ class Flow:
     def finish(self, timeout: float = 120.0) -> None:
         """Open the gate and wait until the flow and the probes completed."""
         self.gate.touch()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout  # one bound for all of them
         for parent_id in [self.parent_id, *self.probes]:
-            while self.mq.get_job(self.parents, parent_id).state != "completed":
-                assert time.monotonic() < deadline, (
-                    f"{parent_id} did not complete: {self.mq.snapshot(self.parents, parent_id)}"
-                )
+
+            def completed(parent_id: str = parent_id) -> bool:
+                if self.mq.get_job(self.parents, parent_id).state == "completed":
+                    return True
                 assert not self.fleet.crashed(), self.fleet.crashed()
-                time.sleep(0.1)
+                return False
+
+            eventually(
+                completed,
+                max(0.0, deadline - time.monotonic()),
+                lambda p=parent_id: f"{p} to complete: {self.mq.snapshot(self.parents, p)}",
+                every=0.1,
+            )
 
     def stop(self) -> None:
         assert not self.fleet.crashed(), "no process exited:\n" + "\n".join(self.fleet.crashed())
@@ -647,14 +668,22 @@ def test_pump_and_async_client_outlive_their_default_node(
         since = time.monotonic()
         victim.kill()
         cluster.wait_for_failover(victim, timeout=60)
-        deadline = since + bound(cluster)
-        while True:  # bounded: tick until it works (it works at once: no call needs the node)
+        errors: list[EchoMQError] = []
+
+        def ticked() -> TickStats | None:
             try:
-                stats = pump.tick()
-                break
+                return pump.tick()
             except EchoMQError as exc:
-                assert time.monotonic() < deadline, f"the Pump never recovered: {exc}"
-                time.sleep(0.2)
+                errors.append(exc)
+                return None
+
+        # bounded: tick until it works (it works at once: no call needs the node)
+        stats = eventually(
+            ticked,
+            max(0.0, since + bound(cluster) - time.monotonic()),
+            lambda: f"the Pump to recover (last error: {errors[-1] if errors else None})",
+            every=0.2,
+        )
         assert stats.delivered == 50 and stats.released == [(parents, ref.parent_id)]
         assert mq.snapshot(parents, ref.parent_id).released
         aref = side.call(
@@ -707,14 +736,12 @@ def reshard(flow: Flow, queue: str, target: EmbeddedServer, tag: str) -> dict[st
         pending["sync"] = threading.Thread(target=add, daemon=True)
         pending["sync"].start()
         pending["async"] = side.submit(flow.async_probe(f"JOB-aprobe-{tag}"))
-        deadline = time.monotonic() + 3.0  # well inside the router's wait for a moving slot
-        while time.monotonic() < deadline:
-            s, a = mq.connection.stats["tryagain"], side.stats.get("tryagain", 0)
-            if s > sync0.get("tryagain", 0) and a > async0.get("tryagain", 0):
-                return
-            time.sleep(0.01)
-        raise AssertionError(
-            f"the clients did not meet TRYAGAIN: {mq.connection.stats} {side.stats}"
+        eventually(
+            lambda: mq.connection.stats["tryagain"] > sync0.get("tryagain", 0)
+            and side.stats.get("tryagain", 0) > async0.get("tryagain", 0),
+            3.0,  # well inside the router's wait for a moving slot
+            lambda: f"the clients to meet TRYAGAIN: {mq.connection.stats} {side.stats}",
+            every=0.01,
         )
 
     migration = cluster.migrate_slot(slot, target, batch=50, pause=0.03, before_handover=handover)

@@ -19,6 +19,7 @@ from echomq_core import Child, ConnectionLost, EchoMQ, Pump
 
 from ..conftest import Backend
 from ..flowkit import normalised, work_off
+from ..waiting import eventually
 from .harness import ConnectionKiller, Fleet, record, row_fields
 
 VICTIM = "emq-victim"
@@ -251,14 +252,22 @@ def test_pump_delivery_under_connection_kills(backend: Backend, prefix: str) -> 
     try:
         with ConnectionKiller(backend.servers, VICTIM, 0.005, 0.02) as killer:
             pump.start()
-            deadline = time.monotonic() + 90
-            while owner.snapshot(parents, ref.parent_id).parent_state == "held":
-                assert time.monotonic() < deadline, owner.snapshot(parents, ref.parent_id)
+            deadline = time.monotonic() + 90  # one bound for both waits
+
+            def settled() -> bool:
+                if owner.snapshot(parents, ref.parent_id).parent_state != "held":
+                    return True
                 assert pump.running
-                time.sleep(0.02)
-        while q.stats()["outbox"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+                return False
+
+            eventually(
+                settled, 90, lambda: f"the release: {owner.snapshot(parents, ref.parent_id)}"
+            )
+        eventually(
+            lambda: not q.stats()["outbox"],
+            max(0.0, deadline - time.monotonic()),
+            lambda: f"an empty outbox: {q.stats()}",
+        )
     finally:
         pump.stop()
         logging.getLogger("echomq_core.pump").removeHandler(counter)
@@ -305,15 +314,23 @@ def test_worker_and_pump_processes_reconnect_and_carry_on(
     try:
         fleet.wait_ready()
         with ConnectionKiller(backend.servers, VICTIM, 0.02, 0.08) as killer:
-            deadline = time.monotonic() + 120
-            while mq.get_job(parents, "JOB-cw").state != "completed":
-                assert time.monotonic() < deadline, (
+
+            def completed() -> bool:
+                if mq.get_job(parents, "JOB-cw").state == "completed":
+                    return True
+                assert not fleet.crashed(), fleet.crashed()
+                return False
+
+            eventually(
+                completed,
+                120,
+                lambda: (
                     mq.snapshot(parents, "JOB-cw"),
                     [mq.queue(q).stats() for q in (parents, a, b)],
                     fleet.logdir,
-                )
-                assert not fleet.crashed(), fleet.crashed()
-                time.sleep(0.1)
+                ),
+                every=0.1,
+            )
         wall = time.monotonic() - started
         assert not fleet.crashed(), "no process gave up"
         fleet.stop()

@@ -27,6 +27,7 @@ import pytest
 from echomq_core import Child, EchoMQ
 
 from ..conftest import Backend
+from ..waiting import eventually
 from .chaos_proc import broken_key, started_key
 from .harness import Fleet, Killer, record
 
@@ -68,11 +69,15 @@ class Watch(threading.Thread):
 
 
 def wait_for(what: str, predicate: Any, killer: Killer, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
+    """:func:`eventually`, failing at once when the invariant reader saw the invariant broken."""
+
+    def met() -> bool:
+        if predicate():
+            return True
         assert killer.error is None, killer.error
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+        return False
+
+    eventually(met, timeout, what, every=0.1)
 
 
 def test_cancel_and_repair_under_chaos(

@@ -23,6 +23,7 @@ import pytest
 from echomq_core import Child, EchoMQ
 from echomq_core.server import EmbeddedServer
 
+from ..waiting import eventually
 from .chaos_proc import runs_key
 from .harness import Fleet, record, row_fields
 
@@ -33,13 +34,6 @@ N = 2000
 def _flow(mq: EchoMQ, parents: str, a: str, b: str) -> None:
     children = [Child({"n": i, "pause": 10}, queue=a if i % 2 else b) for i in range(N)]
     mq.add_flow(parents, children, payload={"parent": True}, parent_id="JOB-restart")
-
-
-def _wait(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def _settled(mq: EchoMQ, parents: str) -> int:
@@ -65,7 +59,7 @@ def test_sigkill_and_restart_with_aof(tmp_path: Path, proc_env: dict[str, str], 
         crashes = []
         rolled_back = 0  # settled children read before a crash and gone after it (everysec)
         for mark in (0.3, 0.7):
-            _wait(lambda m=mark: _settled(mq, parents) >= m * N)
+            eventually(lambda m=mark: _settled(mq, parents) >= m * N, 60)
             crashes.append(_settled(mq, parents))
             server.kill()  # SIGKILL, mid-flow, with the fleet running
             time.sleep(0.5)  # the fleet sees the server gone
@@ -74,7 +68,7 @@ def test_sigkill_and_restart_with_aof(tmp_path: Path, proc_env: dict[str, str], 
             if fsync == "always":
                 assert after >= crashes[-1], "acknowledged progress survived the crash"
             rolled_back += max(0, crashes[-1] - after)
-        _wait(lambda: mq.get_job(parents, "JOB-restart").state == "completed", 120)
+        eventually(lambda: mq.get_job(parents, "JOB-restart").state == "completed", 120)
         wall = time.monotonic() - started
         assert not fleet.crashed(), fleet.crashed()
         fleet.stop()
@@ -125,7 +119,7 @@ def test_sigkill_with_the_servers_default_persistence_loses_the_flow(
         _flow(mq, parents, a, b)
         fleet.start().wait_ready()
         started = time.monotonic()
-        _wait(lambda: _settled(mq, parents) >= N // 2)
+        eventually(lambda: _settled(mq, parents) >= N // 2, 60)
         settled = _settled(mq, parents)
         server.kill()
         server.restart()

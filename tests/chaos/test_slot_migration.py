@@ -43,6 +43,7 @@ from echomq_core.errors import ConfigurationError, ConnectionLost
 from echomq_core.server import EmbeddedServer, _command
 
 from ..clusterkit import EmbeddedCluster
+from ..waiting import eventually
 from .harness import record
 
 N = 1500  # children of the flow, plus the two gated ones
@@ -152,10 +153,19 @@ def test_a_slow_migration_pauses_the_queue_and_loses_nothing(
             for worker in workers:
                 worker.start()
             pump.start()
-            deadline = time.monotonic() + 60
-            while (settled := mq.snapshot(queue, parent_id).settled) < N // 4:
-                assert time.monotonic() < deadline, f"only {settled} of {total} settled"
-                time.sleep(0.05)
+            settled = 0
+
+            def a_quarter() -> bool:
+                nonlocal settled
+                settled = mq.snapshot(queue, parent_id).settled
+                return settled >= N // 4
+
+            eventually(
+                a_quarter,
+                60,
+                lambda: f"{N // 4} settled: only {settled} of {total}",
+                every=0.05,
+            )
 
             keys = int(_command(source.host, source.port, "CLUSTER", "COUNTKEYSINSLOT", slot))
             pause = MIGRATION_S / math.ceil(keys / BATCH)
@@ -174,10 +184,12 @@ def test_a_slow_migration_pauses_the_queue_and_loses_nothing(
             assert cluster.server_for_slot(slot) is target
             assert migration.seconds >= MIGRATION_S  # three times the old 5 s bound
             gate.set()
-            deadline = time.monotonic() + 60
-            while mq.get_job(queue, parent_id).state != "completed":
-                assert time.monotonic() < deadline, mq.snapshot(queue, parent_id)
-                time.sleep(0.05)
+            eventually(
+                lambda: mq.get_job(queue, parent_id).state == "completed",
+                60,
+                lambda: f"the parent's completion: {mq.snapshot(queue, parent_id)}",
+                every=0.05,
+            )
             ended = time.monotonic()
         finally:
             gate.set()

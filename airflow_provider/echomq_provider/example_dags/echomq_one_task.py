@@ -38,7 +38,7 @@ ITEMS = 8
     doc_md=__doc__,
 )
 def echomq_one_task() -> None:
-    @task.echo_flow(  # type: ignore[attr-defined]  # registered by the provider at run time
+    @task.echo_flow(  # registered by the provider at run time
         parent_queue="example.reports",
         wait_for_completion=True,
         wait_timeout=600,

@@ -1,0 +1,102 @@
+-- @include signal
+-- @include push_signals
+-- @include claimable
+-- settle_current(pk, parent_id, parent_queue, q, items, now, row): settle items of ONE parent's
+-- current flow, on the parent's slot (settle.lua has dropped other generations' reports).
+--   pk    = {row, dependencies, processed, unsuccessful, failed, explicit} keys of the parent
+--   q     = the parent queue's keys (queue_keys.lua): pending + wake (a released worker-run
+--           parent), outbox + outbox_wake (a failed parent's signal upward), flows_held,
+--           flows_released, flows_failed (a root moves between them)
+--   items = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
+--   row   = the parent row's fields settle read: state, barrier, parent, gen, repairs
+-- Each child is recorded with HSETNX: only a first record counts, so settling the same child
+-- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
+-- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
+-- A parent that fails and has a parent of its own emits a signal into its own queue's outbox,
+-- kind chosen by ITS policy token, so failure climbs the tree one Pump hop per level.
+-- A released BARRIER root (a flow read from outside) is never made claimable: its state
+-- becomes 'released' and it waits in flows:released for a reader to close it; any other
+-- released parent goes to pending for a worker. A root leaves flows:held when it is released
+-- or fails (then it enters flows:failed, where the failed retention finds it).
+-- A cancelled parent is never released or failed: reports of children that finished before
+-- the cancel (already on their way) are recorded and counted as usual, so a repair neither
+-- re-runs them nor waits for them; running children lost their lease, so their reports never
+-- get here. A death report ('i', 'f') of a repaired flow's child carries the child's repair
+-- epoch (see death.lua): one older than the epoch the parent gave that child at its last
+-- repair is stale (a redelivery of a report from before the repair) and changes nothing.
+-- Owner of what it writes: :processed/:unsuccessful/:failed records, the counter and the
+-- row's fields go with the flow's expiry (expire.lua / forget.lua / drop.lua); flows:* entries
+-- move on with the flow's state and are dropped at expiry; a released worker-run parent's
+-- pending entry is claimed (its wake member popped by idle workers); the upward signal is
+-- trimmed by the Pump, and the outbox:wake member set with it is popped by an idle Pump.
+-- Returns: statuses, event, as settle.lua.
+local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
+  local statuses = {}
+  local state, barrier, root = row[1], row[2], not row[3]
+  local event = nil
+  local settled = 0
+  local first_failure = nil
+  for i = 1, #items do
+    local kind, child, value = items[i][1], items[i][2], items[i][3]
+    local target = pk[3]
+    local stale = false
+    if kind ~= 'c' then
+      target = pk[5]
+      if kind == 'i' then target = pk[4] end
+      local epoch = 0
+      if string.byte(value, 1) == 1 then
+        local e, rest = string.match(value, '^\1(%d+)\1(.*)$')
+        if e then epoch, value = tonumber(e), rest end
+      end
+      if row[5] then  -- a repaired flow: a death reported for a run before the last repair
+        local current = tonumber(redis.call('HGET', pk[1], 'e:' .. child) or '0')
+        stale = epoch < current
+      end
+    end
+    if stale then
+      statuses[i] = 0
+    elseif redis.call('HSETNX', target, child, value) == 1 then
+      statuses[i] = 1
+      if kind == 'f' then
+        if not first_failure then first_failure = {child, value} end
+      else
+        settled = settled + 1
+      end
+    else
+      statuses[i] = 0
+    end
+  end
+  if settled > 0 then
+    local left = redis.call('DECRBY', pk[2], settled)
+    if left <= 0 and state == 'held' and not first_failure then
+      if barrier then
+        redis.call('HSET', pk[1], 'state', 'released', 'released', now)
+        redis.call('ZADD', q.flows_released, now, parent_id)
+        state = 'released'
+      else
+        redis.call('HSET', pk[1], 'state', 'pending')
+        claimable(q.pending, q.wake, {0, parent_id})
+        state = 'pending'
+      end
+      if root then redis.call('ZREM', q.flows_held, parent_id) end
+      event = 'r'
+    end
+  end
+  if first_failure and state == 'held' then
+    local err = 'child ' .. first_failure[1] .. ' failed: ' .. first_failure[2]
+    redis.call('HSET', pk[1], 'state', 'failed', 'error', err, 'finished', now)
+    if root then
+      redis.call('ZREM', q.flows_held, parent_id)
+      redis.call('ZADD', q.flows_failed, now, parent_id)
+    end
+    event = 'f'
+    local up = redis.call('HMGET', pk[1], 'parent', 'parent_queue', 'parent_policy')
+    if up[1] then
+      local kind = 'f'
+      if up[3] == 'id' then kind = 'i' end
+      push_signals(q.outbox, q.outbox_wake,
+        {signal(kind, parent_id, up[2] or parent_queue, up[1], err)})
+    end
+  end
+  return statuses, event
+end
