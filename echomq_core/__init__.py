@@ -4,6 +4,7 @@ What this package exports (``__all__``) is the public API: the clients, the queu
 models, the worker, the Pump, and every error of the README's Errors table.
 """
 
+from .async_queue import AsyncQueue
 from .async_worker import AsyncWorker
 from .client import AsyncEchoMQ, EchoMQ
 from .errors import (
@@ -43,6 +44,7 @@ from .worker import Worker
 
 __all__ = [
     "AsyncEchoMQ",
+    "AsyncQueue",
     "AsyncWorker",
     "Backoff",
     "Child",

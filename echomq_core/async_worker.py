@@ -15,9 +15,10 @@ or ``echomq worker --async``. Async handlers (``async def``, or any callable who
 handler never blocks the loop.
 
 It is the threaded :class:`~echomq_core.worker.Worker` with tasks for threads - the same
-operations (:class:`~echomq_core.queue.Queue`'s ``*_op`` methods, driven by the
-:class:`~echomq_core.connection.AsyncConnection`), the same scripts, the same claim sizes,
-outcome rules and hooks (:mod:`echomq_core.running`), the same options
+operations (:class:`~echomq_core.queue.QueueOps`, driven through its
+:class:`~echomq_core.AsyncQueue` s), the same scripts, the same exchanges with the server
+(:mod:`echomq_core.routines`), the same claim sizes, outcome rules and hooks
+(:mod:`echomq_core.running`), the same options
 (:class:`~echomq_core.options.WorkerOptions`): one fetcher task claims into a local buffer, N
 runner tasks take jobs from it, one flusher task records results in batches, one heartbeat task
 extends leases every ``lease / 3`` seconds; jobs of a cancelled flow that were claimed but not
@@ -48,12 +49,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from . import ops
+from .async_queue import AsyncQueue
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
 from .options import PumpOptions, WorkerOptions, build
 from .pump import worker_pump
-from .queue import Queue
+from .routines import adrive, extend_leases, give_back, record
 from .running import (
     BLOCK_SLICE,
     Failed,
@@ -62,8 +64,6 @@ from .running import (
     OptionAttributes,
     Outcome,
     failure,
-    fire_hooks,
-    log_failures,
     make_queues,
     split,
     wake_queues,
@@ -74,6 +74,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("echomq_core.worker")
 Handler = Callable[[Job], Any]
+#: The routines' lock: one event loop runs every task, so none is needed.
+_NO_LOCK = contextlib.nullcontext()
 
 
 def is_async(handler: Any) -> bool:
@@ -100,9 +102,7 @@ class AsyncWorker(OptionAttributes):
         **settings: Any,
     ) -> None:
         opts = self.options = build(WorkerOptions, options, settings)
-        #: Only the ``*_op`` methods of these queues are used: their sync ones need a sync
-        #: client, and this worker drives the same operations on its asyncio connection.
-        self.queues: dict[str, Queue] = make_queues(client, handlers, opts, queue_options)
+        self.queues = make_queues(client, handlers, opts, queue_options, AsyncQueue)
         self.client = client
         self.connection = client.connection
         self.handlers = dict(handlers)
@@ -255,7 +255,7 @@ class AsyncWorker(OptionAttributes):
                 name = names[(turn + step) % len(names)]
                 try:
                     sent = time.monotonic()
-                    jobs = await self.connection.perform(self.queues[name].claim_op(want))
+                    jobs = await self.queues[name].claim(want)
                 except EchoMQError as exc:
                     if not self._stop.is_set():
                         log.warning("claim from %r failed: %s", name, exc)
@@ -417,16 +417,8 @@ class AsyncWorker(OptionAttributes):
 
     async def _check_leases(self, job: Job) -> None:
         jobs = [job, *(j for j, _ in self._hand.buffer)]
-        by_queue: dict[str, list[Job]] = {}
-        for item in jobs:
-            by_queue.setdefault(item.queue, []).append(item)
-        for name, items in by_queue.items():
-            try:
-                held = await self.connection.perform(self.queues[name].heartbeat_op(items))
-            except EchoMQError as exc:
-                log.warning("lease check for %r failed: %s", name, exc)
-                continue
-            self._hand.note_lost(items, held)
+        routine = extend_leases(self._hand, self.queues, jobs, "lease check", _NO_LOCK)
+        await adrive(routine, self.connection.perform)
 
     # -- the flusher ----------------------------------------------------------------------
     async def _flusher(self) -> None:
@@ -456,57 +448,21 @@ class AsyncWorker(OptionAttributes):
                 self._want_jobs.set()
 
     async def _flush(
-        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]
+        self, queue: AsyncQueue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
-        try:
-            completed = settled = None
-            if done:
-                completed = await self.connection.perform(queue.settle_completed_op(done))
-                self.completed += sum(completed.statuses)
-            if failed:
-                settled = await self.connection.perform(queue.settle_failed_op(failed))
-                self.failed += len(failed)
-            log_failures(queue.name, failed, settled)
-            fire_hooks(self.hooks, done, completed, failed, settled)
-        except EchoMQError as exc:
-            log.warning(
-                "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
-            )
-        finally:
-            for job in [j for j, _ in done] + [f[0] for f in failed]:
-                if self._hand.inflight.get((queue.name, job.id)) is job:
-                    del self._hand.inflight[(queue.name, job.id)]
-                self._hand.lost.discard((job.queue, job.id, job.token))
+        """:func:`~echomq_core.routines.record`."""
+        routine = record(self._hand, queue, done, failed, self.hooks, self, _NO_LOCK)
+        await adrive(routine, self.connection.perform)
 
     async def _give_back(self, jobs: list[Job]) -> None:
-        by_queue: dict[str, list[Job]] = {}
-        for job in jobs:
-            if self._hand.inflight.get((job.queue, job.id)) is job:
-                del self._hand.inflight[(job.queue, job.id)]
-                by_queue.setdefault(job.queue, []).append(job)
-        for name, items in by_queue.items():
-            try:
-                await self.connection.perform(self.queues[name].release_op(items))
-            except EchoMQError as exc:
-                log.warning(
-                    "could not give back %d job(s) of %r (their leases will expire): %s",
-                    len(items),
-                    name,
-                    exc,
-                )
+        """:func:`~echomq_core.routines.give_back`."""
+        await adrive(give_back(self._hand, self.queues, jobs, _NO_LOCK), self.connection.perform)
 
     # -- heartbeats -----------------------------------------------------------------------
     async def _heartbeats(self) -> None:
         every = self.options.lease / 3
         while True:
             await asyncio.sleep(every)
-            by_queue: dict[str, list[Job]] = {}
-            for job in list(self._hand.inflight.values()):
-                by_queue.setdefault(job.queue, []).append(job)
-            for name, items in by_queue.items():
-                try:
-                    held = await self.connection.perform(self.queues[name].heartbeat_op(items))
-                except EchoMQError as exc:
-                    log.warning("heartbeat for %r failed: %s", name, exc)
-                    continue
-                self._hand.note_lost(items, held)
+            jobs = list(self._hand.inflight.values())
+            routine = extend_leases(self._hand, self.queues, jobs, "heartbeat", _NO_LOCK)
+            await adrive(routine, self.connection.perform)

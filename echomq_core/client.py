@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from . import failures, flows, lifecycle, ops, retention
+from .async_queue import AsyncQueue
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
@@ -44,6 +45,16 @@ class _Base:
         self.keys = Keyspace(prefix)
         self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
         self.max_payload_bytes = check_int("max_payload_bytes", max_payload_bytes, 1)
+        self._registered: set[str] = set()
+
+    def mark_registered(self, names: Iterable[str]) -> None:
+        """Note ``names`` as registered by this process (a write that carried them landed)."""
+        self._registered.update(names)
+
+    def unregistered(self, names: Iterable[str]) -> list[str]:
+        """The names this process has not registered yet (they ride along with the next
+        write; marked registered once it succeeds)."""
+        return sorted(set(names) - self._registered)
 
     def encode(self, value: Any) -> bytes:
         """Serialise a payload or result, enforcing ``max_payload_bytes``."""
@@ -148,7 +159,6 @@ class EchoMQ(_Base):
         super().__init__(prefix=prefix, serializer=serializer, max_payload_bytes=max_payload_bytes)
         self.url = url
         self.connection = connection or connect(url, cluster=cluster, **redis_options)
-        self._registered: set[str] = set()
 
     def __repr__(self) -> str:
         return f"EchoMQ({self.connection.where}, prefix={self.keys.prefix!r})"
@@ -172,15 +182,6 @@ class EchoMQ(_Base):
         if name not in self._registered:
             self.connection.execute(ops.register(self.keys, [name]))
             self._registered.add(name)
-
-    def mark_registered(self, names: Iterable[str]) -> None:
-        """Note ``names`` as registered by this process (a write that carried them landed)."""
-        self._registered.update(names)
-
-    def unregistered(self, names: Iterable[str]) -> list[str]:
-        """The names this process has not registered yet (they ride along with the next
-        write; marked registered once it succeeds)."""
-        return sorted(set(names) - self._registered)
 
     def queues(self) -> list[str]:
         """Every queue name this keyspace has used (the registry). A member that is not a
@@ -386,7 +387,8 @@ class EchoMQ(_Base):
 
 
 class AsyncEchoMQ(_Base):
-    """The asyncio client: flow adds and reads (for triggers and async applications)."""
+    """The asyncio client: plain jobs (:meth:`queue`), flow adds and reads (for triggers,
+    async applications and the asyncio worker)."""
 
     def __init__(
         self,
@@ -406,6 +408,18 @@ class AsyncEchoMQ(_Base):
 
     async def close(self) -> None:
         await self.connection.close()
+
+    async def perform(self, op: Op[T]) -> T:
+        """Drive one operation on this client's asyncio connection."""
+        return await self.connection.perform(op)
+
+    def queue(self, name: str, **options: Any) -> AsyncQueue:
+        """An :class:`~echomq_core.AsyncQueue` handle; options as :class:`Queue`'s."""
+        return AsyncQueue(self, name, **options)
+
+    async def get_job(self, queue: str, job_id: str) -> JobInfo:
+        """As :meth:`EchoMQ.get_job`."""
+        return await AsyncQueue(self, queue).get_job(job_id)
 
     async def add_flow(
         self,

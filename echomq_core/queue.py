@@ -31,21 +31,25 @@ from .models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback
 T = TypeVar("T")
 
 
-class QueueClient(Protocol):
-    """What a :class:`Queue` needs of its client (:class:`~echomq_core.EchoMQ` is one): the
-    queue module depends on this, not on the client module, so the two never import each
-    other."""
+class OpsClient(Protocol):
+    """What building a queue's operations needs of a client, sync or asyncio: the queue module
+    depends on this, not on the client module, so the two never import each other."""
 
     keys: Keyspace
     serializer: Serializer
 
     def encode(self, value: Any) -> bytes: ...
 
-    def perform(self, op: Op[T]) -> T: ...
-
     def unregistered(self, names: Iterable[str]) -> list[str]: ...
 
     def mark_registered(self, names: Iterable[str]) -> None: ...
+
+
+class QueueClient(OpsClient, Protocol):
+    """What a :class:`Queue` needs of its client (:class:`~echomq_core.EchoMQ` is one): the
+    operations' needs and a synchronous driver."""
+
+    def perform(self, op: Op[T]) -> T: ...
 
 
 DEAD, RETRY = 2, 1
@@ -66,8 +70,12 @@ class JobSpec:
     timeout: float | None = None  # the handler's time limit (s); None: the queue's
 
 
-class Queue:
-    """A handle on one queue. Cheap to make; holds options, not connections.
+class QueueOps:
+    """One queue's options and the operations of its calls, built once for either client:
+    :class:`Queue` drives them on the sync connection, :class:`~echomq_core.AsyncQueue` on the
+    asyncio one, and both workers drive them on their own. Every argument is checked when an
+    operation is built, before anything is sent. Cheap to make; holds options, not
+    connections.
 
     Options (each refused by name when out of range):
 
@@ -89,7 +97,7 @@ class Queue:
 
     def __init__(
         self,
-        client: QueueClient,
+        client: OpsClient,
         name: str,
         *,
         max_attempts: int = 3,
@@ -109,31 +117,16 @@ class Queue:
         self.timeout_ms = timeout_ms("timeout", timeout)
 
     def __repr__(self) -> str:
-        return f"Queue({self.name!r})"
+        return f"{type(self).__name__}({self.name!r})"
 
-    # -- add ------------------------------------------------------------------------------
-    def add(
-        self,
-        payload: Any = None,
-        *,
-        job_id: str | None = None,
-        delay: float = 0.0,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-    ) -> str:
-        """Add one job; returns its id. Re-adding an existing id changes nothing."""
-        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
-        return self.add_bulk([spec])[0]
-
-    def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
-        """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
+    # -- the operations -------------------------------------------------------------------
+    def add_bulk_op(self, jobs: Iterable[Any]) -> Op[list[str]]:
+        """The operation of an add of ``jobs`` (payloads or :class:`JobSpec`), in one round
+        trip; returns their ids. The rows are checked and serialised here, before anything
+        is sent (the caller pauses the collector around it, :func:`~echomq_core.ops.gc_paused`);
+        the queue rides along into the registry with the first add that lands."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
-        with ops.gc_paused(jobs):
-            return self._add_bulk(jobs)
-
-    def _add_bulk(self, jobs: Iterable[Any]) -> list[str]:
         rows: list[tuple[str, bytes, int, int, int, int | None]] = []
         check = False
         encode, attempts_default = self.client.encode, self.max_attempts
@@ -161,22 +154,35 @@ class Queue:
             rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
         if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
-        if rows:
+        return self._add(rows, check)
+
+    def _add(
+        self, rows: list[tuple[str, bytes, int, int, int, int | None]], check: bool
+    ) -> Op[list[str]]:
+        if rows:  # nothing to add sends nothing
             new = self.client.unregistered([self.name])
-            add = ops.add(self.client.keys, self.name, rows, check=check, new_queues=new)
-            self.client.perform(add)
+            yield from ops.add(self.client.keys, self.name, rows, check=check, new_queues=new)
             self.client.mark_registered(new)
         return [r[0] for r in rows]
 
-    # -- claim ----------------------------------------------------------------------------
-    def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> list[Job]:
-        """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
-        return self.client.perform(self.claim_op(count, lease=lease, promote=promote))
+    def add_op(
+        self,
+        payload: Any = None,
+        *,
+        job_id: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> Op[list[str]]:
+        """The operation of an add of one job (its id the only item of the result)."""
+        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
+        return self.add_bulk_op([spec])
 
     def claim_op(
         self, count: int = 1, *, lease: float | None = None, promote: int = 100
     ) -> Op[list[Job]]:
-        """The operation :meth:`claim` runs (the asyncio worker drives the same one)."""
+        """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
         check_int("count", count, 1, 10_000)
         lease_ms = (
             self.lease_ms
@@ -193,7 +199,114 @@ class Queue:
             self.client.serializer,
         )
 
-    # -- settle ---------------------------------------------------------------------------
+    def encode_results(self, done: Sequence[tuple[Job, Any]]) -> list[tuple[Job, bytes]]:
+        """``(job, result)`` pairs with their results serialised: :class:`InvalidPayload`
+        for one that cannot be, before anything is sent."""
+        return [(self._own(job), self.client.encode(result)) for job, result in done]
+
+    def settle_completed_op(self, encoded: Sequence[tuple[Job, bytes]]) -> Op[Settlement]:
+        """Complete jobs whose results are already serialised (``encoded`` not empty); the
+        statuses, and the parents the batch released or failed (the workers fire their hooks
+        from them)."""
+        return ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
+
+    def settle_failed_op(self, failed: Sequence[FailedAttempt]) -> Op[Settlement]:
+        """Fail jobs as :meth:`Queue.fail_many` takes them (``failed`` not empty): the backoff
+        of each retried job is chosen here."""
+        rows = []
+        for job, error, retry, *trace in failed:
+            self._own(job)
+            delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
+            tb = cut_traceback(trace[0] if trace else None)
+            rows.append((job, str(error)[:10_000], tb, delay))
+        return ops.fail(self.client.keys, self.name, rows)
+
+    def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
+        """Extend the leases of ``jobs`` (not empty); False where a lease was already lost."""
+        lease_ms = (
+            self.lease_ms
+            if lease is None
+            else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
+        )
+        for job in jobs:
+            self._own(job)
+        return ops.heartbeat(self.client.keys, self.name, jobs, lease_ms)
+
+    def release_op(self, jobs: Sequence[Job]) -> Op[list[bool]]:
+        """Give leased ``jobs`` (not empty) back untouched: to the front of pending, no
+        attempt counted, idle workers woken (what a worker does with jobs it will not run when
+        it stops). False where the lease was already lost."""
+        for job in jobs:
+            self._own(job)
+        return ops.release(self.client.keys, self.name, jobs)
+
+    def retry_dead_op(self, job_ids: Sequence[str]) -> Op[tuple[int, list[str]]]:
+        """Give dead plain jobs fresh attempts and queue them again (behind what is pending);
+        their payloads and settings stay. Returns how many were revived and the ids left as
+        they were: not dead, or a flow's (repair the flow instead: ``EchoMQ.retry_flow``)."""
+        if isinstance(job_ids, str | bytes):
+            raise InvalidArgument("job_ids must be a list of job ids, not a string")
+        ids = [check_job_id(i) for i in job_ids]
+        return self._revive(ids)
+
+    def _revive(self, ids: list[str]) -> Op[tuple[int, list[str]]]:
+        if not ids:  # nothing to revive sends nothing
+            return 0, []
+        return (yield from ops.revive(self.client.keys, self.name, ids))
+
+    def get_job_op(self, job_id: str) -> Op[JobInfo]:
+        """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
+        job_id = check_job_id(job_id)
+        return self._get_job(job_id)
+
+    def _get_job(self, job_id: str) -> Op[JobInfo]:
+        info = yield from ops.inspect(self.client.keys, self.name, job_id, self.client.serializer)
+        if info is None:
+            raise JobNotFound(f"no job {job_id!r} in queue {self.name!r}")
+        return info
+
+    def stats_op(self) -> Op[dict[str, int]]:
+        """Counts: pending, active, delayed, dead, completed, outbox, poison."""
+        return ops.stats(self.client.keys, self.name)
+
+    def _own(self, job: Job) -> Job:
+        if not isinstance(job, Job):
+            raise InvalidArgument(f"expected a claimed echomq_core.Job, got {type(job).__name__}")
+        if job.queue != self.name:
+            raise InvalidArgument(f"job {job.id} belongs to queue {job.queue!r}, not {self.name!r}")
+        return job
+
+
+class Queue(QueueOps):
+    """A handle on one queue, on a synchronous client (:meth:`EchoMQ.queue
+    <echomq_core.EchoMQ.queue>`): each method drives its :class:`QueueOps` operation on the
+    client's connection. Options as :class:`QueueOps`."""
+
+    client: QueueClient
+
+    def add(
+        self,
+        payload: Any = None,
+        *,
+        job_id: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Add one job; returns its id. Re-adding an existing id changes nothing."""
+        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
+        return self.add_bulk([spec])[0]
+
+    def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
+        """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
+        with ops.gc_paused(jobs):
+            return self.client.perform(self.add_bulk_op(jobs))
+
+    def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> list[Job]:
+        """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
+        return self.client.perform(self.claim_op(count, lease=lease, promote=promote))
+
     def complete(self, job: Job, result: Any = None) -> None:
         """Complete one job; raises :class:`LeaseLost` if its lease is no longer current."""
         if not self.complete_many([(job, result)])[0]:
@@ -202,19 +315,13 @@ class Queue:
     def complete_many(self, done: Sequence[tuple[Job, Any]]) -> list[bool]:
         """Complete many jobs in one round trip; False where the lease was lost. A result that
         cannot be serialised raises :class:`InvalidPayload` before anything is sent."""
-        encoded = [(self._own(job), self.client.encode(result)) for job, result in done]
-        return [bool(s) for s in self.settle_completed(encoded).statuses]
+        return [bool(s) for s in self.settle_completed(self.encode_results(done)).statuses]
 
     def settle_completed(self, encoded: Sequence[tuple[Job, bytes]]) -> Settlement:
-        """Complete jobs whose results are already serialised; the statuses, and the parents
-        the batch released or failed (the worker fires its hooks from them)."""
+        """:meth:`QueueOps.settle_completed_op`, run (nothing to complete sends nothing)."""
         if not encoded:
             return Settlement([])
         return self.client.perform(self.settle_completed_op(encoded))
-
-    def settle_completed_op(self, encoded: Sequence[tuple[Job, bytes]]) -> Op[Settlement]:
-        """The operation :meth:`settle_completed` runs (``encoded`` not empty)."""
-        return ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
 
     def fail(
         self, job: Job, error: str, *, retry: bool = True, traceback: str | None = None
@@ -234,22 +341,11 @@ class Queue:
         return self.settle_failed(failed).statuses
 
     def settle_failed(self, failed: Sequence[FailedAttempt]) -> Settlement:
-        """Fail jobs as :meth:`fail_many` takes them, the backoff chosen here; as
-        :meth:`settle_completed`, the statuses and the parents released or failed."""
+        """:meth:`QueueOps.settle_failed_op`, run: the statuses and the parents released or
+        failed (nothing to fail sends nothing)."""
         if not failed:
             return Settlement([])
         return self.client.perform(self.settle_failed_op(failed))
-
-    def settle_failed_op(self, failed: Sequence[FailedAttempt]) -> Op[Settlement]:
-        """The operation :meth:`settle_failed` runs (``failed`` not empty): the backoff of
-        each retried job is chosen here."""
-        rows = []
-        for job, error, retry, *trace in failed:
-            self._own(job)
-            delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
-            tb = cut_traceback(trace[0] if trace else None)
-            rows.append((job, str(error)[:10_000], tb, delay))
-        return ops.fail(self.client.keys, self.name, rows)
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
         """Extend the leases of ``jobs``; False where a lease was already lost."""
@@ -258,59 +354,21 @@ class Queue:
             return []
         return self.client.perform(op)
 
-    def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
-        """The operation :meth:`heartbeat` runs (``jobs`` not empty)."""
-        lease_ms = (
-            self.lease_ms
-            if lease is None
-            else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
-        )
-        for job in jobs:
-            self._own(job)
-        return ops.heartbeat(self.client.keys, self.name, jobs, lease_ms)
-
     def release(self, jobs: Sequence[Job]) -> list[bool]:
-        """Give leased ``jobs`` back untouched: to the front of pending, no attempt counted,
-        idle workers woken (what a worker does with jobs it will not run when it stops).
-        False where the lease was already lost."""
+        """:meth:`QueueOps.release_op`, run (nothing to give back sends nothing)."""
         if not jobs:
             return []
         return self.client.perform(self.release_op(jobs))
 
-    def release_op(self, jobs: Sequence[Job]) -> Op[list[bool]]:
-        """The operation :meth:`release` runs (``jobs`` not empty)."""
-        for job in jobs:
-            self._own(job)
-        return ops.release(self.client.keys, self.name, jobs)
-
     def retry_dead(self, job_ids: Sequence[str]) -> tuple[int, list[str]]:
-        """Give dead plain jobs fresh attempts and queue them again (behind what is pending);
-        their payloads and settings stay. Returns how many were revived and the ids left as
-        they were: not dead, or a flow's (repair the flow instead: ``EchoMQ.retry_flow``)."""
-        if isinstance(job_ids, str | bytes):
-            raise InvalidArgument("job_ids must be a list of job ids, not a string")
-        ids = [check_job_id(i) for i in job_ids]
-        if not ids:
-            return 0, []
-        return self.client.perform(ops.revive(self.client.keys, self.name, ids))
+        """:meth:`QueueOps.retry_dead_op`, run."""
+        return self.client.perform(self.retry_dead_op(job_ids))
 
     # -- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> JobInfo:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
-        info = self.client.perform(
-            ops.inspect(self.client.keys, self.name, check_job_id(job_id), self.client.serializer)
-        )
-        if info is None:
-            raise JobNotFound(f"no job {job_id!r} in queue {self.name!r}")
-        return info
+        return self.client.perform(self.get_job_op(job_id))
 
     def stats(self) -> dict[str, int]:
         """Counts: pending, active, delayed, dead, completed, outbox, poison."""
-        return self.client.perform(ops.stats(self.client.keys, self.name))
-
-    def _own(self, job: Job) -> Job:
-        if not isinstance(job, Job):
-            raise InvalidArgument(f"expected a claimed echomq_core.Job, got {type(job).__name__}")
-        if job.queue != self.name:
-            raise InvalidArgument(f"job {job.id} belongs to queue {job.queue!r}, not {self.name!r}")
-        return job
+        return self.client.perform(self.stats_op())

@@ -1,5 +1,6 @@
 """What the threaded and the asyncio worker share: how much to claim, how a handler's outcome
-is read, and how settled results fire hooks.
+is read, which queues an idle fetcher blocks on (the exchanges with the server - recording
+results, giving jobs back, extending leases - are in :mod:`echomq_core.routines`).
 
 Both workers have the same shape (see :mod:`echomq_core.worker`): one *fetcher* claims jobs
 into a local buffer, N *runners* take jobs from it one at a time, one *flusher* records the
@@ -17,17 +18,18 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.crc import key_slot
 
 from . import ops
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
-from .hooks import LifecycleHooks, fire
 from .keyspace import check_queue
-from .models import Job, Settlement
+from .models import Job
 from .options import WorkerOptions
-from .queue import Queue
+from .queue import QueueOps
+
+Q = TypeVar("Q", bound=QueueOps)
 
 log = logging.getLogger("echomq_core.worker")
 
@@ -269,31 +271,6 @@ def failure(job: Job, exc: BaseException) -> tuple[str, bool, str | None]:
     return (f"{type(exc).__name__}: {exc}", True, trace)
 
 
-def log_failures(queue: str, failed: list[Failed], settled: Settlement | None) -> None:
-    """One WARNING per failed attempt the server recorded (queue, job id, attempt k of n, what
-    became of it, the error line); with INFO on (``-v``) the traceback follows in the same
-    record. An attempt whose lease was lost is logged as not recorded."""
-    if not failed or not log.isEnabledFor(logging.WARNING):
-        return
-    statuses = settled.statuses if settled is not None else [None] * len(failed)
-    verbose = log.isEnabledFor(logging.INFO)
-    for (job, error, _, trace), status in zip(failed, statuses, strict=True):
-        fate = {0: "lease lost, not recorded", 1: "will retry", 2: "dead"}.get(
-            status if status is not None else -1, "not recorded"
-        )
-        tail = f"\n{trace.rstrip()}" if verbose and trace else ""
-        log.warning(
-            "job %s in %r failed, attempt %d of %d (%s): %s%s",
-            job.id,
-            queue,
-            job.attempts + 1,
-            job.max_attempts,
-            fate,
-            error,
-            tail,
-        )
-
-
 def split(items: list[tuple[Job, Outcome]]) -> dict[str, Batch]:
     """Results by queue: (completed, failed)."""
     out: dict[str, Batch] = {}
@@ -306,44 +283,15 @@ def split(items: list[tuple[Job, Outcome]]) -> dict[str, Batch]:
     return out
 
 
-def fire_hooks(
-    hooks: LifecycleHooks | None,
-    done: list[tuple[Job, bytes]],
-    completed: Settlement | None,
-    failed: list[Failed],
-    settled: Settlement | None,
-) -> None:
-    """The hooks of one recorded batch: ``job_completed`` / ``job_dead`` per job the server
-    accepted, ``flow_released`` / ``flow_failed`` per parent the batch settled (each through
-    :func:`~echomq_core.hooks.fire`: logged, never raised)."""
-    if hooks is None:
-        return
-    if completed is not None:
-        for (job, raw), status in zip(done, completed.statuses, strict=True):
-            if status:
-                fire(hooks, "job_completed", job=job, result=raw)
-        _flow_hooks(hooks, completed)
-    if settled is not None:
-        for (job, error, *_), status in zip(failed, settled.statuses, strict=True):
-            if status == 2:
-                fire(hooks, "job_dead", job=job, error=error)
-        _flow_hooks(hooks, settled)
-
-
-def _flow_hooks(hooks: LifecycleHooks, settled: Settlement) -> None:
-    for queue, parent_id in settled.released:
-        fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
-    for queue, parent_id in settled.failed:
-        fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
-
-
 def make_queues(
     client: Any,
     handlers: Mapping[str, Any],
     opts: WorkerOptions,
     queue_options: Mapping[str, Any] | None,
-) -> dict[str, Queue]:
-    """Check a worker's handlers and queue options; the :class:`Queue` of each handler."""
+    kind: Callable[..., Q],
+) -> dict[str, Q]:
+    """Check a worker's handlers and queue options; the queue of each handler, made by
+    ``kind`` (:class:`~echomq_core.Queue` or :class:`~echomq_core.AsyncQueue`)."""
     if not isinstance(handlers, Mapping) or not handlers:
         raise InvalidArgument("a worker needs a mapping of queue names to handlers")
     if queue_options is not None and (
@@ -359,7 +307,7 @@ def make_queues(
         check_queue(name)
         if not callable(fn):
             raise InvalidArgument(f"handler for queue {name!r} is not callable")
-    return {n: Queue(client, n, lease=opts.lease, **queue_settings) for n in handlers}
+    return {n: kind(client, n, lease=opts.lease, **queue_settings) for n in handlers}
 
 
 def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | None:

@@ -61,14 +61,13 @@ from .models import Job
 from .options import PumpOptions, WorkerOptions, build
 from .pump import Pump, worker_pump
 from .queue import Queue
+from .routines import drive, extend_leases, give_back, record
 from .running import (
     Failed,
     InHand,
     Intake,
     OptionAttributes,
     Outcome,
-    fire_hooks,
-    log_failures,
     make_queues,
     outcome,
     split,
@@ -144,7 +143,7 @@ class Worker(OptionAttributes):
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
         (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
         opts = self.options = build(WorkerOptions, options, settings)
-        self.queues = make_queues(client, handlers, opts, queue_options)
+        self.queues = make_queues(client, handlers, opts, queue_options, Queue)
         self.pump = worker_pump(client, list(self.queues), pump, hooks)
         self.client = client
         self.handlers = dict(handlers)
@@ -478,22 +477,11 @@ class Worker(OptionAttributes):
         try:
             with self._lock:
                 jobs = [job, *(j for j, _ in self._hand.buffer)]
-            by_queue: dict[str, list[Job]] = {}
-            for item in jobs:
-                by_queue.setdefault(item.queue, []).append(item)
-            for name, items in by_queue.items():
-                try:
-                    self._note_lost(items, self.queues[name].heartbeat(items))
-                except EchoMQError as exc:
-                    log.warning("lease check for %r failed: %s", name, exc)
+            routine = extend_leases(self._hand, self.queues, jobs, "lease check", self._lock)
+            drive(routine, self.client.perform)
         finally:
             with self._lock:
                 self._checking = False
-
-    def _note_lost(self, jobs: list[Job], held: list[bool]) -> None:
-        if not all(held):
-            with self._lock:
-                self._hand.note_lost(jobs, held)
 
     def _drop_if_lost(self, job: Job) -> bool:
         """:meth:`InHand.drop_if_lost`, under the lock."""
@@ -544,46 +532,13 @@ class Worker(OptionAttributes):
     def _flush(
         self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
-        try:
-            completed = settled = None
-            if done:
-                completed = queue.settle_completed(done)
-                self.completed += sum(completed.statuses)
-            if failed:
-                settled = queue.settle_failed(failed)
-                self.failed += len(failed)
-            log_failures(queue.name, failed, settled)
-            fire_hooks(self.hooks, done, completed, failed, settled)
-        except EchoMQError as exc:
-            # The leases stay; the jobs come back when they expire (at-least-once).
-            log.warning(
-                "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
-            )
-        finally:
-            with self._lock:
-                for job in [j for j, _ in done] + [f[0] for f in failed]:
-                    if self._hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
-                        del self._hand.inflight[(queue.name, job.id)]
-                    if self._hand.lost:
-                        self._hand.lost.discard((job.queue, job.id, job.token))
+        """:func:`~echomq_core.routines.record`, under this worker's lock."""
+        routine = record(self._hand, queue, done, failed, self.hooks, self, self._lock)
+        drive(routine, self.client.perform)
 
     def _give_back(self, jobs: list[Job]) -> None:
-        by_queue: dict[str, list[Job]] = {}
-        with self._lock:
-            for job in jobs:
-                if self._hand.inflight.get((job.queue, job.id)) is job:
-                    del self._hand.inflight[(job.queue, job.id)]
-                    by_queue.setdefault(job.queue, []).append(job)
-        for name, items in by_queue.items():
-            try:
-                self.queues[name].release(items)
-            except EchoMQError as exc:
-                log.warning(
-                    "could not give back %d job(s) of %r (their leases will expire): %s",
-                    len(items),
-                    name,
-                    exc,
-                )
+        """:func:`~echomq_core.routines.give_back`, under this worker's lock."""
+        drive(give_back(self._hand, self.queues, jobs, self._lock), self.client.perform)
 
     # -- heartbeats and time limits -------------------------------------------------------
     def _heartbeats(self) -> None:
@@ -598,14 +553,8 @@ class Worker(OptionAttributes):
             next_beat = time.monotonic() + every
             with self._lock:
                 jobs = list(self._hand.inflight.values())
-            by_queue: dict[str, list[Job]] = {}
-            for job in jobs:
-                by_queue.setdefault(job.queue, []).append(job)
-            for name, items in by_queue.items():
-                try:
-                    self._note_lost(items, self.queues[name].heartbeat(items))
-                except EchoMQError as exc:
-                    log.warning("heartbeat for %r failed: %s", name, exc)
+            routine = extend_leases(self._hand, self.queues, jobs, "heartbeat", self._lock)
+            drive(routine, self.client.perform)
 
     def _watch(self) -> None:
         """Abandon every runner whose handler is past its deadline: fail that job

@@ -1,0 +1,218 @@
+"""The exchanges of a worker with the server between its handlers, written once for the
+threaded and the asyncio worker: record a batch of results (:func:`record`), give jobs back
+(:func:`give_back`), extend leases (:func:`extend_leases`).
+
+Each is a :data:`Routine`: a generator that yields the operations to run (each a
+:class:`~echomq_core.queue.QueueOps` operation, so keys, arguments and replies exist once)
+and receives their results, or the error one raised thrown in - so what a failure means
+(logged, the leases left to expire, the other queues still served) is decided here too. The
+threaded worker drives a routine with :func:`drive` on its sync connection, the routine
+taking the worker's lock where it touches what the worker holds; the asyncio worker drives it
+with :func:`adrive` and no lock (one loop). A routine runs the same operations in the same
+order as a hand-written loop would: the commands per job do not change with the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
+
+from .calls import Op
+from .errors import EchoMQError
+from .hooks import LifecycleHooks, fire
+from .models import Job, Settlement
+from .queue import QueueOps
+from .running import Failed, InHand
+
+T = TypeVar("T")
+log = logging.getLogger("echomq_core.worker")
+
+
+#: A worker's exchange with the server: yields operations, receives each one's result (or its
+#: error thrown in), returns its own result. Driven by :func:`drive` or :func:`adrive`.
+Routine = Generator[Op[Any], Any, T]
+
+
+def drive(routine: Routine[T], perform: Callable[[Op[Any]], Any]) -> T:
+    """Run ``routine`` with a synchronous ``perform``: each operation's result is sent in,
+    whatever it raised is thrown in (the routine decides what it means)."""
+    try:
+        op = next(routine)
+        while True:
+            try:
+                result = perform(op)
+            except BaseException as exc:  # the routine's except / finally decide
+                op = routine.throw(exc)
+            else:
+                op = routine.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def adrive(routine: Routine[T], perform: Callable[[Op[Any]], Awaitable[Any]]) -> T:
+    """:func:`drive` with an asyncio ``perform`` (a cancellation is thrown in too, so the
+    routine's ``finally`` runs before it propagates)."""
+    try:
+        op = next(routine)
+        while True:
+            try:
+                result = await perform(op)
+            except BaseException as exc:
+                op = routine.throw(exc)
+            else:
+                op = routine.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class Tally(Protocol):
+    """The counters a worker keeps of what the server recorded."""
+
+    completed: int
+    failed: int
+
+
+def record(
+    hand: InHand,
+    queue: QueueOps,
+    done: list[tuple[Job, bytes]],
+    failed: list[Failed],
+    hooks: LifecycleHooks | None,
+    tally: Tally,
+    lock: AbstractContextManager[Any],
+) -> Routine[None]:
+    """Record one queue's batch of results: the completions in one call, the failed attempts
+    in another, counted, logged and their hooks fired. A batch the server could not take is
+    logged and its leases stay: the jobs come back when they expire (at-least-once). Either
+    way the jobs leave the worker's hands (under ``lock``) - a later claim of the same id is
+    another :class:`Job` and stays."""
+    try:
+        completed = settled = None
+        if done:
+            completed = yield queue.settle_completed_op(done)
+            tally.completed += sum(completed.statuses)
+        if failed:
+            settled = yield queue.settle_failed_op(failed)
+            tally.failed += len(failed)
+        log_failures(queue.name, failed, settled)
+        fire_hooks(hooks, done, completed, failed, settled)
+    except EchoMQError as exc:
+        log.warning(
+            "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
+        )
+    finally:
+        with lock:
+            for job in [j for j, _ in done] + [f[0] for f in failed]:
+                if hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
+                    del hand.inflight[(queue.name, job.id)]
+                if hand.lost:
+                    hand.lost.discard((job.queue, job.id, job.token))
+
+
+def give_back(
+    hand: InHand,
+    queues: Mapping[str, QueueOps],
+    jobs: list[Job],
+    lock: AbstractContextManager[Any],
+) -> Routine[None]:
+    """Give ``jobs`` back to pending untouched (one call per queue): those still in the
+    worker's hands, taken out of them under ``lock`` (a job recorded meanwhile is not given
+    back). One that cannot be given back is logged: its lease expires instead."""
+    by_queue: dict[str, list[Job]] = {}
+    with lock:
+        for job in jobs:
+            if hand.inflight.get((job.queue, job.id)) is job:
+                del hand.inflight[(job.queue, job.id)]
+                by_queue.setdefault(job.queue, []).append(job)
+    for name, items in by_queue.items():
+        try:
+            yield queues[name].release_op(items)
+        except EchoMQError as exc:
+            log.warning(
+                "could not give back %d job(s) of %r (their leases will expire): %s",
+                len(items),
+                name,
+                exc,
+            )
+
+
+def extend_leases(
+    hand: InHand,
+    queues: Mapping[str, QueueOps],
+    jobs: list[Job],
+    what: str,
+    lock: AbstractContextManager[Any],
+) -> Routine[None]:
+    """Extend the leases of ``jobs`` (one call per queue) and note those found gone (under
+    ``lock``): they must not start, and their results change nothing. A failed call is logged
+    (``what`` for ``queue`` failed) and the other queues are still served."""
+    by_queue: dict[str, list[Job]] = {}
+    for job in jobs:
+        by_queue.setdefault(job.queue, []).append(job)
+    for name, items in by_queue.items():
+        try:
+            held = yield queues[name].heartbeat_op(items)
+        except EchoMQError as exc:
+            log.warning("%s for %r failed: %s", what, name, exc)
+            continue
+        if not all(held):  # the common case takes no lock
+            with lock:
+                hand.note_lost(items, held)
+
+
+def log_failures(queue: str, failed: list[Failed], settled: Settlement | None) -> None:
+    """One WARNING per failed attempt the server recorded (queue, job id, attempt k of n, what
+    became of it, the error line); with INFO on (``-v``) the traceback follows in the same
+    record. An attempt whose lease was lost is logged as not recorded."""
+    if not failed or not log.isEnabledFor(logging.WARNING):
+        return
+    statuses = settled.statuses if settled is not None else [None] * len(failed)
+    verbose = log.isEnabledFor(logging.INFO)
+    for (job, error, _, trace), status in zip(failed, statuses, strict=True):
+        fate = {0: "lease lost, not recorded", 1: "will retry", 2: "dead"}.get(
+            status if status is not None else -1, "not recorded"
+        )
+        tail = f"\n{trace.rstrip()}" if verbose and trace else ""
+        log.warning(
+            "job %s in %r failed, attempt %d of %d (%s): %s%s",
+            job.id,
+            queue,
+            job.attempts + 1,
+            job.max_attempts,
+            fate,
+            error,
+            tail,
+        )
+
+
+def fire_hooks(
+    hooks: LifecycleHooks | None,
+    done: list[tuple[Job, bytes]],
+    completed: Settlement | None,
+    failed: list[Failed],
+    settled: Settlement | None,
+) -> None:
+    """The hooks of one recorded batch: ``job_completed`` / ``job_dead`` per job the server
+    accepted, ``flow_released`` / ``flow_failed`` per parent the batch settled (each through
+    :func:`~echomq_core.hooks.fire`: logged, never raised)."""
+    if hooks is None:
+        return
+    if completed is not None:
+        for (job, raw), status in zip(done, completed.statuses, strict=True):
+            if status:
+                fire(hooks, "job_completed", job=job, result=raw)
+        _flow_hooks(hooks, completed)
+    if settled is not None:
+        for (job, error, *_), status in zip(failed, settled.statuses, strict=True):
+            if status == 2:
+                fire(hooks, "job_dead", job=job, error=error)
+        _flow_hooks(hooks, settled)
+
+
+def _flow_hooks(hooks: LifecycleHooks, settled: Settlement) -> None:
+    for queue, parent_id in settled.released:
+        fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
+    for queue, parent_id in settled.failed:
+        fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
