@@ -27,6 +27,7 @@ from echomq_core import (
 from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
 
+from . import settle
 from ._compat import (
     AirflowFailException,
     AirflowSensorTimeout,
@@ -54,6 +55,16 @@ TRIGGER_POLL_MAX = 1.0
 _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
 
 
+def too_many_values(what: str, total: int, max_values: int) -> TooManyValues:
+    """The refusal of ``return_values=True`` for ``what`` (a flow, a plan) of ``total``
+    children."""
+    return TooManyValues(
+        f"{what} has {total} children, over max_values={max_values} for "
+        "return_values=True: raise max_values, or read the results page by page downstream "
+        "instead (echomq_provider.results.flow_results)"
+    )
+
+
 class FlowWaiting(_Base):
     """Mixin of the tasks that wait on a flow. The task's ``__init__`` sets ``echomq_conn_id``
     and ``prefix`` and hands the waiting options to :meth:`_init_waiting`, which checks and
@@ -77,7 +88,10 @@ class FlowWaiting(_Base):
         close_flow: bool,
         cancel_on_failure: bool,
         end_from_trigger: bool | None,
+        settles: bool = True,
     ) -> None:
+        """``settles``: the task waits on its flow, so Airflow's failure callbacks settle it
+        (:func:`~echomq_provider.settle.install`)."""
         for name, value in (
             ("return_values", return_values),
             ("close_flow", close_flow),
@@ -104,6 +118,8 @@ class FlowWaiting(_Base):
         self._hook: EchoMQHook | None = None
         self._last_progress: float | None = None
         self._ti_for_kill: Any = None  # the running task instance, for on_kill
+        if settles:
+            settle.install(self)
 
     def _flow_ref(self) -> tuple[str, str]:
         """``(queue, parent_id)`` of the flow waited on; raises ``InvalidInput``."""
@@ -149,6 +165,7 @@ class FlowWaiting(_Base):
                     else self.end_from_trigger
                 ),
                 return_values=self.return_values,
+                max_values=self.max_values,
                 close_flow=self.close_flow,
             ),
             method_name="execute_complete",
@@ -201,13 +218,12 @@ class FlowWaiting(_Base):
         context["ti"].xcom_push(key=FLOW_KEY, value=read.summary)
         return read.values
 
-    def _refuse_values(self, snap: FlowSnapshot) -> None:
-        error = TooManyValues(
-            f"flow {snap.parent_id} has {snap.total} children, over max_values="
-            f"{self.max_values} for return_values=True: read its results page by page "
-            "downstream instead (echomq_provider.results.flow_results)"
-        )
-        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
+    def _refuse_values(self, snap: FlowSnapshot) -> NoReturn:
+        """Fail the task, and only the task: the flow goes on (see ``_GiveUp``)."""
+        error = too_many_values(f"flow {snap.parent_id}", snap.total, self.max_values)
+        raise AirflowFailException(
+            f"{type(error).__name__}: {error}; the flow is left to run"
+        ) from error
 
     def _progress(self, context: Context, snap: FlowSnapshot) -> None:
         """``settled k of N`` at most every :data:`PROGRESS_EVERY` s. Reschedule mode runs
@@ -258,6 +274,10 @@ class FlowWaiting(_Base):
 
         def __exit__(self, kind: type[BaseException] | None, exc: Any, tb: Any) -> None:
             giving_up = (AirflowFailException, AirflowSensorTimeout, AirflowSkipException)
+            if isinstance(exc, Exception) and isinstance(exc.__cause__, TooManyValues):
+                # the reader is misconfigured, not the flow: a fixed reader reads it
+                self.task.log.info("Flow left as it is: a reader with a higher max_values reads it")
+                return
             if kind is not None and issubclass(kind, giving_up):
                 why = f"{type(exc).__name__}: {exc}"
                 cause = exc.__cause__ or exc.__context__
@@ -291,6 +311,60 @@ class FlowWaiting(_Base):
     def _kind(self) -> str:
         """How the cancel reason names this task ("sensor wait: ..."): overridden."""
         return "task"
+
+    # -- settling after Airflow failed the task ----------------------------------------------
+    def _settle_after_failure(self, context: Any, why: str) -> None:
+        """Settle the flow once Airflow failed this task, by
+        :func:`~echomq_provider.settle.settle_action` - run by the failure callbacks (see
+        :mod:`echomq_provider.settle`), in the task process, or in the dag processor where
+        none of the task's code ran. Never raises for EchoMQ's errors: it logs them."""
+        try:
+            queue, parent_id = self._callback_ref(context)
+        except Exception as exc:  # an upstream that never ran, a template that needs more
+            self.log.info("No flow to settle (%s: %s)", type(exc).__name__, exc)
+            return
+        hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
+        try:
+            client = hook.get_conn()
+            snap = client.snapshot(queue, parent_id)
+            action = settle.settle_action(
+                snap,
+                cancel_on_failure=self.cancel_on_failure,
+                close_flow=self.close_flow,
+                return_values=self.return_values,
+                max_values=self.max_values,
+            )
+            if action == "cancel":
+                reason = f"{self._kind()} {self.task_id}: {why} ({snap.outcome})"
+                result = client.cancel_flow(queue, parent_id, reason=reason[:1000])
+                self.log.info(
+                    "Flow %s cancelled (%s): %d children stopped before they started",
+                    parent_id,
+                    why,
+                    result.children,
+                )
+            elif action == "close":
+                state = client.close_flow(queue, parent_id)
+                self.log.info("Flow %s %s (%s): its retention runs from now", parent_id, state, why)
+        except EchoMQError as exc:
+            self.log.error("Could not settle flow %s: %s: %s", parent_id, type(exc).__name__, exc)
+        finally:
+            hook.close()
+
+    def _callback_ref(self, context: Any) -> tuple[str, str]:
+        """``(queue, parent_id)`` of the flow, from a callback's context: the task's templated
+        fields are rendered here (the dag processor never rendered them), and the run, task
+        and map index name the flow (a DAG callback's ``ti`` is another task's)."""
+        raise NotImplementedError
+
+    def _rendered(self, value: Any, context: Any) -> Any:
+        return None if value is None else self.render_template(value, context)
+
+    def _map_index(self, context: Any) -> int:
+        ti = context.get("ti")
+        if ti is None or ti.task_id != self.task_id or ti.map_index is None:
+            return -1
+        return int(ti.map_index)
 
     # -- plumbing --------------------------------------------------------------------------
     def _target(self) -> tuple[str, str]:

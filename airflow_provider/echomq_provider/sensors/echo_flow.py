@@ -198,6 +198,13 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
     def _flow_ref(self) -> tuple[str, str]:
         return flow_target(self.flow, self.parent_queue, self.parent_id)
 
+    def _callback_ref(self, context: Any) -> tuple[str, str]:
+        return flow_target(
+            self._rendered(self.flow, context),
+            self._rendered(self.parent_queue, context),
+            self._rendered(self.parent_id, context),
+        )
+
     def _poke_seconds(self) -> float:
         interval = self.poke_interval
         return interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
