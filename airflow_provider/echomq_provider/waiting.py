@@ -118,6 +118,7 @@ class FlowWaiting(_Base):
         self._hook: EchoMQHook | None = None
         self._last_progress: float | None = None
         self._ti_for_kill: Any = None  # the running task instance, for on_kill
+        self._settles = settles
         if settles:
             settle.install(self)
 
@@ -317,7 +318,11 @@ class FlowWaiting(_Base):
         """Settle the flow once Airflow failed this task, by
         :func:`~echomq_provider.settle.settle_action` - run by the failure callbacks (see
         :mod:`echomq_provider.settle`), in the task process, or in the dag processor where
-        none of the task's code ran. Never raises for EchoMQ's errors: it logs them."""
+        none of the task's code ran. Never raises for EchoMQ's errors: it logs them. A task
+        that does not wait (the operator without ``wait_for_completion``) leaves its flow to
+        the task that waits on it."""
+        if not self._settles:
+            return
         try:
             queue, parent_id = self._callback_ref(context)
         except Exception as exc:  # an upstream that never ran, a template that needs more

@@ -12,7 +12,7 @@ from echomq_provider.flow_specs import parent_id_for
 
 from echomq_core import EchoMQ, InvalidInput
 
-from .helpers import run_dag
+from .helpers import OpenWhen, run_dag
 
 pytestmark = pytest.mark.onlystandalone
 
@@ -25,10 +25,15 @@ def test_one_task_plans_adds_and_waits(
     prefix: str,
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    proc_env: dict[str, str],
 ) -> None:
+    proc_env.update(ECHOMQ_TEST_MARKERS=str(tmp_path))  # "deferred"'s children wait for a go
     start_worker()
-    with caplog.at_level(logging.INFO):
+    deferred = OpenWhen(tmp_path / "deferred.go", "echomq_taskflow", "deferred", ("deferred",))
+    with caplog.at_level(logging.INFO), deferred:
         run = run_dag(airflow_db, "echomq_taskflow")
+    assert deferred.opened_in == "deferred"
     states = {task_id: run.state_of(task_id) for task_id in run.tasks}
     assert states == {
         "squares": "success",

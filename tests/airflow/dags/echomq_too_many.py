@@ -34,9 +34,7 @@ def echomq_too_many() -> None:
         timeout=60,
     )
 
-    @task.echo_flow(
-        parent_queue=CAPPED, wait_for_completion=True, return_values=True, max_values=2
-    )
+    @task.echo_flow(parent_queue=CAPPED, wait_for_completion=True, return_values=True, max_values=2)
     def planned() -> list[dict[str, Any]]:
         return [{"payload": {"n": n}} for n in range(3)]
 
