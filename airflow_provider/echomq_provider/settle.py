@@ -37,6 +37,13 @@ misconfiguration never cancels the work. No retry callback is added: the next tr
 the same flow. The rule reads state, so running it twice, or after the task's own code settled
 the flow, changes nothing.
 
+The dag processor runs a callback when it gets to it, seconds or minutes later; a task cleared
+meanwhile waits on its flow again. So there (on Airflow 3.2 and 3.3, whose dag processor can
+read task states) a callback first reads the task instance's state and leaves the flow to a
+task that is no longer failed (queued, running, up for retry, ...). Airflow 3.1's dag processor
+cannot read it: there a clear within that window may see its flow cancelled, and the next
+clear repairs it.
+
 Mapped waiting tasks (``.expand()``) are not covered by either callback: Airflow builds them
 without running their ``__init__``; they settle their flows only from their own code.
 """

@@ -29,6 +29,7 @@ from echomq_core.errors import flow_error
 
 from . import settle
 from ._compat import (
+    AIRFLOW_3_2,
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
@@ -53,6 +54,8 @@ TRIGGER_POLL_MAX = 1.0
 #: States of a killed task that mean it was cleared or marked successful, not failed: its
 #: flow is left alone.
 _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
+#: States of a task instance done with its flow: a failure callback may settle the flow.
+_DONE = frozenset({"failed", "upstream_failed", "skipped", "success", "removed"})
 
 
 def too_many_values(what: str, total: int, max_values: int) -> TooManyValues:
@@ -328,6 +331,17 @@ class FlowWaiting(_Base):
         except Exception as exc:  # an upstream that never ran, a template that needs more
             self.log.info("No flow to settle (%s: %s)", type(exc).__name__, exc)
             return
+        if self._ti_for_kill is None and AIRFLOW_3_2:  # not run here: in the dag processor
+            # which runs the callback when it gets to it: a clear may have come first, and
+            # the task waits on its flow again (3.1's dag processor cannot tell)
+            state = task_state(
+                self.dag_id, context["run_id"], self.task_id, self._map_index(context)
+            )
+            if state is not None and state not in _DONE:
+                self.log.info(
+                    "Task %s is %s again: flow %s left to it", self.task_id, state, parent_id
+                )
+                return
         hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
         try:
             client = hook.get_conn()
