@@ -46,8 +46,12 @@ the sensor succeeds                         closed: retention starts, results st
 a fail-parent child dies                    the sensor fails at once naming it; the flow is
                                             cancelled (``cancel_on_failure=False``: not)
 the sensor times out (soft_fail or not)     cancelled
-the sensor is marked failed (running or     cancelled; in reschedule mode between two pokes
-deferred), or killed by execution_timeout   no code runs: ``echomq flow cancel`` it
+the sensor is marked failed (running or     cancelled
+deferred), or killed by execution_timeout
+Airflow fails the sensor or the waiting     held: cancelled; released: closed - by the
+task without running its code (marked       failure callbacks the provider adds to the task
+failed between reschedule pokes, a lost     and its DAG (see :mod:`echomq_provider.settle`)
+heartbeat, its process killed)
 the sensor is cleared or marked success     left as it is; a cleared sensor waits again
 ``wait_for_completion=True``: the flow        the task fails and cancels the flow, as the
 fails, ``wait_timeout`` passes, or the task  sensor would (``cancel_on_failure=False``: not);
