@@ -43,14 +43,24 @@ def _rank(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def measure(url: str, n: int, flows: int, concurrency: int) -> dict[str, Any]:
+#: Who drains the cross-queue outbox: a Pump process beside a worker that runs none of its own
+#: (``pump``), the worker's own Pump alone (``worker``), or both (``both``).
+DRAINS = ("pump", "worker", "both")
+
+
+def measure(url: str, n: int, flows: int, concurrency: int, drain: str = "pump") -> dict[str, Any]:
     mq = EchoMQ(url)
     worker = Proc(
         "bench.peers.echomq_peer",
         ["worker", url, "lat,latc", str(concurrency), "threaded"],
         name="echomq-worker",
+        env={"ECHOMQ_BENCH_WORKER_PUMP": "0" if drain == "pump" else "1"},
     ).wait_ready()
-    pump = Proc("echomq_core.cli", ["pump", "latc", "latp", "--url", url], name="echomq-pump")
+    pump = (
+        Proc("echomq_core.cli", ["pump", "latc", "latp", "--url", url], name="echomq-pump")
+        if drain != "worker"
+        else None
+    )
     time.sleep(1.0)  # the Pump connects and starts ticking
     out: dict[str, list[float]] = {"same": [], "cross": []}
     try:
@@ -65,7 +75,8 @@ def measure(url: str, n: int, flows: int, concurrency: int) -> dict[str, Any]:
                 deadline = time.monotonic() + 120
                 while not mq.snapshot(parent_q, ref.parent_id).released:
                     worker.check_alive()
-                    pump.check_alive()
+                    if pump is not None:
+                        pump.check_alive()
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"flow {ref.parent_id} not released in 120 s")
                     time.sleep(0.02)
@@ -77,7 +88,8 @@ def measure(url: str, n: int, flows: int, concurrency: int) -> dict[str, Any]:
                 mq.close_flow(parent_q, ref.parent_id)
     finally:
         worker.stop()
-        pump.stop()
+        if pump is not None:
+            pump.stop()
         mq.close()
     return {
         kind: {
@@ -98,13 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=10_000, help="children per flow")
     parser.add_argument("--flows", type=int, default=20, help="flows of each kind")
     parser.add_argument("--concurrency", default="1", help="worker concurrencies, e.g. 1,50")
+    parser.add_argument(
+        "--drain",
+        default="pump",
+        help="who drains the cross-queue outbox, comma-separated: pump (a Pump process, the "
+        "worker's own Pump off), worker (the worker's own Pump alone), both",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
+    drains = args.drain.split(",")
+    if set(drains) - set(DRAINS):
+        parser.error(f"--drain takes {', '.join(DRAINS)}")
     server = EmbeddedServer(appendonly=False).start()
     doc: dict[str, Any] = {"n": args.n, "flows": args.flows, "results": {}}
     try:
         for level in (int(c) for c in args.concurrency.split(",")):
-            doc["results"][f"c{level}"] = measure(server.url, args.n, args.flows, level)
+            for drain in drains:
+                key = f"c{level}" if drain == "pump" and drains == ["pump"] else f"c{level}/{drain}"
+                doc["results"][key] = measure(server.url, args.n, args.flows, level, drain)
     finally:
         server.stop()
     args.out.mkdir(parents=True, exist_ok=True)

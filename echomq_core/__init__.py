@@ -56,6 +56,7 @@ from .errors import (
 )
 from .models import Backoff as Backoff
 from .models import Child as Child
+from .models import ChildFailure as ChildFailure
 from .models import FlowRef as FlowRef
 from .models import FlowSnapshot as FlowSnapshot
 from .models import FlowSummary as FlowSummary

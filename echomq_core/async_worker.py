@@ -51,16 +51,19 @@ from . import ops
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
-from .options import WorkerOptions, build
+from .options import PumpOptions, WorkerOptions, build
+from .pump import worker_pump
 from .queue import Queue
 from .running import (
     BLOCK_SLICE,
+    Failed,
     InHand,
     Intake,
     OptionAttributes,
     Outcome,
     failure,
     fire_hooks,
+    log_failures,
     make_queues,
     split,
     wake_queues,
@@ -93,6 +96,7 @@ class AsyncWorker(OptionAttributes):
         options: WorkerOptions | None = None,
         queue_options: Mapping[str, Any] | None = None,
         hooks: LifecycleHooks | None = None,
+        pump: bool | PumpOptions = True,
         **settings: Any,
     ) -> None:
         opts = self.options = build(WorkerOptions, options, settings)
@@ -102,6 +106,9 @@ class AsyncWorker(OptionAttributes):
         self.client = client
         self.connection = client.connection
         self.handlers = dict(handlers)
+        self.pump = worker_pump(client, list(self.handlers), pump, hooks)
+        self._pump_stop = asyncio.Event()
+        self._pump_task: asyncio.Task[None] | None = None
         self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
         self.hooks = hooks
         self.completed = 0
@@ -143,6 +150,11 @@ class AsyncWorker(OptionAttributes):
             asyncio.create_task(self._flusher(), name="echomq-flush"),
             asyncio.create_task(self._heartbeats(), name="echomq-heartbeat"),
         ]
+        if self.pump is not None:
+            self._pump_stop.clear()
+            self._pump_task = asyncio.create_task(
+                self.pump.arun(self._pump_stop), name="echomq-pump"
+            )
         return self
 
     async def run(self, *, install_signals: bool = True) -> None:
@@ -216,6 +228,14 @@ class AsyncWorker(OptionAttributes):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.pump is not None and self._pump_task is not None:
+            self._pump_stop.set()  # it ends its tick or wait, and gives up its leases
+            await asyncio.gather(self._pump_task, return_exceptions=True)
+            try:  # the signals of the results just recorded reach their parents now
+                await self.pump.atick()
+            except EchoMQError as exc:
+                log.warning("the last drain of %s failed: %s", self.pump.id, exc)
+            await self.pump.arelease_leases()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
@@ -348,13 +368,15 @@ class AsyncWorker(OptionAttributes):
             limit,
             self.abandoned,
         )
-        self._add_result(job, (f"TimeoutError: the handler ran longer than {limit:g}s", True))
+        self._add_result(
+            job, (f"TimeoutError: the handler ran longer than {limit:g}s", True, None)
+        )
         return None
 
     async def _invoke(self, job: Job) -> Outcome:
         """Run one handler: the encoded result, or (error text, retry?)."""
         if job.decode_error is not None:
-            return (job.decode_error, False)
+            return (job.decode_error, False, None)
         handler = self.handlers[job.queue]
         try:
             if self._async[job.queue]:
@@ -434,7 +456,7 @@ class AsyncWorker(OptionAttributes):
                 self._want_jobs.set()
 
     async def _flush(
-        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
+        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
         try:
             completed = settled = None
@@ -444,13 +466,14 @@ class AsyncWorker(OptionAttributes):
             if failed:
                 settled = await self.connection.perform(queue.settle_failed_op(failed))
                 self.failed += len(failed)
+            log_failures(queue.name, failed, settled)
             fire_hooks(self.hooks, done, completed, failed, settled)
         except EchoMQError as exc:
             log.warning(
                 "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
             )
         finally:
-            for job in [j for j, _ in done] + [j for j, _, _ in failed]:
+            for job in [j for j, _ in done] + [f[0] for f in failed]:
                 if self._hand.inflight.get((queue.name, job.id)) is job:
                     del self._hand.inflight[(queue.name, job.id)]
                 self._hand.lost.discard((job.queue, job.id, job.token))

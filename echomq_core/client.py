@@ -13,12 +13,21 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from . import flows, lifecycle, ops, retention
+from . import failures, flows, lifecycle, ops, retention
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
 from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
-from .models import Child, FlowRef, FlowSnapshot, FlowSummary, JobInfo, JsonSerializer, Serializer
+from .models import (
+    Child,
+    ChildFailure,
+    FlowRef,
+    FlowSnapshot,
+    FlowSummary,
+    JobInfo,
+    JsonSerializer,
+    Serializer,
+)
 from .queue import Queue
 
 T = TypeVar("T")
@@ -312,6 +321,16 @@ class EchoMQ(_Base):
         self._check_flow(queue, parent_id)
         return self.perform(flows.failed_children(self.keys, queue, parent_id))
 
+    def child_failures(
+        self, queue: str, parent_id: str, *, limit: int = 10
+    ) -> list[ChildFailure]:
+        """The flow's dead children with their errors and last tracebacks, fail-parent ones
+        first, then ignored ones, at most ``limit`` (a failed sub-flow stands for its own
+        failures); see :mod:`echomq_core.failures`."""
+        self._check_flow(queue, parent_id)
+        limit = check_int("limit", limit, 1, 10_000)
+        return self.perform(failures.child_failures(self.keys, queue, parent_id, limit))
+
     def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         self._check_flow(queue, parent_id)
         return self.perform(flows.snapshot(self.keys, queue, parent_id))
@@ -361,10 +380,8 @@ class EchoMQ(_Base):
             if snap.outcome == "released":
                 return snap
             if time.monotonic() >= deadline:
-                raise FlowTimeout(
-                    f"flow {parent_id} in {queue!r} not released after "
-                    f"{timeout}s ({snap.dependencies} outstanding)"
-                )
+                hint = self.perform(failures.stall_hint(self.keys, queue, parent_id))
+                raise _timeout(queue, parent_id, timeout, snap, hint)
             time.sleep(poll)
 
 
@@ -457,6 +474,16 @@ class AsyncEchoMQ(_Base):
         self._check_flow(queue, parent_id)
         return await self.connection.perform(flows.failed_children(self.keys, queue, parent_id))
 
+    async def child_failures(
+        self, queue: str, parent_id: str, *, limit: int = 10
+    ) -> list[ChildFailure]:
+        """As :meth:`EchoMQ.child_failures`."""
+        self._check_flow(queue, parent_id)
+        limit = check_int("limit", limit, 1, 10_000)
+        return await self.connection.perform(
+            failures.child_failures(self.keys, queue, parent_id, limit)
+        )
+
     async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         self._check_flow(queue, parent_id)
         return await self.connection.perform(flows.snapshot(self.keys, queue, parent_id))
@@ -475,11 +502,20 @@ class AsyncEchoMQ(_Base):
             if snap.outcome == "released":
                 return snap
             if loop.time() >= deadline:
-                raise FlowTimeout(
-                    f"flow {parent_id} in {queue!r} not released after "
-                    f"{timeout}s ({snap.dependencies} outstanding)"
-                )
+                op = failures.stall_hint(self.keys, queue, parent_id)
+                raise _timeout(queue, parent_id, timeout, snap, await self.connection.perform(op))
             await asyncio.sleep(check_seconds("poll", poll, 0.001))
+
+
+def _timeout(
+    queue: str, parent_id: str, timeout: float, snap: FlowSnapshot, hint: str
+) -> FlowTimeout:
+    """The error of a wait that ran out, with what holds the flow up where that shows."""
+    why = f": {hint}" if hint else ""
+    return FlowTimeout(
+        f"flow {parent_id} in {queue!r} not released after {timeout}s "
+        f"({snap.dependencies} outstanding){why}"
+    )
 
 
 def _flag(name: str, value: Any) -> bool:

@@ -13,7 +13,9 @@ and re-sends only the calls that were refused, once: a second NOSCRIPT is an err
 
 URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS, ``unix:///path``;
 Cluster with ``redis+cluster://`` / ``rediss+cluster://`` or ``?cluster=true`` (or the
-``cluster=True`` argument). Passwords never appear in reprs or error messages.
+``cluster=True`` argument); ``?migration_wait=S`` (or the ``migration_wait=S`` argument, which
+wins) bounds how long a call waits for a Cluster slot being moved (below). Passwords never
+appear in reprs or error messages.
 
 **No blind re-sends.** A call whose reply is lost after it was written may have run: re-sending
 it runs it twice. Most EchoMQ writes are idempotent by id (holding a parent, landing a child
@@ -47,17 +49,44 @@ master written before any is read. The replies decide what happens next:
   finished reshard);
 * ``ASK``: the call goes to the named node, preceded by ``ASKING`` on the same connection in
   the same write (a slot half-moved, and the source does not hold the call's keys);
-* ``TRYAGAIN`` (a multi-key call whose keys are split between the two nodes of a half-moved
-  slot), ``CLUSTERDOWN`` / ``MASTERDOWN`` (a master failed and no replica has taken over
-  yet), ``LOADING``, or a slot missing from the map: the call is sent again after a short,
-  growing wait (20 ms up to 500 ms), for at most :data:`CLUSTER_RETRY_WINDOW` seconds, then
-  it comes back as ``ConnectionLost`` (it did not run);
+* ``CLUSTERDOWN`` / ``MASTERDOWN`` (a master failed and no replica has taken over yet),
+  ``LOADING``, or a slot missing from the map: the call is sent again after a short, growing
+  wait (20 ms up to 500 ms), for at most :data:`CLUSTER_RETRY_WINDOW` seconds, then it comes
+  back as ``ConnectionLost`` (it did not run);
+* a slot being moved (a reshard): ``TRYAGAIN``, an ``ASK`` naming a node the map does not
+  know, or a ``MOVED`` followed more than :data:`_MAX_MOVES` times (the owners disagree while
+  the slot is handed over): the same growing wait, for at most ``migration_wait`` seconds
+  (:data:`MIGRATION_WAIT` unless the URL or ``connect`` sets it), then ``ConnectionLost``
+  naming the slot, its queue, and the two nodes;
 * a connection that cannot be opened (the master is dead): the topology is refreshed (at most
   every :data:`REFRESH_EVERY` seconds per connection), a dead default node is replaced, and
   the call is sent again once if its slot now has another owner (the replica took over);
   otherwise ``ConnectionLost`` at once;
 * a connection that breaks after the write, or times out: ``ConnectionLost`` for every call of
   that node whose reply was not read; the topology is refreshed for the next call.
+
+**A slot migration.** A reshard moves a slot's keys in batches (``MIGRATE ... KEYS``) and
+hands the slot over once every key is on the target. Meanwhile the source runs a call only if
+it holds every key the call names, and the target (after ``ASKING``) only if it holds them all
+or the call names one key; otherwise the source answers ``ASK`` (it holds none of them) and
+either node ``TRYAGAIN``. EchoMQ's scripts name keys that do not exist yet (a result hash, an
+index still empty), so most calls of a busy queue meet ``TRYAGAIN`` from the first batch to
+the handover: the queue pauses for as long as the migration runs, and its calls wait rather
+than fail. The bound counts from a step's first such reply (a step: one driver call, one round
+trip per master); what is still held then comes back as ``ConnectionLost``. When a source
+answers ``TRYAGAIN`` to a call that met no ``ASK``, the router learns where the slot goes with
+one ``EXISTS`` of a key nobody writes (``<prefix>:{q}:migration-probe``: the source answers
+``ASK target``), once per step, so that error can name both nodes.
+
+Sending again after ``MOVED``, ``ASK`` or ``TRYAGAIN`` is safe for every call, idempotent or
+not: a node checks the keys a command or script names against its slots before it runs
+anything (a script is refused whole, and cannot meet a ``MIGRATE`` half-way: both are atomic),
+and ``ASKING`` only lets the next command of its connection through that check. So a claim
+(run twice, it would lease a second batch) and an ``add`` of fresh ids (``check`` '0': it would
+queue its jobs twice) are sent again as safely as a completion or heartbeat under a lease
+token, a flow add of caller-chosen ids, or a delivery recorded set-if-absent, which would even
+be harmless run twice. What the rule still refuses is the re-send of a call written on a
+connection that broke before its reply was read: that one may have run.
 
 A :class:`Durable` step (the Pump's deliveries) also waits, on each master that the topology
 lists replicas for, until those replicas have the step's writes (``WAIT``, up to
@@ -107,6 +136,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from . import errors
+from .checks import check_seconds
 
 if TYPE_CHECKING:  # imported when an async client is made: it costs every CLI start
     import redis.asyncio
@@ -122,15 +152,27 @@ _TRANSPORT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, RedisClus
 #: the reply was read in full (the call did not run).
 _REPLY_ERRORS = (BusyLoadingError, AuthenticationError, AuthorizationError)
 
-#: How long (s) one call keeps being sent again while a Cluster answers TRYAGAIN, CLUSTERDOWN,
-#: MASTERDOWN or LOADING, or its slot has no known owner; then it comes back as ConnectionLost.
+#: How long (s) one step keeps being sent again while a Cluster answers CLUSTERDOWN, MASTERDOWN
+#: or LOADING, or a slot has no known owner; then it comes back as ConnectionLost.
 CLUSTER_RETRY_WINDOW = 5.0
+#: How long (s) one step keeps being sent again while its slot is being moved (TRYAGAIN), unless
+#: the connection's ``migration_wait`` says otherwise: a reshard of a busy slot, moving its keys
+#: in small batches, can take tens of seconds, and the queue's calls wait for the handover.
+MIGRATION_WAIT = 60.0
+#: The most seconds ``migration_wait`` may be.
+MAX_MIGRATION_WAIT = 86400.0
 #: The least time (s) between two topology refreshes (CLUSTER SLOTS) of one connection.
 REFRESH_EVERY = 0.2
 #: How long (ms) a :class:`Durable` step waits for the replicas of each master.
 DURABLE_WAIT_MS = 1000
-#: The most MOVED replies one call follows in one step.
+#: The most MOVED replies one call follows at once; past them it waits between moves.
 _MAX_MOVES = 5
+#: The most rounds in a row a step may make without waiting (a safety net: every redirect
+#: that can repeat - MOVED, TRYAGAIN, ASK to an unknown node - waits).
+_MAX_FAST_ROUNDS = 32
+#: The suffix, after a queue's hash tag, of the key the router probes to learn where a slot
+#: is being moved (nobody writes it; a read of a missing key makes the source answer ASK).
+_PROBE = ":migration-probe"
 #: Commands without a key: sent to the client's default node.
 _KEYLESS = frozenset({"PING", "ECHO", "TIME", "INFO", "SCRIPT", "CLUSTER", "COMMAND", "DBSIZE"})
 
@@ -215,16 +257,33 @@ def _key_slot(key: Any) -> int:
     return key_slot(key.encode() if isinstance(key, str) else bytes(key))
 
 
-def slot_of(args: Sequence[Any]) -> int | None:
-    """The hash slot a command goes to, computed locally; None for a command without a key.
-    Scripts: their first key (``EVALSHA sha numkeys key ...``); every other command EchoMQ
-    sends names its key first."""
+def _first_key(args: Sequence[Any]) -> Any:
+    """The key a command is routed by: a script's first key (``EVALSHA sha numkeys key ...``),
+    every other command's first argument; None for a command without a key."""
     name = str(args[0]).upper()
     if name in ("EVALSHA", "EVAL"):
-        return _key_slot(args[3]) if int(args[2]) > 0 else None
+        return args[3] if int(args[2]) > 0 else None
     if name in _KEYLESS or len(args) < 2:
         return None
-    return _key_slot(args[1])
+    return args[1]
+
+
+def slot_of(args: Sequence[Any]) -> int | None:
+    """The hash slot a command goes to, computed locally; None for a command without a key."""
+    key = _first_key(args)
+    return None if key is None else _key_slot(key)
+
+
+def _hash_tag(key: Any) -> tuple[str, str] | None:
+    """A key's hash tag (the queue name, for EchoMQ's keys) and the key up to the end of the
+    tag (``<prefix>:{q}``: a key starting so is in the same slot and under the same prefix);
+    None for a key without one."""
+    text = key.decode(errors="replace") if isinstance(key, bytes | bytearray) else str(key)
+    start = text.find("{")
+    end = text.find("}", start + 1) if start >= 0 else -1
+    if end <= start + 1:
+        return None
+    return text[start + 1 : end], text[: end + 1]
 
 
 @dataclass(slots=True)
@@ -257,11 +316,19 @@ class _Step:
     this decides which calls are settled, which may be sent again, and what the driver must
     do before the next round (patch the slot map, refresh the topology, wait)."""
 
-    def __init__(self, calls: Sequence[Call], durable: bool, where: str, stats: Counter[str]):
+    def __init__(
+        self,
+        calls: Sequence[Call],
+        durable: bool,
+        where: str,
+        stats: Counter[str],
+        migration_wait: float = MIGRATION_WAIT,
+    ):
         self.calls = calls
         self.durable = durable
         self.where = where
         self.stats = stats
+        self.migration_wait = migration_wait
         self.slots = [slot_of(c.args) for c in calls]
         self.out: list[Any] = [_UNSET] * len(calls)
         self.asking: dict[int, str] = {}  # call -> the node an ASK named
@@ -277,19 +344,25 @@ class _Step:
         self.broken: set[str] = set()  # nodes whose connection broke after the write
         self.wait = 0.0  # how long the driver waits before the next round
         self.holds = 0
-        self.held_since: float | None = None
+        self.since: dict[str, float] = {}  # kind of hold ("cluster", "migration") -> first
+        self.held: dict[str, tuple[int, str]] = {}  # this round's holds: kind -> (call, why)
         self.reason = ""
-        self.rounds = 0
+        self.fast = 0  # rounds in a row without a wait
+        self.moving: dict[int, tuple[str, str | None]] = {}  # slot -> (source, target)
+        self.probes: dict[int, tuple[str, str]] = {}  # slot -> (source, key): to send
+        self.probed: set[int] = set()
 
     def pending(self) -> list[int]:
         return [i for i, reply in enumerate(self.out) if reply is _UNSET]
 
-    def _hold(self, reason: str, wait: float) -> None:
-        """A call must be sent again after a wait (the server did not run it)."""
+    def _hold(self, reason: str, wait: float, *, call: int = -1, kind: str = "cluster") -> None:
+        """A call must be sent again after a wait (the server did not run it); ``kind`` says
+        which bound applies (``migration``: ``migration_wait``, else
+        :data:`CLUSTER_RETRY_WINDOW`), counted from the step's first hold of that kind."""
         self.reason = reason
+        self.held[kind] = (call, reason)
+        self.since.setdefault(kind, time.monotonic())
         self.wait = max(self.wait, min(0.5, wait * 2 ** min(self.holds, 5)))
-        if self.held_since is None:
-            self.held_since = time.monotonic()
 
     def _lost(self, message: str) -> errors.ConnectionLost:
         return errors.ConnectionLost(f"cannot reach {self.where}: {message}")
@@ -305,7 +378,7 @@ class _Step:
                 if node is None:  # a node the map does not know yet: learn the topology first
                     self.asking.pop(i)
                     self.broken.add(asked)
-                    self._hold(f"ASK to unknown node {asked}", 0.02)
+                    self._hold(f"ASK to unknown node {asked}", 0.02, call=i, kind="migration")
                     continue
             elif slot is None:
                 node = default_node()
@@ -325,20 +398,30 @@ class _Step:
                     self.out[i] = self._lost(self.why.get(i, self.reason))
                     continue
                 self.stats["resent_unsent"] += 1
-            batch = batches.get(node.name)
-            if batch is None:
-                batch = batches[node.name] = _Batch(node)
-                for s in self.to_load.get(node.name, ()):
-                    batch.add("load", s, ("SCRIPT", "LOAD", s.source))
+            batch = self._batch(batches, node)
             if asked is not None:
                 batch.add("asking", i, ("ASKING",))
             batch.add("call", i, self.calls[i].args)
+        for slot, (source, key) in self.probes.items():
+            node = nodes.get_node(node_name=source)
+            if node is not None:
+                self._batch(batches, node).add("probe", slot, ("EXISTS", key))
+        self.probes.clear()
         if self.durable:
             for batch in batches.values():
                 replicas = self._replicas(nodes, batch)
                 if replicas:
                     batch.add("wait", replicas, ("WAIT", replicas, DURABLE_WAIT_MS))
         return batches
+
+    def _batch(self, batches: dict[str, _Batch], node: Any) -> _Batch:
+        """The node's batch of this round, opened with the scripts it must load first."""
+        batch = batches.get(node.name)
+        if batch is None:
+            batch = batches[node.name] = _Batch(node)
+            for s in self.to_load.get(node.name, ()):
+                batch.add("load", s, ("SCRIPT", "LOAD", s.source))
+        return batch
 
     def _replicas(self, nodes: Any, batch: _Batch) -> int:
         """How many replicas the slot map lists for the batch's node (failed replicas are
@@ -375,6 +458,9 @@ class _Step:
                     self._wait_refused(name, reply)
                 elif reply is _UNSET or isinstance(reply, BaseException) or int(reply) < ref:
                     confirmed = False
+            elif kind == "probe":  # the source names the target; any other reply: unknown
+                if isinstance(reply, AskError) and ref in self.moving:
+                    self.moving[ref] = (self.moving[ref][0], f"{reply.host}:{reply.port}")
             elif kind == "call":
                 if reply is _UNSET:
                     self._unread(ref, name, error, written)
@@ -414,21 +500,26 @@ class _Step:
 
     def _settle(self, i: int, name: str, reply: Any) -> bool:
         """Record a reply; False when the call is to be sent again."""
-        self.asking.pop(i, None)
+        asked = self.asking.pop(i, None)
         if isinstance(reply, MovedError):
             self.stats["moved"] += 1
             self.moves[i] += 1
-            if self.moves[i] <= _MAX_MOVES:
-                self.moved.append(reply)
-                return False
-            self.out[i] = self._lost(f"redirected {self.moves[i]} times: {reply}")
+            self.moved.append(reply)
+            if self.moves[i] > _MAX_MOVES:  # the owners disagree: a handover under way
+                self._hold(f"MOVED {self.moves[i]} times", 0.02, call=i, kind="migration")
+            return False
         elif isinstance(reply, AskError):
             self.stats["ask"] += 1
             self.asking[i] = f"{reply.host}:{reply.port}"
+            slot = self.slots[i]
+            if slot is not None:
+                self.moving[slot] = (name, self.asking[i])
             return False
         elif isinstance(reply, TryAgainError):
             self.stats["tryagain"] += 1
-            self._hold(f"TRYAGAIN from {name} (slot being moved)", 0.02)
+            if asked is None:  # from the source: the target is known from an ASK, or probed
+                self._source(i, name)
+            self._hold("TRYAGAIN", 0.02, call=i, kind="migration")
             return False
         elif isinstance(reply, ClusterDownError):  # CLUSTERDOWN, MASTERDOWN
             self.stats["clusterdown"] += 1
@@ -452,22 +543,68 @@ class _Step:
             self.out[i] = reply
         return True
 
+    def _source(self, i: int, name: str) -> None:
+        """``name`` answered TRYAGAIN for call ``i`` without an ASK: it is the slot's source.
+        Unless an ASK named the target already, probe for it once in this step."""
+        slot = self.slots[i]
+        if slot is None:
+            return
+        known = self.moving.get(slot)
+        if known is not None and known[0] == name:
+            return
+        self.moving[slot] = (name, None)
+        tag = _hash_tag(_first_key(self.calls[i].args))
+        if tag is not None and slot not in self.probed:
+            self.probed.add(slot)
+            self.probes[slot] = (name, tag[1] + _PROBE)
+
     def next_round(self) -> bool:
         """After a round: True when calls are left to send; settles them as lost when they
-        have waited too long."""
+        have waited too long, or went round too often without a wait."""
         left = self.pending()
-        self.rounds += 1
         if not left:
             return False
-        waited = 0.0 if self.held_since is None else time.monotonic() - self.held_since
-        if waited + self.wait > CLUSTER_RETRY_WINDOW or self.rounds > 100:
-            for i in left:
-                self.out[i] = self._lost(
-                    f"the Cluster did not serve the call within {CLUSTER_RETRY_WINDOW:g} s "
-                    f"({self.reason}); it did not run"
+        self.fast = 0 if self.wait else self.fast + 1
+        now = time.monotonic()
+        for kind, (i, why) in self.held.items():
+            window = self.migration_wait if kind == "migration" else CLUSTER_RETRY_WINDOW
+            waited = now - self.since[kind]
+            if waited < window:  # the last try is made when the bound is reached, not before
+                self.wait = min(self.wait, window - waited)
+            else:
+                if kind == "migration":
+                    message = f"{self.where}: {self._migration(i, why, window)}; it did not run"
+                else:
+                    message = (
+                        f"cannot reach {self.where}: the Cluster did not serve the call within "
+                        f"{window:g} s ({why}); it did not run"
+                    )
+                for j in left:
+                    self.out[j] = errors.ConnectionLost(message)
+                return False
+        if self.fast > _MAX_FAST_ROUNDS:
+            for j in left:
+                self.out[j] = self._lost(
+                    f"routed {self.fast} times without being served ({self.reason})"
                 )
             return False
         return True
+
+    def _migration(self, i: int, why: str, window: float) -> str:
+        """What a call held by a slot migration waited for: the slot, its queue (the hash tag
+        of EchoMQ's keys), the nodes it moves between, and the bound."""
+        slot = self.slots[i] if i >= 0 else None
+        tag = _hash_tag(_first_key(self.calls[i].args)) if i >= 0 else None
+        what = "a slot" if slot is None else f"slot {slot}"
+        what += f" of queue {tag[0]!r}" if tag is not None else ""
+        source, target = self.moving.get(slot, (None, None)) if slot is not None else (None, None)
+        if source is None:
+            where = "is changing owner"
+        elif target is None:
+            where = f"is migrating away from {source}"
+        else:
+            where = f"is migrating from {source} to {target}"
+        return f"{what} {where}: {why} for {window:g} s (migration_wait)"
 
     def after_round(self) -> tuple[list[MovedError], set[str], float]:
         """What the driver must do before the next round: the MOVED replies to patch the map
@@ -477,6 +614,7 @@ class _Step:
         failed = self.dead | self.broken
         self.dead, self.broken = set(), set()
         wait, self.wait = self.wait, 0.0
+        self.held = {}
         if wait:
             self.holds += 1
         return moved, failed, wait
@@ -485,9 +623,17 @@ class _Step:
 class Connection:
     """Drives operations with a synchronous redis-py client (standalone or Cluster)."""
 
-    def __init__(self, client: redis.Redis | redis.cluster.RedisCluster, *, where: str) -> None:
+    def __init__(
+        self,
+        client: redis.Redis | redis.cluster.RedisCluster,
+        *,
+        where: str,
+        migration_wait: float = MIGRATION_WAIT,
+    ) -> None:
         self.client = client
         self.where = where
+        #: How long (s) a step waits for a slot being moved (see the module docstring).
+        self.migration_wait = migration_wait
         self.is_cluster = isinstance(client, redis.cluster.RedisCluster)
         #: What the Cluster router met (see the module docstring); empty on standalone.
         self.stats: Counter[str] = Counter()
@@ -559,7 +705,7 @@ class Connection:
     def _execute_cluster(self, calls: Sequence[Call]) -> list[Any]:
         client = self.client
         assert isinstance(client, redis.cluster.RedisCluster)
-        step = _Step(calls, isinstance(calls, Durable), self.where, self.stats)
+        step = _Step(calls, isinstance(calls, Durable), self.where, self.stats, self.migration_wait)
         while True:
             self._round(step, step.route(client.nodes_manager, client.get_default_node))
             if not step.next_round():
@@ -644,11 +790,14 @@ class AsyncConnection:
         client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster,
         *,
         where: str,
+        migration_wait: float = MIGRATION_WAIT,
     ) -> None:
         import redis.asyncio.cluster
 
         self.client = client
         self.where = where
+        #: How long (s) a step waits for a slot being moved (see the module docstring).
+        self.migration_wait = migration_wait
         self.is_cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
         #: What the Cluster router met (see the module docstring); empty on standalone.
         self.stats: Counter[str] = Counter()
@@ -721,7 +870,7 @@ class AsyncConnection:
             await client.initialize()  # once: learns the topology on the first call
         except (*_TRANSPORT_ERRORS, RedisError) as exc:
             raise self._lost(exc) from None
-        step = _Step(calls, isinstance(calls, Durable), self.where, self.stats)
+        step = _Step(calls, isinstance(calls, Durable), self.where, self.stats, self.migration_wait)
         while True:
             batches = step.route(client.nodes_manager, client.get_default_node)
             await asyncio.gather(*(self._send_batch(step, batch) for batch in batches.values()))
@@ -796,9 +945,10 @@ class AsyncConnection:
 class Target:
     """A parsed connection URL: what to connect to, with the password kept out of reprs."""
 
-    url: str  # the URL redis-py gets (cluster markers removed); holds the password
+    url: str  # the URL redis-py gets (EchoMQ's own parameters removed); holds the password
     cluster: bool
     where: str  # host:port/db for messages, never the password
+    migration_wait: float | None = None  # ?migration_wait= (seconds), if the URL sets it
 
     def __repr__(self) -> str:
         return f"Target({self.where}, cluster={self.cluster})"
@@ -821,6 +971,7 @@ def parse_url(url: str, *, cluster: bool | None = None) -> Target:
         )
     query = dict(parse_qsl(parts.query))
     flag = (query.pop("cluster", None) or "").lower()
+    wait = query.pop("migration_wait", None)
     if flag not in {"", "1", "true", "yes", "0", "false", "no"}:
         raise errors.ConfigurationError(f"cluster= in the URL must be true or false, got {flag!r}")
     is_cluster = scheme.endswith("+cluster") or flag in {"1", "true", "yes"}
@@ -847,7 +998,26 @@ def parse_url(url: str, *, cluster: bool | None = None) -> Target:
         if scheme == "unix"
         else f"{parts.hostname}:{port or 6379}/{db or '0'}{' (cluster)' if is_cluster else ''}"
     )
-    return Target(clean, is_cluster, where)
+    return Target(clean, is_cluster, where, None if wait is None else migration_wait(wait))
+
+
+def migration_wait(value: Any) -> float:
+    """A ``migration_wait`` (seconds, from a URL parameter or a keyword argument), checked:
+    :class:`ConfigurationError` unless it is a finite number in 0..:data:`MAX_MIGRATION_WAIT`
+    (0: a call of a slot being moved fails at its first ``TRYAGAIN``)."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    try:
+        return check_seconds("migration_wait", number, 0.0, MAX_MIGRATION_WAIT)
+    except errors.InvalidArgument:
+        raise errors.ConfigurationError(
+            f"migration_wait must be a number of seconds between 0 and {MAX_MIGRATION_WAIT:g}, "
+            f"got {value!r:.40}"
+        ) from None
 
 
 class _Packer:
@@ -882,9 +1052,18 @@ else:
     _PACKER = _Packer()
 
 
-def connect(url: str, *, cluster: bool | None = None, **options: Any) -> Connection:
-    """A synchronous :class:`Connection` for ``url`` (no I/O until the first call)."""
+def connect(
+    url: str,
+    *,
+    cluster: bool | None = None,
+    migration_wait: float | None = None,
+    **options: Any,
+) -> Connection:
+    """A synchronous :class:`Connection` for ``url`` (no I/O until the first call).
+    ``migration_wait`` (seconds; else the URL's ``?migration_wait=``, else
+    :data:`MIGRATION_WAIT`): how long a call of a Cluster slot being moved waits for it."""
     target = parse_url(url, cluster=cluster)
+    wait = _wait_for(target, migration_wait)
     options.setdefault("retry", Retry(NoBackoff(), 0))  # no blind re-sends: see the module doc
     if _PACKER is not None and not target.cluster:
         options.setdefault("command_packer", _PACKER)
@@ -901,12 +1080,20 @@ def connect(url: str, *, cluster: bool | None = None, **options: Any) -> Connect
         raise errors.ConfigurationError(
             f"bad connection options for {target.where}: {exc}"
         ) from None
-    return Connection(client, where=target.where)
+    return Connection(client, where=target.where, migration_wait=wait)
 
 
-def connect_async(url: str, *, cluster: bool | None = None, **options: Any) -> AsyncConnection:
-    """An :class:`AsyncConnection` for ``url`` (no I/O until the first call)."""
+def connect_async(
+    url: str,
+    *,
+    cluster: bool | None = None,
+    migration_wait: float | None = None,
+    **options: Any,
+) -> AsyncConnection:
+    """An :class:`AsyncConnection` for ``url`` (no I/O until the first call); options as for
+    :func:`connect`."""
     target = parse_url(url, cluster=cluster)
+    wait = _wait_for(target, migration_wait)
     options.setdefault("retry", _async_no_retry())  # no blind re-sends: see the module doc
     import redis.asyncio
     import redis.asyncio.cluster
@@ -922,7 +1109,14 @@ def connect_async(url: str, *, cluster: bool | None = None, **options: Any) -> A
         raise errors.ConfigurationError(
             f"bad connection options for {target.where}: {exc}"
         ) from None
-    return AsyncConnection(client, where=target.where)
+    return AsyncConnection(client, where=target.where, migration_wait=wait)
+
+
+def _wait_for(target: Target, given: float | None) -> float:
+    """The keyword argument wins over the URL parameter, as ``cluster=`` does."""
+    if given is not None:
+        return migration_wait(given)
+    return MIGRATION_WAIT if target.migration_wait is None else target.migration_wait
 
 
 def _check_options(pool: Any) -> None:

@@ -11,7 +11,9 @@ Per queue:
 key                       type    holds
 ========================  ======  ===========================================================
 ``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields,
-                                  state (parents: held/pending/failed; dead), result / error
+                                  state (parents: held/pending/failed; dead), result / error,
+                                  the last failed attempt's traceback (at most 16 KiB, the
+                                  tail; dropped by a revive or repair)
 ``job:<id>:dependencies`` string  a parent's outstanding-child counter
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``

@@ -12,6 +12,23 @@ from .errors import InvalidArgument, InvalidInput, InvalidPayload
 FAIL_PARENT = "fp"
 IGNORE = "id"
 
+#: The most of a failed attempt's traceback kept on its job row, in bytes (UTF-8): its tail,
+#: where the exception line and the innermost frames are. Bounded so a deep or looping stack
+#: cannot grow server memory; a job costs at most this much more than its payload and error.
+MAX_TRACEBACK = 16 * 1024
+
+
+def cut_traceback(text: str | None) -> str:
+    """``text`` as the fail script keeps it: '' for none, else at most :data:`MAX_TRACEBACK`
+    bytes - the tail, behind a line that says how much was cut."""
+    if not text:
+        return ""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= MAX_TRACEBACK:
+        return text
+    tail = raw[-(MAX_TRACEBACK - 64) :].decode("utf-8", "ignore")
+    return f"[... {len(raw) - len(tail.encode())} bytes of the traceback cut ...]\n{tail}"
+
 
 class Serializer(Protocol):
     """Turns payloads and results into bytes and back. Replaceable per client."""
@@ -144,6 +161,20 @@ class JobInfo:
     total: int | None = None
     stalls: int = 0
     finished_ms: int | None = None
+    traceback: str | None = None  # the last failed attempt's, at most MAX_TRACEBACK bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChildFailure:
+    """A flow's child that died: where it lives, its error (one line) and the traceback of its
+    last attempt (``None`` when it had none: a stall, a payload that could not be decoded, a
+    failure recorded without one). ``ignored``: it died under ignore-on-failure."""
+
+    queue: str
+    job_id: str
+    error: str
+    traceback: str | None
+    ignored: bool
 
 
 @dataclass(slots=True)

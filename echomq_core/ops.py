@@ -263,9 +263,11 @@ def complete(
     return _settled(queue, (yield calls))
 
 
-def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op[Settlement]:
-    """Fail ``(job, error, delay_ms)`` triples (delay -1: bury now). Per job: 0 lease lost,
-    1 retry scheduled, 2 dead."""
+def fail(
+    ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, str, int]]
+) -> Op[Settlement]:
+    """Fail ``(job, error, traceback, delay_ms)`` records (traceback '' for none; delay -1: bury
+    now). Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
     calls = []
     for part in chunks(failed):
         batch, groups, _ = _batch(queue, part)
@@ -279,7 +281,7 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, int]]) -> Op
             ks.wake(queue),
             *ks.settle_indexes(queue),
             ks.outbox_wake(queue),
-            *(ks.job_prefix(queue) + j.id for j, _, _ in part),
+            *(ks.job_prefix(queue) + j.id for j, *_ in part),
             *_group_keys(ks, queue, groups),
         ]
         calls.append(Call.lua("fail", keys, [queue, *batch]))
@@ -415,6 +417,7 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         _int(row["total"]) if "total" in row else None,
         _int(row.get("stalls")),
         int(float(score)) if score and where in ("completed", "dead") else None,
+        _s(row["traceback"]) if "traceback" in row else None,
     )
 
 

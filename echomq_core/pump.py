@@ -21,18 +21,23 @@ simple and still fails over in ``lease`` seconds.
 An idle Pump waits for the outboxes' wake-up hint (``flow:outbox:wake``, set by every script
 that pushes a signal) with one BZPOPMIN, so a signal is picked up as soon as it is written, not
 after a sleep. The wait is bounded by the jittered ``interval`` (many Pumps on a quiet system
-should not tick in lock-step; maintenance runs on ticks). The hint is popped by one Pump: with
-several Pumps on a queue the one woken may not hold the outbox lease, and the holder then
-finds the signal at its next tick, as without a hint. A Cluster can block only on keys of
+should not tick in lock-step; maintenance runs on ticks). The hint is popped by one drainer,
+so only those that may drain wait on it: a Pump that finds an outbox lease held by another
+stops waiting on that outbox's hint, and one that popped a hint just before sets it again
+once, for the holder (see :class:`Pump`). A Cluster can block only on keys of
 one slot: a Pump whose queues span several slots blocks on the slot of the queue whose outbox
 was busy last, and picks up the others' signals at its next tick.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
 import random
 import re
+import socket
 import threading
 import time
 import uuid
@@ -42,16 +47,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import ops, retention
-from .connection import Call, Durable, Lenient, Op
+from .connection import AsyncConnection, Call, Durable, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
-from .running import wait_on_hints, wake_queues
+from .running import BLOCK_SLICE, wait_on_hints, wake_queues
 
 if TYPE_CHECKING:
-    from .client import EchoMQ
+    from .client import AsyncEchoMQ, EchoMQ
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +102,8 @@ class TickStats:
     poisoned_entries: list[tuple[str, str]] = field(default_factory=list)  # (queue, reason)
     dead: list[tuple[Job, str]] = field(default_factory=list)  # buried here: (job, error)
     drained: list[str] = field(default_factory=list)  # queues whose outbox had signals
+    # queues whose outbox lease another drainer holds -> whether signals are waiting there
+    others: dict[str, bool] = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
@@ -112,8 +119,11 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
         Call.cmd("LRANGE", ks.outbox(q), 0, page - 1))]
     pages: dict[str, list[bytes]] = {}
     for i, queue in enumerate(queues):
-        if reads[2 * i] == 1 and reads[2 * i + 1]:
+        held = int(reads[2 * i])
+        if held == 1 and reads[2 * i + 1]:
             pages[queue] = list(reads[2 * i + 1])
+        elif held == 2:
+            stats.others[queue] = bool(reads[2 * i + 1])
     if not pages:
         return stats
     stats.drained = list(pages)
@@ -238,21 +248,30 @@ def poison_replay(ks: Keyspace, queue: str, count: int) -> Op[int]:
 
 
 class Pump:
-    """Runs :func:`drain` plus the maintenance duties in a loop, as a thread or in the caller.
+    """Runs :func:`drain` plus the maintenance duties in a loop, as a thread, in the caller, or
+    as an asyncio task (:meth:`arun`, with an :class:`~echomq_core.AsyncEchoMQ`).
 
-    Options: ``queues`` (None: discover from the registry every ``discover_every`` s); the
-    settings of :class:`~echomq_core.options.PumpOptions` (page, max_tries, lease, interval,
-    max_stalls, discover_every, sweep_every - None: this Pump never sweeps; how long each end
-    state is kept is the queue's setting on the server, see :mod:`echomq_core.retention` -
-    maintain_every), by name or as ``options=``;
+    Options: ``queues`` (None: discover from the registry every ``discover_every`` s; an
+    asyncio Pump needs them given); the settings of :class:`~echomq_core.options.PumpOptions`
+    (page, max_tries, lease, interval, max_stalls, discover_every, sweep_every - None: this
+    Pump never sweeps; how long each end state is kept is the queue's setting on the server,
+    see :mod:`echomq_core.retention` - maintain_every), by name or as ``options=``;
     ``hooks`` (a :class:`~echomq_core.hooks.LifecycleHooks`: ``job_dead`` for jobs it buries
     after ``max_stalls`` expired leases, their token '', ``flow_released``, ``flow_failed``,
     ``signal_poisoned``; fired after each tick; None for none).
+
+    Every worker runs one over the queues it serves (see :mod:`echomq_core.worker`), so
+    several drainers usually share an outbox. Only the holder of an outbox's lease drains it;
+    a drainer that sees the lease held by another does not wait on that outbox's wake-up hint
+    (the hint would be popped by one that cannot drain: the holder would notice the signal only
+    at its next tick), and one that popped a hint just before finding the lease taken sets the
+    hint again, once, for the holder. It keeps ticking every ``interval`` to take over a lease
+    that lapses.
     """
 
     def __init__(
         self,
-        client: EchoMQ,
+        client: EchoMQ | AsyncEchoMQ,
         queues: Sequence[str] | None = None,
         *,
         options: PumpOptions | None = None,
@@ -282,6 +301,8 @@ class Pump:
         self._queues: list[str] = list(self.fixed or [])
         self._discovered_at = float("-inf")
         self._hint_for: str | None = None  # the queue whose outbox was busy last
+        self._others: set[str] = set()  # queues whose outbox lease another drainer held
+        self._woken = False  # the next tick follows a wake-up hint this Pump popped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -290,9 +311,22 @@ class Pump:
 
     def queues(self, now: float) -> list[str]:
         if self.fixed is None and now - self._discovered_at >= self.discover_every:
-            self._queues = self.client.queues()
+            self._queues = self._sync().queues()
             self._discovered_at = now
         return self._queues
+
+    def _sync(self) -> EchoMQ:
+        if hasattr(self.client, "perform"):
+            return self.client  # type: ignore[return-value]
+        raise InvalidArgument(
+            "this Pump has an asyncio client: run it with `await pump.arun()` and give it queues"
+        )
+
+    def _aconnection(self) -> AsyncConnection:
+        connection = self.client.connection
+        if not isinstance(connection, AsyncConnection):
+            raise InvalidArgument("Pump.arun needs an AsyncEchoMQ; run a sync one with run()")
+        return connection
 
     def tick(self) -> TickStats:
         """One pass: deliver and trim; every ``maintain_every`` s also promote due retries and
@@ -300,27 +334,52 @@ class Pump:
         queues = self.queues(time.monotonic())
         if not queues:
             return TickStats()
-        stats = self.client.perform(drain(self.client.keys, queues, self.id, page=self.page,
-                                      lease_ms=self.lease_ms, max_tries=self.max_tries))
-        if stats.drained:
-            self._hint_for = stats.drained[-1]
+        rearm, self._woken = self._woken, False
+        stats = self._sync().perform(self._tick_op(queues, rearm))
+        self._after(stats)
+        return stats
+
+    async def atick(self) -> TickStats:
+        """:meth:`tick` on an asyncio client (the queues given)."""
+        if not self._queues:
+            return TickStats()
+        rearm, self._woken = self._woken, False
+        stats = await self._aconnection().perform(self._tick_op(self._queues, rearm))
+        self._after(stats)
+        return stats
+
+    def _tick_op(self, queues: list[str], rearm: bool) -> Op[TickStats]:
+        """One tick as one operation, driven by the sync or the asyncio connection. ``rearm``:
+        it follows a wake-up hint this Pump popped (see the class doc)."""
+        keys = self.client.keys
+        stats = yield from drain(keys, queues, self.id, page=self.page, lease_ms=self.lease_ms,
+                                 max_tries=self.max_tries)
+        if rearm and any(stats.others.values()):
+            yield [Call.cmd("ZADD", keys.outbox_wake(q), 0, "w")
+                   for q, waiting in stats.others.items() if waiting]
         now = time.monotonic()
         if now - self._maintained_at >= self.maintain_every:
             # Maintenance is cheap but not free: at most every maintain_every seconds, so a
             # Pump busy draining spends its round trips on delivery.
             self._maintained_at = now
-            keys = self.client.keys
             batch = min(self.page, 1000)  # Lua's unpack() bounds one script's batch
-            stats.promoted = self.client.perform(ops.promote(keys, queues, batch))
-            stats.recovered, stats.dead = self.client.perform(
-                ops.recover(keys, queues, batch, self.max_stalls, self.client.serializer))
+            stats.promoted = yield from ops.promote(keys, queues, batch)
+            stats.recovered, stats.dead = yield from ops.recover(
+                keys, queues, batch, self.max_stalls, self.client.serializer)
             stats.buried = len(stats.dead)
             if self.sweep_every is not None and now - self._swept_at >= self.sweep_every:
                 self._swept_at = now
-                swept = self.client.perform(retention.sweep(keys, queues, self.id,
-                                                        lease_ms=self.lease_ms, limit=200))
+                swept = yield from retention.sweep(keys, queues, self.id,
+                                                   lease_ms=self.lease_ms, limit=200)
                 stats.swept = swept.swept
                 stats.expired = swept.flows
+        return stats
+
+    def _after(self, stats: TickStats) -> None:
+        """What a tick leaves behind: totals, the hint state, the log, the hooks."""
+        if stats.drained:
+            self._hint_for = stats.drained[-1]
+        self._others = set(stats.others)
         for name in ("delivered", "poisoned", "promoted", "recovered", "buried"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(stats, name))
         if stats.poisoned:
@@ -328,7 +387,6 @@ class Pump:
                         stats.blocked)
         if self.hooks is not None:
             self._fire_hooks(self.hooks, stats)
-        return stats
 
     @staticmethod
     def _fire_hooks(hooks: LifecycleHooks, stats: TickStats) -> None:
@@ -351,27 +409,73 @@ class Pump:
                 failures = 0
             except EchoMQError as exc:
                 failures += 1
-                wait = min(5.0, 0.1 * 2 ** min(failures, 6))
+                wait = _backoff(failures)
                 log.warning("pump %s tick failed (%s); retrying in %.1fs", self.id, exc, wait)
                 self._stop.wait(wait)
                 continue
             if not busy:
-                self._idle(self.interval * random.uniform(0.5, 1.5))
+                self._woken = self._idle(self.interval * random.uniform(0.5, 1.5))
 
-    def _idle(self, seconds: float) -> None:
+    async def arun(self, stop: asyncio.Event) -> None:
+        """:meth:`run` as an asyncio task on an :class:`~echomq_core.AsyncEchoMQ`, until
+        ``stop`` is set; gives up its leases when it ends."""
+        failures = 0
+        try:
+            while not stop.is_set():
+                try:
+                    busy = (await self.atick()).busy
+                    failures = 0
+                except EchoMQError as exc:
+                    failures += 1
+                    wait = _backoff(failures)
+                    log.warning("pump %s tick failed (%s); retrying in %.1fs", self.id, exc, wait)
+                    await _sleep(stop, wait)
+                    continue
+                if not busy:
+                    self._woken = await self._aidle(
+                        stop, self.interval * random.uniform(0.5, 1.5)
+                    )
+        finally:
+            await self.arelease_leases()
+
+    def _idle(self, seconds: float) -> bool:
         """Wait up to ``seconds``, woken early by a signal pushed to an outbox (see the module
-        doc): one BZPOPMIN on the hints of this Pump's queues, in slices."""
+        doc): one BZPOPMIN on the hints of this Pump's queues, in slices. True if a hint was
+        popped."""
         hints = self._hint_keys()
         if not hints:
             self._stop.wait(seconds)
-            return
+            return False
         what = f"pump {self.id}: waiting for signals"
-        wait_on_hints(self.client.perform, hints, seconds, self._stop, what)
+        return wait_on_hints(self._sync().perform, hints, seconds, self._stop, what)
+
+    async def _aidle(self, stop: asyncio.Event, seconds: float) -> bool:
+        """:meth:`_idle` on the asyncio connection."""
+        hints = self._hint_keys()
+        if not hints:
+            await _sleep(stop, seconds)
+            return False
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            op = ops.wait_for_hint(hints, min(left, BLOCK_SLICE))
+            try:
+                if await self._aconnection().perform(op):
+                    return True
+            except EchoMQError as exc:
+                if not stop.is_set():
+                    log.warning("pump %s: waiting for signals failed: %s", self.id, exc)
+                    await _sleep(stop, left)
+                return False
+        return False
 
     def _hint_keys(self) -> list[str]:
-        """The outbox wake-up hints this Pump blocks on: all its queues', or on a Cluster
-        whose queues span slots those of the slot of the queue busy last."""
-        queues, keys = self._queues, self.client.keys
+        """The outbox wake-up hints this Pump blocks on: those of its queues whose outbox lease
+        no other drainer holds, or on a Cluster whose queues span slots those of the slot of
+        the queue busy last."""
+        queues, keys = [q for q in self._queues if q not in self._others], self.client.keys
         if not queues:
             return []
         if wake_queues(keys, self.client.connection.is_cluster, queues) is None:
@@ -383,6 +487,7 @@ class Pump:
         """Run in a daemon thread; :meth:`stop` ends it."""
         if self._thread is not None and self._thread.is_alive():
             return self
+        self._sync()
         self._stop.clear()
         self._thread = threading.Thread(target=self.run, name=self.id, daemon=True)
         self._thread.start()
@@ -397,14 +502,26 @@ class Pump:
             self._thread = None
         self.release_leases()
 
-    def release_leases(self) -> None:
+    def _unlease_calls(self) -> list[Call]:
         keys = self.client.keys
-        calls = [Call.lua("outbox_unlease", [lease], [self.id])
-                 for q in self._queues for lease in (keys.outbox_lease(q), keys.sweep_lease(q))]
+        return [Call.lua("outbox_unlease", [lease], [self.id])
+                for q in self._queues for lease in (keys.outbox_lease(q), keys.sweep_lease(q))]
+
+    def release_leases(self) -> None:
+        calls = self._unlease_calls()
         if calls:
             try:
-                self.client.connection.execute(Lenient(calls))
+                self._sync().connection.execute(Lenient(calls))
             except EchoMQError as exc:  # the leases lapse on their own
+                log.warning("pump %s could not release its leases: %s", self.id, exc)
+
+    async def arelease_leases(self) -> None:
+        """:meth:`release_leases` on the asyncio connection."""
+        calls = self._unlease_calls()
+        if calls:
+            try:
+                await self._aconnection().execute(Lenient(calls))
+            except EchoMQError as exc:
                 log.warning("pump %s could not release its leases: %s", self.id, exc)
 
     @property
@@ -416,3 +533,42 @@ class Pump:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: The Pump a worker runs over its own queues unless told otherwise: it waits on the outboxes'
+#: wake-up hints, so signals are delivered as they are written; ``interval`` only bounds how
+#: soon it takes over a lapsed lease, and maintenance (lease recovery; claims promote due
+#: retries themselves) is due once a second - a fleet of idle workers costs the server a few
+#: commands per second each.
+WORKER_PUMP = PumpOptions(interval=0.5, maintain_every=1.0)
+
+
+def worker_pump(
+    client: EchoMQ | AsyncEchoMQ,
+    queues: Sequence[str],
+    pump: bool | PumpOptions,
+    hooks: LifecycleHooks | None,
+) -> Pump | None:
+    """The Pump a worker runs for ``queues`` (``pump``: True for :data:`WORKER_PUMP`, a
+    :class:`PumpOptions` for those, False for none), firing the worker's hooks."""
+    if pump is False:
+        return None
+    if pump is True:
+        options = WORKER_PUMP
+    elif isinstance(pump, PumpOptions):
+        options = pump
+    else:
+        raise InvalidArgument(f"pump must be True, False or a PumpOptions, got {pump!r:.100}")
+    name = f"worker-pump-{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return Pump(client, list(queues), options=options, pump_id=name, hooks=hooks)
+
+
+def _backoff(failures: int) -> float:
+    """The pause after ``failures`` failed ticks in a row: 0.2 s doubling, at most 5 s."""
+    return float(min(5.0, 0.1 * 2 ** min(failures, 6)))
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -26,7 +26,7 @@ from .checks import (
 from .connection import Op
 from .errors import InvalidArgument, JobNotFound, LeaseLost
 from .keyspace import Keyspace, check_job_id, check_queue
-from .models import Backoff, Job, JobInfo, Serializer, Settlement
+from .models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback
 
 T = TypeVar("T")
 
@@ -49,6 +49,9 @@ class QueueClient(Protocol):
 
 
 DEAD, RETRY = 2, 1
+#: A failed attempt as :meth:`Queue.fail_many` takes it: (job, error, retry?) or with the
+#: attempt's traceback as a fourth item.
+FailedAttempt = tuple[Job, str, bool] | tuple[Job, str, bool, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,33 +216,39 @@ class Queue:
         """The operation :meth:`settle_completed` runs (``encoded`` not empty)."""
         return ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
 
-    def fail(self, job: Job, error: str, *, retry: bool = True) -> bool:
+    def fail(
+        self, job: Job, error: str, *, retry: bool = True, traceback: str | None = None
+    ) -> bool:
         """Record a failed attempt; returns True if the job died. ``retry=False`` buries it
-        now. Raises :class:`LeaseLost` if the lease is no longer current."""
-        status = self.fail_many([(job, error, retry)])[0]
+        now; ``traceback`` is kept on the row (the last attempt's, cut to its last
+        :data:`MAX_TRACEBACK` bytes). Raises :class:`LeaseLost` if the lease is no longer
+        current."""
+        status = self.fail_many([(job, error, retry, traceback)])[0]
         if status == 0:
             raise LeaseLost(f"job {job.id} in {self.name!r}: the lease is no longer current")
         return status == DEAD
 
-    def fail_many(self, failed: Sequence[tuple[Job, str, bool]]) -> list[int]:
-        """Fail many jobs in one round trip. Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
+    def fail_many(self, failed: Sequence[FailedAttempt]) -> list[int]:
+        """Fail many jobs in one round trip: ``(job, error, retry?)`` or ``(job, error, retry?,
+        traceback)``. Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
         return self.settle_failed(failed).statuses
 
-    def settle_failed(self, failed: Sequence[tuple[Job, str, bool]]) -> Settlement:
-        """Fail ``(job, error, retry?)`` triples, the backoff chosen here; as
+    def settle_failed(self, failed: Sequence[FailedAttempt]) -> Settlement:
+        """Fail jobs as :meth:`fail_many` takes them, the backoff chosen here; as
         :meth:`settle_completed`, the statuses and the parents released or failed."""
         if not failed:
             return Settlement([])
         return self.client.perform(self.settle_failed_op(failed))
 
-    def settle_failed_op(self, failed: Sequence[tuple[Job, str, bool]]) -> Op[Settlement]:
+    def settle_failed_op(self, failed: Sequence[FailedAttempt]) -> Op[Settlement]:
         """The operation :meth:`settle_failed` runs (``failed`` not empty): the backoff of
         each retried job is chosen here."""
         rows = []
-        for job, error, retry in failed:
+        for job, error, retry, *trace in failed:
             self._own(job)
             delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
-            rows.append((job, str(error)[:10_000], delay))
+            tb = cut_traceback(trace[0] if trace else None)
+            rows.append((job, str(error)[:10_000], tb, delay))
         return ops.fail(self.client.keys, self.name, rows)
 
     def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:

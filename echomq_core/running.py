@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,10 +31,12 @@ from .queue import Queue
 
 log = logging.getLogger("echomq_core.worker")
 
-#: A handler's outcome: the encoded result, or (error text, retry?).
-Outcome = bytes | tuple[str, bool]
-#: One queue's results: (job, encoded result) completed, (job, error, retry?) failed.
-Batch = tuple[list[tuple[Job, bytes]], list[tuple[Job, str, bool]]]
+#: A handler's outcome: the encoded result, or (error text, retry?, traceback or None).
+Outcome = bytes | tuple[str, bool, str | None]
+#: A failed attempt of a worker: (job, error text, retry?, traceback or None).
+Failed = tuple[Job, str, bool, str | None]
+#: One queue's results: (job, encoded result) completed, failed attempts.
+Batch = tuple[list[tuple[Job, bytes]], list[Failed]]
 #: Weight of the newest handler duration in the running average that decides fast or slow.
 SMOOTHING = 0.3
 
@@ -50,24 +53,26 @@ def wait_on_hints(
     seconds: float,
     stop: threading.Event,
     what: str,
-) -> None:
+) -> bool:
     """Wait up to ``seconds`` for one of the wake-up hint ``keys`` (``wake``, or
     ``flow:outbox:wake``; one Cluster slot), or for ``stop``: BZPOPMIN in slices of
     :data:`BLOCK_SLICE`, so a blocked read ends well inside the socket timeout and a stop is
-    seen within a slice. A failed wait is logged (``what`` failed) and the rest slept out."""
+    seen within a slice. A failed wait is logged (``what`` failed) and the rest slept out.
+    True when a hint was popped."""
     deadline = time.monotonic() + seconds
     while not stop.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return False
         try:
             if perform(ops.wait_for_hint(keys, min(left, BLOCK_SLICE))):
-                return
+                return True
         except EchoMQError as exc:
             if not stop.is_set():  # a stopping client may be closing
                 log.warning("%s failed: %s", what, exc)
                 stop.wait(max(0.0, deadline - time.monotonic()))
-            return
+            return False
+    return False
 
 
 class Intake:
@@ -236,28 +241,57 @@ class OptionAttributes:
 
 def outcome(encode: Callable[[Any], bytes], job: Job, call: Callable[[], Any]) -> Outcome:
     """Run ``call`` (a handler applied to ``job``) and read what happened: the encoded result,
-    or (error text, retry?). ``Unrecoverable`` and results that cannot be stored bury the job;
+    or (error text, retry?, traceback). ``Unrecoverable`` and results that cannot be stored
+    bury the job;
     ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit`` raised by a handler fail the
     attempt and nothing else (signals reach the process through its own handlers)."""
     if job.decode_error is not None:
-        return (job.decode_error, False)
+        return (job.decode_error, False, None)
     try:
         return encode(call())
     except BaseException as exc:  # classified by failure()
         return failure(job, exc)
 
 
-def failure(job: Job, exc: BaseException) -> tuple[str, bool]:
-    """(error text, retry?) for an exception a handler raised."""
+def failure(job: Job, exc: BaseException) -> tuple[str, bool, str | None]:
+    """(error text, retry?, traceback) for an exception a handler raised: the text is the
+    exception's one line, the traceback the whole chain as Python prints it (the row keeps
+    its tail, :data:`~echomq_core.models.MAX_TRACEBACK`)."""
+    trace = "".join(traceback.format_exception(exc))
     if isinstance(exc, InvalidPayload):
-        return (f"result cannot be stored: {exc}", False)
+        return (f"result cannot be stored: {exc}", False, trace)
     if isinstance(exc, Unrecoverable):
-        return (f"Unrecoverable: {exc}", False)
+        return (f"Unrecoverable: {exc}", False, trace)
     if not isinstance(exc, Exception):
         log.warning(
             "handler for %s raised %s; counted as a failed attempt", job.id, type(exc).__name__
         )
-    return (f"{type(exc).__name__}: {exc}", True)
+    return (f"{type(exc).__name__}: {exc}", True, trace)
+
+
+def log_failures(queue: str, failed: list[Failed], settled: Settlement | None) -> None:
+    """One WARNING per failed attempt the server recorded (queue, job id, attempt k of n, what
+    became of it, the error line); with INFO on (``-v``) the traceback follows in the same
+    record. An attempt whose lease was lost is logged as not recorded."""
+    if not failed or not log.isEnabledFor(logging.WARNING):
+        return
+    statuses = settled.statuses if settled is not None else [None] * len(failed)
+    verbose = log.isEnabledFor(logging.INFO)
+    for (job, error, _, trace), status in zip(failed, statuses, strict=True):
+        fate = {0: "lease lost, not recorded", 1: "will retry", 2: "dead"}.get(
+            status if status is not None else -1, "not recorded"
+        )
+        tail = f"\n{trace.rstrip()}" if verbose and trace else ""
+        log.warning(
+            "job %s in %r failed, attempt %d of %d (%s): %s%s",
+            job.id,
+            queue,
+            job.attempts + 1,
+            job.max_attempts,
+            fate,
+            error,
+            tail,
+        )
 
 
 def split(items: list[tuple[Job, Outcome]]) -> dict[str, Batch]:
@@ -268,7 +302,7 @@ def split(items: list[tuple[Job, Outcome]]) -> dict[str, Batch]:
         if isinstance(result, bytes):
             done.append((job, result))
         else:
-            failed.append((job, result[0], result[1]))
+            failed.append((job, *result))
     return out
 
 
@@ -276,7 +310,7 @@ def fire_hooks(
     hooks: LifecycleHooks | None,
     done: list[tuple[Job, bytes]],
     completed: Settlement | None,
-    failed: list[tuple[Job, str, bool]],
+    failed: list[Failed],
     settled: Settlement | None,
 ) -> None:
     """The hooks of one recorded batch: ``job_completed`` / ``job_dead`` per job the server
@@ -290,7 +324,7 @@ def fire_hooks(
                 fire(hooks, "job_completed", job=job, result=raw)
         _flow_hooks(hooks, completed)
     if settled is not None:
-        for (job, error, _), status in zip(failed, settled.statuses, strict=True):
+        for (job, error, *_), status in zip(failed, settled.statuses, strict=True):
             if status == 2:
                 fire(hooks, "job_dead", job=job, error=error)
         _flow_hooks(hooks, settled)

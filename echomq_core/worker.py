@@ -58,14 +58,17 @@ from typing import TYPE_CHECKING, Any
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
-from .options import WorkerOptions, build
+from .options import PumpOptions, WorkerOptions, build
+from .pump import Pump, worker_pump
 from .queue import Queue
 from .running import (
+    Failed,
     InHand,
     Intake,
     OptionAttributes,
     Outcome,
     fire_hooks,
+    log_failures,
     make_queues,
     outcome,
     split,
@@ -118,6 +121,13 @@ class Worker(OptionAttributes):
       timeout).
     * ``hooks``: a :class:`~echomq_core.hooks.LifecycleHooks` (``job_completed``, ``job_dead``,
       ``flow_released``, ``flow_failed``; usually a :class:`~echomq_core.hooks.Hooks`), or None.
+    * ``pump`` (True): the worker also does the Pump's work for its own queues, in a thread of
+      its own: it drains their outboxes (the cross-queue fan-in of the children it runs),
+      returns their expired leases to pending and sweeps their retention, under the same
+      leases that let several Pumps and workers take turns (see :class:`~echomq_core.Pump`),
+      so a flow settles with nothing but workers running. A
+      :class:`~echomq_core.options.PumpOptions` tunes it; False leaves it all to
+      ``echomq pump``.
     """
 
     def __init__(
@@ -128,12 +138,14 @@ class Worker(OptionAttributes):
         options: WorkerOptions | None = None,
         queue_options: Mapping[str, Any] | None = None,
         hooks: LifecycleHooks | None = None,
+        pump: bool | PumpOptions = True,
         **settings: Any,
     ) -> None:
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
         (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
         opts = self.options = build(WorkerOptions, options, settings)
         self.queues = make_queues(client, handlers, opts, queue_options)
+        self.pump = worker_pump(client, list(self.queues), pump, hooks)
         self.client = client
         self.handlers = dict(handlers)
         self.hooks = hooks
@@ -196,6 +208,8 @@ class Worker(OptionAttributes):
             target=self._heartbeats, daemon=True, name="echomq-heartbeat"
         )
         self._beater.start()
+        if self.pump is not None:
+            self.pump.start()
         return self
 
     def _spawn(self, index: int) -> None:
@@ -235,6 +249,19 @@ class Worker(OptionAttributes):
         self._beat_stop.set()
         if self._beater is not None:
             self._beater.join(1.0)
+        if self.pump is not None:
+            self._last_drain(self.pump)
+
+    @staticmethod
+    def _last_drain(pump: Pump) -> None:
+        """Stop the worker's Pump after one last tick, so the signals of the results just
+        recorded reach their parents now rather than when another drainer comes by."""
+        pump.stop()
+        try:
+            pump.tick()
+        except EchoMQError as exc:  # the outbox keeps them: another drainer delivers them
+            log.warning("the last drain of %s failed: %s", pump.id, exc)
+        pump.release_leases()
 
     def run(self, *, install_signals: bool = True) -> None:
         """Run in the foreground until SIGTERM/SIGINT (or :meth:`stop` from elsewhere)."""
@@ -515,7 +542,7 @@ class Worker(OptionAttributes):
                     self._wake_fetcher()
 
     def _flush(
-        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[tuple[Job, str, bool]]
+        self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
         try:
             completed = settled = None
@@ -525,6 +552,7 @@ class Worker(OptionAttributes):
             if failed:
                 settled = queue.settle_failed(failed)
                 self.failed += len(failed)
+            log_failures(queue.name, failed, settled)
             fire_hooks(self.hooks, done, completed, failed, settled)
         except EchoMQError as exc:
             # The leases stay; the jobs come back when they expire (at-least-once).
@@ -533,7 +561,7 @@ class Worker(OptionAttributes):
             )
         finally:
             with self._lock:
-                for job in [j for j, _ in done] + [j for j, _, _ in failed]:
+                for job in [j for j, _ in done] + [f[0] for f in failed]:
                     if self._hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
                         del self._hand.inflight[(queue.name, job.id)]
                     if self._hand.lost:
@@ -597,7 +625,7 @@ class Worker(OptionAttributes):
                 self._hand.running -= 1
                 self._awake -= 1
                 error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
-                self._add_result(job, (error, True))
+                self._add_result(job, (error, True, None))
                 self._results_ready.notify()
                 taken.append(slot)
         for slot in taken:

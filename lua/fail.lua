@@ -13,8 +13,11 @@
 -- KEYS[11+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
 --                           unsuccessful, failed, explicit
 -- ARGV[1] queue
--- ARGV[2..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 5
---   values: id, token number, error, delay_ms, ref
+-- ARGV[2..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 6
+--   values: id, token number, error, traceback, delay_ms, ref
+--   traceback: the attempt's traceback text (at most 16 KiB, cut by the host), '' when it has
+--             none: kept on the row as the field 'traceback' (the last failed attempt's), and
+--             removed from the row by an attempt that has none
 --   delay_ms: the backoff before the next attempt, chosen by the host (exponential, jittered);
 --             -1 buries the job now whatever its attempts (an unrecoverable error)
 --   ref: 0 no parent; k > 0 a child of same-queue group k; -k a child of cross-queue parent k
@@ -26,21 +29,21 @@
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
 -- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
--- row with its flow; the row fields it sets (attempts, error, state) go with the row; outbox
--- signals are trimmed by the Pump, the outbox:wake member popped by an idle Pump; records and
--- counters of same-queue parents go with their flow.
+-- row with its flow; the row fields it sets (attempts, error, traceback, state) go with the
+-- row; outbox signals are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
+-- records and counters of same-queue parents go with their flow.
 -- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
 -- events as in complete.lua.
 local queue = ARGV[1]
-local b = batch(2, 5)
+local b = batch(2, 6)
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
 local now = now_ms()
 local out, done, later, dead, signals, groups = {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local r = base + (i - 1) * 5
-  local id, err, delay, ref = ARGV[r + 1], ARGV[r + 3], tonumber(ARGV[r + 4]),
-    tonumber(ARGV[r + 5])
+  local r = base + (i - 1) * 6
+  local id, err, trace, delay, ref = ARGV[r + 1], ARGV[r + 3], ARGV[r + 4],
+    tonumber(ARGV[r + 5]), tonumber(ARGV[r + 6])
   if not b.current[i] then
     out[i] = 0
   else
@@ -48,6 +51,11 @@ for i = 1, n do
     local row = KEYS[11 + i]
     local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch')
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
+    if trace == '' then
+      redis.call('HDEL', row, 'traceback')
+    else
+      redis.call('HSET', row, 'traceback', trace)
+    end
     if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
       out[i] = 1
       redis.call('HSET', row, 'error', err)

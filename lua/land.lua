@@ -6,8 +6,9 @@
 -- KEYS[3]   wake      zset  set when jobs become claimable (idle workers block on it)
 -- KEYS[3+i] the row of child i (i = 1..n)
 -- ARGV[1]   check     '1': skip children whose row exists; '0': their parent was held fresh by
---                     this very add and their ids derive from it, so no row can exist yet
---                     (saves one EXISTS per child on the first attempt; a retry always checks)
+--                     this very add and their ids derive from it, so no row of THIS parent can
+--                     exist yet: one EXISTS over the batch stands for the per-child reads
+--                     (a retry always reads each row)
 -- ARGV[2]   parent id  the parent every child of this batch settles into
 -- ARGV[3]   parent_queue  '' = the parent is in this queue (the same-queue fan-in); else the
 --                     parent's queue (the outbox path)
@@ -19,7 +20,8 @@
 --
 -- Steps: refuse any bad id before writing; with check '1', refuse the whole batch (nothing
 -- written) when a child's row exists and belongs to anything but this parent (a plain job,
--- another flow's child): landing it would leave this parent waiting for ever. Then for each
+-- another flow's child, the child of a parent of the same id in another queue): landing it
+-- would leave this parent waiting for ever. Then for each
 -- child whose row does not exist yet, write the row WITH its parent fields AND its policy
 -- token, and make it claimable - in this same script, so no child is ever claimable without
 -- its policy. A child of this parent that exists is left as it is (a retried add never
@@ -35,12 +37,27 @@ for i = 1, n do
   local bad = check_id(ARGV[5 + 2 * i])
   if bad then return bad end
   out[i] = 1
-  if check == '1' then
-    local row = redis.call('HMGET', KEYS[3 + i], 'payload', 'parent', 'total')
+end
+-- A parent held fresh by this add has no children yet - but a parent of the same id in another
+-- queue may have landed children under the same derived ids here: one EXISTS over the whole
+-- batch tells, and only then is each row read.
+if check == '0' and n > 0 then
+  local rows = {}
+  for i = 1, n do rows[i] = KEYS[3 + i] end
+  if redis.call('EXISTS', unpack(rows)) > 0 then check = '1' end
+end
+if check == '1' then
+  for i = 1, n do
+    local row = redis.call('HMGET', KEYS[3 + i], 'payload', 'parent', 'total', 'parent_queue')
     if row[1] or row[3] then
-      if row[2] ~= parent then
+      if row[2] ~= parent or (row[4] or '') ~= up_queue then
         local owner = 'a plain job'
-        if row[2] then owner = 'a child of ' .. row[2] elseif row[3] then owner = 'a flow parent' end
+        if row[2] then
+          owner = 'a child of ' .. row[2]
+          if row[2] == parent then owner = owner .. ' in another queue' end
+        elseif row[3] then
+          owner = 'a flow parent'
+        end
         return redis.error_reply('EMQTAKEN ' .. ARGV[5 + 2 * i] .. ' child id ' ..
           ARGV[5 + 2 * i] .. ' is taken by ' ..
           owner .. ', not free for parent ' .. parent)

@@ -12,11 +12,17 @@
 -- pipelined behind this call: a plain read, cheaper than passing 1,000 entries through Lua.)
 -- Owner of what it writes: the lease expires by itself (PX) and is given up by a stopping Pump
 -- (outbox_unlease.lua).
--- Returns: 1 held by this Pump (taken or renewed), 0 held by another or nothing to drain.
-if redis.call('LLEN', KEYS[2]) == 0 then return 0 end
+-- Returns: 1 held by this Pump (taken or renewed), 2 held by another (whether or not there is
+-- anything to drain: a drainer that is not the holder does not wait on the outbox's wake-up
+-- hint, so the hint reaches the holder), 0 free and nothing to drain.
+if redis.call('LLEN', KEYS[2]) == 0 then
+  local holder = redis.call('GET', KEYS[1])
+  if holder and holder ~= ARGV[1] then return 2 end
+  return 0
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
   return 1
 end
-return 0
+return 2

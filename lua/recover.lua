@@ -36,6 +36,7 @@ for i = 3, #ARGV do
       if stalls > max_stalls then
         local err = 'lease expired ' .. stalls .. ' times'
         redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
+        redis.call('HDEL', row, 'traceback')  -- a stall has none; an earlier attempt's misleads
         dead[#dead + 1] = now; dead[#dead + 1] = id
         local r = redis.call('HMGET', row, 'payload', 'attempts', 'max_attempts', 'parent',
           'parent_queue', 'parent_policy', 'stalls', 'timeout', 'epoch')

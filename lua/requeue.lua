@@ -31,7 +31,7 @@ for i = 3, #ARGV do
     elseif r[3] == 'dead' or (r[3] == 'cancelled' and ARGV[2] == '1') then
       redis.call('HSET', row, 'attempts', 0, 'stalls', 0)
       if r[3] == 'dead' then redis.call('HINCRBY', row, 'epoch', 1) end  -- see repair.lua
-      redis.call('HDEL', row, 'state', 'error', 'finished', 'cancelled')
+      redis.call('HDEL', row, 'state', 'error', 'traceback', 'finished', 'cancelled')
       redis.call('ZREM', KEYS[2], id)
       ready[#ready + 1] = seq + i; ready[#ready + 1] = id
       requeued = requeued + 1

@@ -20,7 +20,7 @@ for i = 1, n do
   local r = redis.call('HMGET', row, 'state', 'parent', 'total')
   if r[1] == 'dead' and not r[2] and not r[3] then
     redis.call('HSET', row, 'attempts', 0, 'stalls', 0)
-    redis.call('HDEL', row, 'state', 'error', 'finished')
+    redis.call('HDEL', row, 'state', 'error', 'traceback', 'finished')
     redis.call('ZREM', KEYS[2], id)
     ready[#ready + 1] = seq + i; ready[#ready + 1] = id
   else

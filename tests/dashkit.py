@@ -216,3 +216,40 @@ def env_for(proc_env: dict[str, str]) -> dict[str, str]:
         env.pop(name, None)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def parse_row(payload: dict[str, str]) -> int:
+    return _to_int(payload["row"])
+
+
+def _to_int(text: str) -> int:
+    return int(text)  # ValueError for a bad row, two frames below the handler
+
+
+#: The bad row of :func:`failing_flow`: its ValueError's message (and so its traceback) holds
+#: markup, which every page must show as text.
+BAD_ROW = '<script>alert("row")</script>'
+
+
+def failing_flow(mq: EchoMQ, parent_id: str = "JOB-af/etl/parse/0f3c") -> FlowRef:
+    """A flow of 6 rows in ``tb-kids`` whose parent in ``tb-parents`` failed: row 4 (the markup
+    of :data:`BAD_ROW`) killed it, row 2 ("two") died under ignore-on-failure - both run by a
+    real Worker (their tracebacks are the worker's), delivered by a Pump."""
+    from echomq_core import Worker
+
+    rows: list[Child] = [Child({"row": str(i)}, queue="tb-kids") for i in range(6)]
+    rows[2] = Child({"row": "two"}, queue="tb-kids", ignore_dependency_on_failure=True)
+    rows[4] = Child({"row": BAD_ROW}, queue="tb-kids")
+    ref = mq.add_flow("tb-parents", rows, parent_id=parent_id, barrier=True, max_attempts=1)
+    worker = Worker(mq, {"tb-kids": lambda job: parse_row(job.payload)}, concurrency=1).start()
+    pump = Pump(mq, ["tb-kids", "tb-parents"]).start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(mq.child_failures(ref.queue, ref.parent_id)) < 2:
+            assert time.monotonic() < deadline, "the two rows did not die within 30 s"
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        pump.stop()
+    assert mq.snapshot(ref.queue, ref.parent_id).parent_state == "failed"
+    return ref

@@ -126,8 +126,8 @@ def silent_port() -> Iterator[int]:
 
 CONNECTING = [
     ["demo"],
-    ["worker"],
-    ["pump"],
+    ["worker", "--wait-for-server", "0"],  # at once: no waiting for a server to come up
+    ["pump", "--wait-for-server", "0"],
     ["flow", "show", "q", "JOB-1"],
     ["flow", "ls"],
     ["flow", "close", "q", "JOB-1"],
@@ -141,7 +141,15 @@ CONNECTING = [
 def test_bad_and_unreachable_urls(env: dict[str, str], silent_port: int) -> None:
     bad_url = [[*c, "--url", "ftp://example.com"] for c in CONNECTING]
     refused = [[*c, "--url", "redis://127.0.0.1:1"] for c in CONNECTING[:-1]]
-    silent = [["pump", "--url", f"redis://127.0.0.1:{silent_port}", "--connect-timeout", "0.5"]]
+    silent = [
+        [
+            *CONNECTING[2],
+            "--url",
+            f"redis://127.0.0.1:{silent_port}",
+            "--connect-timeout",
+            "0.5",
+        ]
+    ]
     began = time.monotonic()
     usage = run_many(bad_url, env)
     runtime = run_many([*refused, *silent], env)
@@ -271,6 +279,7 @@ def test_worker_pump_and_flow_watch(
                 "cli_app:HANDLERS",
                 "--concurrency",
                 "2",
+                "--no-pump",  # the Pump process below delivers
             ],
             ["pump"],
         )

@@ -35,6 +35,7 @@ from echomq_core.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from echomq_core.server import EmbeddedServer
 
 from .conftest import Backend
+from .dashkit import failing_flow
 from .flowkit import work_off
 from .test_cli import assert_one_line_error, run, run_many
 
@@ -276,6 +277,37 @@ def test_flow_cancel_retry_and_show(mq_standalone: EchoMQ, cli: Cli) -> None:
         assert (status, out) == (1, ""), err
         assert len(err.splitlines()) == 1 and says in err, err
     assert cli("flow", "cancel", "lc-parents")[0] == 2  # a bad command line
+
+
+def test_flow_show_prints_the_dead_children_and_a_traceback(
+    mq_standalone: EchoMQ, cli: Cli
+) -> None:
+    """The worker's tracebacks of a failed flow's dead children: the first by default, each
+    with --tracebacks, all of them in --json."""
+    ref = failing_flow(mq_standalone)
+    bad, ignored = mq_standalone.child_failures(ref.queue, ref.parent_id)
+    assert bad.traceback and ignored.traceback
+    indented = ["    " + line for line in bad.traceback.rstrip().splitlines()]
+    status, out, err = cli("flow", "show", ref.queue, ref.parent_id)
+    assert (status, err) == (0, ""), err
+    lines = out.splitlines()
+    at = lines.index(f"  failed child  {bad.job_id} [tb-kids]: {bad.error}")
+    assert lines[at + 1] == f"  ignored       {ignored.job_id} [tb-kids]: {ignored.error}"
+    assert lines[at + 2 : at + 3 + len(indented)] == [f"  traceback of {bad.job_id}:", *indented]
+    assert lines[-1] == "  (1 more traceback(s): --tracebacks shows each)"
+    assert "in _to_int" in out and f"traceback of {ignored.job_id}" not in out
+    status, out, _ = cli("flow", "show", ref.queue, ref.parent_id, "--tracebacks")
+    assert f"  traceback of {ignored.job_id}:" in out.splitlines()
+    assert "ValueError: invalid literal for int() with base 10: 'two'" in out
+    status, out, _ = cli("flow", "show", ref.queue, ref.parent_id, "--failures", "1")
+    assert f"  ignored       {ignored.job_id}" not in out
+    assert "  (the first 1; 2 children died: --failures N lists more)" in out.splitlines()
+    doc = cli.json("flow", "show", ref.queue, ref.parent_id)
+    assert doc["failures"] == [
+        {"queue": "tb-kids", "job_id": f.job_id, "error": f.error, "traceback": f.traceback,
+         "ignored": f.ignored}
+        for f in (bad, ignored)
+    ]  # fmt: skip
 
 
 def test_queue_config_shows_and_sets_every_setting(mq_standalone: EchoMQ, cli: Cli) -> None:

@@ -20,7 +20,17 @@ from echomq_core.errors import ConfigurationError
 from echomq_core.server import EmbeddedServer
 
 from .conftest import Backend
-from .dashkit import CLI, TOKEN, Dashboard, Scenario, build_scenario, csrf_of, env_for
+from .dashkit import (
+    BAD_ROW,
+    CLI,
+    TOKEN,
+    Dashboard,
+    Scenario,
+    build_scenario,
+    csrf_of,
+    env_for,
+    failing_flow,
+)
 
 
 @pytest.fixture
@@ -326,3 +336,26 @@ def test_pages_on_a_cluster(
         assert f'echomq_flows{{queue="{top}",state="held"}} 1.0' in metrics
     finally:
         d.stop()
+
+
+def test_failed_and_dead_children_show_their_tracebacks_escaped(
+    client: EchoMQ, readonly: Dashboard
+) -> None:
+    """The flow's failed and ignored children and the dead-jobs list each carry the last
+    attempt's traceback (the worker's), collapsed in a <details>, its markup shown as text."""
+    ref = failing_flow(client)
+    bad, ignored = client.child_failures(ref.queue, ref.parent_id)
+    assert bad.traceback is not None and ignored.traceback is not None
+    page = readonly.get(flow_path(ref.queue, ref.parent_id)).body
+    assert BAD_ROW not in page  # never as markup
+    for table, child in (("failed-children", bad), ("ignored-children", ignored)):
+        section = page.split(f'<table id="{table}">', 1)[1].split("</table>", 1)[0]
+        row = section.split(f'data-child="{html.escape(child.job_id)}"', 1)[1].split("</tr>")[0]
+        assert '<details class="traceback"><summary>traceback</summary><pre>' in row
+        assert child.traceback in html.unescape(row)
+        assert "in _to_int" in row and "in parse_row" in row
+    assert bad.error in html.unescape(page) and "ValueError: invalid literal" in bad.error
+    dead = readonly.get("/dead/tb-kids").body
+    assert BAD_ROW not in dead
+    assert dead.count('<details class="traceback">') == 2
+    assert bad.traceback in html.unescape(dead) and ignored.traceback in html.unescape(dead)

@@ -65,6 +65,27 @@ def test_explicit_child_id_of_another_flow_is_refused(backend: Backend, prefix: 
     mq.close()
 
 
+def test_one_parent_id_in_two_queues_does_not_take_the_others_children(
+    backend: Backend, prefix: str
+) -> None:
+    """Derived child ids (``<parent id>.<n>``) do not name the parent's queue: a flow of the
+    same parent id in another queue, with children in a shared queue, must not take over the
+    first flow's children (the first would wait for ever). The second add is refused naming
+    the id; the first completes as it was."""
+    mq = backend.client(prefix)
+    qa, qb, kids = backend.queues_on_distinct_nodes(3, "tq")
+    mq.add_flow(qa, [Child(1, queue=kids)], parent_id="JOB-af/dag/task/same")
+    with pytest.raises(FlowConflict, match=r"JOB-af/dag/task/same\.0 .* in another queue"):
+        mq.add_flow(qb, [Child(2, queue=kids)], parent_id="JOB-af/dag/task/same")
+    work_off(mq, [qa, kids])
+    assert mq.children_values(qa, "JOB-af/dag/task/same") == {
+        "JOB-af/dag/task/same.0": {"id": "JOB-af/dag/task/same.0", "payload": 1}
+    }
+    assert mq.snapshot(qa, "JOB-af/dag/task/same").released
+    assert mq.snapshot(qb, "JOB-af/dag/task/same").parent_state == "failed"
+    mq.close()
+
+
 def test_re_adding_a_parent_with_other_children_of_the_same_count_is_refused(
     backend: Backend, prefix: str
 ) -> None:

@@ -111,7 +111,7 @@ def test_entry_point_plugin_receives_each_event_once(
     conn = ["--url", standalone_server.url, "--prefix", prefix]
     # Handlers come from the plugin (no --app): echomq_handlers is discovered too.
     worker = subprocess.Popen(
-        [*CLI, "worker", "plug-work", "plug-parents", "--concurrency", "2", *conn],
+        [*CLI, "worker", "plug-work", "plug-parents", "--concurrency", "2", "--no-pump", *conn],
         env=plugin_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -280,14 +281,17 @@ ASYNC = {"w1": _noop_async, "w6": _io_async}
 
 
 def run_worker(url: str, queues: str, concurrency: str, mode: str) -> None:
+    """``ECHOMQ_BENCH_WORKER_PUMP=0``: the worker without its own Pump (the outboxes are left
+    to a Pump process, as every worker did before workers drained their queues)."""
     names = queues.split(",")
+    pump = os.environ.get("ECHOMQ_BENCH_WORKER_PUMP", "1") != "0"
     if mode == "async":
         from echomq_core import AsyncEchoMQ, AsyncWorker
 
         async def main() -> None:
             amq = AsyncEchoMQ(url)
             handlers = {q: ASYNC.get(q, _handle_async) for q in names}
-            worker = AsyncWorker(amq, handlers, concurrency=int(concurrency))
+            worker = AsyncWorker(amq, handlers, concurrency=int(concurrency), pump=pump)
             await worker.start()  # registers its queues before the window opens
             print(READY, flush=True)
             await worker.run()
@@ -297,7 +301,7 @@ def run_worker(url: str, queues: str, concurrency: str, mode: str) -> None:
         return
     mq = EchoMQ(url)
     handlers = {q: SYNC.get(q, _handle) for q in names}
-    worker = Worker(mq, handlers, concurrency=int(concurrency))
+    worker = Worker(mq, handlers, concurrency=int(concurrency), pump=pump)
     print(READY, flush=True)
     worker.run()
 

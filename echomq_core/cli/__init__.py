@@ -18,7 +18,8 @@
     echomq dashboard [--port P] [--actions]            the web dashboard and /metrics
 
 Connection: ``--url`` (default ``$ECHOMQ_URL``, else ``redis://127.0.0.1:6379/0``),
-``--prefix`` (``$ECHOMQ_PREFIX``, else ``emq``), ``--connect-timeout``. Every failure is one
+``--prefix`` (``$ECHOMQ_PREFIX``, else ``emq``), ``--connect-timeout``; these and ``-v`` go
+before the command or after it (``echomq --url X flow ls``). Every failure is one
 line on stderr; exit status 2 for a bad command line (argument, URL, queue name, job id), 1
 for a runtime failure (unreachable server, failed flow), 130 for Ctrl-C. ``-vv`` adds the
 traceback. argparse only: the command adds no dependency.
@@ -36,19 +37,23 @@ from ..errors import EchoMQError, ServerStartError
 from . import dashboard, demo, inspection, services
 from .common import (
     INTERRUPTED,
+    SERVER_EXTRA,
     CommandFailed,
     Parser,
     UsageError,
+    add_global_options,
     exit_status,
     one_line,
+    settle_global_options,
     setup_logging,
 )
 
 log = logging.getLogger(__name__)
 
 EPILOG = (
-    "Connection options of every command: --url (default $ECHOMQ_URL, else "
-    "redis://127.0.0.1:6379/0), --prefix ($ECHOMQ_PREFIX, else emq), --connect-timeout. "
+    "Connection options of every command that talks to a server: --url (default $ECHOMQ_URL, "
+    "else redis://127.0.0.1:6379/0), --prefix ($ECHOMQ_PREFIX, else emq), --connect-timeout; "
+    "before the command or after it. "
     "Exit status: 0 success, 1 runtime failure, 2 bad command line, 130 interrupted."
 )
 
@@ -69,11 +74,13 @@ def build_parser() -> Parser:
 
     parser = Parser(
         prog="echomq",
-        description="EchoMQ: durable fan-out / fan-in on "
-        "Redis-protocol servers. Start with 'echomq demo'.",
+        description="EchoMQ: durable fan-out / fan-in on Redis-protocol servers. Start with "
+        f"'echomq demo': a flow on the bundled server ({SERVER_EXTRA} first), or on yours "
+        "with --url.",
         epilog=EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"echomq {__version__}")
+    add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo.add_parser(sub)
     services.add_parsers(sub)
@@ -86,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (the ``echomq`` script exits with it)."""
     verbose = 0
     try:
-        args = build_parser().parse_args(argv)
+        args = settle_global_options(build_parser().parse_args(argv))
         verbose = args.verbose
         setup_logging(verbose)
         status: int = args.invoke(args)

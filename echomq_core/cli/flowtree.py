@@ -1,4 +1,4 @@
-"""Reading a flow as a tree, for ``echomq flow show``.
+"""Reading a flow as a tree, for ``echomq flow show``, and its dead children as text.
 
 The server keeps no list of a parent's children: a parent holds a counter and three hashes of
 the children that settled. So the sub-flows of a parent are found by looking, not by reading
@@ -30,7 +30,7 @@ from ..connection import Call, Lenient, Op
 from ..errors import EchoMQError, InvalidInput
 from ..flows import pairs
 from ..keyspace import FLOW_INDEXES, JOB_ID_RE, Keyspace, check_job_id
-from ..models import FlowSnapshot
+from ..models import ChildFailure, FlowSnapshot
 
 MAX_PROBES = 50_000
 MAX_DEPTH = 16
@@ -128,6 +128,27 @@ def render(node: FlowNode) -> list[str]:
         lines += _tree(node.subflows, "    ")
     if node.note:
         lines.append(f"  ({node.note})")
+    return lines
+
+
+def render_failures(
+    failures: list[ChildFailure], limit: int, died: int, *, tracebacks: bool
+) -> list[str]:
+    """A flow's dead children as ``child_failures(limit=limit)`` read them, one line each -
+    id, queue, error - then the last traceback of the first that has one (of every one with
+    ``tracebacks``), indented. ``died``: the flow's failed and ignored children in all."""
+    lines = []
+    for f in failures:
+        label = "ignored      " if f.ignored else "failed child "
+        lines.append(f"  {label} {f.job_id} [{f.queue}]: {f.error}")
+    if len(failures) >= limit:
+        lines.append(f"  (the first {limit}; {died:,} children died: --failures N lists more)")
+    traced = [f for f in failures if f.traceback]
+    for f in traced if tracebacks else traced[:1]:
+        lines.append(f"  traceback of {f.job_id}:")
+        lines += ["    " + line for line in (f.traceback or "").rstrip().splitlines()]
+    if not tracebacks and len(traced) > 1:
+        lines.append(f"  ({len(traced) - 1} more traceback(s): --tracebacks shows each)")
     return lines
 
 

@@ -12,6 +12,8 @@ the cause - a missing parent, a bug - was fixed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import json
 import time
 from typing import Any
@@ -29,6 +31,7 @@ from .common import (
     add_verbosity,
     age_or_none,
     count_or_none,
+    env_prefix,
     env_url,
     fmt_ago,
     fmt_bytes,
@@ -38,7 +41,15 @@ from .common import (
     seconds,
     table,
 )
-from .flowtree import MEMORY_SAMPLE, FlowMemory, flow_counts, flow_memory, read_tree, render
+from .flowtree import (
+    MEMORY_SAMPLE,
+    FlowMemory,
+    flow_counts,
+    flow_memory,
+    read_tree,
+    render,
+    render_failures,
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -49,7 +60,9 @@ def add_parsers(sub: Any) -> None:
         "show",
         help="a flow's parent state and counts (a tree for nested flows)",
         description="Print a flow: parent state, N, outstanding, processed, ignored, failed, "
-        "and its sub-flows as a tree. --watch shows a progress bar until the "
+        "and its sub-flows as a tree; then its dead children with their errors (a failed "
+        "sub-flow by the leaf that raised) and the last traceback of the first (of each with "
+        "--tracebacks). --watch shows a progress bar until the "
         "parent is released (exit 0) or failed (exit 1).",
     )
     show.add_argument("queue", metavar="QUEUE", help="the parent's queue")
@@ -68,6 +81,19 @@ def add_parsers(sub: Any) -> None:
         default=0.5,
         metavar="S",
         help="with --watch: seconds between reads (default %(default)s)",
+    )
+    show.add_argument(
+        "--failures",
+        type=int_at_least(1, 10_000),
+        default=5,
+        metavar="N",
+        help="list up to N dead children with their errors, fail-parent ones first "
+        "(default %(default)s)",
+    )
+    show.add_argument(
+        "--tracebacks",
+        action="store_true",
+        help="print the last traceback of every dead child listed (default: the first's)",
     )
     show.add_argument("--json", action="store_true", help="print one JSON object")
     _common(show, run_flow_show)
@@ -264,9 +290,33 @@ def _root_args(parser: argparse.ArgumentParser) -> None:
 def _common(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = False) -> None:
     if json_flag:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_connection_options(parser, url_default=env_url())
+    add_connection_options(parser, url_default=env_url(), prefix_default=env_prefix())
     add_verbosity(parser)
     parser.set_defaults(invoke=run)
+
+
+#: How many known queue names an unknown-queue error lists.
+SHOWN_QUEUES = 20
+
+
+def known_queue(mq: EchoMQ, queue: str, prefix: str) -> None:
+    """Refuse ``queue`` unless this keyspace's registry holds it (a queue is registered when
+    the first job is added to it): a mistyped name or prefix would otherwise print zeros and
+    exit 0. The error names the known queues, the closest first."""
+    names = sorted(mq.queues())
+    if queue in names:
+        return
+    if not names:
+        raise CommandFailed(
+            f"no queue {queue!r}: there are no queues under prefix {prefix!r} (wrong --prefix?)"
+        )
+    close = difflib.get_close_matches(queue, names, n=3, cutoff=0.6)
+    listed = [*close, *(n for n in names if n not in close)][:SHOWN_QUEUES]
+    more = f" and {len(names) - len(listed):,} more" if len(names) > len(listed) else ""
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise CommandFailed(
+        f"no queue {queue!r} under prefix {prefix!r}{hint} (known: {', '.join(listed)}{more})"
+    )
 
 
 # -- flow show -----------------------------------------------------------------------------
@@ -284,14 +334,19 @@ def run_flow_show(args: argparse.Namespace) -> int:
         if args.watch:
             failed = _watch(mq, args)
         tree = read_tree(mq, args.queue, args.parent_id)
+        died = tree.snap.failed + tree.snap.ignored
+        failures = (
+            mq.child_failures(args.queue, args.parent_id, limit=args.failures) if died else []
+        )
         if args.json:
-            print(json.dumps(tree.to_dict()))
+            doc = tree.to_dict()
+            doc["failures"] = [dataclasses.asdict(f) for f in failures]
+            print(json.dumps(doc))
         else:
             print("\n".join(render(tree)))
-            if tree.snap.failed:
-                culprits = sorted(mq.failed_children(args.queue, args.parent_id).items())
-                for child_id, error in culprits[:5]:
-                    print(f"  failed child  {child_id}: {error}")
+            if failures:
+                shown = render_failures(failures, args.failures, died, tracebacks=args.tracebacks)
+                print("\n".join(shown))
         if failed:
             raise CommandFailed(f"flow {args.parent_id} failed")
     finally:
@@ -336,6 +391,8 @@ def run_flow_ls(args: argparse.Namespace) -> int:
     states = [args.state] if args.state else list(FLOW_INDEXES)
     mq = open_client(args)
     try:
+        if args.queue is not None:
+            known_queue(mq, args.queue, args.prefix)
         names = [args.queue] if args.queue is not None else mq.queues()
         flows: list[FlowSummary] = []
         counts: dict[str, dict[str, int]] = {}
@@ -477,6 +534,8 @@ def run_queue_stats(args: argparse.Namespace) -> int:
         check_queue(args.queue)
     mq = open_client(args)
     try:
+        if args.queue is not None:
+            known_queue(mq, args.queue, args.prefix)
         names = [args.queue] if args.queue is not None else mq.queues()
         counts = {name: mq.queue(name).stats() for name in names}
         memory = {name: mq.perform(flow_memory(mq.keys, name)) for name in names}
@@ -578,6 +637,7 @@ def run_poison_list(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     mq = open_client(args)
     try:
+        known_queue(mq, args.queue, args.prefix)
         items = mq.perform(poison_list(mq.keys, args.queue, args.count))
     finally:
         mq.close()
@@ -620,6 +680,7 @@ def run_poison_replay(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     mq = open_client(args)
     try:
+        known_queue(mq, args.queue, args.prefix)
         count = args.count if args.count is not None else mq.queue(args.queue).stats()["poison"]
         moved = mq.perform(poison_replay(mq.keys, args.queue, count)) if count else 0
     finally:

@@ -32,6 +32,9 @@ from .common import (
     add_bind_options,
     add_connection_options,
     add_verbosity,
+    add_wait_for_server,
+    bundled_binary,
+    env_prefix,
     env_url,
     int_at_least,
     open_client,
@@ -92,10 +95,18 @@ def add_parsers(sub: Any) -> None:
         help="run the handlers on one asyncio event loop (AsyncWorker): async handlers are "
         "awaited, --concurrency of them at once; sync ones run in a pool of that many threads",
     )
+    w.add_argument(
+        "--no-pump",
+        dest="pump",
+        action="store_false",
+        help="do not drain these queues' outboxes, recover their leases or sweep their "
+        "retention in this process (leave it to `echomq pump`)",
+    )
     add_flags(w, WorkerOptions, types=FLAG_TYPES)
     add_metrics_option(w)
     _plugin_options(w)
-    add_connection_options(w, url_default=env_url())
+    add_connection_options(w, url_default=env_url(), prefix_default=env_prefix())
+    add_wait_for_server(w)
     add_verbosity(w)
     w.set_defaults(invoke=run_worker)
 
@@ -109,7 +120,8 @@ def add_parsers(sub: Any) -> None:
     add_flags(p, PumpOptions, types=FLAG_TYPES)
     add_metrics_option(p)
     _plugin_options(p)
-    add_connection_options(p, url_default=env_url())
+    add_connection_options(p, url_default=env_url(), prefix_default=env_prefix())
+    add_wait_for_server(p)
     add_verbosity(p)
     p.set_defaults(invoke=run_pump)
 
@@ -157,6 +169,7 @@ def run_server(args: argparse.Namespace) -> int:
     data_dir = None if args.no_persistence else Path(args.data_dir).resolve()
     server = EmbeddedServer(
         args.port or None,
+        binary=bundled_binary("echomq server"),
         host=args.host,
         data_dir=data_dir,
         appendonly=not args.no_persistence,
@@ -269,9 +282,9 @@ def run_worker(args: argparse.Namespace) -> int:
                 socket_connect_timeout=args.connect_timeout,
                 socket_timeout=60.0,
             )
-            worker = AsyncWorker(amq, chosen, options=options, hooks=lifecycle)
+            worker = AsyncWorker(amq, chosen, options=options, hooks=lifecycle, pump=args.pump)
         else:
-            worker = Worker(mq, chosen, options=options, hooks=lifecycle)
+            worker = Worker(mq, chosen, options=options, hooks=lifecycle, pump=args.pump)
         if metrics:
             metrics.watch_worker(worker)
         _say(

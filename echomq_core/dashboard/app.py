@@ -8,15 +8,20 @@ under ``echomq dashboard`` and inside Airflow's api-server under ``/echomq``):
 ========================================  ==============================================
 ``GET /``                                 queues at a glance (``/api/queues``)
 ``GET /flows?queue=&state=&offset=``      root flows by state with progress (``/api/flows``)
-``GET /flow/{queue}/{parent_id}``         a flow: tree, counts, failed and ignored children,
+``GET /flow/<queue>/<parent id>``         a flow: tree, counts, failed and ignored children,
                                           values paged by ``?cursor=`` (``/api/flow/...``: the
                                           snapshot only, one command per poll; ``.../values``)
-``GET /dead/{queue}?offset=``             dead jobs, newest first, each with its flow to repair
-``GET /poison/{queue}``                   poisoned signals with their reasons
+``GET /dead/<queue>?offset=``             dead jobs, newest first, each with its flow to repair
+``GET /poison/<queue>``                   poisoned signals with their reasons
 ``GET /metrics``                          Prometheus text format (:mod:`echomq_core.metrics`)
-``POST /flow/{queue}/{id}/cancel|retry|close``, ``POST /poison/{queue}/replay``, ``POST /login``,
+``POST /flow/<queue>/<id>/cancel|retry|close``, ``POST /poison/<queue>/replay``, ``POST /login``,
 ``POST /logout``: see :mod:`.security` for who may.
 ========================================  ==============================================
+
+Names in a path are quoted whole (:func:`echomq_core.urls.flow_page`): queue names and ids may
+hold ``/`` (Airflow's parent ids always do) and ids ``#``. A flow's two names are split from
+the path as the client sent it (:func:`flow_names`); the other pages carry one name, which
+takes the rest of the path.
 """
 
 from __future__ import annotations
@@ -42,12 +47,37 @@ from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..metrics import QueueCollector
 from ..pump import poison_replay
-from ..urls import FLOW_ROUTE, flow_page
+from ..urls import FLOW_PATH, flow_page, split_flow_path
 from . import reads
 from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
+
+#: A flow's JSON twin, and what may follow the flow's names in its path and in a POST's.
+API_FLOW_PATH = "/api" + FLOW_PATH
+API_TAILS = ("values",)
+ACTIONS = ("cancel", "retry", "close")
+
+
+def flow_names(request: Request, under: str, tails: tuple[str, ...] = ()) -> tuple[str, str, str]:
+    """The checked ``(queue, parent id, tail)`` of a request to ``under`` + ``<queue>/<id>``.
+
+    Read from the path as the client sent it (the ASGI ``raw_path``: ``%2F`` still quoted),
+    since the decoded path cannot tell a ``/`` inside a name from one between names; when the
+    server gives no raw path, or the mount's prefix is spelled otherwise in it, the decoded
+    path is split instead (see :func:`echomq_core.urls.split_flow_path`)."""
+    root = request.scope.get("root_path", "")
+    rest = request.path_params["rest"]
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes):
+        sent = raw.decode("latin-1")
+        for prefix in (root + under, quote(root) + under):
+            if sent.startswith(prefix):
+                rest = sent[len(prefix) :]
+                break
+    queue, pid, tail = split_flow_path(rest, tails)
+    return check_queue(queue), check_job_id(pid), tail
 
 
 class Dashboard:
@@ -87,6 +117,7 @@ class Dashboard:
         page = self.env.get_template(name).render(
             **{"live": "", **ctx},
             base=base,
+            flow_url=lambda queue, pid, tail="": flow_page(base, queue, pid, tail),
             title=self.title,
             poll_ms=int(self.poll * 1000),
             actions=self.guard.enabled,
@@ -144,7 +175,7 @@ class Dashboard:
         return JSONResponse({"counts": found.counts, "flows": flows})
 
     def _flow(self, request: Request) -> reads.FlowPage:
-        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
+        queue, pid, _ = flow_names(request, FLOW_PATH)
         cursor = _int_param(request, "cursor", 0, 2**63)
         found = reads.flow_page(self.client, queue, pid, cursor)
         if found is None:
@@ -164,18 +195,17 @@ class Dashboard:
         )
 
     def api_flow(self, request: Request) -> Response:
-        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
+        """``/api/flow/<queue>/<id>``: the snapshot; ``.../values``: a page of values."""
+        queue, pid, tail = flow_names(request, API_FLOW_PATH, API_TAILS)
+        if tail == "values":
+            cursor = _int_param(request, "cursor", 0, 2**63)
+            next_cursor, values = reads.values_page(self.client, queue, pid, cursor)
+            shown = {k: reads.jsonable(v) for k, v in values.items()}
+            return JSONResponse({"values": shown, "cursor": next_cursor})
         found = reads.flow_status(self.client, queue, pid)
         if found is None:
             raise JobNotFound(f"no flow {pid} in queue {queue!r} (never added, or expired)")
         return JSONResponse(found)
-
-    def api_values(self, request: Request) -> Response:
-        queue, pid = request.path_params["queue"], request.path_params["parent_id"]
-        cursor = _int_param(request, "cursor", 0, 2**63)
-        next_cursor, values = reads.values_page(self.client, queue, pid, cursor)
-        shown = {k: reads.jsonable(v) for k, v in values.items()}
-        return JSONResponse({"values": shown, "cursor": next_cursor})
 
     def dead(self, request: Request) -> Response:
         queue = check_queue(request.path_params["queue"])
@@ -218,36 +248,24 @@ class Dashboard:
         sep = "&" if "?" in back else "?"
         return RedirectResponse(f"{base}/{back}{sep}done={quote(result['done'])}", 303)
 
-    def _flow_ids(self, request: Request) -> tuple[str, str, str]:
-        queue = check_queue(request.path_params["queue"])
-        pid = check_job_id(request.path_params["parent_id"])
-        return queue, pid, flow_page("", queue, pid).lstrip("/")
-
-    async def cancel(self, request: Request) -> Response:
-        queue, pid, back = self._flow_ids(request)
-
-        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
-            r = self.client.cancel_flow(queue, pid, reason=form.get("reason", "")[:500])
-            done = f"{r.state}: {r.children} children stopped"
-            return back, {"state": r.state, "children": r.children, "done": done}
-
-        return await self._guarded(request, act)
-
-    async def retry(self, request: Request) -> Response:
-        queue, pid, back = self._flow_ids(request)
+    async def flow_action(self, request: Request) -> Response:
+        """``POST /flow/<queue>/<id>/cancel|retry|close``."""
+        queue, pid, tail = flow_names(request, FLOW_PATH, ACTIONS)
+        if not tail:
+            raise JobNotFound(f"no action at {request.url.path}: POST to .../cancel|retry|close")
+        back = flow_page("", queue, pid).lstrip("/")
+        mq = self.client
 
         def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
-            r = self.client.retry_flow(queue, pid, ignored=form.get("ignored") == "1")
-            done = f"{r.state}: {r.requeued} children back to work (repair #{r.repairs})"
-            return back, {"state": r.state, "requeued": r.requeued, "done": done}
-
-        return await self._guarded(request, act)
-
-    async def close(self, request: Request) -> Response:
-        queue, pid, back = self._flow_ids(request)
-
-        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
-            state = self.client.close_flow(queue, pid)
+            if tail == "cancel":
+                c = mq.cancel_flow(queue, pid, reason=form.get("reason", "")[:500])
+                done = f"{c.state}: {c.children} children stopped"
+                return back, {"state": c.state, "children": c.children, "done": done}
+            if tail == "retry":
+                r = mq.retry_flow(queue, pid, ignored=form.get("ignored") == "1")
+                done = f"{r.state}: {r.requeued} children back to work (repair #{r.repairs})"
+                return back, {"state": r.state, "requeued": r.requeued, "done": done}
+            state = mq.close_flow(queue, pid)
             return back, {"state": state, "done": state}
 
         return await self._guarded(request, act)
@@ -353,23 +371,20 @@ def create_app(
 
         return endpoint
 
-    flow = FLOW_ROUTE
+    flow = FLOW_PATH + "{rest:path}"
     routes = [
         Route("/", sync(d.overview)),
         Route("/flows", sync(d.flows)),
         Route(flow, sync(d.flow)),
-        Route("/dead/{queue}", sync(d.dead)),
-        Route("/poison/{queue}", sync(d.poison)),
+        Route("/dead/{queue:path}", sync(d.dead)),
+        Route("/poison/{queue:path}", sync(d.poison)),
         Route("/metrics", sync(d.metrics)),
         Route("/api/queues", sync(d.api_queues)),
         Route("/api/flows", sync(d.api_flows)),
-        Route("/api" + flow, sync(d.api_flow)),
-        Route("/api" + flow + "/values", sync(d.api_values)),
-        Route(flow + "/cancel", guarded(d.cancel), methods=["POST"]),
-        Route(flow + "/retry", guarded(d.retry), methods=["POST"]),
-        Route(flow + "/close", guarded(d.close), methods=["POST"]),
-        Route("/poison/{queue}/replay", guarded(d.replay), methods=["POST"]),
-        Route("/dead/{queue}/retry", guarded(d.retry_dead), methods=["POST"]),
+        Route(API_FLOW_PATH + "{rest:path}", sync(d.api_flow)),
+        Route(flow, guarded(d.flow_action), methods=["POST"]),
+        Route("/poison/{queue:path}/replay", guarded(d.replay), methods=["POST"]),
+        Route("/dead/{queue:path}/retry", guarded(d.retry_dead), methods=["POST"]),
         Route("/login", guarded(d.login), methods=["GET", "POST"]),
         Route("/logout", guarded(d.logout), methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

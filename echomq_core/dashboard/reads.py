@@ -18,12 +18,13 @@ from ..connection import Call, Op
 from ..errors import JobNotFound
 from ..flows import scan_page
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
-from ..models import FlowSummary, JobInfo
+from ..models import ChildFailure, FlowSummary, JobInfo
 from ..pump import parse_signal, poison_list
 
 #: Rows per page of a list (flows per state, dead jobs, poisoned signals, children's values).
 PAGE = 50
-#: The most failed / ignored children shown on a flow's page (the counts show the rest).
+#: The most failed / ignored children shown on a flow's page, each with its last traceback
+#: (the counts show the rest).
 SHOWN_ERRORS = 100
 #: How far up a dead job's parents are followed to find the root flow to repair.
 MAX_UP = 16
@@ -58,8 +59,8 @@ def list_flows(
 @dataclass(slots=True)
 class FlowPage:
     tree: FlowNode
-    failed: dict[str, str]
-    ignored: dict[str, str]
+    failed: list[ChildFailure]  # fail-parent deaths (a failed sub-flow by its leaf)
+    ignored: list[ChildFailure]
     values: dict[str, Any]
     cursor: int  # the next page of values (0: none)
     up: JobInfo | None  # this flow's own row: its parent when it is a sub-flow
@@ -97,18 +98,21 @@ def values_page(
 
 
 def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPage | None:
-    """A flow's tree and counts, its failed and ignored children (first
-    :data:`SHOWN_ERRORS`), and one page of its children's values from ``cursor``; None when
-    there is no such flow (values: see :func:`values_page`)."""
+    """A flow's tree and counts, its failed and ignored children with their errors and last
+    tracebacks (:meth:`~echomq_core.EchoMQ.child_failures`, first :data:`SHOWN_ERRORS` of
+    each), and one page of its children's values from ``cursor``; None when there is no such
+    flow (values: see :func:`values_page`)."""
     check_queue(queue)
     check_job_id(parent_id)
     snap = mq.snapshot(queue, parent_id)
     if snap.parent_state is None and snap.total == 0:
         return None
     tree = read_tree(mq, queue, parent_id)
-    ks = mq.keys
-    _, failed = mq.perform(scan_page(ks.failed(queue, parent_id), 0, SHOWN_ERRORS))
-    _, ignored = mq.perform(scan_page(ks.unsuccessful(queue, parent_id), 0, SHOWN_ERRORS))
+    died = (
+        mq.child_failures(queue, parent_id, limit=2 * SHOWN_ERRORS)
+        if snap.ignored or snap.failed
+        else []
+    )
     next_cursor, values = values_page(mq, queue, parent_id, cursor)
     try:
         up = mq.get_job(queue, parent_id)
@@ -117,8 +121,8 @@ def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPa
     root = root_of(mq, up) if up is not None and up.parent is not None else None
     return FlowPage(
         tree,
-        {k: _text(v) for k, v in list(failed.items())[:SHOWN_ERRORS]},
-        {k: _text(v) for k, v in list(ignored.items())[:SHOWN_ERRORS]},
+        [f for f in died if not f.ignored][:SHOWN_ERRORS],
+        [f for f in died if f.ignored][:SHOWN_ERRORS],
         values,
         next_cursor,
         up,

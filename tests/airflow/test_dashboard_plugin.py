@@ -111,11 +111,47 @@ def test_dashboard_is_mounted_in_the_api_server_and_read_only(
     mq.close()
 
 
+def test_flow_pages_of_derived_ids_open_in_the_api_server(
+    api_server: _Served, echomq_conn: str, prefix: str, standalone_server: Any
+) -> None:
+    """The ids the provider derives hold '/' (``JOB-af/<dag>/<task>/<digest>``), a keyed
+    child's ``#`` too: the extra link's URL (``links.flow_url``), the /flows page's links and the
+    page's JSON twin open the flow through Airflow's api-server."""
+    import html
+    import re
+
+    from echomq_provider.flow_specs import keyed_child_id
+    from echomq_provider.plugins.links import flow_url
+
+    from echomq_core import Child, EchoMQ
+
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    parent = parent_id_for("echomq_fan_out", "manual__2026-01-01T00:00:00+00:00", "fan_out", 2)
+    keyed = keyed_child_id(parent, "part #3=a+b")
+    for queue, pid in (("af-parents", parent), ("af/kids@v2", keyed)):
+        mq.add_flow(queue, [Child(0, queue="af-kids")], parent_id=pid, barrier=True)
+        link = flow_url(queue, pid)
+        assert "/" not in link[len("/echomq/flow/") :].split("/", 1)[1]  # each name quoted
+        status, page = api_server.request("GET", link)
+        assert status == 200, (link, page[-500:])
+        assert f"<h1>Flow <code>{html.escape(pid)}</code>" in page and ">held<" in page
+        (live,) = re.findall(r'data-live="([^"]*)"', page)
+        status, doc = api_server.request("GET", html.unescape(live))
+        assert status == 200 and '"outcome":"waiting"' in doc.replace(" ", "")
+    status, flows = api_server.request("GET", "/echomq/flows")
+    hrefs = [html.unescape(h) for h in re.findall(r'href="(/echomq/flow/[^"]*)"', flows)]
+    assert sorted(hrefs) == sorted([flow_url("af-parents", parent), flow_url("af/kids@v2", keyed)])
+    for href in hrefs:
+        assert api_server.request("GET", href)[0] == 200, href
+    mq.close()
+
+
 def test_flow_task_instances_link_to_their_flow_page(
-    airflow_db: Path, echomq_conn: str, start_worker: Callable[..., Any]
+    airflow_db: Path, echomq_conn: str, start_worker: Callable[..., Any], api_server: _Served
 ) -> None:
     """The extra links as Airflow 3 computes them: in the worker, when the task ends, from
-    the classes' ``operator_extra_links`` (the operator and the sensor declare them)."""
+    the classes' ``operator_extra_links`` (the operator and the sensor declare them); the link
+    opens the flow's page in the api-server (its derived id holds '/')."""
 
     def with_links(dag: Any) -> None:
         assert [type(x) for x in dag.get_task("fan_out").operator_extra_links] == [EchoFlowLink]
@@ -130,6 +166,8 @@ def test_flow_task_instances_link_to_their_flow_page(
     expected = f"/echomq/flow/example.reports/{quote(parent, safe='')}"
     assert run.xcom("fan_out", "_link_EchoFlowLink") == expected
     assert run.xcom("wait", "_link_EchoFlowSensorLink") == expected
+    status, page = api_server.request("GET", expected)
+    assert status == 200 and f"<h1>Flow <code>{parent}</code>" in page, page[-500:]
 
 
 def test_the_dashboard_inside_airflows_ui_in_chromium(

@@ -20,7 +20,7 @@ import pytest
 from echomq_core import EchoMQ, JobSpec, Pump
 from echomq_core.server import EmbeddedServer
 
-from ..dashkit import TOKEN, Dashboard, Scenario, build_scenario, env_for
+from ..dashkit import BAD_ROW, TOKEN, Dashboard, Scenario, build_scenario, env_for, failing_flow
 from .cdp import Browser
 
 #: Page loads slower than this fail the test: the pages are small and read bounded pages.
@@ -143,6 +143,70 @@ def test_every_page_in_chromium(
     assert browser.text("h1") == "JobNotFound"
     assert "never added, or expired" in browser.text("#error")
     print("page loads (s):", {k: round(v, 3) for k, v in timings.items()})
+
+
+def test_a_flow_whose_names_hold_slashes_opens_from_the_list(
+    browser: Browser, client: EchoMQ, readonly: Dashboard, shots: Path
+) -> None:
+    """An Airflow-derived parent id (``JOB-af/<dag>/<task>/<digest>``) in a queue whose name
+    holds ``/``: clicked in /flows, its page opens, polls its JSON twin live, and its tree
+    links to the sub-flow and back."""
+    from echomq_provider.flow_specs import parent_id_for
+
+    from echomq_core import Child
+
+    queue = "team/reports@v2"
+    pid = parent_id_for("echomq_fan_out", "manual__2026-01-01T00:00:00+00:00", "fan_out")
+    client.add_flow(
+        queue,
+        [Child(queue="dk-kids", children=[Child(i, queue="dk-kids") for i in range(3)])]
+        + [Child(i, queue="dk-kids") for i in range(5)],
+        parent_id=pid,
+        barrier=True,
+    )
+    browser.goto(f"{readonly.base}/flows")
+    browser.js(
+        f"[...document.querySelectorAll('#flows a')].find(a => a.textContent === '{pid}')"
+        ".setAttribute('id', 'the-flow')"
+    )
+    browser.click("#the-flow")
+    browser.wait_for("document.querySelector('#flow-state') !== null")
+    assert browser.js("decodeURIComponent(location.pathname)") == f"/flow/{queue}/{pid}"
+    assert browser.text("h1") == f"Flow {pid} {queue}"
+    assert browser.text("#flow-state") == "held"
+    browser.wait_for("document.querySelector('#live-status').className === 'ok'")
+    browser.screenshot(shots / "flow-slashes.png")
+    browser.click("#tree li a")
+    browser.wait_for("document.querySelector('#root-link') !== null")
+    assert browser.text("h1") == f"Flow {pid}.0 dk-kids"
+    browser.click("#root-link")
+    browser.wait_for(f"document.querySelector('h1').textContent === 'Flow {pid} {queue}'")
+    assert browser.errors() == []
+
+
+def test_a_dead_childs_traceback_expands_as_text(
+    browser: Browser, client: EchoMQ, readonly: Dashboard, shots: Path
+) -> None:
+    """A failed flow's page and the dead-jobs list: each dead child's traceback collapsed,
+    opened by a click, its markup (the bad row is a <script> tag) shown as text."""
+    ref = failing_flow(client)
+    bad, _ = client.child_failures(ref.queue, ref.parent_id)
+    browser.goto(flow_url(readonly, ref.queue, ref.parent_id))
+    row = f"document.querySelector('#failed-children tr[data-child=\"{bad.job_id}\"]')"
+    assert browser.js(f"{row}.querySelector('details').open") is False
+    browser.js(f"{row}.querySelector('summary').setAttribute('id', 'open-trace')")
+    browser.click("#open-trace")
+    browser.wait_for(f"{row}.querySelector('details').open === true")
+    shown = browser.js(f"{row}.querySelector('pre').innerText")
+    assert shown.rstrip() == (bad.traceback or "").rstrip()
+    assert BAD_ROW in shown and "in _to_int" in shown
+    assert browser.js("document.querySelectorAll('main script').length") == 0
+    assert browser.js("document.querySelectorAll('#ignored-children details').length") == 1
+    browser.screenshot(shots / "flow-traceback.png")
+    browser.goto(f"{readonly.base}/dead/tb-kids")
+    assert browser.js("document.querySelectorAll('#dead details.traceback').length") == 2
+    assert browser.js("document.querySelectorAll('main script').length") == 0
+    assert browser.errors() == []
 
 
 def test_progress_updates_without_a_reload(

@@ -706,7 +706,7 @@ def reshard(flow: Flow, queue: str, target: EmbeddedServer, tag: str) -> dict[st
         pending["sync"] = threading.Thread(target=add, daemon=True)
         pending["sync"].start()
         pending["async"] = side.submit(flow.async_probe(f"JOB-aprobe-{tag}"))
-        deadline = time.monotonic() + 3.0  # well inside the router's 5 s of TRYAGAIN
+        deadline = time.monotonic() + 3.0  # well inside the router's wait for a moving slot
         while time.monotonic() < deadline:
             s, a = mq.connection.stats["tryagain"], side.stats.get("tryagain", 0)
             if s > sync0.get("tryagain", 0) and a > async0.get("tryagain", 0):
