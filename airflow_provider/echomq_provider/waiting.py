@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
+#: The most bytes of a failed child's traceback a failure message shows (its tail).
+TRACEBACK_TAIL = 4096
 #: The longest a deferred task takes to notice a release (the trigger's slowest poll).
 TRIGGER_POLL_MAX = 1.0
 #: States of a killed task that mean it was cleared or marked successful, not failed: its
@@ -56,6 +58,28 @@ TRIGGER_POLL_MAX = 1.0
 _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
 #: States of a task instance done with its flow: a failure callback may settle the flow.
 _DONE = frozenset({"failed", "upstream_failed", "skipped", "success", "removed"})
+
+
+def first_failure(client: EchoMQ, queue: str, parent_id: str) -> str:
+    """What a waiting task's failure message adds: the first fail-parent child that died, its
+    error and the tail (:data:`TRACEBACK_TAIL` bytes) of its last attempt's traceback - a
+    readable size in Airflow's log and UI. Empty when none died (a flow cancelled with no
+    dead child) or they cannot be read (the failure being raised matters more)."""
+    try:
+        failures = client.child_failures(queue, parent_id, limit=1)
+    except EchoMQError:
+        return ""
+    if not failures or failures[0].ignored:
+        return ""
+    first = failures[0]
+    text = f"\nFirst failed child {first.job_id} (queue {first.queue!r}): {first.error}"
+    if first.traceback:
+        raw = first.traceback.encode()
+        cut = raw[-TRACEBACK_TAIL:].decode(errors="ignore")
+        if len(raw) > TRACEBACK_TAIL:
+            cut = f"[traceback cut to its last {TRACEBACK_TAIL // 1024} KiB]\n..." + cut
+        text += "\n" + cut.rstrip()
+    return text
 
 
 def too_many_values(what: str, total: int, max_values: int) -> TooManyValues:
@@ -140,7 +164,7 @@ class FlowWaiting(_Base):
         if snap.outcome in ("failed", "cancelled"):
             failed = client.failed_children(queue, parent_id) if snap.outcome == "failed" else {}
             error = flow_error(queue, parent_id, snap.outcome, failed, snap.error)
-            raise AirflowFailException(str(error))
+            raise AirflowFailException(str(error) + first_failure(client, queue, parent_id))
         if self.return_values and snap.total > self.max_values:
             self._refuse_values(snap)
         if snap.outcome != "released":
@@ -186,16 +210,15 @@ class FlowWaiting(_Base):
             client = self._client()
             return self._succeed(context, client, client.snapshot(queue, parent_id))
         if status == "failed" and "cancelled" in event:
-            raise AirflowFailException(
-                str(FlowCancelled(queue, parent_id, str(event["cancelled"])))
-            )
+            message = str(FlowCancelled(queue, parent_id, str(event["cancelled"])))
+            raise AirflowFailException(message + first_failure(self._client(), queue, parent_id))
         if status == "failed":
             reported = event.get("failed") or {}
             message = str(ParentFailed(queue, parent_id, reported))
             count = int(event.get("failed_count", len(reported)))
             if count > len(reported):
                 message += f"; {count} failed children in all"
-            raise AirflowFailException(message)
+            raise AirflowFailException(message + first_failure(self._client(), queue, parent_id))
         if status == "timeout":
             raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}")
         # Not an AirflowException: as in poke mode, a lost server fails the try (retries

@@ -133,15 +133,22 @@ def cli_json(*args: str) -> Any:
     return json.loads(out[out.index("[") :])
 
 
+#: The states of a deferred task: ``dag.test()`` shows it ``queued`` while its trigger runs.
+DEFERRED = ("deferred", "queued")
+
+
 class OpenWhen(threading.Thread):
     """Touch ``marker`` once a task instance of ``dag_id``/``task_id`` is in one of
     ``states`` (read from the metadata DB, every 50 ms, at most ``timeout`` s): the gate a
     test's children wait on (``wait_for``, or the worker's ``ECHOMQ_TEST_GATE``), so that they
     settle only after the waiting task reached that state, however loaded the machine.
 
-    Only task instances of runs still running count, so a finished run of the same DAG does
-    not open it. Use as a context manager around ``run_dag``; :attr:`opened_in` says in which
-    state it opened (None: it never did)."""
+    Only task instances that have run (they have a pid) of runs still running count, so a
+    finished run of the same DAG does not open it. ``dag.test()`` shows a deferred task as
+    ``queued`` while it runs its trigger in line (it sets it so, to resume it after): there
+    ``queued`` with a pid means deferred - :data:`DEFERRED`. Use as a context manager around
+    ``run_dag``; :attr:`opened_in` says in which state it opened (None: it never did; its repr
+    says what it saw)."""
 
     def __init__(
         self, marker: Path, dag_id: str, task_id: str, states: tuple[str, ...], timeout: float = 120
@@ -150,6 +157,8 @@ class OpenWhen(threading.Thread):
         self.marker, self.dag_id, self.task_id = marker, dag_id, task_id
         self.states, self.timeout = states, timeout
         self.opened_in: str | None = None
+        self.seen: set[str] = set()  # every state read, and the errors met: why it did not open
+        self.errors: list[str] = []
         self._stop_event = threading.Event()
         self._query: Any = None
 
@@ -161,6 +170,11 @@ class OpenWhen(threading.Thread):
     def __exit__(self, *exc: object) -> None:
         self._stop_event.set()
         self.join(10)
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenWhen({self.task_id} in {self.states}: saw {self.seen}, errors {self.errors[-3:]})"
+        )
 
     def _build_query(self) -> Any:
         from airflow.models.dagrun import DagRun
@@ -176,6 +190,7 @@ class OpenWhen(threading.Thread):
             .where(
                 TaskInstance.dag_id == self.dag_id,
                 TaskInstance.task_id == self.task_id,
+                TaskInstance.pid.is_not(None),  # it has run (see the class doc)
                 DagRun.state == "running",
             )
         )
@@ -189,7 +204,11 @@ class OpenWhen(threading.Thread):
             try:
                 with create_session() as session:
                     states = {str(state) for state in session.scalars(query)}
+                self.seen |= states
             except OperationalError:  # SQLite busy with the run's own writes: read again
+                states = set()
+            except Exception as exc:  # said by the test's assertion on opened_in
+                self.errors.append(f"{type(exc).__name__}: {exc}")
                 states = set()
             found = next((state for state in self.states if state in states), None)
             if found is not None:

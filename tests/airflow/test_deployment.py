@@ -218,6 +218,8 @@ def failure_cancels(
     parent = parent_id_for(dag_id, run_id, "fan_out")
     log = task_log(deployment, dag_id, run_id, "wait")
     assert f"{parent}.1: Unrecoverable: item 2: corrupt input (first try)" in log
+    assert f"First failed child {parent}.1 (queue 'example.cube')" in log
+    assert "raise Unrecoverable(" in log  # its traceback, raised in the echomq worker
     snap = mq.snapshot("example.reports", parent)
     assert snap.parent_state == "cancelled" and "corrupt input" in (snap.error or "")
     assert mq.get_job("example.cube", f"{parent}.1").state == "dead"

@@ -44,7 +44,8 @@ Progress: every mode logs ``settled k of N (processed, ignored, failed)`` at INF
 every 30 s (:data:`~echomq_provider.triggers.echo_flow.PROGRESS_EVERY`).
 
 Fail fast: when the parent has failed (a fail-parent child died) the sensor fails at once
-with ``AirflowFailException`` naming the failed children and their errors - no retries, as
+with ``AirflowFailException`` naming the failed children and their errors, and the first
+one's traceback (its last 4 KiB, from its last attempt) - no retries, as
 a failed flow does not recover by waiting - instead of sitting out its timeout.
 
 Cancel (``cancel_on_failure=True``, the default): whenever the sensor gives up on the flow - a
