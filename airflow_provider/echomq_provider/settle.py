@@ -41,8 +41,10 @@ The dag processor runs a callback when it gets to it, seconds or minutes later; 
 meanwhile waits on its flow again. So there (on Airflow 3.2 and 3.3, whose dag processor can
 read task states) a callback first reads the task instance's state and leaves the flow to a
 task that is no longer failed (queued, running, up for retry, ...). Airflow 3.1's dag processor
-cannot read it: there a clear within that window may see its flow cancelled, and the next
-clear repairs it.
+cannot read it, and a failed run is often cleared at once: there the DAG's callback closes a
+released flow but leaves a held one (its children still run; ``echomq flow cancel`` stops
+them), while the task's callback, sent the moment the scheduler fails the task, settles as on
+3.2.
 
 Mapped waiting tasks (``.expand()``) are not covered by either callback: Airflow builds them
 without running their ``__init__``; they settle their flows only from their own code.
@@ -96,7 +98,7 @@ def on_dag_run_failure(context: Any) -> None:
     for task in getattr(dag, "tasks", ()):
         if isinstance(task, FlowWaiting):
             try:
-                task._settle_after_failure(context, "the DAG run failed")
+                task._settle_after_failure(context, "the DAG run failed", run_failed=True)
             except Exception:  # one task's flow must not keep the others' unsettled
                 log.exception("Could not settle the flow of %s", task.task_id)
 

@@ -340,13 +340,13 @@ class FlowWaiting(_Base):
         return "task"
 
     # -- settling after Airflow failed the task ----------------------------------------------
-    def _settle_after_failure(self, context: Any, why: str) -> None:
+    def _settle_after_failure(self, context: Any, why: str, *, run_failed: bool = False) -> None:
         """Settle the flow once Airflow failed this task, by
         :func:`~echomq_provider.settle.settle_action` - run by the failure callbacks (see
         :mod:`echomq_provider.settle`), in the task process, or in the dag processor where
-        none of the task's code ran. Never raises for EchoMQ's errors: it logs them. A task
-        that does not wait (the operator without ``wait_for_completion``) leaves its flow to
-        the task that waits on it."""
+        none of the task's code ran (``run_failed``: the DAG's callback). Never raises for
+        EchoMQ's errors: it logs them. A task that does not wait (the operator without
+        ``wait_for_completion``) leaves its flow to the task that waits on it."""
         if not self._settles:
             return
         try:
@@ -354,17 +354,19 @@ class FlowWaiting(_Base):
         except Exception as exc:  # an upstream that never ran, a template that needs more
             self.log.info("No flow to settle (%s: %s)", type(exc).__name__, exc)
             return
-        if self._ti_for_kill is None and AIRFLOW_3_2:  # not run here: in the dag processor
-            # which runs the callback when it gets to it: a clear may have come first, and
-            # the task waits on its flow again (3.1's dag processor cannot tell)
-            state = task_state(
-                self.dag_id, context["run_id"], self.task_id, self._map_index(context)
-            )
-            if state is not None and state not in _DONE:
-                self.log.info(
-                    "Task %s is %s again: flow %s left to it", self.task_id, state, parent_id
+        may_cancel = True
+        if self._ti_for_kill is None:  # not run here: the dag processor, when it gets to it
+            if AIRFLOW_3_2:  # a clear may have come first: the task waits on its flow again
+                state = task_state(
+                    self.dag_id, context["run_id"], self.task_id, self._map_index(context)
                 )
-                return
+                if state is not None and state not in _DONE:
+                    self.log.info(
+                        "Task %s is %s again: flow %s left to it", self.task_id, state, parent_id
+                    )
+                    return
+            else:  # 3.1 cannot tell; a run that failed is often cleared at once: no cancel
+                may_cancel = not run_failed
         hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
         try:
             client = hook.get_conn()
@@ -376,7 +378,13 @@ class FlowWaiting(_Base):
                 return_values=self.return_values,
                 max_values=self.max_values,
             )
-            if action == "cancel":
+            if action == "cancel" and not may_cancel:
+                self.log.info(
+                    "Flow %s left %s: Airflow 3.1 cannot tell whether the task was cleared since",
+                    parent_id,
+                    snap.outcome,
+                )
+            elif action == "cancel":
                 reason = f"{self._kind()} {self.task_id}: {why} ({snap.outcome})"
                 result = client.cancel_flow(queue, parent_id, reason=reason[:1000])
                 self.log.info(

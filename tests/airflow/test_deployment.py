@@ -33,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from echomq_provider._compat import AIRFLOW_3_2
 from echomq_provider.flow_specs import parent_id_for
 
 from echomq_core import EchoMQ
@@ -274,19 +275,31 @@ def reschedule_marked_failed(deployment: Deployment, mq: EchoMQ, markers: Path) 
     assert mq.snapshot("example.reports", parent).parent_state == "held"
     deployment.mark(dag_id, run_id, "wait", "failed")  # 5 s before its next poke
     assert deployment.wait_run(dag_id, run_id) == "failed"
-    snap = deployment.wait_for(
-        lambda: (s := mq.snapshot("example.reports", parent)).parent_state == "cancelled" and s,
-        90,
-        "the flow cancelled by the DAG's failure callback",
-    )
-    assert "sensor wait: the DAG run failed (waiting)" in (snap.error or "")
-    # the next try converges: the operator repairs the flow, the sensor reads it
+    if AIRFLOW_3_2:
+        snap = deployment.wait_for(
+            lambda: (s := mq.snapshot("example.reports", parent)).parent_state == "cancelled" and s,
+            90,
+            "the flow cancelled by the DAG's failure callback",
+        )
+        assert "sensor wait: the DAG run failed (waiting)" in (snap.error or "")
+    else:  # 3.1's dag processor cannot tell a clear since: the held flow is left to run
+        deployment.wait_for(
+            lambda: (
+                "Airflow 3.1 cannot tell whether the task was cleared" in str(deployment.logs())
+            ),
+            90,
+            "the DAG's failure callback",
+        )
+        assert mq.snapshot("example.reports", parent).parent_state == "held"
+    # the next try converges: the operator repairs the flow (3.1: finds it running), the
+    # sensor reads it
     (markers / (run_id.replace(":", "_") + ".go")).touch()
     deployment.clear(dag_id, run_id, ["fan_out"])
     assert deployment.wait_run(dag_id, run_id) == "success"
     assert deployment.xcom(dag_id, run_id, "summarise") == {"0": 1, "1": 8}
     snap = mq.snapshot("example.reports", parent)
-    assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", 1, 2)
+    repairs = 1 if AIRFLOW_3_2 else 0
+    assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", repairs, 2)
     assert deployment.task_instance(dag_id, run_id, "wait")["try_number"] == 2
 
 
