@@ -55,10 +55,20 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from echomq_core import EchoMQError
+
+from ._compat import AIRFLOW_3_2, task_state
+from .hooks.echomq import EchoMQHook
+
 if TYPE_CHECKING:
     from echomq_core import FlowSnapshot
 
+    from .waiting import FlowWaiting
+
 log = logging.getLogger(__name__)
+
+#: States of a task instance done with its flow: a failure callback may settle the flow.
+DONE = frozenset({"failed", "upstream_failed", "skipped", "success", "removed"})
 
 
 def settle_action(
@@ -84,10 +94,11 @@ def settle_action(
 
 def on_task_failure(context: Any) -> None:
     """A waiting task's ``on_failure_callback``: settle its flow (see the module doc)."""
+    from .waiting import FlowWaiting
+
     task = context.get("task")
-    settle = getattr(task, "_settle_after_failure", None)
-    if settle is not None:
-        settle(context, "the task failed")
+    if isinstance(task, FlowWaiting):
+        settle_flow(task, context, "the task failed")
 
 
 def on_dag_run_failure(context: Any) -> None:
@@ -98,9 +109,68 @@ def on_dag_run_failure(context: Any) -> None:
     for task in getattr(dag, "tasks", ()):
         if isinstance(task, FlowWaiting):
             try:
-                task._settle_after_failure(context, "the DAG run failed", run_failed=True)
+                settle_flow(task, context, "the DAG run failed", run_failed=True)
             except Exception:  # one task's flow must not keep the others' unsettled
                 log.exception("Could not settle the flow of %s", task.task_id)
+
+
+def settle_flow(task: FlowWaiting, context: Any, why: str, *, run_failed: bool = False) -> None:
+    """Settle ``task``'s flow once Airflow failed it, by :func:`settle_action`: in the task
+    process, or in the dag processor where none of its code ran (``run_failed``: the DAG's
+    callback). Never raises for EchoMQ's errors: it logs them. A task that does not wait (the
+    operator without ``wait_for_completion``) leaves its flow to the task that waits on it."""
+    if not task._settles:
+        return
+    try:
+        queue, parent_id = task._callback_ref(context)
+    except Exception as exc:  # an upstream that never ran, a template that needs more
+        task.log.info("No flow to settle (%s: %s)", type(exc).__name__, exc)
+        return
+    may_cancel = True
+    if task._ti_for_kill is None:  # not run here: the dag processor, when it gets to it
+        if AIRFLOW_3_2:  # a clear may have come first: the task waits on its flow again
+            map_index = task._map_index(context)
+            state = task_state(task.dag_id, context["run_id"], task.task_id, map_index)
+            if state is not None and state not in DONE:
+                task.log.info(
+                    "Task %s is %s again: flow %s left to it", task.task_id, state, parent_id
+                )
+                return
+        else:  # 3.1 cannot tell; a run that failed is often cleared at once: no cancel
+            may_cancel = not run_failed
+    hook = EchoMQHook(task.echomq_conn_id, prefix=task.prefix)
+    try:
+        client = hook.get_conn()
+        snap = client.snapshot(queue, parent_id)
+        action = settle_action(
+            snap,
+            cancel_on_failure=task.cancel_on_failure,
+            close_flow=task.close_flow,
+            return_values=task.return_values,
+            max_values=task.max_values,
+        )
+        if action == "cancel" and not may_cancel:
+            task.log.info(
+                "Flow %s left %s: Airflow 3.1 cannot tell whether the task was cleared since",
+                parent_id,
+                snap.outcome,
+            )
+        elif action == "cancel":
+            reason = f"{task._kind()} {task.task_id}: {why} ({snap.outcome})"
+            result = client.cancel_flow(queue, parent_id, reason=reason[:1000])
+            task.log.info(
+                "Flow %s cancelled (%s): %d children stopped before they started",
+                parent_id,
+                why,
+                result.children,
+            )
+        elif action == "close":
+            state = client.close_flow(queue, parent_id)
+            task.log.info("Flow %s %s (%s): its retention runs from now", parent_id, state, why)
+    except EchoMQError as exc:
+        task.log.error("Could not settle flow %s: %s: %s", parent_id, type(exc).__name__, exc)
+    finally:
+        hook.close()
 
 
 def install(task: Any) -> None:

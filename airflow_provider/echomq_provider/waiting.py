@@ -29,7 +29,6 @@ from echomq_core.errors import flow_error
 
 from . import settle
 from ._compat import (
-    AIRFLOW_3_2,
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
@@ -39,7 +38,14 @@ from ._compat import (
 )
 from .errors import TooManyValues
 from .hooks.echomq import EchoMQHook
-from .summary import FLOW_KEY, PROGRESS_EVERY, log_progress, read_released, released_line
+from .summary import (
+    FLOW_KEY,
+    PROGRESS_EVERY,
+    first_failure,
+    log_progress,
+    read_released,
+    released_line,
+)
 from .triggers.echo_flow import EchoFlowTrigger
 
 if TYPE_CHECKING:
@@ -49,37 +55,11 @@ if TYPE_CHECKING:
 else:
     _Base = object
 
-#: The most bytes of a failed child's traceback a failure message shows (its tail).
-TRACEBACK_TAIL = 4096
 #: The longest a deferred task takes to notice a release (the trigger's slowest poll).
 TRIGGER_POLL_MAX = 1.0
 #: States of a killed task that mean it was cleared or marked successful, not failed: its
 #: flow is left alone.
 _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
-#: States of a task instance done with its flow: a failure callback may settle the flow.
-_DONE = frozenset({"failed", "upstream_failed", "skipped", "success", "removed"})
-
-
-def first_failure(client: EchoMQ, queue: str, parent_id: str) -> str:
-    """What a waiting task's failure message adds: the first fail-parent child that died, its
-    error and the tail (:data:`TRACEBACK_TAIL` bytes) of its last attempt's traceback - a
-    readable size in Airflow's log and UI. Empty when none died (a flow cancelled with no
-    dead child) or they cannot be read (the failure being raised matters more)."""
-    try:
-        failures = client.child_failures(queue, parent_id, limit=1)
-    except EchoMQError:
-        return ""
-    if not failures or failures[0].ignored:
-        return ""
-    first = failures[0]
-    text = f"\nFirst failed child {first.job_id} (queue {first.queue!r}): {first.error}"
-    if first.traceback:
-        raw = first.traceback.encode()
-        cut = raw[-TRACEBACK_TAIL:].decode(errors="ignore")
-        if len(raw) > TRACEBACK_TAIL:
-            cut = f"[traceback cut to its last {TRACEBACK_TAIL // 1024} KiB]\n..." + cut
-        text += "\n" + cut.rstrip()
-    return text
 
 
 def too_many_values(what: str, total: int, max_values: int) -> TooManyValues:
@@ -339,68 +319,7 @@ class FlowWaiting(_Base):
         """How the cancel reason names this task ("sensor wait: ..."): overridden."""
         return "task"
 
-    # -- settling after Airflow failed the task ----------------------------------------------
-    def _settle_after_failure(self, context: Any, why: str, *, run_failed: bool = False) -> None:
-        """Settle the flow once Airflow failed this task, by
-        :func:`~echomq_provider.settle.settle_action` - run by the failure callbacks (see
-        :mod:`echomq_provider.settle`), in the task process, or in the dag processor where
-        none of the task's code ran (``run_failed``: the DAG's callback). Never raises for
-        EchoMQ's errors: it logs them. A task that does not wait (the operator without
-        ``wait_for_completion``) leaves its flow to the task that waits on it."""
-        if not self._settles:
-            return
-        try:
-            queue, parent_id = self._callback_ref(context)
-        except Exception as exc:  # an upstream that never ran, a template that needs more
-            self.log.info("No flow to settle (%s: %s)", type(exc).__name__, exc)
-            return
-        may_cancel = True
-        if self._ti_for_kill is None:  # not run here: the dag processor, when it gets to it
-            if AIRFLOW_3_2:  # a clear may have come first: the task waits on its flow again
-                state = task_state(
-                    self.dag_id, context["run_id"], self.task_id, self._map_index(context)
-                )
-                if state is not None and state not in _DONE:
-                    self.log.info(
-                        "Task %s is %s again: flow %s left to it", self.task_id, state, parent_id
-                    )
-                    return
-            else:  # 3.1 cannot tell; a run that failed is often cleared at once: no cancel
-                may_cancel = not run_failed
-        hook = EchoMQHook(self.echomq_conn_id, prefix=self.prefix)
-        try:
-            client = hook.get_conn()
-            snap = client.snapshot(queue, parent_id)
-            action = settle.settle_action(
-                snap,
-                cancel_on_failure=self.cancel_on_failure,
-                close_flow=self.close_flow,
-                return_values=self.return_values,
-                max_values=self.max_values,
-            )
-            if action == "cancel" and not may_cancel:
-                self.log.info(
-                    "Flow %s left %s: Airflow 3.1 cannot tell whether the task was cleared since",
-                    parent_id,
-                    snap.outcome,
-                )
-            elif action == "cancel":
-                reason = f"{self._kind()} {self.task_id}: {why} ({snap.outcome})"
-                result = client.cancel_flow(queue, parent_id, reason=reason[:1000])
-                self.log.info(
-                    "Flow %s cancelled (%s): %d children stopped before they started",
-                    parent_id,
-                    why,
-                    result.children,
-                )
-            elif action == "close":
-                state = client.close_flow(queue, parent_id)
-                self.log.info("Flow %s %s (%s): its retention runs from now", parent_id, state, why)
-        except EchoMQError as exc:
-            self.log.error("Could not settle flow %s: %s: %s", parent_id, type(exc).__name__, exc)
-        finally:
-            hook.close()
-
+    # -- settling after Airflow failed the task (echomq_provider.settle) --------------------
     def _callback_ref(self, context: Any) -> tuple[str, str]:
         """``(queue, parent_id)`` of the flow, from a callback's context: the task's templated
         fields are rendered here (the dag processor never rendered them), and the run, task
