@@ -69,7 +69,7 @@ def measure(url: str, n: int, flows: int, concurrency: int, drain: str = "pump")
                 ref = mq.add_flow(
                     parent_q,
                     [Child(j, queue=child_q) for j in range(n)],
-                    parent_id=f"JOB-lat-{kind}-c{concurrency}-{i}",
+                    parent_id=f"JOB-lat-{kind}-c{concurrency}-{drain}-{i}",
                     barrier=True,
                 )
                 deadline = time.monotonic() + 120

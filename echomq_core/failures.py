@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .calls import Call, Op
 from .checks import text as _s
-from .connection import Call, Op
 from .keyspace import Keyspace
 from .models import ChildFailure
 

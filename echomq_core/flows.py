@@ -36,9 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .calls import Call, Lenient, Op
 from .checks import MAX_ATTEMPTS, timeout_ms
 from .checks import text as _s
-from .connection import Call, Lenient, Op
 from .errors import FlowConflict, InvalidFlow, InvalidInput
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue
 from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, FlowSummary, Serializer

@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .calls import Call, Op
 from .checks import text as _s
-from .connection import Call, Op
 from .flows import _Node, add_flow, child_candidates, fingerprint
 from .keyspace import Keyspace
 from .models import FlowRef

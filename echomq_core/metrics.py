@@ -45,8 +45,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import ops
+from .calls import Call, Op
 from .checks import check_int
-from .connection import Call, Op
 from .errors import EchoMQError, Unrecoverable
 from .keyspace import FLOW_INDEXES, Keyspace, check_queue
 from .models import Job

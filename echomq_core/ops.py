@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence, Sized
 from contextlib import contextmanager
 from typing import Any
 
+from .calls import Call, Op
 from .checks import text
-from .connection import Call, Op
 from .keyspace import Keyspace
 from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer, Settlement
 

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import ops, retention
-from .connection import AsyncConnection, Call, Durable, Lenient, Op
+from .calls import Call, Durable, Lenient, Op
+from .drivers import AsyncConnection
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from . import ops
+from .calls import Op
 from .checks import (
     MAX_ATTEMPTS,
     MAX_DELAY,
@@ -23,7 +24,6 @@ from .checks import (
     check_seconds,
     timeout_ms,
 )
-from .connection import Op
 from .errors import InvalidArgument, JobNotFound, LeaseLost
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback

@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .calls import Call, Op
 from .checks import text as _s
-from .connection import Call, Op
 from .errors import InvalidArgument
 from .flows import child_candidates, pairs, ref_body
 from .keyspace import Keyspace

@@ -4,7 +4,7 @@ Each script file may pull in helpers with ``-- @include name`` lines (``lua/incl
 one local function per file). Includes are resolved once, depth-first and de-duplicated, when
 the registry is first used; the resolved text's SHA1 is what ``EVALSHA`` sends. A server that
 answers ``NOSCRIPT`` (restarted, flushed, a new Cluster node) gets the script loaded once and
-the call retried once: see :mod:`echomq_core.connection`.
+the call retried once: see :mod:`echomq_core.drivers`.
 
 The scripts ship as package data (``echomq_core/lua`` in a wheel); in a source checkout they are
 read from the repository's top-level ``lua/``.
@@ -65,5 +65,5 @@ def script(name: str) -> Script:
 
 def all_scripts() -> list[Script]:
     """Every script in ``lua/`` (not the includes): what a test or a tool loads to check that
-    every script compiles; calls load scripts lazily (NOSCRIPT, see connection.py)."""
+    every script compiles; calls load scripts lazily (NOSCRIPT, see drivers.py)."""
     return [script(p.stem) for p in sorted(lua_dir().glob("*.lua"))]

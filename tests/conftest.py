@@ -18,7 +18,9 @@ import pytest
 from redis.crc import key_slot
 
 from echomq_core import EchoMQ
-from echomq_core.server import EmbeddedCluster, EmbeddedServer
+from echomq_core.server import EmbeddedServer
+
+from .clusterkit import EmbeddedCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

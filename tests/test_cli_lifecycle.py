@@ -28,8 +28,8 @@ from echomq_core.cli.common import (
     fmt_seconds,
     table,
 )
-from echomq_core.cli.flowtree import flow_memory
 from echomq_core.connection import Call
+from echomq_core.inspection import flow_memory
 from echomq_core.keyspace import FLOW_INDEXES
 from echomq_core.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from echomq_core.server import EmbeddedServer

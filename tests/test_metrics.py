@@ -305,7 +305,8 @@ def test_worker_and_pump_serve_metrics_on_metrics_port(
             stderr=subprocess.PIPE,
             text=True,
         )
-        for args in (["worker", "mx-cli", "--app", "mx_app:HANDLERS"], ["pump"])
+        # the worker leaves the outbox to the Pump, whose deliveries this test scrapes
+        for args in (["worker", "mx-cli", "--app", "mx_app:HANDLERS", "--no-pump"], ["pump"])
     ]
     try:
         worker_url, pump_url = (next(_metrics_url(p)) for p in procs)

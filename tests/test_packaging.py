@@ -113,6 +113,12 @@ def test_wheel_holds_its_import_packages_only(
         scripts = sorted(p.relative_to(lua).as_posix() for p in lua.rglob("*.lua"))
         shipped = sorted(n.removeprefix("echomq_core/lua/") for n in names if n.endswith(".lua"))
         assert shipped == scripts
+        # the test harness (a Cluster formed on one host, failovers, slot migrations) stays
+        # with the tests: the runtime ships one embedded server, not the harness around it
+        marks = rb"^class EmbeddedCluster\b|^\s+def (migrate_slot|wait_for_failover)\("
+        py = {n: body for n, body in data.items() if n.endswith(".py")}
+        harness = [n for n, body in py.items() if re.search(marks, body, re.M)]
+        assert harness == [], harness
     if dist == "airflow-provider-echomq":
         assert "echomq_provider/example_dags/echomq_fan_out.py" in names
         [entry] = [n for n in names if n.endswith("entry_points.txt")]

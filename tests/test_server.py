@@ -12,13 +12,9 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from echomq_core.server import (
-    CLUSTER_SLOTS,
-    EmbeddedCluster,
-    EmbeddedServer,
-    ServerStartError,
-    free_port,
-)
+from echomq_core.server import EmbeddedServer, ServerStartError, free_port
+
+from .clusterkit import CLUSTER_SLOTS, EmbeddedCluster
 
 
 def _alive(pid: int) -> bool:

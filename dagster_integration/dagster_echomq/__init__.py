@@ -12,6 +12,7 @@ from .reading import FLOW_PARTITIONS as FLOW_PARTITIONS
 from .reading import FLOW_QUEUE as FLOW_QUEUE
 from .reading import FlowFailedError as FlowFailedError
 from .reading import FlowStream as FlowStream
+from .reading import NotABarrierFlow as NotABarrierFlow
 from .reading import flow_metadata as flow_metadata
 from .resource import EchoMQConfig as EchoMQConfig
 from .resource import EchoMQResource as EchoMQResource

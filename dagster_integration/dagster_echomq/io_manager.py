@@ -19,9 +19,12 @@ Using::
 records what is true when the flow is added: its queue, parent id and N. A partitioned asset
 adds one flow per partition: a step over one partition returns a ``FlowRef``; a step over
 several (a single-run backfill of a range) returns ``{partition key: FlowRef}`` for exactly its
-partitions (``context.partition_keys``), anything else is refused with ``InvalidInput``
-before a handle is written. The materialization metadata ``echomq/flows`` maps each
-partition to its flow (the sensor reads it).
+partitions (``context.partition_keys``), and each partition's materialization records its own
+flow (partition-scoped asset metadata). Anything else - other partitions, a value that is no
+flow, a flow added without ``barrier=True`` (:class:`NotABarrierFlow`) - is refused with
+``InvalidInput`` before a handle is written, and the barrier flows the step added through
+``EchoMQResource.add_flow`` are cancelled (:mod:`dagster_echomq.steps`): the step fails with
+nothing left fanned out and unread.
 
 **Input.** ``load_input`` finds the flow (the upstream's handle, or the flow an ``AssetSpec``
 names, or - a spec naming only a queue - the flow the sensor launched this run for), runs a
@@ -30,8 +33,10 @@ progress, and returns ``{child id: result}``; an input annotated :class:`FlowStr
 iterator of ``(child id, result)`` that reads the results page by page instead (memory flat
 at any N). A downstream
 step over several partitions gets ``{partition key: <that>}``. It records the final counts
-and the ids and errors of failed and ignored children (capped) as metadata of the input,
-which Dagster also shows as an observation of the upstream asset.
+and the ids and errors of failed and ignored children (capped) as an observation of the
+upstream asset (of each partition read) written as an event of the run and step, so the UI
+shows it with the run - also when the load then fails. A flow added without ``barrier=True``
+is refused before any wait (:class:`NotABarrierFlow`).
 
 **Lifecycle.** Once read, a released flow is closed (``close_after_read``; a streamed input
 closes it when the iterator is exhausted), so its ``closed`` retention starts and the sensor
@@ -46,9 +51,7 @@ it (``cancel_on_failure``).
 
 from __future__ import annotations
 
-import collections.abc
-import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from dagster import (
@@ -58,22 +61,34 @@ from dagster import (
     InputContext,
     OutputContext,
 )
+from dagster._core.events import DagsterEvent
 from pydantic import Field, PrivateAttr
 
 from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
 
+from . import steps
+from .io_context import (
+    identifier_of,
+    named_flow,
+    output_flows,
+    parent_run_id,
+    run_id_of,
+    step_context_of,
+    step_of,
+    wants_stream,
+)
 from .reading import (
     FLOW_PARENT_ID,
-    FLOW_PARTITIONS,
     FLOW_QUEUE,
     FlowStream,
+    NotABarrierFlow,
     added_metadata,
-    encode_partitions,
     flow_error,
     read_handle,
     settled_metadata,
     store_handle,
     wait_settled,
+    worker_run,
 )
 from .reading import handle_name as handle_name  # the handle helpers, where they always were
 from .reading import wait_released as wait_released
@@ -153,37 +168,66 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
 
     # -- output ---------------------------------------------------------------------------
     def handle_output(self, context: OutputContext, obj: Any) -> None:
-        flows = _output_flows(context, obj)  # refuses a bad value before writing anything
         client = self.client
-        metadata: dict[str, Any] = {}
+        try:  # a bad value is refused before any handle is written
+            flows = output_flows(context, obj)
+            for flow in worker_run(client, list(flows.values())):
+                why = "EchoMQIOManager stores no handle for it"
+                raise NotABarrierFlow(flow.queue, flow.parent_id, why)
+        except InvalidInput as refused:
+            self._cancel_added(context, refused)
+            raise
+        step = step_of(context)
         for key, flow in flows.items():
-            store_handle(client, _identifier(context, key), flow)
-        total = 0
-        for flow in flows.values():
+            store_handle(client, identifier_of(context, key), flow)
+        if step is not None:
+            steps.stored(*step, flows.values())
+        per_flow: dict[str | None, dict[str, Any]] = {}
+        for key, flow in flows.items():
+            page = self.flow_page(flow.queue, flow.parent_id)
             if self.wait_on_output:
                 snap = self._settle(context, flow)
                 if snap.outcome != "released":
                     raise flow_error(client, snap)
-                metadata.update(
-                    settled_metadata(client, snap, self.flow_page(flow.queue, flow.parent_id))
-                )
+                per_flow[key] = settled_metadata(client, snap, page)
             else:
                 snap = client.snapshot(flow.queue, flow.parent_id)
-                metadata.update(
-                    added_metadata(flow, snap, self.flow_page(flow.queue, flow.parent_id))
-                )
-            total += snap.total
-        if len(flows) > 1 or None not in flows:
-            metadata = {"N": total, FLOW_PARTITIONS: encode_partitions(_keyed(flows))}
-            if len(flows) == 1:  # one partition: its flow by name too
-                (flow,) = flows.values()
-                metadata.update({FLOW_QUEUE: flow.queue, FLOW_PARENT_ID: flow.parent_id})
-        context.add_output_metadata(metadata)
+                per_flow[key] = added_metadata(flow, snap, page)
+        if len(per_flow) == 1:  # one flow (of the asset, or of its one partition)
+            (meta,) = per_flow.values()
+            context.add_output_metadata(meta)
+            return
+        # A step over several partitions: each partition's materialization names its own flow
+        # (Dagster merges partition-scoped metadata into the one event of that partition).
+        for key, meta in per_flow.items():
+            context.step_context.add_asset_metadata(
+                meta, asset_key=context.asset_key, partition_key=key
+            )
+
+    def _cancel_added(self, context: OutputContext, refused: InvalidInput) -> None:
+        """The step's output was refused: cancel the barrier flows it added (nobody will
+        read them, no handle names them) and say so in the error."""
+        step = step_of(context)
+        added = steps.take(*step) if step is not None else []
+        if step is None or not added:
+            return
+        run_id, step_key = step
+        reason = f"dagster run {run_id}: the output of step {step_key} was refused"
+        for flow in added:
+            self.client.cancel_flow(flow.queue, flow.parent_id, reason=reason)
+        ids = ", ".join(f.parent_id for f in added[:3]) + (
+            f", ... {len(added) - 3} more" if len(added) > 3 else ""
+        )
+        note = f"; the {len(added)} flow(s) this step added were cancelled ({ids})"
+        refused.args = (f"{refused.args[0] if refused.args else refused}{note}", *refused.args[1:])
+        context.log.warning(f"EchoMQ: cancelled {len(added)} flow(s) of a refused output: {ids}")
 
     # -- input ----------------------------------------------------------------------------
     def load_input(self, context: InputContext) -> Any:
         flows = self.flows_for_input(context)
-        stream = _wants_stream(context, partitioned=len(flows) > 1)
+        for flow in worker_run(self.client, list(flows.values())):
+            raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
+        stream = wants_stream(context, partitioned=len(flows) > 1)
         observe_in_run = context.has_asset_key and len(flows) == 1
         values: dict[str | None, Any] = {}
         for key, flow in flows.items():
@@ -214,14 +258,14 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         upstream = context.upstream_output
         meta = upstream.definition_metadata if upstream is not None else {}
         if meta and FLOW_QUEUE in meta:
-            return {None: _named_flow(context, meta)}
+            return {None: named_flow(context, meta)}
         if context.has_asset_key and context.has_asset_partitions:
             keys: list[str | None] = list(context.asset_partition_keys)
         else:
             keys = [None]
         found: dict[str | None, FlowRef] = {}
         for key in keys:
-            identifier = _identifier(context, key)
+            identifier = identifier_of(context, key)
             flow = read_handle(self.client, identifier)
             if flow is None:
                 raise InvalidInput(
@@ -240,7 +284,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         queues = client.child_queues(flow.queue, flow.parent_id)
         snap = client.snapshot(flow.queue, flow.parent_id)
         if snap.outcome in ("failed", "cancelled") and self.repair_on_reexecution:
-            parent_run = _parent_run_id(context)
+            parent_run = parent_run_id(context)
             if parent_run is not None:
                 repaired = client.retry_flow(flow.queue, flow.parent_id)
                 context.log.info(
@@ -271,21 +315,27 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
     def _cancel(self, context: InputContext | OutputContext, flow: FlowRef, why: str) -> None:
         if not self.cancel_on_failure:
             return
-        reason = f"dagster run {_run_id(context)}: {why}"
+        reason = f"dagster run {run_id_of(context)}: {why}"
         state = self.client.cancel_flow(flow.queue, flow.parent_id, reason=reason).state
         context.log.warning(f"EchoMQ flow {flow.parent_id} {state}: {why}")
 
     def _observe(
         self, context: InputContext, key: str | None, meta: dict[str, Any], text: str
     ) -> None:
-        """An observation of the upstream asset recorded at once (also when the load then
-        fails, and for one partition of several, which add_input_metadata cannot do)."""
+        """An observation of the upstream asset, written to the run's event log at once:
+        also when the load then fails, and for one partition of several (what
+        ``add_input_metadata`` cannot do). It carries the run and step, so the UI shows it
+        with the run that observed it."""
         if not context.has_asset_key:
             return
         event = AssetObservation(
             asset_key=context.asset_key, partition=key, metadata=meta, description=text
         )
-        context.instance.report_runless_asset_event(event)
+        step_context = step_context_of(context)
+        if step_context is None:  # a context built outside a run: nothing to attach it to
+            context.instance.report_runless_asset_event(event)
+            return
+        DagsterEvent.asset_observation(step_context, event)  # written as it is built
 
     def _read(self, flow: FlowRef, close: bool) -> dict[str, Any]:
         values = dict(self.client.iter_children_values(flow.queue, flow.parent_id, page=self.page))
@@ -303,114 +353,3 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 client.close_flow(flow.queue, flow.parent_id)
         finally:
             client.close()
-
-
-def _output_flows(context: OutputContext, obj: Any) -> dict[str | None, FlowRef]:
-    """The flows an output stores, by partition (None: not partitioned)."""
-    partitioned = context.has_asset_key and context.has_asset_partitions
-    keys = list(context.asset_partition_keys) if partitioned else []
-    if isinstance(obj, Mapping) and not _looks_like_ref(obj):
-        if not partitioned:
-            raise InvalidInput(
-                "a mapping of partition keys to flows needs a partitioned asset; return the "
-                "FlowRef of the one flow instead"
-            )
-        got: dict[str | None, FlowRef] = {str(k): _as_flow(v) for k, v in obj.items()}
-        named = sorted(str(k) for k in got)
-        if named != sorted(keys):
-            raise InvalidInput(
-                f"the flows returned are for partitions {named[:5]}, but this step "
-                f"covers {sorted(keys)[:5]} ({len(keys)} in all): return one flow per partition "
-                "of context.partition_keys"
-            )
-        return got
-    flow = _as_flow(obj)
-    if not partitioned:
-        return {None: flow}
-    if len(keys) != 1:
-        raise InvalidInput(
-            f"this step covers {len(keys)} partitions: return {{partition key: FlowRef}}, one "
-            "flow per partition (run_scoped_id(context, partition_key=key) gives each its id)"
-        )
-    return {keys[0]: flow}
-
-
-def _keyed(flows: Mapping[str | None, FlowRef]) -> dict[str, FlowRef]:
-    return {str(k): f for k, f in flows.items() if k is not None}
-
-
-def _named_flow(context: InputContext, meta: Mapping[str, Any]) -> FlowRef:
-    """The flow an external ``AssetSpec`` names; with only a queue, the run's flow."""
-    queue = str(_raw(meta[FLOW_QUEUE]))
-    if FLOW_PARENT_ID in meta:
-        return FlowRef(queue, str(_raw(meta[FLOW_PARENT_ID])))
-    tags = _run_tags(context)
-    if tags.get(FLOW_QUEUE) != queue or FLOW_PARENT_ID not in tags:
-        raise InvalidInput(
-            f"the asset names EchoMQ queue {queue!r} but no flow: it is read by runs that an "
-            f"echomq_flow_sensor watching queues=[{queue!r}] launched (their tags name the "
-            f"flow); this run's tags name {tags.get(FLOW_QUEUE)!r}/{tags.get(FLOW_PARENT_ID)!r}"
-        )
-    return FlowRef(queue, tags[FLOW_PARENT_ID])
-
-
-def _wants_stream(context: InputContext, *, partitioned: bool) -> bool:
-    """Whether the input is annotated :class:`FlowStream` (or, read over several partitions,
-    ``dict[str, FlowStream]``)."""
-    typ = context.dagster_type.typing_type
-    if partitioned and typing.get_origin(typ) in (dict, collections.abc.Mapping):
-        args = typing.get_args(typ)
-        typ = args[1] if len(args) == 2 else Any
-    return isinstance(typ, type) and issubclass(typ, FlowStream)
-
-
-def _run_tags(context: InputContext) -> Mapping[str, str]:
-    try:
-        return context.step_context.dagster_run.tags
-    except Exception:  # a context built outside a run (build_input_context) has no step
-        return {}
-
-
-def _parent_run_id(context: InputContext | OutputContext) -> str | None:
-    try:
-        return context.step_context.dagster_run.parent_run_id
-    except Exception:
-        return None
-
-
-def _run_id(context: InputContext | OutputContext) -> str:
-    try:
-        return context.step_context.run_id
-    except Exception:
-        return "(outside a run)"
-
-
-def _identifier(context: InputContext | OutputContext, partition: str | None) -> Sequence[str]:
-    """Where the handle of one output partition lives: the asset key path plus the
-    partition (what ``get_asset_identifier`` gives a one-partition step); an op output's
-    run-scoped identifier."""
-    if context.has_asset_key:
-        path = list(context.asset_key.path)
-        return path if partition is None else [*path, partition]
-    return context.get_identifier()
-
-
-def _raw(value: Any) -> Any:
-    """Metadata may arrive wrapped (``TextMetadataValue``) or plain."""
-    return getattr(value, "value", value)
-
-
-def _looks_like_ref(obj: Mapping[Any, Any]) -> bool:
-    return "queue" in obj and "parent_id" in obj
-
-
-def _as_flow(obj: Any) -> FlowRef:
-    if isinstance(obj, FlowRef):
-        return obj
-    if isinstance(obj, Mapping) and _looks_like_ref(obj):
-        return FlowRef.from_dict(dict(obj))
-    raise InvalidInput(
-        "an asset stored with EchoMQIOManager must return a FlowRef (from add_flow) or its "
-        f"to_dict(), or for several partitions {{partition key: FlowRef}}; got "
-        f"{type(obj).__name__}"
-    )

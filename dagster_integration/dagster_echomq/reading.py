@@ -25,13 +25,25 @@ from typing import Any
 
 from dagster import DagsterLogManager, Failure, MetadataValue
 
-from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, JobNotFound, ParentFailed
+from echomq_core import (
+    ChildFailure,
+    EchoMQ,
+    FlowRef,
+    FlowSnapshot,
+    FlowTimeout,
+    InvalidFlow,
+    JobNotFound,
+    ParentFailed,
+)
+from echomq_core.connection import Call
 
 #: Keys naming a flow: in an ``AssetSpec``'s definition metadata (an external flow, see
 #: :func:`flow_metadata`), in a materialization's metadata, and in a sensor's run tags.
 FLOW_QUEUE = "echomq/queue"
 FLOW_PARENT_ID = "echomq/parent_id"
-#: Materialization metadata of a partitioned asset: {partition key: parent id} (one flow each).
+#: Materialization metadata of a partitioned asset as earlier releases wrote it, the same
+#: {partition key: [queue, parent id]} map in every partition's event: still read (by the
+#: sensors), no longer written - each partition's materialization names its own flow.
 FLOW_PARTITIONS = "echomq/flows"
 #: How EchoMQResource.add_flow logs a barrier flow it added inside a run (then the flow's
 #: ``{"queue": ..., "parent_id": ...}`` as JSON): the cancel sensors find in the run's event
@@ -39,27 +51,47 @@ FLOW_PARTITIONS = "echomq/flows"
 ADDED_LOG_PREFIX = "EchoMQ flow added: "
 #: How many child ids (with their errors) metadata and errors show at most.
 SHOWN_CHILDREN = 20
+#: How much of the first failed child's traceback a FlowFailedError shows: its last 4 KiB
+#: (the row keeps 16 KiB), the frames nearest the raise, readable on the step's page.
+TRACEBACK_SHOWN = 4096
 
 
 class FlowFailedError(ParentFailed, Failure):
     """Raised when a flow an asset depends on has a failed parent (a fail-the-parent child
-    died) or was cancelled. ``failed`` maps each failed child id to its error.
+    died) or was cancelled. ``failed`` maps each failed child id to its error;
+    ``first_failure`` is the first of them with its last traceback
+    (``echomq_core.ChildFailure``; None when no child died, e.g. a cancelled flow).
 
     It is the core's :class:`ParentFailed` (``except ParentFailed`` catches it) and a Dagster
     ``Failure``, so Dagster fails the step at once - no retry policy can revive a failed
     parent; re-executing the run from failure repairs it instead (see the IO manager) - and
-    shows the failed children as metadata of the step failure.
+    shows the failed children as metadata of the step failure. The message ends with the
+    first failed child's id, error and the tail of its traceback (at most
+    :data:`TRACEBACK_SHOWN` characters, whole lines): what the step's page shows first.
     """
 
     def __init__(
-        self, queue: str, parent_id: str, failed: Mapping[str, str], reason: str | None = None
+        self,
+        queue: str,
+        parent_id: str,
+        failed: Mapping[str, str],
+        reason: str | None = None,
+        first_failure: ChildFailure | None = None,
     ) -> None:
         super().__init__(queue, parent_id, dict(failed))
+        self.first_failure = first_failure
+        message = str(self.args[0])
         if reason:
-            self.args = (f"{self.args[0]}; cancelled: {reason}",)
-            self.description = self.args[0]
-        # Failure.__init__ ran through the MRO with the message as description; its metadata
-        # is what the UI shows next to the step failure.
+            message += f"; cancelled: {reason}"
+        if first_failure is not None:
+            message += f"\n\nfirst failed child: {first_failure.job_id} in "
+            message += f"{first_failure.queue!r}: {first_failure.error}"
+            if first_failure.traceback:
+                message += f"\n{tail(first_failure.traceback)}"
+        self.args = (message,)
+        # Failure.__init__ ran through the MRO with the first line as description; the UI
+        # shows the description and this metadata next to the step failure.
+        self.description = message
         self.metadata = {
             "queue": MetadataValue.text(queue),
             "parent_id": MetadataValue.text(parent_id),
@@ -68,7 +100,62 @@ class FlowFailedError(ParentFailed, Failure):
         }
         if reason:
             self.metadata["cancelled"] = MetadataValue.text(reason)
+        if first_failure is not None:
+            self.metadata["first_failed_child"] = MetadataValue.text(first_failure.job_id)
+            if first_failure.traceback:
+                self.metadata["first_traceback"] = MetadataValue.text(
+                    tail(first_failure.traceback)
+                )
         self.allow_retries = False
+
+
+def tail(traceback: str, limit: int | None = None) -> str:
+    """The end of ``traceback`` (where the exception is), at most ``limit`` characters
+    (:data:`TRACEBACK_SHOWN`) cut at a line start, marked when cut."""
+    limit = TRACEBACK_SHOWN if limit is None else limit
+    text = traceback.rstrip("\n")
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    if "\n" in cut:
+        cut = cut[cut.index("\n") + 1 :]
+    return f"[... {len(text) - len(cut)} characters cut]\n{cut}"
+
+
+class NotABarrierFlow(InvalidFlow):
+    """Raised when Dagster is handed a flow added without ``barrier=True`` to read: an
+    asset's output, an input (an ``AssetSpec`` naming it, a sensor-launched run).
+
+    Such a flow's parent is a job: released, it goes to a worker of its queue, which runs it
+    on the children's results, and its completion ends the flow. A Dagster reader cannot end
+    it (``close_flow`` refuses a worker-run flow), so it would be read while its parent waits
+    for a worker - for good where no worker serves that queue - and nothing would mark it
+    read. Nothing is read or requested for it; add flows that Dagster reads with
+    ``barrier=True`` (``EchoMQResource.add_flow``'s default). ``queue`` and ``parent_id``
+    name the flow.
+    """
+
+    def __init__(self, queue: str, parent_id: str, refused: str) -> None:
+        super().__init__(
+            f"flow {parent_id} in {queue!r} was added without barrier=True: its parent is a job "
+            f"for a worker of {queue!r}, whose completion ends the flow, and no reader can "
+            f"close it; {refused} - add flows that Dagster reads with add_flow(..., barrier=True)"
+        )
+        self.queue = queue
+        self.parent_id = parent_id
+
+
+def worker_run(client: EchoMQ, flows: Sequence[FlowRef]) -> list[FlowRef]:
+    """The flows of ``flows`` whose parent exists and is run by a worker (no ``barrier``
+    mark on its row), read in one pipelined step whatever their number. A missing flow is
+    not listed (the wait names it)."""
+    if not flows:
+        return []
+    # The row's own fields: the core's reads (snapshot, get_job) do not say whether a held
+    # parent is a barrier, and a held flow is what the IO manager must judge.
+    keys = [client.keys.job(f.queue, f.parent_id) for f in flows]
+    rows = client.connection.execute([Call.cmd("HMGET", k, "state", "barrier") for k in keys])
+    return [f for f, (state, barrier) in zip(flows, rows, strict=True) if state and not barrier]
 
 
 class FlowStream(Iterator[tuple[str, Any]]):
@@ -169,10 +256,14 @@ def settled_metadata(
 
 
 def flow_error(client: EchoMQ, snap: FlowSnapshot) -> FlowFailedError:
-    """The error for a flow that failed or was cancelled."""
+    """The error for a flow that failed or was cancelled, with its first failed child's
+    traceback (one bounded read, ``child_failures``)."""
     failed = client.failed_children(snap.queue, snap.parent_id)
     reason = snap.error if snap.outcome == "cancelled" else None
-    return FlowFailedError(snap.queue, snap.parent_id, failed, reason or None)
+    first = [f for f in client.child_failures(snap.queue, snap.parent_id, limit=1) if not f.ignored]
+    return FlowFailedError(
+        snap.queue, snap.parent_id, failed, reason or None, first[0] if first else None
+    )
 
 
 def wait_settled(
@@ -244,12 +335,8 @@ def wait_released(client: EchoMQ, flow: FlowRef, *, timeout: float, poll: float)
     return snap
 
 
-def encode_partitions(flows: Mapping[str, FlowRef]) -> str:
-    return json.dumps({k: [f.queue, f.parent_id] for k, f in sorted(flows.items())})
-
-
 def decode_partitions(raw: Any) -> dict[str, FlowRef]:
-    """The inverse of :func:`encode_partitions` (metadata may arrive wrapped or plain)."""
+    """The flows of a :data:`FLOW_PARTITIONS` entry (metadata may arrive wrapped or plain)."""
     data = json.loads(getattr(raw, "value", raw) if not isinstance(raw, str) else raw)
     if isinstance(data, str):
         data = json.loads(data)

@@ -58,11 +58,14 @@ from echomq_core.keyspace import id_part
 from echomq_core.options import PumpOptions, describe
 from echomq_core.urls import flow_page
 
+from . import steps
 from .pumps import _PumpShare
 from .reading import ADDED_LOG_PREFIX
 
 #: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``).
 _ID_TAIL_MAX = 200
+#: The tag Dagster gives every re-execution: the id of the first run of its group.
+ROOT_RUN_ID_TAG = "dagster/root_run_id"
 
 
 def _pump_field(name: str, **override: Any) -> Any:
@@ -214,11 +217,14 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
     _pump: Pump | None = PrivateAttr(default=None)
     _pump_key: tuple[Any, ...] | None = PrivateAttr(default=None)
     _log: DagsterLogManager | None = PrivateAttr(default=None)
+    _run_id: str | None = PrivateAttr(default=None)
 
     # -- lifecycle ------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self._client = self.open_client()
         self._log = context.log
+        run = getattr(context, "run", None)
+        self._run_id = run.run_id if run is not None else None
         if not self.run_pump or self.pump_queues is None:
             return  # Pumps start per wait, for the queues of the flow waited on
         queues = list(self.pump_queues)
@@ -243,7 +249,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
                         f"{self.pump_stop_timeout}s; it exits after its current tick"
                     )
         finally:
-            self._pump, self._pump_key, self._log = None, None, None
+            if self._run_id is not None:
+                steps.forget_run(self._run_id)
+            self._pump, self._pump_key, self._log, self._run_id = None, None, None, None
             if self._client is not None:
                 self._client.close()
                 self._client = None
@@ -296,6 +304,8 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         Inside a run, a barrier flow is logged (INFO, ``EchoMQ flow added: {...}``) as soon as
         it is added: should the run fail before anything reads it - even in this very step,
         before its output is stored - ``echomq_cancel_sensors`` find it there and cancel it.
+        Inside a step it is also noted as this step's (:mod:`dagster_echomq.steps`): should
+        the IO manager refuse the step's output, it cancels the flows the step added.
         """
         ref = self.client.add_flow(
             queue,
@@ -305,9 +315,11 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             max_attempts=max_attempts,
             barrier=barrier,
         )
-        if barrier and self._log is not None:
-            added = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
-            self._log.info(f"{ADDED_LOG_PREFIX}{added}")
+        if barrier:
+            steps.record(ref)
+            if self._log is not None:
+                added = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
+                self._log.info(f"{ADDED_LOG_PREFIX}{added}")
         if (
             repair
             and parent_id is not None
@@ -349,8 +361,15 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         *parts: str,
         partition_key: str | None = None,
     ) -> str:
-        """A parent id stable across retries of one step and distinct across runs:
-        ``JOB-dagster.<run id>.<asset key or op name>[.<partition>][.<parts>...]``.
+        """A parent id stable across retries and re-executions of one step, distinct across
+        runs: ``JOB-dagster.<root run id>.<asset key or op name>[.<partition>][.<parts>...]``.
+
+        The run id is the root run's (the ``dagster/root_run_id`` tag Dagster gives every
+        re-execution; a first run is its own root): re-executing a run whose fan-out step
+        failed - before or after it stored its flow - re-adds the same flow, so the add
+        converges or repairs it (``add_flow``), and children that completed do not run again.
+        A re-executed step must therefore plan the same children (a re-add with others is
+        refused, ``FlowConflict``); one that plans anew passes a ``parts`` of its own.
 
         A step over one partition puts it in the id by itself. A step over several (a
         single-run backfill of a range) adds one flow per partition: pass each one's
@@ -364,7 +383,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             name = context.asset_key.to_user_string()
         else:
             name = context.op_def.name
-        tail = [context.run_id, name]
+        run = context.run
+        root = run.tags.get(ROOT_RUN_ID_TAG) or run.root_run_id or run.run_id
+        tail = [root, name]
         if partition_key is not None:
             partitioned = context.has_partition_key_range or context.has_partition_key
             if partitioned and partition_key not in context.partition_keys:

@@ -15,11 +15,12 @@ The sensor takes the ``echomq`` resource of the Definitions as a typed parameter
 hands it the configured resource with ``EnvVar`` values resolved (in the daemon as in tests).
 
 **What it watches.** ``assets``: each new materialization of those assets (read from
-Dagster's event log after the cursor's storage id) names its flow - one per partition, from
-the ``echomq/flows`` metadata the IO manager records - and the flow is watched until it
-settles. ``queues``: every flow of those queues that is released and not yet closed
-(``list_flows``; the first 100 per queue and tick). ``flows``: fixed ``FlowRef``s or a
-callable ``(context, client) -> iterable of FlowRef``.
+Dagster's event log after the cursor's storage id) names its flow - each partition's
+materialization its own (``echomq/queue``, ``echomq/parent_id``; earlier releases wrote one
+``echomq/flows`` map, still read) - and the flow is watched until it settles. ``queues``:
+every flow of those queues that is released and not yet closed (``list_flows``; the first 100
+per queue and tick). ``flows``: fixed ``FlowRef``s or a callable
+``(context, client) -> iterable of FlowRef``.
 
 **What it requests.** One ``RunRequest`` per released flow, with ``run_key`` = the parent id
 (Dagster never launches two runs with one key from one sensor), the partition key of the
@@ -32,7 +33,9 @@ reads), and a closed flow never requests a run - also on a sensor's first evalua
 reads the whole history of the watched assets: flows read long ago are closed (or expired)
 and are dropped. A flow whose materializing run is still going is left alone until that run
 ends, since the run may read it itself (the downstream in the same run). Failed and
-cancelled flows request nothing and are logged once.
+cancelled flows request nothing and are logged once; so is a flow added without
+``barrier=True`` (its released parent is a worker's job, which ends it; no Dagster run could
+close it - see :class:`~dagster_echomq.NotABarrierFlow`).
 
 **Cursor.** JSON: per asset, the last materialization storage id read; the flows still
 waiting (queue, parent id, partition, run id); and the settled flows of ``flows``, kept only
@@ -66,7 +69,13 @@ from dagster import (
 
 from echomq_core import EchoMQ, FlowRef, InvalidInput, Pump
 
-from .reading import FLOW_PARENT_ID, FLOW_PARTITIONS, FLOW_QUEUE, decode_partitions
+from .reading import (
+    FLOW_PARENT_ID,
+    FLOW_PARTITIONS,
+    FLOW_QUEUE,
+    NotABarrierFlow,
+    decode_partitions,
+)
 from .resource import EchoMQResource
 
 FlowSource = Sequence[FlowRef] | Callable[[SensorEvaluationContext, EchoMQ], Iterable[FlowRef]]
@@ -217,8 +226,12 @@ def _verdict(
             f"({snap.failed} failed children); no run requested"
         )
         return "drop"
-    if snap.parent_state in ("closed", "completed"):
+    if snap.parent_state == "closed":
         return "drop"  # read already: never requested again
+    if snap.parent_state != "released":  # pending, running or run: a worker's, not Dagster's
+        refused = NotABarrierFlow(flow.queue, flow.parent_id, "the sensor requests no run for it")
+        context.log.warning(str(refused))
+        return "drop"
     if run_id is not None:
         run = context.instance.get_run_by_id(run_id)
         if run is not None and not run.is_finished:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import redis
 
 from ..errors import EchoMQError, ServerStartError
-from . import dashboard, demo, inspection, services
+from . import dashboard, demo, flow, poison, queue, services
 from .common import (
     INTERRUPTED,
     SERVER_EXTRA,
@@ -84,7 +84,9 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo.add_parser(sub)
     services.add_parsers(sub)
-    inspection.add_parsers(sub)
+    flow.add_parsers(sub)
+    queue.add_parsers(sub)
+    poison.add_parsers(sub)
     dashboard.add_parser(sub)
     return parser
 

@@ -24,8 +24,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ..calls import Call
 from ..client import DEFAULT_URL, EchoMQ
-from ..connection import Call
 from ..errors import (
     ConfigurationError,
     ConnectionLost,
@@ -329,6 +329,17 @@ def add_verbosity(parser: argparse.ArgumentParser) -> None:
         help="log more (-v info, -vv debug and tracebacks)",
     )
     parser.set_defaults(prog=parser.prog)
+
+
+def add_command(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = False) -> None:
+    """What every command that talks to a server takes besides its own arguments (``--json``
+    too when ``json_flag``): the connection options, ``-v``, and ``run``, the function that
+    runs it."""
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_connection_options(parser, url_default=env_url(), prefix_default=env_prefix())
+    add_verbosity(parser)
+    parser.set_defaults(invoke=run)
 
 
 def bundled_binary(command: str) -> Path:

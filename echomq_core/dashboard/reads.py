@@ -1,9 +1,9 @@
-"""What each dashboard page reads, through the public client and the CLI's inspection code.
+"""What each dashboard page reads, through the public client and the core's inspection reads.
 
 Every read here is bounded by the page, never by the size of a queue or a flow: counts are
 ZCARD/LLEN, lists are one page of an index (``list_flows``, a ZRANGE of ``dead``, an LRANGE of
 ``poison``), a flow's children are read in HSCAN pages with a cursor, and a flow's tree is
-``echomq flow show``'s (:func:`echomq_core.cli.flowtree.read_tree`, which gives up on trees
+``echomq flow show``'s (:func:`echomq_core.inspection.read_tree`, which gives up on trees
 above its probe limit instead of reading them).
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cli.flowtree import FlowNode, flow_counts, read_tree
+from ..calls import Call, Op
 from ..client import EchoMQ
-from ..connection import Call, Op
 from ..errors import JobNotFound
 from ..flows import scan_page
+from ..inspection import FlowNode, flow_counts, read_tree
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..models import ChildFailure, FlowSummary, JobInfo
 from ..pump import parse_signal, poison_list

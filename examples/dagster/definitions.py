@@ -19,7 +19,7 @@ Try it (any Redis-protocol server; ``echomq server`` starts one)::
 
     export ECHOMQ_URL=redis://127.0.0.1:6379/0
     python examples/dagster/workers.py &          # the workers of both child queues
-    echomq pump &                                  # a long-lived Pump beside the deployment
+    echomq pump &                                  # for what no worker serves (retention)
     dagster dev -f examples/dagster/definitions.py
 
 Settings come from the environment: ``ECHOMQ_URL`` (read by Dagster as an ``EnvVar`` when a

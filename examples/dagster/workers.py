@@ -5,8 +5,10 @@ Run it next to ``dagster dev -f examples/dagster/definitions.py`` (same ``ECHOMQ
 
     python examples/dagster/workers.py            # SIGTERM / Ctrl-C drains and stops
 
-It runs no Pump on purpose: the children settle their parent (in another queue) through the
-Pump that ``EchoMQResource`` runs inside the Dagster run.
+Like every worker, it also runs a Pump for the queues it serves (``Worker(..., pump=True)``, the
+default), so the children settle their parent (in another queue) with the workers alone; the
+Pump ``EchoMQResource`` runs while a step waits does the same, and outbox leases make the two
+take turns.
 """
 
 from __future__ import annotations

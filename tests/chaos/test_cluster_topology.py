@@ -59,8 +59,9 @@ from redis.crc import key_slot
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, EchoMQError, Pump
 from echomq_core.keyspace import Keyspace
-from echomq_core.server import EmbeddedCluster, EmbeddedServer, _command
+from echomq_core.server import EmbeddedServer, _command
 
+from ..clusterkit import EmbeddedCluster
 from .harness import Fleet, Member, record, row_fields
 
 PROC_FILE = str(Path(__file__).with_name("topology_proc.py"))

@@ -40,8 +40,9 @@ from redis.crc import key_slot
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, Job, Pump, Worker
 from echomq_core.connection import MIGRATION_WAIT, connect, parse_url
 from echomq_core.errors import ConfigurationError, ConnectionLost
-from echomq_core.server import EmbeddedCluster, EmbeddedServer, _command
+from echomq_core.server import EmbeddedServer, _command
 
+from ..clusterkit import EmbeddedCluster
 from .harness import record
 
 N = 1500  # children of the flow, plus the two gated ones

@@ -7,15 +7,19 @@ imports Dagster at module level.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from dagster_support import WORKER_PROC, pump_threads
+from dagster_support import ROOT, WORKER_PROC, pump_threads
+from deploy_support import signal_group
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
@@ -79,3 +83,34 @@ def no_pump_left_behind() -> Iterator[None]:
         time.sleep(0.05)
     assert _PumpShare.live_pumps() == []
     assert pump_threads() == []
+
+
+@pytest.fixture
+def group_spawn(proc_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start a process in a session of its own; at teardown its whole process group (dagster
+    dev's webserver, daemon, code server and the runs they launch) gets SIGTERM, then
+    SIGKILL if it lingers."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                args,
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        signal_group(proc, signal.SIGKILL)  # what is left of the group, leader or not
+        proc.wait(10)

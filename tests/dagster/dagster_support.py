@@ -53,3 +53,23 @@ def evaluate_sensor(
         instance=instance, cursor=cursor, resources=resources, definitions=definitions
     ) as context:
         return sensor.evaluate_tick(context)
+
+
+def run_the_failure_sensor(result: Any, instance: Any, url: str, prefix: str) -> None:
+    """Evaluate echomq_cancel_sensors' run failure sensor on the failed run ``result``."""
+    from dagster import DagsterEventType, DagsterRunStatus, build_run_status_sensor_context
+    from dagster_echomq import EchoMQResource, echomq_cancel_sensors
+
+    failed_sensor, terminated_sensor = echomq_cancel_sensors()
+    assert terminated_sensor.name == "echomq_cancel_terminated"
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
+    with build_run_status_sensor_context(
+        sensor_name=failed_sensor.name,
+        dagster_event=event,
+        dagster_instance=instance,
+        dagster_run=run,
+        resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
+    ) as context:
+        failed_sensor(context.for_run_failure())

@@ -17,22 +17,15 @@ killed with its whole group at the end, also when the test fails.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster_support import EXAMPLE_DIR, ROOT, client_url
+from dagster_support import EXAMPLE_DIR, client_url
+from deploy_support import GraphQL, free_port, location_loaded, logs_mention, poll
 
 from echomq_core import Child, EchoMQ
 
@@ -45,93 +38,6 @@ IMPORTS, SQUARES, CUBES, REPORTS = (
 LOCATION, REPOSITORY = "definitions.py", "__repository__"
 DAYS = ["2026-11-01", "2026-11-02"]
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@pytest.fixture
-def group_spawn(proc_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Start a process in a session of its own; at teardown its whole process group (dagster
-    dev's webserver, daemon, code server and the runs they launch) gets SIGTERM, then
-    SIGKILL if it lingers."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                args,
-                env=env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        _signal_group(proc, signal.SIGKILL)  # what is left of the group, leader or not
-        proc.wait(10)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-
-
-class GraphQL:
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}/graphql"
-
-    def __call__(self, query: str, **variables: Any) -> dict[str, Any]:
-        body = json.dumps({"query": query, "variables": variables}).encode()
-        request = urllib.request.Request(
-            self.url, body, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            reply = json.loads(response.read())
-        assert "errors" not in reply, reply["errors"]
-        data: dict[str, Any] = reply["data"]
-        return data
-
-
-def poll(what: str, check: Callable[[], Any], timeout: float, logs: list[Path]) -> Any:
-    """Call ``check`` until it returns something truthy; fail after ``timeout`` seconds with
-    the tail of the deployment's logs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)
-            raise AssertionError(f"timed out waiting for {what}\n{tails}")
-        time.sleep(0.5)
-
-
-def _logs_mention(gql: GraphQL, run_id: str, text: str) -> bool:
-    """Whether the run's event log has a message containing ``text``."""
-    data = gql(
-        """query($id: ID!) {
-          logsForRun(runId: $id) {
-            ... on EventConnection { events { ... on MessageEvent { message } } }
-          }
-        }""",
-        id=run_id,
-    )
-    events = data["logsForRun"].get("events") or []
-    return any(text in (e.get("message") or "") for e in events)
 
 
 SENSOR = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
@@ -180,16 +86,7 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
         logs[0],
     )
     gql = GraphQL(port)
-
-    def location_loaded() -> bool:
-        try:
-            data = gql("{ repositoriesOrError { ... on RepositoryConnection { nodes { name } } } }")
-        except (urllib.error.URLError, ConnectionError, OSError):
-            return False
-        nodes = data["repositoriesOrError"].get("nodes") or []
-        return any(n["name"] == REPOSITORY for n in nodes)
-
-    poll("the webserver and code location", location_loaded, 180, logs)
+    poll("the webserver and code location", lambda: location_loaded(gql), 180, logs)
 
     # -- the sensor: exactly one run per external flow ----------------------------------
     mq = EchoMQ(url, prefix=prefix)
@@ -269,7 +166,7 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
             "the run to wait for its flow",
             lambda: (
                 mq.child_queues(stuck.queue, stuck.parent_id)
-                and _logs_mention(gql, run_id, "EchoMQ flow")
+                and logs_mention(gql, run_id, "EchoMQ flow")
             ),
             120,
             logs,

@@ -1,7 +1,8 @@
 """The example in ``examples/dagster/``: real Dagster, a real server, real worker processes.
 
-Nothing else runs a Pump here: the example's workers run none, so every child (in a queue
-other than its parent's) reaches the parent only through the Pump of ``EchoMQResource``.
+The example's workers run as users run them, with their own Pump (the default); that Dagster's
+own Pumps deliver alone is tested with pump-less workers (``worker_proc.py``) in the other
+files.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ parent), so a parent is released only if some Pump delivers the children's signa
 
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations
 # (context, resource and input types) at definition time and needs them as objects.
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,9 +30,11 @@ from dagster_echomq import (
     EchoMQIOManager,
     EchoMQResource,
     FlowFailedError,
+    NotABarrierFlow,
     flow_metadata,
 )
 from dagster_echomq.pumps import _PumpShare
+from dagster_echomq.reading import TRACEBACK_SHOWN, read_handle
 from dagster_support import client_url, pump_threads
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
@@ -41,12 +44,16 @@ PARENT, CHILD = "dg-parent", "dg-child"
 N = 12
 
 
-def fan_out_assets(n: int = N, fail: set[int] | None = None) -> list[Any]:
-    """``fan_out`` adds a cross-queue flow of n children; ``collect`` receives the results."""
+def fan_out_assets(n: int = N, fail: set[int] | None = None, deep: int = 0) -> list[Any]:
+    """``fan_out`` adds a cross-queue flow of n children (those in ``fail`` die, raising
+    ``deep`` calls down); ``collect`` receives the results."""
 
     @asset(io_manager_key="echomq_io")
     def fan_out(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
-        children = [Child({"n": i, "fail": i in (fail or set())}, queue=CHILD) for i in range(n)]
+        children = [
+            Child({"n": i, "fail": i in (fail or set()), "deep": deep}, queue=CHILD)
+            for i in range(n)
+        ]
         return echomq.add_flow(PARENT, children, parent_id=echomq.run_scoped_id(context))
 
     @asset
@@ -101,7 +108,8 @@ def test_cross_queue_flow_completes_only_through_the_resource_pump(
         while {mq.get_job(CHILD, c).state for c in children} != {"completed"}:
             assert time.monotonic() < deadline, "workers did not finish the children"
             time.sleep(0.05)
-        time.sleep(0.5)
+        # every child's signal waits in its queue's outbox: none was delivered
+        assert mq.queue(CHILD).stats()["outbox"] == N
         snap = mq.snapshot(flow.queue, flow.parent_id)
         assert (snap.parent_state, snap.dependencies) == ("held", N)
 
@@ -135,10 +143,17 @@ def test_failed_parent_fails_the_load_with_a_typed_error(
     assert error.cls_name == "FlowFailedError"
     assert f"{flow.parent_id}.3" in error.message
     assert "refused on purpose" in error.message
+    # ... and where it raised: the first failed child's id, error and traceback
+    shown = error.message.split("first failed child: ", 1)[1]
+    assert shown.startswith(f"{flow.parent_id}.3 in {CHILD!r}: ")
+    assert "Traceback (most recent call last)" in shown and 'worker_proc.py", line' in shown
+    assert "Unrecoverable: child 3 refused on purpose" in shown
     failure = next(e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE)
     meta = failure.step_failure_data.user_failure_data.metadata
     assert meta["failed_count"].value == 1
     assert list(meta["failed_children"].value) == [f"{flow.parent_id}.3"]
+    assert meta["first_failed_child"].value == f"{flow.parent_id}.3"
+    assert meta["first_traceback"].value.endswith("Unrecoverable: child 3 refused on purpose")
 
     # raise_on_error: the caller catches the typed error (also a core ParentFailed).
     with pytest.raises(FlowFailedError) as caught:
@@ -151,7 +166,37 @@ def test_failed_parent_fails_the_load_with_a_typed_error(
     assert isinstance(caught.value, ParentFailed)
     assert list(caught.value.failed) == [f"{flow.parent_id}.3"]
     assert caught.value.parent_id == flow.parent_id
+    first = caught.value.first_failure
+    assert first is not None and (first.queue, first.job_id) == (CHILD, f"{flow.parent_id}.3")
     assert pump_threads() == []
+
+
+@pytest.mark.onlystandalone
+def test_a_long_traceback_is_cut_to_its_last_lines(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """A child that dies from a chain of 60 causes: the error shows the end of its traceback
+    (where it raised), at most TRACEBACK_SHOWN characters of whole lines, and says it was cut."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    with pytest.raises(FlowFailedError) as caught:
+        materialize(
+            fan_out_assets(n=2, fail={1}, deep=60),
+            resources=resources(url, prefix),
+            instance=instance,
+        )
+    first = caught.value.first_failure
+    assert first is not None and first.traceback is not None
+    assert len(first.traceback) > TRACEBACK_SHOWN  # the row kept more than is shown
+    shown = str(caught.value).split(f"{first.job_id} in {CHILD!r}: ", 1)[1]
+    lines = shown.split("\n")
+    assert lines[0] == "Unrecoverable: child 1 refused on purpose"
+    assert re.fullmatch(r"\[\.\.\. \d+ characters cut\]", lines[1])
+    kept = "\n".join(lines[2:])
+    assert len(kept) <= TRACEBACK_SHOWN
+    assert first.traceback.rstrip("\n").endswith(kept)
+    assert lines[2].startswith("  ")  # a whole line of the traceback, not half of one
+    assert kept.endswith("Unrecoverable: child 1 refused on purpose")
 
 
 @pytest.mark.onlystandalone
@@ -165,6 +210,7 @@ def test_external_flow_feeds_an_asset(
             "ext-parent",
             [Child({"n": i}, queue="ext-child") for i in range(5)],
             parent_id="JOB-nightly-42",
+            barrier=True,
         )
     workers(url, prefix, "ext-child")
     external = AssetSpec("nightly_scores", metadata=flow_metadata(ref.queue, ref.parent_id))
@@ -181,6 +227,45 @@ def test_external_flow_feeds_an_asset(
     assert result.output_for_node("scores_report") == sum(i * i for i in range(5))
     (observed,) = result.asset_observations_for_node("scores_report")
     assert observed.metadata["processed"].value == 5
+
+
+@pytest.mark.onlystandalone
+def test_a_flow_added_without_barrier_is_refused_naming_it(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    """A worker-run flow (no barrier=True) is its parent job's to end: Dagster neither reads
+    one an AssetSpec names (refused before any wait) nor stores one an asset returns."""
+    url = client_url(backend)
+    with EchoMQ(url, prefix=prefix) as mq:
+        ref = mq.add_flow(
+            "ext-parent", [Child({"n": 1}, queue="ext-child")], parent_id="JOB-worker-run-7"
+        )
+    external = AssetSpec("worker_scores", metadata=flow_metadata(ref.queue, ref.parent_id))
+
+    @asset
+    def report(worker_scores: dict[str, Any]) -> int:
+        return len(worker_scores)
+
+    with pytest.raises(NotABarrierFlow, match="flow JOB-worker-run-7 in 'ext-parent' was added"):
+        materialize(
+            [external.with_io_manager_key("echomq_io"), report],
+            resources=resources(url, prefix, stall_timeout=2.0),
+            instance=instance,
+        )
+
+    @asset(io_manager_key="echomq_io")
+    def worker_fan(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        children = [Child({"n": 1}, queue=CHILD)]
+        parent_id = echomq.run_scoped_id(context)
+        return echomq.add_flow(PARENT, children, parent_id=parent_id, barrier=False)
+
+    with pytest.raises(NotABarrierFlow) as caught:
+        materialize([worker_fan], resources=resources(url, prefix), instance=instance)
+    assert "EchoMQIOManager stores no handle for it" in str(caught.value)
+    with EchoMQ(url, prefix=prefix) as mq:
+        assert read_handle(mq, ["worker_fan"]) is None
+        # the worker-run flow is left to its worker, not cancelled
+        assert mq.snapshot(PARENT, caught.value.parent_id).parent_state == "held"
 
 
 @pytest.mark.onlystandalone

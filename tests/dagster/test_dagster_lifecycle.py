@@ -3,7 +3,9 @@ settles, a stalled wait that cancels its flow, repair on re-execution and on re-
 streamed input, Pumps that serve only the flow's queues. Real Dagster, server and workers."""
 
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations.
+import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from dagster import (
 )
 from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowStream
 from dagster_echomq.pumps import _PumpShare
-from dagster_support import client_url
+from dagster_support import client_url, run_the_failure_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
 
@@ -41,26 +43,6 @@ def fan_assets(children: Callable[[], list[Child]], reader: Callable[..., Any]) 
         return echomq.add_flow(PARENT, children(), parent_id=echomq.run_scoped_id(context))
 
     return [fan, reader]
-
-
-def run_the_failure_sensor(result: Any, instance: DagsterInstance, url: str, prefix: str) -> None:
-    """Evaluate echomq_cancel_sensors' run failure sensor on the failed run ``result``."""
-    from dagster import DagsterRunStatus, build_run_status_sensor_context
-    from dagster_echomq import echomq_cancel_sensors
-
-    failed_sensor, terminated_sensor = echomq_cancel_sensors()
-    assert terminated_sensor.name == "echomq_cancel_terminated"
-    run = instance.get_run_by_id(result.run_id)
-    assert run is not None and run.status == DagsterRunStatus.FAILURE
-    (event,) = [e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE]
-    with build_run_status_sensor_context(
-        sensor_name=failed_sensor.name,
-        dagster_event=event,
-        dagster_instance=instance,
-        dagster_run=run,
-        resources={"echomq": EchoMQResource(url=url, prefix=prefix)},
-    ) as context:
-        failed_sensor(context.for_run_failure())
 
 
 @pytest.mark.onlystandalone
@@ -103,17 +85,16 @@ def test_ignored_and_failed_children_are_recorded_when_the_flow_settles(
     )
     assert not failed.success
     bad: FlowRef = failed.output_for_node("fan")
-    # The load failed, yet the upstream got its observation: failed, naming the child.
+    # The load failed, yet the upstream got its observation: failed, naming the child, and
+    # written as an event of the run and step that observed it (the UI shows it there).
     records = instance.fetch_observations(AssetKey("fan"), limit=5).records
-    latest = next(r.asset_observation for r in records if r.asset_observation is not None)
-    assert (
-        latest.metadata["parent_id"].value == bad.parent_id
-        if "parent_id" in latest.metadata
-        else True
-    )
-    assert latest.metadata["echomq/parent_id"].value == bad.parent_id
-    assert latest.metadata["outcome"].value == "failed"
-    assert list(latest.metadata["failed_children"].value) == [f"{bad.parent_id}.2"]
+    latest = next(r for r in records if r.asset_observation is not None)
+    assert (latest.run_id, latest.event_log_entry.step_key) == (failed.run_id, "read")
+    assert latest.asset_observation is not None
+    observed_meta = latest.asset_observation.metadata
+    assert observed_meta["echomq/parent_id"].value == bad.parent_id
+    assert observed_meta["outcome"].value == "failed"
+    assert list(observed_meta["failed_children"].value) == [f"{bad.parent_id}.2"]
 
 
 @pytest.mark.onlystandalone
@@ -143,25 +124,64 @@ def test_a_stalled_wait_fails_fast_names_the_queues_and_cancels_the_flow(
 
 @pytest.mark.onlystandalone
 def test_children_that_run_long_are_not_a_stall(
-    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+    backend: Any,
+    prefix: str,
+    workers: Callable[..., Any],
+    instance: DagsterInstance,
+    tmp_path: Path,
 ) -> None:
-    """No child settles for longer than stall_timeout, but they are running: the load waits."""
+    """No child settles for longer than stall_timeout, but they are running: the load waits.
+
+    Gated, not timed: the children run until the test opens their gate (a file), the fan-out
+    step returns only once both are running, and the gate opens only after the load has
+    logged 3 s of waiting (three times stall_timeout) with no child settled."""
     url = client_url(backend)
     workers(url, prefix, CHILD)
-    with EchoMQ(url, prefix=prefix) as mq:  # the worker is up (its start is no stall test)
-        warm = mq.add_flow(CHILD, [Child({"n": 0})])  # same queue: settles with no Pump
-        mq.wait(CHILD, warm.parent_id, timeout=60, poll=0.05)
+    gate = tmp_path / "gate"
+    run: dict[str, str] = {}
+
+    @asset(io_manager_key="echomq_io")
+    def fan(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        children = [Child({"n": i, "wait_for": str(gate)}, queue=CHILD) for i in range(2)]
+        flow = echomq.add_flow(PARENT, children, parent_id=echomq.run_scoped_id(context))
+        deadline = time.monotonic() + 60
+        while echomq.client.queue(CHILD).stats()["active"] < 2:  # both children running
+            assert time.monotonic() < deadline, "the worker did not start the children"
+            time.sleep(0.02)
+        run["id"] = context.run_id
+        return flow
 
     @asset
     def read(fan: dict[str, Any]) -> int:
         return len(fan)
 
-    result = materialize(
-        fan_assets(lambda: [Child({"n": i, "sleep": 3}, queue=CHILD) for i in range(2)], read),
-        resources=resources(url, prefix, stall_timeout=1.0),
-        instance=instance,
-    )
+    def open_gate_after_a_long_wait() -> None:
+        waited = re.compile(r"0/2 children settled .* after (\d+)s")
+        deadline = time.monotonic() + 120
+        try:
+            while time.monotonic() < deadline:
+                logs = instance.all_logs(run["id"]) if "id" in run else []
+                found = [waited.search(e.user_message) for e in logs]
+                if any(m and int(m.group(1)) >= 3 for m in found):
+                    return
+                time.sleep(0.05)
+        finally:
+            gate.touch()
+
+    opener = threading.Thread(target=open_gate_after_a_long_wait)
+    opener.start()
+    try:
+        result = materialize(
+            [fan, read],
+            resources=resources(url, prefix, stall_timeout=1.0, log_every=0.2),
+            instance=instance,
+        )
+    finally:
+        gate.touch()
+        opener.join()
     assert result.output_for_node("read") == 2
+    logged = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert any(re.search(r"0/2 children settled .* after ([3-9]|\d\d+)s", m) for m in logged)
 
 
 @pytest.mark.onlystandalone

@@ -23,7 +23,11 @@ def report() -> None:
 
 @pytest.mark.onlystandalone
 def test_sensor_requests_exactly_one_run_per_released_flow(
-    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+    backend: Any,
+    prefix: str,
+    workers: Callable[..., Any],
+    instance: DagsterInstance,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     url = client_url(backend)
     mq = EchoMQ(url, prefix=prefix)
@@ -32,21 +36,34 @@ def test_sensor_requests_exactly_one_run_per_released_flow(
     pump = Pump(mq, interval=0.01, discover_every=0.1).start()
     try:
         a = mq.add_flow(
-            PARENT, [Child({"n": i}, queue="sn-a") for i in range(3)], parent_id="JOB-a"
+            PARENT,
+            [Child({"n": i}, queue="sn-a") for i in range(3)],
+            parent_id="JOB-a",
+            barrier=True,
         )
         b = mq.add_flow(
-            PARENT, [Child({"n": i}, queue="sn-b") for i in range(3)], parent_id="JOB-b"
+            PARENT,
+            [Child({"n": i}, queue="sn-b") for i in range(3)],
+            parent_id="JOB-b",
+            barrier=True,
         )
         c = mq.add_flow(
-            PARENT, [Child({"n": i}, queue="sn-b") for i in range(2)], parent_id="JOB-c"
+            PARENT,
+            [Child({"n": i}, queue="sn-b") for i in range(2)],
+            parent_id="JOB-c",
+            barrier=True,
         )
         d = mq.add_flow(
             PARENT,
             [Child({"n": i, "fail": i == 1}, queue="sn-b") for i in range(2)],
             parent_id="JOB-d",
+            barrier=True,
         )
+        # Added without barrier=True: released, its parent is a job for a worker of PARENT
+        # (none runs here), so it would wait for good and no run could close it.
+        w = mq.add_flow(PARENT, [Child({"n": 1}, queue="sn-a")], parent_id="JOB-worker-run")
         not_yet = FlowRef(PARENT, "JOB-not-added-yet")
-        watched = [a, b, c, d, not_yet]
+        watched = [a, b, c, d, w, not_yet]
         sensor = echomq_flow_sensor(
             name="flows_released",
             target=report,
@@ -71,7 +88,11 @@ def test_sensor_requests_exactly_one_run_per_released_flow(
 
         workers(url, prefix, "sn-a")
         mq.wait(PARENT, a.parent_id, timeout=30, poll=0.05)
-        assert evaluate() == ["JOB-a"]
+        mq.wait(PARENT, w.parent_id, timeout=30, poll=0.05)
+        capfd.readouterr()
+        assert evaluate() == ["JOB-a"]  # not the worker-run flow: no run could close it
+        warned = capfd.readouterr().err  # the sensor's log (Dagster writes it to stderr)
+        assert "flow JOB-worker-run in 'sn-parent' was added without barrier=True" in warned
         assert evaluate() == []
 
         workers(url, prefix, "sn-b")
@@ -85,11 +106,13 @@ def test_sensor_requests_exactly_one_run_per_released_flow(
 
         assert requested == Counter({"JOB-a": 1, "JOB-b": 1, "JOB-c": 1})
         # the cursor holds the settled flows (failed included), not the unknown one
-        settled = {(PARENT, p) for p in ("JOB-a", "JOB-b", "JOB-c", "JOB-d")}
+        settled = {(PARENT, p) for p in ("JOB-a", "JOB-b", "JOB-c", "JOB-d", "JOB-worker-run")}
         assert {tuple(p) for p in parse_cursor(cursor)["settled"]} == settled
 
         # A flow added later under the watched id is picked up on a later evaluation.
-        late = mq.add_flow(PARENT, [Child({"n": 1}, queue="sn-a")], parent_id=not_yet.parent_id)
+        late = mq.add_flow(
+            PARENT, [Child({"n": 1}, queue="sn-a")], parent_id=not_yet.parent_id, barrier=True
+        )
         mq.wait(PARENT, late.parent_id, timeout=30, poll=0.05)
         assert evaluate() == ["JOB-not-added-yet"]
         assert evaluate() == []

@@ -1,4 +1,6 @@
-"""Reading a flow as a tree, for ``echomq flow show``, and its dead children as text.
+"""Inspection reads: a flow as a tree of sub-flows, a queue's root flows by state, and the
+server memory they hold. Read by ``echomq flow show`` / ``flow ls`` / ``queue stats`` and by the
+dashboard, which each render them their own way.
 
 The server keeps no list of a parent's children: a parent holds a counter and three hashes of
 the children that settled. So the sub-flows of a parent are found by looking, not by reading
@@ -15,8 +17,8 @@ queue. What is not found: an UNSETTLED sub-flow whose id was given explicitly - 
 in the parent's numbers, just not expanded. Flows above :data:`MAX_PROBES` lookups are shown
 with their counts only.
 
-Also here: :func:`flow_memory`, the estimate of the server memory a queue's root flows hold,
-for ``echomq queue stats`` (see there).
+:func:`flow_memory` estimates the memory of a queue's root flows from a sample (see
+:class:`FlowMemory`); :func:`flow_counts` counts them, one round trip.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client import EchoMQ
-from ..connection import Call, Lenient, Op
-from ..errors import EchoMQError, InvalidInput
-from ..flows import pairs
-from ..keyspace import FLOW_INDEXES, JOB_ID_RE, Keyspace, check_job_id
-from ..models import ChildFailure, FlowSnapshot
+from .calls import Call, Lenient, Op
+from .client import EchoMQ
+from .errors import EchoMQError, InvalidInput
+from .flows import pairs
+from .keyspace import FLOW_INDEXES, JOB_ID_RE, Keyspace, check_job_id
+from .models import FlowSnapshot
 
 MAX_PROBES = 50_000
 MAX_DEPTH = 16
@@ -101,75 +103,6 @@ def _find_subflows(
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def render(node: FlowNode) -> list[str]:
-    """The flow as text: the root's counts, then its sub-flows as a tree."""
-    s = node.snap
-    state = s.parent_state or "missing"
-    if s.released:
-        state += " (released)"
-    lines = [
-        f"flow {s.parent_id} in {s.queue!r}",
-        f"  parent state  {state}",
-        f"  children      {s.total:,}",
-        f"  outstanding   {s.dependencies:,}",
-        f"  processed     {s.processed:,}",
-        f"  ignored       {s.ignored:,}",
-        f"  failed        {s.failed:,}",
-    ]
-    if s.error:
-        label = "reason " if s.parent_state == "cancelled" else "error  "
-        lines.append(f"  {label}       {s.error}")
-    if s.repairs:
-        lines.append(f"  repairs       {s.repairs:,}")
-    if node.subflows:
-        lines.append("  sub-flows")
-        lines += _tree(node.subflows, "    ")
-    if node.note:
-        lines.append(f"  ({node.note})")
-    return lines
-
-
-def render_failures(
-    failures: list[ChildFailure], limit: int, died: int, *, tracebacks: bool
-) -> list[str]:
-    """A flow's dead children as ``child_failures(limit=limit)`` read them, one line each -
-    id, queue, error - then the last traceback of the first that has one (of every one with
-    ``tracebacks``), indented. ``died``: the flow's failed and ignored children in all."""
-    lines = []
-    for f in failures:
-        label = "ignored      " if f.ignored else "failed child "
-        lines.append(f"  {label} {f.job_id} [{f.queue}]: {f.error}")
-    if len(failures) >= limit:
-        lines.append(f"  (the first {limit}; {died:,} children died: --failures N lists more)")
-    traced = [f for f in failures if f.traceback]
-    for f in traced if tracebacks else traced[:1]:
-        lines.append(f"  traceback of {f.job_id}:")
-        lines += ["    " + line for line in (f.traceback or "").rstrip().splitlines()]
-    if not tracebacks and len(traced) > 1:
-        lines.append(f"  ({len(traced) - 1} more traceback(s): --tracebacks shows each)")
-    return lines
-
-
-def _summary(s: FlowSnapshot) -> str:
-    return (
-        f"{s.parent_id} [{s.queue}] {s.parent_state or 'missing'}: {s.total:,} "
-        f"{'child' if s.total == 1 else 'children'}, "
-        f"{s.dependencies:,} outstanding, {s.processed:,} processed, {s.ignored:,} ignored, "
-        f"{s.failed:,} failed"
-    )
-
-
-def _tree(nodes: list[FlowNode], indent: str) -> list[str]:
-    lines = []
-    for i, node in enumerate(nodes):
-        last = i == len(nodes) - 1
-        lines.append(f"{indent}{'`-- ' if last else '|-- '}{_summary(node.snap)}")
-        if node.note:
-            lines.append(f"{indent}{'    ' if last else '|   '}({node.note})")
-        lines += _tree(node.subflows, indent + ("    " if last else "|   "))
-    return lines
 
 
 # -- the memory of a queue's flows ----------------------------------------------------------
@@ -311,5 +244,5 @@ def flow_memory(
 def _memory_usage(key: str) -> Call:
     """``MEMORY USAGE key``, the command's name in ONE argument so that the key is the second:
     a Cluster routes every command but a script by its second argument
-    (:func:`echomq_core.connection.slot_of`). The ACL permission it needs: ``+memory|usage``."""
+    (:func:`echomq_core.cluster.slot_of`). The ACL permission it needs: ``+memory|usage``."""
     return Call.cmd("MEMORY USAGE", key)

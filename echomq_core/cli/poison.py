@@ -1,0 +1,107 @@
+"""``echomq poison list|replay``: the fan-in signals the Pump could not deliver, and moving
+them back to their outbox for the Pump to try again (after the cause - a missing parent, a
+bug - was fixed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import InvalidInput
+from ..keyspace import check_queue
+from ..pump import parse_signal, poison_list, poison_replay
+from .common import add_command, int_at_least, open_client
+from .queue import known_queue
+
+
+def add_parsers(sub: Any) -> None:
+    poison = sub.add_parser(
+        "poison",
+        help="list or replay poisoned signals",
+        description="Fan-in signals the Pump could not deliver.",
+    )
+    psub = poison.add_subparsers(dest="poison_command", metavar="COMMAND", required=True)
+    plist = psub.add_parser(
+        "list",
+        help="show a queue's poisoned signals, oldest first",
+        description="Show a queue's poisoned signals with their reasons.",
+    )
+    plist.add_argument("queue", metavar="QUEUE")
+    plist.add_argument(
+        "--count",
+        type=int_at_least(1, 100_000),
+        default=20,
+        metavar="N",
+        help="how many (default %(default)s)",
+    )
+    plist.add_argument("--json", action="store_true", help="print one JSON object")
+    add_command(plist, run_poison_list)
+    replay = psub.add_parser(
+        "replay",
+        help="move poisoned signals back to the outbox",
+        description="Move poisoned signals back to the tail of their "
+        "queue's outbox, for the Pump to deliver again.",
+    )
+    replay.add_argument("queue", metavar="QUEUE")
+    replay.add_argument(
+        "--count",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="how many, oldest first (default: all)",
+    )
+    add_command(replay, run_poison_replay)
+
+
+def _describe(entry: bytes) -> dict[str, Any]:
+    try:
+        sig = parse_signal(entry)
+    except InvalidInput:
+        return {"raw": entry.decode(errors="replace")}
+    return {
+        "kind": {"c": "completed", "i": "ignored", "f": "failed"}[sig.kind],
+        "child": sig.child,
+        "parent_queue": sig.parent_queue,
+        "parent": sig.parent,
+        "value": sig.value.decode(errors="replace"),
+    }
+
+
+def run_poison_list(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    mq = open_client(args)
+    try:
+        known_queue(mq, args.queue, args.prefix)
+        items = mq.perform(poison_list(mq.keys, args.queue, args.count))
+    finally:
+        mq.close()
+    rows = [{"reason": reason, **_describe(entry)} for reason, entry in items]
+    if args.json:
+        print(json.dumps({"queue": args.queue, "poisoned": rows}))
+        return 0
+    if not rows:
+        print(f"no poisoned signals in {args.queue!r}")
+    for row in rows:
+        if "raw" in row:
+            print(f"{row['reason']}: {row['raw']!r}")
+        else:
+            print(
+                f"{row['reason']}: {row['kind']} {row['child']} -> {row['parent']} "
+                f"in {row['parent_queue']!r}"
+            )
+    return 0
+
+
+def run_poison_replay(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    mq = open_client(args)
+    try:
+        known_queue(mq, args.queue, args.prefix)
+        count = args.count if args.count is not None else mq.queue(args.queue).stats()["poison"]
+        moved = mq.perform(poison_replay(mq.keys, args.queue, count)) if count else 0
+    finally:
+        mq.close()
+    print(f"replayed {moved} signal(s) of {args.queue!r} to its outbox")
+    return 0

@@ -1,0 +1,245 @@
+"""``echomq queue stats|config|retry-dead``: counts per state, root flows and their memory;
+a queue's retention settings (stored on the server for every Pump); dead plain jobs queued
+again. Also :func:`known_queue`, the check every command that names a queue makes first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+from typing import Any
+
+from ..client import EchoMQ
+from ..inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
+from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..retention import MAX_AGE, MAX_COUNT, SETTINGS
+from .common import (
+    CommandFailed,
+    add_command,
+    age_or_none,
+    count_or_none,
+    fmt_bytes,
+    fmt_seconds,
+    open_client,
+    table,
+)
+
+
+def add_parsers(sub: Any) -> None:
+    queue = sub.add_parser(
+        "queue", help="inspect and configure queues", description="Inspect and configure queues."
+    ).add_subparsers(dest="queue_command", metavar="COMMAND", required=True)
+    stats = queue.add_parser(
+        "stats",
+        help="job counts per state, flows per state and their memory",
+        description="Counts per state of QUEUE, or of every registered "
+        "queue: pending, active, delayed, dead, completed, "
+        f"outbox (signals in transit), poison; root flows {', '.join(FLOW_INDEXES)}, "
+        f"and an estimate of the server memory those flows hold (up to {MEMORY_SAMPLE} "
+        "sampled per state with MEMORY USAGE, their children's rows included, average x "
+        "count; 'unavailable' when the server refuses MEMORY USAGE).",
+    )
+    stats.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    add_command(stats, run_queue_stats)
+
+    config = queue.add_parser(
+        "config",
+        help="show (and with options, set) a queue's retention",
+        description="Show QUEUE's retention settings, stored on the server and applied by "
+        "every Pump's sweep; with options, set those first. Each end state has an age "
+        "(seconds, or with a unit: 90s, 15m, 12h, 7d) and a count (the newest kept); 'none' "
+        "means no limit. "
+        + "; ".join(f"{state}: {what}" for state, what in _END_STATES.items())
+        + ".",
+    )
+    config.add_argument("queue", metavar="QUEUE")
+    for name in SETTINGS:
+        state, kind = name.rsplit("_", 1)
+        flag = "--" + name.replace("_", "-")
+        if kind == "age":
+            config.add_argument(
+                flag,
+                dest=name,
+                type=age_or_none(MAX_AGE),
+                default=argparse.SUPPRESS,
+                metavar="AGE",
+                help=f"keep {_END_STATES[state]} this long (default {fmt_seconds(SETTINGS[name])})",
+            )
+        else:
+            config.add_argument(
+                flag,
+                dest=name,
+                type=count_or_none(MAX_COUNT),
+                default=argparse.SUPPRESS,
+                metavar="N",
+                help=f"keep the newest N {_END_STATES[state]} (default {SETTINGS[name] or 'none'})",
+            )
+    config.add_argument("--json", action="store_true", help="print one JSON object")
+    add_command(config, run_queue_config)
+
+    revive = queue.add_parser(
+        "retry-dead",
+        help="give dead plain jobs fresh attempts",
+        description="Give the dead plain jobs JOB_ID... of QUEUE fresh attempts and queue them "
+        "again, behind what is pending (their payloads and settings stay). A flow's dead "
+        "children are re-run by repairing the flow instead ('echomq flow retry').",
+    )
+    revive.add_argument("queue", metavar="QUEUE")
+    revive.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    add_command(revive, run_queue_retry_dead, json_flag=True)
+
+
+#: What each retention setting keeps (``queue config``); a setting not named here is shown
+#: by its name.
+_KNOWN_END_STATES = {
+    "completed": "completed jobs and worker-run flows",
+    "dead": "dead jobs",
+    "failed": "failed flows",
+    "closed": "barrier flows a reader closed",
+    "unclosed": "released barrier flows nobody closed",
+    "cancelled": "cancelled flows",
+    "poison": "poisoned signals",
+}
+_END_STATES = {
+    state: _KNOWN_END_STATES.get(state, f"{state} entries")
+    for state in dict.fromkeys(name.rsplit("_", 1)[0] for name in SETTINGS)
+}
+
+
+#: How many known queue names an unknown-queue error lists.
+SHOWN_QUEUES = 20
+
+
+def known_queue(mq: EchoMQ, queue: str, prefix: str) -> None:
+    """Refuse ``queue`` unless this keyspace's registry holds it (a queue is registered when
+    the first job is added to it): a mistyped name or prefix would otherwise print zeros and
+    exit 0. The error names the known queues, the closest first."""
+    names = sorted(mq.queues())
+    if queue in names:
+        return
+    if not names:
+        raise CommandFailed(
+            f"no queue {queue!r}: there are no queues under prefix {prefix!r} (wrong --prefix?)"
+        )
+    close = difflib.get_close_matches(queue, names, n=3, cutoff=0.6)
+    listed = [*close, *(n for n in names if n not in close)][:SHOWN_QUEUES]
+    more = f" and {len(names) - len(listed):,} more" if len(names) > len(listed) else ""
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise CommandFailed(
+        f"no queue {queue!r} under prefix {prefix!r}{hint} (known: {', '.join(listed)}{more})"
+    )
+
+
+# -- queue stats ---------------------------------------------------------------------------
+
+COLUMNS = ("pending", "active", "delayed", "dead", "completed", "outbox", "poison")
+
+
+def run_queue_stats(args: argparse.Namespace) -> int:
+    if args.queue is not None:
+        check_queue(args.queue)
+    mq = open_client(args)
+    try:
+        if args.queue is not None:
+            known_queue(mq, args.queue, args.prefix)
+        names = [args.queue] if args.queue is not None else mq.queues()
+        counts = {name: mq.queue(name).stats() for name in names}
+        memory = {name: mq.perform(flow_memory(mq.keys, name)) for name in names}
+    finally:
+        mq.close()
+    if args.json:
+        doc = {
+            name: {
+                **counts[name],
+                "flows": memory[name].counts,
+                "flow_memory": memory[name].memory_dict(),
+            }
+            for name in names
+        }
+        print(json.dumps(doc))
+        return 0
+    if not names:
+        print(f"no queues under prefix {args.prefix!r}")
+        return 0
+    headers = ["queue", *COLUMNS, *FLOW_INDEXES, "flow memory (est.)"]
+    rows = [
+        [
+            name,
+            *(f"{counts[name].get(c, 0):,}" for c in COLUMNS),
+            *(f"{memory[name].counts[s]:,}" for s in FLOW_INDEXES),
+            _memory_cell(memory[name]),
+        ]
+        for name in names
+    ]
+    print("\n".join(table(headers, rows)))
+    refused = [m.reason for m in memory.values() if not m.available]
+    if refused:
+        print(f"(flow memory unavailable: {refused[0]})")
+    return 0
+
+
+def _memory_cell(mem: FlowMemory) -> str:
+    return fmt_bytes(mem.total_bytes) if mem.available else "unavailable"
+
+
+# -- queue config --------------------------------------------------------------------------
+
+
+def run_queue_config(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    changes = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
+    mq = open_client(args)
+    try:
+        if changes:
+            mq.set_retention(args.queue, **changes)
+        settings = mq.retention(args.queue)
+    finally:
+        mq.close()
+    if args.json:
+        doc = {"queue": args.queue, "changed": sorted(changes), "retention": settings}
+        print(json.dumps(doc))
+        return 0
+    title = f"retention of queue {args.queue!r}"
+    if changes:
+        title += f" (set: {', '.join(n.replace('_', '-') for n in changes)})"
+    rows = []
+    for state in _END_STATES:
+        age, count = settings[f"{state}_age"], settings[f"{state}_count"]
+        rows.append(
+            [
+                state,
+                fmt_seconds(age) + _default_mark(f"{state}_age", age),
+                ("none" if count is None else f"{count:,}")
+                + _default_mark(f"{state}_count", count),
+            ]
+        )
+    print(title)
+    print("\n".join(table(["end state", "age", "count"], rows, left=3)))
+    return 0
+
+
+def _default_mark(name: str, value: float | int | None) -> str:
+    return " (default)" if value == SETTINGS[name] else ""
+
+
+# -- queue retry-dead -----------------------------------------------------------------------
+
+
+def run_queue_retry_dead(args: argparse.Namespace) -> int:
+    check_queue(args.queue)
+    for job_id in args.job_ids:
+        check_job_id(job_id)
+    mq = open_client(args)
+    try:
+        revived, left = mq.queue(args.queue).retry_dead(args.job_ids)
+    finally:
+        mq.close()
+    if args.json:
+        print(json.dumps({"queue": args.queue, "revived": revived, "left": left}))
+    else:
+        print(f"{revived} dead job(s) of {args.queue!r} queued again")
+        for job_id in left:
+            print(f"left as it is (not dead, or a flow's: repair the flow): {job_id}")
+    return 0 if not left else 1

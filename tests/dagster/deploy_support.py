@@ -1,0 +1,84 @@
+"""Helpers of the tests that drive a real ``dagster dev`` (webserver, daemon, code server)
+through its GraphQL API, as a user's UI does: a GraphQL client, a bounded poll that fails
+with the deployment's logs, process groups (the ``group_spawn`` fixture in conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+class GraphQL:
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/graphql"
+
+    def __call__(self, query: str, **variables: Any) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables}).encode()
+        request = urllib.request.Request(
+            self.url, body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            reply = json.loads(response.read())
+        assert "errors" not in reply, reply["errors"]
+        data: dict[str, Any] = reply["data"]
+        return data
+
+
+def poll(what: str, check: Callable[[], Any], timeout: float, logs: list[Path]) -> Any:
+    """Call ``check`` until it returns something truthy; fail after ``timeout`` seconds with
+    the tail of the deployment's logs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)
+            raise AssertionError(f"timed out waiting for {what}\n{tails}")
+        time.sleep(0.5)
+
+
+def logs_mention(gql: GraphQL, run_id: str, text: str) -> bool:
+    """Whether the run's event log has a message containing ``text``."""
+    data = gql(
+        """query($id: ID!) {
+          logsForRun(runId: $id) {
+            ... on EventConnection { events { ... on MessageEvent { message } } }
+          }
+        }""",
+        id=run_id,
+    )
+    events = data["logsForRun"].get("events") or []
+    return any(text in (e.get("message") or "") for e in events)
+
+
+def location_loaded(gql: GraphQL, repository: str = "__repository__") -> bool:
+    """Whether the webserver answers and has loaded the code location's repository."""
+    try:
+        data = gql("{ repositoriesOrError { ... on RepositoryConnection { nodes { name } } } }")
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
+    nodes = data["repositoriesOrError"].get("nodes") or []
+    return any(n["name"] == repository for n in nodes)
