@@ -10,9 +10,10 @@ from echomq_core import EchoMQError, InvalidArgument
 
 
 class TooManyValues(InvalidArgument):
-    """Raised when a sensor asked to return every value (``return_values=True``) waits on a
-    flow of more than ``max_values`` children: read them page by page instead
-    (:func:`echomq_provider.results.flow_results`)."""
+    """Raised when a waiting task asked to return every value (``return_values=True``) has a
+    flow (or, the waiting operator, a plan: then before anything is added) of more than
+    ``max_values`` children: raise ``max_values``, or read them page by page instead
+    (:func:`echomq_provider.results.flow_results`). It fails the reader, never the flow."""
 
 
 class FlowNotReleased(EchoMQError):

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from echomq_core import FlowSnapshot, flows
+from echomq_core import EchoMQ, EchoMQError, FlowSnapshot, flows
 from echomq_core.connection import Op
 from echomq_core.keyspace import Keyspace
 from echomq_core.models import Serializer
@@ -26,6 +26,8 @@ MAX_REPORTED = 20
 PROGRESS_EVERY = 30.0
 #: Results per HSCAN page when ``return_values`` reads a flow's values.
 VALUES_PAGE = 1000
+#: The most bytes of a failed child's traceback a failure message shows (its tail).
+TRACEBACK_TAIL = 4096
 
 
 def progress_line(snap: FlowSnapshot) -> str:
@@ -110,3 +112,25 @@ def released_line(snap: FlowSnapshot) -> str:
     return (
         f"Flow {snap.parent_id} released: {snap.processed} results, {snap.ignored} ignored failures"
     )
+
+
+def first_failure(client: EchoMQ, queue: str, parent_id: str) -> str:
+    """What a waiting task's failure message adds: the first fail-parent child that died, its
+    error and the tail (:data:`TRACEBACK_TAIL` bytes) of its last attempt's traceback - a
+    readable size in Airflow's log and UI. Empty when none died (a flow cancelled with no
+    dead child) or they cannot be read (the failure being raised matters more)."""
+    try:
+        failures = client.child_failures(queue, parent_id, limit=1)
+    except EchoMQError:
+        return ""
+    if not failures or failures[0].ignored:
+        return ""
+    first = failures[0]
+    text = f"\nFirst failed child {first.job_id} (queue {first.queue!r}): {first.error}"
+    if first.traceback:
+        raw = first.traceback.encode()
+        cut = raw[-TRACEBACK_TAIL:].decode(errors="ignore")
+        if len(raw) > TRACEBACK_TAIL:
+            cut = f"[traceback cut to its last {TRACEBACK_TAIL // 1024} KiB]\n..." + cut
+        text += "\n" + cut.rstrip()
+    return text

@@ -27,6 +27,7 @@ from echomq_core import (
 from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
 
+from . import settle
 from ._compat import (
     AirflowFailException,
     AirflowSensorTimeout,
@@ -37,7 +38,14 @@ from ._compat import (
 )
 from .errors import TooManyValues
 from .hooks.echomq import EchoMQHook
-from .summary import FLOW_KEY, PROGRESS_EVERY, log_progress, read_released, released_line
+from .summary import (
+    FLOW_KEY,
+    PROGRESS_EVERY,
+    first_failure,
+    log_progress,
+    read_released,
+    released_line,
+)
 from .triggers.echo_flow import EchoFlowTrigger
 
 if TYPE_CHECKING:
@@ -52,6 +60,16 @@ TRIGGER_POLL_MAX = 1.0
 #: States of a killed task that mean it was cleared or marked successful, not failed: its
 #: flow is left alone.
 _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
+
+
+def too_many_values(what: str, total: int, max_values: int) -> TooManyValues:
+    """The refusal of ``return_values=True`` for ``what`` (a flow, a plan) of ``total``
+    children."""
+    return TooManyValues(
+        f"{what} has {total} children, over max_values={max_values} for "
+        "return_values=True: raise max_values, or read the results page by page downstream "
+        "instead (echomq_provider.results.flow_results)"
+    )
 
 
 class FlowWaiting(_Base):
@@ -77,7 +95,10 @@ class FlowWaiting(_Base):
         close_flow: bool,
         cancel_on_failure: bool,
         end_from_trigger: bool | None,
+        settles: bool = True,
     ) -> None:
+        """``settles``: the task waits on its flow, so Airflow's failure callbacks settle it
+        (:func:`~echomq_provider.settle.install`)."""
         for name, value in (
             ("return_values", return_values),
             ("close_flow", close_flow),
@@ -104,6 +125,9 @@ class FlowWaiting(_Base):
         self._hook: EchoMQHook | None = None
         self._last_progress: float | None = None
         self._ti_for_kill: Any = None  # the running task instance, for on_kill
+        self._settles = settles
+        if settles:
+            settle.install(self)
 
     def _flow_ref(self) -> tuple[str, str]:
         """``(queue, parent_id)`` of the flow waited on; raises ``InvalidInput``."""
@@ -120,7 +144,7 @@ class FlowWaiting(_Base):
         if snap.outcome in ("failed", "cancelled"):
             failed = client.failed_children(queue, parent_id) if snap.outcome == "failed" else {}
             error = flow_error(queue, parent_id, snap.outcome, failed, snap.error)
-            raise AirflowFailException(str(error))
+            raise AirflowFailException(str(error) + first_failure(client, queue, parent_id))
         if self.return_values and snap.total > self.max_values:
             self._refuse_values(snap)
         if snap.outcome != "released":
@@ -149,6 +173,7 @@ class FlowWaiting(_Base):
                     else self.end_from_trigger
                 ),
                 return_values=self.return_values,
+                max_values=self.max_values,
                 close_flow=self.close_flow,
             ),
             method_name="execute_complete",
@@ -165,16 +190,15 @@ class FlowWaiting(_Base):
             client = self._client()
             return self._succeed(context, client, client.snapshot(queue, parent_id))
         if status == "failed" and "cancelled" in event:
-            raise AirflowFailException(
-                str(FlowCancelled(queue, parent_id, str(event["cancelled"])))
-            )
+            message = str(FlowCancelled(queue, parent_id, str(event["cancelled"])))
+            raise AirflowFailException(message + first_failure(self._client(), queue, parent_id))
         if status == "failed":
             reported = event.get("failed") or {}
             message = str(ParentFailed(queue, parent_id, reported))
             count = int(event.get("failed_count", len(reported)))
             if count > len(reported):
                 message += f"; {count} failed children in all"
-            raise AirflowFailException(message)
+            raise AirflowFailException(message + first_failure(self._client(), queue, parent_id))
         if status == "timeout":
             raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}")
         # Not an AirflowException: as in poke mode, a lost server fails the try (retries
@@ -201,13 +225,12 @@ class FlowWaiting(_Base):
         context["ti"].xcom_push(key=FLOW_KEY, value=read.summary)
         return read.values
 
-    def _refuse_values(self, snap: FlowSnapshot) -> None:
-        error = TooManyValues(
-            f"flow {snap.parent_id} has {snap.total} children, over max_values="
-            f"{self.max_values} for return_values=True: read its results page by page "
-            "downstream instead (echomq_provider.results.flow_results)"
-        )
-        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
+    def _refuse_values(self, snap: FlowSnapshot) -> NoReturn:
+        """Fail the task, and only the task: the flow goes on (see ``_GiveUp``)."""
+        error = too_many_values(f"flow {snap.parent_id}", snap.total, self.max_values)
+        raise AirflowFailException(
+            f"{type(error).__name__}: {error}; the flow is left to run"
+        ) from error
 
     def _progress(self, context: Context, snap: FlowSnapshot) -> None:
         """``settled k of N`` at most every :data:`PROGRESS_EVERY` s. Reschedule mode runs
@@ -258,6 +281,10 @@ class FlowWaiting(_Base):
 
         def __exit__(self, kind: type[BaseException] | None, exc: Any, tb: Any) -> None:
             giving_up = (AirflowFailException, AirflowSensorTimeout, AirflowSkipException)
+            if isinstance(exc, Exception) and isinstance(exc.__cause__, TooManyValues):
+                # the reader is misconfigured, not the flow: a fixed reader reads it
+                self.task.log.info("Flow left as it is: a reader with a higher max_values reads it")
+                return
             if kind is not None and issubclass(kind, giving_up):
                 why = f"{type(exc).__name__}: {exc}"
                 cause = exc.__cause__ or exc.__context__
@@ -291,6 +318,22 @@ class FlowWaiting(_Base):
     def _kind(self) -> str:
         """How the cancel reason names this task ("sensor wait: ..."): overridden."""
         return "task"
+
+    # -- settling after Airflow failed the task (echomq_provider.settle) --------------------
+    def _callback_ref(self, context: Any) -> tuple[str, str]:
+        """``(queue, parent_id)`` of the flow, from a callback's context: the task's templated
+        fields are rendered here (the dag processor never rendered them), and the run, task
+        and map index name the flow (a DAG callback's ``ti`` is another task's)."""
+        raise NotImplementedError
+
+    def _rendered(self, value: Any, context: Any) -> Any:
+        return None if value is None else self.render_template(value, context)
+
+    def _map_index(self, context: Any) -> int:
+        ti = context.get("ti")
+        if ti is None or ti.task_id != self.task_id or ti.map_index is None:
+            return -1
+        return int(ti.map_index)
 
     # -- plumbing --------------------------------------------------------------------------
     def _target(self) -> tuple[str, str]:

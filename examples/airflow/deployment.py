@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -314,6 +315,24 @@ class Deployment:
         )
         value = entry["value"]
         return json.loads(value) if isinstance(value, str) else value
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """The task instance as the REST API has it (``id``, ``state``, ``try_number``, ...)."""
+        ti = self.api(
+            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}"
+        )
+        return dict(ti)
+
+    def xcom_rows(self, dag_id: str, run_id: str) -> dict[tuple[str, str], int]:
+        """Every row the metadata DB's ``xcom`` table holds for a run: ``(task id, key)`` ->
+        bytes of its value, as stored (SQLite: read straight from the table)."""
+        with contextlib.closing(sqlite3.connect(self.home / "airflow.db", timeout=60)) as db:
+            rows = db.execute(
+                "SELECT task_id, key, length(CAST(value AS BLOB)) FROM xcom "
+                "WHERE dag_id = ? AND run_id = ?",
+                (dag_id, run_id),
+            ).fetchall()
+        return {(task_id, key): int(size or 0) for task_id, key, size in rows}
 
     def clear(self, dag_id: str, run_id: str, task_ids: Sequence[str]) -> None:
         """Clear ``task_ids`` of a run and everything downstream (the UI's Clear)."""

@@ -87,16 +87,19 @@ def start_worker(
     standalone_server: object, prefix: str, proc_env: dict[str, str]
 ) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start real EchoMQ worker processes (Worker + Pump, the example's handlers); every one
-    started is stopped (SIGTERM, drained) at teardown. ``job_delay``: seconds per job."""
+    started is stopped (SIGTERM, drained) at teardown. ``job_delay``: seconds per job;
+    ``gate``: a file every job waits for (see ``worker_proc``)."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(job_delay: float = 0.0) -> subprocess.Popen[bytes]:
+    def start(job_delay: float = 0.0, gate: Path | None = None) -> subprocess.Popen[bytes]:
         env = dict(
             proc_env,
             ECHOMQ_URL=standalone_server.url,  # type: ignore[attr-defined]
             ECHOMQ_PREFIX=prefix,
             ECHOMQ_TEST_JOB_DELAY=str(job_delay),
         )
+        if gate is not None:
+            env["ECHOMQ_TEST_GATE"] = str(gate)
         proc = subprocess.Popen([sys.executable, str(HERE / "worker_proc.py")], env=env)
         procs.append(proc)
         time.sleep(0.3)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,3 +131,88 @@ def cli_json(*args: str) -> Any:
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     return json.loads(out[out.index("[") :])
+
+
+#: The states of a deferred task: ``dag.test()`` shows it ``queued`` while its trigger runs.
+DEFERRED = ("deferred", "queued")
+
+
+class OpenWhen(threading.Thread):
+    """Touch ``marker`` once a task instance of ``dag_id``/``task_id`` is in one of
+    ``states`` (read from the metadata DB, every 50 ms, at most ``timeout`` s): the gate a
+    test's children wait on (``wait_for``, or the worker's ``ECHOMQ_TEST_GATE``), so that they
+    settle only after the waiting task reached that state, however loaded the machine.
+
+    Only task instances that have run (they have a pid) of runs still running count, so a
+    finished run of the same DAG does not open it. ``dag.test()`` shows a deferred task as
+    ``queued`` while it runs its trigger in line (it sets it so, to resume it after): there
+    ``queued`` with a pid means deferred - :data:`DEFERRED`. Use as a context manager around
+    ``run_dag``; :attr:`opened_in` says in which state it opened (None: it never did; its repr
+    says what it saw)."""
+
+    def __init__(
+        self, marker: Path, dag_id: str, task_id: str, states: tuple[str, ...], timeout: float = 120
+    ) -> None:
+        super().__init__(daemon=True)
+        self.marker, self.dag_id, self.task_id = marker, dag_id, task_id
+        self.states, self.timeout = states, timeout
+        self.opened_in: str | None = None
+        self.seen: set[str] = set()  # every state read, and the errors met: why it did not open
+        self.errors: list[str] = []
+        self._stop_event = threading.Event()
+        self._query: Any = None
+
+    def __enter__(self) -> OpenWhen:
+        self._query = self._build_query()  # here: importing models in the thread deadlocks
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_event.set()
+        self.join(10)
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenWhen({self.task_id} in {self.states}: saw {self.seen}, errors {self.errors[-3:]})"
+        )
+
+    def _build_query(self) -> Any:
+        from airflow.models.dagrun import DagRun
+        from airflow.models.taskinstance import TaskInstance
+        from sqlalchemy import select
+        from sqlalchemy.orm import configure_mappers
+
+        configure_mappers()
+        same_run = (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id)
+        return (
+            select(TaskInstance.state)
+            .join(DagRun, same_run)
+            .where(
+                TaskInstance.dag_id == self.dag_id,
+                TaskInstance.task_id == self.task_id,
+                TaskInstance.pid.is_not(None),  # it has run (see the class doc)
+                DagRun.state == "running",
+            )
+        )
+
+    def run(self) -> None:
+        from airflow.utils.session import create_session
+        from sqlalchemy.exc import OperationalError
+
+        deadline, query = time.monotonic() + self.timeout, self._query
+        while not self._stop_event.is_set() and time.monotonic() < deadline:
+            try:
+                with create_session() as session:
+                    states = {str(state) for state in session.scalars(query)}
+                self.seen |= states
+            except OperationalError:  # SQLite busy with the run's own writes: read again
+                states = set()
+            except Exception as exc:  # said by the test's assertion on opened_in
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                states = set()
+            found = next((state for state in self.states if state in states), None)
+            if found is not None:
+                self.opened_in = found
+                self.marker.touch()
+                return
+            self._stop_event.wait(0.05)

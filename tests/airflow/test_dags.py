@@ -17,13 +17,13 @@ from echomq_provider.flow_specs import parent_id_for
 
 from echomq_core import EchoMQ
 
-from .helpers import RunResult, read_records, run_dag
+from .helpers import DEFERRED, OpenWhen, RunResult, read_records, run_dag
 
 pytestmark = pytest.mark.onlystandalone
 
-# Children settle this long after they are claimed, so the sensor's first look finds them
-# outstanding and it really polls / defers.
-JOB_DELAY = 1.5
+#: The state of the sensor once it waits, by mode: the children are held until it is there
+#: (``OpenWhen``), so its first look finds them outstanding and it really polls / defers.
+WAITING = {"deferrable": DEFERRED, "poke": ("running",), "reschedule": ("up_for_reschedule",)}
 EXPECTED = {str(n): n * n if n % 2 else n**3 for n in range(1, 9)}
 
 
@@ -79,11 +79,15 @@ def test_example_dag(
     start_worker: Callable[..., Any],
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
-    start_worker(job_delay=JOB_DELAY)
+    gate = tmp_path / "go"
+    start_worker(gate=gate)
     tweak = None if mode == "deferrable" else sensor_mode(mode)
-    with caplog.at_level(logging.INFO):
+    waiting = OpenWhen(gate, "echomq_fan_out", "wait", WAITING[mode])
+    with caplog.at_level(logging.INFO), waiting:
         run = run_dag(airflow_db, "echomq_fan_out", tweak)
+    assert waiting.opened_in in WAITING[mode], waiting
     check_example_run(run)
     assert ran_trigger(capfd, caplog) == (mode == "deferrable")
     assert (reschedules(run.tasks["wait"]) > 0) == (mode == "reschedule")
@@ -100,12 +104,17 @@ def test_failed_child_fails_sensor_at_once(
     prefix: str,
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    proc_env: dict[str, str],
 ) -> None:
+    proc_env.update(ECHOMQ_TEST_MARKERS=str(tmp_path))  # the failing child waits for "go"
     start_worker()
-    with caplog.at_level(logging.INFO):
+    waiting = OpenWhen(tmp_path / "go", "echomq_fail_fast", "wait", WAITING[mode])
+    with caplog.at_level(logging.INFO), waiting:
         run = run_dag(
             airflow_db, "echomq_fail_fast", None if mode == "deferrable" else sensor_mode(mode)
         )
+    assert waiting.opened_in in WAITING[mode], waiting
     assert run.state == "failed"
     assert run.state_of("fan_out") == "success"
     assert run.state_of("wait") == "failed"
@@ -114,7 +123,7 @@ def test_failed_child_fails_sensor_at_once(
         child = mq.get_job("example.cube", f"{parent}.1")
     assert child.state == "dead" and child.finished_ms is not None
     wait = run.tasks["wait"]
-    # The sensor was already waiting when the child died (~2 s after it was claimed)
+    # The sensor was already waiting when the child died (it waited for the gate)
     assert wait.start_date.timestamp() < child.finished_ms / 1000 < wait.end_date.timestamp()
     [record] = read_records(record_file)
     assert record["task_id"] == "wait"
@@ -128,6 +137,11 @@ def test_failed_child_fails_sensor_at_once(
     )
     assert f"{parent}.1: Unrecoverable: item 2: corrupt input" in failure
     assert f"{parent}.0" not in failure
+    # ... and the first failed child's traceback, raised in the worker's process
+    shown = f"First failed child {parent}.1 (queue 'example.cube'): Unrecoverable: item 2"
+    assert shown in logged and 'worker_proc.py", line' in logged
+    if record["exception"] != "None":  # Airflow 3.2+: the callback's exception, whole
+        assert shown in record["exception"] and "raise Unrecoverable(" in record["exception"]
     assert "AirflowSensorTimeout" not in logged
     assert ("running trigger in line" in logged) == (mode == "deferrable")
     # ... and cancelled the flow: the sibling still pending will never be claimed

@@ -10,20 +10,30 @@ One test, three stories on one deployment (starting it costs most of the time):
    so the sibling still pending never runs;
 3. clearing the operator repairs that flow: only the dead child and the cancelled one run
    again, and the run succeeds;
-4. a deferred sensor marked failed (the UI's "Mark as failed"): the trigger cancels the flow.
+4. a deferred sensor marked failed (the UI's "Mark as failed"): the trigger cancels the flow;
+5. a reschedule-mode sensor marked failed between two pokes, when none of its code runs: the
+   DAG's failure callback (the provider's) cancels the flow in the dag processor, and clearing
+   the operator repairs it - the next try of the sensor reads it;
+6. a waiting ``@task.echo_flow`` whose supervisor stops heartbeating: the scheduler fails it
+   and the dag processor runs its failure callback (the provider's), which cancels the flow.
 
-Then no log line of any component or task came from our packages at WARNING or above.
+The example runs also show what the metadata DB's ``xcom`` table holds per task (the return
+values and each "EchoMQ flow" extra link). Then no log line of any component or task came
+from our packages at WARNING or above.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from echomq_provider._compat import AIRFLOW_3_2
 from echomq_provider.flow_specs import parent_id_for
 
 from echomq_core import EchoMQ
@@ -76,6 +86,9 @@ def task_log(deployment: Deployment, dag_id: str, run_id: str, task_id: str) -> 
     return "\n".join(p.read_text(errors="replace") for p in sorted(logs.rglob("*.log")))
 
 
+#: The XCom keys of the "EchoMQ flow" extra links Airflow stores for each task that has one
+#: (``_link_<link class>``).
+LINK_KEY, SENSOR_LINK_KEY = "_link_EchoFlowLink", "_link_EchoFlowSensorLink"
 PROGRESS = re.compile(r"settled [0-3] of 4 \(processed [0-3], ignored 0, failed 0\)")
 
 
@@ -109,6 +122,8 @@ def test_real_deployment(tmp_path: Path) -> None:
             EXAMPLE_DAGS / "echomq_fan_out.py",
             EXAMPLE_DAGS / "echomq_one_task.py",
             HERE / "dags" / "echomq_deploy_repair.py",
+            HERE / "dags" / "echomq_deploy_reschedule.py",
+            HERE / "dags" / "echomq_deploy_zombie.py",
         ],
         worker_app="worker_proc:HANDLERS",
         pythonpath=[HERE, EXAMPLES, ROOT],
@@ -117,6 +132,8 @@ def test_real_deployment(tmp_path: Path) -> None:
             "ECHOMQ_TEST_RUNS": str(runs),
             "ECHOMQ_TEST_MARKERS": str(markers),
             "ECHOMQ_TEST_JOB_DELAY": "1",
+            # a task that stops heartbeating is failed by the scheduler 30 s later (story 6)
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
         },
     )
     try:
@@ -127,6 +144,8 @@ def test_real_deployment(tmp_path: Path) -> None:
             parent, run_id = failure_cancels(deployment, mq, runs, markers)
             clear_repairs(deployment, mq, runs, parent, run_id)
             marked_failed_cancels(deployment, mq)
+            reschedule_marked_failed(deployment, mq, markers)
+            lost_heartbeat(deployment, mq)
         assert our_bad_lines(deployment.logs()) == []
     finally:
         deployment.stop()
@@ -143,6 +162,18 @@ def example(deployment: Deployment, mq: EchoMQ) -> None:
     assert (flow["state"], flow["total"], flow["processed"]) == ("closed", 9, 8)
     parent = parent_id_for("echomq_fan_out", run_id, "fan_out")
     assert mq.snapshot("example.reports", parent).parent_state == "closed"
+    # the plan is plan_work's XCom; the operator and the sensor keep a reference, a summary
+    # and their "EchoMQ flow" link
+    rows = deployment.xcom_rows("echomq_fan_out", run_id)  # summarise's own: its dict's keys
+    assert {key for key in rows if key[0] != "summarise"} == {
+        ("plan_work", "return_value"),
+        ("fan_out", "return_value"),
+        ("fan_out", LINK_KEY),
+        ("wait", "return_value"),
+        ("wait", SENSOR_LINK_KEY),
+    }
+    assert rows[("fan_out", "return_value")] < 200 and rows[("wait", "return_value")] < 600
+    assert rows[("fan_out", LINK_KEY)] < 300 and rows[("wait", SENSOR_LINK_KEY)] < 300
 
 
 def one_task(deployment: Deployment, mq: EchoMQ) -> None:
@@ -160,6 +191,13 @@ def one_task(deployment: Deployment, mq: EchoMQ) -> None:
     assert (flow["state"], flow["total"], flow["processed"]) == ("closed", 8, 8)
     parent = parent_id_for("echomq_one_task", run_id, "fan_out")
     assert mq.snapshot("example.reports", parent).parent_state == "closed"
+    # planned inside the task: no plan in the metadata DB, only the summary and the link
+    rows = deployment.xcom_rows("echomq_one_task", run_id)
+    assert {key for key in rows if key[0] != "summarise"} == {
+        ("fan_out", "return_value"),
+        ("fan_out", LINK_KEY),
+    }
+    assert rows[("fan_out", "return_value")] < 600 and rows[("fan_out", LINK_KEY)] < 300
 
 
 def failure_cancels(
@@ -181,6 +219,8 @@ def failure_cancels(
     parent = parent_id_for(dag_id, run_id, "fan_out")
     log = task_log(deployment, dag_id, run_id, "wait")
     assert f"{parent}.1: Unrecoverable: item 2: corrupt input (first try)" in log
+    assert f"First failed child {parent}.1 (queue 'example.cube')" in log
+    assert "raise Unrecoverable(" in log  # its traceback, raised in the echomq worker
     snap = mq.snapshot("example.reports", parent)
     assert snap.parent_state == "cancelled" and "corrupt input" in (snap.error or "")
     assert mq.get_job("example.cube", f"{parent}.1").state == "dead"
@@ -219,7 +259,91 @@ def marked_failed_cancels(deployment: Deployment, mq: EchoMQ) -> None:
         60,
         "the flow cancelled after the sensor was marked failed",
     )
-    assert "task wait was marked failed" in (snap.error or "")
+    # the trigger's cancel, or - when the run's failure came first - the DAG's callback
+    assert "task wait was marked failed" in (snap.error or "") or (
+        "sensor wait: the DAG run failed" in (snap.error or "")
+    )
+
+
+def reschedule_marked_failed(deployment: Deployment, mq: EchoMQ, markers: Path) -> None:
+    """Marked failed between two pokes: Airflow runs no code of the sensor, no task callback;
+    the run fails and the DAG's failure callback (added by the provider) cancels the flow."""
+    dag_id = "echomq_deploy_reschedule"
+    run_id = deployment.trigger(dag_id)  # its cube waits for the go below
+    deployment.wait_task(dag_id, run_id, "wait", ["up_for_reschedule"])  # poked once
+    parent = parent_id_for(dag_id, run_id, "fan_out")
+    assert mq.snapshot("example.reports", parent).parent_state == "held"
+    deployment.mark(dag_id, run_id, "wait", "failed")  # 5 s before its next poke
+    assert deployment.wait_run(dag_id, run_id) == "failed"
+    if AIRFLOW_3_2:
+        snap = deployment.wait_for(
+            lambda: (s := mq.snapshot("example.reports", parent)).parent_state == "cancelled" and s,
+            90,
+            "the flow cancelled by the DAG's failure callback",
+        )
+        assert "sensor wait: the DAG run failed (waiting)" in (snap.error or "")
+    else:  # 3.1's dag processor cannot tell a clear since: the held flow is left to run
+        deployment.wait_for(
+            lambda: (
+                "Airflow 3.1 cannot tell whether the task was cleared" in str(deployment.logs())
+            ),
+            90,
+            "the DAG's failure callback",
+        )
+        assert mq.snapshot("example.reports", parent).parent_state == "held"
+    # the next try converges: the operator repairs the flow (3.1: finds it running), the
+    # sensor reads it
+    (markers / (run_id.replace(":", "_") + ".go")).touch()
+    deployment.clear(dag_id, run_id, ["fan_out"])
+    assert deployment.wait_run(dag_id, run_id) == "success"
+    assert deployment.xcom(dag_id, run_id, "summarise") == {"0": 1, "1": 8}
+    snap = mq.snapshot("example.reports", parent)
+    repairs = 1 if AIRFLOW_3_2 else 0
+    assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", repairs, 2)
+    assert deployment.task_instance(dag_id, run_id, "wait")["try_number"] == 2
+
+
+def task_processes(ti_id: str) -> tuple[int, int]:
+    """``(supervisor, task)`` pids of a running task instance: the task process is titled
+    ``airflow worker -- <ti id>`` (3.1 to 3.3); its parent supervises it and heartbeats."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            if title == f"airflow worker -- {ti_id}":
+                stat = (entry / "stat").read_text()
+                return int(stat.rsplit(")", 1)[1].split()[1]), int(entry.name)
+        except OSError:  # gone meanwhile
+            continue
+    raise AssertionError(f"no task process for {ti_id}")
+
+
+def lost_heartbeat(deployment: Deployment, mq: EchoMQ) -> None:
+    """The scheduler fails a waiting task that stopped heartbeating and the dag processor runs
+    its failure callback: the flow is cancelled while none of the task's code runs."""
+    dag_id = "echomq_deploy_zombie"
+    run_id = deployment.trigger(dag_id)
+    deployment.wait_task(dag_id, run_id, "fan_out", ["running"])
+    parent = parent_id_for(dag_id, run_id, "fan_out")
+    deployment.wait_for(
+        lambda: mq.snapshot("example.reports", parent).parent_state == "held",
+        60,
+        "the flow added",
+    )
+    supervisor, _task = task_processes(deployment.task_instance(dag_id, run_id, "fan_out")["id"])
+    os.kill(supervisor, signal.SIGSTOP)  # no more heartbeats
+    try:
+        assert deployment.wait_run(dag_id, run_id, timeout=180) == "failed"
+        snap = deployment.wait_for(
+            lambda: (s := mq.snapshot("example.reports", parent)).parent_state == "cancelled" and s,
+            90,
+            "the flow cancelled by the task's failure callback",
+        )
+    finally:
+        os.kill(supervisor, signal.SIGCONT)  # it finds its task failed and ends it
+    assert "operator fan_out: the task failed (waiting)" in (snap.error or "")
+    assert mq.get_job("example.nowhere", f"{parent}.0").state == "cancelled"
 
 
 def test_log_scan_flags_our_warnings_only(tmp_path: Path) -> None:

@@ -54,6 +54,71 @@ def test_values_on_request_are_mapped_over(
     assert "has 5 children, over max_values=3" in logged
 
 
+def test_too_many_values_fail_the_reader_and_leave_the_flow(
+    airflow_db: Path,
+    echomq_conn: str,
+    standalone_server: Any,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A reader's misconfiguration never cancels the work: the sensor fails with
+    TooManyValues and its flow goes on; where the count is known before the add (the waiting
+    operator's plan) nothing is added."""
+    with caplog.at_level(logging.INFO):
+        run = run_dag(airflow_db, "echomq_too_many")
+    assert {t: run.state_of(t) for t in run.tasks} == {
+        "fan_out": "success",
+        "wait_capped": "failed",
+        "planned": "failed",
+    }
+    logged = capfd.readouterr().out + caplog.text
+    parent = parent_id_for("echomq_too_many", run.run_id, "fan_out")
+    assert f"TooManyValues: flow {parent} has 3 children, over max_values=2" in logged
+    planned = parent_id_for("echomq_too_many", run.run_id, "planned")
+    assert f"TooManyValues: flow {planned} has 3 children, over max_values=2" in logged
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        assert mq.snapshot("test.capped", planned).outcome == "missing"  # nothing added
+        snap = mq.snapshot("test.capped", parent)
+        assert (snap.parent_state, snap.dependencies) == ("held", 3)  # not cancelled
+        work = mq.queue("test.capped")
+        for job in work.claim(10):  # the work goes on ...
+            work.complete(job, job.payload["n"] * 10)
+        # ... and a reader that takes three values reads them
+        sensor = EchoFlowSensor(
+            task_id="fixed",
+            parent_queue="test.capped",
+            parent_id=parent,
+            return_values=True,
+            max_values=3,
+        )
+        poked = sensor.poke({"ti": _PushedXCom()})  # type: ignore[typeddict-item]
+        sensor._close()
+    assert poked.is_done and poked.xcom_value == [0, 10, 20]
+
+
+def test_a_literal_plan_over_max_values_is_refused_when_parsed(airflow_db: Path) -> None:
+    from echomq_provider.errors import TooManyValues
+    from echomq_provider.operators.echo_flow import EchoFlowOperator
+
+    args: dict[str, Any] = {"parent_queue": "q", "children": [1, 2, 3], "max_values": 2}
+    with pytest.raises(TooManyValues, match="fan_out: the plan has 3 children, over max_values=2"):
+        EchoFlowOperator(task_id="fan_out", wait_for_completion=True, return_values=True, **args)
+    EchoFlowOperator(task_id="no_values", wait_for_completion=True, **args)  # the summary: fine
+    EchoFlowOperator(task_id="no_wait", return_values=True, **args)  # returns the reference
+
+
+class _PushedXCom:
+    """A task instance stand-in for a direct poke with ``return_values``: the summary it pushes
+    beside the values is kept."""
+
+    def __init__(self) -> None:
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
 def test_summary_xcom_stays_small_and_results_read_in_pages(
     airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
 ) -> None:

@@ -12,7 +12,7 @@ from echomq_provider.flow_specs import parent_id_for
 
 from echomq_core import EchoMQ, InvalidInput
 
-from .helpers import run_dag
+from .helpers import DEFERRED, OpenWhen, run_dag
 
 pytestmark = pytest.mark.onlystandalone
 
@@ -25,10 +25,15 @@ def test_one_task_plans_adds_and_waits(
     prefix: str,
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    proc_env: dict[str, str],
 ) -> None:
+    proc_env.update(ECHOMQ_TEST_MARKERS=str(tmp_path))  # "deferred"'s children wait for a go
     start_worker()
-    with caplog.at_level(logging.INFO):
+    deferred = OpenWhen(tmp_path / "deferred.go", "echomq_taskflow", "deferred", DEFERRED)
+    with caplog.at_level(logging.INFO), deferred:
         run = run_dag(airflow_db, "echomq_taskflow")
+    assert deferred.opened_in in DEFERRED, deferred
     states = {task_id: run.state_of(task_id) for task_id in run.tasks}
     assert states == {
         "squares": "success",
@@ -99,6 +104,8 @@ def test_a_waiting_task_that_gives_up_cancels_its_flow(
     logged = capfd.readouterr().out + caplog.text
     parent = parent_id_for(dag_id, run_id, "fail_fast")
     assert f"{parent}.1: Unrecoverable: item 2: corrupt input" in logged
+    assert f"First failed child {parent}.1 (queue 'example.cube')" in logged
+    assert 'worker_proc.py", line' in logged  # its traceback, from the worker's process
     assert "not released within wait_timeout=1s (2 of 2 outstanding)" in logged
     with EchoMQ(standalone_server.url, prefix=prefix) as mq:
         snap = mq.snapshot("example.reports", parent)

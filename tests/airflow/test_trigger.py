@@ -70,6 +70,7 @@ def test_serialize_round_trips() -> None:
         prefix="pfx",
         poll_interval=2,
         timeout_at=1234.5,
+        max_values=50,
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == "echomq_provider.triggers.echo_flow.EchoFlowTrigger"
@@ -86,6 +87,7 @@ def test_serialize_round_trips() -> None:
         "cancel_on_kill": True,
         "end_from_trigger": False,
         "return_values": False,
+        "max_values": 50,
         "close_flow": False,
     }
 

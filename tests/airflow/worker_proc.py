@@ -10,6 +10,9 @@ and exits), or as ``echomq worker QUEUE... --app worker_proc:HANDLERS`` (the dep
   it - a marker file ``NAME`` in ``ECHOMQ_TEST_MARKERS`` remembers it - and succeeds after.
 * A payload with ``wait_for: NAME`` waits (bounded, 300 s) until a marker file ``NAME`` in
   ``ECHOMQ_TEST_MARKERS`` exists: the test decides when that child settles.
+* With ``ECHOMQ_TEST_GATE`` set (a path), every job waits the same way until that file exists:
+  the test decides when any child settles (e.g. once the sensor waits, see
+  ``helpers.OpenWhen``), for DAGs it runs as shipped.
 * With ``ECHOMQ_TEST_RUNS`` set, every handler call appends ``{"id", "queue"}`` to that file
   (JSON lines): what ran, and how often.
 """
@@ -35,6 +38,13 @@ DELAY = float(os.environ.get("ECHOMQ_TEST_JOB_DELAY", "0"))
 LATER_QUEUE = "example.later"
 
 
+def wait_for(marker: Path) -> None:
+    """Until ``marker`` exists, at most 300 s."""
+    deadline = time.monotonic() + 300
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def slow(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
     def run(job: Job) -> Any:
         runs = os.environ.get("ECHOMQ_TEST_RUNS")
@@ -44,12 +54,9 @@ def slow(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
         time.sleep(DELAY + float(job.payload.get("sleep", 0)))
         gate = job.payload.get("wait_for")
         if gate:
-            marker, deadline = (
-                Path(os.environ["ECHOMQ_TEST_MARKERS"]) / gate,
-                time.monotonic() + 300,
-            )
-            while not marker.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_for(Path(os.environ["ECHOMQ_TEST_MARKERS"]) / gate)
+        if os.environ.get("ECHOMQ_TEST_GATE"):
+            wait_for(Path(os.environ["ECHOMQ_TEST_GATE"]))
         once = job.payload.get("fail_once")
         if once:
             marker = Path(os.environ["ECHOMQ_TEST_MARKERS"]) / once

@@ -46,8 +46,12 @@ the sensor succeeds                         closed: retention starts, results st
 a fail-parent child dies                    the sensor fails at once naming it; the flow is
                                             cancelled (``cancel_on_failure=False``: not)
 the sensor times out (soft_fail or not)     cancelled
-the sensor is marked failed (running or     cancelled; in reschedule mode between two pokes
-deferred), or killed by execution_timeout   no code runs: ``echomq flow cancel`` it
+the sensor is marked failed (running or     cancelled
+deferred), or killed by execution_timeout
+Airflow fails the sensor or the waiting     held: cancelled; released: closed - by the
+task without running its code (marked       failure callbacks the provider adds to the task
+failed between reschedule pokes, a lost     and its DAG (see :mod:`echomq_provider.settle`)
+heartbeat, its process killed)
 the sensor is cleared or marked success     left as it is; a cleared sensor waits again
 ``wait_for_completion=True``: the flow        the task fails and cancels the flow, as the
 fails, ``wait_timeout`` passes, or the task  sensor would (``cancel_on_failure=False``: not);
@@ -81,10 +85,11 @@ from echomq_core.keyspace import check_queue
 from echomq_core.ops import gc_paused
 
 from .._compat import AirflowFailException, AirflowSkipException
+from ..errors import TooManyValues
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowLink
-from ..waiting import FlowWaiting
+from ..waiting import FlowWaiting, too_many_values
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -213,10 +218,13 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
             close_flow=close_flow,
             cancel_on_failure=cancel_on_failure,
             end_from_trigger=end_from_trigger,
+            settles=wait_for_completion,
         )
         self._ref: tuple[str, str] | None = None
         self.parent_queue = parent_queue
         self.children = children
+        if isinstance(children, list | tuple):  # a literal plan: refused when parsed
+            self._check_values(f"{self.task_id}: the plan", len(children))
         self.payload = payload
         self.child_queue = child_queue
         self.child_max_attempts = child_max_attempts
@@ -284,6 +292,12 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 1.5, self.poll_interval)
 
+    def _check_values(self, what: str, count: int) -> None:
+        """``return_values`` with more children than ``max_values`` would fail the wait at its
+        first read: refused before anything is added (``TooManyValues``)."""
+        if self.wait_for_completion and self.return_values and count > self.max_values:
+            raise too_many_values(what, count, self.max_values)
+
     def _own_ref(self, context: Context) -> tuple[str, str]:
         """The flow this task adds: its queue and parent id."""
         return check_queue(self.parent_queue), self._parent_id(context)
@@ -299,6 +313,12 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         if self._ref is None:
             raise InvalidInput(f"{self.task_id}: no flow added yet")
         return self._ref
+
+    def _callback_ref(self, context: Any) -> tuple[str, str]:
+        parent_id = self._rendered(self.parent_id, context) or parent_id_for(
+            self.dag_id, context["run_id"], self.task_id, self._map_index(context)
+        )
+        return check_queue(self._rendered(self.parent_queue, context)), parent_id
 
     def _poke_seconds(self) -> float:
         return self.poll_interval
@@ -324,6 +344,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                         f"no children for flow {parent_id}: nothing to fan out (the tasks "
                         "waiting on this one are skipped too)"
                     )
+                self._check_values(f"flow {parent_id}", len(children))
                 ref = self._client().add_flow(
                     self.parent_queue,
                     children,
@@ -338,6 +359,8 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                 f"cannot add flow {parent_id}: {exc} (the children differ from the flow "
                 "added under this task's id before; on_conflict='replace' replaces it)"
             ) from exc
+        except TooManyValues as exc:  # before anything is added
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}; nothing added") from exc
         except InvalidInput as exc:
             raise AirflowFailException(f"cannot add flow {parent_id}: {exc}") from exc
         self.log.info(

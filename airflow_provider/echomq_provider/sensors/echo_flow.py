@@ -26,8 +26,9 @@ downstream task from the server, page by page
 specs (``None`` for a child whose failure was ignored), or ``{key: value}`` when the specs
 gave keys - so ``.expand()`` maps over them; the summary above goes to the XCom key ``flow``.
 Only below ``max_values`` children (default 1,024, Airflow's own ``max_map_length``): above
-it the sensor fails at once with :class:`~echomq_provider.errors.TooManyValues` (XCom lives in
-the metadata database; read big flows page by page).
+it the sensor fails at its first read with :class:`~echomq_provider.errors.TooManyValues` (XCom
+lives in the metadata database; read big flows page by page) and leaves the flow running: a
+reader's misconfiguration does not cancel the work.
 
 Modes, all with the same outcome:
 
@@ -43,19 +44,24 @@ Progress: every mode logs ``settled k of N (processed, ignored, failed)`` at INF
 every 30 s (:data:`~echomq_provider.triggers.echo_flow.PROGRESS_EVERY`).
 
 Fail fast: when the parent has failed (a fail-parent child died) the sensor fails at once
-with ``AirflowFailException`` naming the failed children and their errors - no retries, as
+with ``AirflowFailException`` naming the failed children and their errors, and the first
+one's traceback (its last 4 KiB, from its last attempt) - no retries, as
 a failed flow does not recover by waiting - instead of sitting out its timeout.
 
 Cancel (``cancel_on_failure=True``, the default): whenever the sensor gives up on the flow - a
 child failed it, ``timeout`` passed (``soft_fail`` or not), the task was killed
 (``execution_timeout``, marked failed while running or deferred) - it cancels the flow first:
 no child that has not started will start (see ``EchoMQ.cancel_flow``). Clearing the operator
-then repairs it (see :class:`~echomq_provider.operators.echo_flow.EchoFlowOperator`).
+then repairs it (see :class:`~echomq_provider.operators.echo_flow.EchoFlowOperator`). When
+Airflow fails the sensor without running its code (marked failed between two reschedule-mode
+pokes, a lost heartbeat, its process killed), the failure callbacks the sensor adds to itself
+and its DAG cancel a held flow and close a released one (:mod:`echomq_provider.settle`).
 
 ``timeout`` and ``soft_fail`` mean the same in every mode: past ``timeout`` seconds the
 sensor fails with ``AirflowSensorTimeout``; with ``soft_fail=True`` a timeout *or* a failed
 parent marks it skipped instead. An unreachable server is neither: it fails the try with the
-EchoMQ error (so ``retries`` apply; nothing is cancelled) in every mode.
+EchoMQ error (so ``retries`` apply; that try cancels nothing) in every mode; after the last
+try the failure callback settles the flow, if the server answers by then.
 
 A flow that does not exist (wrong id or prefix) is waited on, with a warning on each progress
 line, until the timeout: a flow may be added by a system outside this DAG after the sensor
@@ -197,6 +203,13 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
     # -- FlowWaiting ----------------------------------------------------------------------
     def _flow_ref(self) -> tuple[str, str]:
         return flow_target(self.flow, self.parent_queue, self.parent_id)
+
+    def _callback_ref(self, context: Any) -> tuple[str, str]:
+        return flow_target(
+            self._rendered(self.flow, context),
+            self._rendered(self.parent_queue, context),
+            self._rendered(self.parent_id, context),
+        )
 
     def _poke_seconds(self) -> float:
         interval = self.poke_interval

@@ -86,6 +86,9 @@ class EchoFlowTrigger(BaseTrigger):
         done with the async client.
     :param return_values: with ``end_from_trigger``: the XCom is the values (the summary goes
         to the key ``flow``), as the task's own ``return_values``.
+    :param max_values: with ``return_values``: the most children whose values the XCom
+        takes; over it the task resumes on a worker, which refuses them (``TooManyValues``)
+        without touching the flow. None: no limit.
     :param close_flow: with ``end_from_trigger``: close a released barrier flow.
     """
 
@@ -101,6 +104,7 @@ class EchoFlowTrigger(BaseTrigger):
         cancel_on_kill: bool = True,
         end_from_trigger: bool = False,
         return_values: bool = False,
+        max_values: int | None = None,
         close_flow: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # Airflow's BaseTrigger is untyped
@@ -113,6 +117,7 @@ class EchoFlowTrigger(BaseTrigger):
         self.cancel_on_kill = bool(cancel_on_kill)
         self.end_from_trigger = bool(end_from_trigger)
         self.return_values = bool(return_values)
+        self.max_values = None if max_values is None else int(max_values)
         self.close_flow = bool(close_flow)
         self._client: AsyncEchoMQ | None = None
         self._last_read: tuple[float, int] | None = None  # (monotonic time, settled children)
@@ -130,6 +135,7 @@ class EchoFlowTrigger(BaseTrigger):
                 "cancel_on_kill": self.cancel_on_kill,
                 "end_from_trigger": self.end_from_trigger,
                 "return_values": self.return_values,
+                "max_values": self.max_values,
                 "close_flow": self.close_flow,
             },
         )
@@ -163,11 +169,14 @@ class EchoFlowTrigger(BaseTrigger):
         assert self._client is not None
         client, parent_id = self._client, self.parent_id
         try:
+            snap = await client.snapshot(self.queue, parent_id)
+            if self.return_values and self.max_values is not None and snap.total > self.max_values:
+                return None  # too many values for the XCom: the task refuses them on a worker
             read = await client.connection.perform(
                 read_released(
                     client.keys,
                     client.serializer,
-                    await client.snapshot(self.queue, parent_id),
+                    snap,
                     return_values=self.return_values,
                     close_flow=self.close_flow,
                 )

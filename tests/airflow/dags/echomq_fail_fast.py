@@ -1,9 +1,10 @@
 """Test DAG: a fail-parent child dies while the sensor waits; the sensor must fail at once.
 
-The failing child sleeps first (the test worker honours ``sleep``), so it dies after the
-sensor started waiting. The sensor's timeout (120 s) is far longer than the test allows: it
-must fail because the parent failed, not because it timed out. Its failure callback records
-the exception so the test can check the failed child is named.
+The failing child waits for the marker ``go`` (the test worker honours ``wait_for``), which
+the test makes once the sensor waits (deferred, or poking), so it dies after that. The
+sensor's timeout (120 s) is far longer than the test allows: it must fail because the parent
+failed, not because it timed out. Its failure callback records the exception so the test can
+check the failed child is named.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def echomq_fail_fast() -> None:
         parent_queue="example.reports",
         children=[
             {"payload": {"n": 1}, "queue": "example.square"},
-            {"payload": {"n": 2, "sleep": 2, "fail": "corrupt input"}, "queue": "example.cube"},
+            {
+                "payload": {"n": 2, "wait_for": "go", "fail": "corrupt input"},
+                "queue": "example.cube",
+            },
             {"payload": {"n": 3}, "queue": "example.square"},
             # a queue no worker serves yet: still pending when its sibling fails the flow, so
             # the sensor's cancel must take it away

@@ -4,8 +4,9 @@ fan-out and wait as one task.
 * ``squares``: ``@task.echo_flow`` planning five squares from its argument, waiting in its
   own process; ``total`` reads the values page by page from the summary it returns.
 * ``values``: the same with ``return_values=True``; ``double.expand()`` maps over them.
-* ``deferred``: children that settle after 1 s, ``deferrable=True``: the task defers to the
-  trigger and resumes with the summary.
+* ``deferred``: children that wait for the marker ``deferred.go`` (made by the test once the
+  task is deferred), ``deferrable=True``: the task defers to the trigger and resumes with the
+  summary.
 * ``classic``: the operator form, ``wait_for_completion=True``.
 * ``empty``: the plan is empty: the task skips, and ``after_empty`` with it.
 * ``shards``: ``.expand()`` over two shards: a flow per mapped instance.
@@ -47,7 +48,7 @@ def echomq_taskflow() -> None:
 
     @task.echo_flow(**SQUARES, wait_for_completion=True, deferrable=True, poll_interval=0.2)
     def deferred() -> list[dict[str, Any]]:
-        return [{"payload": {"n": i, "sleep": 1}} for i in range(1, 3)]
+        return [{"payload": {"n": i, "wait_for": "deferred.go"}} for i in range(1, 3)]
 
     deferred()
 

@@ -1,0 +1,106 @@
+"""What a waiting task's failure callbacks do to its flow (``echomq_provider.settle``): the
+rule on every state a real flow can be in, and the callbacks a DAG carries to Airflow.
+
+The callbacks run in real deployments in ``test_deployment.py`` (a reschedule-mode sensor
+marked failed between pokes; a waiting task that lost its heartbeat)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from echomq_provider.settle import on_dag_run_failure, on_task_failure, settle_action
+
+from echomq_core import Child, EchoMQ
+
+pytestmark = pytest.mark.onlystandalone
+
+RULE = {"cancel_on_failure": True, "close_flow": True, "return_values": False, "max_values": 5}
+
+
+def flows_in_every_state(mq: EchoMQ) -> dict[str, Any]:
+    """Real flows, one per state: their snapshots by name."""
+    q, work = "settle", "settle.work"
+    made = {
+        name: mq.add_flow(q, [Child(1, queue=q)], barrier=True)
+        for name in ("held", "failed", "released", "closed", "cancelled")
+    }
+    made["worker_run"] = mq.add_flow(q, [Child(1, queue=q)])  # its parent a worker runs
+    made["big"] = mq.add_flow(q, [Child(i, queue=work) for i in range(6)], barrier=True)
+    queue = mq.queue(q)
+    for job in queue.claim(100):
+        if job.id.startswith(made["failed"].parent_id):
+            queue.fail(job, "boom", retry=False)
+        elif not job.id.startswith(made["held"].parent_id):
+            queue.complete(job, 1)
+    mq.close_flow(q, made["closed"].parent_id)
+    mq.cancel_flow(q, made["cancelled"].parent_id, reason="test")
+    snaps = {name: mq.snapshot(q, ref.parent_id) for name, ref in made.items()}
+    snaps["missing"] = mq.snapshot(q, "JOB-never-added")
+    return snaps
+
+
+def test_the_rule_cancels_what_is_outstanding_and_closes_what_is_unread(
+    standalone_server: Any, prefix: str
+) -> None:
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        snaps = flows_in_every_state(mq)
+    assert snaps["held"].parent_state == "held" and snaps["released"].parent_state == "released"
+    assert snaps["worker_run"].parent_state == "pending"
+    assert {name: settle_action(snap, **RULE) for name, snap in snaps.items()} == {
+        "held": "cancel",
+        "failed": "cancel",
+        "released": "close",
+        "closed": None,
+        "cancelled": None,
+        "worker_run": None,  # released to its worker: its job lifecycle, not a reader's
+        "big": "cancel",
+        "missing": None,
+    }
+    # the task's options: no cancel, no close, and a reader that cannot take the values
+    kept = {**RULE, "cancel_on_failure": False, "close_flow": False}
+    assert [settle_action(snaps[n], **kept) for n in ("held", "failed", "released")] == [None] * 3
+    capped = {**RULE, "return_values": True}  # max_values 5, "big" has 6 children
+    assert settle_action(snaps["big"], **capped) is None
+    assert settle_action(snaps["held"], **capped) == "cancel"
+
+
+def test_waiting_tasks_carry_the_callbacks_to_airflow(airflow_db: Path) -> None:
+    """Beside the user's own; the DAG says it has a failure callback (what makes the scheduler
+    send the run's failure to the dag processor); a plain operator adds none."""
+    from airflow.sdk import DAG
+    from echomq_provider.operators.echo_flow import EchoFlowOperator
+    from echomq_provider.sensors.echo_flow import EchoFlowSensor
+
+    try:
+        from airflow.serialization.serialized_objects import DagSerialization as Serialized
+    except ImportError:  # Airflow 3.1, 3.2
+        from airflow.serialization.serialized_objects import (  # type: ignore[no-redef]
+            SerializedDAG as Serialized,
+        )
+
+    def mine(context: Any) -> None: ...
+
+    with DAG("settle_callbacks", schedule=None, start_date=datetime(2026, 1, 1)) as plain_dag:
+        EchoFlowOperator(task_id="add", parent_queue="q", children=[1])
+    assert plain_dag.on_failure_callback is None
+    with DAG(
+        "settle_callbacks", schedule=None, start_date=datetime(2026, 1, 1), on_failure_callback=mine
+    ) as dag:
+        add = EchoFlowOperator(task_id="add", parent_queue="q", children=[1])
+        wait = EchoFlowSensor(task_id="wait", flow=add.output, on_failure_callback=mine)
+        both = EchoFlowOperator(
+            task_id="both", parent_queue="q", children=[1], wait_for_completion=True
+        )
+    assert add.on_failure_callback == []
+    assert wait.on_failure_callback == [mine, on_task_failure]
+    assert both.on_failure_callback == [on_task_failure]
+    assert dag.on_failure_callback == [mine, on_dag_run_failure]  # once, for both tasks
+    # what the scheduler reads: the serialized DAG
+    scheduler_dag = Serialized.from_dict(Serialized.to_dict(dag))
+    assert scheduler_dag.has_on_failure_callback
+    assert scheduler_dag.get_task("wait").has_on_failure_callback
+    assert scheduler_dag.get_task("both").has_on_failure_callback
+    assert not scheduler_dag.get_task("add").has_on_failure_callback
