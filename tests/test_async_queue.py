@@ -14,16 +14,19 @@ import pytest
 from echomq_core import (
     AsyncEchoMQ,
     AsyncQueue,
+    AsyncWorker,
     EchoMQ,
     InvalidArgument,
     InvalidJobId,
     InvalidPayload,
+    Job,
     JobNotFound,
     JobSpec,
     LeaseLost,
 )
 
 from .conftest import Backend
+from .waiting import eventually_async
 
 #: A job id as an Airflow-derived caller makes it (slashes in it).
 JID = "JOB-af/dag/t/2"
@@ -150,3 +153,27 @@ def test_async_and_sync_queues_send_the_same_steps(
     async_steps = _async(backend, prefix, body)
     assert async_steps == sync_steps
     assert len(sync_steps) <= 4  # add (1), claim (2), stats (1)
+
+
+def test_async_worker_runs_through_async_queues(backend: Backend, prefix: str) -> None:
+    """The asyncio worker's queues are AsyncQueues of its own client: the jobs an AsyncQueue
+    adds are run, and the worker's queue handles answer awaited reads."""
+
+    async def double(job: Job) -> int:
+        return int(job.payload) * 2
+
+    async def body(amq: AsyncEchoMQ) -> tuple[dict[str, int], list[Any]]:
+        ids = await amq.queue("work").add_bulk(list(range(20)))
+        worker = AsyncWorker(amq, {"work": double}, pump=False)
+        await worker.start()
+        try:
+            assert isinstance(worker.queues["work"], AsyncQueue)
+            await eventually_async(lambda: worker.completed == 20, 30, "20 jobs completed")
+            stats = await worker.queues["work"].stats()
+        finally:
+            await worker.stop()
+        return stats, [(await amq.get_job("work", i)).result for i in ids]
+
+    stats, results = _async(backend, prefix, body)
+    assert (stats["completed"], stats["pending"], stats["active"]) == (20, 0, 0)
+    assert results == [2 * i for i in range(20)]
