@@ -118,7 +118,7 @@ def tail(traceback: str, limit: int | None = None) -> str:
         return text
     cut = text[-limit:]
     if "\n" in cut:
-        cut = cut[cut.index("\n") + 1 :]
+        cut = cut[cut.index("\n") + 1 :].lstrip("\n")  # whole lines, no blank one first
     return f"[... {len(text) - len(cut)} characters cut]\n{cut}"
 
 
