@@ -229,13 +229,7 @@ class AsyncWorker(OptionAttributes):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.pump is not None and self._pump_task is not None:
-            self._pump_stop.set()  # it ends its tick or wait, and gives up its leases
-            await asyncio.gather(self._pump_task, return_exceptions=True)
-            try:  # the signals of the results just recorded reach their parents now
-                await self.pump.atick()
-            except EchoMQError as exc:
-                log.warning("the last drain of %s failed: %s", self.pump.id, exc)
-            await self.pump.arelease_leases()
+            await self.pump.astop_after_last_tick(self._pump_stop, self._pump_task)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 

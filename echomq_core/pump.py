@@ -503,6 +503,27 @@ class Pump:
             self._thread = None
         self.release_leases()
 
+    def stop_after_last_tick(self) -> None:
+        """Stop, then tick once more and give up the leases: a stopping worker's Pump delivers
+        the signals of the results it just recorded now, not when another drainer comes by.
+        A failed last tick is logged: the outbox keeps the signals for another drainer."""
+        self.stop()
+        try:
+            self.tick()
+        except EchoMQError as exc:
+            log.warning("the last drain of %s failed: %s", self.id, exc)
+        self.release_leases()
+
+    async def astop_after_last_tick(self, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+        """:meth:`stop_after_last_tick` for the :meth:`arun` ``task`` that ``stop`` ends."""
+        stop.set()  # it ends its tick or wait, and gives up its leases
+        await asyncio.gather(task, return_exceptions=True)
+        try:
+            await self.atick()
+        except EchoMQError as exc:
+            log.warning("the last drain of %s failed: %s", self.id, exc)
+        await self.arelease_leases()
+
     def _unlease_calls(self) -> list[Call]:
         keys = self.client.keys
         return [Call.lua("outbox_unlease", [lease], [self.id])

@@ -59,7 +59,7 @@ from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
 from .options import PumpOptions, WorkerOptions, build
-from .pump import Pump, worker_pump
+from .pump import worker_pump
 from .queue import Queue
 from .routines import drive, extend_leases, give_back, record
 from .running import (
@@ -249,18 +249,7 @@ class Worker(OptionAttributes):
         if self._beater is not None:
             self._beater.join(1.0)
         if self.pump is not None:
-            self._last_drain(self.pump)
-
-    @staticmethod
-    def _last_drain(pump: Pump) -> None:
-        """Stop the worker's Pump after one last tick, so the signals of the results just
-        recorded reach their parents now rather than when another drainer comes by."""
-        pump.stop()
-        try:
-            pump.tick()
-        except EchoMQError as exc:  # the outbox keeps them: another drainer delivers them
-            log.warning("the last drain of %s failed: %s", pump.id, exc)
-        pump.release_leases()
+            self.pump.stop_after_last_tick()
 
     def run(self, *, install_signals: bool = True) -> None:
         """Run in the foreground until SIGTERM/SIGINT (or :meth:`stop` from elsewhere)."""
