@@ -68,6 +68,7 @@ class _Base:
         parent_id: str | None,
         max_attempts: int,
         gen: str = "",
+        max_running: Any = None,
     ) -> Any:
         return flows.plan(
             queue,
@@ -78,6 +79,7 @@ class _Base:
             dumps=self.encode,
             max_payload=self.max_payload_bytes,
             gen=gen,
+            max_running=max_running,
         )
 
     def _add_op(
@@ -90,10 +92,13 @@ class _Base:
         barrier: Any,
         replace: Any,
         new_queues: Any,
+        max_running: Any = None,
     ) -> tuple[Any, Op[FlowRef]]:
         """The planned root and the operation of an add (a replace when asked)."""
         barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
-        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
+        root = self._plan_flow(
+            queue, children, payload, parent_id, max_attempts, max_running=max_running
+        )
         queues = new_queues(flows.queues_of(root))
         if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
@@ -101,7 +106,9 @@ class _Base:
         def plan(gen: str) -> Any:
             if not gen:
                 return root
-            return self._plan_flow(queue, children, payload, root.id, max_attempts, gen)
+            return self._plan_flow(
+                queue, children, payload, root.id, max_attempts, gen, max_running
+            )
 
         if not replace:
             return queues, flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
@@ -219,6 +226,7 @@ class EchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        max_running: int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
@@ -235,6 +243,13 @@ class EchoMQ(_Base):
         generation whose child ids cannot collide with the old ones (``<id>.g<n>.<i>``); without
         it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
         way. See :mod:`echomq_core.lifecycle`.
+
+        ``max_running=K``: at most K of the root's leaf children are leased at once, whatever
+        the number of workers; the rest wait in order (priority, then arrival) and each one
+        that settles for good (completes, dies, is cancelled) lets the next start. Counted on
+        the child queues' slots; over several child queues K is split in proportion to their
+        children (:func:`echomq_core.flows.split_cap`). ``Child(max_running=)`` caps a
+        sub-flow's own leaf children. A re-add with another cap is :class:`FlowConflict`.
         """
         with ops.gc_paused(children):
             new, op = self._add_op(
@@ -246,6 +261,7 @@ class EchoMQ(_Base):
                 barrier,
                 replace,
                 self.unregistered,
+                max_running,
             )
             ref = self.perform(op)
         self._registered.update(new)
@@ -431,12 +447,21 @@ class AsyncEchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        max_running: int | None = None,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
         with ops.gc_paused(children):
             # the planning only: a pause across the await would hold for the loop's other tasks
             _, op = self._add_op(
-                queue, children, payload, parent_id, max_attempts, barrier, replace, sorted
+                queue,
+                children,
+                payload,
+                parent_id,
+                max_attempts,
+                barrier,
+                replace,
+                sorted,
+                max_running,
             )
         return await self.connection.perform(op)
 

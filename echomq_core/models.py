@@ -100,11 +100,14 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class ParentRef:
-    """Where a child's parent lives, and the child's failure-policy token toward it."""
+    """Where a child's parent lives, and the child's failure-policy token toward it.
+    ``gated``: the child holds a token of its parent's ``max_running`` cap, which the step that
+    settles it returns (the host passes that gate's keys)."""
 
     queue: str
     id: str
     policy: str = FAIL_PARENT
+    gated: bool = False
 
 
 @dataclass(slots=True)
@@ -201,6 +204,12 @@ class Child:
     #: The handler's time limit in seconds (None: the worker's queue setting); past it the
     #: worker records a failed attempt (``TimeoutError``) and frees the slot.
     timeout: float | None = None
+    #: A leaf's priority, 0..800 (lower runs first, as :class:`JobSpec`'s): a late urgent flow
+    #: overtakes a backlog of its queue. Refused on a child with children.
+    priority: int = 0
+    #: A sub-flow's own cap: at most this many of ITS leaf children are leased at once (as
+    #: ``add_flow(max_running=)`` for the root). Refused on a leaf.
+    max_running: int | None = None
 
     @property
     def policy(self) -> str:
