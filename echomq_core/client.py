@@ -22,6 +22,7 @@ from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check
 from .models import (
     Child,
     ChildFailure,
+    FlowCap,
     FlowRef,
     FlowSnapshot,
     FlowSummary,
@@ -267,6 +268,12 @@ class EchoMQ(_Base):
         self._registered.update(new)
         return ref
 
+    def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
+        """A flow node's ``max_running`` cap and its use (admitted / cap, per child queue);
+        None for a node without a cap. See :func:`echomq_core.flows.flow_cap`."""
+        self._check_flow(queue, parent_id)
+        return self.perform(flows.flow_cap(self.keys, queue, parent_id))
+
     def close_flow(self, queue: str, parent_id: str) -> str:
         """The reader is done with a released barrier flow: its ``closed`` retention starts.
         Idempotent; closing a flow that already ended otherwise (failed, completed) changes
@@ -464,6 +471,11 @@ class AsyncEchoMQ(_Base):
                 max_running,
             )
         return await self.connection.perform(op)
+
+    async def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
+        """As :meth:`EchoMQ.flow_cap`."""
+        self._check_flow(queue, parent_id)
+        return await self.connection.perform(flows.flow_cap(self.keys, queue, parent_id))
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""

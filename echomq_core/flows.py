@@ -41,7 +41,16 @@ from .checks import MAX_ATTEMPTS, check_int, timeout_ms
 from .checks import text as _s
 from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue
-from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, FlowSummary, Serializer
+from .models import (
+    FAIL_PARENT,
+    IGNORE,
+    Child,
+    FlowCap,
+    FlowRef,
+    FlowSnapshot,
+    FlowSummary,
+    Serializer,
+)
 from .ops import chunks, register
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
@@ -581,6 +590,35 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
         int(failed),
         _s(error) if error else None,
         int(repairs),
+    )
+
+
+def flow_cap(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowCap | None]:
+    """A node's cap and how much of it is in use (two round trips: the row's cap and child
+    queues, then each child queue's gate); None when the node has no cap (or no row)."""
+    ((cap, cq),) = yield [Call.cmd("HMGET", ks.job(queue, parent_id), "cap", "cq")]
+    if cap is None:
+        return None
+    queues = _s(cq).split() if cq else []
+    calls = []
+    for child_queue in queues:
+        waiting, counts = ks.gate_keys(child_queue, queue, parent_id)
+        calls += [Call.cmd("HMGET", counts, "admitted", "cap"), Call.cmd("ZCARD", waiting)]
+    replies = (yield calls) if calls else []
+    shares: dict[str, tuple[int, int]] = {}
+    waiting_total = 0
+    for i, child_queue in enumerate(queues):
+        (admitted, share), waiting = replies[2 * i], replies[2 * i + 1]
+        if share is not None:
+            shares[child_queue] = (int(admitted or 0), int(share))
+        waiting_total += int(waiting)
+    return FlowCap(
+        queue,
+        parent_id,
+        int(cap),
+        sum(a for a, _ in shares.values()),
+        waiting_total,
+        shares,
     )
 
 

@@ -302,6 +302,31 @@ class FlowSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowCap:
+    """A flow node's ``max_running`` cap and its use at one moment, per child queue (each
+    queue's share is counted on its own slot: read together, not as one atomic snapshot).
+    ``admitted``: children holding a token (pending, leased or waiting for a retry), never
+    above the cap; ``waiting``: children not admitted yet."""
+
+    queue: str
+    parent_id: str
+    cap: int
+    admitted: int
+    waiting: int
+    shares: dict[str, tuple[int, int]]  # child queue -> (admitted, share)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "parent_id": self.parent_id,
+            "cap": self.cap,
+            "admitted": self.admitted,
+            "waiting": self.waiting,
+            "shares": {q: {"admitted": a, "share": s} for q, (a, s) in self.shares.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class FlowSummary:
     """One line of a flow listing (``EchoMQ.list_flows``, ``echomq flow ls``)."""
 
