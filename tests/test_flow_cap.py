@@ -8,6 +8,7 @@ queues on different nodes; the server's own ZCARD of ``active`` is what is sampl
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -16,9 +17,11 @@ import redis
 
 from echomq_core import Child, EchoMQ, FlowConflict, InvalidArgument, Job, Pump, Worker
 from echomq_core import flows as flow_ops
+from echomq_core.server import EmbeddedServer
 
 from .conftest import Backend
 from .flowkit import keys_of, normalised, work_off
+from .test_cli import run_many
 from .test_flow_lifecycle import ALL_ZERO, job_keys, sweep
 from .waiting import eventually
 
@@ -331,3 +334,28 @@ def test_a_late_urgent_flow_overtakes_a_backlog(backend: Backend, prefix: str) -
     assert [j.id for j in first[:3]] == [f"{urgent.parent_id}.{i}" for i in range(3)]
     later = mq.queue(work).claim(1)[0]
     assert later.parent is not None and later.parent.id != gated.parent_id  # gate holds two
+
+
+def test_flow_show_prints_running_over_cap(
+    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
+) -> None:
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    ref = mq.add_flow("show-p", [Child(i, queue="show-w") for i in range(10)], max_running=4)
+    plain = mq.add_flow("show-p", [Child(1)])
+    mq.queue("show-w").claim(3)
+    conn = ["--url", standalone_server.url, "--prefix", prefix]
+    text, as_json, uncapped = run_many(
+        [
+            ["flow", "show", "show-p", ref.parent_id, *conn],
+            ["flow", "show", "show-p", ref.parent_id, "--json", *conn],
+            ["flow", "show", "show-p", plain.parent_id, "--json", *conn],
+        ],
+        {k: v for k, v in proc_env.items() if not k.startswith("ECHOMQ_")},
+    )
+    assert text.returncode == 0, text.stderr
+    assert "running 4 / cap 4 (admitted: leased, pending or retrying), 6 waiting" in text.stdout
+    assert "per queue: show-w 4/4" in text.stdout
+    cap = json.loads(as_json.stdout)["cap"]
+    assert (cap["cap"], cap["admitted"], cap["waiting"]) == (4, 4, 6)
+    assert json.loads(uncapped.stdout)["cap"] is None
+    mq.close()
