@@ -291,6 +291,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         max_attempts: int = 3,
         barrier: bool = True,
         repair: bool = True,
+        max_running: int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle (see ``EchoMQ.add_flow``).
 
@@ -300,6 +301,8 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         re-add repairs it (``retry_flow``: dead and cancelled children run again, completed
         ones keep their values) unless ``repair`` is off. ``barrier`` (True): the flow is read
         by a downstream asset, not run by a worker; the IO manager closes it once read.
+        ``max_running``: at most that many children leased at once (``EchoMQ.add_flow``); a
+        retried step must pass the same cap.
 
         Inside a run, a barrier flow is logged (INFO, ``EchoMQ flow added: {...}``) as soon as
         it is added: should the run fail before anything reads it - even in this very step,
@@ -314,6 +317,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             parent_id=parent_id,
             max_attempts=max_attempts,
             barrier=barrier,
+            max_running=max_running,
         )
         if barrier:
             steps.record(ref)
