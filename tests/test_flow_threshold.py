@@ -326,3 +326,24 @@ def test_async_add_with_threshold(backend: Backend, prefix: str) -> None:
             await amq.close()
 
     asyncio.run(main())
+
+
+def test_flow_show_prints_failed_so_far_and_allowed(
+    backend: Backend, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from echomq_core.cli import main
+
+    mq = backend.client(prefix)
+    ref = mq.add_flow("tv", _children(10, {4}), min_success=0.8, barrier=True)
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    conn = ["--url", url, "--prefix", prefix]
+    capsys.readouterr()
+    assert main(["flow", "show", "tv", ref.parent_id, *conn]) == 0
+    assert "  threshold     0 failed so far / 2 allowed" in capsys.readouterr().out.splitlines()
+    work_off(mq, ["tv"], lambda j: j.payload, die=_dies)
+    assert main(["flow", "show", "tv", ref.parent_id, *conn]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  parent state  released (released), 1 failed of 10, 2 allowed" in lines
+    assert "  threshold     1 failed so far / 2 allowed" in lines
+    assert any(line.startswith(f"  failed child  {ref.parent_id}.4") for line in lines)
+    mq.close()
