@@ -70,6 +70,7 @@ class _Base:
         max_attempts: int,
         gen: str = "",
         max_running: Any = None,
+        min_success: Any = None,
     ) -> Any:
         return flows.plan(
             queue,
@@ -81,6 +82,7 @@ class _Base:
             max_payload=self.max_payload_bytes,
             gen=gen,
             max_running=max_running,
+            min_success=min_success,
         )
 
     def _add_op(
@@ -94,11 +96,18 @@ class _Base:
         replace: Any,
         new_queues: Any,
         max_running: Any = None,
+        min_success: Any = None,
     ) -> tuple[Any, Op[FlowRef]]:
         """The planned root and the operation of an add (a replace when asked)."""
         barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
         root = self._plan_flow(
-            queue, children, payload, parent_id, max_attempts, max_running=max_running
+            queue,
+            children,
+            payload,
+            parent_id,
+            max_attempts,
+            max_running=max_running,
+            min_success=min_success,
         )
         queues = new_queues(flows.queues_of(root))
         if replace and parent_id is None:
@@ -108,7 +117,7 @@ class _Base:
             if not gen:
                 return root
             return self._plan_flow(
-                queue, children, payload, root.id, max_attempts, gen, max_running
+                queue, children, payload, root.id, max_attempts, gen, max_running, min_success
             )
 
         if not replace:
@@ -228,6 +237,7 @@ class EchoMQ(_Base):
         barrier: bool = False,
         replace: bool = False,
         max_running: int | None = None,
+        min_success: float | int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
@@ -251,6 +261,13 @@ class EchoMQ(_Base):
         the child queues' slots; over several child queues K is split in proportion to their
         children (:func:`echomq_core.flows.split_cap`). ``Child(max_running=)`` caps a
         sub-flow's own leaf children. A re-add with another cap is :class:`FlowConflict`.
+        ``min_success``: a success threshold - a fraction in (0, 1] of the children, or an int
+        count of them, that must succeed. A fail-parent child that dies is then recorded in
+        :meth:`failed_children` without failing the parent while the threshold can still be
+        met (the flow is released with its failures listed); the death that makes it
+        unreachable fails the parent at once, naming the failures, and its children that have
+        not started are cancelled (see :mod:`echomq_core.lifecycle`). A re-add with another
+        threshold is :class:`FlowConflict`; sub-flows take ``Child(min_success=)``.
         """
         with ops.gc_paused(children):
             new, op = self._add_op(
@@ -263,6 +280,7 @@ class EchoMQ(_Base):
                 replace,
                 self.unregistered,
                 max_running,
+                min_success,
             )
             ref = self.perform(op)
         self._registered.update(new)
@@ -455,6 +473,7 @@ class AsyncEchoMQ(_Base):
         barrier: bool = False,
         replace: bool = False,
         max_running: int | None = None,
+        min_success: float | int | None = None,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
         with ops.gc_paused(children):
@@ -469,6 +488,7 @@ class AsyncEchoMQ(_Base):
                 replace,
                 sorted,
                 max_running,
+                min_success,
             )
         return await self.connection.perform(op)
 

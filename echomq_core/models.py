@@ -210,6 +210,9 @@ class Child:
     #: A sub-flow's own cap: at most this many of ITS leaf children are leased at once (as
     #: ``add_flow(max_running=)`` for the root). Refused on a leaf.
     max_running: int | None = None
+    #: A sub-flow's success threshold (only with ``children``), as ``add_flow(min_success=)``:
+    #: a fraction in (0, 1] or an int count of its children.
+    min_success: float | int | None = None
 
     @property
     def policy(self) -> str:
@@ -262,6 +265,10 @@ class FlowSnapshot:
     failed: int
     error: str | None = None  # why it failed; a cancelled flow: the reason given
     repairs: int = 0  # how many times retry_flow put it back to work
+    #: A success threshold's allowance: how many fail-parent children may die without failing
+    #: the flow (N - required); None: no threshold (the first such death fails it). ``failed``
+    #: counts the deaths recorded so far (tolerated ones and the one that failed it).
+    allowed: int | None = None
 
     @property
     def settled(self) -> int:
@@ -298,6 +305,7 @@ class FlowSnapshot:
             "failed": self.failed,
             "error": self.error,
             "repairs": self.repairs,
+            "allowed": self.allowed,
         }
 
 
