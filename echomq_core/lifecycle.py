@@ -138,10 +138,8 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
         _, n, queues, ids, _before, generation = node_info
         kids = child_candidates(node, int(n), _s(queues), ids, _s(generation))
-        return {
-            q: ("cancel_children", [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node)], [], part)
-            for q, part in kids.items()
-        }
+        fixed = {q: [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node)] for q in kids}
+        return {q: ("cancel_children", fixed[q], [], part) for q, part in kids.items()}
 
     cancelled, _ = yield from _walk(
         ks,
