@@ -359,3 +359,25 @@ def test_flow_show_prints_running_over_cap(
     assert (cap["cap"], cap["admitted"], cap["waiting"]) == (4, 4, 6)
     assert json.loads(uncapped.stdout)["cap"] is None
     mq.close()
+
+
+def test_a_threshold_that_fails_the_flow_empties_its_gate(backend: Backend, prefix: str) -> None:
+    """min_success and max_running together: the death that makes the threshold unreachable
+    cancels the unstarted children - those waiting in the gate too - and nothing starts."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "thr")
+    kids = [Child(i, queue=work, max_attempts=1) for i in range(8)]
+    ref = mq.add_flow(parents, kids, max_running=2, min_success=7)  # one death allowed
+    pid, q = ref.parent_id, mq.queue(work)
+    pump = Pump(mq, [parents, work], sweep_every=None)
+    a, b = q.claim(10)
+    q.fail(a, "boom")
+    pump.tick()
+    assert mq.snapshot(parents, pid).parent_state == "held"
+    q.fail(b, "boom")  # the second death: 7 can no longer succeed
+    for _ in range(5):
+        pump.tick()
+    pump.release_leases()
+    assert mq.snapshot(parents, pid).parent_state == "failed"
+    assert q.claim(10) == []
+    assert counts(mq, work, parents, pid) == (0, 0, 0)
