@@ -68,6 +68,7 @@ from .running import (
     Intake,
     OptionAttributes,
     Outcome,
+    RateWindows,
     make_queues,
     outcome,
     split,
@@ -173,6 +174,7 @@ class Worker(OptionAttributes):
         self._checked = 0.0
         self._checking = False
         self._wake = self._wake_queues(client, list(self.handlers))
+        self._windows = RateWindows()
         self._beater: threading.Thread | None = None
         self._loops = threading.local()  # each runner's event loop for async handlers
         for name in self.handlers:
@@ -284,6 +286,8 @@ class Worker(OptionAttributes):
             took = False
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
+                if self._windows.closed(name):  # its rate window is spent: not before it opens
+                    continue
                 try:
                     sent = time.monotonic()
                     jobs = self.queues[name].claim(want)
@@ -292,6 +296,7 @@ class Worker(OptionAttributes):
                         log.warning("claim from %r failed: %s", name, exc)
                         self._stop.wait(idle)
                     continue
+                self._windows.note(name, jobs)
                 if jobs:
                     took = True
                     turn += 1
@@ -318,11 +323,14 @@ class Worker(OptionAttributes):
         self._give_back(jobs)
 
     def _idle(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible."""
-        if self._wake is None or self._stop.is_set():
+        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
+        rate windows are spent, not past the first opening, and on their queues' hints not at
+        all (see :class:`~echomq_core.running.RateWindows`)."""
+        wake, seconds = self._windows.idle_plan(list(self.handlers), self._wake, seconds)
+        if wake is None or self._stop.is_set():
             self._stop.wait(seconds)
             return
-        hints = [self.client.keys.wake(q) for q in self._wake]
+        hints = [self.client.keys.wake(q) for q in wake]
         wait_on_hints(self.client.perform, hints, seconds, self._stop, "waiting for work")
 
     # -- the runners ----------------------------------------------------------------------
