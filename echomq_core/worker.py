@@ -113,7 +113,11 @@ class Worker(OptionAttributes):
       on the queues' wake-up hint (BZPOPMIN), which every add, land, release, promotion and
       recovery sets, so new jobs start at once, not at the next poll; the timeout only bounds
       how late a due retry is noticed without a Pump. In a Cluster, a worker whose queues lie
-      on different slots cannot block on all of them in one command, and polls instead.
+      on different slots cannot block on all of them in one command, and polls instead. A
+      queue whose rate window is spent (:meth:`EchoMQ.set_rate_limit
+      <echomq_core.EchoMQ.set_rate_limit>`) is not claimed from, nor its hint waited on,
+      until the claim's reported opening; with every queue spent the fetcher sleeps until the
+      first opens. Jobs in the local buffer were claimed: they count as starts.
     * ``grace`` (30 s): how long a graceful stop waits for running handlers.
     * ``timeout`` (None): the default handler time limit in seconds for every queue; a queue's
       own (``queue_options``) and a job's own win. None: no limit.
