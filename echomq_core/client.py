@@ -69,6 +69,7 @@ class _Base:
         parent_id: str | None,
         max_attempts: int,
         gen: str = "",
+        min_success: Any = None,
     ) -> Any:
         return flows.plan(
             queue,
@@ -79,6 +80,7 @@ class _Base:
             dumps=self.encode,
             max_payload=self.max_payload_bytes,
             gen=gen,
+            min_success=min_success,
         )
 
     def _add_op(
@@ -91,10 +93,13 @@ class _Base:
         barrier: Any,
         replace: Any,
         new_queues: Any,
+        min_success: Any = None,
     ) -> tuple[Any, Op[FlowRef]]:
         """The planned root and the operation of an add (a replace when asked)."""
         barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
-        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
+        root = self._plan_flow(
+            queue, children, payload, parent_id, max_attempts, min_success=min_success
+        )
         queues = new_queues(flows.queues_of(root))
         if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
@@ -102,7 +107,9 @@ class _Base:
         def plan(gen: str) -> Any:
             if not gen:
                 return root
-            return self._plan_flow(queue, children, payload, root.id, max_attempts, gen)
+            return self._plan_flow(
+                queue, children, payload, root.id, max_attempts, gen, min_success
+            )
 
         if not replace:
             return queues, flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
@@ -220,6 +227,7 @@ class EchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        min_success: float | int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
@@ -236,6 +244,14 @@ class EchoMQ(_Base):
         generation whose child ids cannot collide with the old ones (``<id>.g<n>.<i>``); without
         it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
         way. See :mod:`echomq_core.lifecycle`.
+
+        ``min_success``: a success threshold - a fraction in (0, 1] of the children, or an int
+        count of them, that must succeed. A fail-parent child that dies is then recorded in
+        :meth:`failed_children` without failing the parent while the threshold can still be
+        met (the flow is released with its failures listed); the death that makes it
+        unreachable fails the parent at once, naming the failures, and its children that have
+        not started are cancelled (see :mod:`echomq_core.lifecycle`). A re-add with another
+        threshold is :class:`FlowConflict`; sub-flows take ``Child(min_success=)``.
         """
         with ops.gc_paused(children):
             new, op = self._add_op(
@@ -247,6 +263,7 @@ class EchoMQ(_Base):
                 barrier,
                 replace,
                 self.unregistered,
+                min_success,
             )
             ref = self.perform(op)
         self._registered.update(new)
@@ -446,12 +463,21 @@ class AsyncEchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        min_success: float | int | None = None,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
         with ops.gc_paused(children):
             # the planning only: a pause across the await would hold for the loop's other tasks
             _, op = self._add_op(
-                queue, children, payload, parent_id, max_attempts, barrier, replace, sorted
+                queue,
+                children,
+                payload,
+                parent_id,
+                max_attempts,
+                barrier,
+                replace,
+                sorted,
+                min_success,
             )
         return await self.connection.perform(op)
 
