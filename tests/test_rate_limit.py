@@ -30,7 +30,7 @@ from echomq_core.rates import parse_rate
 from echomq_core.running import RATE_RECHECK
 
 from .conftest import Backend
-from .waiting import eventually
+from .waiting import eventually, eventually_async
 
 PROC = str(Path(__file__).parent / "procs" / "rate_proc.py")
 LEASE = 60.0
@@ -364,6 +364,55 @@ def test_an_idle_rate_limited_worker_does_not_spin(backend: Backend, prefix: str
     assert waited <= 1 + elapsed / RATE_RECHECK, (waited, elapsed)
     assert claims[free] >= 20
     assert hint == 1  # the limited queue's hint was left for whoever can use it
+
+
+def test_an_idle_rate_limited_async_worker_does_not_spin(backend: Backend, prefix: str) -> None:
+    """As above, for the asyncio worker."""
+    mq = backend.client(prefix)
+    limited, free = backend.queues_on_distinct_nodes(2, "aspin") if backend.cluster else (
+        "aspin-limited", "aspin-free")  # fmt: skip
+    mq.set_rate_limit(limited, "1/1d")
+    fresh_window(mq, limited, 600)
+    mq.queue(limited).add_bulk(range(3))
+
+    async def main() -> tuple[list[str], Counter[str], float, int]:
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        done: list[str] = []
+
+        async def handle(job: Job) -> None:
+            done.append(job.queue)
+
+        worker = AsyncWorker(amq, {limited: handle, free: handle}, lease=LEASE, pump=False)
+        claims = Counter[str]()
+        for name, queue in worker.queues.items():
+            real = queue.claim
+
+            async def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+                claims[_name] += 1
+                return await _real(*args, **kw)
+
+            queue.claim = counted  # type: ignore[method-assign]
+        await worker.start()
+        try:
+            await eventually_async(lambda: done.count(limited) == 1, 20, "the one start")
+            began, before = time.monotonic(), claims[limited]
+            for i in range(20):
+                await amq.queue(limited).add(i)
+                await amq.queue(free).add(i)
+                await eventually_async(lambda n=i: done.count(free) == n + 1, 20, "the free job")
+            elapsed = time.monotonic() - began
+            claims["waited"] = claims[limited] - before
+        finally:
+            await worker.stop()
+            await amq.close()
+        return done, claims, elapsed, int(cmd(mq, "ZCARD", mq.keys.wake(limited)))
+
+    done, claims, elapsed, hint = asyncio.run(main())
+    assert done.count(limited) == 1
+    assert claims["waited"] <= 1 + elapsed / RATE_RECHECK, (claims, elapsed)
+    assert claims[free] >= 20
+    assert hint == 1
+    mq.close()
 
 
 # -- the CLI -----------------------------------------------------------------------------------
