@@ -41,6 +41,7 @@ from .models import (
 )
 from .pump import Pump
 from .queue import JobSpec, Queue
+from .rates import RateLimit
 from .worker import Worker
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "ParentFailed",
     "Pump",
     "Queue",
+    "RateLimit",
     "ServerError",
     "ServerStartError",
     "Unrecoverable",

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from . import failures, flows, lifecycle, ops, retention
+from . import failures, flows, lifecycle, ops, rates, retention
 from .async_queue import AsyncQueue
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
@@ -31,6 +31,7 @@ from .models import (
     Serializer,
 )
 from .queue import Queue
+from .rates import RateLimit
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -347,6 +348,20 @@ class EchoMQ(_Base):
         self.perform(retention.set_config(self.keys, queue, settings))
         self.register_queue(queue)
 
+    def rate_limit(self, queue: str) -> RateLimit | None:
+        """The queue's rate limit and its current window (starts used, when it resets), as
+        the server counts them; None when it has none (see :mod:`echomq_core.rates`)."""
+        check_queue(queue)
+        return self.perform(rates.get_rate(self.keys, queue))
+
+    def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
+        """Limit ``queue`` to ``rate`` job starts across every worker (``"100/s"``,
+        ``"6000/min"``, ``"5/500ms"``), or remove the limit (None or ``"none"``). Checked
+        before anything is written (:class:`InvalidArgument` naming the value)."""
+        check_queue(queue)
+        self.perform(rates.set_rate(self.keys, queue, rate))
+        self.mark_registered([queue])
+
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
         return self.perform(flows.children_values(self.keys, queue, parent_id, self.serializer))
@@ -526,6 +541,17 @@ class AsyncEchoMQ(_Base):
         return await self.connection.perform(
             flows.list_flows(self.keys, queue, states, offset=offset, limit=limit)
         )
+
+    async def rate_limit(self, queue: str) -> RateLimit | None:
+        """:meth:`EchoMQ.rate_limit`, awaited."""
+        check_queue(queue)
+        return await self.perform(rates.get_rate(self.keys, queue))
+
+    async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
+        """:meth:`EchoMQ.set_rate_limit`, awaited."""
+        check_queue(queue)
+        await self.perform(rates.set_rate(self.keys, queue, rate))
+        self.mark_registered([queue])
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
