@@ -305,9 +305,13 @@ def test_a_dead_child_of_a_failed_flow_is_repaired_through_the_gate(
 def test_retention_deletes_the_gate_with_the_flow(backend: Backend, prefix: str) -> None:
     mq = backend.client(prefix)
     parents, work = backend.queues_on_distinct_nodes(2, "ret")
-    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(4)], max_running=2)
+    sub = Child("sub", queue=work, max_running=1, children=[Child(i) for i in range(3)])
+    ref = mq.add_flow(parents, [sub, *(Child(i, queue=work) for i in range(4))], max_running=2)
     work_off(mq, [parents, work])
     work_off(mq, [parents, work])  # the released parent runs too
+    gates = [k for k in keys_of(backend, prefix) if ":gate:" in k]
+    assert len(gates) == 2, gates  # the cap hashes of the root and the sub-flow (the waiting
+    # zsets are empty: no key)
     assert mq.snapshot(parents, ref.parent_id).parent_state == "completed"
     assert any(":gate:" in k for k in keys_of(backend, prefix))
     for queue in (parents, work):
