@@ -43,6 +43,7 @@
 -- their flow's expiry; :processed records and counters go with the flow; outbox signals are
 -- trimmed by the Pump (trim_outbox.lua); the wake member is popped by idle workers, the
 -- outbox:wake member by an idle Pump.
+-- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 local q = queue_keys(KEYS)
 local queue, keep = ARGV[1], ARGV[2]
 local b = batch(q.leases, ARGV, 4, 4)

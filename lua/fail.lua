@@ -42,6 +42,7 @@
 -- row with its flow; the row fields it sets (attempts, error, traceback, state) go with the
 -- row; outbox signals are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
 -- records and counters of same-queue parents go with their flow.
+-- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
 -- events as in complete.lua.
 local q = queue_keys(KEYS)

@@ -30,6 +30,7 @@
 -- (expire.lua), a plain job's row with them, a flow child's row with its flow; the stalls/state
 -- fields go with the row; outbox signals are trimmed by the Pump; the wake member is popped by
 -- idle workers, the outbox:wake member by an idle Pump.
+-- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
 -- parent_queue, parent_policy, stalls, timeout} per buried job} - the row fields in the order
 -- the claim reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.

@@ -23,6 +23,7 @@
 -- Owner of what it writes: pending entries are claimed; the rows' fields (attempts, epoch) go
 -- with their flow's expiry; the seq counter is the queue's own (one per queue); the wake member
 -- is popped by idle workers.
+-- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {requeued, {inner node ids}}.
 local q = queue_keys(KEYS)
 local n = #ARGV - 2
