@@ -614,8 +614,8 @@ def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
 
 
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
-    """Parent state, N, outstanding, the three record counts and a threshold's allowance,
-    read atomically."""
+    """Parent state, N, outstanding, the three record counts, a threshold's allowance and a
+    cap, read atomically."""
     ((state, total, deps, processed, ignored, failed, error, repairs, *rest),) = yield [
         Call.lua(
             "flow_snapshot",
@@ -635,6 +635,7 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
         _s(error) if error else None,
         int(repairs),
         int(rest[0]) if rest and rest[0] is not None else None,
+        int(rest[1]) if len(rest) > 1 and rest[1] is not None else None,
     )
 
 

@@ -269,6 +269,8 @@ class FlowSnapshot:
     #: the flow (N - required); None: no threshold (the first such death fails it). ``failed``
     #: counts the deaths recorded so far (tolerated ones and the one that failed it).
     allowed: int | None = None
+    #: The node's ``max_running`` cap (None: none); how much of it is in use: ``flow_cap``.
+    cap: int | None = None
 
     @property
     def settled(self) -> int:
@@ -306,6 +308,7 @@ class FlowSnapshot:
             "error": self.error,
             "repairs": self.repairs,
             "allowed": self.allowed,
+            "cap": self.cap,
         }
 
 
