@@ -704,13 +704,19 @@ def list_flows(
         return []
     calls = [Call.cmd("TIME")]
     for _, pid, _ in found:
-        calls.append(Call.cmd("HMGET", ks.job(queue, pid), "state", "total", "created", "error"))
+        calls.append(
+            Call.cmd(
+                "HMGET", ks.job(queue, pid), "state", "total", "created", "error", "cap", "allow",
+                "tolerated",
+            )
+        )
         calls.append(Call.cmd("GET", ks.dependencies(queue, pid)))
     (now_s, now_us), *replies = yield calls
     now_ms = int(now_s) * 1000 + int(now_us) // 1000
     out = []
     for i, (index, pid, since) in enumerate(found):
-        (state, total, created, error), deps = replies[2 * i], replies[2 * i + 1]
+        (state, total, created, error, cap, allow, tolerated) = replies[2 * i]
+        deps = replies[2 * i + 1]
         n = int(total) if total else 0
         out.append(
             FlowSummary(
@@ -722,6 +728,9 @@ def list_flows(
                 (now_ms - int(created)) / 1000 if created else None,
                 (now_ms - int(since)) / 1000,
                 _s(error) if error else None,
+                None if cap is None else int(cap),
+                None if allow is None else int(allow),
+                int(tolerated or 0),
             )
         )
     return out

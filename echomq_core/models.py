@@ -349,6 +349,19 @@ class FlowSummary:
     age: float | None  # seconds since the flow was added
     since: float  # seconds in its current state (since it was added, released, closed, failed)
     error: str | None = None
+    cap: int | None = None  # max_running (None: none)
+    allowed: int | None = None  # min_success's allowance of deaths (None: no threshold)
+    tolerated: int = 0  # deaths a threshold tolerated so far
+
+    @property
+    def controls(self) -> str:
+        """The flow controls in a few words (``cap 50, 3 / 2,000 failed``); '' when none."""
+        parts = []
+        if self.cap is not None:
+            parts.append(f"cap {self.cap:,}")
+        if self.allowed is not None:
+            parts.append(f"{self.tolerated:,} / {self.allowed:,} failed")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -360,4 +373,7 @@ class FlowSummary:
             "age_s": None if self.age is None else round(self.age, 3),
             "in_state_s": round(self.since, 3),
             "error": self.error,
+            "cap": self.cap,
+            "allowed": self.allowed,
+            "tolerated": self.tolerated,
         }

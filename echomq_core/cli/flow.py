@@ -278,7 +278,10 @@ def run_flow_ls(args: argparse.Namespace) -> int:
         print(f"no {state}flows under {where}{past}")
         return 0
     errors = any(f.error for f in flows)
+    controls = any(f.controls for f in flows)
     headers = ["queue", "parent id", "state", "N", "settled", "age", "in state"]
+    if controls:
+        headers.append("controls")
     rows = [
         [
             f.queue,
@@ -288,6 +291,7 @@ def run_flow_ls(args: argparse.Namespace) -> int:
             f"{f.settled:,}",
             fmt_ago(f.age),
             fmt_ago(f.since),
+            *([f.controls] if controls else []),
             *([_clip(f.error or "")] if errors else []),
         ]
         for f in flows
