@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--n1", type=int, default=20_000)
     parser.add_argument("--n2", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=1)
     args = parser.parse_args(argv)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         w: {v: [] for v in vs} for w, vs in WORKLOADS.items()
