@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..browse import JobDetail, derived_index
 from ..calls import Call, Op
 from ..client import EchoMQ
 from ..errors import JobNotFound
@@ -107,12 +108,12 @@ def values_page(
     """One HSCAN page of a flow's children's values from ``cursor``: (next cursor, 0 at the
     end; {child id: value}). About :data:`PAGE` values, or the whole hash while the server
     keeps it compact (listpack: up to 128 or 512 entries by default): HSCAN returns those in
-    one go."""
+    one go. The page is in spec order (the children page lists them all in that order)."""
     check_queue(queue)
     check_job_id(parent_id)
     next_cursor, raw = mq.perform(scan_page(mq.keys.processed(queue, parent_id), cursor, PAGE))
     values = {}
-    for child_id, value in raw.items():
+    for child_id, value in sorted(raw.items(), key=lambda kv: _spec_order(parent_id, kv[0])):
         try:
             values[child_id] = mq.serializer.loads(value)
         except Exception:  # shown as it is stored
@@ -167,6 +168,20 @@ def root_of(mq: EchoMQ, job: JobInfo) -> tuple[str, str] | None:
         except JobNotFound:
             return (up.queue, up.id)
     return (at.queue, at.id)
+
+
+@dataclass(slots=True)
+class JobView:
+    """A job's page: the job (:func:`echomq_core.browse.job_detail`) and, for a flow's child,
+    the root flow a repair or cancel acts on (up to :data:`MAX_UP` row reads more)."""
+
+    detail: JobDetail
+    root: tuple[str, str] | None = None
+
+
+def job_view(mq: EchoMQ, detail: JobDetail) -> JobView:
+    info = detail.info
+    return JobView(detail, root_of(mq, info) if info.parent is not None else None)
 
 
 @dataclass(slots=True)
@@ -230,6 +245,12 @@ def poisoned(mq: EchoMQ, queue: str, count: int = PAGE) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _spec_order(parent_id: str, child_id: str) -> tuple[int, str]:
+    """Children by position where their ids are derived (``.2`` before ``.10``), else by id."""
+    index = derived_index(parent_id, child_id)
+    return (1 << 62, child_id) if index is None else (index, "")
 
 
 def _text(value: Any) -> str:
