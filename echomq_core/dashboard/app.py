@@ -28,6 +28,7 @@ takes the rest of the path.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -123,6 +124,11 @@ class Dashboard(Browsing):
         )
         self.env.filters["ago"] = _ago
         self.env.filters["when"] = _when
+        # JSON for reading (tojson's \u003c escapes are for <script>; this is text, escaped
+        # as all text is)
+        self.env.filters["shown"] = lambda v, indent=None: json.dumps(
+            v, indent=indent, ensure_ascii=False, default=repr
+        )
         self.env.filters["q"] = lambda s: quote(str(s), safe="")
 
     # -- rendering -------------------------------------------------------------------------
