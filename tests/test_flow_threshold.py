@@ -144,9 +144,12 @@ def test_tip_follow_up_survives_a_crash_before_it_ran(backend: Backend, prefix: 
     (b,) = mq.queue(work).claim(1)
     mq.queue(work).fail(b, "boom")
     deliver_without_trim(mq, [work], "pump-that-dies", lease_ms=1)
-    for ref, q in ((same, parents), (cross, work)):
+    # same-queue: the tipping step parked its unstarted children (no claim reaches them);
+    # cross-queue: the Pump died before parking them
+    for ref, q, state in ((same, parents, "delayed"), (cross, work, "pending")):
         assert mq.snapshot(parents, ref.parent_id).parent_state == "failed"
-        assert mq.get_job(q, f"{ref.parent_id}.3").state == "pending"  # not cancelled yet
+        assert mq.get_job(q, f"{ref.parent_id}.3").state == state  # not cancelled yet
+    assert mq.queue(parents).claim(10) == []
     time.sleep(0.01)  # the dead Pump's 1 ms outbox lease lapses
     pump = Pump(mq, [parents, work])
     try:
@@ -346,4 +349,69 @@ def test_flow_show_prints_failed_so_far_and_allowed(
     assert "  parent state  released (released), 1 failed of 10, 2 allowed" in lines
     assert "  threshold     1 failed so far / 2 allowed" in lines
     assert any(line.startswith(f"  failed child  {ref.parent_id}.4") for line in lines)
+    mq.close()
+
+
+def test_the_tip_parks_the_same_queue_children_in_its_own_step(mq: EchoMQ) -> None:
+    """No Pump runs: the tipping fail alone makes the flow's unstarted children in the parent's
+    queue unclaimable (a retrying one too); the leased one may still finish. A flow bigger
+    than the tip's bound parks the window from the tipping child's index on, and the
+    follow-up the rest."""
+    from echomq_core.lifecycle import PARK_CHUNK
+
+    ref = mq.add_flow("tq", [Child(i, max_attempts=2) for i in range(8)], min_success=8)
+    pid = ref.parent_id
+    q = mq.queue("tq")
+    jobs = q.claim(3)
+    q.fail(jobs[1], "try again")  # child 1 retries later (delayed)
+    q.fail(jobs[0], "first", retry=False)  # buried now: 1 > 0 allowed, the tip
+    assert mq.snapshot("tq", pid).parent_state == "failed"
+    assert q.claim(100) == []
+    assert mq.get_job("tq", f"{pid}.1").state == "delayed"
+    assert q.complete_many([(jobs[2], "leased before the tip")]) == [True]
+    pump = Pump(mq, ["tq"])
+    try:
+        assert pump.tick().stopped == 6  # children 1 and 3..7
+    finally:
+        pump.release_leases()
+    assert {mq.get_job("tq", f"{pid}.{i}").state for i in (1, 3, 4, 5, 6, 7)} == {"cancelled"}
+    assert q.stats()["delayed"] == 0
+
+    n = PARK_CHUNK + 2000
+    big = mq.add_flow("tq", [Child(i, max_attempts=1) for i in range(n)], min_success=n)
+    jobs = q.claim(1001)
+    q.fail(jobs[1000], "the tip at index 1000")
+    after = q.claim(3)  # beyond the tip's window: still claimable until the follow-up
+    assert [j.id for j in after] == [f"{big.parent_id}.{i}" for i in (6000, 6001, 6002)]
+    pump = Pump(mq, ["tq"])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    assert q.claim(10) == []
+    assert q.stats()["delayed"] == 0
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["same-queue", "cross-queue"])
+def test_repair_before_the_follow_up_ran(backend: Backend, prefix: str, cross: bool) -> None:
+    """The tip parked children (same-queue) and no drainer ran the follow-up yet: the repair
+    finishes the follow-up first, so the parked children run again and the flow releases; the
+    late 'x' then changes nothing."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "tz")
+    child_q = work if cross else parents
+    ref = mq.add_flow(parents, _children(6, {0}, child_q), min_success=6, barrier=True)
+    pid = ref.parent_id
+    (job,) = mq.queue(child_q).claim(1)
+    mq.queue(child_q).fail(job, "boom")
+    if cross:
+        deliver_without_trim(mq, [work], "pump-that-dies", lease_ms=1)
+    assert mq.snapshot(parents, pid).parent_state == "failed"
+    assert mq.retry_flow(parents, pid).state == "held"
+    _invariant(mq, parents, pid)
+    time.sleep(0.01)  # the dead Pump's 1 ms outbox lease lapses
+    work_off(mq, [parents, work], lambda j: j.payload)  # the late 'x' is drained here too
+    snap = mq.snapshot(parents, pid)
+    assert (snap.parent_state, snap.processed, snap.failed) == ("released", 6, 0)
+    assert mq.queue(child_q).stats()["delayed"] == 0
     mq.close()
