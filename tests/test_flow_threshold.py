@@ -415,3 +415,26 @@ def test_repair_before_the_follow_up_ran(backend: Backend, prefix: str, cross: b
     assert (snap.parent_state, snap.processed, snap.failed) == ("released", 6, 0)
     assert mq.queue(child_q).stats()["delayed"] == 0
     mq.close()
+
+
+def test_a_tipped_flow_expires_once_its_follow_up_ran(mq: EchoMQ) -> None:
+    """Its cancelled children never settle, so 'a failed flow waits until its children are
+    settled' must not keep it (and their rows) for ever: once `stopped`, it expires."""
+    from echomq_core import JobNotFound
+    from echomq_core.retention import SETTINGS
+
+    ref = mq.add_flow("te", _children(6, {0}), min_success=6, barrier=True)
+    pid = ref.parent_id
+    (job,) = mq.queue("te").claim(1)
+    mq.queue("te").fail(job, "boom")
+    mq.set_retention("te", **{n: 0 for n in SETTINGS if n.endswith("_age")})
+    sweeper = Pump(mq, ["te"], sweep_every=0, maintain_every=0)
+    try:
+        expired = sweeper.tick().expired + sweeper.tick().expired  # follow-up, then the sweep
+    finally:
+        sweeper.release_leases()
+    assert ("te", pid) in expired
+    assert mq.snapshot("te", pid).parent_state is None
+    for i in range(6):
+        with pytest.raises(JobNotFound):
+            mq.get_job("te", f"{pid}.{i}")
