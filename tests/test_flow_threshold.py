@@ -438,3 +438,30 @@ def test_a_tipped_flow_expires_once_its_follow_up_ran(mq: EchoMQ) -> None:
     for i in range(6):
         with pytest.raises(JobNotFound):
             mq.get_job("te", f"{pid}.{i}")
+
+
+def test_a_parked_worker_run_sub_flow_is_cancelled_out_of_delayed(mq: EchoMQ) -> None:
+    """A same-queue sub-flow released to pending (its parent job waiting for a worker) is
+    parked by the tip like a leaf; the follow-up's cancel of that node takes it out of
+    delayed too, so nothing of the flow stays queued."""
+    ref = mq.add_flow(
+        "tn",
+        [Child("a", children=[Child(1)]), Child(DOOMED, max_attempts=1)],
+        min_success=2,
+        barrier=True,
+    )
+    pid = ref.parent_id
+    q = mq.queue("tn")
+    jobs = {j.id: j for j in q.claim(2)}
+    assert set(jobs) == {f"{pid}.0.0", f"{pid}.1"}
+    q.complete_many([(jobs[f"{pid}.0.0"], 1)])  # the sub-flow is released: pending
+    assert mq.get_job("tn", f"{pid}.0").state == "pending"
+    q.fail(jobs[f"{pid}.1"], "boom")  # the tip parks the sub-flow's parent job
+    assert q.claim(10) == []
+    pump = Pump(mq, ["tn"])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    assert mq.get_job("tn", f"{pid}.0").state == "cancelled"
+    assert (q.stats()["pending"], q.stats()["delayed"]) == (0, 0)
