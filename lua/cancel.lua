@@ -15,7 +15,8 @@
 -- pending or delayed, or loses its lease if a worker holds it) becomes 'cancelled' with the
 -- reason and the time; a root moves to flows:cancelled (its `cancelled` retention).
 -- Cancelling again changes nothing, and a flow that already ended otherwise (closed,
--- completed, dead) is left as it is. Its children are reached by the host, queue by queue (cancel_children.lua).
+-- completed, dead) is left as it is. Its children are reached by the host, queue by queue
+-- (cancel_children.lua).
 -- Owner of what it writes: the row and the flows:cancelled entry go with the flow's expiry.
 -- Returns: {state after, total, child queues, {explicit id, queue, ...}, state before, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, or a node that is not the root named.
