@@ -31,6 +31,7 @@ from .models import (
     Backoff,
     Child,
     ChildFailure,
+    FlowCap,
     FlowRef,
     FlowSnapshot,
     FlowSummary,
@@ -40,6 +41,7 @@ from .models import (
 )
 from .pump import Pump
 from .queue import JobSpec, Queue
+from .rates import RateLimit
 from .worker import Worker
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "EchoMQ",
     "EchoMQError",
     "FlowCancelled",
+    "FlowCap",
     "FlowConflict",
     "FlowRef",
     "FlowSnapshot",
@@ -74,6 +77,7 @@ __all__ = [
     "ParentFailed",
     "Pump",
     "Queue",
+    "RateLimit",
     "ServerError",
     "ServerStartError",
     "Unrecoverable",

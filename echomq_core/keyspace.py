@@ -51,8 +51,22 @@ key                       type    holds
 ``flows:failed``          zset    failed root flows, by failure time: the ``failed`` retention
 ``flows:cancelled``       zset    cancelled root flows, by cancel time: the ``cancelled``
                                   retention
+``gate:<pq>:<id>``        zset    the children of parent ``<id>`` (of queue ``<pq>``) that
+                                  wait for a token of the flow's ``max_running`` cap, scored
+                                  as in ``pending``; the settling step that frees a token
+                                  moves the head to ``pending``; emptied by cancel (a
+                                  zset with no member is no key), deleted with the flow
+``gate:<pq>:<id>:cap``    hash    ``cap`` (this queue's share of the cap), ``admitted``
+                                  (children holding a token: pending, leased or retrying),
+                                  ``off`` (set by cancel: nothing is admitted); deleted with
+                                  the flow (forget.lua)
 ``config``                hash    this queue's retention settings (ages in ms, counts); absent
-                                  fields take the defaults of :mod:`echomq_core.retention`
+                                  fields take the defaults of :mod:`echomq_core.retention`;
+                                  and its rate limit (``rate``: ``<limit> <window ms>``,
+                                  :mod:`echomq_core.rates`)
+``rate:window``           hash    the current rate window's start (ms) and count of starts;
+                                  written by claims of a rate-limited queue, expires by itself
+                                  when its window ends
 ``sweep:lease``           string  which Pump sweeps this queue now (SET NX PX, taken only when
                                   something is due)
 ========================  ======  ===========================================================
@@ -170,6 +184,12 @@ def _queue_keys(prefix: str, queue: str) -> tuple[str, ...]:
     return tuple(base + name for name in QUEUE_KEYS)
 
 
+@lru_cache(maxsize=4096)
+def _claim_keys(prefix: str, queue: str) -> tuple[str, ...]:
+    base = f"{prefix}:{{{check_queue(queue)}}}:"
+    return (*_queue_keys(prefix, queue), base + "config", base + "rate:window")
+
+
 @dataclass(frozen=True, slots=True)
 class Keyspace:
     """Typed key builders for one key prefix."""
@@ -268,6 +288,13 @@ class Keyspace:
     def sweep_lease(self, queue: str) -> str:
         return self.base(queue) + "sweep:lease"
 
+    def rate_window(self, queue: str) -> str:
+        return self.base(queue) + "rate:window"
+
+    def claim_keys(self, queue: str) -> tuple[str, ...]:
+        """The keys of a claim: :meth:`queue_keys`, ``config`` and ``rate:window`` (cached)."""
+        return _claim_keys(self.prefix, queue)
+
     # -- per job --------------------------------------------------------------------------
     def job_prefix(self, queue: str) -> str:
         """``<prefix>:{queue}:job:``; with a known-good id appended, a row key (hot paths build
@@ -294,6 +321,14 @@ class Keyspace:
 
     def repair(self, queue: str, job_id: str) -> str:
         return self.job(queue, job_id) + ":repair"
+
+    def gate_keys(self, queue: str, parent_queue: str, parent_id: str) -> list[str]:
+        """The two keys of the cap gate of ``parent_id``'s children in ``queue`` (on the
+        child queue's slot, where claims happen): the waiting zset and the ``:cap`` hash. The
+        parent's queue is part of the name (ids and queue names hold no colon), so parents of
+        one id in two queues never share a gate."""
+        gate = f"{self.base(queue)}gate:{check_queue(parent_queue)}:{check_job_id(parent_id)}"
+        return [gate, gate + ":cap"]
 
     def node_keys(self, queue: str, job_id: str) -> list[str]:
         """Every key of one flow node: the five :meth:`parent_keys`, ``:explicit`` and

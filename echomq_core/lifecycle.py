@@ -76,13 +76,13 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
     if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
         return result
 
-    def children_of(node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
         _, total, cq, explicit, _before, gen = info
         kids = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
         return {
             q: (
                 "cancel_children",
-                [*ks.queue_keys(q)],
+                [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)],
                 [],
                 ids,
             )
@@ -144,10 +144,11 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     if parks:
         yield parks
 
-    def children_of(node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
         _, n, queues, ids, _before, generation = node_info
         kids = child_candidates(node, int(n), _s(queues), ids, _s(generation))
-        return {q: ("cancel_children", [*ks.queue_keys(q)], [], part) for q, part in kids.items()}
+        fixed = {q: [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node)] for q in kids}
+        return {q: ("cancel_children", fixed[q], [], part) for q, part in kids.items()}
 
     cancelled, _ = yield from _walk(
         ks,
@@ -196,7 +197,7 @@ _Visit = tuple[str, list[str], list[Any], list[str]]
 def _walk(
     ks: Keyspace,
     nodes: list[tuple[str, str, Sequence[Any]]],
-    children_of: Callable[[str, Sequence[Any]], dict[str, _Visit]],
+    children_of: Callable[[str, str, Sequence[Any]], dict[str, _Visit]],
     node_call: Callable[[str, str, str], Call],
     go_below: Callable[[Sequence[Any]], bool],
     on_node: Callable[[str, str, Sequence[Any]], None] = lambda q, i, info: None,
@@ -211,8 +212,9 @@ def _walk(
         on_node(*node)
     while nodes:
         calls, asked = [], []
-        for _queue, node_id, info in nodes:
-            for child_queue, (script, fixed, extra, ids) in children_of(node_id, info).items():
+        for node_queue, node_id, info in nodes:
+            visits = children_of(node_queue, node_id, info)
+            for child_queue, (script, fixed, extra, ids) in visits.items():
                 base = ks.job_prefix(child_queue)
                 for part in chunks(ids):
                     keys = [*fixed, *(base + i for i in part)]
@@ -270,7 +272,7 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         ]
         done.append(Call.lua("repair_done", keys, [node_id]))
 
-    def children_of(node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
         _, total, cq, explicit, listed, rerun, _n, gen = info
         listed_ids = [_s(i) for i in listed]
         everything = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
@@ -278,7 +280,7 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         for q, candidates in everything.items():
             ids = candidates if _s(rerun) else listed_ids
             if ids:
-                fixed = [*ks.queue_keys(q)]
+                fixed = [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)]
                 visits[q] = ("requeue", fixed, [_s(rerun)], ids)
         return visits
 
@@ -309,8 +311,10 @@ def add_or_replace(
     generation. One round trip more than a plain add; a cut replace is completed by a retry."""
     root = plan("")
     queue, parent_id = root.queue, root.id
-    ((state, total, fp, gen, allow),) = yield [
-        Call.cmd("HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen", "allow")
+    ((state, total, fp, gen, allow, cap),) = yield [
+        Call.cmd(
+            "HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen", "allow", "cap"
+        )
     ]
     gen_s = _s(gen) if gen else ""
     if gen_s:
@@ -320,6 +324,7 @@ def add_or_replace(
         and int(total) == len(root.children)
         and (fp is None or _s(fp) == fingerprint(root))
         and (None if allow is None else int(allow)) == root.allow
+        and (_s(cap) if cap is not None else "") == ("" if root.cap is None else str(root.cap))
     )
     if state is None or _s(state) == "replaced" or same:
         return (yield from add_flow(ks, root, new_queues, barrier=barrier, replan=plan))

@@ -7,8 +7,11 @@ Two sources, two kinds of metric:
 
 * **The server** (:class:`QueueCollector`, behind ``echomq dashboard``'s ``/metrics``): gauges
   read at scrape time - jobs per queue and state, outbox and poison lengths, root flows per
-  state, and the Pump's lag. One pipelined read per scrape: :data:`COMMANDS_PER_QUEUE`
-  commands per queue (ZCARD/LLEN/LINDEX, each O(1) or O(log n)) plus one SMEMBERS for the
+  state, the Pump's lag, a rate-limited queue's limit and current window, and the flow
+  controls of up to :data:`FLOW_GAUGES` held root flows per queue (:func:`read_controls`:
+  three round trips, bounded by that number). The queues: one pipelined read per scrape,
+  :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET, each O(1) or
+  O(log n)) plus one SMEMBERS for the
   registry - whatever the number of jobs, so a queue of 10 jobs and one of 10,000,000 cost the
   same (tests/test_metrics.py counts them with ``INFO commandstats``).
 * **A worker or a Pump process** (:class:`ProcessMetrics`, ``echomq worker|pump
@@ -44,12 +47,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import ops
+from . import ops, rates
 from .calls import Call, Op
 from .checks import check_int
+from .checks import text as _s
 from .errors import EchoMQError, Unrecoverable
 from .keyspace import FLOW_INDEXES, Keyspace, check_queue
 from .models import Job
+from .rates import RateLimit
 
 if TYPE_CHECKING:
     from .async_worker import AsyncWorker
@@ -61,8 +66,13 @@ if TYPE_CHECKING:
 #: The job states counted per queue (the zsets of the keyspace).
 JOB_STATES = ops.STATS[:5]  # then outbox and poison: ops.stat_calls reads all seven
 #: Commands one scrape sends per queue: 5 job-state ZCARDs, outbox and poison LLEN, the
-#: outbox head (LINDEX 0) and 5 flow-index ZCARDs.
-COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES)
+#: outbox head (LINDEX 0), 5 flow-index ZCARDs, and the rate limit with its current window's
+#: count (two HGETs: the window's key expires when the window ends, so a count read is the
+#: current window's).
+COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES) + 2
+#: The most held root flows per queue whose flow controls (``max_running``, ``min_success``)
+#: a scrape reports - the newest; a gauge per flow, so the number of series stays bounded.
+FLOW_GAUGES = 20
 #: Handler durations (s): from a no-op handler (~10 us) to a long batch step.
 DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
 #: Claim batch sizes: the worker doubles a batch from 1 up to max_batch (5000 at most).
@@ -79,6 +89,12 @@ class QueueReading:
     poison: int
     flows: dict[str, int]
     head_age: float = 0.0  # seconds the current outbox head has been seen there
+    rate: RateLimit | None = None  # the queue's rate limit; ``used``: starts in this window
+
+    @property
+    def rate_text(self) -> str:
+        """``used / limit`` of the current window (``37 / 100/s``), or '' without a limit."""
+        return f"{self.rate.used:,} / {self.rate.text}" if self.rate else ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +104,7 @@ class QueueReading:
             "poison": self.poison,
             "flows": dict(self.flows),
             "outbox_head_age": round(self.head_age, 3),
+            "rate": self.rate_text,
         }
 
 
@@ -100,6 +117,8 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
             *ops.stat_calls(ks, q),
             Call.cmd("LINDEX", ks.outbox(q), 0),
             *(Call.cmd("ZCARD", ks.flows(q, state)) for state in FLOW_INDEXES),
+            Call.cmd("HGET", ks.config(q), rates.FIELD),
+            Call.cmd("HGET", ks.rate_window(q), "count"),
         ]
     if not calls:
         return []
@@ -108,9 +127,70 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
     for i, q in enumerate(queues):
         r = replies[i * COMMANDS_PER_QUEUE : (i + 1) * COMMANDS_PER_QUEUE]
         jobs = {state: int(n) for state, n in zip(JOB_STATES, r[:5], strict=True)}
-        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:], strict=True)}
-        out.append((QueueReading(q, jobs, int(r[5]), int(r[6]), flows), bytes(r[7] or b"")))
+        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:-2], strict=True)}
+        rate = None
+        if r[-2]:
+            limit, window = (int(x) for x in _s(r[-2]).split())
+            rate = RateLimit(limit, window, int(r[-1] or 0))
+        reading = QueueReading(q, jobs, int(r[5]), int(r[6]), flows, rate=rate)
+        out.append((reading, bytes(r[7] or b"")))
     return out
+
+
+@dataclass(slots=True)
+class FlowControls:
+    """A held root flow's flow controls at one moment: ``running`` children holding a token of
+    its ``cap`` (None: no cap), ``failed`` children so far of the ``allowed`` (None: no
+    threshold)."""
+
+    queue: str
+    parent_id: str
+    cap: int | None
+    running: int
+    allowed: int | None
+    failed: int
+
+
+def read_controls(
+    ks: Keyspace, queues: Sequence[str], limit: int = FLOW_GAUGES
+) -> Op[list[FlowControls]]:
+    """The flow controls of each queue's newest ``limit`` held root flows that have any: three
+    round trips (the held flows; their rows' ``cap`` / ``allow`` / child queues; the gates'
+    counts and the threshold flows' failure counts), bounded by ``limit`` per queue, never by
+    a flow's size. A flow without controls costs one HMGET."""
+    if not queues:
+        return []
+    held = yield [Call.cmd("ZRANGE", ks.flows(q, "held"), -limit, -1) for q in queues]
+    flows = [(q, _s(pid)) for q, ids in zip(queues, held, strict=True) for pid in ids]
+    if not flows:
+        return []
+    rows = yield [Call.cmd("HMGET", ks.job(q, pid), "cap", "allow", "cq") for q, pid in flows]
+    calls: list[Call] = []
+    plans: list[tuple[FlowControls, int]] = []  # (controls, replies it reads)
+    for (q, pid), (cap, allow, cq) in zip(flows, rows, strict=True):
+        if cap is None and allow is None:
+            continue
+        found = FlowControls(
+            q, pid, None if cap is None else int(cap), 0, None if allow is None else int(allow), 0
+        )
+        n = 0
+        if found.allowed is not None:
+            calls.append(Call.cmd("HLEN", ks.failed(q, pid)))
+            n += 1
+        if found.cap is not None:
+            for child_queue in (_s(cq).split() if cq else []):
+                calls.append(Call.cmd("HGET", ks.gate_keys(child_queue, q, pid)[1], "admitted"))
+                n += 1
+        plans.append((found, n))
+    replies = (yield calls) if calls else []
+    at = 0
+    for found, n in plans:
+        mine = replies[at : at + n]
+        at += n
+        if found.allowed is not None:
+            found.failed, mine = int(mine[0]), mine[1:]
+        found.running = sum(int(x or 0) for x in mine)
+    return [found for found, _ in plans]
 
 
 class QueueCollector(Collector):
@@ -152,6 +232,38 @@ class QueueCollector(Collector):
                     reading.head_age = now - seen[1]
         return [reading for reading, _ in pairs]
 
+    def _controls(self, queues: list[str]) -> Iterable[Metric]:
+        """Gauges per held root flow with flow controls (:func:`read_controls`)."""
+        labels = ["queue", "flow"]
+        running = GaugeMetricFamily(
+            "echomq_flow_running", "Children of a capped flow holding a token", labels=labels
+        )
+        cap = GaugeMetricFamily(
+            "echomq_flow_max_running", "A flow's max_running cap", labels=labels
+        )
+        failed = GaugeMetricFamily(
+            "echomq_flow_failed_children",
+            "Children of a flow with min_success that died so far",
+            labels=labels,
+        )
+        allowed = GaugeMetricFamily(
+            "echomq_flow_allowed_failures",
+            "How many children of a flow with min_success may die without failing it",
+            labels=labels,
+        )
+        try:
+            found = self.client.perform(read_controls(self.client.keys, queues))
+        except EchoMQError:
+            found = []  # the queue gauges were read: a scrape never raises
+        for f in found:
+            if f.cap is not None:
+                running.add_metric([f.queue, f.parent_id], f.running)
+                cap.add_metric([f.queue, f.parent_id], f.cap)
+            if f.allowed is not None:
+                failed.add_metric([f.queue, f.parent_id], f.failed)
+                allowed.add_metric([f.queue, f.parent_id], f.allowed)
+        yield from (running, cap, failed, allowed)
+
     def describe(self) -> Iterable[Metric]:
         return []  # the metrics are made at collect time; nothing to check at registration
 
@@ -185,7 +297,20 @@ class QueueCollector(Collector):
             "outbox, as seen by this exporter (0: empty or moving); the Pump's lag",
             labels=["queue"],
         )
+        limit = GaugeMetricFamily(
+            "echomq_queue_rate_limit_per_second",
+            "The queue's rate limit in job starts per second (queues with a limit only)",
+            labels=["queue"],
+        )
+        window = GaugeMetricFamily(
+            "echomq_queue_rate_window_starts",
+            "Job starts counted in the queue's current rate window (queues with a limit only)",
+            labels=["queue"],
+        )
         for r in readings:
+            if r.rate is not None:
+                limit.add_metric([r.queue], r.rate.limit * 1000 / r.rate.window_ms)
+                window.add_metric([r.queue], r.rate.used)
             for state, n in r.jobs.items():
                 jobs.add_metric([r.queue, state], n)
             outbox.add_metric([r.queue], r.outbox)
@@ -193,11 +318,12 @@ class QueueCollector(Collector):
             for state, n in r.flows.items():
                 flows.add_metric([r.queue, state], n)
             lag.add_metric([r.queue], r.head_age)
+        yield from self._controls([r.queue for r in readings])
         took = GaugeMetricFamily(
             "echomq_scrape_duration_seconds", "How long the last read of the server took"
         )
         took.add_metric([], time.perf_counter() - started)
-        yield from (up, jobs, outbox, poison, flows, lag, took)
+        yield from (up, jobs, outbox, poison, flows, lag, limit, window, took)
 
 
 # -- a worker's or a Pump's own metrics ---------------------------------------------------

@@ -26,7 +26,12 @@ the fan-in promised:
   flow's old children are gone and their reports change nothing;
 * a sweep forgets exactly the flows in an end state whose children all settled (a closed or
   unclosed barrier, a worker-run root that ran, a failed flow with nothing still running) -
-  every key of theirs - and nothing a live flow needs.
+  every key of theirs - and nothing a live flow needs;
+* a flow added with ``max_running`` (its cap split over its child queues): in each child
+  queue, the gate's ``admitted`` count equals the flow's children that really hold a token
+  (pending, leased or retrying), never above that queue's share, the shares sum to the cap,
+  and a child waits in the gate only while the share is full (or the flow is cancelled); a
+  re-add with another cap is refused.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class FlowModel:
     recorded: dict[str, tuple[str, Any]] = field(default_factory=dict)  # id -> (kind, value)
     in_flight: dict[str, tuple[str, Any]] = field(default_factory=dict)  # signals not delivered
     parent_ran: bool = False
+    cap: int | None = None  # max_running
     allow: int | None = None  # a success threshold: how many fp deaths it tolerates
     tolerated: int = 0  # fp deaths recorded while held and within allow
     tipped: bool = False  # the death beyond allow reached it (and no repair since)
@@ -154,9 +160,14 @@ class FlowMachine(RuleBasedStateMachine):
         ),
         barrier=st.booleans(),
         allow=st.sampled_from([None, None, 0, 1, 1, 2]),
+        cap=st.one_of(st.none(), st.integers(2, 3)),  # >= 2: at least 1 per child queue
     )
     def add_flow(
-        self, spec: list[tuple[str, str]], barrier: bool = False, allow: int | None = None
+        self,
+        spec: list[tuple[str, str]],
+        barrier: bool = False,
+        allow: int | None = None,
+        cap: int | None = None,
     ) -> None:
         pid = f"JOB-flow{len(self.flows)}"  # deterministic: hypothesis replays must match
         children = [
@@ -172,7 +183,12 @@ class FlowMachine(RuleBasedStateMachine):
             allow = min(allow, len(children) - 1)  # at least one must succeed
         min_success = None if allow is None else len(children) - allow
         self.mq.add_flow(
-            self.parents, children, parent_id=pid, barrier=barrier, min_success=min_success
+            self.parents,
+            children,
+            parent_id=pid,
+            barrier=barrier,
+            min_success=min_success,
+            max_running=cap,
         )
         self._track(
             FlowModel(
@@ -182,6 +198,7 @@ class FlowMachine(RuleBasedStateMachine):
                 children,
                 barrier,
                 allow=allow,
+                cap=cap,
             )
         )
 
@@ -193,11 +210,17 @@ class FlowMachine(RuleBasedStateMachine):
             return
         min_success = None if flow.allow is None else len(flow.children) - flow.allow
         self.mq.add_flow(
-            flow.queue, flow.spec, parent_id=flow.pid, barrier=flow.barrier,
+            flow.queue,
+            flow.spec,
+            parent_id=flow.pid,
+            barrier=flow.barrier,
             min_success=min_success,
+            max_running=flow.cap,
         )
 
-    @rule(data=st.data(), how=st.sampled_from(["other ids", "one more", "taken child"]))
+    @rule(
+        data=st.data(), how=st.sampled_from(["other ids", "one more", "taken child", "other cap"])
+    )
     def conflicting_add(self, data: st.DataObject, how: str) -> None:
         """An add that would merge two flows: refused, and nothing changes (the invariant
         check after this step compares every flow with the model)."""
@@ -205,6 +228,17 @@ class FlowMachine(RuleBasedStateMachine):
         if flow.expired:
             return
         n = len(flow.children)
+        if how == "other cap":
+            other = 5 if flow.cap is None else None
+            try:
+                allow = None if flow.allow is None else len(flow.children) - flow.allow
+                self.mq.add_flow(
+                    flow.queue, flow.spec, parent_id=flow.pid, max_running=other,
+                    min_success=allow,
+                )
+            except FlowConflict:
+                return
+            raise AssertionError("a re-add with another cap was accepted")
         if how == "other ids":  # the same N, other child ids
             children = [Child(i, queue=self.parents, id=f"{flow.pid}-x{i}") for i in range(n)]
             pid = flow.pid
@@ -444,6 +478,31 @@ class FlowMachine(RuleBasedStateMachine):
             expired = {pid for _, pid in more}
         for flow in self.flows.values():
             assert flow.expired or not flow.expires(), f"{flow.pid} should have expired"
+
+    @invariant()
+    def the_cap_counts_what_holds_a_token(self) -> None:
+        r = self.mq.connection.client
+        ks = self.mq.keys
+        for flow in self.flows.values():
+            if flow.cap is None or flow.expired:
+                continue
+            shares = 0
+            for queue in sorted({q for q, _ in flow.children.values()}):
+                kids = [c for c, (q, _) in flow.children.items() if q == queue]
+                waiting, counts = ks.gate_keys(queue, flow.queue, flow.pid)
+                share, admitted, off = r.hmget(counts, "cap", "admitted", "off")
+                shares += int(share)
+                holding = sum(
+                    1
+                    for c in kids
+                    for key in (ks.pending(queue), ks.active(queue), ks.delayed(queue))
+                    if r.zscore(key, c) is not None
+                )
+                assert int(admitted or 0) == holding, (flow.pid, queue, admitted, holding)
+                assert holding <= int(share)
+                if holding < int(share) and off is None:
+                    assert r.zcard(waiting) == 0, (flow.pid, queue)
+            assert shares == flow.cap
 
     @invariant()
     def reads_match_the_model(self) -> None:

@@ -292,6 +292,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         min_success: float | None = None,
         barrier: bool = True,
         repair: bool = True,
+        max_running: int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle (see ``EchoMQ.add_flow``).
 
@@ -301,6 +302,8 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         re-add repairs it (``retry_flow``: dead and cancelled children run again, completed
         ones keep their values) unless ``repair`` is off. ``barrier`` (True): the flow is read
         by a downstream asset, not run by a worker; the IO manager closes it once read.
+        ``max_running``: at most that many children leased at once (``EchoMQ.add_flow``); a
+        retried step must pass the same cap.
 
         Inside a run, a barrier flow is logged (INFO, ``EchoMQ flow added: {...}``) as soon as
         it is added: should the run fail before anything reads it - even in this very step,
@@ -319,6 +322,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             max_attempts=max_attempts,
             min_success=min_success,
             barrier=barrier,
+            max_running=max_running,
         )
         if barrier:
             steps.record(ref)
