@@ -140,7 +140,7 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     else:
         flat = list(explicit)
     info = ["failed", total, cq or b"", flat, "failed", gen or b""]
-    parks = _park_calls(ks, node_id, int(total), _s(cq or b""), flat, _s(gen or b""))
+    parks = _park_calls(ks, queue, node_id, int(total), _s(cq or b""), flat, _s(gen or b""))
     if parks:
         yield parks
 
@@ -167,19 +167,26 @@ PARK_CHUNK = 5000
 
 
 def _park_calls(
-    ks: Keyspace, node_id: str, total: int, child_queues: str, explicit: Sequence[Any], gen: str
+    ks: Keyspace,
+    node_queue: str,
+    node_id: str,
+    total: int,
+    child_queues: str,
+    explicit: Sequence[Any],
+    gen: str,
 ) -> list[Call]:
     """The ``park.lua`` calls of a tipped node: per child queue, its derived ids by index
     range when the node has no explicit ids (with explicit ids a derived id may be another
     job's, so only the recorded explicit ids are parked; the walk cancels the rest), and the
-    explicit ids recorded for that queue; at most :data:`PARK_CHUNK` ids per call."""
+    explicit ids recorded for that queue; at most :data:`PARK_CHUNK` ids per call. Each call
+    also marks the node's cap gate in that queue off (a capped flow admits no more)."""
     stem = f"{node_id}.g{gen}." if gen else f"{node_id}."
     given: dict[str, list[str]] = {}
     for i in range(0, len(explicit), 2):
         given.setdefault(_s(explicit[i + 1]), []).append(_s(explicit[i]))
     calls = []
     for queue in child_queues.split():
-        keys = [*ks.queue_keys(queue)]
+        keys = [*ks.queue_keys(queue), *ks.gate_keys(queue, node_queue, node_id)]
         if not explicit:
             for start in range(0, total, PARK_CHUNK):
                 end = min(total, start + PARK_CHUNK)

@@ -5,6 +5,8 @@
 -- @include park
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending and delayed
+-- KEYS[16] KEYS[17]  the gate (waiting, cap) of the flow's children in this queue
+--             (includes/gate.lua; absent keys when the flow has no cap): marked off
 -- ARGV[1] stem  the flow's derived-id prefix ('<id>.' or '<id>.g<gen>.')
 -- ARGV[2] from  ARGV[3] to  the derived indexes [from, to) to park (from = to: none)
 -- ARGV[4..] explicit child ids of this queue (from the flow's :explicit record)
@@ -14,4 +16,5 @@
 -- entries in the same follow-up).
 -- Returns: how many children were parked.
 local ids = {unpack(ARGV, 4)}
-return park(queue_keys(KEYS), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ids)
+return park(queue_keys(KEYS), ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ids,
+  {KEYS[16], KEYS[17]})

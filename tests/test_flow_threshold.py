@@ -465,3 +465,38 @@ def test_a_parked_worker_run_sub_flow_is_cancelled_out_of_delayed(mq: EchoMQ) ->
         pump.release_leases()
     assert mq.get_job("tn", f"{pid}.0").state == "cancelled"
     assert (q.stats()["pending"], q.stats()["delayed"]) == (0, 0)
+
+
+def test_a_capped_flow_admits_nothing_once_parked(backend: Backend, prefix: str) -> None:
+    """max_running and min_success together, cross-queue: the follow-up's park marks the cap
+    gate off, so a leased child that completes before the walk admits no waiting one."""
+    from echomq_core.lifecycle import stop_unstarted
+
+    from .flowkit import run_steps
+
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "tg")
+    kids = _children(8, {0}, work)
+    ref = mq.add_flow(parents, kids, min_success=8, max_running=2, barrier=True)
+    pid = ref.parent_id
+    q = mq.queue(work)
+    jobs = q.claim(10)
+    assert len(jobs) == 2  # the cap
+    doomed = next(j for j in jobs if j.payload == DOOMED)
+    other = next(j for j in jobs if j.payload != DOOMED)
+    q.fail(doomed, "boom")  # its token admits the next child
+    deliver_without_trim(mq, [work], "pump-that-dies", lease_ms=1)  # the tip
+    assert mq.snapshot(parents, pid).parent_state == "failed"
+    run_steps(mq, stop_unstarted(mq.keys, parents, pid), 2)  # the read and the park; then dies
+    assert q.complete_many([(other, "done")]) == [True]  # returns its token
+    assert q.claim(10) == []
+    time.sleep(0.01)  # the dead Pump's 1 ms outbox lease lapses
+    pump = Pump(mq, [parents, work])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    states = {mq.get_job(work, f"{pid}.{i}").state for i in range(8)}
+    assert states == {"dead", "completed", "cancelled"}
+    assert (q.stats()["pending"], q.stats()["delayed"]) == (0, 0)
+    mq.close()

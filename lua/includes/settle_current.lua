@@ -134,7 +134,7 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
           local i = tonumber(string.match(string.sub(tipper, #stem + 1), '^%d+$') or '0')
           from = math.max(0, math.min(i, total - PARK_AT_TIP))
         end
-        park(q, stem, from, math.min(total, from + PARK_AT_TIP), {})
+        park(q, stem, from, math.min(total, from + PARK_AT_TIP), {}, nil)
       end
       push_signals(q.outbox, q.outbox_wake, {signal('x', parent_id, parent_queue, parent_id, now)})
     end
