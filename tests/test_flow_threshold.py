@@ -500,3 +500,27 @@ def test_a_capped_flow_admits_nothing_once_parked(backend: Backend, prefix: str)
     assert states == {"dead", "completed", "cancelled"}
     assert (q.stats()["pending"], q.stats()["delayed"]) == (0, 0)
     mq.close()
+
+
+def test_a_same_queue_capped_flow_admits_nothing_after_the_tip(mq: EchoMQ) -> None:
+    """The tipping death's own token, and a leased child's completion before the follow-up,
+    admit no waiting child of a tipped flow (its gate is marked off in the tipping step)."""
+    ref = mq.add_flow("tgs", _children(8, {0}), min_success=8, max_running=2, barrier=True)
+    q = mq.queue("tgs")
+    jobs = q.claim(10)
+    assert len(jobs) == 2
+    doomed = next(j for j in jobs if j.payload == DOOMED)
+    other = next(j for j in jobs if j.payload != DOOMED)
+    q.fail(doomed, "boom")  # the tip; no Pump runs the follow-up yet
+    assert q.claim(10) == []
+    assert q.complete_many([(other, "done")]) == [True]
+    assert q.claim(10) == []
+    pump = Pump(mq, ["tgs"])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    pid = ref.parent_id
+    assert {mq.get_job("tgs", f"{pid}.{i}").state for i in range(2, 8)} == {"cancelled"}
+    cap = mq.flow_cap("tgs", pid)
+    assert cap is not None and (cap.admitted, cap.waiting) == (0, 0)  # tokens all returned
