@@ -289,6 +289,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         payload: Any = None,
         parent_id: str | None = None,
         max_attempts: int = 3,
+        min_success: float | None = None,
         barrier: bool = True,
         repair: bool = True,
         max_running: int | None = None,
@@ -309,6 +310,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         before its output is stored - ``echomq_cancel_sensors`` find it there and cancel it.
         Inside a step it is also noted as this step's (:mod:`dagster_echomq.steps`): should
         the IO manager refuse the step's output, it cancels the flows the step added.
+
+        ``min_success``: a success threshold (``EchoMQ.add_flow``); a retried step must pass
+        the same one.
         """
         ref = self.client.add_flow(
             queue,
@@ -316,6 +320,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             payload=payload,
             parent_id=parent_id,
             max_attempts=max_attempts,
+            min_success=min_success,
             barrier=barrier,
             max_running=max_running,
         )

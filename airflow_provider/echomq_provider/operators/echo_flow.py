@@ -124,6 +124,9 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         Airflow retry must keep it: a re-add with another cap fails the task.
     :param parent_id: an explicit parent id (``JOB-...``). Leave it unset to get the derived,
         retry-safe id; an explicit one must be just as stable across tries.
+    :param min_success: a success threshold (``EchoMQ.add_flow(min_success=)``): a fraction
+        in (0, 1] or a count of children that must succeed; the others may die without
+        failing the flow. Default None: any death fails it.
     :param barrier: True (the default): the flow is read by a sensor, not run by a worker -
         its parent is never claimed, and :class:`~echomq_provider.sensors.echo_flow.
         EchoFlowSensor` closes it once it has read the results (its retention then runs).
@@ -185,6 +188,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         max_running: int | None = None,
         parent_id: str | None = None,
         barrier: bool = True,
+        min_success: float | None = None,
         repair: bool = True,
         on_conflict: str = "fail",
         echomq_conn_id: str = EchoMQHook.default_conn_name,
@@ -240,6 +244,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         )
         self.parent_id = parent_id
         self.barrier = barrier
+        self.min_success = min_success  # checked by the add (InvalidArgument names it)
         if on_conflict not in ON_CONFLICT:
             raise InvalidInput(
                 f"{self.task_id}: on_conflict must be one of {', '.join(ON_CONFLICT)}, "
@@ -359,6 +364,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                     payload=self.payload,
                     parent_id=parent_id,
                     max_attempts=self.max_attempts,
+                    min_success=self.min_success,
                     barrier=self.barrier,
                     replace=self.on_conflict == "replace",
                     max_running=self.max_running,
