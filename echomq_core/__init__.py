@@ -40,6 +40,7 @@ from .models import (
 )
 from .pump import Pump
 from .queue import JobSpec, Queue
+from .waiting import FlowWait, Verdict
 from .worker import Worker
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "FlowSnapshot",
     "FlowSummary",
     "FlowTimeout",
+    "FlowWait",
     "InvalidArgument",
     "InvalidFlow",
     "InvalidInput",
@@ -77,6 +79,7 @@ __all__ = [
     "ServerError",
     "ServerStartError",
     "Unrecoverable",
+    "Verdict",
     "Worker",
 ]
 
