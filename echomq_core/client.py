@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from . import failures, flows, lifecycle, ops, retention
 from .async_queue import AsyncQueue
-from .checks import MAX_ATTEMPTS, check_int, encode_checked, text
+from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
 from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
@@ -373,6 +373,7 @@ class EchoMQ(_Base):
         cancelled), :class:`FlowTimeout` after ``timeout`` (naming what holds the flow up,
         where that shows). Reads come at most ``poll`` seconds apart, the first ones sooner
         (see :mod:`echomq_core.waiting`)."""
+        timeout = check_seconds("timeout", timeout)  # bounded: None is not "no timeout" here
         wait = FlowWait(queue, parent_id, poll=poll, timeout=timeout)
         while not (verdict := self.perform(wait.read(self.keys))).done:
             time.sleep(verdict.pause)
@@ -502,6 +503,7 @@ class AsyncEchoMQ(_Base):
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
     ) -> FlowSnapshot:
         """As :meth:`EchoMQ.wait`, without blocking the event loop."""
+        timeout = check_seconds("timeout", timeout)
         wait = FlowWait(queue, parent_id, poll=poll, timeout=timeout)
         while not (verdict := await self.connection.perform(wait.read(self.keys))).done:
             await asyncio.sleep(verdict.pause)

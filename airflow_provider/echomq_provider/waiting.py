@@ -4,10 +4,12 @@ Two kinds of task wait on a flow: :class:`~echomq_provider.sensors.echo_flow.Ech
 (a flow another task added) and :class:`~echomq_provider.operators.echo_flow.EchoFlowOperator`
 with ``wait_for_completion=True`` (and ``@task.echo_flow``), which waits on the flow it has just
 added - one task where the sensor makes two. :class:`FlowWaiting` is what they share: reading
-the flow (fail fast on a failed or cancelled parent), the return value once it is released
-(the summary, or the values with the summary under the XCom key :data:`FLOW_KEY`), resuming
-from :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger`'s event, the progress line,
-and cancelling the flow when the task gives up on it (``cancel_on_failure``).
+the flow (each read judged, and the operator's next pause set, by the core's
+:class:`~echomq_core.waiting.FlowWait`; fail fast on a failed or cancelled parent), the return
+value once it is released (the summary, or the values with the summary under the XCom key
+:data:`FLOW_KEY`), resuming from :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger`'s
+event, the progress line, and cancelling the flow when the task gives up on it
+(``cancel_on_failure``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """EchoFlowTrigger: the deferrable half of EchoFlowSensor, run by the triggerer.
 
 It polls one flow with the async client until the flow settles, then fires one event and
-ends. The event is small on purpose (it is stored in the metadata DB): a status and counts.
+ends; what each read means and when the next comes is the core's
+:class:`~echomq_core.waiting.FlowWait`, driven here with ``await``. The event is small on
+purpose (it is stored in the metadata DB): a status and counts.
 
 On success with ``end_from_trigger`` (the waiting task's default unless plugins registered
 listeners), the trigger ends the task itself: it does the reads the task would do on resuming
