@@ -29,6 +29,7 @@ from echomq_core import (
     ParentFailed,
     Verdict,
 )
+from echomq_core.inspection import read_tree
 from echomq_core.keyspace import child_stem, derived_index
 from echomq_core.lifecycle import repair_on_readd
 from echomq_core.waiting import (
@@ -288,3 +289,14 @@ def test_repair_on_readd(backend: Backend, mq: EchoMQ) -> None:
         "released",
     )
     assert mq.children_values(ref.queue, pid) == {f"{pid}.{i}": i for i in range(3)}
+
+
+def test_the_tree_of_a_replaced_flow_finds_its_sub_flows(mq: EchoMQ) -> None:
+    """``flow show`` and the dashboard look for a parent's unsettled sub-flows by their derived
+    ids: in a replaced flow's generation those are ``<id>.g<n>.<i>``."""
+    pid = "JOB-tree-replaced"
+    mq.add_flow("vx", [Child(1), Child(2)], parent_id=pid)
+    mq.add_flow("vx", [Child(children=[Child(2), Child(3)])], parent_id=pid, replace=True)
+    tree = read_tree(mq, "vx", pid)
+    assert [node.snap.parent_id for node in tree.subflows] == [f"{pid}.g1.0"]
+    assert tree.subflows[0].snap.total == 2
