@@ -40,6 +40,7 @@ from .models import (
 )
 from .pump import Pump
 from .queue import JobSpec, Queue
+from .rates import RateLimit
 from .waiting import FlowWait, Verdict
 from .worker import Worker
 
@@ -76,6 +77,7 @@ __all__ = [
     "ParentFailed",
     "Pump",
     "Queue",
+    "RateLimit",
     "ServerError",
     "ServerStartError",
     "Unrecoverable",

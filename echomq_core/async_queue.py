@@ -18,6 +18,7 @@ from .calls import Op
 from .errors import LeaseLost
 from .models import Job, JobInfo, Settlement
 from .queue import DEAD, FailedAttempt, JobSpec, OpsClient, QueueOps
+from .rates import Claimed
 
 T = TypeVar("T")
 
@@ -58,8 +59,9 @@ class AsyncQueue(QueueOps):
 
     async def claim(
         self, count: int = 1, *, lease: float | None = None, promote: int = 100
-    ) -> list[Job]:
-        """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
+    ) -> Claimed:
+        """Lease up to ``count`` jobs within the queue's rate limit; as
+        :meth:`Queue.claim <echomq_core.Queue.claim>`. Two round trips."""
         return await self.client.perform(self.claim_op(count, lease=lease, promote=promote))
 
     async def complete(self, job: Job, result: Any = None) -> None:

@@ -63,6 +63,7 @@ from .running import (
     Intake,
     OptionAttributes,
     Outcome,
+    RateWindows,
     failure,
     make_queues,
     split,
@@ -118,6 +119,7 @@ class AsyncWorker(OptionAttributes):
         self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
         self._hand = InHand(opts, self._intake)
         self._wake = wake_queues(client.keys, self.connection.is_cluster, list(self.handlers))
+        self._windows = RateWindows()
         self._checked = 0.0
         self._pool: ThreadPoolExecutor | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -247,6 +249,8 @@ class AsyncWorker(OptionAttributes):
             took = False
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
+                if self._windows.closed(name):  # its rate window is spent: not before it opens
+                    continue
                 try:
                     sent = time.monotonic()
                     jobs = await self.queues[name].claim(want)
@@ -255,6 +259,7 @@ class AsyncWorker(OptionAttributes):
                         log.warning("claim from %r failed: %s", name, exc)
                         await self._sleep(idle)
                     continue
+                self._windows.note(name, jobs)
                 if jobs:
                     took = True
                     turn += 1
@@ -282,8 +287,11 @@ class AsyncWorker(OptionAttributes):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _idle(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible."""
-        if self._wake is None:
+        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
+        rate windows are spent, not past the first opening, and on their queues' hints not at
+        all (see :class:`~echomq_core.running.RateWindows`)."""
+        wake, seconds = self._windows.idle_plan(list(self.handlers), self._wake, seconds)
+        if wake is None:
             await self._sleep(seconds)
             return
         deadline = time.monotonic() + seconds
@@ -291,7 +299,7 @@ class AsyncWorker(OptionAttributes):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            op = ops.wait_for_work(self.client.keys, self._wake, min(left, BLOCK_SLICE))
+            op = ops.wait_for_work(self.client.keys, wake, min(left, BLOCK_SLICE))
             try:
                 if await self.connection.perform(op):
                     return

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from . import failures, flows, lifecycle, ops, retention
+from . import failures, flows, lifecycle, ops, rates, retention
 from .async_queue import AsyncQueue
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
@@ -30,6 +30,7 @@ from .models import (
     Serializer,
 )
 from .queue import Queue
+from .rates import RateLimit
 from .waiting import FlowWait, Verdict
 
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class _Base:
         parent_id: str | None,
         max_attempts: int,
         gen: str = "",
+        min_success: Any = None,
     ) -> Any:
         return flows.plan(
             queue,
@@ -79,6 +81,7 @@ class _Base:
             dumps=self.encode,
             max_payload=self.max_payload_bytes,
             gen=gen,
+            min_success=min_success,
         )
 
     def _add_op(
@@ -91,10 +94,13 @@ class _Base:
         barrier: Any,
         replace: Any,
         new_queues: Any,
+        min_success: Any = None,
     ) -> tuple[Any, Op[FlowRef]]:
         """The planned root and the operation of an add (a replace when asked)."""
         barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
-        root = self._plan_flow(queue, children, payload, parent_id, max_attempts)
+        root = self._plan_flow(
+            queue, children, payload, parent_id, max_attempts, min_success=min_success
+        )
         queues = new_queues(flows.queues_of(root))
         if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
@@ -102,7 +108,9 @@ class _Base:
         def plan(gen: str) -> Any:
             if not gen:
                 return root
-            return self._plan_flow(queue, children, payload, root.id, max_attempts, gen)
+            return self._plan_flow(
+                queue, children, payload, root.id, max_attempts, gen, min_success
+            )
 
         if not replace:
             return queues, flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
@@ -220,6 +228,7 @@ class EchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        min_success: float | int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
@@ -236,6 +245,14 @@ class EchoMQ(_Base):
         generation whose child ids cannot collide with the old ones (``<id>.g<n>.<i>``); without
         it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
         way. See :mod:`echomq_core.lifecycle`.
+
+        ``min_success``: a success threshold - a fraction in (0, 1] of the children, or an int
+        count of them, that must succeed. A fail-parent child that dies is then recorded in
+        :meth:`failed_children` without failing the parent while the threshold can still be
+        met (the flow is released with its failures listed); the death that makes it
+        unreachable fails the parent at once, naming the failures, and its children that have
+        not started are cancelled (see :mod:`echomq_core.lifecycle`). A re-add with another
+        threshold is :class:`FlowConflict`; sub-flows take ``Child(min_success=)``.
         """
         with ops.gc_paused(children):
             new, op = self._add_op(
@@ -247,6 +264,7 @@ class EchoMQ(_Base):
                 barrier,
                 replace,
                 self.unregistered,
+                min_success,
             )
             ref = self.perform(op)
         self._registered.update(new)
@@ -306,6 +324,20 @@ class EchoMQ(_Base):
         check_queue(queue)
         self.perform(retention.set_config(self.keys, queue, settings))
         self.register_queue(queue)
+
+    def rate_limit(self, queue: str) -> RateLimit | None:
+        """The queue's rate limit and its current window (starts used, when it resets), as
+        the server counts them; None when it has none (see :mod:`echomq_core.rates`)."""
+        check_queue(queue)
+        return self.perform(rates.get_rate(self.keys, queue))
+
+    def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
+        """Limit ``queue`` to ``rate`` job starts across every worker (``"100/s"``,
+        ``"6000/min"``, ``"5/500ms"``), or remove the limit (None or ``"none"``). Checked
+        before anything is written (:class:`InvalidArgument` naming the value)."""
+        check_queue(queue)
+        self.perform(rates.set_rate(self.keys, queue, rate))
+        self.mark_registered([queue])
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)
@@ -428,12 +460,21 @@ class AsyncEchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        min_success: float | int | None = None,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
         with ops.gc_paused(children):
             # the planning only: a pause across the await would hold for the loop's other tasks
             _, op = self._add_op(
-                queue, children, payload, parent_id, max_attempts, barrier, replace, sorted
+                queue,
+                children,
+                payload,
+                parent_id,
+                max_attempts,
+                barrier,
+                replace,
+                sorted,
+                min_success,
             )
         return await self.connection.perform(op)
 
@@ -466,6 +507,17 @@ class AsyncEchoMQ(_Base):
         return await self.connection.perform(
             flows.list_flows(self.keys, queue, states, offset=offset, limit=limit)
         )
+
+    async def rate_limit(self, queue: str) -> RateLimit | None:
+        """:meth:`EchoMQ.rate_limit`, awaited."""
+        check_queue(queue)
+        return await self.perform(rates.get_rate(self.keys, queue))
+
+    async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
+        """:meth:`EchoMQ.set_rate_limit`, awaited."""
+        check_queue(queue)
+        await self.perform(rates.set_rate(self.keys, queue, rate))
+        self.mark_registered([queue])
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         self._check_flow(queue, parent_id)

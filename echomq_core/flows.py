@@ -30,16 +30,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from .calls import Call, Lenient, Op
 from .checks import MAX_ATTEMPTS, timeout_ms
 from .checks import text as _s
-from .errors import FlowConflict, InvalidFlow, InvalidInput
+from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue, child_stem
 from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, FlowSummary, Serializer
 from .ops import chunks, register
@@ -60,10 +62,40 @@ class _Node:
     derived: bool = False  # the id was derived from the parent's (no explicit id given)
     timeout_ms: int | None = None  # the handler's time limit; None: the queue's
     gen: str = ""  # a root that replaced older flows under its id: their number
+    allow: int | None = None  # a success threshold: how many fail-parent children may die
 
 
 def new_parent_id() -> str:
     return "JOB-" + uuid.uuid4().hex
+
+
+def allowance(where: str, min_success: Any, n: int) -> int | None:
+    """How many of a node's ``n`` children may die without failing it, for ``min_success``: a
+    fraction in (0, 1] (``ceil(min_success * n)`` must succeed, read as the decimal it is
+    written as, so ``0.99`` of 200,000 requires 198,000), or an int count in 1..n; None for
+    no threshold. :class:`InvalidArgument` naming the value otherwise (a bool, a string, a
+    fraction outside (0, 1], a count above ``n`` or below 1)."""
+    if min_success is None:
+        return None
+    if isinstance(min_success, bool) or not isinstance(min_success, int | float):
+        raise InvalidArgument(
+            f"{where}: min_success must be a fraction in (0, 1] or an int count of children, "
+            f"got {min_success!r:.80}"
+        )
+    if isinstance(min_success, int):
+        if not 1 <= min_success <= n:
+            raise InvalidArgument(
+                f"{where}: min_success={min_success!r} is a count of children: it must be "
+                f"between 1 and the {n} children"
+            )
+        return n - min_success
+    if not 0 < min_success <= 1:  # NaN fails this too
+        raise InvalidArgument(
+            f"{where}: min_success={min_success!r} is a fraction: it must be in (0, 1] "
+            "(an int is a count of children)"
+        )
+    required = math.ceil(Fraction(str(min_success)) * n)
+    return n - max(1, required)
 
 
 def plan(
@@ -76,13 +108,15 @@ def plan(
     dumps: Any,
     max_payload: int,
     gen: str = "",
+    min_success: Any = None,
 ) -> _Node:
     """Validate a flow and give every node its queue, id and serialised payload.
 
     Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
     a node reached twice, a child that neither fails its parent nor is ignored, a policy flag
-    that is not a bool, a tree deeper than :data:`MAX_DEPTH`) and the keyspace errors for bad
-    queues and ids - all before anything is sent.
+    that is not a bool, a tree deeper than :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
+    ``min_success``, of the root or of a ``Child``; see :func:`allowance`) and the keyspace
+    errors for bad queues and ids - all before anything is sent.
     """
     check_queue(queue)
     check_job_id(parent_id)
@@ -166,8 +200,16 @@ def plan(
             parent.children.append(node)
             if spec.children:
                 build(node, spec.children, child_id, depth + 1)
+            if spec.min_success is not None:
+                if not spec.children:
+                    raise InvalidArgument(
+                        f"child {child_id}: min_success={spec.min_success!r} is for a child "
+                        "with children (a sub-flow)"
+                    )
+                node.allow = allowance(f"child {child_id}", spec.min_success, len(node.children))
 
     build(root, children, parent_id, 1)
+    root.allow = allowance(f"flow {parent_id}", min_success, len(root.children))
     return root
 
 
@@ -217,6 +259,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False) -> Call:
             "1" if barrier else "",
             " ".join(sorted({c.queue for c in node.children})),
             node.gen,
+            "" if node.allow is None else node.allow,
             *explicit,
         ],
     )
@@ -469,8 +512,9 @@ def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
 
 
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
-    """Parent state, N, outstanding and the three record counts, read atomically."""
-    ((state, total, deps, processed, ignored, failed, error, repairs),) = yield [
+    """Parent state, N, outstanding, the three record counts and a threshold's allowance,
+    read atomically."""
+    ((state, total, deps, processed, ignored, failed, error, repairs, *rest),) = yield [
         Call.lua(
             "flow_snapshot",
             [*ks.queue_keys(queue), *ks.parent_keys(queue, parent_id)],
@@ -488,6 +532,7 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
         int(failed),
         _s(error) if error else None,
         int(repairs),
+        int(rest[0]) if rest and rest[0] is not None else None,
     )
 
 

@@ -52,7 +52,12 @@ key                       type    holds
 ``flows:cancelled``       zset    cancelled root flows, by cancel time: the ``cancelled``
                                   retention
 ``config``                hash    this queue's retention settings (ages in ms, counts); absent
-                                  fields take the defaults of :mod:`echomq_core.retention`
+                                  fields take the defaults of :mod:`echomq_core.retention`;
+                                  and its rate limit (``rate``: ``<limit> <window ms>``,
+                                  :mod:`echomq_core.rates`)
+``rate:window``           hash    the current rate window's start (ms) and count of starts;
+                                  written by claims of a rate-limited queue, expires by itself
+                                  when its window ends
 ``sweep:lease``           string  which Pump sweeps this queue now (SET NX PX, taken only when
                                   something is due)
 ========================  ======  ===========================================================
@@ -196,6 +201,12 @@ def _queue_keys(prefix: str, queue: str) -> tuple[str, ...]:
     return tuple(base + name for name in QUEUE_KEYS)
 
 
+@lru_cache(maxsize=4096)
+def _claim_keys(prefix: str, queue: str) -> tuple[str, ...]:
+    base = f"{prefix}:{{{check_queue(queue)}}}:"
+    return (*_queue_keys(prefix, queue), base + "config", base + "rate:window")
+
+
 @dataclass(frozen=True, slots=True)
 class Keyspace:
     """Typed key builders for one key prefix."""
@@ -293,6 +304,13 @@ class Keyspace:
 
     def sweep_lease(self, queue: str) -> str:
         return self.base(queue) + "sweep:lease"
+
+    def rate_window(self, queue: str) -> str:
+        return self.base(queue) + "rate:window"
+
+    def claim_keys(self, queue: str) -> tuple[str, ...]:
+        """The keys of a claim: :meth:`queue_keys`, ``config`` and ``rate:window`` (cached)."""
+        return _claim_keys(self.prefix, queue)
 
     # -- per job --------------------------------------------------------------------------
     def job_prefix(self, queue: str) -> str:

@@ -103,6 +103,57 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
     return result
 
 
+#: The reason a threshold flow's unstarted children are cancelled with (their sub-flows' rows).
+STOP_REASON = "its parent failed: min_success can no longer be met"
+
+
+def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = None) -> Op[int]:
+    """The follow-up of a threshold flow that failed (settle_current.lua marked its row
+    ``tipped``): cancel its children that have not started, in every child queue and below,
+    as :func:`cancel_flow` does, while the node itself stays ``failed``. Then ``stopped.lua``
+    records it, so it runs once: a node that is not failed, not tipped (a repair dropped the
+    mark), tipped at another time than ``mark`` (a late ``'x'`` signal) or already stopped is
+    left as it is, at the cost of one read. Idempotent, so whoever finds it not done does it:
+    the Pump that delivered the tipping death at once, and a drainer of the node queue's
+    outbox when it reaches the ``'x'`` signal the tip pushed (what makes it durable: the
+    signal is trimmed only after this returned). Returns the children cancelled."""
+    row = ks.job(queue, node_id)
+    ((state, tipped, stopped, total, cq, gen), explicit) = yield [
+        Call.cmd("HMGET", row, "state", "tipped", "stopped", "total", "cq", "gen"),
+        Call.cmd("HGETALL", ks.explicit(queue, node_id)),
+    ]
+    if (
+        state is None
+        or _s(state) != "failed"
+        or tipped is None
+        or (mark is not None and _s(tipped) != mark)
+        or (stopped is not None and _s(stopped) == _s(tipped))
+    ):
+        return 0
+    flat: list[Any] = []
+    if isinstance(explicit, dict):
+        for k, v in explicit.items():
+            flat += [k, v]
+    else:
+        flat = list(explicit)
+    info = ["failed", total, cq or b"", flat, "failed", gen or b""]
+
+    def children_of(node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
+        _, n, queues, ids, _before, generation = node_info
+        kids = child_candidates(node, int(n), _s(queues), ids, _s(generation))
+        return {q: ("cancel_children", [*ks.queue_keys(q)], [], part) for q, part in kids.items()}
+
+    cancelled, _ = yield from _walk(
+        ks,
+        [(queue, node_id, info)],
+        children_of,
+        lambda q, inner_id, up: _cancel_call(ks, q, inner_id, STOP_REASON, up),
+        lambda inner_info: _s(inner_info[0]) == "cancelled",
+    )
+    yield [Call.lua("stopped", [row], [_s(tipped)])]
+    return cancelled
+
+
 #: How a walk visits one child queue of a node: (script, fixed keys, argv after the node id,
 #: candidate child ids); the script gets the candidates' rows after the fixed keys.
 _Visit = tuple[str, list[str], list[Any], list[str]]
@@ -248,8 +299,8 @@ def add_or_replace(
     generation. One round trip more than a plain add; a cut replace is completed by a retry."""
     root = plan("")
     queue, parent_id = root.queue, root.id
-    ((state, total, fp, gen),) = yield [
-        Call.cmd("HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen")
+    ((state, total, fp, gen, allow),) = yield [
+        Call.cmd("HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen", "allow")
     ]
     gen_s = _s(gen) if gen else ""
     if gen_s:
@@ -258,6 +309,7 @@ def add_or_replace(
         total is not None
         and int(total) == len(root.children)
         and (fp is None or _s(fp) == fingerprint(root))
+        and (None if allow is None else int(allow)) == root.allow
     )
     if state is None or _s(state) == "replaced" or same:
         return (yield from add_flow(ks, root, new_queues, barrier=barrier, replan=plan))

@@ -7,8 +7,9 @@ Two sources, two kinds of metric:
 
 * **The server** (:class:`QueueCollector`, behind ``echomq dashboard``'s ``/metrics``): gauges
   read at scrape time - jobs per queue and state, outbox and poison lengths, root flows per
-  state, and the Pump's lag. One pipelined read per scrape: :data:`COMMANDS_PER_QUEUE`
-  commands per queue (ZCARD/LLEN/LINDEX, each O(1) or O(log n)) plus one SMEMBERS for the
+  state, the Pump's lag, and a rate-limited queue's limit and current window. One pipelined
+  read per scrape: :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET,
+  each O(1) or O(log n)) plus one SMEMBERS for the
   registry - whatever the number of jobs, so a queue of 10 jobs and one of 10,000,000 cost the
   same (tests/test_metrics.py counts them with ``INFO commandstats``).
 * **A worker or a Pump process** (:class:`ProcessMetrics`, ``echomq worker|pump
@@ -44,12 +45,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import ops
+from . import ops, rates
 from .calls import Call, Op
 from .checks import check_int
+from .checks import text as _s
 from .errors import EchoMQError, Unrecoverable
 from .keyspace import FLOW_INDEXES, Keyspace, check_queue
 from .models import Job
+from .rates import RateLimit
 
 if TYPE_CHECKING:
     from .async_worker import AsyncWorker
@@ -61,8 +64,10 @@ if TYPE_CHECKING:
 #: The job states counted per queue (the zsets of the keyspace).
 JOB_STATES = ops.STATS[:5]  # then outbox and poison: ops.stat_calls reads all seven
 #: Commands one scrape sends per queue: 5 job-state ZCARDs, outbox and poison LLEN, the
-#: outbox head (LINDEX 0) and 5 flow-index ZCARDs.
-COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES)
+#: outbox head (LINDEX 0), 5 flow-index ZCARDs, and the rate limit with its current window's
+#: count (two HGETs: the window's key expires when the window ends, so a count read is the
+#: current window's).
+COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES) + 2
 #: Handler durations (s): from a no-op handler (~10 us) to a long batch step.
 DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
 #: Claim batch sizes: the worker doubles a batch from 1 up to max_batch (5000 at most).
@@ -79,6 +84,12 @@ class QueueReading:
     poison: int
     flows: dict[str, int]
     head_age: float = 0.0  # seconds the current outbox head has been seen there
+    rate: RateLimit | None = None  # the queue's rate limit; ``used``: starts in this window
+
+    @property
+    def rate_text(self) -> str:
+        """``used / limit`` of the current window (``37 / 100/s``), or '' without a limit."""
+        return f"{self.rate.used:,} / {self.rate.text}" if self.rate else ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +99,7 @@ class QueueReading:
             "poison": self.poison,
             "flows": dict(self.flows),
             "outbox_head_age": round(self.head_age, 3),
+            "rate": self.rate_text,
         }
 
 
@@ -100,6 +112,8 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
             *ops.stat_calls(ks, q),
             Call.cmd("LINDEX", ks.outbox(q), 0),
             *(Call.cmd("ZCARD", ks.flows(q, state)) for state in FLOW_INDEXES),
+            Call.cmd("HGET", ks.config(q), rates.FIELD),
+            Call.cmd("HGET", ks.rate_window(q), "count"),
         ]
     if not calls:
         return []
@@ -108,8 +122,13 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
     for i, q in enumerate(queues):
         r = replies[i * COMMANDS_PER_QUEUE : (i + 1) * COMMANDS_PER_QUEUE]
         jobs = {state: int(n) for state, n in zip(JOB_STATES, r[:5], strict=True)}
-        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:], strict=True)}
-        out.append((QueueReading(q, jobs, int(r[5]), int(r[6]), flows), bytes(r[7] or b"")))
+        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:-2], strict=True)}
+        rate = None
+        if r[-2]:
+            limit, window = (int(x) for x in _s(r[-2]).split())
+            rate = RateLimit(limit, window, int(r[-1] or 0))
+        reading = QueueReading(q, jobs, int(r[5]), int(r[6]), flows, rate=rate)
+        out.append((reading, bytes(r[7] or b"")))
     return out
 
 
@@ -185,7 +204,20 @@ class QueueCollector(Collector):
             "outbox, as seen by this exporter (0: empty or moving); the Pump's lag",
             labels=["queue"],
         )
+        limit = GaugeMetricFamily(
+            "echomq_queue_rate_limit_per_second",
+            "The queue's rate limit in job starts per second (queues with a limit only)",
+            labels=["queue"],
+        )
+        window = GaugeMetricFamily(
+            "echomq_queue_rate_window_starts",
+            "Job starts counted in the queue's current rate window (queues with a limit only)",
+            labels=["queue"],
+        )
         for r in readings:
+            if r.rate is not None:
+                limit.add_metric([r.queue], r.rate.limit * 1000 / r.rate.window_ms)
+                window.add_metric([r.queue], r.rate.used)
             for state, n in r.jobs.items():
                 jobs.add_metric([r.queue, state], n)
             outbox.add_metric([r.queue], r.outbox)
@@ -197,7 +229,7 @@ class QueueCollector(Collector):
             "echomq_scrape_duration_seconds", "How long the last read of the server took"
         )
         took.add_metric([], time.perf_counter() - started)
-        yield from (up, jobs, outbox, poison, flows, lag, took)
+        yield from (up, jobs, outbox, poison, flows, lag, limit, window, took)
 
 
 # -- a worker's or a Pump's own metrics ---------------------------------------------------

@@ -201,6 +201,9 @@ class Child:
     #: The handler's time limit in seconds (None: the worker's queue setting); past it the
     #: worker records a failed attempt (``TimeoutError``) and frees the slot.
     timeout: float | None = None
+    #: A sub-flow's success threshold (only with ``children``), as ``add_flow(min_success=)``:
+    #: a fraction in (0, 1] or an int count of its children.
+    min_success: float | int | None = None
 
     @property
     def policy(self) -> str:
@@ -253,6 +256,10 @@ class FlowSnapshot:
     failed: int
     error: str | None = None  # why it failed; a cancelled flow: the reason given
     repairs: int = 0  # how many times retry_flow put it back to work
+    #: A success threshold's allowance: how many fail-parent children may die without failing
+    #: the flow (N - required); None: no threshold (the first such death fails it). ``failed``
+    #: counts the deaths recorded so far (tolerated ones and the one that failed it).
+    allowed: int | None = None
 
     @property
     def settled(self) -> int:
@@ -289,6 +296,7 @@ class FlowSnapshot:
             "failed": self.failed,
             "error": self.error,
             "repairs": self.repairs,
+            "allowed": self.allowed,
         }
 
 

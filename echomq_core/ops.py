@@ -18,6 +18,7 @@ from .calls import Call, Op
 from .checks import text
 from .keyspace import Keyspace
 from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer, Settlement
+from .rates import Claimed
 
 CHUNK = 500
 #: A bulk call of at least this many items pauses the cyclic garbage collector (gc_paused).
@@ -117,21 +118,24 @@ def add(
 
 def claim(
     ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int, ser: Serializer
-) -> Op[list[Job]]:
-    """Lease up to ``count`` jobs: the ``claim`` script, then the ``rows`` script reading
-    every claimed row in one reply (two round trips)."""
-    keys = ks.queue_keys(queue)
-    (ids,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
-    if not ids:
-        return []
-    names = [i.decode() if type(i) is bytes else _s(i) for i in ids]
+) -> Op[Claimed]:
+    """Lease up to ``count`` jobs within the queue's rate limit (:mod:`echomq_core.rates`):
+    the ``claim`` script, then the ``rows`` script reading every claimed row in one reply
+    (two round trips; one when nothing is claimed)."""
+    keys = ks.claim_keys(queue)
+    (reply,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
+    opens_in = int(reply[0]) / 1000
+    if len(reply) == 1:
+        return Claimed([], opens_in)
+    names = [i.decode() if type(i) is bytes else _s(i) for i in reply[1:]]
     base = ks.job_prefix(queue)
     (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
     parents: dict[tuple[Any, Any, Any], ParentRef] = {}  # siblings share one (it is frozen)
-    return [
+    jobs = [
         _job(queue, job_id, token, row, ser, parents)
         for job_id, row in zip(names, rows, strict=True)
     ]
+    return Claimed(jobs, opens_in)
 
 
 def _job(

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import ops, retention
+from . import lifecycle, ops, retention
 from .calls import Call, Durable, Lenient, Op
 from .drivers import AsyncConnection
 from .errors import EchoMQError, InvalidArgument, InvalidInput
@@ -72,6 +72,9 @@ class Signal:
 
 
 _KINDS = {b"c": "c", b"i": "i", b"f": "f"}
+#: The kind of a threshold flow's follow-up signal ('x': cancel its unstarted children), which
+#: the Pump runs itself (lifecycle.stop_unstarted) instead of delivering it to a parent.
+_STOP = b"x"
 #: A child id, checked on the raw bytes of a signal (the rule of keyspace.JOB_ID_RE).
 _CHILD_ID = re.compile(JOB_ID_RE.pattern.encode()).fullmatch
 
@@ -82,9 +85,9 @@ def parse_signal(entry: bytes) -> Signal:
     if len(parts) != 5:
         raise InvalidInput("malformed signal: expected 5 fields")
     kind, child, pq, parent, value = parts
-    if kind not in _KINDS:
+    if kind not in _KINDS and kind != _STOP:
         raise InvalidInput(f"malformed signal: unknown kind {kind[:10]!r}")
-    return Signal(_KINDS[kind], check_job_id(child.decode()), check_queue(pq.decode()),
+    return Signal(kind.decode(), check_job_id(child.decode()), check_queue(pq.decode()),
                   check_job_id(parent.decode()), value)
 
 
@@ -96,6 +99,7 @@ class TickStats:
     recovered: int = 0
     buried: int = 0
     swept: int = 0
+    stopped: int = 0  # children of threshold flows cancelled (lifecycle.stop_unstarted)
     expired: list[tuple[str, str]] = field(default_factory=list)  # (queue, root) flows expired
     blocked: dict[str, str] = field(default_factory=dict)  # queue -> reason of a blocked head
     released: list[tuple[str, str]] = field(default_factory=list)  # (queue, parent id)
@@ -139,9 +143,16 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
     # The loop below runs once per signal (100,000s per second): split, one regex on the child
     # id, list appends. Each (parent queue, parent) is checked once per page (_Group).
     groups: dict[tuple[bytes, bytes], _Group] = {}
+    stops: list[tuple[str, int, Signal]] = []  # 'x' signals: (queue, index, signal)
     for queue, entries in pages.items():
         for index, entry in enumerate(entries):
             parts = entry.split(b"\n", 4)
+            if parts[0] == _STOP:
+                try:
+                    stops.append((queue, index, parse_signal(entry)))
+                except InvalidInput as exc:
+                    mark(queue, index, str(exc))
+                continue
             group = groups.get((parts[2], parts[3])) if len(parts) == 5 else None
             if group is None or parts[0] not in _KINDS or not _CHILD_ID(parts[1]):
                 try:
@@ -171,7 +182,8 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
         if batch:
             calls.append(_deliver_call(ks, parent_queue, batch))
             placed.append((parent_queue, batch))
-    replies = yield Durable(calls)  # trim nothing a failover of the parent's master could lose
+    # trim nothing a failover of the parent's master could lose
+    replies = (yield Durable(calls)) if calls else []
     for reply, (parent_queue, batch) in zip(replies, placed, strict=True):
         if isinstance(reply, EchoMQError):  # transient (connection, server): retry, no ageing
             for group in batch:
@@ -189,6 +201,7 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
                     if st < 0:
                         mark(queue, index, f"parent {group.parent} does not exist in "
                                            f"{group.parent_queue!r}")
+    yield from _stop_unstarted(ks, stats, stops)
     trims = []
     for queue, entries in pages.items():
         delivered, reason = bad.get(queue, (len(entries), ""))
@@ -205,6 +218,25 @@ def drain(ks: Keyspace, queues: Sequence[str], pump_id: str, *, page: int, lease
         if int(poisoned):
             stats.poisoned_entries.append((queue, stats.blocked.get(queue, "")))
     return stats
+
+
+def _stop_unstarted(
+    ks: Keyspace, stats: TickStats, stops: list[tuple[str, int, Signal]]
+) -> Op[None]:
+    """Threshold follow-ups (lifecycle.stop_unstarted): for every flow this drain failed, at
+    once (a plain fail-parent flow costs the one read that finds no ``tipped`` mark), then for
+    every ``'x'`` signal of the page. They run before the trim: a drainer that dies in between
+    leaves the ``'x'`` signals for the next one, which finds done what was done (one read)."""
+    done: set[tuple[str, str]] = set()
+    for queue, parent_id in stats.failed:
+        stats.stopped += yield from lifecycle.stop_unstarted(ks, queue, parent_id)
+        done.add((queue, parent_id))
+    for _, _, sig in stops:
+        if (sig.parent_queue, sig.parent) not in done:
+            mark = sig.value.decode(errors="replace")
+            stats.stopped += yield from lifecycle.stop_unstarted(
+                ks, sig.parent_queue, sig.parent, mark
+            )
 
 
 @dataclass(slots=True)

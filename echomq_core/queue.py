@@ -27,6 +27,7 @@ from .checks import (
 from .errors import InvalidArgument, JobNotFound, LeaseLost
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback
+from .rates import Claimed
 
 T = TypeVar("T")
 
@@ -181,8 +182,10 @@ class QueueOps:
 
     def claim_op(
         self, count: int = 1, *, lease: float | None = None, promote: int = 100
-    ) -> Op[list[Job]]:
-        """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
+    ) -> Op[Claimed]:
+        """Lease up to ``count`` jobs (lowest priority score first), within the queue's rate
+        limit: fewer, or none, when its window is spent (then the reply's ``opens_in`` says
+        when to ask again). Two round trips."""
         check_int("count", count, 1, 10_000)
         lease_ms = (
             self.lease_ms
@@ -303,8 +306,11 @@ class Queue(QueueOps):
         with ops.gc_paused(jobs):
             return self.client.perform(self.add_bulk_op(jobs))
 
-    def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> list[Job]:
-        """Lease up to ``count`` jobs (lowest priority score first). Two round trips."""
+    def claim(self, count: int = 1, *, lease: float | None = None, promote: int = 100) -> Claimed:
+        """Lease up to ``count`` jobs (lowest priority score first), within the queue's rate
+        limit (:meth:`EchoMQ.set_rate_limit <echomq_core.EchoMQ.set_rate_limit>`): a list of
+        jobs whose ``opens_in`` is the seconds until the rate window opens again when it is
+        spent, else 0.0. Two round trips."""
         return self.client.perform(self.claim_op(count, lease=lease, promote=promote))
 
     def complete(self, job: Job, result: Any = None) -> None:

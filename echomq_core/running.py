@@ -77,6 +77,56 @@ def wait_on_hints(
     return False
 
 
+#: The longest an idle fetcher sleeps on a spent rate window before it claims again (s): the
+#: window's own end comes first for short windows; for long ones (``/min``, ``/h``) this bounds
+#: how late a removed or raised limit is seen. One claim per this, per queue: no spinning.
+RATE_RECHECK = 5.0
+
+
+class RateWindows:
+    """The queues a fetcher must not claim from yet: their rate window is spent (a claim said
+    so, :class:`~echomq_core.rates.Claimed`), until when (monotonic). The fetcher skips them,
+    and its idle wait neither blocks on their wake-up hints (a hint taken there would be one
+    another worker could use now, and is no use before the window opens) nor lasts past the
+    first opening: an idle worker sleeps until the window opens instead of polling."""
+
+    def __init__(self) -> None:
+        self.until: dict[str, float] = {}
+
+    def note(self, name: str, claimed: Any) -> None:
+        """Read what a claim from ``name`` said of its window."""
+        opens_in = float(getattr(claimed, "opens_in", 0.0))
+        if opens_in > 0:
+            self.until[name] = time.monotonic() + opens_in
+        elif self.until:
+            self.until.pop(name, None)
+
+    def closed(self, name: str) -> bool:
+        """True while ``name``'s window is spent (the fetcher does not claim from it)."""
+        until = self.until.get(name)
+        if until is None:
+            return False
+        if until <= time.monotonic():
+            del self.until[name]
+            return False
+        return True
+
+    def idle_plan(
+        self, names: list[str], wake: list[str] | None, seconds: float
+    ) -> tuple[list[str] | None, float]:
+        """How an idle fetcher of ``names`` waits: the queues whose hints it blocks on (None:
+        a plain sleep) and for how long. With every queue's window spent it sleeps until the
+        first one opens (at most :data:`RATE_RECHECK`), not the poll interval."""
+        if not self.until:
+            return wake, seconds
+        opening = max(0.0, min(self.until.values()) - time.monotonic())
+        open_names = [n for n in names if not self.closed(n)]
+        if not open_names:
+            return None, min(opening, RATE_RECHECK)
+        hinted = None if wake is None else [n for n in wake if n in open_names]
+        return hinted, min(seconds, opening)
+
+
 class Intake:
     """How many jobs the fetcher claims next, from how fast handlers are.
 

@@ -220,7 +220,7 @@ class FlowWait:
     def _pause(self, snap: FlowSnapshot, now: float) -> float:
         pause = self._step
         self._step = min(self._step * GROWTH, self.poll)
-        settled = snap.settled
+        settled = snap.total - snap.dependencies  # every settled child, tolerated deaths too
         if self._last is not None:
             then, before = self._last
             if settled > before and now > then:

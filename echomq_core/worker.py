@@ -68,6 +68,7 @@ from .running import (
     Intake,
     OptionAttributes,
     Outcome,
+    RateWindows,
     make_queues,
     outcome,
     split,
@@ -112,7 +113,11 @@ class Worker(OptionAttributes):
       on the queues' wake-up hint (BZPOPMIN), which every add, land, release, promotion and
       recovery sets, so new jobs start at once, not at the next poll; the timeout only bounds
       how late a due retry is noticed without a Pump. In a Cluster, a worker whose queues lie
-      on different slots cannot block on all of them in one command, and polls instead.
+      on different slots cannot block on all of them in one command, and polls instead. A
+      queue whose rate window is spent (:meth:`EchoMQ.set_rate_limit
+      <echomq_core.EchoMQ.set_rate_limit>`) is not claimed from, nor its hint waited on,
+      until the claim's reported opening; with every queue spent the fetcher sleeps until the
+      first opens. Jobs in the local buffer were claimed: they count as starts.
     * ``grace`` (30 s): how long a graceful stop waits for running handlers.
     * ``timeout`` (None): the default handler time limit in seconds for every queue; a queue's
       own (``queue_options``) and a job's own win. None: no limit.
@@ -173,6 +178,7 @@ class Worker(OptionAttributes):
         self._checked = 0.0
         self._checking = False
         self._wake = self._wake_queues(client, list(self.handlers))
+        self._windows = RateWindows()
         self._beater: threading.Thread | None = None
         self._loops = threading.local()  # each runner's event loop for async handlers
         for name in self.handlers:
@@ -284,6 +290,8 @@ class Worker(OptionAttributes):
             took = False
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
+                if self._windows.closed(name):  # its rate window is spent: not before it opens
+                    continue
                 try:
                     sent = time.monotonic()
                     jobs = self.queues[name].claim(want)
@@ -292,6 +300,7 @@ class Worker(OptionAttributes):
                         log.warning("claim from %r failed: %s", name, exc)
                         self._stop.wait(idle)
                     continue
+                self._windows.note(name, jobs)
                 if jobs:
                     took = True
                     turn += 1
@@ -318,11 +327,14 @@ class Worker(OptionAttributes):
         self._give_back(jobs)
 
     def _idle(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible."""
-        if self._wake is None or self._stop.is_set():
+        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
+        rate windows are spent, not past the first opening, and on their queues' hints not at
+        all (see :class:`~echomq_core.running.RateWindows`)."""
+        wake, seconds = self._windows.idle_plan(list(self.handlers), self._wake, seconds)
+        if wake is None or self._stop.is_set():
             self._stop.wait(seconds)
             return
-        hints = [self.client.keys.wake(q) for q in self._wake]
+        hints = [self.client.keys.wake(q) for q in wake]
         wait_on_hints(self.client.perform, hints, seconds, self._stop, "waiting for work")
 
     # -- the runners ----------------------------------------------------------------------

@@ -1,25 +1,39 @@
--- claim: lease up to `count` jobs of one queue to one caller, in one step.
+-- claim: lease up to `count` jobs of one queue to one caller, in one step, within the queue's
+-- rate limit.
 -- @include now_ms
 -- @include queue_keys
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending (popped), active
 --             and leases (the new leases), delayed (due jobs promoted first), wake (passed on)
+-- KEYS[16] config       hash    the queue's settings: field 'rate' = '<limit> <window ms>'
+--                               (absent: no rate limit)
+-- KEYS[17] rate:window  hash    the current rate window: 'start' (ms, a multiple of the
+--                               window on the server's clock) and 'count' (starts in it)
 -- ARGV[1] count    how many jobs at most
 -- ARGV[2] lease_ms how long the lease lasts before the job may be recovered
 -- ARGV[3] token    the lease token for this claim (unique per call, made by the host)
 -- ARGV[4] promote  how many due delayed jobs to move to pending first (0: leave it to the Pump)
 --
--- Steps: promote due delayed jobs (so workers do not depend on a Pump for retries), pop the
--- lowest-scored `count` ids from pending, score them in active at now + lease_ms, and record
--- the token for all of them with ONE HSET. Rows are not touched here: the caller reads them
--- with the rows script (keys derived from ids stay on the host, where Cluster routing sees
--- them). A full batch that leaves jobs behind sets the wake-up hint again, so the next idle
--- worker (blocked on it) joins in. Returns: {id, ...} in claim order; empty when nothing is
--- pending.
+-- Steps: promote due delayed jobs (so workers do not depend on a Pump for retries). With a
+-- rate limit: find the window now falls in (fixed windows aligned to the server's clock, so
+-- every worker and every process counts in the same one), and take at most what it has left;
+-- when nothing is left, return at once with the ms until the next window opens. Pop the
+-- lowest-scored jobs from pending, score them in active at now + lease_ms, record the token
+-- for all of them with ONE HSET, and add them to the window's count. Rows are not touched
+-- here: the caller reads them with the rows script (keys derived from ids stay on the host,
+-- where Cluster routing sees them). A full batch that leaves jobs behind, with allowance
+-- left, sets the wake-up hint again, so the next idle worker (blocked on it) joins in; a
+-- batch cut short by the rate does not (a woken worker would find the window spent).
+-- Without a rate limit the cost over a plain claim is one HGET.
+-- Returns: {wait_ms, id, ...}: the ids in claim order (none when nothing is pending or the
+-- window is spent); wait_ms 0, or when the window's allowance is spent (by this claim or
+-- before it) the ms until the next window opens - the caller claims again no sooner.
 -- Owner of what it writes: the active entries and lease tokens are removed by complete, fail,
 -- release, recover or cancel_children; the '~roomy' lease field (written only to make the
 -- leases hash a hashtable) is deleted by this script before it returns; the wake member is
--- popped by idle workers (one member per queue at most).
+-- popped by idle workers (one member per queue at most); rate:window expires by itself when
+-- its window ends (PEXPIREAT, set whenever a new window starts), so it outlives neither its
+-- window nor a removed limit.
 local q = queue_keys(KEYS)
 local now = now_ms()
 local promote = tonumber(ARGV[4])
@@ -32,13 +46,39 @@ if promote > 0 then
     redis.call('ZREM', q.delayed, unpack(due))
   end
 end
-local popped = redis.call('ZPOPMIN', q.pending, tonumber(ARGV[1]))
-if #popped == 0 then return {} end
--- jobs left behind: pass the wake-up on, so another idle worker starts on them now
-if #popped == 2 * tonumber(ARGV[1]) and redis.call('ZCARD', q.pending) > 0 then
+local take = tonumber(ARGV[1])
+local rate = redis.call('HGET', KEYS[16], 'rate')
+local limit, start, ends, used
+if rate then
+  local l, w = string.match(rate, '^(%d+) (%d+)$')
+  limit, w = tonumber(l), tonumber(w)
+  start = now - now % w
+  ends = start + w
+  local win = redis.call('HMGET', KEYS[17], 'start', 'count')
+  used = 0
+  if tonumber(win[1]) == start then used = tonumber(win[2]) end
+  if used >= limit then return {ends - now} end
+  if limit - used < take then take = limit - used end
+end
+local popped = redis.call('ZPOPMIN', q.pending, take)
+if #popped == 0 then return {0} end
+local n = #popped / 2
+local wait = 0
+if rate then
+  if used == 0 then
+    redis.call('HSET', KEYS[17], 'start', start, 'count', n)
+    redis.call('PEXPIREAT', KEYS[17], ends)
+  else
+    redis.call('HINCRBY', KEYS[17], 'count', n)
+  end
+  if used + n >= limit then wait = ends - now end
+end
+-- jobs left behind: pass the wake-up on, so another idle worker starts on them now (unless
+-- the window is spent: it would only find that out)
+if wait == 0 and n == tonumber(ARGV[1]) and redis.call('ZCARD', q.pending) > 0 then
   redis.call('ZADD', q.wake, 0, 'w')
 end
-local ids, act, lease = {}, {}, {}
+local ids, act, lease = {wait}, {}, {}
 -- Leases of a big batch as a hashtable, not a listpack: the server keeps a hash of up to
 -- hash-max-listpack-entries fields (512 by default in Valkey 9) in a listpack, where every
 -- field written, read or deleted scans the whole list - writing a batch of 500 tokens costs

@@ -25,15 +25,17 @@
 -- ARGV[12] gen          '' for a first flow; n for a flow that replaced n older ones under this
 --                       id (its derived child ids are <id>.g<n>.<i>; settle drops reports of
 --                       other generations' children)
--- ARGV[13..] pairs: child id, queue - the children whose ids were given (not derived)
+-- ARGV[13] allow        '' no success threshold; else how many of its fail-parent children
+--                       may die without failing it (N - required; settle_current.lua)
+-- ARGV[14..] pairs: child id, queue - the children whose ids were given (not derived)
 --
 -- Steps: a parent that already exists is left exactly as it is (holding never resets a
 -- counter: a retried add converges instead of starting over) - provided it is the SAME flow:
--- same parent of its own, same N, same fingerprint; otherwise the row is written in state
+-- same parent of its own, same N, same fingerprint, same allowance; otherwise the row is written in state
 -- 'held' and the counter set to N, in this one script, so the counter exists before any child
 -- can complete; a root enters flows:held. Two different adds racing on one id: one holds, the
 -- other is refused here.
--- Owner of what it writes: the row, the counter, the explicit record and the index entry are
+-- Owner of what it writes: the row (with `allow`), the counter, the explicit record and the index entry are
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
 -- Errors: EMQKIND bad id; EMQTAKEN <id> the id is another flow's node or a plain job; EMQFLOW
@@ -42,7 +44,7 @@
 local q = queue_keys(KEYS)
 local bad = check_id(ARGV[1])
 if bad then return bad end
-local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen')
+local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen', 'allow')
 if row[4] == 'replaced' then
   redis.call('DEL', KEYS[16])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
@@ -63,6 +65,13 @@ elseif row[1] then
     return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. row[1] ..
       ' other children (other ids or queues)')
   end
+  if (row[6] or '') ~= ARGV[13] then
+    local have, want = 'no success threshold', 'one allowing ' .. ARGV[13] .. ' failures'
+    if row[6] then have = 'a success threshold allowing ' .. row[6] .. ' failures' end
+    if ARGV[13] == '' then want = 'none' end
+    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. have .. ', not ' ..
+      want)
+  end
   return 0
 elseif redis.call('EXISTS', KEYS[16]) == 1 then
   return redis.error_reply('EMQTAKEN ' .. ARGV[1] .. ' id ' .. ARGV[1] ..
@@ -81,10 +90,11 @@ else
 end
 if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
 if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end
+if ARGV[13] ~= '' then fields[#fields + 1] = 'allow'; fields[#fields + 1] = ARGV[13] end
 redis.call('HSET', KEYS[16], unpack(fields))
 redis.call('SET', KEYS[17], ARGV[3])
 -- unpack() is bounded by the Lua stack: write the explicit record in slices
-for i = 13, #ARGV, 1000 do
+for i = 14, #ARGV, 1000 do
   redis.call('HSET', KEYS[18], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1

@@ -21,6 +21,9 @@
 -- is marked `rerun`: its cancelled children go back to work. A released barrier flow with
 -- `ignored` re-runs its ignored failures the same way. A node with a repair in progress (held,
 -- :repair not empty, or rerun) is left as it is: the host goes on where a cut repair stopped.
+-- A threshold flow (settle_current.lua): its tolerated deaths go back on the counter, and a
+-- tipped one (its unstarted children were cancelled) is marked `rerun` like a cancelled one;
+-- dropping `tipped` makes a late 'x' signal of the old failure change nothing.
 -- Completed children keep their values and never run again. If nothing is left outstanding,
 -- the node is released at once (as a settle would). The host then puts the children listed
 -- in :repair back to pending on their slots (requeue.lua) and clears :repair (repair_done.lua).
@@ -31,7 +34,7 @@
 -- flow with nothing to repair (closed, completed, run by a worker).
 local q = queue_keys(KEYS)
 local row, refused = flow_node(KEYS[16], ARGV[1], ARGV[3], 'repair',
-  {'cq', 'barrier', 'rerun', 'gen'})
+  {'cq', 'barrier', 'rerun', 'gen', 'tolerated', 'tipped'})
 if refused then return refused end
 local state = row[1]
 local root = ARGV[3] == ''
@@ -59,13 +62,17 @@ end
 local repairs = redis.call('HGET', KEYS[16], 'repairs') or '0'
 if flip then
   move(KEYS[20], 'f')
+  -- a threshold flow's tolerated deaths were counted as settled: they run again, so they count
+  -- again; a tipped one had its unstarted children cancelled: those run again too
+  if row[9] then redis.call('INCRBY', KEYS[17], row[9]) end
+  if row[10] then rerun = '1' end
   if ignored then
     local n = move(KEYS[19], 'i')
     if n > 0 then redis.call('INCRBY', KEYS[17], n) end
   end
   if state == 'cancelled' then rerun = '1' end
   redis.call('HDEL', KEYS[16], 'error', 'finished', 'reason', 'cancelled', 'cancelled_from',
-    'released')
+    'released', 'tolerated', 'tipped', 'stopped')
   redis.call('HSET', KEYS[16], 'state', 'held', 'rerun', rerun)
   repairs = tostring(redis.call('HINCRBY', KEYS[16], 'repairs', 1))
   for _, index in ipairs({q.flows_held, q.flows_released, q.flows_closed, q.flows_failed,

@@ -77,6 +77,25 @@ def test_collector_reports_jobs_flows_outbox_and_poison(backend: Backend, mq: Ec
     assert held.parent_id != doomed.parent_id
 
 
+def test_a_rate_limited_queue_reports_its_limit_and_window(backend: Backend, mq: EchoMQ) -> None:
+    """The limit in starts per second and the starts counted in the current window, read from
+    the server; a queue without a limit has neither sample."""
+    q = mq.queue("mx-rated")
+    q.add_bulk([JobSpec(i) for i in range(5)])
+    mq.queue("mx-free").add(1)
+    mq.set_rate_limit("mx-rated", "8640/d")  # a day's window: the claims below share it
+    assert len(q.claim(3)) == 3
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(mq, ["mx-rated", "mx-free"]))
+    found = samples(registry)
+    assert value(found, "echomq_queue_rate_limit_per_second", queue="mx-rated") == 0.1
+    assert value(found, "echomq_queue_rate_window_starts", queue="mx-rated") == 3
+    names = {(name, labels) for name, labels in found}
+    assert ("echomq_queue_rate_limit_per_second", (("queue", "mx-free"),)) not in names
+    (reading,) = QueueCollector(mq, ["mx-rated"]).read()
+    assert reading.to_dict()["rate"] == "3 / 8640/d"
+
+
 @pytest.mark.onlystandalone
 def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     standalone_server: EmbeddedServer, prefix: str
@@ -103,6 +122,7 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
             "cmdstat_zcard",
             "cmdstat_llen",
             "cmdstat_lindex",
+            "cmdstat_hget",
         }
     # with every registered queue (the default): one SMEMBERS more, per scrape
     raw.config_resetstat()
@@ -110,7 +130,7 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     everything = raw.info("commandstats")
     assert int(everything["cmdstat_smembers"]["calls"]) == 1
     print(f"commands per scrape per queue: 10 jobs {costs[10]}, 10,000 jobs {costs[10_000]}")
-    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE == 13
+    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE == 15
     raw.close()
     mq.close()
 

@@ -75,11 +75,20 @@ def read_released(
                 break
         values = values_in_order(parent_id, snap.total, pairs)
     ignored = yield from flows.ignored_failures(ks, queue, parent_id)
+    failed: dict[str, bytes] = {}
+    if snap.failed:  # released with failures: a success threshold tolerated them
+        _, failed = yield from flows.scan_page(ks.failed(queue, parent_id), 0, MAX_REPORTED)
     closed = None
     if close_flow and snap.parent_state == "released":  # a barrier flow, now read
         closed = yield from flows.close_flow(ks, queue, parent_id)
         snap = dataclasses.replace(snap, parent_state=closed)  # closing changes only that
-    return Reading(snap, summary_of(snap, ignored), values, closed)
+    summary = summary_of(snap, ignored)
+    if failed:
+        summary["failed_children"] = {
+            str(child_label(parent_id, child)): error.decode(errors="replace")
+            for child, error in sorted(failed.items())[:MAX_REPORTED]
+        }
+    return Reading(snap, summary, values, closed)
 
 
 def summary_of(snap: FlowSnapshot, ignored: dict[str, str]) -> dict[str, Any]:
@@ -111,6 +120,24 @@ def released_line(snap: FlowSnapshot) -> str:
     """``Flow <id> released: k results, i ignored failures``."""
     return (
         f"Flow {snap.parent_id} released: {snap.processed} results, {snap.ignored} ignored failures"
+    )
+
+
+def log_released(log: logging.Logger | Any, read: Reading) -> None:
+    """:func:`released_line` at INFO; a WARNING when a success threshold let the flow be
+    released with failed children, naming how many and (at most :data:`MAX_REPORTED`) which."""
+    snap = read.snap
+    if not snap.failed:
+        log.info("%s", released_line(snap))
+        return
+    named = ", ".join(read.summary.get("failed_children", {}))
+    log.warning(
+        "%s; %d of %d children failed (min_success allows %s): %s",
+        released_line(snap),
+        snap.failed,
+        snap.total,
+        snap.allowed,
+        named,
     )
 
 

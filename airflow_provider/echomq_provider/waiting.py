@@ -46,8 +46,8 @@ from .summary import (
     PROGRESS_EVERY,
     first_failure,
     log_progress,
+    log_released,
     read_released,
-    released_line,
 )
 from .triggers.echo_flow import EchoFlowTrigger
 
@@ -225,7 +225,7 @@ class FlowWaiting(_Base):
         )
         if read.closed is not None:
             self.log.info("Flow %s %s: its retention runs from now", snap.parent_id, read.closed)
-        self.log.info("%s", released_line(read.snap))
+        log_released(self.log, read)
         if not self.return_values:
             return read.summary
         context["ti"].xcom_push(key=FLOW_KEY, value=read.summary)

@@ -237,6 +237,12 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             if snap.outcome != "released":
                 self._observe(context, key, meta, "EchoMQ flow did not complete")
                 raise flow_error(self.client, snap)
+            if snap.failed:  # a success threshold tolerated them (metadata lists them)
+                context.log.warning(
+                    f"EchoMQ flow {flow.parent_id} released with {snap.failed} of {snap.total} "
+                    f"children failed (min_success allows {snap.allowed}): "
+                    + ", ".join(meta["failed_children"].value)
+                )
             if observe_in_run:
                 context.add_input_metadata(meta, description="EchoMQ flow released")
             else:

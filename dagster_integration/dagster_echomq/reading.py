@@ -242,6 +242,8 @@ def settled_metadata(
         "failed": MetadataValue.int(snap.failed),
         "repairs": MetadataValue.int(snap.repairs),
     }
+    if snap.allowed is not None:  # a success threshold: failures it may tolerate
+        meta["allowed_failures"] = MetadataValue.int(snap.allowed)
     if snap.ignored:
         meta["ignored_children"] = MetadataValue.json(
             capped(client.ignored_failures(snap.queue, snap.parent_id))

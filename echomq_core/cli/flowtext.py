@@ -15,6 +15,8 @@ def render(node: FlowNode) -> list[str]:
     state = s.parent_state or "missing"
     if s.released:
         state += " (released)"
+        if s.allowed is not None and s.failed:
+            state += f", {s.failed:,} failed of {s.total:,}, {s.allowed:,} allowed"
     lines = [
         f"flow {s.parent_id} in {s.queue!r}",
         f"  parent state  {state}",
@@ -24,6 +26,8 @@ def render(node: FlowNode) -> list[str]:
         f"  ignored       {s.ignored:,}",
         f"  failed        {s.failed:,}",
     ]
+    if s.allowed is not None:  # a success threshold (min_success)
+        lines.append(f"  threshold     {s.failed:,} failed so far / {s.allowed:,} allowed")
     if s.error:
         label = "reason " if s.parent_state == "cancelled" else "error  "
         lines.append(f"  {label}       {s.error}")

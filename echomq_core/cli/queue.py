@@ -1,6 +1,7 @@
 """``echomq queue stats|config|retry-dead``: counts per state, root flows and their memory;
-a queue's retention settings (stored on the server for every Pump); dead plain jobs queued
-again. Also :func:`known_queue`, the check every command that names a queue makes first.
+a queue's retention settings (stored on the server for every Pump) and rate limit (for every
+worker); dead plain jobs queued again. Also :func:`known_queue`, the check every command that
+names a queue makes first.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import json
 from typing import Any
 
 from ..client import EchoMQ
+from ..errors import InvalidArgument
 from ..inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..rates import RateLimit, parse_rate
 from ..retention import MAX_AGE, MAX_COUNT, SETTINGS
 from .common import (
     CommandFailed,
@@ -38,7 +41,8 @@ def add_parsers(sub: Any) -> None:
         f"outbox (signals in transit), poison; root flows {', '.join(FLOW_INDEXES)}, "
         f"and an estimate of the server memory those flows hold (up to {MEMORY_SAMPLE} "
         "sampled per state with MEMORY USAGE, their children's rows included, average x "
-        "count; 'unavailable' when the server refuses MEMORY USAGE).",
+        "count; 'unavailable' when the server refuses MEMORY USAGE). A rate-limited "
+        "queue gets a line with its limit and the starts counted in the current window.",
     )
     stats.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
@@ -46,15 +50,23 @@ def add_parsers(sub: Any) -> None:
 
     config = queue.add_parser(
         "config",
-        help="show (and with options, set) a queue's retention",
+        help="show (and with options, set) a queue's retention and rate limit",
         description="Show QUEUE's retention settings, stored on the server and applied by "
-        "every Pump's sweep; with options, set those first. Each end state has an age "
-        "(seconds, or with a unit: 90s, 15m, 12h, 7d) and a count (the newest kept); 'none' "
-        "means no limit. "
+        "every Pump's sweep, and its rate limit; with options, set those first. Each end "
+        "state has an age (seconds, or with a unit: 90s, 15m, 12h, 7d) and a count (the "
+        "newest kept); 'none' means no limit. "
         + "; ".join(f"{state}: {what}" for state, what in _END_STATES.items())
         + ".",
     )
     config.add_argument("queue", metavar="QUEUE")
+    config.add_argument(
+        "--rate",
+        type=_rate_arg,
+        default=argparse.SUPPRESS,
+        metavar="RATE",
+        help="at most this many job starts per window across every worker: 100/s, 6000/min, "
+        "5/500ms, 1000/h; none removes the limit (default: none)",
+    )
     for name in SETTINGS:
         state, kind = name.rsplit("_", 1)
         flag = "--" + name.replace("_", "-")
@@ -89,6 +101,34 @@ def add_parsers(sub: Any) -> None:
     revive.add_argument("queue", metavar="QUEUE")
     revive.add_argument("job_ids", nargs="+", metavar="JOB_ID")
     add_command(revive, run_queue_retry_dead, json_flag=True)
+
+
+def _rate_arg(text: str) -> str:
+    """A rate as ``--rate`` takes it, checked before anything is sent."""
+    try:
+        parse_rate(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def rate_line(queue: str, rate: RateLimit) -> str:
+    """One line on a rate-limited queue: its limit and the current window."""
+    used = f"{rate.used:,} of {rate.limit:,} started in this window"
+    if rate.used:
+        used += f" (opens again in {rate.resets_in:.3f} s)"
+    return f"rate limit of {queue!r}: {rate.text}; {used}"
+
+
+def rate_doc(rate: RateLimit) -> dict[str, Any]:
+    """A rate limit as the commands' JSON shows it."""
+    return {
+        "limit": rate.limit,
+        "window_s": rate.window,
+        "text": rate.text,
+        "used": rate.used,
+        "resets_in_s": rate.resets_in,
+    }
 
 
 #: What each retention setting keeps (``queue config``); a setting not named here is shown
@@ -147,14 +187,18 @@ def run_queue_stats(args: argparse.Namespace) -> int:
         names = [args.queue] if args.queue is not None else mq.queues()
         counts = {name: mq.queue(name).stats() for name in names}
         memory = {name: mq.perform(flow_memory(mq.keys, name)) for name in names}
+        limits = {name: mq.rate_limit(name) for name in names}
     finally:
         mq.close()
+    rates = {name: rate for name, rate in limits.items() if rate is not None}
     if args.json:
         doc = {
             name: {
                 **counts[name],
                 "flows": memory[name].counts,
                 "flow_memory": memory[name].memory_dict(),
+                # only a rate-limited queue has the key
+                **({"rate": rate_doc(rates[name])} if name in rates else {}),
             }
             for name in names
         }
@@ -174,6 +218,8 @@ def run_queue_stats(args: argparse.Namespace) -> int:
         for name in names
     ]
     print("\n".join(table(headers, rows)))
+    for name, rate in rates.items():
+        print(rate_line(name, rate))
     refused = [m.reason for m in memory.values() if not m.available]
     if refused:
         print(f"(flow memory unavailable: {refused[0]})")
@@ -190,15 +236,22 @@ def _memory_cell(mem: FlowMemory) -> str:
 def run_queue_config(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     changes = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
+    new_rate = getattr(args, "rate", None)
     mq = open_client(args)
     try:
         if changes:
             mq.set_retention(args.queue, **changes)
+        if hasattr(args, "rate"):
+            mq.set_rate_limit(args.queue, new_rate)
         settings = mq.retention(args.queue)
+        rate = mq.rate_limit(args.queue)
     finally:
         mq.close()
+    changed = sorted([*changes, *(["rate"] if hasattr(args, "rate") else [])])
     if args.json:
-        doc = {"queue": args.queue, "changed": sorted(changes), "retention": settings}
+        doc: dict[str, Any] = {"queue": args.queue, "changed": changed, "retention": settings}
+        if rate is not None or hasattr(args, "rate"):  # shown when set or just changed
+            doc["rate"] = None if rate is None else rate_doc(rate)
         print(json.dumps(doc))
         return 0
     title = f"retention of queue {args.queue!r}"
@@ -217,6 +270,10 @@ def run_queue_config(args: argparse.Namespace) -> int:
         )
     print(title)
     print("\n".join(table(["end state", "age", "count"], rows, left=3)))
+    if rate is not None:
+        print(rate_line(args.queue, rate) + (" (set)" if hasattr(args, "rate") else ""))
+    elif hasattr(args, "rate"):
+        print(f"rate limit of {args.queue!r}: none (set)")
     return 0
 
 

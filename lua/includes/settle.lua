@@ -13,9 +13,11 @@
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
+-- A parent with a success threshold (the row's `allow`, written by hold.lua) tolerates that
+-- many fail-parent deaths: see settle_current.lua.
 local function settle(pk, parent_id, parent_queue, q, items, now)
   local statuses = {}
-  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen', 'repairs')
+  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen', 'repairs', 'allow')
   local state = row[1]
   if not state then
     for i = 1, #items do statuses[i] = -1 end

@@ -1,6 +1,7 @@
 -- @include signal
 -- @include push_signals
 -- @include claimable
+-- @include threshold_error
 -- settle_current(pk, parent_id, parent_queue, q, items, now, row): settle items of ONE parent's
 -- current flow, on the parent's slot (settle.lua has dropped other generations' reports).
 --   pk    = {row, dependencies, processed, unsuccessful, failed, explicit} keys of the parent
@@ -8,7 +9,7 @@
 --           parent), outbox + outbox_wake (a failed parent's signal upward), flows_held,
 --           flows_released, flows_failed (a root moves between them)
 --   items = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
---   row   = the parent row's fields settle read: state, barrier, parent, gen, repairs
+--   row   = the parent row's fields settle read: state, barrier, parent, gen, repairs, allow
 -- Each child is recorded with HSETNX: only a first record counts, so settling the same child
 -- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
 -- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
@@ -24,6 +25,18 @@
 -- get here. A death report ('i', 'f') of a repaired flow's child carries the child's repair
 -- epoch (see death.lua): one older than the epoch the parent gave that child at its last
 -- repair is stale (a redelivery of a report from before the repair) and changes nothing.
+-- A success threshold (row field `allow` = N - required, set by hold.lua): a fail-parent death
+-- ('f') of a held parent is recorded in :failed as usual; while |:failed| <= allow it is
+-- TOLERATED: counted as settled like an ignored failure (the same DECRBY, release at 0) and
+-- added to the row's `tolerated` count (repair.lua adds those back to the counter). So for any
+-- flow, while its parent has not failed, :processed, :unsuccessful and :failed are disjoint and
+-- |:processed| + |:unsuccessful| + |:failed| + dependencies = N (:failed is empty in a flow
+-- without a threshold). The death that makes |:failed| exceed `allow` fails the parent at
+-- once (the error names the count, the allowance and some of the failures) and marks the row
+-- `tipped` = now; a signal 'x' (child id = parent id, value = that mark) goes into the
+-- parent queue's outbox: its drainer cancels the flow's children that have not started
+-- (lifecycle.stop_unstarted; the Pump that delivered the death runs it at once too) and marks
+-- the row `stopped` = the same value, so a redelivered 'x' changes nothing.
 -- Owner of what it writes: :processed/:unsuccessful/:failed records, the counter and the
 -- row's fields go with the flow's expiry (expire.lua / forget.lua / drop.lua); flows:* entries
 -- move on with the flow's state and are dropped at expiry; a released worker-run parent's
@@ -36,6 +49,8 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   local event = nil
   local settled = 0
   local first_failure = nil
+  local allow = tonumber(row[6])  -- nil: no success threshold
+  local failures, tolerated = nil, 0
   for i = 1, #items do
     local kind, child, value = items[i][1], items[i][2], items[i][3]
     local target = pk[3]
@@ -57,15 +72,23 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
       statuses[i] = 0
     elseif redis.call('HSETNX', target, child, value) == 1 then
       statuses[i] = 1
-      if kind == 'f' then
-        if not first_failure then first_failure = {child, value} end
-      else
+      if kind ~= 'f' then
         settled = settled + 1
+      elseif allow and state == 'held' and not first_failure then
+        failures = (failures and failures + 1) or redis.call('HLEN', pk[5])
+        if failures <= allow then
+          settled, tolerated = settled + 1, tolerated + 1
+        else
+          first_failure = {child, value}
+        end
+      elseif not first_failure then
+        first_failure = {child, value}
       end
     else
       statuses[i] = 0
     end
   end
+  if tolerated > 0 then redis.call('HINCRBY', pk[1], 'tolerated', tolerated) end
   if settled > 0 then
     local left = redis.call('DECRBY', pk[2], settled)
     if left <= 0 and state == 'held' and not first_failure then
@@ -84,6 +107,11 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   end
   if first_failure and state == 'held' then
     local err = 'child ' .. first_failure[1] .. ' failed: ' .. first_failure[2]
+    if failures then
+      err = threshold_error(pk[5], failures, allow, first_failure[1]) .. '; ' .. err
+      redis.call('HSET', pk[1], 'tipped', now)
+      push_signals(q.outbox, q.outbox_wake, {signal('x', parent_id, parent_queue, parent_id, now)})
+    end
     redis.call('HSET', pk[1], 'state', 'failed', 'error', err, 'finished', now)
     if root then
       redis.call('ZREM', q.flows_held, parent_id)

@@ -61,9 +61,9 @@ from ..summary import (
     MAX_REPORTED,
     PROGRESS_EVERY,
     log_progress,
+    log_released,
     progress_line,
     read_released,
-    released_line,
 )
 
 __all__ = ["FAST_POLL", "MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
@@ -192,7 +192,7 @@ class EchoFlowTrigger(BaseTrigger):
             return None
         if read.closed is not None:
             self.log.info("Flow %s %s: its retention runs from now", parent_id, read.closed)
-        self.log.info("%s", released_line(read.snap))
+        log_released(self.log, read)
         xcoms: dict[str, Any] = {"return_value": read.summary}
         if self.return_values:
             xcoms = {"return_value": read.values, FLOW_KEY: read.summary}
