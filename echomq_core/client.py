@@ -405,8 +405,8 @@ class EchoMQ(_Base):
         cancelled), :class:`FlowTimeout` after ``timeout`` (naming what holds the flow up,
         where that shows). Reads come at most ``poll`` seconds apart, the first ones sooner
         (see :mod:`echomq_core.waiting`)."""
-        timeout = check_seconds("timeout", timeout)  # bounded: None is not "no timeout" here
-        wait = FlowWait(queue, parent_id, poll=poll, timeout=timeout)
+        bound = check_seconds("timeout", timeout)  # bounded: None is not "no timeout" here
+        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound)
         while not (verdict := self.perform(wait.read(self.keys))).done:
             time.sleep(verdict.pause)
         if verdict.never_released:
@@ -555,8 +555,8 @@ class AsyncEchoMQ(_Base):
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
     ) -> FlowSnapshot:
         """As :meth:`EchoMQ.wait`, without blocking the event loop."""
-        timeout = check_seconds("timeout", timeout)
-        wait = FlowWait(queue, parent_id, poll=poll, timeout=timeout)
+        bound = check_seconds("timeout", timeout)
+        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound)
         while not (verdict := await self.connection.perform(wait.read(self.keys))).done:
             await asyncio.sleep(verdict.pause)
         if verdict.never_released:
