@@ -22,6 +22,7 @@ from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check
 from .models import (
     Child,
     ChildFailure,
+    FlowCap,
     FlowRef,
     FlowSnapshot,
     FlowSummary,
@@ -70,6 +71,7 @@ class _Base:
         parent_id: str | None,
         max_attempts: int,
         gen: str = "",
+        max_running: Any = None,
         min_success: Any = None,
     ) -> Any:
         return flows.plan(
@@ -81,6 +83,7 @@ class _Base:
             dumps=self.encode,
             max_payload=self.max_payload_bytes,
             gen=gen,
+            max_running=max_running,
             min_success=min_success,
         )
 
@@ -94,12 +97,19 @@ class _Base:
         barrier: Any,
         replace: Any,
         new_queues: Any,
+        max_running: Any = None,
         min_success: Any = None,
     ) -> tuple[Any, Op[FlowRef]]:
         """The planned root and the operation of an add (a replace when asked)."""
         barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
         root = self._plan_flow(
-            queue, children, payload, parent_id, max_attempts, min_success=min_success
+            queue,
+            children,
+            payload,
+            parent_id,
+            max_attempts,
+            max_running=max_running,
+            min_success=min_success,
         )
         queues = new_queues(flows.queues_of(root))
         if replace and parent_id is None:
@@ -109,7 +119,7 @@ class _Base:
             if not gen:
                 return root
             return self._plan_flow(
-                queue, children, payload, root.id, max_attempts, gen, min_success
+                queue, children, payload, root.id, max_attempts, gen, max_running, min_success
             )
 
         if not replace:
@@ -228,6 +238,7 @@ class EchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        max_running: int | None = None,
         min_success: float | int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
@@ -246,6 +257,12 @@ class EchoMQ(_Base):
         it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
         way. See :mod:`echomq_core.lifecycle`.
 
+        ``max_running=K``: at most K of the root's leaf children are leased at once, whatever
+        the number of workers; the rest wait in order (priority, then arrival) and each one
+        that settles for good (completes, dies, is cancelled) lets the next start. Counted on
+        the child queues' slots; over several child queues K is split in proportion to their
+        children (:func:`echomq_core.flows.split_cap`). ``Child(max_running=)`` caps a
+        sub-flow's own leaf children. A re-add with another cap is :class:`FlowConflict`.
         ``min_success``: a success threshold - a fraction in (0, 1] of the children, or an int
         count of them, that must succeed. A fail-parent child that dies is then recorded in
         :meth:`failed_children` without failing the parent while the threshold can still be
@@ -264,11 +281,18 @@ class EchoMQ(_Base):
                 barrier,
                 replace,
                 self.unregistered,
+                max_running,
                 min_success,
             )
             ref = self.perform(op)
         self._registered.update(new)
         return ref
+
+    def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
+        """A flow node's ``max_running`` cap and its use (admitted / cap, per child queue);
+        None for a node without a cap. See :func:`echomq_core.flows.flow_cap`."""
+        self._check_flow(queue, parent_id)
+        return self.perform(flows.flow_cap(self.keys, queue, parent_id))
 
     def close_flow(self, queue: str, parent_id: str) -> str:
         """The reader is done with a released barrier flow: its ``closed`` retention starts.
@@ -460,6 +484,7 @@ class AsyncEchoMQ(_Base):
         max_attempts: int = 3,
         barrier: bool = False,
         replace: bool = False,
+        max_running: int | None = None,
         min_success: float | int | None = None,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
@@ -474,9 +499,15 @@ class AsyncEchoMQ(_Base):
                 barrier,
                 replace,
                 sorted,
+                max_running,
                 min_success,
             )
         return await self.connection.perform(op)
+
+    async def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
+        """As :meth:`EchoMQ.flow_cap`."""
+        self._check_flow(queue, parent_id)
+        return await self.connection.perform(flows.flow_cap(self.keys, queue, parent_id))
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""

@@ -39,15 +39,26 @@ from fractions import Fraction
 from typing import Any
 
 from .calls import Call, Lenient, Op
-from .checks import MAX_ATTEMPTS, timeout_ms
+from .checks import MAX_ATTEMPTS, check_int, timeout_ms
 from .checks import text as _s
 from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue, child_stem
-from .models import FAIL_PARENT, IGNORE, Child, FlowRef, FlowSnapshot, FlowSummary, Serializer
+from .models import (
+    FAIL_PARENT,
+    IGNORE,
+    Child,
+    FlowCap,
+    FlowRef,
+    FlowSnapshot,
+    FlowSummary,
+    Serializer,
+)
 from .ops import chunks, register
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
 MAX_DEPTH = 100
+#: The highest (least urgent) priority, as add.lua's: scores stay exact below 2^53.
+MAX_PRIORITY = 800
 
 
 @dataclass(slots=True)
@@ -62,6 +73,9 @@ class _Node:
     derived: bool = False  # the id was derived from the parent's (no explicit id given)
     timeout_ms: int | None = None  # the handler's time limit; None: the queue's
     gen: str = ""  # a root that replaced older flows under its id: their number
+    priority: int = 0  # a leaf's: 0..800, lower runs first
+    cap: int | None = None  # a parent's max_running over its own leaf children
+    shares: dict[str, int] | None = None  # with a cap: each leaf queue's share of it
     allow: int | None = None  # a success threshold: how many fail-parent children may die
 
 
@@ -108,6 +122,7 @@ def plan(
     dumps: Any,
     max_payload: int,
     gen: str = "",
+    max_running: int | None = None,
     min_success: Any = None,
 ) -> _Node:
     """Validate a flow and give every node its queue, id and serialised payload.
@@ -115,13 +130,16 @@ def plan(
     Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
     a node reached twice, a child that neither fails its parent nor is ignored, a policy flag
     that is not a bool, a tree deeper than :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
-    ``min_success``, of the root or of a ``Child``; see :func:`allowance`) and the keyspace
-    errors for bad queues and ids - all before anything is sent.
+    ``min_success``, of the root or of a ``Child``; see :func:`allowance`; a bad
+    ``max_running`` or ``priority``) and the keyspace errors for bad queues and ids - all before
+    anything is sent.
     """
     check_queue(queue)
     check_job_id(parent_id)
     root = _Node(queue, parent_id, payload, default_attempts, None, "fp", [])
     root.gen = gen
+    root.cap = _cap("max_running", max_running)
+    capped = [root] if root.cap is not None else []
     root_stem = child_stem(parent_id, gen)
     seen_ids = {parent_id}
     seen_nodes: set[int] = set()
@@ -197,6 +215,10 @@ def plan(
             node = _Node(
                 child_queue, child_id, body, attempts, parent, policy, [], spec.id is None, limit
             )
+            if spec.priority != 0 or spec.max_running is not None:
+                _options(node, spec, bool(spec.children))
+                if node.cap is not None:
+                    capped.append(node)
             parent.children.append(node)
             if spec.children:
                 build(node, spec.children, child_id, depth + 1)
@@ -209,8 +231,76 @@ def plan(
                 node.allow = allowance(f"child {child_id}", spec.min_success, len(node.children))
 
     build(root, children, parent_id, 1)
+    for node in capped:
+        node.shares = split_cap(node)
     root.allow = allowance(f"flow {parent_id}", min_success, len(root.children))
     return root
+
+
+def _cap(name: str, value: Any) -> int | None:
+    """A ``max_running`` value: None, or an int >= 1 (not a bool)."""
+    if value is None:
+        return None
+    return check_int(name, value, 1)
+
+
+def _options(node: _Node, spec: Child, inner: bool) -> None:
+    """A child's priority (a leaf's) and cap (a sub-flow's), checked."""
+    if spec.priority != 0:
+        if inner:
+            raise InvalidArgument(
+                f"child {node.id}: priority applies to a leaf; a sub-flow's parent is released "
+                f"to the front of its queue (got priority={spec.priority!r})"
+            )
+        node.priority = check_int(f"child {node.id} priority", spec.priority, 0, MAX_PRIORITY)
+    if spec.max_running is not None:
+        if not inner:
+            raise InvalidArgument(
+                f"child {node.id}: max_running applies to a child with children, "
+                f"got max_running={spec.max_running!r} on a leaf"
+            )
+        node.cap = _cap(f"child {node.id} max_running", spec.max_running)
+
+
+def split_cap(node: _Node) -> dict[str, int]:
+    """Split a node's cap K over the queues of its leaf children, so that each share is
+    counted on one queue's slot (the claim's) and the shares sum to exactly K: in proportion
+    to each queue's leaf children, largest remainder, at least 1 each. A queue whose children
+    all finished idles its share (the cost of staying single-slot: no token crosses slots).
+    A queue with fewer children than its share never fills it. Inner nodes (sub-flows) hold
+    no token: they run nothing while held, and a released one is not its parent's leaf.
+
+    Raises :class:`InvalidArgument` when K is below the number of leaf queues (a queue's
+    share cannot be 0)."""
+    assert node.cap is not None
+    counts: dict[str, int] = {}
+    for child in node.children:
+        if not child.children:
+            counts[child.queue] = counts.get(child.queue, 0) + 1
+    k = node.cap
+    if len(counts) > k:
+        raise InvalidArgument(
+            f"max_running={k} of {node.id} is below the number of queues its children run in "
+            f"({len(counts)}: {', '.join(sorted(counts))}); each queue needs a share of at "
+            "least 1"
+        )
+    if not counts:
+        return {}
+    total = sum(counts.values())
+    shares = {q: max(1, k * n // total) for q, n in counts.items()}
+    spare = k - sum(shares.values())
+    # largest remainder first (ties by queue name, so every add splits the same way)
+    order = sorted(counts, key=lambda q: (-((k * counts[q]) % total), q))
+    i = 0
+    while spare > 0:
+        shares[order[i % len(order)]] += 1
+        spare -= 1
+        i += 1
+    while spare < 0:  # the minimum of 1 took more than K gives: take back from the largest
+        big = max(shares, key=lambda q: (shares[q], q))
+        shares[big] -= 1
+        spare += 1
+    return shares
 
 
 def queues_of(root: _Node) -> set[str]:
@@ -260,6 +350,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False) -> Call:
             " ".join(sorted({c.queue for c in node.children})),
             node.gen,
             "" if node.allow is None else node.allow,
+            "" if node.cap is None else node.cap,
             *explicit,
         ],
     )
@@ -371,31 +462,42 @@ def add_flow(
         # consecutive leaves of one queue that share their parent and options share a land
         # call; calls of one queue keep the given order, so children are claimable in the
         # order given whatever their options (a run breaks where the options change)
-        runs: list[tuple[tuple[str, str, str, str, int, int | None], list[_Node]]] = []
+        runs: list[tuple[tuple[str, str, str, str, int, int | None, int], list[_Node]]] = []
         last: dict[str, int] = {}  # queue -> its current run
         for node in level:
             if not node.children:
                 up = node.parent
                 assert up is not None
                 check = "0" if node.derived and up.id in fresh else "1"
-                key = (node.queue, check, up.id, node.policy, node.max_attempts, node.timeout_ms)
+                key = (
+                    node.queue,
+                    check,
+                    up.id,
+                    node.policy,
+                    node.max_attempts,
+                    node.timeout_ms,
+                    node.priority,
+                )
                 at = last.get(node.queue)
                 if at is None or runs[at][0] != key:
                     last[node.queue] = at = len(runs)
                     runs.append((key, []))
                 runs[at][1].append(node)
-        for (queue, check, _, policy, attempts, limit), nodes in runs:
+        for (queue, check, _, policy, attempts, limit, priority), nodes in runs:
             up = nodes[0].parent
             assert up is not None
             fixed = ks.queue_keys(queue)
             rows = ks.job_prefix(queue)  # ids were checked by plan()
             up_queue = up.queue if up.queue != queue else ""
+            share = up.shares.get(queue) if up.shares else None
+            gate = [] if share is None else ks.gate_keys(queue, up.queue, up.id)
             for part in chunks(nodes):
                 argv: list[Any] = [check, up.id, up_queue, policy, attempts]
-                argv.append("" if limit is None else limit)
+                argv += ["" if limit is None else limit, priority, "" if share is None else share]
                 for n in part:
                     argv += [n.id, n.payload]
-                calls.append(Call.lua("land", [*fixed, *(rows + n.id for n in part)], argv))
+                keys = [*fixed, *(rows + n.id for n in part), *gate]
+                calls.append(Call.lua("land", keys, argv))
                 owners.append(up)
         replies = yield calls
         registered, replies = replies[: len(registry)], replies[len(registry) :]
@@ -512,8 +614,8 @@ def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
 
 
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
-    """Parent state, N, outstanding, the three record counts and a threshold's allowance,
-    read atomically."""
+    """Parent state, N, outstanding, the three record counts, a threshold's allowance and a
+    cap, read atomically."""
     ((state, total, deps, processed, ignored, failed, error, repairs, *rest),) = yield [
         Call.lua(
             "flow_snapshot",
@@ -533,6 +635,36 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
         _s(error) if error else None,
         int(repairs),
         int(rest[0]) if rest and rest[0] is not None else None,
+        int(rest[1]) if len(rest) > 1 and rest[1] is not None else None,
+    )
+
+
+def flow_cap(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowCap | None]:
+    """A node's cap and how much of it is in use (two round trips: the row's cap and child
+    queues, then each child queue's gate); None when the node has no cap (or no row)."""
+    ((cap, cq),) = yield [Call.cmd("HMGET", ks.job(queue, parent_id), "cap", "cq")]
+    if cap is None:
+        return None
+    queues = _s(cq).split() if cq else []
+    calls = []
+    for child_queue in queues:
+        waiting, counts = ks.gate_keys(child_queue, queue, parent_id)
+        calls += [Call.cmd("HMGET", counts, "admitted", "cap"), Call.cmd("ZCARD", waiting)]
+    replies = (yield calls) if calls else []
+    shares: dict[str, tuple[int, int]] = {}
+    waiting_total = 0
+    for i, child_queue in enumerate(queues):
+        (admitted, share), waiting = replies[2 * i], replies[2 * i + 1]
+        if share is not None:
+            shares[child_queue] = (int(admitted or 0), int(share))
+        waiting_total += int(waiting)
+    return FlowCap(
+        queue,
+        parent_id,
+        int(cap),
+        sum(a for a, _ in shares.values()),
+        waiting_total,
+        shares,
     )
 
 
@@ -572,13 +704,19 @@ def list_flows(
         return []
     calls = [Call.cmd("TIME")]
     for _, pid, _ in found:
-        calls.append(Call.cmd("HMGET", ks.job(queue, pid), "state", "total", "created", "error"))
+        calls.append(
+            Call.cmd(
+                "HMGET", ks.job(queue, pid), "state", "total", "created", "error", "cap", "allow",
+                "tolerated",
+            )
+        )
         calls.append(Call.cmd("GET", ks.dependencies(queue, pid)))
     (now_s, now_us), *replies = yield calls
     now_ms = int(now_s) * 1000 + int(now_us) // 1000
     out = []
     for i, (index, pid, since) in enumerate(found):
-        (state, total, created, error), deps = replies[2 * i], replies[2 * i + 1]
+        (state, total, created, error, cap, allow, tolerated) = replies[2 * i]
+        deps = replies[2 * i + 1]
         n = int(total) if total else 0
         out.append(
             FlowSummary(
@@ -590,6 +728,9 @@ def list_flows(
                 (now_ms - int(created)) / 1000 if created else None,
                 (now_ms - int(since)) / 1000,
                 _s(error) if error else None,
+                None if cap is None else int(cap),
+                None if allow is None else int(allow),
+                int(tolerated or 0),
             )
         )
     return out

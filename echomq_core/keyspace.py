@@ -51,6 +51,15 @@ key                       type    holds
 ``flows:failed``          zset    failed root flows, by failure time: the ``failed`` retention
 ``flows:cancelled``       zset    cancelled root flows, by cancel time: the ``cancelled``
                                   retention
+``gate:<pq>:<id>``        zset    the children of parent ``<id>`` (of queue ``<pq>``) that
+                                  wait for a token of the flow's ``max_running`` cap, scored
+                                  as in ``pending``; the settling step that frees a token
+                                  moves the head to ``pending``; emptied by cancel (a
+                                  zset with no member is no key), deleted with the flow
+``gate:<pq>:<id>:cap``    hash    ``cap`` (this queue's share of the cap), ``admitted``
+                                  (children holding a token: pending, leased or retrying),
+                                  ``off`` (set by cancel: nothing is admitted); deleted with
+                                  the flow (forget.lua)
 ``config``                hash    this queue's retention settings (ages in ms, counts); absent
                                   fields take the defaults of :mod:`echomq_core.retention`;
                                   and its rate limit (``rate``: ``<limit> <window ms>``,
@@ -338,6 +347,14 @@ class Keyspace:
 
     def repair(self, queue: str, job_id: str) -> str:
         return self.job(queue, job_id) + ":repair"
+
+    def gate_keys(self, queue: str, parent_queue: str, parent_id: str) -> list[str]:
+        """The two keys of the cap gate of ``parent_id``'s children in ``queue`` (on the
+        child queue's slot, where claims happen): the waiting zset and the ``:cap`` hash. The
+        parent's queue is part of the name (ids and queue names hold no colon), so parents of
+        one id in two queues never share a gate."""
+        gate = f"{self.base(queue)}gate:{check_queue(parent_queue)}:{check_job_id(parent_id)}"
+        return [gate, gate + ":cap"]
 
     def node_keys(self, queue: str, job_id: str) -> list[str]:
         """Every key of one flow node: the five :meth:`parent_keys`, ``:explicit`` and

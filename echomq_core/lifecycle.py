@@ -38,7 +38,7 @@ from typing import Any
 from .calls import Call, Op
 from .checks import text as _s
 from .flows import _Node, add_flow, child_candidates, fingerprint, snapshot
-from .keyspace import Keyspace
+from .keyspace import Keyspace, child_stem
 from .models import FlowRef, FlowSnapshot
 from .ops import chunks
 from .retention import SweepStats, forget_tree
@@ -79,13 +79,13 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
     if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
         return result
 
-    def children_of(node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
         _, total, cq, explicit, _before, gen = info
         kids = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
         return {
             q: (
                 "cancel_children",
-                [*ks.queue_keys(q)],
+                [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)],
                 [],
                 ids,
             )
@@ -116,7 +116,13 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     left as it is, at the cost of one read. Idempotent, so whoever finds it not done does it:
     the Pump that delivered the tipping death at once, and a drainer of the node queue's
     outbox when it reaches the ``'x'`` signal the tip pushed (what makes it durable: the
-    signal is trimmed only after this returned). Returns the children cancelled."""
+    signal is trimmed only after this returned). Returns the children cancelled.
+
+    Its first round trip parks the node's pending and retrying children in every child queue
+    (``park.lua``, all queues and chunks in one pipeline, no row read): from then on no claim
+    reaches them, however long the walk that marks them ``cancelled`` takes. The tipping step
+    itself parked those in the node's own queue (settle_current.lua); parking again is
+    harmless (a parked child is left as it is)."""
     row = ks.job(queue, node_id)
     ((state, tipped, stopped, total, cq, gen), explicit) = yield [
         Call.cmd("HMGET", row, "state", "tipped", "stopped", "total", "cq", "gen"),
@@ -137,11 +143,15 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     else:
         flat = list(explicit)
     info = ["failed", total, cq or b"", flat, "failed", gen or b""]
+    parks = _park_calls(ks, queue, node_id, int(total), _s(cq or b""), flat, _s(gen or b""))
+    if parks:
+        yield parks
 
-    def children_of(node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
         _, n, queues, ids, _before, generation = node_info
         kids = child_candidates(node, int(n), _s(queues), ids, _s(generation))
-        return {q: ("cancel_children", [*ks.queue_keys(q)], [], part) for q, part in kids.items()}
+        fixed = {q: [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node)] for q in kids}
+        return {q: ("cancel_children", fixed[q], [], part) for q, part in kids.items()}
 
     cancelled, _ = yield from _walk(
         ks,
@@ -154,6 +164,41 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     return cancelled
 
 
+#: The most child ids one ``park.lua`` call takes (two ZMSCOREs and a ZREM / ZADD per 1,000 of
+#: them, a few ms of server time for 5,000): a follow-up of a bigger flow sends several.
+PARK_CHUNK = 5000
+
+
+def _park_calls(
+    ks: Keyspace,
+    node_queue: str,
+    node_id: str,
+    total: int,
+    child_queues: str,
+    explicit: Sequence[Any],
+    gen: str,
+) -> list[Call]:
+    """The ``park.lua`` calls of a tipped node: per child queue, its derived ids by index
+    range when the node has no explicit ids (with explicit ids a derived id may be another
+    job's, so only the recorded explicit ids are parked; the walk cancels the rest), and the
+    explicit ids recorded for that queue; at most :data:`PARK_CHUNK` ids per call. Each call
+    also marks the node's cap gate in that queue off (a capped flow admits no more)."""
+    stem = child_stem(node_id, gen)
+    given: dict[str, list[str]] = {}
+    for i in range(0, len(explicit), 2):
+        given.setdefault(_s(explicit[i + 1]), []).append(_s(explicit[i]))
+    calls = []
+    for queue in child_queues.split():
+        keys = [*ks.queue_keys(queue), *ks.gate_keys(queue, node_queue, node_id)]
+        if not explicit:
+            for start in range(0, total, PARK_CHUNK):
+                end = min(total, start + PARK_CHUNK)
+                calls.append(Call.lua("park", keys, [stem, start, end]))
+        for part in chunks(given.get(queue, []), PARK_CHUNK):
+            calls.append(Call.lua("park", keys, [stem, 0, 0, *part]))
+    return calls
+
+
 #: How a walk visits one child queue of a node: (script, fixed keys, argv after the node id,
 #: candidate child ids); the script gets the candidates' rows after the fixed keys.
 _Visit = tuple[str, list[str], list[Any], list[str]]
@@ -162,7 +207,7 @@ _Visit = tuple[str, list[str], list[Any], list[str]]
 def _walk(
     ks: Keyspace,
     nodes: list[tuple[str, str, Sequence[Any]]],
-    children_of: Callable[[str, Sequence[Any]], dict[str, _Visit]],
+    children_of: Callable[[str, str, Sequence[Any]], dict[str, _Visit]],
     node_call: Callable[[str, str, str], Call],
     go_below: Callable[[Sequence[Any]], bool],
     on_node: Callable[[str, str, Sequence[Any]], None] = lambda q, i, info: None,
@@ -177,8 +222,9 @@ def _walk(
         on_node(*node)
     while nodes:
         calls, asked = [], []
-        for _queue, node_id, info in nodes:
-            for child_queue, (script, fixed, extra, ids) in children_of(node_id, info).items():
+        for node_queue, node_id, info in nodes:
+            visits = children_of(node_queue, node_id, info)
+            for child_queue, (script, fixed, extra, ids) in visits.items():
                 base = ks.job_prefix(child_queue)
                 for part in chunks(ids):
                     keys = [*fixed, *(base + i for i in part)]
@@ -218,7 +264,11 @@ def _repair_call(ks: Keyspace, queue: str, node_id: str, ignored: bool, parent: 
 
 
 def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op[RepairResult]:
-    """Repair the flow rooted at ``parent_id`` (see the module doc)."""
+    """Repair the flow rooted at ``parent_id`` (see the module doc). A tipped threshold root
+    whose follow-up has not finished gets it first (:func:`stop_unstarted`; one read when
+    there is none to do): its parked children become ``cancelled``, which the repair re-runs -
+    a repair that dropped the ``tipped`` mark first would leave them parked for ever."""
+    yield from stop_unstarted(ks, queue, parent_id)
     (info,) = yield [_repair_call(ks, queue, parent_id, ignored, "")]
     result = RepairResult(_s(info[0]), repairs=int(info[6]))
     done: list[Call] = []
@@ -232,7 +282,7 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         ]
         done.append(Call.lua("repair_done", keys, [node_id]))
 
-    def children_of(node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
         _, total, cq, explicit, listed, rerun, _n, gen = info
         listed_ids = [_s(i) for i in listed]
         everything = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
@@ -240,7 +290,7 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         for q, candidates in everything.items():
             ids = candidates if _s(rerun) else listed_ids
             if ids:
-                fixed = [*ks.queue_keys(q)]
+                fixed = [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)]
                 visits[q] = ("requeue", fixed, [_s(rerun)], ids)
         return visits
 
@@ -299,8 +349,10 @@ def add_or_replace(
     generation. One round trip more than a plain add; a cut replace is completed by a retry."""
     root = plan("")
     queue, parent_id = root.queue, root.id
-    ((state, total, fp, gen, allow),) = yield [
-        Call.cmd("HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen", "allow")
+    ((state, total, fp, gen, allow, cap),) = yield [
+        Call.cmd(
+            "HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen", "allow", "cap"
+        )
     ]
     gen_s = _s(gen) if gen else ""
     if gen_s:
@@ -310,6 +362,7 @@ def add_or_replace(
         and int(total) == len(root.children)
         and (fp is None or _s(fp) == fingerprint(root))
         and (None if allow is None else int(allow)) == root.allow
+        and (_s(cap) if cap is not None else "") == ("" if root.cap is None else str(root.cap))
     )
     if state is None or _s(state) == "replaced" or same:
         return (yield from add_flow(ks, root, new_queues, barrier=barrier, replan=plan))

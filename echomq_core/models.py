@@ -100,11 +100,14 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class ParentRef:
-    """Where a child's parent lives, and the child's failure-policy token toward it."""
+    """Where a child's parent lives, and the child's failure-policy token toward it.
+    ``gated``: the child holds a token of its parent's ``max_running`` cap, which the step that
+    settles it returns (the host passes that gate's keys)."""
 
     queue: str
     id: str
     policy: str = FAIL_PARENT
+    gated: bool = False
 
 
 @dataclass(slots=True)
@@ -201,6 +204,12 @@ class Child:
     #: The handler's time limit in seconds (None: the worker's queue setting); past it the
     #: worker records a failed attempt (``TimeoutError``) and frees the slot.
     timeout: float | None = None
+    #: A leaf's priority, 0..800 (lower runs first, as :class:`JobSpec`'s): a late urgent flow
+    #: overtakes a backlog of its queue. Refused on a child with children.
+    priority: int = 0
+    #: A sub-flow's own cap: at most this many of ITS leaf children are leased at once (as
+    #: ``add_flow(max_running=)`` for the root). Refused on a leaf.
+    max_running: int | None = None
     #: A sub-flow's success threshold (only with ``children``), as ``add_flow(min_success=)``:
     #: a fraction in (0, 1] or an int count of its children.
     min_success: float | int | None = None
@@ -260,6 +269,8 @@ class FlowSnapshot:
     #: the flow (N - required); None: no threshold (the first such death fails it). ``failed``
     #: counts the deaths recorded so far (tolerated ones and the one that failed it).
     allowed: int | None = None
+    #: The node's ``max_running`` cap (None: none); how much of it is in use: ``flow_cap``.
+    cap: int | None = None
 
     @property
     def settled(self) -> int:
@@ -297,6 +308,32 @@ class FlowSnapshot:
             "error": self.error,
             "repairs": self.repairs,
             "allowed": self.allowed,
+            "cap": self.cap,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FlowCap:
+    """A flow node's ``max_running`` cap and its use at one moment, per child queue (each
+    queue's share is counted on its own slot: read together, not as one atomic snapshot).
+    ``admitted``: children holding a token (pending, leased or waiting for a retry), never
+    above the cap; ``waiting``: children not admitted yet."""
+
+    queue: str
+    parent_id: str
+    cap: int
+    admitted: int
+    waiting: int
+    shares: dict[str, tuple[int, int]]  # child queue -> (admitted, share)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "parent_id": self.parent_id,
+            "cap": self.cap,
+            "admitted": self.admitted,
+            "waiting": self.waiting,
+            "shares": {q: {"admitted": a, "share": s} for q, (a, s) in self.shares.items()},
         }
 
 
@@ -312,6 +349,19 @@ class FlowSummary:
     age: float | None  # seconds since the flow was added
     since: float  # seconds in its current state (since it was added, released, closed, failed)
     error: str | None = None
+    cap: int | None = None  # max_running (None: none)
+    allowed: int | None = None  # min_success's allowance of deaths (None: no threshold)
+    tolerated: int = 0  # deaths a threshold tolerated so far
+
+    @property
+    def controls(self) -> str:
+        """The flow controls in a few words (``cap 50, 3 / 2,000 failed``); '' when none."""
+        parts = []
+        if self.cap is not None:
+            parts.append(f"cap {self.cap:,}")
+        if self.allowed is not None:
+            parts.append(f"{self.tolerated:,} / {self.allowed:,} failed")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -323,4 +373,7 @@ class FlowSummary:
             "age_s": None if self.age is None else round(self.age, 3),
             "in_state_s": round(self.since, 3),
             "error": self.error,
+            "cap": self.cap,
+            "allowed": self.allowed,
+            "tolerated": self.tolerated,
         }

@@ -33,6 +33,7 @@ ROW_FIELDS = (
     "parent_policy",
     "stalls",
     "timeout",
+    "gate",
 )
 
 
@@ -130,7 +131,7 @@ def claim(
     names = [i.decode() if type(i) is bytes else _s(i) for i in reply[1:]]
     base = ks.job_prefix(queue)
     (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
-    parents: dict[tuple[Any, Any, Any], ParentRef] = {}  # siblings share one (it is frozen)
+    parents: dict[tuple[Any, Any, Any, Any], ParentRef] = {}  # siblings share one (frozen)
     jobs = [
         _job(queue, job_id, token, row, ser, parents)
         for job_id, row in zip(names, rows, strict=True)
@@ -144,11 +145,11 @@ def _job(
     token: str,
     row: Sequence[Any],
     ser: Serializer,
-    parents: dict[tuple[Any, Any, Any], ParentRef] | None = None,
+    parents: dict[tuple[Any, Any, Any, Any], ParentRef] | None = None,
 ) -> Job:
     """A :class:`Job` from its row fields (:data:`ROW_FIELDS` order); ``parents`` caches the
-    :class:`ParentRef` of each (parent, queue, policy) across one claim's rows."""
-    payload, attempts, max_attempts, parent, parent_queue, policy, stalls, limit = row
+    :class:`ParentRef` of each (parent, queue, policy, gate) across one claim's rows."""
+    payload, attempts, max_attempts, parent, parent_queue, policy, stalls, limit, gate = row
     job = Job(
         queue,
         job_id,
@@ -162,13 +163,14 @@ def _job(
     if limit:
         job.timeout_ms = int(limit)
     if parent is not None:
-        key = (parent, parent_queue, policy)
+        key = (parent, parent_queue, policy, gate)
         ref = parents.get(key) if parents is not None else None
         if ref is None:
             ref = ParentRef(
                 _s(parent_queue) if parent_queue else queue,
                 _s(parent),
                 _s(policy) if policy else FAIL_PARENT,
+                gate is not None,
             )
             if parents is not None:
                 parents[key] = ref
@@ -201,33 +203,41 @@ def wait_for_hint(keys: Sequence[str], timeout: float) -> Op[bool]:
 
 
 def _batch(
-    queue: str, part: Sequence[tuple[Any, ...]]
-) -> tuple[list[Any], dict[str, int], list[Job]]:
+    ks: Keyspace, queue: str, part: Sequence[tuple[Any, ...]]
+) -> tuple[list[Any], dict[str, int], list[Job], str, list[str]]:
     """The batch encoding complete and fail share (lua/includes/batch.lua): the header - job,
     group, cross-parent and token counts, the group parent ids, the cross parents, the tokens,
     each numbered once per batch - then per job: id, token number, its values, ref (0 no
     parent, k same-queue group k, -k cross-queue parent k). ``part`` holds (job, *values).
-    Returns (argv, same-queue groups in order, the jobs without a parent)."""
+    Returns (argv, same-queue groups in order, the jobs without a parent, the refs whose
+    children are gated by a cap (the scripts' gates argument), those gates' keys)."""
     groups: dict[str, int] = {}
     cross: dict[tuple[str, str], int] = {}
     tokens: dict[str, int] = {}
     plain: list[Job] = []
     records: list[Any] = []
+    gated: dict[int, ParentRef] = {}
     for job, *values in part:
         parent = job.parent
         if parent is None:
             ref = 0
             plain.append(job)
-        elif parent.queue == queue:
-            ref = groups.setdefault(parent.id, len(groups) + 1)
         else:
-            ref = -cross.setdefault((parent.id, parent.queue), len(cross) + 1)
+            if parent.queue == queue:
+                ref = groups.setdefault(parent.id, len(groups) + 1)
+            else:
+                ref = -cross.setdefault((parent.id, parent.queue), len(cross) + 1)
+            if parent.gated and ref not in gated:
+                gated[ref] = parent
         records += [job.id, tokens.setdefault(job.token, len(tokens) + 1), *values, ref]
     argv: list[Any] = [len(part), len(groups), len(cross), len(tokens), *groups]
     for parent_id, parent_queue in cross:
         argv += [parent_id, parent_queue]
     argv += [*tokens, *records]
-    return argv, groups, plain
+    gate_keys: list[str] = []
+    for up in gated.values():
+        gate_keys += ks.gate_keys(queue, up.queue, up.id)
+    return argv, groups, plain, " ".join(map(str, gated)), gate_keys
 
 
 def _group_keys(ks: Keyspace, queue: str, groups: dict[str, int]) -> list[str]:
@@ -245,9 +255,10 @@ def complete(
     fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
     for part in chunks(done):
-        batch, groups, plain = _batch(queue, part)
+        batch, groups, plain, gates, gate_keys = _batch(ks, queue, part)
         keys = [*fixed, *(rows + j.id for j in plain), *_group_keys(ks, queue, groups)]
-        calls.append(Call.lua("complete", keys, [queue, "1" if keep else "0", *batch]))
+        keys += gate_keys
+        calls.append(Call.lua("complete", keys, [queue, "1" if keep else "0", gates, *batch]))
     return _settled(queue, (yield calls))
 
 
@@ -258,13 +269,14 @@ def fail(
     now). Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
     calls = []
     for part in chunks(failed):
-        batch, groups, _ = _batch(queue, part)
+        batch, groups, _, gates, gate_keys = _batch(ks, queue, part)
         keys = [
             *ks.queue_keys(queue),
             *(ks.job_prefix(queue) + j.id for j, *_ in part),
             *_group_keys(ks, queue, groups),
+            *gate_keys,
         ]
-        calls.append(Call.lua("fail", keys, [queue, *batch]))
+        calls.append(Call.lua("fail", keys, [queue, gates, *batch]))
     return _settled(queue, (yield calls))
 
 
@@ -316,16 +328,32 @@ def recover(
     """Return expired leases to pending, bury those past ``max_stalls``: (how many were
     recovered, [(job, error)] of the buried - their token is '', the lease is gone)."""
     due = yield [Call.lua("due", ks.queue_keys(q), [limit]) for q in queues]
-    calls, recovered_queues = [], []
-    for queue, ids in zip(queues, due, strict=True):
-        if not ids:
-            continue
-        recovered_queues.append(queue)
-        names = [_s(i) for i in ids]
-        keys = [*ks.queue_keys(queue), *(ks.job_prefix(queue) + n for n in names)]
-        calls.append(Call.lua("recover", keys, [queue, max_stalls, *names]))
-    if not calls:
+    found = [(q, [_s(i) for i in ids]) for q, ids in zip(queues, due, strict=True) if ids]
+    if not found:
         return (0, [])
+    # a candidate that dies returns its cap token in the same step: its gate's keys must travel
+    # with the call, so the rows' parent fields are read first (only when leases expired)
+    marks = yield [
+        Call.lua("rows", [ks.job_prefix(q) + n for n in names], ["parent", "parent_queue", "gate"])
+        for q, names in found
+    ]
+    calls, recovered_queues = [], []
+    for (queue, names), rows in zip(found, marks, strict=True):
+        recovered_queues.append(queue)
+        keys = [*ks.queue_keys(queue), *(ks.job_prefix(queue) + n for n in names)]
+        gates: dict[tuple[str, str], int] = {}
+        refs = []
+        for parent, parent_queue, gate in rows:
+            if gate is None or parent is None:
+                refs.append(0)
+                continue
+            up = (_s(parent_queue) if parent_queue else queue, _s(parent))
+            if up not in gates:
+                gates[up] = len(gates) + 1
+                keys += ks.gate_keys(queue, *up)
+            refs.append(gates[up])
+        spec = " ".join(map(str, refs)) if gates else ""
+        calls.append(Call.lua("recover", keys, [queue, max_stalls, spec, *names]))
     replies = yield calls
     dead = [
         (_job(_s(queue), _s(job_id), "", row, ser), _s(error))

@@ -190,7 +190,7 @@ def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepSt
             kids = child_candidates(node_id, int(total), _s(child_queues), explicit, _s(gen))
             for child_queue, ids in kids.items():
                 base = ks.job_prefix(child_queue)
-                fixed = ks.queue_keys(child_queue)
+                fixed = [*ks.queue_keys(child_queue), *ks.gate_keys(child_queue, queue, node_id)]
                 for part in chunks(ids):
                     calls.append(
                         Call.lua("forget", [*fixed, *(base + i for i in part)], [node_id, *part])

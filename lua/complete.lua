@@ -5,6 +5,7 @@
 -- @include batch
 -- @include signal
 -- @include push_signals
+-- @include gate
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), completed, and for the fan-in: pending and wake (a same-queue parent
@@ -15,10 +16,15 @@
 -- KEYS[15+p+6(g-1)+1 .. +6]  parent group g: row, dependencies, processed, unsuccessful, failed,
 --             explicit (same-queue parents only; the host read each job's parent when it
 --             claimed it)
+-- then 2 keys per gated ref of ARGV[3], in that order: the gate (waiting, cap) of that parent's
+--             children in this queue (includes/gate.lua)
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
 --                   (never a flow parent's row: see below)
--- ARGV[3..] the batch (see includes/batch.lua), each job's record 4 values: id, token number,
+-- ARGV[3] gates     the refs (see below) whose children are gated by a max_running cap,
+--                   space-separated ('' = none): the host read each child's gate mark with
+--                   its row when it claimed it
+-- ARGV[4..] the batch (see includes/batch.lua), each job's record 4 values: id, token number,
 --   result, ref ('0' plain job; k > 0 child of same-queue group k, settled here, atomically;
 --   -k child of cross-queue parent k: a signal into this queue's outbox)
 --
@@ -30,15 +36,22 @@
 -- :processed (or in the signal on its way there), and membership of `completed` says it is
 -- done - so a child costs one command here, its fan-in record. Returns: {statuses, events}:
 -- statuses per job 1 (completed) / 0 (lease lost); events a flat list of pairs
--- ('r' | 'f', parent id) for same-queue parents this call released or failed.
+-- ('r' | 'f', parent id) for same-queue parents this call released or failed. A gated child
+-- that completes returns its token: its gate admits the next waiting child in this step.
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
 -- their flow's expiry; :processed records and counters go with the flow; outbox signals are
 -- trimmed by the Pump (trim_outbox.lua); the wake member is popped by idle workers, the
 -- outbox:wake member by an idle Pump.
+-- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 local q = queue_keys(KEYS)
 local queue, keep = ARGV[1], ARGV[2]
-local b = batch(q.leases, ARGV, 3, 4)
+local b = batch(q.leases, ARGV, 4, 4)
+local gated, freed = {}, {}
+local refs = {}  -- the ref of each gate
+for ref in string.gmatch(ARGV[3], '%S+') do
+  gated[tonumber(ref)] = #freed + 1; freed[#freed + 1] = 0; refs[#freed] = tonumber(ref)
+end
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
 local now = now_ms()
@@ -54,6 +67,8 @@ for i = 1, n do
     out[i] = 1
     done[#done + 1] = id
     fin[#fin + 1] = now; fin[#fin + 1] = id
+    local g = gated[ref]
+    if g then freed[g] = freed[g] + 1 end
     if ref == 0 then
       -- a flow parent's row always stays (its counter and records live on beside it, and a
       -- retry by id of the finished flow must find it): the flow is swept as a unit
@@ -80,4 +95,17 @@ if #done > 0 then
 end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
+local at = 15 + p + 6 * #b.parents
+for g = 1, #freed do
+  if freed[g] > 0 then
+    local gk = {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}
+    -- a same-queue parent that a threshold tipped (settle_current.lua) admits no more: its
+    -- unstarted children are being cancelled (as park.lua and cancel_children.lua mark it)
+    local row = KEYS[at - 6 * #b.parents + 6 * (refs[g] - 1) + 1]
+    if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
+      redis.call('HSET', gk[2], 'off', '1')
+    end
+    gate(q, gk, freed[g])
+  end
+end
 return {out, events}

@@ -7,6 +7,7 @@
 -- @include signal
 -- @include push_signals
 -- @include death
+-- @include gate
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), delayed (retries by due time), dead (the morgue by time of death),
@@ -15,8 +16,12 @@
 -- KEYS[15+i]  the row of job i (i = 1..n)
 -- KEYS[15+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
 --             unsuccessful, failed, explicit
+-- then 2 keys per gated ref of ARGV[2], in that order: the gate (waiting, cap) of that parent's
+--             children in this queue (includes/gate.lua)
 -- ARGV[1] queue
--- ARGV[2..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 6
+-- ARGV[2] gates  the refs whose children are gated by a max_running cap, space-separated
+--   ('' = none), as complete.lua takes them
+-- ARGV[3..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 6
 --   values: id, token number, error, traceback, delay_ms, ref
 --   traceback: the attempt's traceback text (at most 16 KiB, cut by the host), '' when it has
 --             none: kept on the row as the field 'traceback' (the last failed attempt's), and
@@ -30,16 +35,24 @@
 -- error; otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
 -- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
+-- A gated child that dies returns its token (its gate admits the next waiting child here); one
+-- that goes to delayed keeps it (it is still the flow's to run).
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
 -- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
 -- row with its flow; the row fields it sets (attempts, error, traceback, state) go with the
 -- row; outbox signals are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
 -- records and counters of same-queue parents go with their flow.
+-- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
 -- events as in complete.lua.
 local q = queue_keys(KEYS)
 local queue = ARGV[1]
-local b = batch(q.leases, ARGV, 2, 6)
+local b = batch(q.leases, ARGV, 3, 6)
+local gated, freed = {}, {}
+local refs = {}  -- the ref of each gate
+for ref in string.gmatch(ARGV[2], '%S+') do
+  gated[tonumber(ref)] = #freed + 1; freed[#freed + 1] = 0; refs[#freed] = tonumber(ref)
+end
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}} end
 local now = now_ms()
@@ -68,6 +81,8 @@ for i = 1, n do
       out[i] = 2
       redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
       dead[#dead + 1] = now; dead[#dead + 1] = id
+      local g = gated[ref]
+      if g then freed[g] = freed[g] + 1 end
       local kind = 'f'
       if meta[2] == 'id' then kind = 'i' end
       local value = death(meta[3], err)
@@ -89,4 +104,17 @@ if #later > 0 then redis.call('ZADD', q.delayed, unpack(later)) end
 if #dead > 0 then redis.call('ZADD', q.dead, unpack(dead)) end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + n, queue, q, now)
+local at = 15 + n + 6 * #b.parents
+for g = 1, #freed do
+  if freed[g] > 0 then
+    local gk = {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}
+    -- a same-queue parent that a threshold tipped (settle_current.lua) admits no more: its
+    -- unstarted children are being cancelled (as park.lua and cancel_children.lua mark it)
+    local row = KEYS[at - 6 * #b.parents + 6 * (refs[g] - 1) + 1]
+    if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
+      redis.call('HSET', gk[2], 'off', '1')
+    end
+    gate(q, gk, freed[g])
+  end
+end
 return {out, events}

@@ -4,7 +4,9 @@
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: completed and dead (a
 --             child's entries go too)
--- KEYS[15+j]  the row of candidate child j (ARGV[1+j])
+-- KEYS[16] KEYS[17]  the gate (waiting, cap) of the node's children in this queue
+--             (includes/gate.lua; absent keys when the node had no cap): deleted here
+-- KEYS[17+j]  the row of candidate child j (ARGV[1+j])
 -- ARGV[1] parent     the expired node's id
 -- then the candidate child ids (the host lists the node's derived ids <parent>.<index> and
 --   its explicit ids of this queue: a candidate that has no row here is skipped)
@@ -14,12 +16,14 @@
 -- call) - unless it is a parent itself (an inner node): that one is named in the reply and
 -- the host drops it with all its keys (drop.lua), then visits ITS children. A row that
 -- belongs to anything else is never touched.
--- Owner of what it writes: it creates no key; it deletes rows and their index entries.
+-- Owner of what it writes: it creates no key; it deletes rows and their index entries, and the
+-- node's gate in this queue (its owner).
 -- Returns: {deleted, {inner node ids}}.
 local q = queue_keys(KEYS)
 local rows, ids, inner = {}, {}, {}
+redis.call('DEL', KEYS[16], KEYS[17])
 for j = 1, #ARGV - 1 do
-  local row = KEYS[15 + j]
+  local row = KEYS[17 + j]
   local up = redis.call('HMGET', row, 'parent', 'total')
   if up[1] == ARGV[1] then
     if up[2] then

@@ -27,7 +27,10 @@
 --                       other generations' children)
 -- ARGV[13] allow        '' no success threshold; else how many of its fail-parent children
 --                       may die without failing it (N - required; settle_current.lua)
--- ARGV[14..] pairs: child id, queue - the children whose ids were given (not derived)
+-- ARGV[14] max_running  '' = no cap; else K, the cap on this node's leased leaf children
+--                       (kept as the row's 'cap': counted on the child queues' slots, by
+--                       the gates land.lua fills; a re-add with another cap is refused)
+-- ARGV[15..] pairs: child id, queue - the children whose ids were given (not derived)
 --
 -- Steps: a parent that already exists is left exactly as it is (holding never resets a
 -- counter: a retried add converges instead of starting over) - provided it is the SAME flow:
@@ -39,12 +42,13 @@
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
 -- Errors: EMQKIND bad id; EMQTAKEN <id> the id is another flow's node or a plain job; EMQFLOW
--- the parent exists with other children; EMQGEN <n> it holds a flow of generation n while the
+-- the parent exists with other children or settings; EMQGEN <n> it holds a flow of generation n while the
 -- host planned another (the host re-plans once). All three are FlowConflict on the host.
 local q = queue_keys(KEYS)
 local bad = check_id(ARGV[1])
 if bad then return bad end
-local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen', 'allow')
+local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen', 'allow',
+  'cap')
 if row[4] == 'replaced' then
   redis.call('DEL', KEYS[16])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
@@ -72,6 +76,10 @@ elseif row[1] then
     return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. have .. ', not ' ..
       want)
   end
+  if (row[7] or '') ~= ARGV[14] then
+    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with max_running ' ..
+      (row[7] or 'unset') .. ', not ' .. (ARGV[14] ~= '' and ARGV[14] or 'unset'))
+  end
   return 0
 elseif redis.call('EXISTS', KEYS[16]) == 1 then
   return redis.error_reply('EMQTAKEN ' .. ARGV[1] .. ' id ' .. ARGV[1] ..
@@ -91,10 +99,11 @@ end
 if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
 if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end
 if ARGV[13] ~= '' then fields[#fields + 1] = 'allow'; fields[#fields + 1] = ARGV[13] end
+if ARGV[14] ~= '' then fields[#fields + 1] = 'cap'; fields[#fields + 1] = ARGV[14] end
 redis.call('HSET', KEYS[16], unpack(fields))
 redis.call('SET', KEYS[17], ARGV[3])
 -- unpack() is bounded by the Lua stack: write the explicit record in slices
-for i = 14, #ARGV, 1000 do
+for i = 15, #ARGV, 1000 do
   redis.call('HSET', KEYS[18], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1

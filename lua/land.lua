@@ -2,10 +2,13 @@
 -- @include check_id
 -- @include queue_keys
 -- @include claimable
+-- @include gate
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending and wake (the
 --             children are claimable at once), seq (the arrival counter, see add.lua)
 -- KEYS[15+i]  the row of child i (i = 1..n)
+-- KEYS[15+n+1] KEYS[15+n+2]  only with a share (ARGV[8]): the gate of this parent's children in
+--             this queue (includes/gate.lua): waiting zset, cap hash
 -- ARGV[1]   check     '1': skip children whose row exists; '0': their parent was held fresh by
 --                     this very add and their ids derive from it, so no row of THIS parent can
 --                     exist yet: one EXISTS over the batch stands for the per-child reads
@@ -16,7 +19,11 @@
 -- ARGV[4]   policy    'fp' | 'id': the children's failure-policy token
 -- ARGV[5]   max_attempts
 -- ARGV[6]   timeout_ms  the children's handler time limit ('' = the queue's)
--- ARGV[5+2i] ARGV[6+2i]  child i (i = 1..n): its id, its payload (the host groups children by
+-- ARGV[7]   priority  0..800, lower runs first: pending scores are priority * 2^40 + arrival
+--                     number, as add.lua's
+-- ARGV[8]   share     '' = no cap; else this queue's share of the parent's max_running: the
+--                     children enter the gate and at most `share` of them hold a token at once
+-- ARGV[7+2i] ARGV[8+2i]  child i (i = 1..n): its id, its payload (the host groups children by
 --   parent and options, so the shared fields travel once per batch)
 --
 -- Steps: refuse any bad id before writing; with check '1', refuse the whole batch (nothing
@@ -26,17 +33,20 @@
 -- child whose row does not exist yet, write the row WITH its parent fields AND its policy
 -- token, and make it claimable - in this same script, so no child is ever claimable without
 -- its policy. A child of this parent that exists is left as it is (a retried add never
--- re-queues a child, even one that already completed).
--- Owner of what it writes: the rows are removed with their flow (the retention sweep).
+-- re-queues a child, even one that already completed, and never admits one twice). With a
+-- share, the new children go into the gate instead (their rows marked 'gate', so the host
+-- passes the gate's keys to the step that settles them) and the gate admits what fits.
+-- Owner of what it writes: the rows are removed with their flow (the retention sweep); the
+-- gate's keys too (forget.lua), see includes/gate.lua.
 -- Returns: a list of 1 (landed) / 0 (existed), per child.
 -- Errors: EMQKIND bad id; EMQTAKEN <id> a child id that is taken (nothing written).
 local q = queue_keys(KEYS)
 local check, parent, up_queue, policy, attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local timeout = ARGV[6]
-local n = (#ARGV - 6) / 2
+local timeout, priority, share = ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local n = (#ARGV - 8) / 2
 local out = {}
 for i = 1, n do
-  local bad = check_id(ARGV[5 + 2 * i])
+  local bad = check_id(ARGV[7 + 2 * i])
   if bad then return bad end
   out[i] = 1
 end
@@ -60,8 +70,8 @@ if check == '1' then
         elseif row[3] then
           owner = 'a flow parent'
         end
-        return redis.error_reply('EMQTAKEN ' .. ARGV[5 + 2 * i] .. ' child id ' ..
-          ARGV[5 + 2 * i] .. ' is taken by ' ..
+        return redis.error_reply('EMQTAKEN ' .. ARGV[7 + 2 * i] .. ' child id ' ..
+          ARGV[7 + 2 * i] .. ' is taken by ' ..
           owner .. ', not free for parent ' .. parent)
       end
       out[i] = 0
@@ -73,13 +83,24 @@ local seq = redis.call('INCRBY', q.seq, n) - n
 local fields = {'payload', '', 'parent', parent, 'parent_policy', policy, 'max_attempts', attempts}
 if up_queue ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = up_queue end
 if timeout ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = timeout end
+-- a repair re-scores a requeued child by its row (requeue.lua)
+if priority > 0 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = ARGV[7] end
+if share ~= '' then fields[#fields + 1] = 'gate'; fields[#fields + 1] = '1' end
 local ready = {}
+local base = priority * 1099511627776 + seq
 for i = 1, n do
   if out[i] == 1 then
-    fields[2] = ARGV[6 + 2 * i]
+    fields[2] = ARGV[8 + 2 * i]
     redis.call('HSET', KEYS[15 + i], unpack(fields))
-    ready[#ready + 1] = seq + i; ready[#ready + 1] = ARGV[5 + 2 * i]
+    ready[#ready + 1] = base + i; ready[#ready + 1] = ARGV[7 + 2 * i]
   end
 end
-claimable(q.pending, q.wake, ready)
+if share == '' then
+  claimable(q.pending, q.wake, ready)
+else
+  local gk = {KEYS[15 + n + 1], KEYS[15 + n + 2]}
+  redis.call('HSET', gk[2], 'cap', share)
+  if #ready > 0 then redis.call('ZADD', gk[1], unpack(ready)) end
+  gate(q, gk, 0)
+end
 return out

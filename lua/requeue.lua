@@ -1,10 +1,13 @@
 -- requeue: on one child queue's slot, put the children a repair re-runs back to pending.
 -- @include queue_keys
 -- @include claimable
+-- @include gate
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: dead (the morgue), pending
 --             and wake (requeued children), seq (the arrival counter)
--- KEYS[15+j]  the row of candidate child j (ARGV[2+j])
+-- KEYS[16] KEYS[17]  the gate (waiting, cap) of the node's children in this queue
+--             (includes/gate.lua; absent keys when the node has no cap)
+-- KEYS[17+j]  the row of candidate child j (ARGV[2+j])
 -- ARGV[1] parent  the repaired node's id
 -- ARGV[2] rerun   '1': also re-run children that were cancelled (a repaired cancelled flow)
 -- then the candidate child ids (the node's :repair entries, and with `rerun` its derived and
@@ -12,21 +15,25 @@
 --
 -- Steps: a dead child (or, with rerun, a cancelled one) of `parent` gets fresh attempts
 -- (attempts and stalls 0, its state and error cleared), leaves the morgue and becomes
--- claimable, in the order given. Any other child is left as it is: one requeued already (a
+-- claimable, in the order given, scored by its priority (the row's) - a gated child through
+-- its gate again (the repair takes the cancel's 'off' away; the gate admits what fits). Any
+-- other child is left as it is: one requeued already (a
 -- repair retried), one that completed (its value stays, it never runs again). A child that is
 -- a parent itself is named in the reply: the host repairs it (repair.lua) and its children.
 -- Owner of what it writes: pending entries are claimed; the rows' fields (attempts, epoch) go
 -- with their flow's expiry; the seq counter is the queue's own (one per queue); the wake member
 -- is popped by idle workers.
+-- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {requeued, {inner node ids}}.
 local q = queue_keys(KEYS)
 local n = #ARGV - 2
 local seq = redis.call('INCRBY', q.seq, n) - n
-local requeued, inner, ready = 0, {}, {}
+local requeued, inner, ready, waiting = 0, {}, {}, {}
+local gk = {KEYS[16], KEYS[17]}
 for j = 1, n do
   local i = 2 + j
-  local id, row = ARGV[i], KEYS[15 + j]
-  local r = redis.call('HMGET', row, 'parent', 'total', 'state')
+  local id, row = ARGV[i], KEYS[17 + j]
+  local r = redis.call('HMGET', row, 'parent', 'total', 'state', 'priority', 'gate')
   if r[1] == ARGV[1] then
     if r[2] then
       -- a sub-flow to repair in turn (one that completed, or is being run, is left alone)
@@ -38,10 +45,17 @@ for j = 1, n do
       if r[3] == 'dead' then redis.call('HINCRBY', row, 'epoch', 1) end  -- see repair.lua
       redis.call('HDEL', row, 'state', 'error', 'traceback', 'finished', 'cancelled')
       redis.call('ZREM', q.dead, id)
-      ready[#ready + 1] = seq + i; ready[#ready + 1] = id
+      local into = ready
+      if r[5] then into = waiting end
+      into[#into + 1] = tonumber(r[4] or '0') * 1099511627776 + seq + i; into[#into + 1] = id
       requeued = requeued + 1
     end
   end
 end
 claimable(q.pending, q.wake, ready)
+if #waiting > 0 then
+  redis.call('ZADD', gk[1], unpack(waiting))
+  redis.call('HDEL', gk[2], 'off')
+  gate(q, gk, 0)
+end
 return {requeued, inner}

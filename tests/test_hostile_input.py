@@ -746,7 +746,7 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
         "land": Call.lua(
             "land",
             [*ks.queue_keys("hq"), good_row],
-            ["1", "JOB-flow", "hp", "fp", 3, "", "JOB-{x}", b"1"],
+            ["1", "JOB-flow", "hp", "fp", 3, "", 0, "", "JOB-{x}", b"1"],
         ),
         "hold": Call.lua(
             "hold",

@@ -290,8 +290,10 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         payload: Any = None,
         parent_id: str | None = None,
         max_attempts: int = 3,
+        min_success: float | None = None,
         barrier: bool = True,
         repair: bool = True,
+        max_running: int | None = None,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle (see ``EchoMQ.add_flow``).
 
@@ -301,12 +303,17 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         re-add repairs it (``retry_flow``: dead and cancelled children run again, completed
         ones keep their values) unless ``repair`` is off. ``barrier`` (True): the flow is read
         by a downstream asset, not run by a worker; the IO manager closes it once read.
+        ``max_running``: at most that many children leased at once (``EchoMQ.add_flow``); a
+        retried step must pass the same cap.
 
         Inside a run, a barrier flow is logged (INFO, ``EchoMQ flow added: {...}``) as soon as
         it is added: should the run fail before anything reads it - even in this very step,
         before its output is stored - ``echomq_cancel_sensors`` find it there and cancel it.
         Inside a step it is also noted as this step's (:mod:`dagster_echomq.steps`): should
         the IO manager refuse the step's output, it cancels the flows the step added.
+
+        ``min_success``: a success threshold (``EchoMQ.add_flow``); a retried step must pass
+        the same one.
         """
         ref = self.client.add_flow(
             queue,
@@ -314,7 +321,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             payload=payload,
             parent_id=parent_id,
             max_attempts=max_attempts,
+            min_success=min_success,
             barrier=barrier,
+            max_running=max_running,
         )
         if barrier:
             steps.record(ref)

@@ -20,7 +20,7 @@ from ..client import EchoMQ
 from ..errors import JobNotFound
 from ..inspection import flow_counts, read_tree
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
-from ..models import FlowSummary
+from ..models import FlowCap, FlowSummary
 from ..waiting import FlowWait
 from .common import (
     CommandFailed,
@@ -172,12 +172,16 @@ def run_flow_show(args: argparse.Namespace) -> int:
         failures = (
             mq.child_failures(args.queue, args.parent_id, limit=args.failures) if died else []
         )
+        cap = mq.flow_cap(args.queue, args.parent_id)
         if args.json:
             doc = tree.to_dict()
             doc["failures"] = [dataclasses.asdict(f) for f in failures]
+            doc["cap"] = None if cap is None else cap.to_dict()
             print(json.dumps(doc))
         else:
             print("\n".join(render(tree)))
+            if cap is not None:
+                print(cap_line(cap))
             if failures:
                 shown = render_failures(failures, args.failures, died, tracebacks=args.tracebacks)
                 print("\n".join(shown))
@@ -186,6 +190,16 @@ def run_flow_show(args: argparse.Namespace) -> int:
     finally:
         mq.close()
     return 0
+
+
+def cap_line(cap: FlowCap) -> str:
+    """``running <admitted> / cap <K>``, what waits, and each child queue's share: admitted
+    children hold a token (leased, pending or waiting for a retry); never more than K."""
+    shares = ", ".join(f"{q} {a}/{s}" for q, (a, s) in sorted(cap.shares.items()))
+    return (
+        f"running {cap.admitted:,} / cap {cap.cap:,} (admitted: leased, pending or retrying), "
+        f"{cap.waiting:,} waiting; per queue: {shares or '-'}"
+    )
 
 
 def _watch(mq: EchoMQ, args: argparse.Namespace) -> str | None:
@@ -265,7 +279,10 @@ def run_flow_ls(args: argparse.Namespace) -> int:
         print(f"no {state}flows under {where}{past}")
         return 0
     errors = any(f.error for f in flows)
+    controls = any(f.controls for f in flows)
     headers = ["queue", "parent id", "state", "N", "settled", "age", "in state"]
+    if controls:
+        headers.append("controls")
     rows = [
         [
             f.queue,
@@ -275,6 +292,7 @@ def run_flow_ls(args: argparse.Namespace) -> int:
             f"{f.settled:,}",
             fmt_ago(f.age),
             fmt_ago(f.since),
+            *([f.controls] if controls else []),
             *([_clip(f.error or "")] if errors else []),
         ]
         for f in flows

@@ -18,7 +18,7 @@ from ..errors import JobNotFound
 from ..flows import scan_page
 from ..inspection import FlowNode, flow_counts, read_tree
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
-from ..models import ChildFailure, FlowSummary, JobInfo
+from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
 from ..pump import parse_signal, poison_list
 
 #: Rows per page of a list (flows per state, dead jobs, poisoned signals, children's values).
@@ -65,17 +65,40 @@ class FlowPage:
     cursor: int  # the next page of values (0: none)
     up: JobInfo | None  # this flow's own row: its parent when it is a sub-flow
     root: tuple[str, str] | None = None  # (queue, id) of the root flow, when it is a sub-flow
+    controls: dict[str, str] = field(default_factory=dict)  # see controls()
 
 
 def flow_status(mq: EchoMQ, queue: str, parent_id: str) -> dict[str, Any] | None:
     """What a flow's page polls for live progress: its snapshot - ONE script call, whatever
-    the flow's size (the tree and the values are read when the page loads, not per poll);
+    the flow's size (the tree and the values are read when the page loads, not per poll),
+    and for a flow with a ``max_running`` cap its use (``flow_cap``: one round trip more);
     None when there is no such flow."""
     snap = mq.snapshot(check_queue(queue), check_job_id(parent_id))
     if snap.parent_state is None and snap.total == 0:
         return None
     flow = {**snap.to_dict(), "released": snap.released}
-    return {"flow": flow, "settled": snap.settled, "outcome": snap.outcome}
+    return {
+        "flow": flow,
+        "settled": snap.settled,
+        "outcome": snap.outcome,
+        "controls": controls(mq, snap),
+    }
+
+
+def controls(mq: EchoMQ, snap: FlowSnapshot) -> dict[str, str]:
+    """A flow's flow-control lines, as the page shows them: ``running`` (admitted / cap, and
+    how many wait for a token) for a capped flow, ``threshold`` (failed so far / allowed) for
+    a flow with ``min_success``; empty for a flow with neither."""
+    out = {}
+    if snap.cap is not None:
+        use = mq.flow_cap(snap.queue, snap.parent_id)
+        if use is not None:
+            out["running"] = (
+                f"{use.admitted:,} / {use.cap:,} running, {use.waiting:,} waiting for a token"
+            )
+    if snap.allowed is not None:
+        out["threshold"] = f"{snap.failed:,} failed / {snap.allowed:,} allowed"
+    return out
 
 
 def values_page(
@@ -127,6 +150,7 @@ def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPa
         next_cursor,
         up,
         root,
+        controls(mq, snap),
     )
 
 

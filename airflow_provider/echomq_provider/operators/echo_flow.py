@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from echomq_core import FlowConflict, FlowRef, InvalidInput
-from echomq_core.checks import check_seconds
+from echomq_core.checks import check_int, check_seconds
 from echomq_core.keyspace import check_queue
 from echomq_core.lifecycle import repair_on_readd
 from echomq_core.ops import gc_paused
@@ -118,8 +118,14 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
     :param child_timeout: the handler time limit (seconds) of children that set none (default:
         the worker's queue setting). Past it the worker fails the attempt with TimeoutError.
     :param max_attempts: the parent's attempts, and the children's default.
+    :param max_running: at most this many of the flow's children are leased at once, whatever
+        the number of workers (``EchoMQ.add_flow(max_running=)``); default None: no cap. An
+        Airflow retry must keep it: a re-add with another cap fails the task.
     :param parent_id: an explicit parent id (``JOB-...``). Leave it unset to get the derived,
         retry-safe id; an explicit one must be just as stable across tries.
+    :param min_success: a success threshold (``EchoMQ.add_flow(min_success=)``): a fraction
+        in (0, 1] or a count of children that must succeed; the others may die without
+        failing the flow. Default None: any death fails it.
     :param barrier: True (the default): the flow is read by a sensor, not run by a worker -
         its parent is never claimed, and :class:`~echomq_provider.sensors.echo_flow.
         EchoFlowSensor` closes it once it has read the results (its retention then runs).
@@ -178,8 +184,10 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         child_max_attempts: int | None = None,
         child_timeout: float | None = None,
         max_attempts: int = 3,
+        max_running: int | None = None,
         parent_id: str | None = None,
         barrier: bool = True,
+        min_success: float | None = None,
         repair: bool = True,
         on_conflict: str = "fail",
         echomq_conn_id: str = EchoMQHook.default_conn_name,
@@ -229,8 +237,13 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         self.child_max_attempts = child_max_attempts
         self.child_timeout = child_timeout
         self.max_attempts = max_attempts
+        # refused at parse time, as the core refuses it (InvalidArgument names the value)
+        self.max_running = (
+            None if max_running is None else check_int("max_running", max_running, 1)
+        )
         self.parent_id = parent_id
         self.barrier = barrier
+        self.min_success = min_success  # checked by the add (InvalidArgument names it)
         if on_conflict not in ON_CONFLICT:
             raise InvalidInput(
                 f"{self.task_id}: on_conflict must be one of {', '.join(ON_CONFLICT)}, "
@@ -346,8 +359,10 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                     payload=self.payload,
                     parent_id=parent_id,
                     max_attempts=self.max_attempts,
+                    min_success=self.min_success,
                     barrier=self.barrier,
                     replace=self.on_conflict == "replace",
+                    max_running=self.max_running,
                 )
         except FlowConflict as exc:
             raise AirflowFailException(
