@@ -42,7 +42,7 @@ from .calls import Call, Lenient, Op
 from .checks import MAX_ATTEMPTS, check_int, timeout_ms
 from .checks import text as _s
 from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput
-from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue
+from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue, child_stem
 from .models import (
     FAIL_PARENT,
     IGNORE,
@@ -140,7 +140,7 @@ def plan(
     root.gen = gen
     root.cap = _cap("max_running", max_running)
     capped = [root] if root.cap is not None else []
-    root_stem = f"{parent_id}.g{gen}." if gen else f"{parent_id}."
+    root_stem = child_stem(parent_id, gen)
     seen_ids = {parent_id}
     seen_nodes: set[int] = set()
     good_queues = {queue}
@@ -155,7 +155,7 @@ def plan(
         if not isinstance(specs, list | tuple) or not specs:
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
         # a replaced flow's generation n derives <root>.g<n>.<i>: never an old child's id
-        stem = root_stem if parent is root else f"{parent.id}."
+        stem = root_stem if parent is root else child_stem(parent.id)
         for index, spec in enumerate(specs):
             if not isinstance(spec, Child):
                 raise InvalidFlow(
@@ -363,7 +363,7 @@ def child_candidates(
     (``<id>.<i>``, or ``<id>.g<gen>.<i>`` in a replaced flow's generation) and the explicit ids
     recorded for that queue. Scripts skip a candidate without a row of that parent, so a
     derived id that was given explicitly instead costs one lookup, nothing more."""
-    stem = f"{node_id}.g{gen}." if gen else f"{node_id}."
+    stem = child_stem(node_id, gen)
     derived = [f"{stem}{i}" for i in range(total)]
     given: dict[str, list[str]] = defaultdict(list)
     for i in range(0, len(explicit), 2):

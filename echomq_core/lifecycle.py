@@ -24,6 +24,9 @@ calling it again.
   children get fresh attempts and go back to pending; a cancelled node re-runs its cancelled
   children. Completed children never run again. Sub-flows are repaired bottom-up: a failed
   sub-flow in the list is repaired (its own dead children re-run) and held again.
+* **Repair on re-add** (:func:`repair_on_readd`): what an orchestrator's retried or cleared
+  adding step does once its add converged - a flow found failed or cancelled is repaired - one
+  rule for the Airflow operator and the Dagster resource and IO manager.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from typing import Any
 
 from .calls import Call, Op
 from .checks import text as _s
-from .flows import _Node, add_flow, child_candidates, fingerprint
-from .keyspace import Keyspace
-from .models import FlowRef
+from .flows import _Node, add_flow, child_candidates, fingerprint, snapshot
+from .keyspace import Keyspace, child_stem
+from .models import FlowRef, FlowSnapshot
 from .ops import chunks
 from .retention import SweepStats, forget_tree
 
@@ -180,7 +183,7 @@ def _park_calls(
     job's, so only the recorded explicit ids are parked; the walk cancels the rest), and the
     explicit ids recorded for that queue; at most :data:`PARK_CHUNK` ids per call. Each call
     also marks the node's cap gate in that queue off (a capped flow admits no more)."""
-    stem = f"{node_id}.g{gen}." if gen else f"{node_id}."
+    stem = child_stem(node_id, gen)
     given: dict[str, list[str]] = {}
     for i in range(0, len(explicit), 2):
         given.setdefault(_s(explicit[i + 1]), []).append(_s(explicit[i]))
@@ -304,6 +307,34 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         states = yield done[::-1]  # deepest first: a node's record goes after its children's
         result.state = _s(states[-1])
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class ReAdd:
+    """What a re-add under a stable parent id found once the add converged (``snap``, before
+    any repair) and the repair it did (None: nothing to repair, or ``repair`` was off)."""
+
+    snap: FlowSnapshot
+    repaired: RepairResult | None = None
+
+    @property
+    def broken(self) -> bool:
+        """The flow had failed or been cancelled: an earlier try gave up on it."""
+        return self.snap.outcome in ("failed", "cancelled")
+
+
+def repair_on_readd(ks: Keyspace, queue: str, parent_id: str, *, repair: bool) -> Op[ReAdd]:
+    """The rule after an add by a stable id (an Airflow retry or clear of the adding task, a
+    Dagster step retry or re-execution), once the add converged to the flow already there:
+    a flow found failed or cancelled - the earlier try's wait gave up on it - is repaired when
+    ``repair`` (:func:`retry_flow`: dead and cancelled children run again, completed ones keep
+    their values), so the new try's wait reads it to the end; a released or closed one is left
+    as it is (its results are read again); a held one is the earlier try's, still running.
+    One round trip more than the add, plus the repair's when there is one."""
+    snap = yield from snapshot(ks, queue, parent_id)
+    if repair and snap.outcome in ("failed", "cancelled"):
+        return ReAdd(snap, (yield from retry_flow(ks, queue, parent_id, ignored=False)))
+    return ReAdd(snap)
 
 
 def add_or_replace(

@@ -54,7 +54,8 @@ from dagster import (
 from pydantic import Field, PrivateAttr
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
-from echomq_core.keyspace import id_part
+from echomq_core.keyspace import MAX_ID_LENGTH, id_part
+from echomq_core.lifecycle import repair_on_readd
 from echomq_core.options import PumpOptions, describe
 from echomq_core.urls import flow_page
 
@@ -62,8 +63,8 @@ from . import steps
 from .pumps import _PumpShare
 from .reading import ADDED_LOG_PREFIX
 
-#: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``).
-_ID_TAIL_MAX = 200
+#: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``: "JOB-" and this many).
+_ID_TAIL_MAX = MAX_ID_LENGTH - len("JOB-")
 #: The tag Dagster gives every re-execution: the id of the first run of its group.
 ROOT_RUN_ID_TAG = "dagster/root_run_id"
 
@@ -329,12 +330,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             if self._log is not None:
                 added = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
                 self._log.info(f"{ADDED_LOG_PREFIX}{added}")
-        if (
-            repair
-            and parent_id is not None
-            and self.snapshot(ref).outcome in ("failed", "cancelled")
-        ):
-            self.client.retry_flow(ref.queue, ref.parent_id)
+        if repair and parent_id is not None:  # a fresh id holds nothing to repair
+            client = self.client
+            client.perform(repair_on_readd(client.keys, ref.queue, ref.parent_id, repair=True))
         return ref
 
     def snapshot(self, flow: FlowRef) -> FlowSnapshot:
