@@ -69,6 +69,7 @@ from .running import (
     split,
     wake_queues,
 )
+from .workers_registry import Presence
 
 if TYPE_CHECKING:
     from .client import AsyncEchoMQ
@@ -112,6 +113,10 @@ class AsyncWorker(OptionAttributes):
         self._pump_task: asyncio.Task[None] | None = None
         self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
         self.hooks = hooks
+        #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
+        self.presence = Presence(
+            client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
+        )
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
@@ -142,6 +147,7 @@ class AsyncWorker(OptionAttributes):
         if self._started:
             return self
         await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
+        await self.presence.abeat(self.connection.perform, 0)
         self._started = True
         self._runners = [
             asyncio.create_task(self._runner(i), name=f"echomq-runner-{i}")
@@ -230,6 +236,8 @@ class AsyncWorker(OptionAttributes):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._started:
+            await self.presence.aleave(self.connection.perform)
         if self.pump is not None and self._pump_task is not None:
             await self.pump.astop_after_last_tick(self._pump_stop, self._pump_task)
         if self._pool is not None:
@@ -370,9 +378,7 @@ class AsyncWorker(OptionAttributes):
             limit,
             self.abandoned,
         )
-        self._add_result(
-            job, (f"TimeoutError: the handler ran longer than {limit:g}s", True, None)
-        )
+        self._add_result(job, (f"TimeoutError: the handler ran longer than {limit:g}s", True, None))
         return None
 
     async def _invoke(self, job: Job) -> Outcome:
@@ -468,3 +474,4 @@ class AsyncWorker(OptionAttributes):
             jobs = list(self._hand.inflight.values())
             routine = extend_leases(self._hand, self.queues, jobs, "heartbeat", _NO_LOCK)
             await adrive(routine, self.connection.perform)
+            await self.presence.abeat(self.connection.perform, len(jobs))

@@ -69,6 +69,11 @@ key                       type    holds
                                   when its window ends
 ``sweep:lease``           string  which Pump sweeps this queue now (SET NX PX, taken only when
                                   something is due)
+``minutes``               hash    completed and failed attempts per minute of the last 24 h:
+                                  field minute mod 1440, value ``<minute> <done> <failed>``
+                                  (tally.lua, one call per completion or failure batch of a
+                                  worker, :mod:`echomq_core.throughput`); overwritten a day
+                                  later, expires 25 h after the last batch
 ========================  ======  ===========================================================
 
 Every key has an owner that deletes it. Rows, counters and result hashes of a flow (its
@@ -83,6 +88,13 @@ Global (not per queue): ``<prefix>:queues``, a set of queue names written when a
 first used, so Pumps and operators can discover queues without ``KEYS``/``SCAN``; and
 ``<prefix>:ref:<name>``, strings holding named flow references (``EchoMQ.save_ref``), which
 adapters use to hand a flow from one process to another.
+
+Workers (:mod:`echomq_core.workers_registry`): ``<prefix>:workers``, a zset of worker ids by
+last beat (ms), and ``<prefix>:worker:<id>``, a hash per worker process (host, pid, queues,
+concurrency, in flight, started, beat) with a PEXPIRE of three beats. Owners: the worker
+deletes both at a clean stop; a worker that dies leaves its hash to expire, and its zset member
+to the readers (the dashboard, the collector, ``echomq workers``), which ZREM members whose
+hash is gone, and to every beat of any worker, which drops members not seen for a day.
 """
 
 from __future__ import annotations
@@ -316,6 +328,18 @@ class Keyspace:
 
     def rate_window(self, queue: str) -> str:
         return self.base(queue) + "rate:window"
+
+    def minutes(self, queue: str) -> str:
+        """The queue's per-minute tallies of completed and failed attempts (tally.lua)."""
+        return self.base(queue) + "minutes"
+
+    def workers(self) -> str:
+        """The registry of worker processes: a zset of ids by last beat (ms)."""
+        return f"{self.prefix}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        """One worker process's entry (hash, expires unless beaten); ids are host-made."""
+        return f"{self.prefix}:worker:{worker_id}"
 
     def claim_keys(self, queue: str) -> tuple[str, ...]:
         """The keys of a claim: :meth:`queue_keys`, ``config`` and ``rate:window`` (cached)."""

@@ -9,7 +9,11 @@ Two sources, two kinds of metric:
   read at scrape time - jobs per queue and state, outbox and poison lengths, root flows per
   state, the Pump's lag, a rate-limited queue's limit and current window, and the flow
   controls of up to :data:`FLOW_GAUGES` held root flows per queue (:func:`read_controls`:
-  three round trips, bounded by that number). The queues: one pipelined read per scrape,
+  three round trips, bounded by that number), the age of each queue's oldest pending job
+  (:func:`~echomq_core.browse.oldest_pending`: two round trips, two commands per queue and
+  one TIME), the live workers per queue (:func:`~echomq_core.workers_registry.read_workers`:
+  two round trips, one HMGET per live worker, at most 1,000) and the build's version. The
+  queues: one pipelined read per scrape,
   :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET, each O(1) or
   O(log n)) plus one SMEMBERS for the
   registry - whatever the number of jobs, so a queue of 10 jobs and one of 10,000,000 cost the
@@ -48,6 +52,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import ops, rates
+from .browse import oldest_pending
 from .calls import Call, Op
 from .checks import check_int
 from .checks import text as _s
@@ -55,6 +60,7 @@ from .errors import EchoMQError, Unrecoverable
 from .keyspace import FLOW_INDEXES, Keyspace, check_queue
 from .models import Job
 from .rates import RateLimit
+from .workers_registry import per_queue, read_workers
 
 if TYPE_CHECKING:
     from .async_worker import AsyncWorker
@@ -178,7 +184,7 @@ def read_controls(
             calls.append(Call.cmd("HLEN", ks.failed(q, pid)))
             n += 1
         if found.cap is not None:
-            for child_queue in (_s(cq).split() if cq else []):
+            for child_queue in _s(cq).split() if cq else []:
                 calls.append(Call.cmd("HGET", ks.gate_keys(child_queue, q, pid)[1], "admitted"))
                 n += 1
         plans.append((found, n))
@@ -264,6 +270,35 @@ class QueueCollector(Collector):
                 allowed.add_metric([f.queue, f.parent_id], f.allowed)
         yield from (running, cap, failed, allowed)
 
+    def _latency_and_workers(self, queues: list[str]) -> Iterable[Metric]:
+        """The build's version, each queue's oldest pending age and its live workers (a
+        queue no live worker serves reports 0, which is what the no-workers alert needs)."""
+        from . import __version__
+
+        build = GaugeMetricFamily(
+            "echomq_build_info", "The EchoMQ version of this exporter (value 1)", labels=["version"]
+        )
+        build.add_metric([__version__], 1)
+        oldest = GaugeMetricFamily(
+            "echomq_queue_oldest_pending_age_seconds",
+            "Seconds since the job the next claim takes was added (0: nothing pending)",
+            labels=["queue"],
+        )
+        workers = GaugeMetricFamily(
+            "echomq_workers", "Live worker processes serving the queue", labels=["queue"]
+        )
+        ks = self.client.keys
+        try:
+            ages = self.client.perform(oldest_pending(ks, queues))
+            served = per_queue(self.client.perform(read_workers(ks)))
+        except EchoMQError:
+            ages, served = {}, {}
+        for q in queues:
+            oldest.add_metric([q], ages.get(q) or 0.0)
+        for q in sorted(set(queues) | set(served)):
+            workers.add_metric([q], served.get(q, 0))
+        yield from (build, oldest, workers)
+
     def describe(self) -> Iterable[Metric]:
         return []  # the metrics are made at collect time; nothing to check at registration
 
@@ -319,6 +354,7 @@ class QueueCollector(Collector):
                 flows.add_metric([r.queue, state], n)
             lag.add_metric([r.queue], r.head_age)
         yield from self._controls([r.queue for r in readings])
+        yield from self._latency_and_workers([r.queue for r in readings])
         took = GaugeMetricFamily(
             "echomq_scrape_duration_seconds", "How long the last read of the server took"
         )

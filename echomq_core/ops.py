@@ -259,7 +259,10 @@ def complete(
         keys = [*fixed, *(rows + j.id for j in plain), *_group_keys(ks, queue, groups)]
         keys += gate_keys
         calls.append(Call.lua("complete", keys, [queue, "1" if keep else "0", gates, *batch]))
-    return _settled(queue, (yield calls))
+    if calls:  # the minute's tally rides along: one more command per batch, not per job
+        calls.append(tally(ks, queue, "c", len(done)))
+    replies = yield calls
+    return _settled(queue, replies[:-1] if calls else replies)
 
 
 def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, str, int]]) -> Op[Settlement]:
@@ -275,7 +278,17 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, str, int]]) 
             *gate_keys,
         ]
         calls.append(Call.lua("fail", keys, [queue, gates, *batch]))
-    return _settled(queue, (yield calls))
+    if calls:
+        calls.append(tally(ks, queue, "f", len(failed)))
+    replies = yield calls
+    return _settled(queue, replies[:-1] if calls else replies)
+
+
+def tally(ks: Keyspace, queue: str, kind: str, n: int) -> Call:
+    """The call adding ``n`` to this minute's ``kind`` tally of ``queue`` (tally.lua; 'c'
+    completed, 'f' failed attempts). Counted as sent: a completion whose lease was lost is
+    tallied too (the script runs beside the batch's, not after reading its statuses)."""
+    return Call.lua("tally", [ks.minutes(queue)], [kind, n])
 
 
 def _settled(queue: str, replies: list[Any]) -> Settlement:

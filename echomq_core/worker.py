@@ -75,6 +75,7 @@ from .running import (
     wait_on_hints,
     wake_queues,
 )
+from .workers_registry import Presence
 
 if TYPE_CHECKING:
     from .client import EchoMQ
@@ -153,6 +154,10 @@ class Worker(OptionAttributes):
         self.client = client
         self.handlers = dict(handlers)
         self.hooks = hooks
+        #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
+        self.presence = Presence(
+            client.keys, list(handlers), opts.concurrency, "thread", opts.lease
+        )
         self.completed = 0
         self.failed = 0
         self._stop = threading.Event()
@@ -209,6 +214,7 @@ class Worker(OptionAttributes):
         ]
         for thread in self._helpers:
             thread.start()
+        self.presence.beat(self.client.perform, 0)
         self._beater = threading.Thread(
             target=self._heartbeats, daemon=True, name="echomq-heartbeat"
         )
@@ -254,6 +260,7 @@ class Worker(OptionAttributes):
         self._beat_stop.set()
         if self._beater is not None:
             self._beater.join(1.0)
+            self.presence.leave(self.client.perform)
         if self.pump is not None:
             self.pump.stop_after_last_tick()
 
@@ -556,6 +563,7 @@ class Worker(OptionAttributes):
                 jobs = list(self._hand.inflight.values())
             routine = extend_leases(self._hand, self.queues, jobs, "heartbeat", self._lock)
             drive(routine, self.client.perform)
+            self.presence.beat(self.client.perform, len(jobs))
 
     def _watch(self) -> None:
         """Abandon every runner whose handler is past its deadline: fail that job

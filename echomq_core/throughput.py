@@ -1,0 +1,58 @@
+"""Completed and failed attempts per minute per queue, over the last 24 hours.
+
+Workers write the tallies in the calls they already make: each completion or failure batch's
+pipeline carries one ``tally`` script call more (:func:`echomq_core.ops.tally`) with the
+batch's count - one command per batch, not per job, and no round trip of its own. The
+server's clock (TIME inside the script) picks the minute, so workers with skewed clocks agree.
+
+Storage: one hash per queue (``minutes``, see :mod:`echomq_core.keyspace`), one field per
+minute of the day (minute number mod 1440) holding ``<minute> <completed> <failed>``: at most
+1,440 fields, so the memory is bounded whatever the traffic, and a field whose minute number
+is not in the window asked for (yesterday's) is read as zero. The hash expires 25 h after the
+last batch. Counts are of what workers sent: a completion whose lease was lost meanwhile is
+counted too (rare; the job's state is the truth, this is a rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .calls import Call, Op
+from .checks import check_int
+from .checks import text as _s
+from .keyspace import Keyspace
+
+#: Minutes kept: one day.
+DAY = 1440
+
+
+@dataclass(frozen=True, slots=True)
+class Minute:
+    """One minute's tallies: ``at`` is the minute's start (ms since the epoch)."""
+
+    at: int
+    completed: int
+    failed: int
+
+
+def read_minutes(ks: Keyspace, queue: str, minutes: int = 60) -> Op[list[Minute]]:
+    """The last ``minutes`` minutes (1-1440) of ``queue``, oldest first, the current minute
+    last, zeros where nothing was tallied. One round trip: TIME and one HGETALL (at most 1,440
+    fields)."""
+    check_int("minutes", minutes, 1, DAY)
+    now, flat = yield [Call.cmd("TIME"), Call.cmd("HGETALL", ks.minutes(queue))]
+    current = int(now[0]) // 60
+    first = current - minutes + 1
+    counts: dict[int, tuple[int, int]] = {}
+    pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
+    for _, value in pairs:
+        parts = _s(value).split()
+        if len(parts) != 3:
+            continue
+        at = int(parts[0])
+        if first <= at <= current:
+            counts[at] = (int(parts[1]), int(parts[2]))
+    return [Minute(m * 60_000, *counts.get(m, (0, 0))) for m in range(first, current + 1)]
+
+
+__all__ = ["DAY", "Minute", "read_minutes"]
