@@ -378,7 +378,9 @@ class AsyncWorker(OptionAttributes):
             limit,
             self.abandoned,
         )
-        self._add_result(job, (f"TimeoutError: the handler ran longer than {limit:g}s", True, None))
+        self._add_result(
+            job, (f"TimeoutError: the handler ran longer than {limit:g}s", True, None)
+        )
         return None
 
     async def _invoke(self, job: Job) -> Outcome:
