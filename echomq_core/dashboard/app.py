@@ -15,6 +15,7 @@ under ``echomq dashboard`` and inside Airflow's api-server under ``/echomq``):
 ``GET /poison/<queue>``                   poisoned signals with their reasons
 ``GET /job/...``, ``/queue/...``,         one job, a queue's jobs by state, a flow's children
 ``/flow/.../children``                    in spec order: see :mod:`.browsing`
+``GET /workers``, ``/api/throughput/...``  live workers, a queue's minutes: :mod:`.monitoring`
 ``GET /metrics``                          Prometheus text format (:mod:`echomq_core.metrics`)
 ``POST /flow/<queue>/<id>/cancel|retry|close``, ``POST /poison/<queue>/replay``, ``POST /login``,
 ``POST /logout``, ``POST /job/<queue>/<id>/retry|cancel``: see :mod:`.security` for who may.
@@ -54,6 +55,7 @@ from ..pump import poison_replay
 from ..urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page, split_flow_path
 from . import reads
 from .browsing import Browsing
+from .monitoring import Monitoring
 from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ def flow_names(request: Request, under: str, tails: tuple[str, ...] = ()) -> tup
     return check_queue(queue), check_job_id(pid), tail
 
 
-class Dashboard(Browsing):
+class Dashboard(Monitoring, Browsing):
     """The app's state: the client, the guard, the templates and the server-side collector
     (shared by the overview and ``/metrics``, so both see the same outbox-head ages).
     ``pending_alert``: the age in seconds past which a queue's oldest pending job is
@@ -423,6 +425,9 @@ def create_app(
         Route("/dead/{queue:path}", sync(d.dead)),
         Route("/poison/{queue:path}", sync(d.poison)),
         Route("/metrics", sync(d.metrics)),
+        Route("/workers", sync(d.workers)),
+        Route("/api/workers", sync(d.api_workers)),
+        Route("/api/throughput/{queue:path}", sync(d.api_throughput)),
         Route("/api/queues", sync(d.api_queues)),
         Route("/api/flows", sync(d.api_flows)),
         Route(API_FLOW_PATH + "{rest:path}", sync(d.api_flow)),

@@ -58,6 +58,9 @@ class Browsing:
     def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         raise NotImplementedError
 
+    def throughput(self, queue: str, minutes: int = 60) -> dict[str, Any]:
+        raise NotImplementedError  # :class:`~.monitoring.Monitoring`
+
     async def _guarded(
         self, request: Request, action: Callable[[dict[str, str]], tuple[str, dict[str, Any]]]
     ) -> Response:
@@ -130,7 +133,13 @@ class Browsing:
         found = self.client.perform(queue_page(self.client.keys, queue, state, offset))
         counts = self.client.queue(queue).stats()
         return self.render(
-            request, "queue.html", found=found, counts=counts, job_states=STATES, page=PAGE
+            request,
+            "queue.html",
+            found=found,
+            counts=counts,
+            job_states=STATES,
+            page=PAGE,
+            t=self.throughput(queue),
         )
 
     def api_queue_jobs(self, request: Request) -> Response:

@@ -1,0 +1,133 @@
+"""The dashboard's time and workers views: a queue's completed and failed attempts per minute
+as an inline SVG chart (no JavaScript library) with its oldest pending job's age as a gauge,
+on the queue page and as JSON, and the live worker processes.
+
+========================================  ==============================================
+``GET /api/throughput/<queue>?minutes=``  the last 1-1440 minutes (default 60), oldest first
+                                          (:func:`echomq_core.throughput.read_minutes`: one
+                                          round trip, one HGETALL of at most 1,440 fields)
+``GET /workers``, ``GET /api/workers``    live workers, newest beat first
+                                          (:func:`echomq_core.workers_registry.read_workers`)
+========================================  ==============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from markupsafe import Markup
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+
+from ..browse import oldest_pending
+from ..client import EchoMQ
+from ..keyspace import check_queue
+from ..throughput import DAY, Minute, read_minutes
+from ..workers_registry import read_workers
+
+#: The chart's size in SVG user units (it scales to the page's width).
+WIDTH, HEIGHT, PAD = 720, 150, 28
+
+
+def chart(minutes: Sequence[Minute]) -> Markup:
+    """Completed (below) and failed (stacked on top) per minute as bars, the tallest minute's
+    total on the axis, the first and last minute's UTC time under it. Only numbers and
+    times go into the markup, so nothing needs escaping."""
+    import datetime
+
+    top = max([m.completed + m.failed for m in minutes] + [1])
+    n = max(1, len(minutes))
+    step = (WIDTH - PAD) / n
+    inner = HEIGHT - 2 * 14
+    parts = [
+        f'<svg id="throughput-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="completed and failed per minute" xmlns="http://www.w3.org/2000/svg">',
+        f'<line x1="{PAD}" y1="{14 + inner}" x2="{WIDTH}" y2="{14 + inner}" class="axis"/>',
+        f'<text x="{PAD - 4}" y="18" text-anchor="end" class="tick">{top:,}</text>',
+        f'<text x="{PAD - 4}" y="{14 + inner}" text-anchor="end" class="tick">0</text>',
+    ]
+    for i, m in enumerate(minutes):
+        x = PAD + i * step
+        w = max(1.0, step - 1)
+        hc = inner * m.completed / top
+        hf = inner * m.failed / top
+        base = 14 + inner
+        stamp = datetime.datetime.fromtimestamp(m.at / 1000, datetime.UTC).strftime("%H:%M")
+        title = f"<title>{stamp}Z: {m.completed:,} completed, {m.failed:,} failed</title>"
+        if m.completed:
+            parts.append(
+                f'<rect class="done" x="{x:.1f}" y="{base - hc:.1f}" width="{w:.1f}" '
+                f'height="{hc:.1f}" data-n="{m.completed}">{title}</rect>'
+            )
+        if m.failed:
+            parts.append(
+                f'<rect class="failed" x="{x:.1f}" y="{base - hc - hf:.1f}" width="{w:.1f}" '
+                f'height="{hf:.1f}" data-n="{m.failed}">{title}</rect>'
+            )
+    if minutes:
+        for m, x, anchor in ((minutes[0], PAD, "start"), (minutes[-1], WIDTH, "end")):
+            at = datetime.datetime.fromtimestamp(m.at / 1000, datetime.UTC).strftime("%H:%M")
+            parts.append(
+                f'<text x="{x}" y="{HEIGHT - 2}" text-anchor="{anchor}" class="tick">{at}Z</text>'
+            )
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+class Monitoring:
+    """The views above, as methods of :class:`~.app.Dashboard`."""
+
+    client: EchoMQ
+    pending_alert: float
+
+    def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        raise NotImplementedError
+
+    def _minutes(self, request: Request) -> int:
+        from .app import _int_param
+
+        return _int_param(request, "minutes", 1, DAY) if "minutes" in request.query_params else 60
+
+    def throughput(self, queue: str, minutes: int = 60) -> dict[str, Any]:
+        """What the queue page's chart section shows: the minutes, their totals, the chart and
+        the oldest pending job's age against the alert threshold."""
+        ks = self.client.keys
+        found = self.client.perform(read_minutes(ks, queue, minutes))
+        age = self.client.perform(oldest_pending(ks, [queue])).get(queue)
+        return {
+            "minutes": found,
+            "chart": chart(found),
+            "completed": sum(m.completed for m in found),
+            "failed": sum(m.failed for m in found),
+            "oldest_age": age,
+            "alert_after": self.pending_alert,
+            "gauge": min(1.0, (age or 0.0) / self.pending_alert),
+        }
+
+    def api_throughput(self, request: Request) -> Response:
+        queue = check_queue(request.path_params["queue"])
+        got = self.throughput(queue, self._minutes(request))
+        return JSONResponse(
+            {
+                "queue": queue,
+                "minutes": [
+                    {"at_ms": m.at, "completed": m.completed, "failed": m.failed}
+                    for m in got["minutes"]
+                ],
+                "completed": got["completed"],
+                "failed": got["failed"],
+                "oldest_pending_age": got["oldest_age"],
+            }
+        )
+
+    def workers(self, request: Request) -> Response:
+        found = self.client.perform(read_workers(self.client.keys))
+        return self.render(request, "workers.html", workers=found, live="api/workers")
+
+    def api_workers(self, request: Request) -> Response:
+        found = self.client.perform(read_workers(self.client.keys))
+        return JSONResponse({"workers": [w.to_dict() for w in found]})
+
+
+__all__ = ["Monitoring", "chart"]
