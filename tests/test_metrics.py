@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from echomq_core import Backoff, Child, EchoMQ, JobSpec, Pump, Unrecoverable, Worker
+from echomq_core import Backoff, Child, EchoMQ, Job, JobSpec, Pump, Unrecoverable, Worker
 from echomq_core.metrics import COMMANDS_PER_QUEUE, ProcessMetrics, QueueCollector
 from echomq_core.server import EmbeddedServer
 
@@ -124,8 +125,10 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     standalone_server: EmbeddedServer, prefix: str
 ) -> None:
     """The bound in the module doc, measured with INFO commandstats: COMMANDS_PER_QUEUE per
-    queue plus one SMEMBERS, and for flow controls one ZRANGE and one HMGET per held flow
-    (at most FLOW_GAUGES), whatever the number of jobs (and children) a queue holds."""
+    queue plus one SMEMBERS, for flow controls one ZRANGE and one HMGET per held flow
+    (at most FLOW_GAUGES), for the oldest pending age one ZRANGE and one HGET per queue and
+    one TIME, and for the workers one ZRANGE (plus one HMGET per live worker: none here),
+    whatever the number of jobs (and children) a queue holds."""
     mq = EchoMQ(standalone_server.url, prefix=prefix)
     raw = redis.Redis.from_url(standalone_server.url)
     costs = {}
@@ -149,6 +152,7 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
             "cmdstat_hget",
             "cmdstat_zrange",  # the newest held flows (their flow controls) ...
             "cmdstat_hmget",  # ... one row read each: this flow has none
+            "cmdstat_time",  # the oldest pending job's age is the server's clock minus ...
         }
     # with every registered queue (the default): one SMEMBERS more, per scrape
     raw.config_resetstat()
@@ -156,7 +160,8 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     everything = raw.info("commandstats")
     assert int(everything["cmdstat_smembers"]["calls"]) == 1
     print(f"commands per scrape per queue: 10 jobs {costs[10]}, 10,000 jobs {costs[10_000]}")
-    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE + 2 == 17
+    # + 2 flow controls, + 2 oldest pending (ZRANGE, HGET), + TIME, + the workers' ZRANGE
+    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE + 2 + 2 + 2 == 21
     raw.close()
     mq.close()
 
@@ -424,3 +429,110 @@ def test_workers_without_metrics_do_not_need_prometheus_client(
     assert done.returncode != 0
     assert "pip install 'echomq[metrics]'" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_build_info_oldest_pending_age_and_workers_per_queue(backend: Backend, mq: EchoMQ) -> None:
+    from echomq_core import __version__
+
+    q = mq.queue("mx-lat")
+    q.add(1)
+    mq.queue("mx-idle")  # registered by add below, served by nobody
+    mq.queue("mx-idle").add(2)
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(mq))
+    first = samples(registry)
+    assert value(first, "echomq_build_info", version=__version__) == 1
+    age = value(first, "echomq_queue_oldest_pending_age_seconds", queue="mx-lat")
+    assert 0 <= age < 60
+    assert value(first, "echomq_workers", queue="mx-lat") == 0
+    gate = threading.Event()
+
+    def held(job: Job) -> int:
+        gate.wait(30)
+        return 1
+
+    w1 = Worker(mq, {"mx-lat": held}).start()
+    w2 = Worker(mq, {"mx-lat": held, "mx-other": held}).start()
+    try:
+        # the head is claimed: nothing pending, age 0
+        eventually(lambda: q.stats()["pending"] == 0, 10)
+        found = samples(registry)
+        assert value(found, "echomq_workers", queue="mx-lat") == 2
+        assert value(found, "echomq_workers", queue="mx-other") == 1
+        assert value(found, "echomq_workers", queue="mx-idle") == 0
+        assert value(found, "echomq_queue_oldest_pending_age_seconds", queue="mx-lat") == 0
+        assert value(found, "echomq_queue_oldest_pending_age_seconds", queue="mx-idle") >= 0
+    finally:
+        gate.set()
+        w1.stop()
+        w2.stop()
+    assert value(samples(registry), "echomq_workers", queue="mx-lat") == 0
+
+
+ROOT = Path(__file__).resolve().parent.parent
+METRIC_RE = re.compile(r"\b(echomq_[a-z_]+)\b")
+
+
+def shipped_queries() -> dict[str, list[str]]:
+    """Every PromQL expression of the shipped Grafana dashboard and alert rules, parsed (a
+    file that does not parse fails here)."""
+    import json
+
+    import yaml
+
+    dash = json.loads((ROOT / "deploy" / "grafana" / "echomq.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    alerts = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    assert all(r.get("alert") and r.get("for") for g in rules["groups"] for r in g["rules"])
+    return {"grafana": exprs, "alerts": alerts}
+
+
+def test_every_metric_the_dashboard_and_alerts_query_is_in_a_real_scrape(
+    backend: Backend, mq: EchoMQ
+) -> None:
+    """A real server with real workers, a Pump, a capped threshold flow, a rate-limited queue:
+    the collector's scrape and a worker's and a Pump's own registries hold every metric name
+    the shipped deploy/ files query (a renamed metric, or a query of one that was never made,
+    fails here)."""
+    queries = shipped_queries()
+    titles = " ".join(queries["grafana"])
+    for need in ("echomq_workers", "echomq_outbox_head_age_seconds", "oldest_pending"):
+        assert need in titles
+    wanted = {n for exprs in queries.values() for e in exprs for n in METRIC_RE.findall(e)}
+    metrics = ProcessMetrics()
+
+    def handle(job: Job) -> Any:
+        if job.payload == "bad":
+            raise Unrecoverable("never")
+        return 1
+
+    q = mq.queue("mx-dep", max_attempts=1)
+    q.add_bulk([JobSpec(p) for p in ("ok", "ok", "bad")])
+    mq.set_rate_limit("mx-dep", "100/s")
+    mq.add_flow(
+        "mx-dep-parents",
+        [Child(i, queue="mx-dep-kids", max_attempts=1) for i in range(4)],
+        max_running=2,
+        min_success=0.5,
+    )
+    worker = Worker(mq, metrics.wrap_handlers({"mx-dep": handle}), hooks=metrics.hooks())
+    metrics.watch_worker(worker)
+    pump = metrics.watch_pump(Pump(mq, ["mx-dep-kids"], hooks=metrics.hooks()))
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == 2 and q.stats()["dead"] == 1, 30)
+        kids = mq.queue("mx-dep-kids")
+        kids.complete_many([(job, 1) for job in kids.claim(1)])  # a signal for the Pump
+        assert pump.tick().delivered == 1
+        registry = CollectorRegistry()
+        registry.register(QueueCollector(mq))
+        scraped = {name for name, _ in samples(registry)} | {
+            name for name, _ in samples(metrics.registry)
+        }
+    finally:
+        worker.stop()
+    missing = sorted(wanted - scraped)
+    assert not missing, f"queried by deploy/ but in no scrape: {missing}"
+    assert len(wanted) >= 20

@@ -49,9 +49,7 @@ def test_a_workers_batches_are_tallied_per_minute(backend: Backend, mq: EchoMQ) 
     assert totals(mq, "tp-other") == (0, 0)  # a queue never tallied
 
 
-def test_one_tally_per_batch_not_per_job(
-    standalone_server: EmbeddedServer, prefix: str
-) -> None:
+def test_one_tally_per_batch_not_per_job(standalone_server: EmbeddedServer, prefix: str) -> None:
     """600 completions: two complete script calls (chunks of 500) and one tally."""
     mq = EchoMQ(standalone_server.url, prefix=prefix)
     raw = redis.Redis.from_url(standalone_server.url)
@@ -106,7 +104,9 @@ def test_a_full_day_of_minutes_costs_a_bounded_memory(
     raw = redis.Redis.from_url(standalone_server.url)
     minute = int(raw.time()[0]) // 60
     key = mq.keys.minutes("tp-mem")
-    raw.hset(key, mapping={str(m % DAY): f"{m} 123456 789" for m in range(minute - DAY + 1, minute + 1)})
+    raw.hset(
+        key, mapping={str(m % DAY): f"{m} 123456 789" for m in range(minute - DAY + 1, minute + 1)}
+    )
     q = mq.queue("tp-mem")
     q.add(1)
     (job,) = q.claim(1)
