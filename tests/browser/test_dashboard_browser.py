@@ -402,3 +402,57 @@ def test_retry_from_the_job_page_by_clicking(
     assert browser.text("#job-state") == "pending"
     assert client.queue("dk-plain").get_job(dead).state == "pending"
     assert browser.errors() == []
+
+
+def test_throughput_chart_and_workers_page_in_chromium(
+    browser: Browser, client: EchoMQ, readonly: Dashboard, shots: Path
+) -> None:
+    """A real worker completes and fails jobs: the queue page's chart draws bars whose counts
+    add up to them, with the oldest pending job's gauge; the workers page lists the worker
+    while it runs (and, after its clean stop, no longer)."""
+    import threading
+
+    from echomq_core import Job, Worker
+
+    from ..waiting import eventually
+
+    gate = threading.Event()
+
+    def handle(job: Job) -> int:
+        if job.payload.get("hold"):
+            gate.wait(30)
+        if job.payload.get("fail"):
+            raise RuntimeError("asked to fail")
+        return 1
+
+    q = client.queue("dk-chart", max_attempts=1)
+    q.add_bulk([JobSpec({"n": i, "fail": i % 4 == 0}) for i in range(40)])
+    worker = Worker(client, {"dk-chart": handle}, concurrency=3).start()
+    timings: dict[str, float] = {}
+    try:
+        eventually(lambda: q.stats()["completed"] == 30 and q.stats()["dead"] == 10, 30)
+        q.add_bulk([JobSpec({"hold": True}) for _ in range(2)])
+        eventually(lambda: q.stats()["active"] == 2, 10)
+        q.add({"n": "waiting"})  # a third runner takes it, or it waits: either way, measured
+        load(browser, f"{readonly.base}/queue/dk-chart", timings, "queue-chart")
+        bars = browser.js(
+            "[...document.querySelectorAll('#throughput-chart rect')]"
+            ".map(r => [r.getAttribute('class'), +r.dataset.n, r.getBBox().height])"
+        )
+        done = sum(n for kind, n, _ in bars if kind == "done")
+        failed = sum(n for kind, n, _ in bars if kind == "failed")
+        assert (done, failed) == (30, 10)
+        assert all(h > 0 for _, _, h in bars)
+        assert browser.text("#t-completed") == "30" and browser.text("#t-failed") == "10"
+        browser.screenshot(shots / "queue-throughput.png")
+        load(browser, f"{readonly.base}/workers", timings, "workers")
+        me = worker.presence.entry.id
+        assert browser.js(
+            "[...document.querySelectorAll('#workers tbody tr')].map(r => r.dataset.worker)"
+        ) == [me]
+        browser.screenshot(shots / "workers.png")
+    finally:
+        gate.set()
+        worker.stop()
+    load(browser, f"{readonly.base}/workers", timings, "workers-after")
+    assert browser.js("document.querySelector('#no-workers') !== null")
