@@ -14,7 +14,9 @@ death reaches the parent through the Pump; same-queue: the worker's fail script 
 Times are the server's: the tipping child's row ``finished`` (its death) and the parent's row
 ``finished`` (failed); the follow-up's end is when the harness first sees the row ``stopped``
 (polled every 1 ms). Starts are stamped by the handler on the same machine's clock. "Started
-after the death" counts children whose handler began after the death; "after cancelled" those
+after the death" counts children whose handler began after the death, "claimed and started
+after the death" those of them taken by a claim sent after the death (not leased at the death:
+the goal is none); "after cancelled" those
 that began after the follow-up was seen done: what the workers had claimed before the cancel
 reached them (their buffers hold up to 500 claimed jobs each; a buffered job is re-checked
 before it starts only when it was claimed more than 0.25 s before).
@@ -41,12 +43,13 @@ def one(url: str, n: int, cross: bool, run: int) -> dict[str, Any]:
     mq = EchoMQ(url, prefix=f"th{run}{'x' if cross else 's'}")
     work = "th-work"
     parents = "th-parents" if cross else work
-    starts: list[float] = []
+    starts: list[tuple[float, str]] = []
+    claims: dict[str, float] = {}  # child id -> when the claim that took it was sent
     lock = threading.Lock()
 
     def handle(job: Any) -> Any:
         with lock:
-            starts.append(time.time())
+            starts.append((time.time(), job.id))
         if job.payload in DOOMED:
             raise ValueError(f"bad input {job.payload}")
         time.sleep(0.002)
@@ -55,7 +58,10 @@ def one(url: str, n: int, cross: bool, run: int) -> dict[str, Any]:
     kids = [Child(i, queue=work, max_attempts=1) for i in range(n)]
     ref = mq.add_flow(parents, kids, min_success=n - ALLOW, barrier=True)
     row = mq.keys.job(parents, ref.parent_id)
-    workers = [Worker(mq, {work: handle}, concurrency=8).start() for _ in range(2)]
+    workers = [Worker(mq, {work: handle}, concurrency=8) for _ in range(2)]
+    for w in workers:
+        _spy_claims(w.queues[work], claims, lock)
+        w.start()
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -82,11 +88,31 @@ def one(url: str, n: int, cross: bool, run: int) -> dict[str, Any]:
     return {
         "death_to_failed_ms": int(failed_at) - int(died),
         "death_to_cancelled_ms": round((seen_stopped - died_s) * 1000, 1),
-        "started_after_death": sum(1 for t in starts if t > died_s),
-        "started_after_cancelled": sum(1 for t in starts if t > seen_stopped),
+        "started_after_death": sum(1 for t, _ in starts if t > died_s),
+        "claimed_and_started_after_death": sum(
+            1 for t, i in starts if t > died_s and claims.get(i, 0) > died_s
+        ),
+        "started_after_cancelled": sum(1 for t, _ in starts if t > seen_stopped),
         "started": len(starts),
         "failed": snap.failed,
     }
+
+
+def _spy_claims(queue: Any, claims: dict[str, float], lock: threading.Lock) -> None:
+    """Note, per child a worker's claim took, when that claim was sent (the claim ran on the
+    server after that): a child claimed by a claim sent after the death was not leased at
+    the death, so the goal says it must not start."""
+    claim = queue.claim
+
+    def spied(count: int, *args: Any, **kwargs: Any) -> Any:
+        sent = time.time()
+        jobs = claim(count, *args, **kwargs)
+        with lock:
+            for job in jobs:
+                claims[job.id] = sent
+        return jobs
+
+    queue.claim = spied
 
 
 def _hmget(key: str, *fields: str) -> Any:
@@ -112,7 +138,8 @@ def main() -> None:
                 "median": {
                     key: statistics.median(r[key] for r in runs)
                     for key in ("death_to_failed_ms", "death_to_cancelled_ms",
-                                "started_after_death", "started_after_cancelled")
+                                "started_after_death", "claimed_and_started_after_death",
+                                "started_after_cancelled")
                 },
             }
             print(name, json.dumps(report[name]["median"]))

@@ -42,6 +42,7 @@ from .models import (
 from .pump import Pump
 from .queue import JobSpec, Queue
 from .rates import RateLimit
+from .waiting import FlowWait, Verdict
 from .worker import Worker
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "FlowSnapshot",
     "FlowSummary",
     "FlowTimeout",
+    "FlowWait",
     "InvalidArgument",
     "InvalidFlow",
     "InvalidInput",
@@ -81,6 +83,7 @@ __all__ = [
     "ServerError",
     "ServerStartError",
     "Unrecoverable",
+    "Verdict",
     "Worker",
 ]
 

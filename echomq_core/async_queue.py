@@ -113,6 +113,9 @@ class AsyncQueue(QueueOps):
     async def retry_dead(self, job_ids: Sequence[str]) -> tuple[int, list[str]]:
         return await self.client.perform(self.retry_dead_op(job_ids))
 
+    async def cancel(self, job_ids: Sequence[str], *, reason: str = "") -> tuple[int, list[str]]:
+        return await self.client.perform(self.cancel_op(job_ids, reason=reason))
+
     async def get_job(self, job_id: str) -> JobInfo:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
         return await self.client.perform(self.get_job_op(job_id))

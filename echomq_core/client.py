@@ -32,6 +32,7 @@ from .models import (
 )
 from .queue import Queue
 from .rates import RateLimit
+from .waiting import FlowWait, Verdict
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -425,21 +426,17 @@ class EchoMQ(_Base):
     ) -> FlowSnapshot:
         """Block until the parent is released (every child settled); raise
         :class:`ParentFailed` at once if it failed (:class:`FlowCancelled` if it was
-        cancelled), :class:`FlowTimeout` after ``timeout``."""
-        check_seconds("timeout", timeout)
-        check_seconds("poll", poll, 0.001)
-        deadline = time.monotonic() + timeout
-        while True:
-            snap = self.snapshot(queue, parent_id)
-            if snap.outcome in ("failed", "cancelled"):
-                failed = self.failed_children(queue, parent_id)
-                raise flow_error(queue, parent_id, snap.outcome, failed, snap.error)
-            if snap.outcome == "released":
-                return snap
-            if time.monotonic() >= deadline:
-                hint = self.perform(failures.stall_hint(self.keys, queue, parent_id))
-                raise _timeout(queue, parent_id, timeout, snap, hint)
-            time.sleep(poll)
+        cancelled), :class:`FlowTimeout` after ``timeout`` (naming what holds the flow up,
+        where that shows). Reads come at most ``poll`` seconds apart, the first ones sooner
+        (see :mod:`echomq_core.waiting`)."""
+        bound = check_seconds("timeout", timeout)  # bounded: None is not "no timeout" here
+        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound)
+        while not (verdict := self.perform(wait.read(self.keys))).done:
+            time.sleep(verdict.pause)
+        if verdict.never_released:
+            failed = self.failed_children(queue, parent_id)
+            raise flow_error(queue, parent_id, verdict.kind, failed, verdict.snap.error)
+        return _released(verdict, timeout)
 
 
 class AsyncEchoMQ(_Base):
@@ -589,28 +586,24 @@ class AsyncEchoMQ(_Base):
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
     ) -> FlowSnapshot:
         """As :meth:`EchoMQ.wait`, without blocking the event loop."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + check_seconds("timeout", timeout)
-        while True:
-            snap = await self.snapshot(queue, parent_id)
-            if snap.outcome in ("failed", "cancelled"):
-                failed = await self.failed_children(queue, parent_id)
-                raise flow_error(queue, parent_id, snap.outcome, failed, snap.error)
-            if snap.outcome == "released":
-                return snap
-            if loop.time() >= deadline:
-                op = failures.stall_hint(self.keys, queue, parent_id)
-                raise _timeout(queue, parent_id, timeout, snap, await self.connection.perform(op))
-            await asyncio.sleep(check_seconds("poll", poll, 0.001))
+        bound = check_seconds("timeout", timeout)
+        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound)
+        while not (verdict := await self.connection.perform(wait.read(self.keys))).done:
+            await asyncio.sleep(verdict.pause)
+        if verdict.never_released:
+            failed = await self.failed_children(queue, parent_id)
+            raise flow_error(queue, parent_id, verdict.kind, failed, verdict.snap.error)
+        return _released(verdict, timeout)
 
 
-def _timeout(
-    queue: str, parent_id: str, timeout: float, snap: FlowSnapshot, hint: str
-) -> FlowTimeout:
-    """The error of a wait that ran out, with what holds the flow up where that shows."""
-    why = f": {hint}" if hint else ""
-    return FlowTimeout(
-        f"flow {parent_id} in {queue!r} not released after {timeout}s "
+def _released(verdict: Verdict, timeout: float) -> FlowSnapshot:
+    """The snapshot of a wait that ended released (or closed); else its :class:`FlowTimeout`,
+    with what holds the flow up where that shows."""
+    if verdict.ready:
+        return verdict.snap
+    snap, why = verdict.snap, f": {verdict.hint}" if verdict.hint else ""
+    raise FlowTimeout(
+        f"flow {snap.parent_id} in {snap.queue!r} not released after {timeout}s "
         f"({snap.dependencies} outstanding){why}"
     )
 

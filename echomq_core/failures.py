@@ -1,5 +1,5 @@
 """What failed in a flow, and why: its dead children with their errors and tracebacks; and,
-for a flow that does not settle, what holds it up (:func:`stall_hint`).
+for a flow that does not settle, what holds it up (:func:`stall_reading`).
 
 A flow's parent records each dead child's id and one-line error (``:failed`` for fail-parent
 children, ``:unsuccessful`` for ignored ones); the traceback of the child's last attempt is on
@@ -13,11 +13,11 @@ debugging a nested fan-out wants is the leaf that raised).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .calls import Call, Op
 from .checks import text as _s
-from .keyspace import Keyspace
+from .keyspace import Keyspace, derived_index
 from .models import ChildFailure
 
 #: How deep a failed sub-flow is followed to the leaf that raised (trees are rarely deeper).
@@ -48,7 +48,7 @@ def _collect(
     ]
     chosen = [(k, v, False) for k, v in _page(failed)]
     chosen += [(k, v, True) for k, v in _page(ignored)]
-    chosen = sorted(chosen, key=lambda c: (c[2], _order(c[0])))[:want]
+    chosen = sorted(chosen, key=lambda c: (c[2], _order(parent_id, c[0])))[:want]
     if not chosen:
         return
     queues = _s(cq).split() if cq else [queue]
@@ -91,21 +91,30 @@ def _page(reply: Any) -> list[tuple[str, bytes]]:
     return [(_s(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
-def _order(child_id: str) -> tuple[int, str]:
-    """Children in spec order where their ids are derived (``<parent>.<index>``: numeric),
-    else by id."""
-    head, _, tail = child_id.rpartition(".")
-    return (int(tail), head) if tail.isdigit() else (1 << 62, child_id)
+def _order(parent_id: str, child_id: str) -> tuple[int, str]:
+    """Children in spec order where their ids are derived (:func:`derived_index`), else by
+    id."""
+    index = derived_index(parent_id, child_id)
+    return (1 << 62, child_id) if index is None else (index, "")
 
 
-def stall_hint(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
-    """Why a flow may not be settling, read from its direct children's queues (two round
-    trips): an outbox holding signals that no drainer holds the lease of (no worker serves that
-    queue and no Pump runs), or jobs pending that nothing claims. '' when nothing stands out."""
+class Stall(NamedTuple):
+    """What a flow that does not settle shows in its direct children's queues: whether a job of
+    one of them is running (leased: a child that runs long is not a stall), and why it may not
+    be settling ('' when nothing stands out)."""
+
+    busy: bool
+    hint: str
+
+
+def stall_reading(ks: Keyspace, queue: str, parent_id: str) -> Op[Stall]:
+    """Read :class:`Stall` from the flow's direct children's queues (two round trips). The
+    hint names an outbox holding signals that no drainer holds the lease of (no worker serves
+    that queue and no Pump runs), and jobs pending that nothing claims."""
     (cq,) = yield [Call.cmd("HGET", ks.job(queue, parent_id), "cq")]
     queues = _s(cq).split() if cq else []
     if not queues:
-        return ""
+        return Stall(False, "")
     replies = yield [
         call
         for q in queues
@@ -117,8 +126,10 @@ def stall_hint(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
         )
     ]
     said = []
+    busy = False
     for i, q in enumerate(queues):
         outbox, drained, pending, active = (int(x) for x in replies[4 * i : 4 * i + 4])
+        busy = busy or active > 0
         if outbox and not drained:
             said.append(
                 f"the outbox of {q!r} holds {outbox} signal(s) and nothing drains it (run a "
@@ -127,4 +138,4 @@ def stall_hint(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
         if pending and not active:
             said.append(f"{q!r} has {pending} pending job(s) and none running: does a worker "
                         "serve it?")
-    return "; ".join(said)
+    return Stall(busy, "; ".join(said))

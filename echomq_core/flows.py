@@ -42,7 +42,7 @@ from .calls import Call, Lenient, Op
 from .checks import MAX_ATTEMPTS, check_int, timeout_ms
 from .checks import text as _s
 from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput
-from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue
+from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue, child_stem
 from .models import (
     FAIL_PARENT,
     IGNORE,
@@ -140,7 +140,7 @@ def plan(
     root.gen = gen
     root.cap = _cap("max_running", max_running)
     capped = [root] if root.cap is not None else []
-    root_stem = f"{parent_id}.g{gen}." if gen else f"{parent_id}."
+    root_stem = child_stem(parent_id, gen)
     seen_ids = {parent_id}
     seen_nodes: set[int] = set()
     good_queues = {queue}
@@ -155,7 +155,7 @@ def plan(
         if not isinstance(specs, list | tuple) or not specs:
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
         # a replaced flow's generation n derives <root>.g<n>.<i>: never an old child's id
-        stem = root_stem if parent is root else f"{parent.id}."
+        stem = root_stem if parent is root else child_stem(parent.id)
         for index, spec in enumerate(specs):
             if not isinstance(spec, Child):
                 raise InvalidFlow(
@@ -363,7 +363,7 @@ def child_candidates(
     (``<id>.<i>``, or ``<id>.g<gen>.<i>`` in a replaced flow's generation) and the explicit ids
     recorded for that queue. Scripts skip a candidate without a row of that parent, so a
     derived id that was given explicitly instead costs one lookup, nothing more."""
-    stem = f"{node_id}.g{gen}." if gen else f"{node_id}."
+    stem = child_stem(node_id, gen)
     derived = [f"{stem}{i}" for i in range(total)]
     given: dict[str, list[str]] = defaultdict(list)
     for i in range(0, len(explicit), 2):
@@ -614,8 +614,8 @@ def load_ref(ks: Keyspace, name: str) -> Op[FlowRef | None]:
 
 
 def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
-    """Parent state, N, outstanding, the three record counts and a threshold's allowance,
-    read atomically."""
+    """Parent state, N, outstanding, the three record counts, a threshold's allowance and a
+    cap, read atomically."""
     ((state, total, deps, processed, ignored, failed, error, repairs, *rest),) = yield [
         Call.lua(
             "flow_snapshot",
@@ -635,6 +635,7 @@ def snapshot(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowSnapshot]:
         _s(error) if error else None,
         int(repairs),
         int(rest[0]) if rest and rest[0] is not None else None,
+        int(rest[1]) if len(rest) > 1 and rest[1] is not None else None,
     )
 
 
@@ -703,13 +704,19 @@ def list_flows(
         return []
     calls = [Call.cmd("TIME")]
     for _, pid, _ in found:
-        calls.append(Call.cmd("HMGET", ks.job(queue, pid), "state", "total", "created", "error"))
+        calls.append(
+            Call.cmd(
+                "HMGET", ks.job(queue, pid), "state", "total", "created", "error", "cap", "allow",
+                "tolerated",
+            )
+        )
         calls.append(Call.cmd("GET", ks.dependencies(queue, pid)))
     (now_s, now_us), *replies = yield calls
     now_ms = int(now_s) * 1000 + int(now_us) // 1000
     out = []
     for i, (index, pid, since) in enumerate(found):
-        (state, total, created, error), deps = replies[2 * i], replies[2 * i + 1]
+        (state, total, created, error, cap, allow, tolerated) = replies[2 * i]
+        deps = replies[2 * i + 1]
         n = int(total) if total else 0
         out.append(
             FlowSummary(
@@ -721,6 +728,9 @@ def list_flows(
                 (now_ms - int(created)) / 1000 if created else None,
                 (now_ms - int(since)) / 1000,
                 _s(error) if error else None,
+                None if cap is None else int(cap),
+                None if allow is None else int(allow),
+                int(tolerated or 0),
             )
         )
     return out

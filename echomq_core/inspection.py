@@ -7,7 +7,8 @@ the children that settled. So the sub-flows of a parent are found by looking, no
 a list. The candidates are
 
 * the default child ids ``<parent id>.<i>`` for i < N (what ``Child`` derives when no id is
-  given), and
+  given; ``<parent id>.g<n>.<i>`` in generation n of a replaced flow: ``keyspace.child_stem``),
+  and
 * every child id already recorded in the parent's ``:processed``, ``:unsuccessful`` and
   ``:failed`` hashes (so settled children with explicit ids are found too);
 
@@ -31,7 +32,7 @@ from .calls import Call, Lenient, Op
 from .client import EchoMQ
 from .errors import EchoMQError, InvalidInput
 from .flows import pairs
-from .keyspace import FLOW_INDEXES, JOB_ID_RE, Keyspace, check_job_id
+from .keyspace import FLOW_INDEXES, JOB_ID_RE, Keyspace, check_job_id, child_stem
 from .models import FlowSnapshot
 
 MAX_PROBES = 50_000
@@ -75,8 +76,12 @@ def _find_subflows(
     ks: Keyspace, queue: str, parent_id: str, total: int, queues: list[str]
 ) -> Op[list[tuple[str, str]]]:
     """(queue, id) of each child of ``parent_id`` that is itself a parent (two round trips)."""
-    recorded = yield [Call.cmd("HKEYS", key) for key in ks.parent_keys(queue, parent_id)[2:]]
-    candidates = dict.fromkeys(f"{parent_id}.{i}" for i in range(total))
+    *recorded, gen = yield [
+        *(Call.cmd("HKEYS", key) for key in ks.parent_keys(queue, parent_id)[2:]),
+        Call.cmd("HGET", ks.job(queue, parent_id), "gen"),  # a replaced flow's generation
+    ]
+    stem = child_stem(parent_id, _s(gen) if gen else "")
+    candidates = dict.fromkeys(f"{stem}{i}" for i in range(total))
     for keys in recorded:
         candidates.update(dict.fromkeys(_s(k) for k in keys))
     probes: list[tuple[str, str]] = []
@@ -186,7 +191,7 @@ def flow_memory(
     probes = Lenient()
     for _, pid in roots:
         keys = ks.node_keys(queue, pid)
-        probes.append(Call.cmd("HMGET", ks.job(queue, pid), "total", "cq"))
+        probes.append(Call.cmd("HMGET", ks.job(queue, pid), "total", "cq", "gen"))
         probes.append(Call.cmd("HSCAN", ks.explicit(queue, pid), 0, "COUNT", children))
         probes += [_memory_usage(key) for key in keys]
     replies = yield probes
@@ -199,13 +204,14 @@ def flow_memory(
     child_calls = Lenient()
     child_of: list[int] = []  # index into measured of each child probe
     for i, (state, pid) in enumerate(roots):
-        (total, cq), (_, explicit), *sizes = replies[i * width : (i + 1) * width]
+        (total, cq, gen), (_, explicit), *sizes = replies[i * width : (i + 1) * width]
         if total is None:
             continue  # expired since it was drawn
         n = int(total)
         measured.append((state, sum(int(size or 0) for size in sizes), n))
+        stem = child_stem(pid, _s(gen) if gen else "")
         targets = [
-            (child_queue, f"{pid}.{index}")
+            (child_queue, f"{stem}{index}")
             for index in sorted(draw.sample(range(n), min(n, children)))
             for child_queue in _s(cq or b"").split()
         ]

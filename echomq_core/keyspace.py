@@ -151,6 +151,32 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
+def child_stem(parent_id: str, gen: str = "") -> str:
+    """What the derived ids of a node's children start with: ``<parent id>.``, or
+    ``<parent id>.g<n>.`` for the children of a root in generation n of a replaced flow (so no
+    new child has an old child's id). Child i's derived id is the stem and ``i``. The one place
+    that writes this grammar; :func:`derived_index` reads it back."""
+    return f"{parent_id}.g{gen}." if gen else f"{parent_id}."
+
+
+def derived_index(parent_id: str, child_id: str) -> int | None:
+    """The index i of ``child_id`` when it is a derived id of a child of ``parent_id``
+    (``<parent id>.<i>`` or ``<parent id>.g<n>.<i>``: :func:`child_stem`), else None (an id
+    given explicitly)."""
+    if not child_id.startswith(parent_id) or child_id[len(parent_id) : len(parent_id) + 1] != ".":
+        return None
+    rest = child_id[len(parent_id) + 1 :]
+    if rest.startswith("g"):
+        gen, dot, rest = rest[1:].partition(".")
+        if not (dot and _decimal(gen)):
+            return None
+    return int(rest) if _decimal(rest) else None
+
+
+def _decimal(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 #: Characters that may not appear in a job id's tail (JOB_ID_RE's complement) ...
 ID_UNSAFE_RE = re.compile(r"[^A-Za-z0-9._\-/@+=~#]")
 #: ... and those that may not appear in a part that ``/``-separated ids are built from (a

@@ -24,6 +24,9 @@ calling it again.
   children get fresh attempts and go back to pending; a cancelled node re-runs its cancelled
   children. Completed children never run again. Sub-flows are repaired bottom-up: a failed
   sub-flow in the list is repaired (its own dead children re-run) and held again.
+* **Repair on re-add** (:func:`repair_on_readd`): what an orchestrator's retried or cleared
+  adding step does once its add converged - a flow found failed or cancelled is repaired - one
+  rule for the Airflow operator and the Dagster resource and IO manager.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from typing import Any
 
 from .calls import Call, Op
 from .checks import text as _s
-from .flows import _Node, add_flow, child_candidates, fingerprint
-from .keyspace import Keyspace
-from .models import FlowRef
+from .flows import _Node, add_flow, child_candidates, fingerprint, snapshot
+from .keyspace import Keyspace, child_stem
+from .models import FlowRef, FlowSnapshot
 from .ops import chunks
 from .retention import SweepStats, forget_tree
 
@@ -113,7 +116,13 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     left as it is, at the cost of one read. Idempotent, so whoever finds it not done does it:
     the Pump that delivered the tipping death at once, and a drainer of the node queue's
     outbox when it reaches the ``'x'`` signal the tip pushed (what makes it durable: the
-    signal is trimmed only after this returned). Returns the children cancelled."""
+    signal is trimmed only after this returned). Returns the children cancelled.
+
+    Its first round trip parks the node's pending and retrying children in every child queue
+    (``park.lua``, all queues and chunks in one pipeline, no row read): from then on no claim
+    reaches them, however long the walk that marks them ``cancelled`` takes. The tipping step
+    itself parked those in the node's own queue (settle_current.lua); parking again is
+    harmless (a parked child is left as it is)."""
     row = ks.job(queue, node_id)
     ((state, tipped, stopped, total, cq, gen), explicit) = yield [
         Call.cmd("HMGET", row, "state", "tipped", "stopped", "total", "cq", "gen"),
@@ -134,6 +143,9 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     else:
         flat = list(explicit)
     info = ["failed", total, cq or b"", flat, "failed", gen or b""]
+    parks = _park_calls(ks, queue, node_id, int(total), _s(cq or b""), flat, _s(gen or b""))
+    if parks:
+        yield parks
 
     def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
         _, n, queues, ids, _before, generation = node_info
@@ -150,6 +162,41 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     )
     yield [Call.lua("stopped", [row], [_s(tipped)])]
     return cancelled
+
+
+#: The most child ids one ``park.lua`` call takes (two ZMSCOREs and a ZREM / ZADD per 1,000 of
+#: them, a few ms of server time for 5,000): a follow-up of a bigger flow sends several.
+PARK_CHUNK = 5000
+
+
+def _park_calls(
+    ks: Keyspace,
+    node_queue: str,
+    node_id: str,
+    total: int,
+    child_queues: str,
+    explicit: Sequence[Any],
+    gen: str,
+) -> list[Call]:
+    """The ``park.lua`` calls of a tipped node: per child queue, its derived ids by index
+    range when the node has no explicit ids (with explicit ids a derived id may be another
+    job's, so only the recorded explicit ids are parked; the walk cancels the rest), and the
+    explicit ids recorded for that queue; at most :data:`PARK_CHUNK` ids per call. Each call
+    also marks the node's cap gate in that queue off (a capped flow admits no more)."""
+    stem = child_stem(node_id, gen)
+    given: dict[str, list[str]] = {}
+    for i in range(0, len(explicit), 2):
+        given.setdefault(_s(explicit[i + 1]), []).append(_s(explicit[i]))
+    calls = []
+    for queue in child_queues.split():
+        keys = [*ks.queue_keys(queue), *ks.gate_keys(queue, node_queue, node_id)]
+        if not explicit:
+            for start in range(0, total, PARK_CHUNK):
+                end = min(total, start + PARK_CHUNK)
+                calls.append(Call.lua("park", keys, [stem, start, end]))
+        for part in chunks(given.get(queue, []), PARK_CHUNK):
+            calls.append(Call.lua("park", keys, [stem, 0, 0, *part]))
+    return calls
 
 
 #: How a walk visits one child queue of a node: (script, fixed keys, argv after the node id,
@@ -217,7 +264,11 @@ def _repair_call(ks: Keyspace, queue: str, node_id: str, ignored: bool, parent: 
 
 
 def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op[RepairResult]:
-    """Repair the flow rooted at ``parent_id`` (see the module doc)."""
+    """Repair the flow rooted at ``parent_id`` (see the module doc). A tipped threshold root
+    whose follow-up has not finished gets it first (:func:`stop_unstarted`; one read when
+    there is none to do): its parked children become ``cancelled``, which the repair re-runs -
+    a repair that dropped the ``tipped`` mark first would leave them parked for ever."""
+    yield from stop_unstarted(ks, queue, parent_id)
     (info,) = yield [_repair_call(ks, queue, parent_id, ignored, "")]
     result = RepairResult(_s(info[0]), repairs=int(info[6]))
     done: list[Call] = []
@@ -256,6 +307,34 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         states = yield done[::-1]  # deepest first: a node's record goes after its children's
         result.state = _s(states[-1])
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class ReAdd:
+    """What a re-add under a stable parent id found once the add converged (``snap``, before
+    any repair) and the repair it did (None: nothing to repair, or ``repair`` was off)."""
+
+    snap: FlowSnapshot
+    repaired: RepairResult | None = None
+
+    @property
+    def broken(self) -> bool:
+        """The flow had failed or been cancelled: an earlier try gave up on it."""
+        return self.snap.outcome in ("failed", "cancelled")
+
+
+def repair_on_readd(ks: Keyspace, queue: str, parent_id: str, *, repair: bool) -> Op[ReAdd]:
+    """The rule after an add by a stable id (an Airflow retry or clear of the adding task, a
+    Dagster step retry or re-execution), once the add converged to the flow already there:
+    a flow found failed or cancelled - the earlier try's wait gave up on it - is repaired when
+    ``repair`` (:func:`retry_flow`: dead and cancelled children run again, completed ones keep
+    their values), so the new try's wait reads it to the end; a released or closed one is left
+    as it is (its results are read again); a held one is the earlier try's, still running.
+    One round trip more than the add, plus the repair's when there is one."""
+    snap = yield from snapshot(ks, queue, parent_id)
+    if repair and snap.outcome in ("failed", "cancelled"):
+        return ReAdd(snap, (yield from retry_flow(ks, queue, parent_id, ignored=False)))
+    return ReAdd(snap)
 
 
 def add_or_replace(

@@ -7,9 +7,11 @@ Two sources, two kinds of metric:
 
 * **The server** (:class:`QueueCollector`, behind ``echomq dashboard``'s ``/metrics``): gauges
   read at scrape time - jobs per queue and state, outbox and poison lengths, root flows per
-  state, the Pump's lag, and a rate-limited queue's limit and current window. One pipelined
-  read per scrape: :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET,
-  each O(1) or O(log n)) plus one SMEMBERS for the
+  state, the Pump's lag, a rate-limited queue's limit and current window, and the flow
+  controls of up to :data:`FLOW_GAUGES` held root flows per queue (:func:`read_controls`:
+  three round trips, bounded by that number). The queues: one pipelined read per scrape,
+  :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET, each O(1) or
+  O(log n)) plus one SMEMBERS for the
   registry - whatever the number of jobs, so a queue of 10 jobs and one of 10,000,000 cost the
   same (tests/test_metrics.py counts them with ``INFO commandstats``).
 * **A worker or a Pump process** (:class:`ProcessMetrics`, ``echomq worker|pump
@@ -68,6 +70,9 @@ JOB_STATES = ops.STATS[:5]  # then outbox and poison: ops.stat_calls reads all s
 #: count (two HGETs: the window's key expires when the window ends, so a count read is the
 #: current window's).
 COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES) + 2
+#: The most held root flows per queue whose flow controls (``max_running``, ``min_success``)
+#: a scrape reports - the newest; a gauge per flow, so the number of series stays bounded.
+FLOW_GAUGES = 20
 #: Handler durations (s): from a no-op handler (~10 us) to a long batch step.
 DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
 #: Claim batch sizes: the worker doubles a batch from 1 up to max_batch (5000 at most).
@@ -132,6 +137,62 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
     return out
 
 
+@dataclass(slots=True)
+class FlowControls:
+    """A held root flow's flow controls at one moment: ``running`` children holding a token of
+    its ``cap`` (None: no cap), ``failed`` children so far of the ``allowed`` (None: no
+    threshold)."""
+
+    queue: str
+    parent_id: str
+    cap: int | None
+    running: int
+    allowed: int | None
+    failed: int
+
+
+def read_controls(
+    ks: Keyspace, queues: Sequence[str], limit: int = FLOW_GAUGES
+) -> Op[list[FlowControls]]:
+    """The flow controls of each queue's newest ``limit`` held root flows that have any: three
+    round trips (the held flows; their rows' ``cap`` / ``allow`` / child queues; the gates'
+    counts and the threshold flows' failure counts), bounded by ``limit`` per queue, never by
+    a flow's size. A flow without controls costs one HMGET."""
+    if not queues:
+        return []
+    held = yield [Call.cmd("ZRANGE", ks.flows(q, "held"), -limit, -1) for q in queues]
+    flows = [(q, _s(pid)) for q, ids in zip(queues, held, strict=True) for pid in ids]
+    if not flows:
+        return []
+    rows = yield [Call.cmd("HMGET", ks.job(q, pid), "cap", "allow", "cq") for q, pid in flows]
+    calls: list[Call] = []
+    plans: list[tuple[FlowControls, int]] = []  # (controls, replies it reads)
+    for (q, pid), (cap, allow, cq) in zip(flows, rows, strict=True):
+        if cap is None and allow is None:
+            continue
+        found = FlowControls(
+            q, pid, None if cap is None else int(cap), 0, None if allow is None else int(allow), 0
+        )
+        n = 0
+        if found.allowed is not None:
+            calls.append(Call.cmd("HLEN", ks.failed(q, pid)))
+            n += 1
+        if found.cap is not None:
+            for child_queue in (_s(cq).split() if cq else []):
+                calls.append(Call.cmd("HGET", ks.gate_keys(child_queue, q, pid)[1], "admitted"))
+                n += 1
+        plans.append((found, n))
+    replies = (yield calls) if calls else []
+    at = 0
+    for found, n in plans:
+        mine = replies[at : at + n]
+        at += n
+        if found.allowed is not None:
+            found.failed, mine = int(mine[0]), mine[1:]
+        found.running = sum(int(x or 0) for x in mine)
+    return [found for found, _ in plans]
+
+
 class QueueCollector(Collector):
     """The server-side exporter: register it in a :class:`~prometheus_client.CollectorRegistry`
     and every scrape reads the queues (``queues``, or every registered queue) once.
@@ -170,6 +231,38 @@ class QueueCollector(Collector):
                 else:
                     reading.head_age = now - seen[1]
         return [reading for reading, _ in pairs]
+
+    def _controls(self, queues: list[str]) -> Iterable[Metric]:
+        """Gauges per held root flow with flow controls (:func:`read_controls`)."""
+        labels = ["queue", "flow"]
+        running = GaugeMetricFamily(
+            "echomq_flow_running", "Children of a capped flow holding a token", labels=labels
+        )
+        cap = GaugeMetricFamily(
+            "echomq_flow_max_running", "A flow's max_running cap", labels=labels
+        )
+        failed = GaugeMetricFamily(
+            "echomq_flow_failed_children",
+            "Children of a flow with min_success that died so far",
+            labels=labels,
+        )
+        allowed = GaugeMetricFamily(
+            "echomq_flow_allowed_failures",
+            "How many children of a flow with min_success may die without failing it",
+            labels=labels,
+        )
+        try:
+            found = self.client.perform(read_controls(self.client.keys, queues))
+        except EchoMQError:
+            found = []  # the queue gauges were read: a scrape never raises
+        for f in found:
+            if f.cap is not None:
+                running.add_metric([f.queue, f.parent_id], f.running)
+                cap.add_metric([f.queue, f.parent_id], f.cap)
+            if f.allowed is not None:
+                failed.add_metric([f.queue, f.parent_id], f.failed)
+                allowed.add_metric([f.queue, f.parent_id], f.allowed)
+        yield from (running, cap, failed, allowed)
 
     def describe(self) -> Iterable[Metric]:
         return []  # the metrics are made at collect time; nothing to check at registration
@@ -225,6 +318,7 @@ class QueueCollector(Collector):
             for state, n in r.flows.items():
                 flows.add_metric([r.queue, state], n)
             lag.add_metric([r.queue], r.head_age)
+        yield from self._controls([r.queue for r in readings])
         took = GaugeMetricFamily(
             "echomq_scrape_duration_seconds", "How long the last read of the server took"
         )

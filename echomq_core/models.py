@@ -274,6 +274,8 @@ class FlowSnapshot:
     #: the flow (N - required); None: no threshold (the first such death fails it). ``failed``
     #: counts the deaths recorded so far (tolerated ones and the one that failed it).
     allowed: int | None = None
+    #: The node's ``max_running`` cap (None: none); how much of it is in use: ``flow_cap``.
+    cap: int | None = None
 
     @property
     def settled(self) -> int:
@@ -311,6 +313,7 @@ class FlowSnapshot:
             "error": self.error,
             "repairs": self.repairs,
             "allowed": self.allowed,
+            "cap": self.cap,
         }
 
 
@@ -351,6 +354,19 @@ class FlowSummary:
     age: float | None  # seconds since the flow was added
     since: float  # seconds in its current state (since it was added, released, closed, failed)
     error: str | None = None
+    cap: int | None = None  # max_running (None: none)
+    allowed: int | None = None  # min_success's allowance of deaths (None: no threshold)
+    tolerated: int = 0  # deaths a threshold tolerated so far
+
+    @property
+    def controls(self) -> str:
+        """The flow controls in a few words (``cap 50, 3 / 2,000 failed``); '' when none."""
+        parts = []
+        if self.cap is not None:
+            parts.append(f"cap {self.cap:,}")
+        if self.allowed is not None:
+            parts.append(f"{self.tolerated:,} / {self.allowed:,} failed")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -362,4 +378,7 @@ class FlowSummary:
             "age_s": None if self.age is None else round(self.age, 3),
             "in_state_s": round(self.since, 3),
             "error": self.error,
+            "cap": self.cap,
+            "allowed": self.allowed,
+            "tolerated": self.tolerated,
         }

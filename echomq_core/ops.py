@@ -368,9 +368,7 @@ def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
 
 def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
     """Move due delayed jobs to pending in every queue; the number moved."""
-    replies = yield [
-        Call.lua("promote", ks.queue_keys(q), [limit]) for q in queues
-    ]
+    replies = yield [Call.lua("promote", ks.queue_keys(q), [limit]) for q in queues]
     return sum(int(r) for r in replies)
 
 
@@ -475,6 +473,22 @@ def revive(ks: Keyspace, queue: str, job_ids: Sequence[str]) -> Op[tuple[int, li
         revived += int(n)
         skipped += [_s(i) for i in left]
     return revived, skipped
+
+
+def cancel_jobs(
+    ks: Keyspace, queue: str, job_ids: Sequence[str], reason: str
+) -> Op[tuple[int, list[str]]]:
+    """Pending or delayed plain jobs to the morgue, their error ``cancelled: <reason>``
+    (cancel_job.lua, in slices of 1,000); the number cancelled and the ids left as they were.
+    The morgue, not a delete: the job stays readable, and :func:`revive` undoes it."""
+    cancelled, skipped = 0, []
+    for start in range(0, len(job_ids), 1000):
+        part = list(job_ids[start : start + 1000])
+        keys = [*ks.queue_keys(queue), *(ks.job(queue, i) for i in part)]
+        ((n, left),) = yield [Call.lua("cancel_job", keys, [reason, *part])]
+        cancelled += int(n)
+        skipped += [_s(i) for i in left]
+    return cancelled, skipped
 
 
 #: What :func:`stat_calls` counts, in its order: five job states, then two lists.

@@ -263,6 +263,25 @@ class QueueOps:
             return 0, []
         return (yield from ops.revive(self.client.keys, self.name, ids))
 
+    def cancel_op(self, job_ids: Sequence[str], *, reason: str = "") -> Op[tuple[int, list[str]]]:
+        """Cancel plain jobs that have not started (pending or delayed): each goes to the
+        morgue with the error ``cancelled: <reason>``, where :meth:`retry_dead_op` can take it
+        back. Returns how many were cancelled and the ids left as they were: leased, finished,
+        dead, or a flow's (cancel the flow instead: ``EchoMQ.cancel_flow``)."""
+        if isinstance(job_ids, str | bytes):
+            raise InvalidArgument("job_ids must be a list of job ids, not a string")
+        ids = [check_job_id(i) for i in job_ids]
+        if not isinstance(reason, str) or len(reason) > 1000:
+            raise InvalidArgument(
+                f"reason must be a string of at most 1000 characters, got {reason!r:.80}"
+            )
+        return self._cancel(ids, reason)
+
+    def _cancel(self, ids: list[str], reason: str) -> Op[tuple[int, list[str]]]:
+        if not ids:
+            return 0, []
+        return (yield from ops.cancel_jobs(self.client.keys, self.name, ids, reason))
+
     def get_job_op(self, job_id: str) -> Op[JobInfo]:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
         job_id = check_job_id(job_id)
@@ -375,6 +394,10 @@ class Queue(QueueOps):
     def retry_dead(self, job_ids: Sequence[str]) -> tuple[int, list[str]]:
         """:meth:`QueueOps.retry_dead_op`, run."""
         return self.client.perform(self.retry_dead_op(job_ids))
+
+    def cancel(self, job_ids: Sequence[str], *, reason: str = "") -> tuple[int, list[str]]:
+        """:meth:`QueueOps.cancel_op`, run."""
+        return self.client.perform(self.cancel_op(job_ids, reason=reason))
 
     # -- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> JobInfo:

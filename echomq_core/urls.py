@@ -1,7 +1,7 @@
-"""Where the dashboard shows a flow: one home for the path, built here for the dashboard's own
-links, the Airflow provider's extra link and the Dagster integration's metadata, and split
-here by the dashboard's routes. Standard library only, so the adapters link to the dashboard
-without its extra installed.
+"""Where the dashboard shows a flow, a job and a queue: one home for the paths, built here for
+the dashboard's own links, the Airflow provider's extra link and the Dagster integration's
+metadata, and split here by the dashboard's routes. Standard library only, so the adapters
+link to the dashboard without its extra installed.
 
 Both names may hold ``/`` (queue names and job ids allow it: Airflow's derived parent ids are
 ``JOB-af/<dag>/<task>/<digest>``), and an id may hold ``#``, which a URL must not carry
@@ -16,6 +16,10 @@ from urllib.parse import quote, unquote
 
 #: The dashboard's path of a flow's page, under where the dashboard is served.
 FLOW_PATH = "/flow/"
+#: ... of a job's page (any job: plain, a flow's child, a flow's parent).
+JOB_PATH = "/job/"
+#: ... of a queue's jobs by state.
+QUEUE_PATH = "/queue/"
 
 
 def flow_page(base: str, queue: str, parent_id: str, tail: str = "") -> str:
@@ -24,6 +28,18 @@ def flow_page(base: str, queue: str, parent_id: str, tail: str = "") -> str:
     path below the page (``cancel``, or ``values`` of its JSON twin ``base`` + ``/api``)."""
     path = f"{base.rstrip('/')}{FLOW_PATH}{quote(queue, safe='')}/{quote(parent_id, safe='')}"
     return f"{path}/{tail}" if tail else path
+
+
+def job_page(base: str, queue: str, job_id: str, tail: str = "") -> str:
+    """The URL of a job's page (``tail``: ``retry`` / ``cancel``), quoted as :func:`flow_page`
+    quotes a flow's; split by :func:`split_flow_path` too."""
+    path = f"{base.rstrip('/')}{JOB_PATH}{quote(queue, safe='')}/{quote(job_id, safe='')}"
+    return f"{path}/{tail}" if tail else path
+
+
+def queue_page(base: str, queue: str) -> str:
+    """The URL of a queue's jobs by state (the name quoted whole)."""
+    return f"{base.rstrip('/')}{QUEUE_PATH}{quote(queue, safe='')}"
 
 
 def split_flow_path(rest: str, tails: Collection[str] = ()) -> tuple[str, str, str]:

@@ -14,8 +14,9 @@
 -- ARGV[5]   timeout_ms    the jobs' handler time limit ('' = the queue's)
 -- ARGV[4+2i] ARGV[5+2i]  job i (i = 1..n): its id, its payload
 --
--- Steps: refuse any bad id before writing anything; write each new row (one HSET) and collect
--- it; then ONE ZADD into pending (or delayed) for the batch. Pending scores are
+-- Steps: refuse any bad id before writing anything; write each new row (one HSET, with
+-- `created`: the server's ms, which the dashboard reads for the age of a queue's oldest
+-- pending job) and collect it; then ONE ZADD into pending (or delayed) for the batch. Pending scores are
 -- priority * 2^40 + arrival number: FIFO within a priority (one INCRBY numbers the batch).
 -- Score 0 is the front: recovered leases, promoted retries and released parents go there.
 -- Owner of what it writes: a row is removed by its completion (keep_completed off) or by the
@@ -32,8 +33,10 @@ for i = 1, n do
   local bad = check_id(ARGV[4 + 2 * i])
   if bad then return bad end
 end
+local now = now_ms()
+fields[#fields + 1] = 'created'; fields[#fields + 1] = now
 local due = 0
-if delay > 0 then due = now_ms() + delay end
+if delay > 0 then due = now + delay end
 local seq = redis.call('INCRBY', q.seq, n) - n
 local add = {}
 for i = 1, n do

@@ -4,18 +4,19 @@
 -- @include flow_node
 -- @include queue_keys
 --
--- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending, active and leases
---             (a worker-run parent not yet run leaves them), completed (read), the five
---             flows_* indexes (a root leaves its index for flows_cancelled)
+-- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending, delayed, active
+--             and leases (a worker-run parent not yet run leaves them), completed (read), the
+--             five flows_* indexes (a root leaves its index for flows_cancelled)
 -- KEYS[16] row       the node's row
 -- KEYS[17] explicit  the node's explicit-id record (child id -> queue)
 -- ARGV[1] id  ARGV[2] reason  ARGV[3] its parent ('' for a root: the caller names the root)
 --
 -- Steps: a held, released or failed node (or a worker-run parent not yet run: it leaves
--- pending, or loses its lease if a worker holds it) becomes 'cancelled' with the reason and
--- the time; a root moves to flows:cancelled (its `cancelled` retention). Cancelling again
--- changes nothing, and a flow that already ended otherwise (closed, completed, dead) is left
--- as it is. Its children are reached by the host, queue by queue (cancel_children.lua).
+-- pending or delayed, or loses its lease if a worker holds it) becomes 'cancelled' with the
+-- reason and the time; a root moves to flows:cancelled (its `cancelled` retention).
+-- Cancelling again changes nothing, and a flow that already ended otherwise (closed,
+-- completed, dead) is left as it is. Its children are reached by the host, queue by queue
+-- (cancel_children.lua).
 -- Owner of what it writes: the row and the flows:cancelled entry go with the flow's expiry.
 -- Returns: {state after, total, child queues, {explicit id, queue, ...}, state before, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, or a node that is not the root named.
@@ -28,7 +29,9 @@ if state == 'pending' and redis.call('ZSCORE', q.completed, ARGV[1]) then state 
 if state == 'held' or state == 'released' or state == 'failed' or state == 'pending' then
   local now = now_ms()
   if state == 'pending' then
+    -- pending, or in delayed: retrying its own run, or parked by a threshold tip (park.lua)
     redis.call('ZREM', q.pending, ARGV[1])
+    redis.call('ZREM', q.delayed, ARGV[1])
     if redis.call('ZREM', q.active, ARGV[1]) == 1 then redis.call('HDEL', q.leases, ARGV[1]) end
   end
   redis.call('HSET', KEYS[16], 'state', 'cancelled', 'reason', ARGV[2], 'cancelled', now,

@@ -55,8 +55,9 @@ local q = queue_keys(KEYS)
 local queue, keep = ARGV[1], ARGV[2]
 local b = batch(q.leases, ARGV, 5, 4)
 local gated, freed = {}, {}
+local refs = {}  -- the ref of each gate
 for ref in string.gmatch(ARGV[3], '%S+') do
-  gated[tonumber(ref)] = #freed + 1; freed[#freed + 1] = 0
+  gated[tonumber(ref)] = #freed + 1; freed[#freed + 1] = 0; refs[#freed] = tonumber(ref)
 end
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}, {}} end
@@ -105,6 +106,15 @@ local at = 15 + p + 6 * #b.parents
 local h = nil
 if #freed > 0 then h = hand(ARGV[4], KEYS[at + 2 * #freed + 1], now) end
 for g = 1, #freed do
-  if freed[g] > 0 then gate(q, {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}, freed[g], h) end
+  if freed[g] > 0 then
+    local gk = {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}
+    -- a same-queue parent that a threshold tipped (settle_current.lua) admits no more: its
+    -- unstarted children are being cancelled (as park.lua and cancel_children.lua mark it)
+    local row = KEYS[at - 6 * #b.parents + 6 * (refs[g] - 1) + 1]
+    if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
+      redis.call('HSET', gk[2], 'off', '1')
+    end
+    gate(q, gk, freed[g], h)
+  end
 end
 return {out, events, h and h.ids or {}}

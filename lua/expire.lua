@@ -21,7 +21,8 @@
 -- * a root flow parent: the flow expires as a unit - its row, counter, records, explicit
 --   record and index entries go here, and the reply names its children's queues so the host
 --   deletes their rows on their own slots (forget.lua). A failed root whose children are
---   not all settled yet (some still run) waits: it is re-checked a minute later;
+--   not all settled yet (some still run) waits: it is re-checked a minute later (not a
+--   tipped threshold flow whose follow-up ran: its rows `stopped` = `tipped`, nothing runs);
 -- * a plain job: its row goes.
 -- Never touched: held roots (in no index swept here), pending or leased jobs (ditto).
 -- Owner of what it writes: it creates nothing: it deletes (a failed root still running children
@@ -62,14 +63,17 @@ for i = 1, n do
   local nk = {unpack(KEYS, k + 1, k + 7)}
   local ix = index[code]
   if ix and due(ix[1], ix[2], id) then
-    local row = redis.call('HMGET', nk[1], 'parent', 'total', 'state')
+    local row = redis.call('HMGET', nk[1], 'parent', 'total', 'stopped', 'tipped')
     if row[1] then
       redis.call('ZREM', ix[1], id)
       swept = swept + 1
     elseif row[2] then
       local settled = redis.call('HLEN', nk[3]) + redis.call('HLEN', nk[4]) +
         redis.call('HLEN', nk[5])
-      if code == 'f' and settled < tonumber(row[2]) then
+      -- a tipped threshold flow whose follow-up ran (stopped.lua) waits for nothing: its
+      -- unstarted children were cancelled, its leased ones lost their leases
+      local stopped = row[3] and row[3] == row[4]
+      if code == 'f' and settled < tonumber(row[2]) and not stopped then
         local age = setting(5)
         if age then redis.call('ZADD', q.flows_failed, now - age + 60000, id) end
       else

@@ -9,14 +9,16 @@
 -- Owner of what it writes: nothing; a read, it creates no key.
 -- Returns: {state or false, total or false, dependencies or false, |processed|,
 --           |unsuccessful|, |failed|, error (a cancelled flow: its reason) or false, repairs,
---           allow (a success threshold's allowance, hold.lua) or false};
+--           allow (a success threshold's allowance, hold.lua) or false, cap (max_running,
+--           hold.lua) or false};
 --           state is
 --           'completed' once the released
 --           parent ran, else the row's: 'held' | 'pending' (released) | 'failed' | 'dead'.
 local q = queue_keys(KEYS)
-local row = redis.call('HMGET', KEYS[16], 'state', 'total', 'error', 'reason', 'repairs', 'allow')
+local row = redis.call('HMGET', KEYS[16], 'state', 'total', 'error', 'reason', 'repairs', 'allow',
+  'cap')
 local state = row[1]
 if state and redis.call('ZSCORE', q.completed, ARGV[1]) then state = 'completed' end
 return {state, row[2], redis.call('GET', KEYS[17]), redis.call('HLEN', KEYS[18]),
   redis.call('HLEN', KEYS[19]), redis.call('HLEN', KEYS[20]), row[3] or row[4], row[5] or '0',
-  row[6] or false}
+  row[6] or false, row[7] or false}

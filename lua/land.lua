@@ -1,5 +1,6 @@
 -- land: land a batch of a flow's leaf children on their own queue's slot, claimable at once.
 -- @include check_id
+-- @include now_ms
 -- @include queue_keys
 -- @include claimable
 -- @include gate
@@ -79,8 +80,9 @@ if check == '1' then
   end
 end
 local seq = redis.call('INCRBY', q.seq, n) - n
--- one HSET per child, the shared fields built once
-local fields = {'payload', '', 'parent', parent, 'parent_policy', policy, 'max_attempts', attempts}
+-- one HSET per child, the shared fields built once (`created`: see add.lua)
+local fields = {'payload', '', 'parent', parent, 'parent_policy', policy, 'max_attempts', attempts,
+  'created', now_ms()}
 if up_queue ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = up_queue end
 if timeout ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = timeout end
 -- a repair re-scores a requeued child by its row (requeue.lua)

@@ -39,6 +39,7 @@ class Dashboard:
         *,
         actions: bool = False,
         poll: float = 0.3,
+        extra: tuple[str, ...] = (),
     ) -> None:
         args = [
             *CLI,
@@ -51,6 +52,7 @@ class Dashboard:
             prefix,
             "--poll",
             str(poll),
+            *extra,
         ]
         env = dict(env)
         if actions:

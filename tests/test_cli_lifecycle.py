@@ -39,7 +39,10 @@ from .dashkit import failing_flow
 from .flowkit import work_off
 from .test_cli import assert_one_line_error, run, run_many
 
-FLOW_KEYS = {"queue", "parent_id", "state", "total", "settled", "age_s", "in_state_s", "error"}
+FLOW_KEYS = {
+    "queue", "parent_id", "state", "total", "settled", "age_s", "in_state_s", "error",
+    "cap", "allowed", "tolerated",
+}
 #: The flows of lifecycle(), by state (every other state: none).
 LIFECYCLE = {**dict.fromkeys(FLOW_INDEXES, 0), "held": 1, "released": 2, "closed": 2, "failed": 1}
 STAT_KEYS_ORDER = ["pending", "active", "delayed", "dead", "completed", "outbox", "poison"]
@@ -164,6 +167,27 @@ def test_flow_ls_lists_every_state_as_a_table_and_as_json(mq_standalone: EchoMQ,
     assert flows["JOB-failed"]["state"] == "failed"
     assert "died: JOB-failed.0" in flows["JOB-failed"]["error"]
     assert flows["JOB-held"]["error"] is None
+
+
+def test_flow_ls_shows_a_flows_cap_and_threshold(mq_standalone: EchoMQ, cli: Cli) -> None:
+    """A controls column appears when a listed flow has max_running or min_success."""
+    capped = mq_standalone.add_flow(
+        "lc-ctl", [Child(i, max_attempts=1) for i in range(10)], max_running=4, min_success=0.8
+    )
+    q = mq_standalone.queue("lc-ctl")
+    (job,) = q.claim(1)
+    q.fail(job, "bad row", retry=False)  # tolerated: 1 of the 2 allowed
+    plain = mq_standalone.add_flow("lc-ctl", [Child(1)])
+    status, out, err = cli("flow", "ls", "lc-ctl")
+    assert status == 0 and err == ""
+    lines = out.splitlines()
+    assert re.split(r"\s{2,}", lines[0])[-1] == "controls"
+    rows = {line.split()[1]: line for line in lines[1:]}
+    assert rows[capped.parent_id].endswith("cap 4, 1 / 2 failed")
+    assert not rows[plain.parent_id].rstrip().endswith("failed")
+    listed = cli.json("flow", "ls", "lc-ctl")["flows"]
+    (doc,) = [f for f in listed if f["parent_id"] == capped.parent_id]
+    assert (doc["cap"], doc["allowed"], doc["tolerated"]) == (4, 2, 1)
 
 
 def test_flow_ls_pages_per_state(mq_standalone: EchoMQ, cli: Cli) -> None:

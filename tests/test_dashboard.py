@@ -359,3 +359,29 @@ def test_failed_and_dead_children_show_their_tracebacks_escaped(
     assert BAD_ROW not in dead
     assert dead.count('<details class="traceback">') == 2
     assert bad.traceback in html.unescape(dead) and ignored.traceback in html.unescape(dead)
+
+
+def test_a_flow_page_shows_its_cap_and_threshold(client: EchoMQ, readonly: Dashboard) -> None:
+    """max_running and min_success on the flow's page and in its live JSON: the running
+    count read from the child queue's gate, the failures so far against the allowance."""
+    from echomq_core import Child
+
+    ref = client.add_flow(
+        "dk-ctl",
+        [Child(i, max_attempts=1) for i in range(10)],
+        max_running=3,
+        min_success=8,
+        barrier=True,
+    )
+    q = client.queue("dk-ctl")
+    (job,) = q.claim(1)
+    q.fail(job, "bad input", retry=False)  # tolerated: 1 of 2 allowed; its token goes to the next
+    doc = json.loads(readonly.get("/api" + flow_path("dk-ctl", ref.parent_id)).body)
+    assert doc["flow"]["cap"] == 3 and doc["flow"]["allowed"] == 2
+    assert doc["controls"] == {
+        "running": "3 / 3 running, 6 waiting for a token",
+        "threshold": "1 failed / 2 allowed",
+    }
+    page = readonly.get(flow_path("dk-ctl", ref.parent_id)).body
+    assert "3 / 3 running, 6 waiting for a token" in page
+    assert "1 failed / 2 allowed" in page

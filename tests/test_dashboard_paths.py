@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from echomq_core import Child, EchoMQ, FlowRef
 from echomq_core.keyspace import FLOW_INDEXES, JOB_ID_RE, QUEUE_NAME_RE
 from echomq_core.server import EmbeddedServer
-from echomq_core.urls import FLOW_PATH, flow_page, split_flow_path
+from echomq_core.urls import FLOW_PATH, JOB_PATH, flow_page, job_page, split_flow_path
 
 from .dashkit import TOKEN, Dashboard, env_for
 
@@ -89,6 +89,17 @@ def links(page: str, under: str) -> list[str]:
     return [html.unescape(h) for h in found if html.unescape(h).startswith(under)]
 
 
+def flow_links(page: str) -> list[str]:
+    """The links of ``page`` to flow pages (not to a flow's children page)."""
+    return [h for h in links(page, FLOW_PATH) if not urlsplit(h).path.endswith("/children")]
+
+
+def job_id_of(page: str) -> str:
+    found = re.search(r'<code id="job-id">(.*?)</code>', page)
+    assert found, page[:2000]
+    return html.unescape(found.group(1))
+
+
 def heading(page: str) -> str:
     found = re.search(r"<h1>Flow <code>(.*?)</code> <span class=\"tag\">(.*?)</span>", page)
     assert found, page[:2000]
@@ -117,17 +128,37 @@ def test_every_flow_page_opens_whatever_its_names_hold(
         values = d.get(html.unescape(live) + "/values")
         assert values.status == 200 and json.loads(values.body) == {"values": {}, "cursor": 0}
         # every flow link the page renders: the sub-flow in the tree, and back to the root
-        (sub,) = links(page, FLOW_PATH)
+        (sub,) = flow_links(page)
         sub_page = opens(d, sub, KIDS, f"{pid}.0")
-        (root,) = links(sub_page, FLOW_PATH)
+        (root,) = flow_links(sub_page)
         opens(d, root, queue, pid)
+        # its children page, and each child's job page from there
+        kids = [h for h in links(page, FLOW_PATH) if urlsplit(h).path.endswith("/children")]
+        assert kids and all(urlsplit(h).path == flow_page("", queue, pid, "children") for h in kids)
+        listed = d.get(kids[0])
+        assert listed.status == 200, listed.body[-500:]
+        jobs = links(listed.body, JOB_PATH)
+        assert jobs == [job_page("", KIDS, f"{pid}.0"), job_page("", KIDS, f"{pid}.1")]
+        for href, child in zip(jobs, (f"{pid}.0", f"{pid}.1"), strict=True):
+            job = d.get(href)
+            assert job.status == 200 and job_id_of(job.body) == child, href
+            # and back up: its parent link opens the flow's page
+            (up,) = re.findall(r'href="([^"]*)" id="job-parent"', job.body)
+            opens(d, html.unescape(up), queue, pid)
+        # the parent's own job page, quoted and with its slashes decoded; its JSON twin
+        assert job_id_of(d.get(job_page("", queue, pid)).body) == pid
+        api = json.loads(d.get("/api" + job_page("", queue, pid)).body)
+        assert (api["queue"], api["id"], api["flow"]["total"]) == (queue, pid, 2)
+        if "JOB-" not in queue:
+            plain = JOB_PATH + quote(queue, safe="/") + "/" + quote(pid, safe="/")
+            assert job_id_of(d.get(plain).body) == pid
         # the same path with its slashes decoded (a proxy that normalises, a person typing;
         # '#' still quoted, as any URL needs): the id starts at its JOB-
         if "JOB-" not in queue:
             plain = FLOW_PATH + quote(queue, safe="/") + "/" + quote(pid, safe="/")
             opens(d, plain, queue, pid)
     # the /flows page links every one of them to its page
-    listed = links(d.get("/flows").body, FLOW_PATH)
+    listed = flow_links(d.get("/flows").body)
     assert len(listed) == len(flows)
     assert sorted(unquote(h) for h in listed) == sorted(
         unquote(flow_page("", r.queue, r.parent_id)) for r in flows
@@ -149,6 +180,8 @@ def test_dead_and_poison_pages_of_queues_holding_a_slash(
     dead = readonly.get(f"/dead/{quote(queue, safe='')}")
     assert dead.status == 200 and f"Dead jobs of {queue}" in html.unescape(dead.body)
     (repair,) = [h for h in links(dead.body, FLOW_PATH) if not h.endswith("/retry")]
+    (job,) = links(dead.body, JOB_PATH)
+    assert job_id_of(readonly.get(job).body) == f"{AIRFLOW_ID}.0"
     opens(readonly, repair, queue, ref.parent_id)
     poison = readonly.get(f"/poison/{quote(queue, safe='')}")
     assert poison.status == 200 and f"signals of {queue}" in html.unescape(poison.body)
@@ -156,7 +189,8 @@ def test_dead_and_poison_pages_of_queues_holding_a_slash(
     home = readonly.get("/").body
     row = home.split(f'data-queue="{html.escape(queue)}"', 1)[1].split("</tr>", 1)[0]
     hrefs = links(row, "/")
-    assert len(hrefs) == 3 + len(FLOW_INDEXES), hrefs  # flows, dead, poison, one per state
+    # the queue page, flows, pending / active / delayed / completed, dead, poison, each state
+    assert len(hrefs) == 8 + len(FLOW_INDEXES), hrefs
     for href in hrefs:
         got = readonly.get(href)
         assert got.status == 200 and queue in html.unescape(got.body), href
@@ -225,3 +259,28 @@ def test_the_path_splits_back_into_its_names(queue: str, pid: str, tail: str) ->
     # decoded on the way: still the same names, unless the queue holds a segment like an id
     if not any(part.startswith("JOB-") for part in queue.split("/")[1:]):
         assert split_flow_path(unquote(rest)) == (queue, pid + ("/" + tail if tail else ""), "")
+
+
+def test_the_job_page_of_a_plain_job_whose_id_ends_like_an_action(
+    client: EchoMQ, actions: Dashboard
+) -> None:
+    """A dead plain job ``JOB-af/x/retry`` in a queue holding ``/``: its page opens, and its
+    page's own retry form retries that job (the quoted path is never ambiguous)."""
+    queue, job_id = "team/etl@v2+x", "JOB-af/x/retry"
+    q = client.queue(queue)
+    q.add({"n": 1}, job_id=job_id, max_attempts=1)
+    (job,) = q.claim(1)
+    q.fail(job, "ValueError: once", retry=False)
+    signed = actions.post("/login", {"token": TOKEN})
+    session = {"Cookie": signed.cookies[0].split(";")[0]}
+    page = actions.get(job_page("", queue, job_id), session)
+    assert page.status == 200 and job_id_of(page.body) == job_id
+    (form,) = [h for h in links(page.body, JOB_PATH) if h.endswith("/retry")]
+    assert form == job_page("", queue, job_id, "retry")
+    csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.body)
+    assert csrf is not None
+    done = actions.post(form, {"csrf": csrf.group(1)}, session)
+    assert done.status == 303 and urlsplit(done.headers["location"]).path == job_page(
+        "", queue, job_id
+    )
+    assert q.get_job(job_id).state == "pending"

@@ -14,6 +14,12 @@ the fan-in promised:
 * ``|processed| + |unsuccessful| + dependencies == N`` while the parent has not failed,
   and ``:processed`` and ``:unsuccessful`` are disjoint;
 * the parent is failed iff an ``fp`` death reached it, released iff everything settled;
+* a flow with a success threshold (random ``min_success``) tolerates its first ``allow``
+  ``fp`` deaths (recorded in ``:failed``, counted as settled), and the next one fails it (the
+  tip); ``|processed| + |unsuccessful| + |failed| + dependencies == N`` while it has not
+  failed; after the tip no child of it in the parent's queue is claimable, and once a
+  follow-up ran (a Pump tick, a sweep, a repair) none at all, and the children it leased lose
+  their leases;
 * a cancelled flow is never released or failed (claimed children lose their lease; reports
   already on their way are recorded as usual); a repair puts its dead (or cancelled) children
   back to work, and a death reported before it (redelivered) changes nothing; a replaced
@@ -47,6 +53,7 @@ from hypothesis.stateful import (
 )
 
 from echomq_core import Child, FlowConflict, Job, JobNotFound, LeaseLost, Pump
+from echomq_core.calls import Call
 from echomq_core.retention import SETTINGS
 
 from .conftest import Backend
@@ -70,15 +77,31 @@ class FlowModel:
     in_flight: dict[str, tuple[str, Any]] = field(default_factory=dict)  # signals not delivered
     parent_ran: bool = False
     cap: int | None = None  # max_running
+    allow: int | None = None  # a success threshold: how many fp deaths it tolerates
+    tolerated: int = 0  # fp deaths recorded while held and within allow
+    tipped: bool = False  # the death beyond allow reached it (and no repair since)
+    stopped: bool = False  # tipped, and the follow-up cancelled its unstarted children
+
+    def record(self, child: str, kind: str, value: Any) -> None:
+        """A report reaching the parent (set-if-absent, as the server records it)."""
+        if child in self.recorded:
+            return
+        held = not self.cancelled and not self.failed
+        self.recorded[child] = (kind, value)
+        if kind == "f" and self.allow is not None and held:
+            if len(self.of("f")) <= self.allow:
+                self.tolerated += 1
+            else:
+                self.tipped = True
 
     @property
     def failed(self) -> bool:
-        return any(kind == "f" for kind, _ in self.recorded.values())
+        return sum(1 for kind, _ in self.recorded.values() if kind == "f") > self.tolerated
 
     @property
     def released(self) -> bool:
         settled = sum(1 for kind, _ in self.recorded.values() if kind != "f")
-        return not self.failed and settled == len(self.children)
+        return not self.failed and settled + self.tolerated == len(self.children)
 
     def expires(self) -> bool:
         """Would a sweep with every age at 0 forget this flow now?"""
@@ -88,8 +111,8 @@ class FlowModel:
             return True
         if self.bumped:
             return False
-        if self.failed:
-            return len(self.recorded) == len(self.children)  # nothing left running
+        if self.failed:  # nothing left running (a stopped flow's children were cancelled)
+            return self.stopped or len(self.recorded) == len(self.children)
         return self.released and (self.barrier or self.parent_ran)
 
     def of(self, kind: str) -> dict[str, Any]:
@@ -127,6 +150,7 @@ class FlowMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         self.add_flow([("P", "fp")])
+        self.add_flow([("P", "fp"), ("O", "fp"), ("P", "fp"), ("O", "id")], allow=1)
 
     @rule(
         spec=st.lists(
@@ -135,10 +159,15 @@ class FlowMachine(RuleBasedStateMachine):
             max_size=5,
         ),
         barrier=st.booleans(),
+        allow=st.sampled_from([None, None, 0, 1, 1, 2]),
         cap=st.one_of(st.none(), st.integers(2, 3)),  # >= 2: at least 1 per child queue
     )
     def add_flow(
-        self, spec: list[tuple[str, str]], barrier: bool = False, cap: int | None = None
+        self,
+        spec: list[tuple[str, str]],
+        barrier: bool = False,
+        allow: int | None = None,
+        cap: int | None = None,
     ) -> None:
         pid = f"JOB-flow{len(self.flows)}"  # deterministic: hypothesis replays must match
         children = [
@@ -150,7 +179,17 @@ class FlowMachine(RuleBasedStateMachine):
             )
             for i, (q, policy) in enumerate(spec)
         ]
-        self.mq.add_flow(self.parents, children, parent_id=pid, barrier=barrier, max_running=cap)
+        if allow is not None:
+            allow = min(allow, len(children) - 1)  # at least one must succeed
+        min_success = None if allow is None else len(children) - allow
+        self.mq.add_flow(
+            self.parents,
+            children,
+            parent_id=pid,
+            barrier=barrier,
+            min_success=min_success,
+            max_running=cap,
+        )
         self._track(
             FlowModel(
                 self.parents,
@@ -158,6 +197,7 @@ class FlowMachine(RuleBasedStateMachine):
                 {f"{pid}.{i}": (c.queue or self.parents, c.policy) for i, c in enumerate(children)},
                 children,
                 barrier,
+                allow=allow,
                 cap=cap,
             )
         )
@@ -168,8 +208,14 @@ class FlowMachine(RuleBasedStateMachine):
         flow = self.flows[data.draw(st.sampled_from(sorted(self.flows)))]
         if flow.expired:  # a retry after expiry adds the flow afresh: not this model's case
             return
+        min_success = None if flow.allow is None else len(flow.children) - flow.allow
         self.mq.add_flow(
-            flow.queue, flow.spec, parent_id=flow.pid, barrier=flow.barrier, max_running=flow.cap
+            flow.queue,
+            flow.spec,
+            parent_id=flow.pid,
+            barrier=flow.barrier,
+            min_success=min_success,
+            max_running=flow.cap,
         )
 
     @rule(
@@ -185,7 +231,11 @@ class FlowMachine(RuleBasedStateMachine):
         if how == "other cap":
             other = 5 if flow.cap is None else None
             try:
-                self.mq.add_flow(flow.queue, flow.spec, parent_id=flow.pid, max_running=other)
+                allow = None if flow.allow is None else len(flow.children) - flow.allow
+                self.mq.add_flow(
+                    flow.queue, flow.spec, parent_id=flow.pid, max_running=other,
+                    min_success=allow,
+                )
             except FlowConflict:
                 return
             raise AssertionError("a re-add with another cap was accepted")
@@ -212,6 +262,10 @@ class FlowMachine(RuleBasedStateMachine):
         q = self.mq.queue(queue)
         for job in q.claim(count):
             assert not self._owner(job.id).cancelled if job.id in self.owner else True
+            if job.id in self.owner:
+                owner = self._owner(job.id)
+                assert not owner.stopped, f"{job.id}: claimed after its flow's follow-up"
+                assert not (owner.tipped and queue == owner.queue), f"{job.id}: not parked"
             if job.id in self.flows:  # a released parent: run it at once
                 q.complete(job, "parent ran")
                 self.flows[job.id].parent_ran = True
@@ -224,7 +278,7 @@ class FlowMachine(RuleBasedStateMachine):
         if kind == "dead":
             kind = "i" if policy == "id" else "f"
         if queue == flow.queue:
-            flow.recorded[job.id] = (kind, value)
+            flow.record(job.id, kind, value)
         else:
             flow.in_flight[job.id] = (kind, value)
 
@@ -244,6 +298,21 @@ class FlowMachine(RuleBasedStateMachine):
         assert self.mq.queue(job.queue).fail(job, f"err {child_id}") is True
         self._settle(job, "dead", f"err {child_id}")
 
+    @rule(which=st.sampled_from(["P", "O"]))
+    def death_storm(self, which: str) -> None:
+        """Claim what we can in one queue and kill every child we hold there in ONE fail
+        batch: several deaths of one parent settle in one script (a threshold tips mid-batch)."""
+        self.claim(which, 4)
+        queue = self.parents if which == "P" else self.other
+        jobs = [j for j in self.claimed.values() if j.queue == queue]
+        if not jobs:
+            return
+        statuses = self.mq.queue(queue).fail_many([(j, f"err {j.id}", False) for j in jobs])
+        assert statuses == [2] * len(jobs)
+        for job in jobs:
+            del self.claimed[job.id]
+            self._settle(job, "dead", f"err {job.id}")
+
     @precondition(lambda self: self.claimed)
     @rule(data=st.data())
     def forged_completion(self, data: st.DataObject) -> None:
@@ -258,8 +327,17 @@ class FlowMachine(RuleBasedStateMachine):
 
     def _delivered(self) -> None:
         for flow in self.flows.values():
-            flow.recorded.update(flow.in_flight)
+            for child, (kind, value) in flow.in_flight.items():
+                flow.record(child, kind, value)
             flow.in_flight.clear()
+
+    def _stops(self, only: FlowModel | None = None) -> None:
+        """A drain ran the follow-ups of the tipped flows (a repair runs its flow's own): their
+        unstarted children are cancelled, the children we hold lose their leases."""
+        for flow in self.flows.values() if only is None else [only]:
+            if flow.tipped and not flow.stopped and not flow.cancelled and not flow.expired:
+                flow.stopped = True
+                self._drop_claims(flow)
 
     @rule()
     def pump_crash(self) -> None:
@@ -271,8 +349,14 @@ class FlowMachine(RuleBasedStateMachine):
     def pump_tick(self) -> None:
         self.pump.tick()
         self._delivered()
+        self._stops()
         for queue in (self.parents, self.other):
-            assert self.mq.queue(queue).stats()["outbox"] == 0
+            # left: only the 'x' signal of a tip this very tick delivered (its follow-up ran
+            # at once; the next drain finds it done)
+            (left,) = self.mq.connection.execute(
+                [Call.cmd("LRANGE", self.mq.keys.outbox(queue), 0, -1)]
+            )
+            assert all(bytes(e).startswith(b"x\n") for e in left), left
 
     def _live(self, data: st.DataObject) -> FlowModel | None:
         live = sorted(p for p, f in self.flows.items() if not f.expired)
@@ -316,8 +400,10 @@ class FlowMachine(RuleBasedStateMachine):
                 return
             assert result.requeued == 0  # a held flow: nothing to re-run
             return
+        self._stops(flow)  # retry_flow finishes a pending follow-up first
         result = self.mq.retry_flow(flow.queue, flow.pid)
         flow.recorded = {c: r for c, r in flow.recorded.items() if r[0] != "f"}
+        flow.tolerated, flow.tipped, flow.stopped = 0, False, False
         flow.cancelled = False
         flow.bumped = False
         assert result.state in ("held", "released", "pending"), result
@@ -369,11 +455,17 @@ class FlowMachine(RuleBasedStateMachine):
         """Every age at 0: what may expire, does, as a unit; nothing else is touched."""
         for queue in (self.parents, self.other):
             self.mq.set_retention(queue, **{n: 0 for n in SETTINGS if n.endswith("_age")})
-        stats = self.sweeper.tick()  # delivers first, then sweeps
+        stats = self.sweeper.tick()  # delivers first (and runs follow-ups), then sweeps
         self._delivered()
+        self._stops()
         expiring = [f for f in self.flows.values() if f.expires()]
         for flow in self.flows.values():
-            if flow.failed and not flow.expired and len(flow.recorded) < len(flow.children):
+            if (
+                flow.failed
+                and not flow.expired
+                and not flow.stopped
+                and len(flow.recorded) < len(flow.children)
+            ):
                 flow.bumped = True  # the sweep looked and found children still running
         expired = {pid for _, pid in stats.expired}
         for _ in range(10):  # bounded: every due flow goes in the first tick or soon after
@@ -433,16 +525,18 @@ class FlowMachine(RuleBasedStateMachine):
             assert not set(processed) & set(ignored)
             n = len(flow.children)
             assert snap.total == n
-            settled = len(flow.of("c")) + len(flow.of("i"))
+            settled = len(flow.of("c")) + len(flow.of("i")) + flow.tolerated
             assert snap.dependencies == n - settled
+            assert snap.allowed == flow.allow
+            whole = snap.processed + snap.ignored + snap.failed + snap.dependencies
             if flow.cancelled:
                 assert snap.parent_state == "cancelled"
                 if not flow.failed:
-                    assert snap.processed + snap.ignored + snap.dependencies == n
+                    assert whole == n
             elif flow.failed:
                 assert snap.parent_state == "failed"
             else:
-                assert snap.processed + snap.ignored + snap.dependencies == n
+                assert whole == n
                 if settled == n and flow.barrier:
                     assert snap.parent_state == ("closed" if flow.closed else "released")
                 elif settled == n:

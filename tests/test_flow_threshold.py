@@ -144,9 +144,12 @@ def test_tip_follow_up_survives_a_crash_before_it_ran(backend: Backend, prefix: 
     (b,) = mq.queue(work).claim(1)
     mq.queue(work).fail(b, "boom")
     deliver_without_trim(mq, [work], "pump-that-dies", lease_ms=1)
-    for ref, q in ((same, parents), (cross, work)):
+    # same-queue: the tipping step parked its unstarted children (no claim reaches them);
+    # cross-queue: the Pump died before parking them
+    for ref, q, state in ((same, parents, "delayed"), (cross, work, "pending")):
         assert mq.snapshot(parents, ref.parent_id).parent_state == "failed"
-        assert mq.get_job(q, f"{ref.parent_id}.3").state == "pending"  # not cancelled yet
+        assert mq.get_job(q, f"{ref.parent_id}.3").state == state  # not cancelled yet
+    assert mq.queue(parents).claim(10) == []
     time.sleep(0.01)  # the dead Pump's 1 ms outbox lease lapses
     pump = Pump(mq, [parents, work])
     try:
@@ -347,3 +350,177 @@ def test_flow_show_prints_failed_so_far_and_allowed(
     assert "  threshold     1 failed so far / 2 allowed" in lines
     assert any(line.startswith(f"  failed child  {ref.parent_id}.4") for line in lines)
     mq.close()
+
+
+def test_the_tip_parks_the_same_queue_children_in_its_own_step(mq: EchoMQ) -> None:
+    """No Pump runs: the tipping fail alone makes the flow's unstarted children in the parent's
+    queue unclaimable (a retrying one too); the leased one may still finish. A flow bigger
+    than the tip's bound parks the window from the tipping child's index on, and the
+    follow-up the rest."""
+    from echomq_core.lifecycle import PARK_CHUNK
+
+    ref = mq.add_flow("tq", [Child(i, max_attempts=2) for i in range(8)], min_success=8)
+    pid = ref.parent_id
+    q = mq.queue("tq")
+    jobs = q.claim(3)
+    q.fail(jobs[1], "try again")  # child 1 retries later (delayed)
+    q.fail(jobs[0], "first", retry=False)  # buried now: 1 > 0 allowed, the tip
+    assert mq.snapshot("tq", pid).parent_state == "failed"
+    assert q.claim(100) == []
+    assert mq.get_job("tq", f"{pid}.1").state == "delayed"
+    assert q.complete_many([(jobs[2], "leased before the tip")]) == [True]
+    pump = Pump(mq, ["tq"])
+    try:
+        assert pump.tick().stopped == 6  # children 1 and 3..7
+    finally:
+        pump.release_leases()
+    assert {mq.get_job("tq", f"{pid}.{i}").state for i in (1, 3, 4, 5, 6, 7)} == {"cancelled"}
+    assert q.stats()["delayed"] == 0
+
+    n = PARK_CHUNK + 2000
+    big = mq.add_flow("tq", [Child(i, max_attempts=1) for i in range(n)], min_success=n)
+    jobs = q.claim(1001)
+    q.fail(jobs[1000], "the tip at index 1000")
+    after = q.claim(3)  # beyond the tip's window: still claimable until the follow-up
+    assert [j.id for j in after] == [f"{big.parent_id}.{i}" for i in (6000, 6001, 6002)]
+    pump = Pump(mq, ["tq"])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    assert q.claim(10) == []
+    assert q.stats()["delayed"] == 0
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["same-queue", "cross-queue"])
+def test_repair_before_the_follow_up_ran(backend: Backend, prefix: str, cross: bool) -> None:
+    """The tip parked children (same-queue) and no drainer ran the follow-up yet: the repair
+    finishes the follow-up first, so the parked children run again and the flow releases; the
+    late 'x' then changes nothing."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "tz")
+    child_q = work if cross else parents
+    ref = mq.add_flow(parents, _children(6, {0}, child_q), min_success=6, barrier=True)
+    pid = ref.parent_id
+    (job,) = mq.queue(child_q).claim(1)
+    mq.queue(child_q).fail(job, "boom")
+    if cross:
+        deliver_without_trim(mq, [work], "pump-that-dies", lease_ms=1)
+    assert mq.snapshot(parents, pid).parent_state == "failed"
+    assert mq.retry_flow(parents, pid).state == "held"
+    _invariant(mq, parents, pid)
+    time.sleep(0.01)  # the dead Pump's 1 ms outbox lease lapses
+    work_off(mq, [parents, work], lambda j: j.payload)  # the late 'x' is drained here too
+    snap = mq.snapshot(parents, pid)
+    assert (snap.parent_state, snap.processed, snap.failed) == ("released", 6, 0)
+    assert mq.queue(child_q).stats()["delayed"] == 0
+    mq.close()
+
+
+def test_a_tipped_flow_expires_once_its_follow_up_ran(mq: EchoMQ) -> None:
+    """Its cancelled children never settle, so 'a failed flow waits until its children are
+    settled' must not keep it (and their rows) for ever: once `stopped`, it expires."""
+    from echomq_core import JobNotFound
+    from echomq_core.retention import SETTINGS
+
+    ref = mq.add_flow("te", _children(6, {0}), min_success=6, barrier=True)
+    pid = ref.parent_id
+    (job,) = mq.queue("te").claim(1)
+    mq.queue("te").fail(job, "boom")
+    mq.set_retention("te", **{n: 0 for n in SETTINGS if n.endswith("_age")})
+    sweeper = Pump(mq, ["te"], sweep_every=0, maintain_every=0)
+    try:
+        expired = sweeper.tick().expired + sweeper.tick().expired  # follow-up, then the sweep
+    finally:
+        sweeper.release_leases()
+    assert ("te", pid) in expired
+    assert mq.snapshot("te", pid).parent_state is None
+    for i in range(6):
+        with pytest.raises(JobNotFound):
+            mq.get_job("te", f"{pid}.{i}")
+
+
+def test_a_parked_worker_run_sub_flow_is_cancelled_out_of_delayed(mq: EchoMQ) -> None:
+    """A same-queue sub-flow released to pending (its parent job waiting for a worker) is
+    parked by the tip like a leaf; the follow-up's cancel of that node takes it out of
+    delayed too, so nothing of the flow stays queued."""
+    ref = mq.add_flow(
+        "tn",
+        [Child("a", children=[Child(1)]), Child(DOOMED, max_attempts=1)],
+        min_success=2,
+        barrier=True,
+    )
+    pid = ref.parent_id
+    q = mq.queue("tn")
+    jobs = {j.id: j for j in q.claim(2)}
+    assert set(jobs) == {f"{pid}.0.0", f"{pid}.1"}
+    q.complete_many([(jobs[f"{pid}.0.0"], 1)])  # the sub-flow is released: pending
+    assert mq.get_job("tn", f"{pid}.0").state == "pending"
+    q.fail(jobs[f"{pid}.1"], "boom")  # the tip parks the sub-flow's parent job
+    assert q.claim(10) == []
+    pump = Pump(mq, ["tn"])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    assert mq.get_job("tn", f"{pid}.0").state == "cancelled"
+    assert (q.stats()["pending"], q.stats()["delayed"]) == (0, 0)
+
+
+def test_a_capped_flow_admits_nothing_once_parked(backend: Backend, prefix: str) -> None:
+    """max_running and min_success together, cross-queue: the follow-up's park marks the cap
+    gate off, so a leased child that completes before the walk admits no waiting one."""
+    from echomq_core.lifecycle import stop_unstarted
+
+    from .flowkit import run_steps
+
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "tg")
+    kids = _children(8, {0}, work)
+    ref = mq.add_flow(parents, kids, min_success=8, max_running=2, barrier=True)
+    pid = ref.parent_id
+    q = mq.queue(work)
+    jobs = q.claim(10)
+    assert len(jobs) == 2  # the cap
+    doomed = next(j for j in jobs if j.payload == DOOMED)
+    other = next(j for j in jobs if j.payload != DOOMED)
+    q.fail(doomed, "boom")  # its token admits the next child
+    deliver_without_trim(mq, [work], "pump-that-dies", lease_ms=1)  # the tip
+    assert mq.snapshot(parents, pid).parent_state == "failed"
+    run_steps(mq, stop_unstarted(mq.keys, parents, pid), 2)  # the read and the park; then dies
+    assert q.complete_many([(other, "done")]) == [True]  # returns its token
+    assert q.claim(10) == []
+    time.sleep(0.01)  # the dead Pump's 1 ms outbox lease lapses
+    pump = Pump(mq, [parents, work])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    states = {mq.get_job(work, f"{pid}.{i}").state for i in range(8)}
+    assert states == {"dead", "completed", "cancelled"}
+    assert (q.stats()["pending"], q.stats()["delayed"]) == (0, 0)
+    mq.close()
+
+
+def test_a_same_queue_capped_flow_admits_nothing_after_the_tip(mq: EchoMQ) -> None:
+    """The tipping death's own token, and a leased child's completion before the follow-up,
+    admit no waiting child of a tipped flow (its gate is marked off in the tipping step)."""
+    ref = mq.add_flow("tgs", _children(8, {0}), min_success=8, max_running=2, barrier=True)
+    q = mq.queue("tgs")
+    jobs = q.claim(10)
+    assert len(jobs) == 2
+    doomed = next(j for j in jobs if j.payload == DOOMED)
+    other = next(j for j in jobs if j.payload != DOOMED)
+    q.fail(doomed, "boom")  # the tip; no Pump runs the follow-up yet
+    assert q.claim(10) == []
+    assert q.complete_many([(other, "done")]) == [True]
+    assert q.claim(10) == []
+    pump = Pump(mq, ["tgs"])
+    try:
+        pump.tick()
+    finally:
+        pump.release_leases()
+    pid = ref.parent_id
+    assert {mq.get_job("tgs", f"{pid}.{i}").state for i in range(2, 8)} == {"cancelled"}
+    cap = mq.flow_cap("tgs", pid)
+    assert cap is not None and (cap.admitted, cap.waiting) == (0, 0)  # tokens all returned

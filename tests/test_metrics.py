@@ -96,12 +96,36 @@ def test_a_rate_limited_queue_reports_its_limit_and_window(backend: Backend, mq:
     assert reading.to_dict()["rate"] == "3 / 8640/d"
 
 
+def test_flow_controls_of_held_flows_are_gauges(backend: Backend, mq: EchoMQ) -> None:
+    """A capped flow's running children and cap, a threshold flow's failures and allowance,
+    per held root flow; a flow with neither has no flow gauge."""
+    capped = mq.add_flow(
+        "mx-ctl", [Child(i, queue="mx-ctl-kids", max_attempts=1) for i in range(6)],
+        max_running=2, min_success=0.5,
+    )
+    plain = mq.add_flow("mx-ctl", [Child(1)])
+    kids = mq.queue("mx-ctl-kids")
+    (job,) = kids.claim(1)
+    kids.fail(job, "bad row", retry=False)  # a cross-queue death: the Pump settles it
+    Pump(mq, ["mx-ctl-kids"]).tick()
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(mq, ["mx-ctl", "mx-ctl-kids"]))
+    found = samples(registry)
+    flow = {"queue": "mx-ctl", "flow": capped.parent_id}
+    assert value(found, "echomq_flow_max_running", **flow) == 2
+    assert value(found, "echomq_flow_running", **flow) == 2  # the dead child's token moved on
+    assert value(found, "echomq_flow_failed_children", **flow) == 1
+    assert value(found, "echomq_flow_allowed_failures", **flow) == 3
+    assert not [k for k in found if ("flow", plain.parent_id) in k[1]]
+
+
 @pytest.mark.onlystandalone
 def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     standalone_server: EmbeddedServer, prefix: str
 ) -> None:
     """The bound in the module doc, measured with INFO commandstats: COMMANDS_PER_QUEUE per
-    queue plus one SMEMBERS, whatever the number of jobs (and flows) a queue holds."""
+    queue plus one SMEMBERS, and for flow controls one ZRANGE and one HMGET per held flow
+    (at most FLOW_GAUGES), whatever the number of jobs (and children) a queue holds."""
     mq = EchoMQ(standalone_server.url, prefix=prefix)
     raw = redis.Redis.from_url(standalone_server.url)
     costs = {}
@@ -123,6 +147,8 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
             "cmdstat_llen",
             "cmdstat_lindex",
             "cmdstat_hget",
+            "cmdstat_zrange",  # the newest held flows (their flow controls) ...
+            "cmdstat_hmget",  # ... one row read each: this flow has none
         }
     # with every registered queue (the default): one SMEMBERS more, per scrape
     raw.config_resetstat()
@@ -130,7 +156,7 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     everything = raw.info("commandstats")
     assert int(everything["cmdstat_smembers"]["calls"]) == 1
     print(f"commands per scrape per queue: 10 jobs {costs[10]}, 10,000 jobs {costs[10_000]}")
-    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE == 15
+    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE + 2 == 17
     raw.close()
     mq.close()
 

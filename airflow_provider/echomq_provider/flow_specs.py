@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from echomq_core import Child, FlowRef, InvalidInput
-from echomq_core.keyspace import check_job_id, check_queue, id_part
+from echomq_core.keyspace import check_job_id, check_queue, derived_index, id_part
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
@@ -83,17 +83,15 @@ def _keyed_stem(parent_id: str) -> str:
 def child_label(parent_id: str, child_id: str) -> int | str:
     """What a child's result is matched to its input by: the index of its spec in the
     operator's ``children`` (derived ids ``<parent>.<i>``, or ``<parent>.g<n>.<i>`` after a
-    replace), or the ``key`` its spec gave. An id of neither form (a flow added outside the
-    operator with explicit ids) is returned as it is."""
+    replace: read by the core's :func:`~echomq_core.keyspace.derived_index`), or the ``key``
+    its spec gave. An id of neither form (a flow added outside the operator with explicit ids)
+    is returned as it is."""
     stem = _keyed_stem(parent_id)
     if child_id.startswith(stem):
         raw = child_id[len(stem) :].encode()
         return re.sub(rb"~([0-9a-f]{2})", lambda m: bytes([int(m[1], 16)]), raw).decode()
-    if child_id.startswith(parent_id + "."):
-        tail = child_id[len(parent_id) + 1 :].rsplit(".", 1)[-1]
-        if tail.isdigit():
-            return int(tail)
-    return child_id
+    index = derived_index(parent_id, child_id)
+    return child_id if index is None else index
 
 
 def to_children(

@@ -4,10 +4,12 @@ Two kinds of task wait on a flow: :class:`~echomq_provider.sensors.echo_flow.Ech
 (a flow another task added) and :class:`~echomq_provider.operators.echo_flow.EchoFlowOperator`
 with ``wait_for_completion=True`` (and ``@task.echo_flow``), which waits on the flow it has just
 added - one task where the sensor makes two. :class:`FlowWaiting` is what they share: reading
-the flow (fail fast on a failed or cancelled parent), the return value once it is released
-(the summary, or the values with the summary under the XCom key :data:`FLOW_KEY`), resuming
-from :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger`'s event, the progress line,
-and cancelling the flow when the task gives up on it (``cancel_on_failure``).
+the flow (each read judged, and the operator's next pause set, by the core's
+:class:`~echomq_core.waiting.FlowWait`; fail fast on a failed or cancelled parent), the return
+value once it is released (the summary, or the values with the summary under the XCom key
+:data:`FLOW_KEY`), resuming from :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger`'s
+event, the progress line, and cancelling the flow when the task gives up on it
+(``cancel_on_failure``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from echomq_core import (
 )
 from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
+from echomq_core.waiting import FAILED, FlowWait, Verdict
 
 from . import settle
 from ._compat import (
@@ -134,23 +137,26 @@ class FlowWaiting(_Base):
         raise NotImplementedError
 
     # -- reading ---------------------------------------------------------------------------
-    def _read(self, context: Context) -> tuple[EchoMQ, FlowSnapshot] | None:
-        """One read: ``(client, snapshot)`` once the flow is released, None while it is not
-        (with a progress line at most every :data:`PROGRESS_EVERY` s). A failed or cancelled
-        flow raises ``AirflowFailException`` naming the failed children."""
+    def _read(self, context: Context, wait: FlowWait | None = None) -> tuple[EchoMQ, Verdict]:
+        """One read of the flow, judged by ``wait`` (the operator's wait; a poke makes its own,
+        Airflow keeping the time): ``(client, verdict)``, with a progress line at most every
+        :data:`PROGRESS_EVERY` s while it goes on. A failed or cancelled flow raises
+        ``AirflowFailException`` naming the failed children."""
         queue, parent_id = self._target()
         client = self._client()
-        snap = client.snapshot(queue, parent_id)
-        if snap.outcome in ("failed", "cancelled"):
-            failed = client.failed_children(queue, parent_id) if snap.outcome == "failed" else {}
-            error = flow_error(queue, parent_id, snap.outcome, failed, snap.error)
+        if wait is None:  # a poke: one read, its pause and timeout are Airflow's
+            wait = FlowWait(queue, parent_id, poll=max(self._poke_seconds(), 0.001))
+        verdict = client.perform(wait.read(client.keys))
+        snap = verdict.snap
+        if verdict.never_released:
+            failed = client.failed_children(queue, parent_id) if verdict.kind == FAILED else {}
+            error = flow_error(queue, parent_id, verdict.kind, failed, snap.error)
             raise AirflowFailException(str(error) + first_failure(client, queue, parent_id))
         if self.return_values and snap.total > self.max_values:
             self._refuse_values(snap)
-        if snap.outcome != "released":
+        if not verdict.done:
             self._progress(context, snap)
-            return None
-        return client, snap
+        return client, verdict
 
     def _defer(self, poll_interval: float, seconds_left: float | None) -> NoReturn:
         """Hand the wait to :class:`EchoFlowTrigger` (reads at least every

@@ -65,6 +65,7 @@ from dagster._core.events import DagsterEvent
 from pydantic import Field, PrivateAttr
 
 from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
+from echomq_core.lifecycle import repair_on_readd
 
 from . import steps
 from .io_context import (
@@ -288,15 +289,15 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         if it failed; cancel it if the wait times out or the step is interrupted."""
         client = self.client
         queues = client.child_queues(flow.queue, flow.parent_id)
-        snap = client.snapshot(flow.queue, flow.parent_id)
-        if snap.outcome in ("failed", "cancelled") and self.repair_on_reexecution:
-            parent_run = parent_run_id(context)
-            if parent_run is not None:
-                repaired = client.retry_flow(flow.queue, flow.parent_id)
-                context.log.info(
-                    f"EchoMQ flow {flow.parent_id} {snap.outcome} in an earlier run "
-                    f"({parent_run}): repaired, {repaired.requeued} children run again"
-                )
+        parent_run = parent_run_id(context) if self.repair_on_reexecution else None
+        found = client.perform(
+            repair_on_readd(client.keys, flow.queue, flow.parent_id, repair=parent_run is not None)
+        )
+        if found.repaired is not None:
+            context.log.info(
+                f"EchoMQ flow {flow.parent_id} {found.snap.outcome} in an earlier run "
+                f"({parent_run}): repaired, {found.repaired.requeued} children run again"
+            )
         try:
             with self.pumping(queues):
                 return wait_settled(

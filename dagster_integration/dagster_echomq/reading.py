@@ -9,7 +9,8 @@ the flow reaches its handle: a step process of the multiprocess executor, a cont
 Kubernetes executor, a later run, the sensor.
 
 Waiting (:func:`wait_settled`) polls the flow's snapshot until it is released, failed or
-cancelled, and logs progress every ``log_every`` seconds. It gives up with the core's
+cancelled (the core's :class:`~echomq_core.waiting.FlowWait` judges each read and sets the
+next pause), and logs progress every ``log_every`` seconds. It gives up with the core's
 ``FlowTimeout`` after ``timeout`` seconds in all, or sooner when for ``stall_timeout`` seconds
 no child settled and no job of the children's queues was running (leased) - the usual reason
 is that no worker serves those queues, and the error names them rather than blocking the step
@@ -36,6 +37,7 @@ from echomq_core import (
     ParentFailed,
 )
 from echomq_core.connection import Call
+from echomq_core.waiting import MISSING, STALLED, TIMED_OUT, FlowWait
 
 #: Keys naming a flow: in an ``AssetSpec``'s definition metadata (an external flow, see
 #: :func:`flow_metadata`), in a materialization's metadata, and in a sensor's run tags.
@@ -273,7 +275,7 @@ def wait_settled(
     flow: FlowRef,
     *,
     timeout: float,
-    stall_timeout: float,
+    stall_timeout: float | None,
     poll: float,
     log: DagsterLogManager | None = None,
     log_every: float = 10.0,
@@ -283,55 +285,60 @@ def wait_settled(
 
     Raises ``JobNotFound`` at once if there is no such flow (expired, or another prefix),
     ``FlowTimeout`` after ``timeout`` s, or after ``stall_timeout`` s without a child
-    settling (the message names the children's ``queues``)."""
-    started = progressed = time.monotonic()
-    next_log = started + log_every
-    last = -1
+    settling while none ran (the message names the children's ``queues`` and what holds them
+    up). What each read means and when the next comes: :class:`echomq_core.waiting.FlowWait`.
+    """
+    wait = FlowWait(
+        flow.queue,
+        flow.parent_id,
+        poll=poll,
+        timeout=timeout,
+        stall_timeout=stall_timeout,
+        missing_ok=False,
+    )
+    next_log = wait.started + log_every
+    where = f" in {', '.join(queues)}" if queues else ""
     while True:
-        snap = client.snapshot(flow.queue, flow.parent_id)
-        if snap.outcome == "missing":
+        verdict = client.perform(wait.read(client.keys))
+        snap = verdict.snap
+        if verdict.kind == MISSING:
             raise JobNotFound(
                 f"no flow {flow.parent_id} in {flow.queue!r} under prefix "
                 f"{client.keys.prefix!r}: never added there, or expired"
             )
-        if snap.outcome != "waiting":
+        if verdict.kind == STALLED:
+            raise FlowTimeout(
+                f"flow {flow.parent_id} in {flow.queue!r}: no child settled for "
+                f"{stall_timeout}s ({snap.dependencies} outstanding{where}); "
+                + (
+                    verdict.hint
+                    or "are workers running for those queues, and a Pump if they differ from "
+                    "the parent's?"
+                )
+            )
+        if verdict.kind == TIMED_OUT:
+            why = f"; {verdict.hint}" if verdict.hint else ""
+            raise FlowTimeout(
+                f"flow {flow.parent_id} in {flow.queue!r} not released after {timeout}s "
+                f"({snap.dependencies} outstanding{where}){why}"
+            )
+        if verdict.done:
             return snap
         now = time.monotonic()
-        if snap.settled + snap.failed != last:
-            last, progressed = snap.settled + snap.failed, now
         if log is not None and now >= next_log:
             next_log = now + log_every
             log.info(
                 f"EchoMQ flow {flow.parent_id}: {snap.settled}/{snap.total} children settled "
                 f"({snap.processed} processed, {snap.ignored} ignored), "
-                f"{snap.dependencies} outstanding after {now - started:.0f}s"
+                f"{snap.dependencies} outstanding after {verdict.waited:.0f}s"
             )
-        where = f" in {', '.join(queues)}" if queues else ""
-        if now - progressed >= stall_timeout and _busy(client, queues):
-            progressed = now  # children are running (long ones): not a stall
-        if now - progressed >= stall_timeout:
-            raise FlowTimeout(
-                f"flow {flow.parent_id} in {flow.queue!r}: no child settled for "
-                f"{stall_timeout}s ({snap.dependencies} outstanding{where}); are workers "
-                "running for those queues, and a Pump if they differ from the parent's?"
-            )
-        if now - started >= timeout:
-            raise FlowTimeout(
-                f"flow {flow.parent_id} in {flow.queue!r} not released after {timeout}s "
-                f"({snap.dependencies} outstanding{where})"
-            )
-        time.sleep(poll)
-
-
-def _busy(client: EchoMQ, queues: Sequence[str]) -> bool:
-    """Whether some worker holds a job of ``queues`` now (a lease is running)."""
-    return any(client.queue(q).stats()["active"] > 0 for q in queues)
+        time.sleep(verdict.pause)
 
 
 def wait_released(client: EchoMQ, flow: FlowRef, *, timeout: float, poll: float) -> FlowSnapshot:
     """Wait until ``flow`` is released; :class:`FlowFailedError` if it failed or was
     cancelled (:func:`wait_settled` without a stall limit or logging)."""
-    snap = wait_settled(client, flow, timeout=timeout, stall_timeout=timeout, poll=poll)
+    snap = wait_settled(client, flow, timeout=timeout, stall_timeout=None, poll=poll)
     if snap.outcome != "released":
         raise flow_error(client, snap)
     return snap

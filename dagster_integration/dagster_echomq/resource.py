@@ -54,7 +54,8 @@ from dagster import (
 from pydantic import Field, PrivateAttr
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
-from echomq_core.keyspace import id_part
+from echomq_core.keyspace import MAX_ID_LENGTH, id_part
+from echomq_core.lifecycle import repair_on_readd
 from echomq_core.options import PumpOptions, describe
 from echomq_core.urls import flow_page
 
@@ -62,8 +63,8 @@ from . import steps
 from .pumps import _PumpShare
 from .reading import ADDED_LOG_PREFIX
 
-#: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``).
-_ID_TAIL_MAX = 200
+#: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``: "JOB-" and this many).
+_ID_TAIL_MAX = MAX_ID_LENGTH - len("JOB-")
 #: The tag Dagster gives every re-execution: the id of the first run of its group.
 ROOT_RUN_ID_TAG = "dagster/root_run_id"
 
@@ -289,6 +290,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         payload: Any = None,
         parent_id: str | None = None,
         max_attempts: int = 3,
+        min_success: float | None = None,
         barrier: bool = True,
         repair: bool = True,
         max_running: int | None = None,
@@ -309,6 +311,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         before its output is stored - ``echomq_cancel_sensors`` find it there and cancel it.
         Inside a step it is also noted as this step's (:mod:`dagster_echomq.steps`): should
         the IO manager refuse the step's output, it cancels the flows the step added.
+
+        ``min_success``: a success threshold (``EchoMQ.add_flow``); a retried step must pass
+        the same one.
         """
         ref = self.client.add_flow(
             queue,
@@ -316,6 +321,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             payload=payload,
             parent_id=parent_id,
             max_attempts=max_attempts,
+            min_success=min_success,
             barrier=barrier,
             max_running=max_running,
         )
@@ -324,12 +330,9 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             if self._log is not None:
                 added = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
                 self._log.info(f"{ADDED_LOG_PREFIX}{added}")
-        if (
-            repair
-            and parent_id is not None
-            and self.snapshot(ref).outcome in ("failed", "cancelled")
-        ):
-            self.client.retry_flow(ref.queue, ref.parent_id)
+        if repair and parent_id is not None:  # a fresh id holds nothing to repair
+            client = self.client
+            client.perform(repair_on_readd(client.keys, ref.queue, ref.parent_id, repair=True))
         return ref
 
     def snapshot(self, flow: FlowRef) -> FlowSnapshot:

@@ -59,6 +59,14 @@ def add_parser(sub: Any) -> None:
         metavar="S",
         help="seconds between the pages' live updates (default %(default)s)",
     )
+    d.add_argument(
+        "--pending-alert",
+        type=seconds(1.0, 30 * 86400),
+        default=300.0,
+        metavar="S",
+        help="highlight a queue whose oldest pending job is older than S seconds "
+        "(default %(default)s)",
+    )
     add_connection_options(d, url_default=env_url(), prefix_default=env_prefix())
     add_verbosity(d)
     d.set_defaults(invoke=run_dashboard)
@@ -87,7 +95,13 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise UsageError(f"--actions needs a token: set ${TOKEN_ENV} or give --token-file")
     mq = open_client(args)
     try:
-        app = create_app(mq, actions=args.actions, token=token, poll=args.poll)
+        app = create_app(
+            mq,
+            actions=args.actions,
+            token=token,
+            poll=args.poll,
+            pending_alert=args.pending_alert,
+        )
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

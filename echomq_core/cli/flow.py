@@ -21,6 +21,7 @@ from ..errors import JobNotFound
 from ..inspection import flow_counts, read_tree
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..models import FlowCap, FlowSummary
+from ..waiting import FlowWait
 from .common import (
     CommandFailed,
     Progress,
@@ -46,7 +47,7 @@ def add_parsers(sub: Any) -> None:
         "and its sub-flows as a tree; then its dead children with their errors (a failed "
         "sub-flow by the leaf that raised) and the last traceback of the first (of each with "
         "--tracebacks). --watch shows a progress bar until the "
-        "parent is released (exit 0) or failed (exit 1).",
+        "parent is released (exit 0), or failed or cancelled (exit 1).",
     )
     show.add_argument("queue", metavar="QUEUE", help="the parent's queue")
     show.add_argument("parent_id", metavar="PARENT_ID", help="the parent's job id")
@@ -63,7 +64,8 @@ def add_parsers(sub: Any) -> None:
         type=seconds(0.01),
         default=0.5,
         metavar="S",
-        help="with --watch: seconds between reads (default %(default)s)",
+        help="with --watch: the most seconds between reads, the first ones come sooner "
+        "(default %(default)s)",
     )
     show.add_argument(
         "--failures",
@@ -164,9 +166,7 @@ def run_flow_show(args: argparse.Namespace) -> int:
         snap = mq.snapshot(args.queue, args.parent_id)
         if snap.parent_state is None and snap.total == 0:
             raise CommandFailed(f"no flow {args.parent_id} in queue {args.queue!r}")
-        failed = False
-        if args.watch:
-            failed = _watch(mq, args)
+        ended = _watch(mq, args) if args.watch else None
         tree = read_tree(mq, args.queue, args.parent_id)
         died = tree.snap.failed + tree.snap.ignored
         failures = (
@@ -185,8 +185,8 @@ def run_flow_show(args: argparse.Namespace) -> int:
             if failures:
                 shown = render_failures(failures, args.failures, died, tracebacks=args.tracebacks)
                 print("\n".join(shown))
-        if failed:
-            raise CommandFailed(f"flow {args.parent_id} failed")
+        if ended:
+            raise CommandFailed(f"flow {args.parent_id} {ended}")
     finally:
         mq.close()
     return 0
@@ -202,29 +202,30 @@ def cap_line(cap: FlowCap) -> str:
     )
 
 
-def _watch(mq: EchoMQ, args: argparse.Namespace) -> bool:
-    """Show a progress bar until the parent is released (False) or failed (True)."""
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+def _watch(mq: EchoMQ, args: argparse.Namespace) -> str | None:
+    """Show a progress bar until the parent is released (None), or failed or cancelled (which
+    of the two)."""
+    wait = FlowWait(args.queue, args.parent_id, poll=args.interval, timeout=args.timeout)
     progress: Progress | None = None
     try:
         while True:
-            snap = mq.snapshot(args.queue, args.parent_id)
+            verdict = mq.perform(wait.read(mq.keys))
+            snap = verdict.snap
             if progress is None:
                 progress = Progress(snap.total, enabled=not args.json)
-            done = snap.released or snap.parent_state == "failed"
             progress.update(
                 snap.settled,
                 "" if snap.parent_state == "held" else f"parent {snap.parent_state}",
-                final=done,
+                final=verdict.done and not verdict.gave_up,
             )
-            if done:
-                return snap.parent_state == "failed"
-            if deadline is not None and time.monotonic() >= deadline:
+            if verdict.gave_up:
                 raise CommandFailed(
                     f"flow {args.parent_id} not settled after {args.timeout}s "
                     f"({snap.dependencies:,} outstanding)"
                 )
-            time.sleep(args.interval)
+            if verdict.done:
+                return verdict.kind if verdict.never_released else None
+            time.sleep(verdict.pause)
     finally:
         if progress is not None:
             progress.close()
@@ -278,7 +279,10 @@ def run_flow_ls(args: argparse.Namespace) -> int:
         print(f"no {state}flows under {where}{past}")
         return 0
     errors = any(f.error for f in flows)
+    controls = any(f.controls for f in flows)
     headers = ["queue", "parent id", "state", "N", "settled", "age", "in state"]
+    if controls:
+        headers.append("controls")
     rows = [
         [
             f.queue,
@@ -288,6 +292,7 @@ def run_flow_ls(args: argparse.Namespace) -> int:
             f"{f.settled:,}",
             fmt_ago(f.age),
             fmt_ago(f.since),
+            *([f.controls] if controls else []),
             *([_clip(f.error or "")] if errors else []),
         ]
         for f in flows

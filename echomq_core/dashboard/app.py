@@ -13,9 +13,11 @@ under ``echomq dashboard`` and inside Airflow's api-server under ``/echomq``):
                                           snapshot only, one command per poll; ``.../values``)
 ``GET /dead/<queue>?offset=``             dead jobs, newest first, each with its flow to repair
 ``GET /poison/<queue>``                   poisoned signals with their reasons
+``GET /job/...``, ``/queue/...``,         one job, a queue's jobs by state, a flow's children
+``/flow/.../children``                    in spec order: see :mod:`.browsing`
 ``GET /metrics``                          Prometheus text format (:mod:`echomq_core.metrics`)
 ``POST /flow/<queue>/<id>/cancel|retry|close``, ``POST /poison/<queue>/replay``, ``POST /login``,
-``POST /logout``: see :mod:`.security` for who may.
+``POST /logout``, ``POST /job/<queue>/<id>/retry|cancel``: see :mod:`.security` for who may.
 ========================================  ==============================================
 
 Names in a path are quoted whole (:func:`echomq_core.urls.flow_page`): queue names and ids may
@@ -26,6 +28,7 @@ takes the rest of the path.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -42,13 +45,15 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..browse import oldest_pending
 from ..client import EchoMQ
 from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..metrics import QueueCollector
 from ..pump import poison_replay
-from ..urls import FLOW_PATH, flow_page, split_flow_path
+from ..urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page, split_flow_path
 from . import reads
+from .browsing import Browsing
 from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
 
 log = logging.getLogger(__name__)
@@ -56,7 +61,9 @@ HERE = Path(__file__).resolve().parent
 
 #: A flow's JSON twin, and what may follow the flow's names in its path and in a POST's.
 API_FLOW_PATH = "/api" + FLOW_PATH
-API_TAILS = ("values",)
+API_TAILS = ("values", "children")
+#: What may follow a flow's names in a GET of its page.
+PAGE_TAILS = ("children",)
 ACTIONS = ("cancel", "retry", "close")
 
 
@@ -80,9 +87,11 @@ def flow_names(request: Request, under: str, tails: tuple[str, ...] = ()) -> tup
     return check_queue(queue), check_job_id(pid), tail
 
 
-class Dashboard:
+class Dashboard(Browsing):
     """The app's state: the client, the guard, the templates and the server-side collector
-    (shared by the overview and ``/metrics``, so both see the same outbox-head ages)."""
+    (shared by the overview and ``/metrics``, so both see the same outbox-head ages).
+    ``pending_alert``: the age in seconds past which a queue's oldest pending job is
+    highlighted on the overview."""
 
     def __init__(
         self,
@@ -92,9 +101,15 @@ class Dashboard:
         token: str | None = None,
         poll: float = 2.0,
         title: str = "EchoMQ",
+        pending_alert: float = 300.0,
     ) -> None:
         if not 0.2 <= poll <= 3600:
             raise InvalidArgument(f"poll must be 0.2 to 3600 seconds, got {poll!r}")
+        if not 0 < pending_alert <= 30 * 86400:
+            raise InvalidArgument(
+                f"pending_alert must be 0 to 30 days in seconds, got {pending_alert!r}"
+            )
+        self.pending_alert = pending_alert
         self.client = client
         self.guard = Guard(actions, token)
         self.poll = poll
@@ -108,6 +123,12 @@ class Dashboard:
             undefined=jinja2.StrictUndefined,
         )
         self.env.filters["ago"] = _ago
+        self.env.filters["when"] = _when
+        # JSON for reading (tojson's \u003c escapes are for <script>; this is text, escaped
+        # as all text is)
+        self.env.filters["shown"] = lambda v, indent=None: json.dumps(
+            v, indent=indent, ensure_ascii=False, default=repr
+        )
         self.env.filters["q"] = lambda s: quote(str(s), safe="")
 
     # -- rendering -------------------------------------------------------------------------
@@ -118,6 +139,8 @@ class Dashboard:
             **{"live": "", **ctx},
             base=base,
             flow_url=lambda queue, pid, tail="": flow_page(base, queue, pid, tail),
+            job_url=lambda queue, job_id, tail="": job_page(base, queue, job_id, tail),
+            queue_url=lambda queue: queue_page(base, queue),
             title=self.title,
             poll_ms=int(self.poll * 1000),
             actions=self.guard.enabled,
@@ -130,19 +153,32 @@ class Dashboard:
         return HTMLResponse(page, status_code=status)
 
     # -- reads -----------------------------------------------------------------------------
+    def _readings(self) -> tuple[list[Any], dict[str, float | None]]:
+        """The collector's readings and each queue's oldest pending age (two round trips more,
+        :func:`echomq_core.browse.oldest_pending`)."""
+        readings = self.collector.read()
+        ages = self.client.perform(oldest_pending(self.client.keys, [r.queue for r in readings]))
+        return readings, ages
+
     def overview(self, request: Request) -> Response:
         started = time.perf_counter()
-        readings = self.collector.read()
+        readings, ages = self._readings()
         return self.render(
             request,
             "queues.html",
             readings=readings,
+            ages=ages,
+            alert_after=self.pending_alert,
             live="api/queues",
             took=time.perf_counter() - started,
         )
 
     def api_queues(self, request: Request) -> Response:
-        return JSONResponse({"queues": {r.queue: r.to_dict() for r in self.collector.read()}})
+        readings, ages = self._readings()
+        queues = {
+            r.queue: {**r.to_dict(), "oldest_pending_age": ages.get(r.queue)} for r in readings
+        }
+        return JSONResponse({"queues": queues, "pending_alert": self.pending_alert})
 
     def _flow_args(self, request: Request) -> tuple[str | None, str | None, int]:
         queue = request.query_params.get("queue") or None
@@ -174,8 +210,7 @@ class Dashboard:
             flows.setdefault(f.queue, {})[f.parent_id] = f.to_dict()
         return JSONResponse({"counts": found.counts, "flows": flows})
 
-    def _flow(self, request: Request) -> reads.FlowPage:
-        queue, pid, _ = flow_names(request, FLOW_PATH)
+    def _flow(self, queue: str, pid: str, request: Request) -> reads.FlowPage:
         cursor = _int_param(request, "cursor", 0, 2**63)
         found = reads.flow_page(self.client, queue, pid, cursor)
         if found is None:
@@ -183,7 +218,10 @@ class Dashboard:
         return found
 
     def flow(self, request: Request) -> Response:
-        found = self._flow(request)
+        queue, pid, tail = flow_names(request, FLOW_PATH, PAGE_TAILS)
+        if tail == "children":
+            return self.children(request, queue, pid)
+        found = self._flow(queue, pid, request)
         s = found.tree.snap
         return self.render(
             request,
@@ -197,6 +235,8 @@ class Dashboard:
     def api_flow(self, request: Request) -> Response:
         """``/api/flow/<queue>/<id>``: the snapshot; ``.../values``: a page of values."""
         queue, pid, tail = flow_names(request, API_FLOW_PATH, API_TAILS)
+        if tail == "children":
+            return self.api_children(request, queue, pid)
         if tail == "values":
             cursor = _int_param(request, "cursor", 0, 2**63)
             next_cursor, values = reads.values_page(self.client, queue, pid, cursor)
@@ -342,11 +382,15 @@ def create_app(
     token: str | None = None,
     poll: float = 2.0,
     title: str = "EchoMQ",
+    pending_alert: float = 300.0,
 ) -> Starlette:
     """The dashboard for ``client``'s keyspace. Read-only unless ``actions`` and ``token``
     (:class:`~echomq_core.errors.ConfigurationError` for actions without a token); ``poll``:
-    seconds between the pages' live updates."""
-    d = Dashboard(client, actions=actions, token=token, poll=poll, title=title)
+    seconds between the pages' live updates; ``pending_alert``: seconds past which a queue's
+    oldest pending job is highlighted."""
+    d = Dashboard(
+        client, actions=actions, token=token, poll=poll, title=title, pending_alert=pending_alert
+    )
 
     def sync(fn: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -382,6 +426,11 @@ def create_app(
         Route("/api/queues", sync(d.api_queues)),
         Route("/api/flows", sync(d.api_flows)),
         Route(API_FLOW_PATH + "{rest:path}", sync(d.api_flow)),
+        Route(JOB_PATH + "{rest:path}", sync(d.job)),
+        Route("/api" + JOB_PATH + "{rest:path}", sync(d.api_job)),
+        Route(QUEUE_PATH + "{queue:path}", sync(d.queue_jobs)),
+        Route("/api" + QUEUE_PATH + "{queue:path}", sync(d.api_queue_jobs)),
+        Route(JOB_PATH + "{rest:path}", guarded(d.job_action), methods=["POST"]),
         Route(flow, guarded(d.flow_action), methods=["POST"]),
         Route("/poison/{queue:path}/replay", guarded(d.replay), methods=["POST"]),
         Route("/dead/{queue:path}/retry", guarded(d.retry_dead), methods=["POST"]),
@@ -415,6 +464,18 @@ def _int_param(request: Request, name: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidArgument(f"{name} must be {low} to {high}, got {value}")
     return value
+
+
+def _when(ms: float | None) -> str:
+    """A server timestamp (ms) as UTC time and how long ago, for a page."""
+    if ms is None:
+        return "-"
+    import datetime
+
+    at = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    ago = time.time() - ms / 1000
+    rel = f"{_ago(ago)} ago" if ago >= 0 else f"in {_ago(-ago)}"
+    return f"{at:%Y-%m-%d %H:%M:%S}Z ({rel})"
 
 
 def _ago(seconds: float | None) -> str:

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..browse import JobDetail
 from ..calls import Call, Op
 from ..client import EchoMQ
 from ..errors import JobNotFound
 from ..flows import scan_page
 from ..inspection import FlowNode, flow_counts, read_tree
-from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
-from ..models import ChildFailure, FlowSummary, JobInfo
+from ..keyspace import FLOW_INDEXES, check_job_id, check_queue, derived_index
+from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
 from ..pump import parse_signal, poison_list
 
 #: Rows per page of a list (flows per state, dead jobs, poisoned signals, children's values).
@@ -65,17 +66,40 @@ class FlowPage:
     cursor: int  # the next page of values (0: none)
     up: JobInfo | None  # this flow's own row: its parent when it is a sub-flow
     root: tuple[str, str] | None = None  # (queue, id) of the root flow, when it is a sub-flow
+    controls: dict[str, str] = field(default_factory=dict)  # see controls()
 
 
 def flow_status(mq: EchoMQ, queue: str, parent_id: str) -> dict[str, Any] | None:
     """What a flow's page polls for live progress: its snapshot - ONE script call, whatever
-    the flow's size (the tree and the values are read when the page loads, not per poll);
+    the flow's size (the tree and the values are read when the page loads, not per poll),
+    and for a flow with a ``max_running`` cap its use (``flow_cap``: one round trip more);
     None when there is no such flow."""
     snap = mq.snapshot(check_queue(queue), check_job_id(parent_id))
     if snap.parent_state is None and snap.total == 0:
         return None
     flow = {**snap.to_dict(), "released": snap.released}
-    return {"flow": flow, "settled": snap.settled, "outcome": snap.outcome}
+    return {
+        "flow": flow,
+        "settled": snap.settled,
+        "outcome": snap.outcome,
+        "controls": controls(mq, snap),
+    }
+
+
+def controls(mq: EchoMQ, snap: FlowSnapshot) -> dict[str, str]:
+    """A flow's flow-control lines, as the page shows them: ``running`` (admitted / cap, and
+    how many wait for a token) for a capped flow, ``threshold`` (failed so far / allowed) for
+    a flow with ``min_success``; empty for a flow with neither."""
+    out = {}
+    if snap.cap is not None:
+        use = mq.flow_cap(snap.queue, snap.parent_id)
+        if use is not None:
+            out["running"] = (
+                f"{use.admitted:,} / {use.cap:,} running, {use.waiting:,} waiting for a token"
+            )
+    if snap.allowed is not None:
+        out["threshold"] = f"{snap.failed:,} failed / {snap.allowed:,} allowed"
+    return out
 
 
 def values_page(
@@ -84,12 +108,12 @@ def values_page(
     """One HSCAN page of a flow's children's values from ``cursor``: (next cursor, 0 at the
     end; {child id: value}). About :data:`PAGE` values, or the whole hash while the server
     keeps it compact (listpack: up to 128 or 512 entries by default): HSCAN returns those in
-    one go."""
+    one go. The page is in spec order (the children page lists them all in that order)."""
     check_queue(queue)
     check_job_id(parent_id)
     next_cursor, raw = mq.perform(scan_page(mq.keys.processed(queue, parent_id), cursor, PAGE))
     values = {}
-    for child_id, value in raw.items():
+    for child_id, value in sorted(raw.items(), key=lambda kv: _spec_order(parent_id, kv[0])):
         try:
             values[child_id] = mq.serializer.loads(value)
         except Exception:  # shown as it is stored
@@ -127,6 +151,7 @@ def flow_page(mq: EchoMQ, queue: str, parent_id: str, cursor: int = 0) -> FlowPa
         next_cursor,
         up,
         root,
+        controls(mq, snap),
     )
 
 
@@ -143,6 +168,20 @@ def root_of(mq: EchoMQ, job: JobInfo) -> tuple[str, str] | None:
         except JobNotFound:
             return (up.queue, up.id)
     return (at.queue, at.id)
+
+
+@dataclass(slots=True)
+class JobView:
+    """A job's page: the job (:func:`echomq_core.browse.job_detail`) and, for a flow's child,
+    the root flow a repair or cancel acts on (up to :data:`MAX_UP` row reads more)."""
+
+    detail: JobDetail
+    root: tuple[str, str] | None = None
+
+
+def job_view(mq: EchoMQ, detail: JobDetail) -> JobView:
+    info = detail.info
+    return JobView(detail, root_of(mq, info) if info.parent is not None else None)
 
 
 @dataclass(slots=True)
@@ -206,6 +245,12 @@ def poisoned(mq: EchoMQ, queue: str, count: int = PAGE) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _spec_order(parent_id: str, child_id: str) -> tuple[int, str]:
+    """Children by position where their ids are derived (``.2`` before ``.10``), else by id."""
+    index = derived_index(parent_id, child_id)
+    return (1 << 62, child_id) if index is None else (index, "")
 
 
 def _text(value: Any) -> str:

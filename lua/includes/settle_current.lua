@@ -2,6 +2,7 @@
 -- @include push_signals
 -- @include claimable
 -- @include threshold_error
+-- @include park
 -- settle_current(pk, parent_id, parent_queue, q, items, now, row): settle items of ONE parent's
 -- current flow, on the parent's slot (settle.lua has dropped other generations' reports).
 --   pk    = {row, dependencies, processed, unsuccessful, failed, explicit} keys of the parent
@@ -33,16 +34,25 @@
 -- |:processed| + |:unsuccessful| + |:failed| + dependencies = N (:failed is empty in a flow
 -- without a threshold). The death that makes |:failed| exceed `allow` fails the parent at
 -- once (the error names the count, the allowance and some of the failures) and marks the row
--- `tipped` = now; a signal 'x' (child id = parent id, value = that mark) goes into the
--- parent queue's outbox: its drainer cancels the flow's children that have not started
--- (lifecycle.stop_unstarted; the Pump that delivered the death runs it at once too) and marks
--- the row `stopped` = the same value, so a redelivered 'x' changes nothing.
+-- `tipped` = now. In that same step its children on this slot (those in the parent's queue)
+-- that are pending or retrying are parked, out of reach of every claim (park.lua): at most
+-- PARK_AT_TIP of them, so the step stays bounded (a flow of more children: the window of
+-- derived ids from the tipping child's index on, where FIFO claims are about to go; the
+-- host's follow-up parks the rest), and only derived ids of a flow without explicit ids (the
+-- ids surely its own; a flow with explicit ids is parked by the follow-up, which reads them).
+-- A signal 'x' (child id = parent id, value = that mark) goes into the parent queue's
+-- outbox: its drainer parks the flow's children in its other queues, cancels every child that
+-- has not started (lifecycle.stop_unstarted; the Pump that delivered the death runs it at
+-- once too) and marks the row `stopped` = the same value, so a redelivered 'x' changes
+-- nothing.
 -- Owner of what it writes: :processed/:unsuccessful/:failed records, the counter and the
 -- row's fields go with the flow's expiry (expire.lua / forget.lua / drop.lua); flows:* entries
 -- move on with the flow's state and are dropped at expiry; a released worker-run parent's
 -- pending entry is claimed (its wake member popped by idle workers); the upward signal is
 -- trimmed by the Pump, and the outbox:wake member set with it is popped by an idle Pump.
 -- Returns: statuses, event, as settle.lua.
+local PARK_AT_TIP = 5000  -- ids parked in the tipping step (park.lua: two ZMSCOREs per 1,000)
+
 local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   local statuses = {}
   local state, barrier, root = row[1], row[2], not row[3]
@@ -110,6 +120,22 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
     if failures then
       err = threshold_error(pk[5], failures, allow, first_failure[1]) .. '; ' .. err
       redis.call('HSET', pk[1], 'tipped', now)
+      -- the children in this queue stop now (see above)
+      local info = redis.call('HMGET', pk[1], 'total', 'cq')
+      local here = false
+      for name in string.gmatch(info[2] or '', '%S+') do
+        if name == parent_queue then here = true end
+      end
+      if here and redis.call('HLEN', pk[6]) == 0 then
+        local total, stem, from = tonumber(info[1]) or 0, parent_id .. '.', 0
+        if row[4] then stem = parent_id .. '.g' .. row[4] .. '.' end
+        local tipper = first_failure[1]
+        if total > PARK_AT_TIP and string.sub(tipper, 1, #stem) == stem then
+          local i = tonumber(string.match(string.sub(tipper, #stem + 1), '^%d+$') or '0')
+          from = math.max(0, math.min(i, total - PARK_AT_TIP))
+        end
+        park(q, stem, from, math.min(total, from + PARK_AT_TIP), {}, nil)
+      end
       push_signals(q.outbox, q.outbox_wake, {signal('x', parent_id, parent_queue, parent_id, now)})
     end
     redis.call('HSET', pk[1], 'state', 'failed', 'error', err, 'finished', now)

@@ -146,6 +146,49 @@ def test_flow_pages_of_derived_ids_open_in_the_api_server(
     mq.close()
 
 
+def test_job_children_and_queue_pages_open_in_the_api_server(
+    api_server: _Served, echomq_conn: str, prefix: str, standalone_server: Any
+) -> None:
+    """Under ``/echomq``: a provider-derived flow's children page (linked from its flow page),
+    each child's job page (linked from there; the ids hold '/'), the job's link back up, the
+    queue's pages by state; every link the pages render stays under the mount."""
+    import html
+    import re
+
+    from echomq_provider.plugins.links import flow_url
+
+    from echomq_core import Child, EchoMQ
+
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    parent = parent_id_for("echomq_fan_out", "manual__2026-01-01T00:00:00+00:00", "fan_out", 4)
+    mq.add_flow("af-parents", [Child(i, queue="af-kids") for i in range(3)], parent_id=parent)
+
+    def get(path: str) -> str:
+        status, page = api_server.request("GET", path)
+        assert status == 200, (path, page[-500:])
+        assert not re.findall(r'(?:href|action)="/(?!echomq)', page), path  # all under the mount
+        return page
+
+    def hrefs(page: str, under: str) -> list[str]:
+        found = re.findall(r'(?:href|action)="([^"]*)"', page)
+        return [html.unescape(h) for h in found if html.unescape(h).startswith(under)]
+
+    flow = get(flow_url("af-parents", parent))
+    (children,) = {h for h in hrefs(flow, "/echomq/flow/") if h.endswith("/children")}
+    jobs = hrefs(get(children), "/echomq/job/")
+    assert len(jobs) == 3 and all("%2F" in h for h in jobs)
+    for i, href in enumerate(jobs):
+        page = get(href)
+        assert f'<code id="job-id">{html.escape(parent)}.{i}</code>' in page
+        (up,) = re.findall(r'href="([^"]*)" id="job-parent"', page)
+        assert html.unescape(up) == flow_url("af-parents", parent)
+    status, doc = api_server.request("GET", "/echomq/api" + jobs[0][len("/echomq") :])
+    assert status == 200 and f'"id":"{parent}.0"' in doc.replace(" ", "")
+    pending = get("/echomq/queue/af-kids?state=pending")
+    assert hrefs(pending, "/echomq/job/") == jobs
+    mq.close()
+
+
 def test_flow_task_instances_link_to_their_flow_page(
     airflow_db: Path, echomq_conn: str, start_worker: Callable[..., Any], api_server: _Served
 ) -> None:

@@ -178,11 +178,12 @@ class Browser:
             time.sleep(0.05)
 
     def click(self, selector: str) -> None:
-        """A real click: mouse pressed and released at the element's centre."""
+        """A real click: mouse pressed and released at the centre of the element's first box
+        (a link that wraps onto two lines has nothing of it at its bounding box's centre)."""
         box = self.js(
             f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
             " if (!e) return null; e.scrollIntoView({block: 'center'});"
-            " const r = e.getBoundingClientRect();"
+            " const r = e.getClientRects()[0] || e.getBoundingClientRect();"
             " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
         )
         if box is None:

@@ -10,6 +10,7 @@ Screenshots: each test writes its pages' PNGs to a temporary folder; with
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -303,4 +304,101 @@ def test_sign_in_then_cancel_and_repair_by_clicking(
     browser.wait_for("document.querySelector('#notice') !== null")
     assert "queued again" in browser.text("#notice")
     assert client.queue("dk-plain").get_job(scenario.dead_job).state == "pending"
+    assert browser.errors() == []
+
+
+def test_job_queue_and_children_pages_in_chromium(
+    browser: Browser, client: EchoMQ, readonly: Dashboard, shots: Path
+) -> None:
+    """From a failed flow to why: the flow page's failed child opens its job page (error,
+    traceback, payload as text), the children page lists the flow in spec order with a
+    filter and find-by-id, and a queue's pending jobs page in claim order with find-by-id."""
+    from echomq_core import Child
+
+    ref = failing_flow(client)
+    bad, _ = client.child_failures(ref.queue, ref.parent_id)
+    browser.goto(flow_url(readonly, ref.queue, ref.parent_id))
+    browser.click(f'#failed-children tr[data-child="{bad.job_id}"] a')
+    browser.wait_for("document.querySelector('#job-state') !== null")
+    assert browser.text("#job-id") == bad.job_id and browser.text("#job-state") == "dead"
+    assert BAD_ROW in browser.text("#job-traceback")
+    assert json.loads(browser.text("#job-payload")) == {"row": BAD_ROW}  # as text, not a tag
+    assert browser.js("document.querySelectorAll('main script').length") == 0
+    assert browser.errors() == []
+    browser.screenshot(shots / "job.png")
+    browser.click("#job-parent")  # back to the flow, then to its children
+    browser.wait_for("document.querySelector('#children-link') !== null")
+    browser.click("#children-link")
+    browser.wait_for("document.querySelector('#children') !== null")
+    rows = browser.js(
+        "[...document.querySelectorAll('#children tbody tr')].map(r => r.dataset.child)"
+    )
+    assert rows == [f"{ref.parent_id}.{i}" for i in range(6)]
+
+    big = client.add_flow("dk-big", [Child(i) for i in range(2_000)], barrier=True)
+    q = client.queue("dk-big")
+    jobs = q.claim(30)
+    q.complete_many([(j, {"square": j.payload**2}) for j in jobs[:25]])
+    for j in jobs[25:28]:
+        q.fail(j, f"ValueError: row {j.payload} has no customer_id", retry=False)
+    q.release(jobs[28:])
+    timings: dict[str, float] = {}
+    load(browser, flow_url(readonly, "dk-big", big.parent_id) + "/children", timings, "children")
+    browser.type_into("#find", f"{big.parent_id}.1234")
+    browser.click("#find-go")
+    browser.wait_for("document.querySelector('tr.found') !== null")
+    assert browser.js("document.querySelector('tr.found').dataset.child") == f"{big.parent_id}.1234"
+    load(browser, flow_url(readonly, "dk-big", big.parent_id) + "/children", timings, "children")
+    browser.screenshot(shots / "children.png")
+    browser.click('#shows a[data-show="failed"]')
+    browser.wait_for("location.search.includes('show=failed')")
+    assert browser.js("document.querySelectorAll('#children tbody tr').length") == 3
+    browser.type_into("#search", "row 27")
+    browser.click("#search-go")
+    browser.wait_for("document.querySelector('#matches') !== null")
+    assert browser.js(
+        "[...document.querySelectorAll('#matches tbody tr')].map(r => r.dataset.child)"
+    ) == [f"{big.parent_id}.27"]
+
+    plain = client.queue("dk-plain")
+    ids = plain.add_bulk([JobSpec({"n": i}) for i in range(60)])
+    load(browser, f"{readonly.base}/queue/dk-plain", timings, "queue")
+    listed = browser.js("[...document.querySelectorAll('#jobs tbody tr')].map(r => r.dataset.job)")
+    assert listed == ids[:50]
+    browser.screenshot(shots / "queue.png")
+    browser.type_into("#find", ids[42])
+    browser.click("#find-go")
+    browser.wait_for("document.querySelector('#job-id') !== null")
+    assert browser.text("#job-id") == ids[42] and browser.text("#job-state") == "pending"
+    assert browser.errors() == []
+    print("page loads (s):", {k: round(v, 3) for k, v in timings.items()})
+
+
+def test_retry_from_the_job_page_by_clicking(
+    browser: Browser, scenario: Scenario, actions: Dashboard, client: EchoMQ, shots: Path
+) -> None:
+    """The job page's Retry: not offered before signing in (and a POST without the session
+    and CSRF field is refused), offered and done after."""
+    dead = scenario.dead_job
+    page = f"{actions.base}/job/dk-plain/{quote(dead, safe='')}"
+    browser.goto(page)
+    assert browser.js("document.querySelector('#retry') === null")
+    assert "Sign in" in browser.text("#actions")
+    # a forged POST from the page's own origin, without a session: refused, nothing changes
+    status = browser.js(
+        f"fetch('{page}/retry', {{method: 'POST', headers: {{'content-type': "
+        "'application/x-www-form-urlencoded'}, body: 'csrf=x'}).then(r => r.status)"
+    )
+    assert status == 403 and client.queue("dk-plain").get_job(dead).state == "dead"
+    browser.goto(f"{actions.base}/login")
+    browser.type_into("#token", TOKEN)
+    browser.click("#login")
+    browser.wait_for("document.querySelector('#mode').textContent.includes('actions on')")
+    browser.goto(page)
+    browser.screenshot(shots / "job-actions.png")
+    browser.click("#retry")
+    browser.wait_for("document.querySelector('#notice') !== null")
+    assert "queued again" in browser.text("#notice")
+    assert browser.text("#job-state") == "pending"
+    assert client.queue("dk-plain").get_job(dead).state == "pending"
     assert browser.errors() == []

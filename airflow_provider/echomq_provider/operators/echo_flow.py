@@ -82,7 +82,9 @@ from airflow.sdk import BaseOperator
 from echomq_core import FlowConflict, FlowRef, InvalidInput
 from echomq_core.checks import check_int, check_seconds
 from echomq_core.keyspace import check_queue
+from echomq_core.lifecycle import repair_on_readd
 from echomq_core.ops import gc_paused
+from echomq_core.waiting import FlowWait
 
 from .._compat import AirflowFailException, AirflowSkipException
 from ..errors import TooManyValues
@@ -96,9 +98,6 @@ if TYPE_CHECKING:
 
 #: The choices of ``on_conflict``.
 ON_CONFLICT = ("fail", "replace")
-#: The first pause between two reads of a flow waited on in the task's process; each pause
-#: is half as long again as the one before, up to ``poll_interval``.
-FIRST_POLL = 0.005
 
 
 class EchoFlowOperator(FlowWaiting, BaseOperator):
@@ -124,6 +123,9 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         Airflow retry must keep it: a re-add with another cap fails the task.
     :param parent_id: an explicit parent id (``JOB-...``). Leave it unset to get the derived,
         retry-safe id; an explicit one must be just as stable across tries.
+    :param min_success: a success threshold (``EchoMQ.add_flow(min_success=)``): a fraction
+        in (0, 1] or a count of children that must succeed; the others may die without
+        failing the flow. Default None: any death fails it.
     :param barrier: True (the default): the flow is read by a sensor, not run by a worker -
         its parent is never claimed, and :class:`~echomq_provider.sensors.echo_flow.
         EchoFlowSensor` closes it once it has read the results (its retention then runs).
@@ -185,6 +187,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         max_running: int | None = None,
         parent_id: str | None = None,
         barrier: bool = True,
+        min_success: float | None = None,
         repair: bool = True,
         on_conflict: str = "fail",
         echomq_conn_id: str = EchoMQHook.default_conn_name,
@@ -240,6 +243,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         )
         self.parent_id = parent_id
         self.barrier = barrier
+        self.min_success = min_success  # checked by the add (InvalidArgument names it)
         if on_conflict not in ON_CONFLICT:
             raise InvalidInput(
                 f"{self.task_id}: on_conflict must be one of {', '.join(ON_CONFLICT)}, "
@@ -280,25 +284,21 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
             super().on_kill()
 
     def _wait(self, context: Context) -> Any:
-        started = time.monotonic()
-        deadline = None if self.wait_timeout is None else started + self.wait_timeout
-        pause = FIRST_POLL
+        wait = FlowWait(*self._target(), poll=self.poll_interval, timeout=self.wait_timeout)
         while True:
-            read = self._read(context)
-            if read is not None:
-                return self._succeed(context, *read)
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                snap = self._client().snapshot(*self._target())
+            client, verdict = self._read(context, wait)
+            if verdict.ready:
+                return self._succeed(context, client, verdict.snap)
+            if verdict.gave_up:
+                snap, why = verdict.snap, f": {verdict.hint}" if verdict.hint else ""
                 raise AirflowFailException(
                     f"flow {snap.parent_id} in queue {snap.queue!r} not released within "
                     f"wait_timeout={self.wait_timeout:g}s ({snap.dependencies} of {snap.total} "
-                    "outstanding)"
+                    f"outstanding){why}"
                 )
             if self.deferrable:
-                self._defer(self.poll_interval, left)
-            time.sleep(pause if left is None else min(pause, left))
-            pause = min(pause * 1.5, self.poll_interval)
+                self._defer(self.poll_interval, wait.left())
+            time.sleep(verdict.pause)
 
     def _check_values(self, what: str, count: int) -> None:
         """``return_values`` with more children than ``max_values`` would fail the wait at its
@@ -359,6 +359,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                     payload=self.payload,
                     parent_id=parent_id,
                     max_attempts=self.max_attempts,
+                    min_success=self.min_success,
                     barrier=self.barrier,
                     replace=self.on_conflict == "replace",
                     max_running=self.max_running,
@@ -384,7 +385,10 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
 
     def _repair_if_needed(self, ref: FlowRef) -> None:
         mq = self._client()
-        snap = mq.snapshot(ref.queue, ref.parent_id)
+        found = mq.perform(
+            repair_on_readd(mq.keys, ref.queue, ref.parent_id, repair=self.repair)
+        )
+        snap = found.snap
         if snap.outcome == "released":
             self.log.info(
                 "Flow %s was released before (%s): nothing re-runs; its results are read again",
@@ -392,19 +396,18 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                 snap.parent_state,
             )
             return
-        if snap.outcome not in ("failed", "cancelled"):
+        if found.repaired is None:
+            if found.broken:  # repair=False
+                raise AirflowFailException(
+                    f"flow {ref.parent_id} is {snap.outcome} ({snap.error}); repair=False"
+                )
             return
-        if not self.repair:
-            raise AirflowFailException(
-                f"flow {ref.parent_id} is {snap.outcome} ({snap.error}); repair=False"
-            )
-        result = mq.retry_flow(ref.queue, ref.parent_id)
         self.log.info(
             "Flow %s was %s: repaired (repair %d): %d children re-run; the %d that completed "
             "keep their values",
             ref.parent_id,
             snap.outcome,
-            result.repairs,
-            result.requeued,
+            found.repaired.repairs,
+            found.repaired.requeued,
             snap.processed,
         )

@@ -195,10 +195,10 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
             self._close()
 
     def poke(self, context: Context) -> PokeReturnValue:
-        read = self._read(context)
-        if read is None:
+        client, verdict = self._read(context)
+        if not verdict.ready:
             return PokeReturnValue(False)
-        return PokeReturnValue(True, self._succeed(context, *read))
+        return PokeReturnValue(True, self._succeed(context, client, verdict.snap))
 
     # -- FlowWaiting ----------------------------------------------------------------------
     def _flow_ref(self) -> tuple[str, str]:

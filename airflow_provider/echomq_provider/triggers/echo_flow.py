@@ -1,7 +1,9 @@
 """EchoFlowTrigger: the deferrable half of EchoFlowSensor, run by the triggerer.
 
 It polls one flow with the async client until the flow settles, then fires one event and
-ends. The event is small on purpose (it is stored in the metadata DB): a status and counts.
+ends; what each read means and when the next comes is the core's
+:class:`~echomq_core.waiting.FlowWait`, driven here with ``await``. The event is small on
+purpose (it is stored in the metadata DB): a status and counts.
 
 On success with ``end_from_trigger`` (the waiting task's default unless plugins registered
 listeners), the trigger ends the task itself: it does the reads the task would do on resuming
@@ -50,6 +52,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
+from echomq_core.waiting import CANCELLED, FAST_POLL, FlowWait
 
 from .._compat import aset_xcom, atask_state
 from ..hooks.echomq import EchoMQHook
@@ -63,10 +66,8 @@ from ..summary import (
     read_released,
 )
 
-__all__ = ["MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
+__all__ = ["FAST_POLL", "MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
 
-#: The shortest pause between two reads of a flow about to be released (see _next_sleep).
-FAST_POLL = 0.05
 
 
 class EchoFlowTrigger(BaseTrigger):
@@ -120,7 +121,7 @@ class EchoFlowTrigger(BaseTrigger):
         self.max_values = None if max_values is None else int(max_values)
         self.close_flow = bool(close_flow)
         self._client: AsyncEchoMQ | None = None
-        self._last_read: tuple[float, int] | None = None  # (monotonic time, settled children)
+        self._wait_state: FlowWait | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -246,12 +247,14 @@ class EchoFlowTrigger(BaseTrigger):
         where = f"flow {self.parent_id} in queue {self.queue!r}"
         last_progress: float | None = None
         try:
+            wait = self._flow_wait(fresh=True)
             self._client = client = await EchoMQHook(
                 self.echomq_conn_id, prefix=self.prefix
             ).aget_conn()
             while True:
-                snap = await client.snapshot(self.queue, self.parent_id)
-                if snap.outcome in ("failed", "cancelled"):
+                verdict = await client.connection.perform(wait.read(client.keys))
+                snap = verdict.snap
+                if verdict.never_released:
                     failed = await client.failed_children(self.queue, self.parent_id)
                     reported = dict(sorted(failed.items())[:MAX_REPORTED])
                     event = {
@@ -260,38 +263,45 @@ class EchoFlowTrigger(BaseTrigger):
                         "failed_count": len(failed),
                         "snapshot": snap.to_dict(),
                     }
-                    if snap.outcome == "cancelled":
+                    if verdict.kind == CANCELLED:
                         event["cancelled"] = snap.error or ""
                     return event
-                if snap.outcome == "released":
+                if verdict.ready:
                     return {"status": "success", "snapshot": snap.to_dict()}
-                if self.timeout_at is not None and time.time() >= self.timeout_at:
+                if verdict.gave_up:
+                    why = f": {verdict.hint}" if verdict.hint else ""
                     return {
                         "status": "timeout",
                         "snapshot": snap.to_dict(),
                         "message": f"{where} not released by its deadline "
-                        f"({snap.dependencies} of {snap.total} outstanding)",
+                        f"({snap.dependencies} of {snap.total} outstanding){why}",
                     }
                 now = time.monotonic()
                 if last_progress is None or now - last_progress >= PROGRESS_EVERY:
                     last_progress = now
                     log_progress(self.log, snap)
-                await asyncio.sleep(self._next_sleep(snap))
+                await asyncio.sleep(verdict.pause)
         except EchoMQError as exc:
             return {"status": "error", "message": f"{where}: {type(exc).__name__}: {exc}"}
 
+    def _flow_wait(self, *, fresh: bool = False) -> FlowWait:
+        """This run's :class:`~echomq_core.waiting.FlowWait`: pauses of ``poll_interval`` from
+        the first (the task read the flow just before it deferred), ``timeout_at`` as the
+        time left from now."""
+        if fresh or self._wait_state is None:
+            left = None if self.timeout_at is None else max(0.0, self.timeout_at - time.time())
+            self._wait_state = FlowWait(
+                self.queue,
+                self.parent_id,
+                poll=self.poll_interval,
+                timeout=left,
+                first=self.poll_interval,
+            )
+        return self._wait_state
+
     def _next_sleep(self, snap: FlowSnapshot) -> float:
-        """``poll_interval``, shortened to the time the flow should take to settle at the
-        rate it settled since the last read (at least :data:`FAST_POLL`): a flow about to be
-        released is read again about when it is, not up to ``poll_interval`` later."""
-        pause = self.poll_interval
-        now, settled = time.monotonic(), snap.settled
-        if self._last_read is not None:
-            then, before = self._last_read
-            if settled > before and now > then:
-                rate = (settled - before) / (now - then)
-                pause = min(pause, max(FAST_POLL, snap.dependencies / rate))
-        self._last_read = (now, settled)
-        if self.timeout_at is None:
-            return pause
-        return max(0.0, min(pause, self.timeout_at - time.time()))
+        """The pause after a read of ``snap`` (see :mod:`echomq_core.waiting`):
+        ``poll_interval``, shortened to the time the flow should take to settle at the rate it
+        settled since the last read (at least :data:`FAST_POLL`) and to the time left before
+        ``timeout_at``."""
+        return self._flow_wait().judge(snap).pause

@@ -29,9 +29,26 @@
     return String(value);
   }
 
+  // seconds as the server's pages write them (app.py's _ago): 12.3s, 4.5m, 1.2h, 2.0d
+  function ago(s) {
+    var units = [["d", 86400], ["h", 3600], ["m", 60]];
+    s = Math.max(0, s);
+    for (var i = 0; i < units.length; i++) {
+      if (s >= units[i][1]) {
+        return (s / units[i][1]).toFixed(1) + units[i][0];
+      }
+    }
+    return s.toFixed(1) + "s";
+  }
+
   function apply(data) {
     document.querySelectorAll("[data-k]").forEach(function (el) {
       var value = get(data, el.dataset.k.split("|"));
+      if (value === null && el.dataset.ago) {
+        value = "-";
+      } else if (typeof value === "number" && el.dataset.ago) {
+        value = ago(value);
+      }
       if (value !== undefined && value !== null && el.textContent !== show(value)) {
         el.textContent = show(value);
         el.classList.add("changed");

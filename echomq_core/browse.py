@@ -1,0 +1,281 @@
+"""Reads for browsing: one job with everything known about it, a queue's jobs by state, a
+flow's children in spec order, its failed children by error text, and the age of each
+queue's oldest pending job. The dashboard's job, queue and children pages are drawn from
+these; each read's cost is stated in its docstring and bounded by a page, never by the size
+of a queue or a flow.
+
+Spec order: child ``i`` of a node has the derived id ``<stem><i>`` (``<id>.`` or, in
+generation n of a replaced root, ``<id>.g<n>.``), so a page of children in spec order is a
+range of positions turned into ids on the host - no index of children is read. Children given
+explicit ids have no position; they are listed from the node's ``:explicit`` record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ops
+from .calls import Call, Op
+from .checks import text as _s
+from .flows import snapshot
+from .keyspace import Keyspace, check_job_id, check_queue
+from .models import FlowSnapshot, JobInfo, Serializer
+
+#: Rows per page of every list here.
+PAGE = 50
+#: The job states a queue is browsed by: each is a sorted set of the queue.
+STATES = ("pending", "active", "delayed", "dead", "completed")
+#: The filters of a flow's children.
+SHOWS = ("all", "completed", "failed", "ignored", "pending")
+#: The most positions one filtered page of children walks (child_scan.lua: at most three
+#: HEXISTS each), and the most records one search by error text reads.
+BUDGET = 20_000
+#: The row fields a list shows of each job.
+ROW = ("attempts", "max_attempts", "parent", "parent_queue", "error", "state", "total", "created")
+#: 2^40: pending scores are priority * 2^40 + arrival number.
+PRIORITY_UNIT = 1 << 40
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(float(value))
+
+
+def _error(raw: Any) -> str | None:
+    """A death record without its repair-epoch prefix (``\\1<epoch>\\1<error>``)."""
+    if raw is None:
+        return None
+    text = _s(raw)
+    if text.startswith("\1"):
+        text = text.split("\1", 2)[-1]
+    return text
+
+
+def _scored(flat: Any) -> list[tuple[str, float]]:
+    if flat and isinstance(flat[0], list | tuple):
+        return [(_s(m), float(sc)) for m, sc in flat]
+    return [(_s(m), float(sc)) for m, sc in zip(flat[::2], flat[1::2], strict=True)]
+
+
+# -- one job -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class JobDetail:
+    """A job as the job page shows it: :class:`JobInfo` and what no single read of the row
+    holds - its lease (token and deadline: the token is per claim, made by the worker's
+    claim), its due time when delayed, its pending priority, when it was added, and for a
+    parent its flow's counts."""
+
+    info: JobInfo
+    created_ms: int | None = None
+    lease: str | None = None
+    deadline_ms: int | None = None
+    due_ms: int | None = None
+    priority: int | None = None
+    timeout_ms: int | None = None
+    flow: FlowSnapshot | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        i = self.info
+        return {
+            "queue": i.queue,
+            "id": i.id,
+            "state": i.state,
+            "attempts": i.attempts,
+            "max_attempts": i.max_attempts,
+            "stalls": i.stalls,
+            "payload": _jsonable(i.payload),
+            "result": _jsonable(i.result),
+            "error": i.error,
+            "traceback": i.traceback,
+            "parent": None if i.parent is None else {"queue": i.parent.queue, "id": i.parent.id},
+            "created_ms": self.created_ms,
+            "finished_ms": i.finished_ms,
+            "lease": self.lease,
+            "deadline_ms": self.deadline_ms,
+            "due_ms": self.due_ms,
+            "priority": self.priority,
+            "timeout_ms": self.timeout_ms,
+            "flow": None if self.flow is None else self.flow.to_dict(),
+        }
+
+
+def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobDetail | None]:
+    """One job, or None when the id names none. Cost: two round trips (the inspect script;
+    then the lease token, three ZSCOREs and one HMGET of the row), three for a parent (its
+    flow's snapshot script)."""
+    check_queue(queue)
+    check_job_id(job_id)
+    info = yield from ops.inspect(ks, queue, job_id, ser)
+    if info is None:
+        return None
+    lease, deadline, due, score, (created, timeout) = yield [
+        Call.cmd("HGET", ks.leases(queue), job_id),
+        Call.cmd("ZSCORE", ks.active(queue), job_id),
+        Call.cmd("ZSCORE", ks.delayed(queue), job_id),
+        Call.cmd("ZSCORE", ks.pending(queue), job_id),
+        Call.cmd("HMGET", ks.job(queue, job_id), "created", "timeout"),
+    ]
+    out = JobDetail(
+        info,
+        _int(created),
+        _s(lease) if lease is not None else None,
+        _int(deadline),
+        _int(due),
+        int(float(score)) // PRIORITY_UNIT if score is not None else None,
+        _int(timeout),
+    )
+    if info.total is not None:
+        out.flow = yield from snapshot(ks, queue, job_id)
+    return out
+
+
+# -- a queue by state ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class JobRow:
+    """One row of a list: the job's id, its score in the list's set (a deadline, a due time,
+    a time of death or finish in ms; for pending the priority * 2^40 + arrival number) and
+    the :data:`ROW` fields it shows."""
+
+    id: str
+    score: float
+    attempts: int = 0
+    max_attempts: int = 1
+    parent: tuple[str, str] | None = None  # (queue, id)
+    error: str | None = None
+    state: str | None = None
+    total: int | None = None
+    created_ms: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "score": self.score,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "parent": None if self.parent is None else list(self.parent),
+            "error": self.error,
+            "state": self.state,
+            "total": self.total,
+            "created_ms": self.created_ms,
+        }
+
+
+@dataclass(slots=True)
+class QueuePage:
+    queue: str
+    state: str
+    total: int
+    offset: int
+    rows: list[JobRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "state": self.state,
+            "total": self.total,
+            "offset": self.offset,
+            "jobs": [r.to_dict() for r in self.rows],
+        }
+
+
+def _row(queue: str, job_id: str, score: float, values: Any) -> JobRow:
+    attempts, max_attempts, parent, parent_queue, error, state, total, created = values
+    up = None
+    if parent is not None:
+        up = (_s(parent_queue) if parent_queue else queue, _s(parent))
+    return JobRow(
+        job_id,
+        score,
+        _int(attempts) or 0,
+        _int(max_attempts) or 1,
+        up,
+        _error(error),
+        _s(state) if state is not None else None,
+        _int(total),
+        _int(created),
+    )
+
+
+def queue_page(
+    ks: Keyspace, queue: str, state: str, offset: int = 0, limit: int = PAGE
+) -> Op[QueuePage]:
+    """A page of ``queue``'s jobs in ``state``, in the server's order: pending in claim order
+    (priority, then arrival), active by lease deadline, delayed by due time, dead and completed
+    newest first. Cost: two round trips - ZCARD and one ZRANGE with offset; then one HMGET per
+    job on the page (pipelined), so a page costs the same in a queue of 40 or 40 million."""
+    check_queue(queue)
+    if state not in STATES:
+        raise_state(state)
+    key = ks.queue_key(queue, state)
+    args: list[Any] = ["ZRANGE", key, offset, offset + limit - 1]
+    if state in ("dead", "completed"):
+        args.append("REV")
+    total, flat = yield [Call.cmd("ZCARD", key), Call.cmd(*args, "WITHSCORES")]
+    scored = _scored(flat)
+    out = QueuePage(queue, state, int(total), offset)
+    if not scored:
+        return out
+    base = ks.job_prefix(queue)
+    rows = yield [Call.cmd("HMGET", base + job_id, *ROW) for job_id, _ in scored]
+    out.rows = [_row(queue, j, sc, r) for (j, sc), r in zip(scored, rows, strict=True)]
+    return out
+
+
+def raise_state(state: str) -> None:
+    from .errors import InvalidArgument
+
+    raise InvalidArgument(f"state must be one of {', '.join(STATES)}, got {state!r:.40}")
+
+
+def oldest_pending(ks: Keyspace, queues: list[str]) -> Op[dict[str, float | None]]:
+    """Seconds the first pending job of each queue has existed (since its add: the row's
+    ``created``, stamped by the server), None for a queue with nothing pending or whose head
+    has no such stamp. Pending is ordered by priority and arrival, not time, so this is the
+    age of the job the next claim takes. Cost: two round trips whatever the queues' sizes -
+    one ``ZRANGE pending 0 0`` per queue, then one HGET per queue with a head and a TIME."""
+    if not queues:
+        return {}
+    heads = yield [Call.cmd("ZRANGE", ks.pending(q), 0, 0) for q in queues]
+    ask = [(q, _s(h[0])) for q, h in zip(queues, heads, strict=True) if h]
+    out: dict[str, float | None] = dict.fromkeys(queues)
+    if not ask:
+        return out
+    replies = yield [
+        Call.cmd("TIME"),
+        *(Call.cmd("HGET", ks.job_prefix(q) + job_id, "created") for q, job_id in ask),
+    ]
+    sec, usec = replies[0]
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    for (q, _), created in zip(ask, replies[1:], strict=True):
+        if created is not None:
+            out[q] = max(0.0, (now_ms - int(created)) / 1000)
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+__all__ = [
+    "PAGE",
+    "SHOWS",
+    "STATES",
+    "JobDetail",
+    "JobRow",
+    "QueuePage",
+    "job_detail",
+    "oldest_pending",
+    "queue_page",
+]

@@ -1,0 +1,178 @@
+"""The dashboard's pages for one job, a queue's jobs by state and a flow's children, and the
+job page's two actions (retry a dead job, cancel a pending or delayed one).
+
+========================================  ==============================================
+``GET /job/<queue>/<id>``                 one job (``/api/job/...``): state, payload, result
+                                          or error and traceback, attempts, times, lease,
+                                          parent and flow; its children when it is a parent
+``GET /queue/<queue>?state=&offset=&find=``  a queue's jobs in one state, paged in server
+                                          order (``/api/queue/...``); ``find``: to a job
+``GET /flow/<queue>/<id>/children``       the flow's children in spec order, ``?show=`` all |
+  ``?show=&offset=&find=&q=&cursor=``     completed | failed | ignored | pending, ``find`` by
+                                          id, ``q``: failed children by error text
+                                          (``/api/flow/.../children``)
+``POST /job/<queue>/<id>/retry|cancel``   behind the guard (:mod:`.security`)
+========================================  ==============================================
+
+What each read costs: :mod:`echomq_core.browse` and :mod:`echomq_core.children`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from ..browse import PAGE, SHOWS, STATES, job_detail, queue_page
+from ..children import children_page, search_failed
+from ..client import EchoMQ
+from ..errors import InvalidArgument, JobNotFound
+from ..keyspace import check_job_id, check_queue
+from ..urls import FLOW_PATH, JOB_PATH, flow_page, job_page
+from . import reads
+
+#: What may follow a job's names in a POST's path.
+JOB_ACTIONS = ("retry", "cancel")
+
+
+def _param(request: Request, name: str, choices: tuple[str, ...], default: str) -> str:
+    value = request.query_params.get(name) or default
+    if value not in choices:
+        raise InvalidArgument(f"{name} must be one of {', '.join(choices)}, got {value!r:.40}")
+    return value
+
+
+def _find(request: Request) -> str | None:
+    raw = (request.query_params.get("find") or "").strip()
+    return check_job_id(raw) if raw else None
+
+
+class Browsing:
+    """The pages above, as methods of :class:`~.app.Dashboard` (which defines what is only
+    declared here)."""
+
+    client: EchoMQ
+
+    def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        raise NotImplementedError
+
+    async def _guarded(
+        self, request: Request, action: Callable[[dict[str, str]], tuple[str, dict[str, Any]]]
+    ) -> Response:
+        raise NotImplementedError
+
+    # -- one job ---------------------------------------------------------------------------
+    def _job(self, request: Request, under: str) -> reads.JobView:
+        from .app import flow_names
+
+        queue, job_id, _ = flow_names(request, under)
+        found = self.client.perform(
+            job_detail(self.client.keys, queue, job_id, self.client.serializer)
+        )
+        if found is None:
+            raise JobNotFound(f"no job {job_id} in queue {queue!r} (never added, or expired)")
+        return reads.job_view(self.client, found)
+
+    def job(self, request: Request) -> Response:
+        view = self._job(request, JOB_PATH)
+        return self.render(request, "job.html", v=view, j=view.detail.info, d=view.detail)
+
+    def api_job(self, request: Request) -> Response:
+        view = self._job(request, "/api" + JOB_PATH)
+        root = None if view.root is None else list(view.root)
+        return JSONResponse({**view.detail.to_dict(), "root": root})
+
+    async def job_action(self, request: Request) -> Response:
+        """``POST /job/<queue>/<id>/retry|cancel``: a dead plain job gets fresh attempts, a
+        pending or delayed one goes to the morgue (``Queue.cancel``); anything else is left
+        as it is and said so (a flow's child: repair or cancel its flow)."""
+        from .app import flow_names
+
+        queue, job_id, tail = flow_names(request, JOB_PATH, JOB_ACTIONS)
+        if not tail:
+            raise JobNotFound(f"no action at {request.url.path}: POST to .../retry|cancel")
+        back = job_page("", queue, job_id).lstrip("/")
+        q = self.client.queue(queue)
+
+        def act(form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+            if tail == "retry":
+                n, left = q.retry_dead([job_id])
+                done = (
+                    f"{job_id} queued again"
+                    if n
+                    else f"{job_id} left as it is (not a dead plain job)"
+                )
+                return back, {"revived": n, "left": left, "done": done}
+            n, left = q.cancel([job_id], reason=form.get("reason", "")[:500])
+            done = (
+                f"{job_id} cancelled" if n else f"{job_id} left as it is (not a pending plain job)"
+            )
+            return back, {"cancelled": n, "left": left, "done": done}
+
+        return await self._guarded(request, act)
+
+    # -- a queue by state ------------------------------------------------------------------
+    def _queue_args(self, request: Request) -> tuple[str, str, int]:
+        from .app import _int_param
+
+        queue = check_queue(request.path_params["queue"])
+        state = _param(request, "state", STATES, "pending")
+        return queue, state, _int_param(request, "offset", 0, 10_000_000)
+
+    def queue_jobs(self, request: Request) -> Response:
+        queue, state, offset = self._queue_args(request)
+        find = _find(request)
+        if find is not None:
+            base = request.scope.get("root_path", "").rstrip("/")
+            return RedirectResponse(job_page(base, queue, find), 303)
+        found = self.client.perform(queue_page(self.client.keys, queue, state, offset))
+        counts = self.client.queue(queue).stats()
+        return self.render(
+            request, "queue.html", found=found, counts=counts, job_states=STATES, page=PAGE
+        )
+
+    def api_queue_jobs(self, request: Request) -> Response:
+        queue, state, offset = self._queue_args(request)
+        return JSONResponse(
+            self.client.perform(queue_page(self.client.keys, queue, state, offset)).to_dict()
+        )
+
+    # -- a flow's children -----------------------------------------------------------------
+    def _children(self, request: Request, queue: str, pid: str) -> dict[str, Any]:
+        """What the children page shows: a page of children, or the search's matches."""
+        from .app import _int_param
+
+        show = _param(request, "show", SHOWS, "all")
+        offset = _int_param(request, "offset", 0, 2**40)
+        text = (request.query_params.get("q") or "").strip()
+        mq = self.client
+        op = children_page(
+            mq.keys, queue, pid, mq.serializer, show=show, offset=offset, find=_find(request)
+        )
+        found = mq.perform(op)
+        if found is None:
+            raise JobNotFound(f"no flow {pid} in queue {queue!r} (never added, or expired)")
+        out: dict[str, Any] = {"c": found, "q": text, "matches": None, "more": ""}
+        if text:
+            cursor = request.query_params.get("cursor", "")
+            rows, more = mq.perform(search_failed(mq.keys, queue, pid, text, mq.serializer, cursor))
+            out.update(matches=rows, more=more)
+        return out
+
+    def children(self, request: Request, queue: str, pid: str) -> Response:
+        return self.render(
+            request, "children.html", shows=SHOWS, **self._children(request, queue, pid)
+        )
+
+    def api_children(self, request: Request, queue: str, pid: str) -> Response:
+        got = self._children(request, queue, pid)
+        doc = got["c"].to_dict()
+        if got["matches"] is not None:
+            doc["matches"] = [r.to_dict() for r in got["matches"]]
+            doc["more"] = got["more"]
+        return JSONResponse(doc)
+
+
+__all__ = ["FLOW_PATH", "JOB_ACTIONS", "Browsing", "flow_page"]
