@@ -55,7 +55,7 @@ from .hooks import LifecycleHooks
 from .models import Job
 from .options import PumpOptions, WorkerOptions, build
 from .pump import worker_pump
-from .routines import adrive, extend_leases, give_back, record
+from .routines import adrive, extend_leases, give_back, offer, record
 from .running import (
     BLOCK_SLICE,
     Failed,
@@ -281,14 +281,21 @@ class AsyncWorker(OptionAttributes):
 
     async def _take(self, jobs: list[Job], seconds: float) -> None:
         self._intake.claimed(len(jobs), seconds)
+        back = self._buffer(jobs)
+        if back:
+            await self._give_back(back)
+
+    def _buffer(self, jobs: list[Job]) -> list[Job]:
+        """Put leased jobs (claimed, or handed off with results) in the buffer; returns them
+        instead when the worker is stopping (the caller gives them back)."""
         for job in jobs:
             self._hand.inflight[(job.queue, job.id)] = job
         if self._stop.is_set():
-            await self._give_back(jobs)
-            return
+            return jobs
         now = time.monotonic()
         self._hand.buffer.extend((job, now) for job in jobs)
         self._wake_runners(len(jobs))
+        return []
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -461,7 +468,11 @@ class AsyncWorker(OptionAttributes):
         self, queue: AsyncQueue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
         """:func:`~echomq_core.routines.record`."""
-        routine = record(self._hand, queue, done, failed, self.hooks, self, _NO_LOCK)
+        room = 0 if self._stop.is_set() else self._hand.want()
+        routine = record(
+            self._hand, queue, done, failed, self.hooks, self, _NO_LOCK,
+            offer(queue, room), self._buffer,
+        )
         await adrive(routine, self.connection.perform)
 
     async def _give_back(self, jobs: list[Job]) -> None:

@@ -37,24 +37,6 @@ ROW = ("attempts", "max_attempts", "parent", "parent_queue", "error", "state", "
 PRIORITY_UNIT = 1 << 40
 
 
-def child_stem(parent_id: str, gen: str = "") -> str:
-    """What the derived ids of a node's children start with (see the module's docstring)."""
-    return f"{parent_id}.g{gen}." if gen else f"{parent_id}."
-
-
-def derived_index(parent_id: str, child_id: str) -> int | None:
-    """The position i of ``child_id`` when it is a derived id of a child of ``parent_id``,
-    else None (an explicit id)."""
-    if not child_id.startswith(parent_id + "."):
-        return None
-    rest = child_id[len(parent_id) + 1 :]
-    if rest.startswith("g"):
-        gen, dot, rest = rest[1:].partition(".")
-        if not (dot and gen.isascii() and gen.isdigit()):
-            return None
-    return int(rest) if rest.isascii() and rest.isdigit() else None
-
-
 def _int(value: Any) -> int | None:
     return None if value is None else int(float(value))
 

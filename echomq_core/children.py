@@ -4,7 +4,7 @@ failed, ignored or not settled yet; one found by id; the failed ones whose error
 Every read is bounded by the page (:data:`~echomq_core.browse.PAGE`), never by N:
 
 * ``all``: the page's ids are computed from the node's N and the page's offset (derived ids,
-  :func:`~echomq_core.browse.child_stem`), then described in one pipeline (below).
+  :func:`~echomq_core.keyspace.child_stem`), then described in one pipeline (below).
 * ``failed`` / ``ignored`` with at most :data:`SORT_LIMIT` records: the record's field names
   (HKEYS, no values), sorted by position, paged by offset. Past that, and always for
   ``completed`` / ``pending``: a bounded walk of positions (child_scan.lua: at most
@@ -23,11 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .browse import BUDGET, PAGE, SHOWS, _error, _int, _jsonable, child_stem, derived_index
+from .browse import BUDGET, PAGE, SHOWS, _error, _int, _jsonable
 from .calls import Call, Op
 from .checks import text as _s
 from .errors import InvalidArgument
-from .keyspace import Keyspace, check_job_id, check_queue
+from .keyspace import Keyspace, check_job_id, check_queue, child_stem, derived_index
 from .models import Serializer
 
 #: Death records up to this size are listed whole-and-sorted (their field names only).

@@ -132,15 +132,20 @@ class Job:
 @dataclass(slots=True)
 class Settlement:
     """What a batch of completions or failures did: a status per job, and the flow parents
-    (queue, id) the batch released or failed on the way (for lifecycle hooks)."""
+    (queue, id) the batch released or failed on the way (for lifecycle hooks), and the ids
+    of the capped children its gates admitted straight into the caller's lease (``handed``:
+    see :class:`~echomq_core.ops.Hand`)."""
 
     statuses: list[int]
     released: list[tuple[str, str]] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    handed: list[str] = field(default_factory=list)
 
     def absorb(self, queue: str, reply: Any) -> None:
-        """Add one script reply ``{statuses, events}``."""
-        statuses, events = reply
+        """Add one script reply ``{statuses, events}`` or ``{statuses, events, handed ids}``."""
+        statuses, events, *handed = reply
+        if handed:
+            self.handed += [h.decode() if isinstance(h, bytes) else str(h) for h in handed[0]]
         self.statuses += [int(x) for x in statuses]
         for i in range(0, len(events), 2):
             kind = events[i].decode() if isinstance(events[i], bytes) else str(events[i])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Sequence, Sized
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from .calls import Call, Op
@@ -117,6 +118,23 @@ def add(
 # -- claim ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Hand:
+    """A worker's offer to take, as its own leases, the capped children that the gates of its
+    completions and deaths admit (lua/includes/hand.lua): the lease token to give them, the
+    lease, and how many at most (its free runners). The token cycle of a capped flow then
+    skips the pending queue, the wake-up of an idle worker and its claim. Not honoured on a
+    queue with a rate limit (its starts are counted by claims)."""
+
+    token: str
+    lease_ms: int
+    room: int
+
+    def spec(self, gates: str) -> str:
+        """The scripts' hand argument for a batch whose gated refs are ``gates``."""
+        return f"{self.token} {self.lease_ms} {self.room}" if gates and self.room > 0 else ""
+
+
 def claim(
     ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int, ser: Serializer
 ) -> Op[Claimed]:
@@ -129,14 +147,21 @@ def claim(
     if len(reply) == 1:
         return Claimed([], opens_in)
     names = [i.decode() if type(i) is bytes else _s(i) for i in reply[1:]]
+    return Claimed((yield from leased(ks, queue, names, token, ser)), opens_in)
+
+
+def leased(
+    ks: Keyspace, queue: str, names: Sequence[str], token: str, ser: Serializer
+) -> Op[list[Job]]:
+    """The :class:`Job` of each id leased under ``token`` (by a claim or a hand-off): every
+    row read by the ``rows`` script in one round trip."""
     base = ks.job_prefix(queue)
     (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
     parents: dict[tuple[Any, Any, Any, Any], ParentRef] = {}  # siblings share one (frozen)
-    jobs = [
+    return [
         _job(queue, job_id, token, row, ser, parents)
         for job_id, row in zip(names, rows, strict=True)
     ]
-    return Claimed(jobs, opens_in)
 
 
 def _job(
@@ -247,10 +272,26 @@ def _group_keys(ks: Keyspace, queue: str, groups: dict[str, int]) -> list[str]:
     return keys
 
 
+def _hand_spec(ks: Keyspace, queue: str, hand: Hand | None, gates: str, keys: list[str]) -> str:
+    """The hand argument of one complete / fail call, the config key appended to ``keys``
+    when there is one (the script reads the queue's rate limit from it)."""
+    spec = hand.spec(gates) if hand is not None else ""
+    if spec:
+        keys.append(ks.config(queue))
+    return spec
+
+
 def complete(
-    ks: Keyspace, queue: str, done: Sequence[tuple[Job, bytes]], *, keep: bool
+    ks: Keyspace,
+    queue: str,
+    done: Sequence[tuple[Job, bytes]],
+    *,
+    keep: bool,
+    hand: Hand | None = None,
 ) -> Op[Settlement]:
-    """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current."""
+    """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current.
+    With ``hand``, the first call with gated children hands what its gates admit to the
+    caller (their ids in ``Settlement.handed``, at most ``hand.room``)."""
     calls = []
     fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
@@ -258,16 +299,26 @@ def complete(
         batch, groups, plain, gates, gate_keys = _batch(ks, queue, part)
         keys = [*fixed, *(rows + j.id for j in plain), *_group_keys(ks, queue, groups)]
         keys += gate_keys
-        calls.append(Call.lua("complete", keys, [queue, "1" if keep else "0", gates, *batch]))
+        spec = _hand_spec(ks, queue, hand, gates, keys)
+        if spec:
+            hand = None
+        argv = [queue, "1" if keep else "0", gates, spec, *batch]
+        calls.append(Call.lua("complete", keys, argv))
     if calls:  # the minute's tally rides along: one more command per batch, not per job
         calls.append(tally(ks, queue, "c", len(done)))
     replies = yield calls
     return _settled(queue, replies[:-1] if calls else replies)
 
 
-def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, str, int]]) -> Op[Settlement]:
+def fail(
+    ks: Keyspace,
+    queue: str,
+    failed: Sequence[tuple[Job, str, str, int]],
+    *,
+    hand: Hand | None = None,
+) -> Op[Settlement]:
     """Fail ``(job, error, traceback, delay_ms)`` records (traceback '' for none; delay -1: bury
-    now). Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
+    now). Per job: 0 lease lost, 1 retry scheduled, 2 dead. ``hand`` as :func:`complete`."""
     calls = []
     for part in chunks(failed):
         batch, groups, _, gates, gate_keys = _batch(ks, queue, part)
@@ -277,7 +328,10 @@ def fail(ks: Keyspace, queue: str, failed: Sequence[tuple[Job, str, str, int]]) 
             *_group_keys(ks, queue, groups),
             *gate_keys,
         ]
-        calls.append(Call.lua("fail", keys, [queue, gates, *batch]))
+        spec = _hand_spec(ks, queue, hand, gates, keys)
+        if spec:
+            hand = None
+        calls.append(Call.lua("fail", keys, [queue, gates, spec, *batch]))
     if calls:
         calls.append(tally(ks, queue, "f", len(failed)))
     replies = yield calls

@@ -207,22 +207,28 @@ class QueueOps:
         for one that cannot be, before anything is sent."""
         return [(self._own(job), self.client.encode(result)) for job, result in done]
 
-    def settle_completed_op(self, encoded: Sequence[tuple[Job, bytes]]) -> Op[Settlement]:
+    def settle_completed_op(
+        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None = None
+    ) -> Op[Settlement]:
         """Complete jobs whose results are already serialised (``encoded`` not empty); the
         statuses, and the parents the batch released or failed (the workers fire their hooks
-        from them)."""
-        return ops.complete(self.client.keys, self.name, encoded, keep=self.keep_completed)
+        from them). ``hand``: a worker's hand-off (:class:`~echomq_core.ops.Hand`)."""
+        return ops.complete(
+            self.client.keys, self.name, encoded, keep=self.keep_completed, hand=hand
+        )
 
-    def settle_failed_op(self, failed: Sequence[FailedAttempt]) -> Op[Settlement]:
+    def settle_failed_op(
+        self, failed: Sequence[FailedAttempt], hand: ops.Hand | None = None
+    ) -> Op[Settlement]:
         """Fail jobs as :meth:`Queue.fail_many` takes them (``failed`` not empty): the backoff
-        of each retried job is chosen here."""
+        of each retried job is chosen here. ``hand`` as :meth:`settle_completed_op`."""
         rows = []
         for job, error, retry, *trace in failed:
             self._own(job)
             delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
             tb = cut_traceback(trace[0] if trace else None)
             rows.append((job, str(error)[:10_000], tb, delay))
-        return ops.fail(self.client.keys, self.name, rows)
+        return ops.fail(self.client.keys, self.name, rows, hand=hand)
 
     def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
         """Extend the leases of ``jobs`` (not empty); False where a lease was already lost."""

@@ -15,10 +15,12 @@ order as a hand-written loop would: the commands per job do not change with the 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
+from . import ops
 from .calls import Op
 from .errors import EchoMQError
 from .hooks import LifecycleHooks, fire
@@ -74,6 +76,17 @@ class Tally(Protocol):
     failed: int
 
 
+#: Takes the jobs a hand-off leased to the worker into its buffer; returns those it cannot
+#: take (the worker is stopping): they are given back.
+Intake = Callable[[list[Job]], list[Job]]
+
+
+def offer(queue: QueueOps, room: int) -> ops.Hand | None:
+    """The hand-off a worker with ``room`` free runners offers with its results (None: none):
+    a fresh lease token, the queue's lease."""
+    return ops.Hand(uuid.uuid4().hex, queue.lease_ms, room) if room > 0 else None
+
+
 def record(
     hand: InHand,
     queue: QueueOps,
@@ -82,20 +95,31 @@ def record(
     hooks: LifecycleHooks | None,
     tally: Tally,
     lock: AbstractContextManager[Any],
+    offered: ops.Hand | None = None,
+    intake: Intake | None = None,
 ) -> Routine[None]:
     """Record one queue's batch of results: the completions in one call, the failed attempts
     in another, counted, logged and their hooks fired. A batch the server could not take is
     logged and its leases stay: the jobs come back when they expire (at-least-once). Either
     way the jobs leave the worker's hands (under ``lock``) - a later claim of the same id is
-    another :class:`Job` and stays."""
+    another :class:`Job` and stays. With ``offered`` (and its ``intake``), the capped children
+    the batch's gates admit are leased to this worker at once: their rows are read in one more
+    round trip and ``intake`` puts them in the buffer (see :func:`take_handed`)."""
     try:
         completed = settled = None
         if done:
-            completed = yield queue.settle_completed_op(done)
+            completed = yield queue.settle_completed_op(done, offered)
             tally.completed += sum(completed.statuses)
+            if offered is not None and completed.handed:
+                room = offered.room - len(completed.handed)
+                offered = ops.Hand(offered.token, offered.lease_ms, room)
         if failed:
-            settled = yield queue.settle_failed_op(failed)
+            settled = yield queue.settle_failed_op(failed, offered)
             tally.failed += len(failed)
+        if offered is not None and intake is not None:
+            ids = (completed.handed if completed else []) + (settled.handed if settled else [])
+            if ids:
+                yield from take_handed(hand, queue, ids, offered.token, intake, lock)
         log_failures(queue.name, failed, settled)
         fire_hooks(hooks, done, completed, failed, settled)
     except EchoMQError as exc:
@@ -109,6 +133,34 @@ def record(
                     del hand.inflight[(queue.name, job.id)]
                 if hand.lost:
                     hand.lost.discard((job.queue, job.id, job.token))
+
+
+def take_handed(
+    hand: InHand,
+    queue: QueueOps,
+    ids: list[str],
+    token: str,
+    intake: Intake,
+    lock: AbstractContextManager[Any],
+) -> Routine[None]:
+    """Read the rows of the jobs a hand-off leased to this worker under ``token`` and give them
+    to ``intake`` (those it cannot take are given back). Rows that cannot be read leave the
+    leases to expire: the jobs come back to pending then, as a lost claim's would."""
+    try:
+        jobs = yield ops.leased(
+            queue.client.keys, queue.name, ids, token, queue.client.serializer
+        )
+    except EchoMQError as exc:
+        log.warning(
+            "could not read %d handed-off job(s) of %r (their leases will expire): %s",
+            len(ids),
+            queue.name,
+            exc,
+        )
+        return
+    back = intake(jobs)
+    if back:
+        yield from give_back(hand, {queue.name: queue}, back, lock)
 
 
 def give_back(

@@ -200,6 +200,7 @@ class InHand:
         self.buffer: deque[tuple[Job, float]] = deque()
         self.results: list[tuple[Job, Outcome]] = []
         self.first_result = 0.0  # when the oldest waiting result came in
+        self.capped = False  # a waiting result holds a cap token (its child is gated)
         self.flushing = 0  # results in the batch call on its way
         self.running = 0  # handlers running now
         self.lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
@@ -214,14 +215,19 @@ class InHand:
     def add_result(self, job: Job, result: Outcome) -> None:
         if not self.results:
             self.first_result = time.monotonic()
+            self.capped = False
+        if job.parent is not None and job.parent.gated:
+            self.capped = True
         self.results.append((job, result))
 
     def flush_now(self, stopping: bool) -> bool:
         """Record the waiting results now: enough of them, the oldest is ``flush_after`` old,
-        or nothing else is in hand (a finished child's fan-in is not held back waiting for a
-        batch that will not come)."""
+        nothing else is in hand (a finished child's fan-in is not held back waiting for a
+        batch that will not come), or one holds a cap token (a child of a flow with
+        ``max_running``: the next child of its flow cannot start before it is recorded)."""
         return (
-            len(self.results) >= self.options.max_batch
+            self.capped
+            or len(self.results) >= self.options.max_batch
             or time.monotonic() - self.first_result >= self.options.flush_after
             or (self.running == 0 and not self.buffer)
             or stopping

@@ -61,7 +61,7 @@ from .models import Job
 from .options import PumpOptions, WorkerOptions, build
 from .pump import worker_pump
 from .queue import Queue
-from .routines import drive, extend_leases, give_back, record
+from .routines import drive, extend_leases, give_back, offer, record
 from .running import (
     Failed,
     InHand,
@@ -321,17 +321,25 @@ class Worker(OptionAttributes):
 
     def _take(self, jobs: list[Job], seconds: float) -> None:
         """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""
-        now = time.monotonic()
         with self._lock:
             self._intake.claimed(len(jobs), seconds)
+        back = self._buffer(jobs)
+        if back:
+            self._give_back(back)
+
+    def _buffer(self, jobs: list[Job]) -> list[Job]:
+        """Put leased jobs (claimed, or handed off with results) in the buffer; returns them
+        instead when the worker is stopping (the caller gives them back)."""
+        now = time.monotonic()
+        with self._lock:
             for job in jobs:
                 self._hand.inflight[(job.queue, job.id)] = job
-            if not self._stop.is_set():
-                self._hand.buffer.extend((job, now) for job in jobs)
-                # one runner for fast CPU-bound jobs (the others would only take turns)
-                self._jobs_ready.notify(len(jobs) if self._intake.spread else 1)
-                return
-        self._give_back(jobs)
+            if self._stop.is_set():
+                return jobs
+            self._hand.buffer.extend((job, now) for job in jobs)
+            # one runner for fast CPU-bound jobs (the others would only take turns)
+            self._jobs_ready.notify(len(jobs) if self._intake.spread else 1)
+            return []
 
     def _idle(self, seconds: float) -> None:
         """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
@@ -540,8 +548,14 @@ class Worker(OptionAttributes):
     def _flush(
         self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]
     ) -> None:
-        """:func:`~echomq_core.routines.record`, under this worker's lock."""
-        routine = record(self._hand, queue, done, failed, self.hooks, self, self._lock)
+        """:func:`~echomq_core.routines.record`, under this worker's lock, offering the free
+        runners' room for the capped children the results let in (a hand-off)."""
+        with self._lock:
+            room = 0 if self._stop.is_set() else self._hand.want()
+        routine = record(
+            self._hand, queue, done, failed, self.hooks, self, self._lock,
+            offer(queue, room), self._buffer,
+        )
         drive(routine, self.client.perform)
 
     def _give_back(self, jobs: list[Job]) -> None:

@@ -6,6 +6,7 @@
 -- @include signal
 -- @include push_signals
 -- @include gate
+-- @include hand
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), completed, and for the fan-in: pending and wake (a same-queue parent
@@ -18,13 +19,17 @@
 --             claimed it)
 -- then 2 keys per gated ref of ARGV[3], in that order: the gate (waiting, cap) of that parent's
 --             children in this queue (includes/gate.lua)
+-- last key    the queue's config (keyspace.config), only when ARGV[4] is not '': read for its
+--             rate limit (includes/hand.lua)
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
 --                   (never a flow parent's row: see below)
 -- ARGV[3] gates     the refs (see below) whose children are gated by a max_running cap,
 --                   space-separated ('' = none): the host read each child's gate mark with
 --                   its row when it claimed it
--- ARGV[4..] the batch (see includes/batch.lua), each job's record 4 values: id, token number,
+-- ARGV[4] hand      '' or '<lease token> <lease_ms> <room>': the completing worker takes up to
+--                   room children the gates admit here as its own leases (includes/hand.lua)
+-- ARGV[5..] the batch (see includes/batch.lua), each job's record 4 values: id, token number,
 --   result, ref ('0' plain job; k > 0 child of same-queue group k, settled here, atomically;
 --   -k child of cross-queue parent k: a signal into this queue's outbox)
 --
@@ -34,10 +39,12 @@
 -- RPUSH of all cross-queue signals. A plain job's row gets its result (or is deleted when
 -- keep is '0'); a flow child's row is not written at all: its result lives in the parent's
 -- :processed (or in the signal on its way there), and membership of `completed` says it is
--- done - so a child costs one command here, its fan-in record. Returns: {statuses, events}:
+-- done - so a child costs one command here, its fan-in record. Returns: {statuses, events,
+-- handed}:
 -- statuses per job 1 (completed) / 0 (lease lost); events a flat list of pairs
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed. A gated child
--- that completes returns its token: its gate admits the next waiting child in this step.
+-- that completes returns its token: its gate admits the next waiting child in this step;
+-- handed = the ids of admitted children leased to the caller (ARGV[4]), in admission order.
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
 -- their flow's expiry; :processed records and counters go with the flow; outbox signals are
@@ -46,14 +53,14 @@
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 local q = queue_keys(KEYS)
 local queue, keep = ARGV[1], ARGV[2]
-local b = batch(q.leases, ARGV, 4, 4)
+local b = batch(q.leases, ARGV, 5, 4)
 local gated, freed = {}, {}
 local refs = {}  -- the ref of each gate
 for ref in string.gmatch(ARGV[3], '%S+') do
   gated[tonumber(ref)] = #freed + 1; freed[#freed + 1] = 0; refs[#freed] = tonumber(ref)
 end
 local n, cross, base = b.n, b.cross, b.base
-if n == 0 then return {{}, {}} end
+if n == 0 then return {{}, {}, {}} end
 local now = now_ms()
 local out, done, fin, signals, groups = {}, {}, {}, {}, {}
 local p = 0  -- plain jobs so far: the next one's row is KEYS[15 + p]
@@ -96,6 +103,8 @@ end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
 local at = 15 + p + 6 * #b.parents
+local h = nil
+if #freed > 0 then h = hand(ARGV[4], KEYS[at + 2 * #freed + 1], now) end
 for g = 1, #freed do
   if freed[g] > 0 then
     local gk = {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}
@@ -105,7 +114,7 @@ for g = 1, #freed do
     if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
       redis.call('HSET', gk[2], 'off', '1')
     end
-    gate(q, gk, freed[g])
+    gate(q, gk, freed[g], h)
   end
 end
-return {out, events}
+return {out, events, h and h.ids or {}}

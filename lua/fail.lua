@@ -8,6 +8,7 @@
 -- @include push_signals
 -- @include death
 -- @include gate
+-- @include hand
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), delayed (retries by due time), dead (the morgue by time of death),
@@ -18,10 +19,12 @@
 --             unsuccessful, failed, explicit
 -- then 2 keys per gated ref of ARGV[2], in that order: the gate (waiting, cap) of that parent's
 --             children in this queue (includes/gate.lua)
+-- last key    the queue's config, only when ARGV[3] is not '' (as in complete.lua)
 -- ARGV[1] queue
 -- ARGV[2] gates  the refs whose children are gated by a max_running cap, space-separated
 --   ('' = none), as complete.lua takes them
--- ARGV[3..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 6
+-- ARGV[3] hand   the hand-off of the children admitted here, as complete.lua's ARGV[4]
+-- ARGV[4..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 6
 --   values: id, token number, error, traceback, delay_ms, ref
 --   traceback: the attempt's traceback text (at most 16 KiB, cut by the host), '' when it has
 --             none: kept on the row as the field 'traceback' (the last failed attempt's), and
@@ -43,18 +46,18 @@
 -- row; outbox signals are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
 -- records and counters of same-queue parents go with their flow.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
--- Returns: {statuses, events}: statuses per job 0 (lease lost), 1 (retry scheduled), 2 (dead);
--- events as in complete.lua.
+-- Returns: {statuses, events, handed}: statuses per job 0 (lease lost), 1 (retry scheduled),
+-- 2 (dead); events and handed as in complete.lua.
 local q = queue_keys(KEYS)
 local queue = ARGV[1]
-local b = batch(q.leases, ARGV, 3, 6)
+local b = batch(q.leases, ARGV, 4, 6)
 local gated, freed = {}, {}
 local refs = {}  -- the ref of each gate
 for ref in string.gmatch(ARGV[2], '%S+') do
   gated[tonumber(ref)] = #freed + 1; freed[#freed + 1] = 0; refs[#freed] = tonumber(ref)
 end
 local n, cross, base = b.n, b.cross, b.base
-if n == 0 then return {{}, {}} end
+if n == 0 then return {{}, {}, {}} end
 local now = now_ms()
 local out, done, later, dead, signals, groups = {}, {}, {}, {}, {}, {}
 for i = 1, n do
@@ -105,6 +108,8 @@ if #dead > 0 then redis.call('ZADD', q.dead, unpack(dead)) end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + n, queue, q, now)
 local at = 15 + n + 6 * #b.parents
+local h = nil
+if #freed > 0 then h = hand(ARGV[3], KEYS[at + 2 * #freed + 1], now) end
 for g = 1, #freed do
   if freed[g] > 0 then
     local gk = {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}
@@ -114,7 +119,7 @@ for g = 1, #freed do
     if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
       redis.call('HSET', gk[2], 'off', '1')
     end
-    gate(q, gk, freed[g])
+    gate(q, gk, freed[g], h)
   end
 end
-return {out, events}
+return {out, events, h and h.ids or {}}

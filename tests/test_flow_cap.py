@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from echomq_core import Child, EchoMQ, FlowConflict, InvalidArgument, Job, Pump, Worker
+from echomq_core import Child, EchoMQ, FlowConflict, InvalidArgument, Job, Pump, Worker, ops
 from echomq_core import flows as flow_ops
 from echomq_core.server import EmbeddedServer
 
@@ -385,3 +385,97 @@ def test_a_threshold_that_fails_the_flow_empties_its_gate(backend: Backend, pref
     assert mq.snapshot(parents, pid).parent_state == "failed"
     assert q.claim(10) == []
     assert counts(mq, work, parents, pid) == (0, 0, 0)
+
+
+def test_a_completion_hands_the_admitted_child_to_the_completing_worker(
+    backend: Backend, prefix: str
+) -> None:
+    """A completion that offers a hand-off (what a worker's flusher sends) leases the child its
+    gate admits to the caller at once - in active with the offered token, not in pending, still
+    counted as admitted - and that lease is a normal one: heartbeats extend it, it completes,
+    and when its holder dies (its lease expires) the Pump returns it to pending with its token.
+    A plain ``Queue.complete`` (no buffer to take it) and a rate-limited queue (starts are
+    counted by claims) put the admitted child in pending instead."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "hand")
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(6)], max_running=2)
+    pid, q, r = ref.parent_id, mq.queue(work), mq.connection.client
+    first, second = q.claim(10)
+    offer = flow_ops_hand("tok-a", 2)
+    done = mq.perform(q.settle_completed_op(q.encode_results([(first, "ok")]), offer))
+    assert done.statuses == [1] and done.handed == [f"{pid}.2"]
+    assert counts(mq, work, parents, pid) == (0, 3, 2)  # leased, not pending; within the cap
+    assert r.hget(mq.keys.leases(work), f"{pid}.2") == b"tok-a"
+    (handed,) = mq.perform(ops.leased(mq.keys, work, done.handed, "tok-a", mq.serializer))
+    assert handed.parent is not None and handed.parent.gated and handed.payload == 2
+    assert q.heartbeat([handed]) == [True]
+    # its holder dies: the lease expires and the Pump recovers it, token kept
+    r.zadd(mq.keys.active(work), {handed.id: 0})
+    pump = Pump(mq, [parents, work], sweep_every=None)
+    pump.tick()
+    assert counts(mq, work, parents, pid) == (1, 3, 2)
+    assert not q.complete_many([(handed, "late")])[0]  # the dead holder's lease is gone
+    # a plain completion: the admitted child goes to pending
+    q.complete(second, "ok")
+    assert counts(mq, work, parents, pid) == (2, 2, 2)
+    # a rate-limited queue: no hand-off, the child goes to pending, claimed within the limit
+    mq.set_rate_limit(work, "1000/s")
+    third, fourth = q.claim(10)
+    done = mq.perform(q.settle_completed_op(q.encode_results([(third, "ok")]), offer))
+    assert done.handed == [] and counts(mq, work, parents, pid) == (1, 1, 2)
+    mq.set_rate_limit(work, None)
+    # a death hands off too
+    failed = mq.perform(q.settle_failed_op([(fourth, "boom", False)], offer))
+    assert failed.statuses == [2] and failed.handed == [f"{pid}.5"]
+    assert counts(mq, work, parents, pid) == (1, 0, 2)
+    (last,) = mq.perform(ops.leased(mq.keys, work, failed.handed, "tok-a", mq.serializer))
+    q.complete(last, "ok")
+    work_off(mq, [parents, work], pump=pump)
+    pump.release_leases()
+    assert mq.snapshot(parents, pid).parent_state == "failed"  # the death failed the flow
+
+
+def flow_ops_hand(token: str, room: int) -> ops.Hand:
+    return ops.Hand(token, 30_000, room)
+
+
+def test_a_worker_runs_handed_off_children_within_the_cap(backend: Backend, prefix: str) -> None:
+    """One worker of concurrency 4 on a flow of 8 capped at 2: after the first claim, the
+    children its completions admit come to it as hand-offs (its claims return only the first
+    two), every one runs and completes, and no more than 2 ever run at once."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "handw")
+    n = 8
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(n)], max_running=2)
+    lock = threading.Lock()
+    running, peak, ran = [0], [0], []
+
+    def handle(job: Job) -> Any:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            ran.append(job.id)
+        with lock:
+            running[0] -= 1
+        return job.payload
+
+    worker = Worker(mq, {work: handle}, concurrency=4, pump=False)
+    claimed: list[str] = []
+    claim = worker.queues[work].claim
+
+    def counting_claim(count: int, **kw: Any) -> Any:
+        jobs = claim(count, **kw)
+        claimed.extend(j.id for j in jobs)
+        return jobs
+
+    worker.queues[work].claim = counting_claim  # type: ignore[method-assign]
+    pump = Pump(mq, [parents, work], sweep_every=None)
+    worker.start()
+    try:
+        eventually(lambda: [pump.tick()] and mq.dependencies(parents, ref.parent_id) == 0)
+    finally:
+        worker.stop()
+        pump.release_leases()
+    assert sorted(ran) == sorted(f"{ref.parent_id}.{i}" for i in range(n))
+    assert len(claimed) < n  # the rest were handed off with completions
+    assert peak[0] <= 2

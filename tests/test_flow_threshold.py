@@ -17,6 +17,7 @@ from echomq_core.errors import InvalidArgument
 
 from .conftest import Backend
 from .flowkit import deliver_without_trim, work_off
+from .waiting import eventually
 
 DOOMED = "doomed"
 
@@ -41,16 +42,6 @@ def _invariant(mq: EchoMQ, queue: str, parent_id: str) -> None:
 def _row(mq: EchoMQ, queue: str, job_id: str, *fields: str) -> list[Any]:
     (row,) = mq.connection.execute([Call.cmd("HMGET", mq.keys.job(queue, job_id), *fields)])
     return [None if v is None else v.decode() for v in row]
-
-
-def _wait_for(what: str, check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["same-queue", "cross-queue"])
@@ -292,8 +283,8 @@ def test_workers_no_child_starts_after_the_tip(backend: Backend, prefix: str) ->
 
     worker = Worker(mq, {bad: boom}, concurrency=1).start()
     try:
-        _wait_for("the tip", lambda: mq.snapshot(parents, pid).parent_state == "failed")
-        _wait_for("the follow-up", lambda: _row(mq, parents, pid, "stopped")[0])
+        eventually(lambda: mq.snapshot(parents, pid).parent_state == "failed", 20, "the tip")
+        eventually(lambda: _row(mq, parents, pid, "stopped")[0], 20, "the follow-up")
     finally:
         worker.stop()
     mq.queue(good).add("sentinel", job_id="JOB-sentinel")

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..browse import JobDetail, derived_index
+from ..browse import JobDetail
 from ..calls import Call, Op
 from ..client import EchoMQ
 from ..errors import JobNotFound
 from ..flows import scan_page
 from ..inspection import FlowNode, flow_counts, read_tree
-from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..keyspace import FLOW_INDEXES, check_job_id, check_queue, derived_index
 from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
 from ..pump import parse_signal, poison_list
 

@@ -39,6 +39,7 @@ from dagster_support import client_url, pump_threads
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
 from echomq_core.keyspace import check_job_id
+from tests.waiting import eventually
 
 PARENT, CHILD = "dg-parent", "dg-child"
 N = 12
@@ -104,10 +105,11 @@ def test_cross_queue_flow_completes_only_through_the_resource_pump(
     flow: FlowRef = stuck.output_for_node("fan_out")
     with EchoMQ(url, prefix=prefix) as mq:
         children = [f"{flow.parent_id}.{i}" for i in range(N)]
-        deadline = time.monotonic() + 30  # the workers may still be busy on a loaded machine
-        while {mq.get_job(CHILD, c).state for c in children} != {"completed"}:
-            assert time.monotonic() < deadline, "workers did not finish the children"
-            time.sleep(0.05)
+        eventually(  # the workers may still be busy on a loaded machine
+            lambda: {mq.get_job(CHILD, c).state for c in children} == {"completed"},
+            30,
+            "the workers to finish the children",
+        )
         # every child's signal waits in its queue's outbox: none was delivered
         assert mq.queue(CHILD).stats()["outbox"] == N
         snap = mq.snapshot(flow.queue, flow.parent_id)
