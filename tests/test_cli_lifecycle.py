@@ -38,6 +38,7 @@ from .conftest import Backend
 from .dashkit import failing_flow
 from .flowkit import work_off
 from .test_cli import assert_one_line_error, run, run_many
+from .waiting import eventually
 
 FLOW_KEYS = {
     "queue", "parent_id", "state", "total", "settled", "age_s", "in_state_s", "error",
@@ -644,3 +645,28 @@ def test_queue_retry_dead_revives_plain_jobs(mq_standalone: EchoMQ, cli: Cli) ->
     assert status == 1 and f"left as it is (not dead, or a flow's: repair the flow): {dead}" in out
     status, _, err = cli("queue", "retry-dead", "rd-plain", "not-an-id")
     assert status == 2 and "invalid job id" in err
+
+
+def test_workers_lists_the_live_workers(mq_standalone: EchoMQ, cli: Cli) -> None:
+    """`echomq workers`: the registry as a table and as JSON; a stopped worker is gone."""
+    from echomq_core import Worker
+
+    status, out, err = cli("workers")
+    assert (status, err) == (0, "") and out.startswith("no live workers under prefix")
+    worker = Worker(mq_standalone, {"lc-w1": lambda job: 1, "lc-w2": lambda job: 2},
+                    concurrency=3).start()  # fmt: skip
+    try:
+        me = worker.presence.entry.id
+        doc = eventually(
+            lambda: [w for w in cli.json("workers")["workers"] if w["id"] == me], 10, "the entry"
+        )
+        assert doc[0]["queues"] == ["lc-w1", "lc-w2"] and doc[0]["concurrency"] == 3
+        status, out, err = cli("workers")
+        assert status == 0 and err == ""
+        header, *rows = out.splitlines()
+        assert re.split(r"\s{2,}", header)[:5] == ["worker", "host", "pid", "kind", "queues"]
+        assert [r.split()[0] for r in rows] == [me] and "lc-w1,lc-w2" in rows[0]
+    finally:
+        worker.stop()
+    status, out, err = cli("workers")
+    assert out.startswith("no live workers under prefix")

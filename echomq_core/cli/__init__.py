@@ -15,6 +15,7 @@
     echomq queue stats [QUEUE]                         counts per state, flows and their memory
     echomq queue config QUEUE [--closed-age 1d ...]    the queue's retention settings
     echomq poison list|replay QUEUE                    signals the Pump could not deliver
+    echomq workers                                     the live worker processes
     echomq dashboard [--port P] [--actions]            the web dashboard and /metrics
 
 Connection: ``--url`` (default ``$ECHOMQ_URL``, else ``redis://127.0.0.1:6379/0``),
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 import redis
 
 from ..errors import EchoMQError, ServerStartError
-from . import dashboard, demo, flow, poison, queue, services
+from . import dashboard, demo, flow, poison, queue, services, workers
 from .common import (
     INTERRUPTED,
     SERVER_EXTRA,
@@ -87,6 +88,7 @@ def build_parser() -> Parser:
     flow.add_parsers(sub)
     queue.add_parsers(sub)
     poison.add_parsers(sub)
+    workers.add_parser(sub)
     dashboard.add_parser(sub)
     return parser
 
