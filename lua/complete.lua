@@ -5,8 +5,7 @@
 -- @include batch
 -- @include signal
 -- @include push_signals
--- @include gate
--- @include hand
+-- @include free_tokens
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), completed, and for the fan-in: pending and wake (a same-queue parent
@@ -103,18 +102,5 @@ end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
 local at = 15 + p + 6 * #b.parents
-local h = nil
-if #freed > 0 then h = hand(ARGV[4], KEYS[at + 2 * #freed + 1], now) end
-for g = 1, #freed do
-  if freed[g] > 0 then
-    local gk = {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}
-    -- a same-queue parent that a threshold tipped (settle_current.lua) admits no more: its
-    -- unstarted children are being cancelled (as park.lua and cancel_children.lua mark it)
-    local row = KEYS[at - 6 * #b.parents + 6 * (refs[g] - 1) + 1]
-    if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
-      redis.call('HSET', gk[2], 'off', '1')
-    end
-    gate(q, gk, freed[g], h)
-  end
-end
-return {out, events, h and h.ids or {}}
+local handed = free_tokens(q, KEYS, at, #b.parents, freed, refs, ARGV[4], now)
+return {out, events, handed}

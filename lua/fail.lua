@@ -7,8 +7,7 @@
 -- @include signal
 -- @include push_signals
 -- @include death
--- @include gate
--- @include hand
+-- @include free_tokens
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), delayed (retries by due time), dead (the morgue by time of death),
@@ -108,18 +107,5 @@ if #dead > 0 then redis.call('ZADD', q.dead, unpack(dead)) end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + n, queue, q, now)
 local at = 15 + n + 6 * #b.parents
-local h = nil
-if #freed > 0 then h = hand(ARGV[3], KEYS[at + 2 * #freed + 1], now) end
-for g = 1, #freed do
-  if freed[g] > 0 then
-    local gk = {KEYS[at + 2 * g - 1], KEYS[at + 2 * g]}
-    -- a same-queue parent that a threshold tipped (settle_current.lua) admits no more: its
-    -- unstarted children are being cancelled (as park.lua and cancel_children.lua mark it)
-    local row = KEYS[at - 6 * #b.parents + 6 * (refs[g] - 1) + 1]
-    if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
-      redis.call('HSET', gk[2], 'off', '1')
-    end
-    gate(q, gk, freed[g], h)
-  end
-end
-return {out, events, h and h.ids or {}}
+local handed = free_tokens(q, KEYS, at, #b.parents, freed, refs, ARGV[3], now)
+return {out, events, handed}
