@@ -52,10 +52,11 @@ from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..metrics import QueueCollector
 from ..pump import poison_replay
-from ..urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page, split_flow_path
+from ..urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page
 from . import reads
 from .browsing import Browsing
 from .monitoring import Monitoring
+from .params import flow_names, int_param
 from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
 
 log = logging.getLogger(__name__)
@@ -67,26 +68,6 @@ API_TAILS = ("values", "children")
 #: What may follow a flow's names in a GET of its page.
 PAGE_TAILS = ("children",)
 ACTIONS = ("cancel", "retry", "close")
-
-
-def flow_names(request: Request, under: str, tails: tuple[str, ...] = ()) -> tuple[str, str, str]:
-    """The checked ``(queue, parent id, tail)`` of a request to ``under`` + ``<queue>/<id>``.
-
-    Read from the path as the client sent it (the ASGI ``raw_path``: ``%2F`` still quoted),
-    since the decoded path cannot tell a ``/`` inside a name from one between names; when the
-    server gives no raw path, or the mount's prefix is spelled otherwise in it, the decoded
-    path is split instead (see :func:`echomq_core.urls.split_flow_path`)."""
-    root = request.scope.get("root_path", "")
-    rest = request.path_params["rest"]
-    raw = request.scope.get("raw_path")
-    if isinstance(raw, bytes):
-        sent = raw.decode("latin-1")
-        for prefix in (root + under, quote(root) + under):
-            if sent.startswith(prefix):
-                rest = sent[len(prefix) :]
-                break
-    queue, pid, tail = split_flow_path(rest, tails)
-    return check_queue(queue), check_job_id(pid), tail
 
 
 class Dashboard(Monitoring, Browsing):
@@ -187,7 +168,7 @@ class Dashboard(Monitoring, Browsing):
         state = request.query_params.get("state") or None
         if state is not None and state not in FLOW_INDEXES:
             raise InvalidArgument(f"state must be one of {', '.join(FLOW_INDEXES)}, got {state!r}")
-        return queue, state, _int_param(request, "offset", 0, 10_000_000)
+        return queue, state, int_param(request, "offset", 0, 10_000_000)
 
     def flows(self, request: Request) -> Response:
         queue, state, offset = self._flow_args(request)
@@ -213,7 +194,7 @@ class Dashboard(Monitoring, Browsing):
         return JSONResponse({"counts": found.counts, "flows": flows})
 
     def _flow(self, queue: str, pid: str, request: Request) -> reads.FlowPage:
-        cursor = _int_param(request, "cursor", 0, 2**63)
+        cursor = int_param(request, "cursor", 0, 2**63)
         found = reads.flow_page(self.client, queue, pid, cursor)
         if found is None:
             raise JobNotFound(f"no flow {pid} in queue {queue!r} (never added, or expired)")
@@ -230,7 +211,7 @@ class Dashboard(Monitoring, Browsing):
             "flow.html",
             f=found,
             s=s,
-            cursor=_int_param(request, "cursor", 0, 2**63),
+            cursor=int_param(request, "cursor", 0, 2**63),
             live=flow_page("api", s.queue, s.parent_id),
         )
 
@@ -240,7 +221,7 @@ class Dashboard(Monitoring, Browsing):
         if tail == "children":
             return self.api_children(request, queue, pid)
         if tail == "values":
-            cursor = _int_param(request, "cursor", 0, 2**63)
+            cursor = int_param(request, "cursor", 0, 2**63)
             next_cursor, values = reads.values_page(self.client, queue, pid, cursor)
             shown = {k: reads.jsonable(v) for k, v in values.items()}
             return JSONResponse({"values": shown, "cursor": next_cursor})
@@ -251,7 +232,7 @@ class Dashboard(Monitoring, Browsing):
 
     def dead(self, request: Request) -> Response:
         queue = check_queue(request.path_params["queue"])
-        offset = _int_param(request, "offset", 0, 10_000_000)
+        offset = int_param(request, "offset", 0, 10_000_000)
         found = reads.dead_jobs(self.client, queue, offset)
         return self.render(
             request, "dead.html", found=found, queue=queue, offset=offset, page=reads.PAGE
@@ -458,17 +439,6 @@ async def _form(request: Request) -> dict[str, str]:
         return {}
     body = (await request.body())[:65536].decode(errors="replace")
     return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
-
-
-def _int_param(request: Request, name: str, low: int, high: int) -> int:
-    raw = request.query_params.get(name, "") or str(low)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer, got {raw[:40]!r}") from None
-    if not low <= value <= high:
-        raise InvalidArgument(f"{name} must be {low} to {high}, got {value}")
-    return value
 
 
 def _when(ms: float | None) -> str:

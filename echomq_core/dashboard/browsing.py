@@ -32,6 +32,7 @@ from ..errors import InvalidArgument, JobNotFound
 from ..keyspace import check_job_id, check_queue
 from ..urls import FLOW_PATH, JOB_PATH, flow_page, job_page
 from . import reads
+from .params import flow_names, int_param
 
 #: What may follow a job's names in a POST's path.
 JOB_ACTIONS = ("retry", "cancel")
@@ -68,8 +69,6 @@ class Browsing:
 
     # -- one job ---------------------------------------------------------------------------
     def _job(self, request: Request, under: str) -> reads.JobView:
-        from .app import flow_names
-
         queue, job_id, _ = flow_names(request, under)
         found = self.client.perform(
             job_detail(self.client.keys, queue, job_id, self.client.serializer)
@@ -91,8 +90,6 @@ class Browsing:
         """``POST /job/<queue>/<id>/retry|cancel``: a dead plain job gets fresh attempts, a
         pending or delayed one goes to the morgue (``Queue.cancel``); anything else is left
         as it is and said so (a flow's child: repair or cancel its flow)."""
-        from .app import flow_names
-
         queue, job_id, tail = flow_names(request, JOB_PATH, JOB_ACTIONS)
         if not tail:
             raise JobNotFound(f"no action at {request.url.path}: POST to .../retry|cancel")
@@ -118,11 +115,9 @@ class Browsing:
 
     # -- a queue by state ------------------------------------------------------------------
     def _queue_args(self, request: Request) -> tuple[str, str, int]:
-        from .app import _int_param
-
         queue = check_queue(request.path_params["queue"])
         state = _param(request, "state", STATES, "pending")
-        return queue, state, _int_param(request, "offset", 0, 10_000_000)
+        return queue, state, int_param(request, "offset", 0, 10_000_000)
 
     def queue_jobs(self, request: Request) -> Response:
         queue, state, offset = self._queue_args(request)
@@ -151,10 +146,8 @@ class Browsing:
     # -- a flow's children -----------------------------------------------------------------
     def _children(self, request: Request, queue: str, pid: str) -> dict[str, Any]:
         """What the children page shows: a page of children, or the search's matches."""
-        from .app import _int_param
-
         show = _param(request, "show", SHOWS, "all")
-        offset = _int_param(request, "offset", 0, 2**40)
+        offset = int_param(request, "offset", 0, 2**40)
         text = (request.query_params.get("q") or "").strip()
         mq = self.client
         op = children_page(

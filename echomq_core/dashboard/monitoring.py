@@ -25,6 +25,7 @@ from ..client import EchoMQ
 from ..keyspace import check_queue
 from ..throughput import DAY, Minute, read_minutes
 from ..workers_registry import read_workers
+from .params import int_param
 
 #: The chart's size in SVG user units (it scales to the page's width).
 WIDTH, HEIGHT, PAD = 720, 150, 28
@@ -85,9 +86,7 @@ class Monitoring:
         raise NotImplementedError
 
     def _minutes(self, request: Request) -> int:
-        from .app import _int_param
-
-        return _int_param(request, "minutes", 1, DAY) if "minutes" in request.query_params else 60
+        return int_param(request, "minutes", 1, DAY) if "minutes" in request.query_params else 60
 
     def throughput(self, queue: str, minutes: int = 60) -> dict[str, Any]:
         """What the queue page's chart section shows: the minutes, their totals, the chart and
