@@ -235,7 +235,8 @@ def clear_repairs(deployment: Deployment, mq: EchoMQ, runs: Path, parent: str, r
     dag_id = "echomq_deploy_repair"
     deployment.start_worker("later-worker", ["example.later"], concurrency=1)
     deployment.clear(dag_id, run_id, ["fan_out"])
-    assert deployment.wait_run(dag_id, run_id) == "success"
+    state = deployment.wait_run(dag_id, run_id)
+    assert state == "success", why_not(deployment, mq, dag_id, run_id, parent, state)
     ran = runs_of(runs)
     # the squares that completed ran once; the dead cube and the cancelled child once more
     assert [ran[f"{parent}.{i}"] for i in range(4)] == [1, 2, 1, 1]
@@ -244,6 +245,23 @@ def clear_repairs(deployment: Deployment, mq: EchoMQ, runs: Path, parent: str, r
     assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", 1, 4)
     log = task_log(deployment, dag_id, run_id, "fan_out")
     assert "repaired (repair 1): 2 children re-run" in log
+
+
+def why_not(
+    deployment: Deployment, mq: EchoMQ, dag_id: str, run_id: str, parent: str, state: str
+) -> str:
+    """What a run that ended otherwise than expected shows: its task states, the flow's
+    snapshot and the tail of each task's log (the deployment's home goes with the test)."""
+    lines = [f"run {run_id} of {dag_id} ended {state}"]
+    try:
+        lines.append(f"task states: {deployment.task_states(dag_id, run_id)}")
+        lines.append(f"flow: {mq.snapshot('example.reports', parent).to_dict()}")
+        for task in ("fan_out", "wait", "summarise"):
+            log = task_log(deployment, dag_id, run_id, task)
+            lines.append(f"--- {task} log (tail) ---\n{log[-3000:]}")
+    except Exception as exc:  # the report must not hide the failure it reports
+        lines.append(f"(could not read more: {type(exc).__name__}: {exc})")
+    return "\n".join(lines)
 
 
 def marked_failed_cancels(deployment: Deployment, mq: EchoMQ) -> None:
