@@ -66,6 +66,7 @@ from pydantic import Field, PrivateAttr
 
 from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
 from echomq_core.lifecycle import repair_on_readd
+from echomq_core.waiting import MISSING, WAITING, kind_of
 
 from . import steps
 from .io_context import (
@@ -286,9 +287,15 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
     # -- helpers --------------------------------------------------------------------------
     def _settle(self, context: InputContext | OutputContext, flow: FlowRef) -> FlowSnapshot:
         """Wait (pumping) until ``flow`` settles; in a re-executed run, repair it once first
-        if it failed; cancel it if the wait times out or the step is interrupted."""
+        if it failed; cancel it if the wait times out or the step is interrupted.
+
+        The first read (the repair check's snapshot) comes at once, and a flow it finds
+        settled is returned as it is: no Pump starts and no wait runs for it. That is the
+        usual case of a downstream step, which starts seconds after its upstream added the
+        flow, and what a Pump would cost there - its start, and its stop, which waits for its
+        blocking read of the outboxes' hint to end - is spent for nothing. A flow still held
+        is waited for with a Pump, as before."""
         client = self.client
-        queues = client.child_queues(flow.queue, flow.parent_id)
         parent_run = parent_run_id(context) if self.repair_on_reexecution else None
         found = client.perform(
             repair_on_readd(client.keys, flow.queue, flow.parent_id, repair=parent_run is not None)
@@ -298,8 +305,12 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 f"EchoMQ flow {flow.parent_id} {found.snap.outcome} in an earlier run "
                 f"({parent_run}): repaired, {found.repaired.requeued} children run again"
             )
+        elif kind_of(found.snap) not in (WAITING, MISSING):
+            return found.snap  # released, closed, failed or cancelled: nothing to wait for
+        queues = client.child_queues(flow.queue, flow.parent_id)
         try:
-            with self.pumping(queues):
+            # Children in the parent's own queue settle it themselves: no signal to carry.
+            with self.pumping([q for q in queues if q != flow.queue]):
                 return wait_settled(
                     client,
                     flow,
