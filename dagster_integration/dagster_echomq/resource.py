@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,11 +50,12 @@ from dagster import (
     DagsterLogManager,
     InitResourceContext,
     OpExecutionContext,
+    Output,
 )
 from pydantic import Field, PrivateAttr
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
-from echomq_core.keyspace import MAX_ID_LENGTH, id_part
+from echomq_core.keyspace import MAX_ID_LENGTH, check_queue, id_part
 from echomq_core.lifecycle import repair_on_readd
 from echomq_core.options import PumpOptions, describe
 from echomq_core.urls import flow_page
@@ -334,6 +335,30 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             client = self.client
             client.perform(repair_on_readd(client.keys, ref.queue, ref.parent_id, repair=True))
         return ref
+
+    def fan_out(
+        self, queue: str, children: Iterable[Child], **options: Any
+    ) -> Iterator[Output[FlowRef]]:
+        """:meth:`add_flow` as the body of an asset declared ``output_required=False``: yields
+        the flow's ``Output``, or nothing for an empty plan. Then no flow is added (a flow of
+        no children is refused, ``InvalidFlow``), the asset is not materialized, and Dagster
+        skips the assets that read it - as Airflow skips what follows a fan-out over nothing.
+        ``options``: those of :meth:`add_flow`. ::
+
+            @asset(io_manager_key="echomq_io", output_required=False)
+            def scores(context: AssetExecutionContext, echomq: EchoMQResource):
+                children = [Child(row, queue="score") for row in plan()]
+                yield from echomq.fan_out("reports", children,
+                                          parent_id=echomq.run_scoped_id(context))
+
+        A bad ``queue`` is refused (``InvalidQueueName``) also when the plan is empty."""
+        check_queue(queue)
+        planned = list(children)
+        if not planned:
+            if self._log is not None:
+                self._log.info(f"EchoMQ: empty plan for {queue!r}: no flow added, readers skipped")
+            return
+        yield Output(self.add_flow(queue, planned, **options))
 
     def snapshot(self, flow: FlowRef) -> FlowSnapshot:
         return self.client.snapshot(flow.queue, flow.parent_id)
