@@ -7,12 +7,14 @@ Settings from the environment, read when a run or sensor starts: ``ECHOMQ_RUNS_U
 ``ECHOMQ_RUNS_PREFIX``, ``ECHOMQ_RUNS_MARKER`` (``fan`` fails after adding its flow while no
 file is there), ``ECHOMQ_RUNS_RECORD`` (the file the workers append each child run to),
 ``ECHOMQ_SENSOR_INTERVAL`` (seconds between sensor evaluations, default 30). A run tagged
-``echomq-test/mode: wrong`` makes ``day_fan`` return its flows under the wrong partitions.
+``echomq-test/mode: wrong`` makes ``day_fan`` return its flows under the wrong partitions; a
+``plan_job`` run's ``echomq-test/plan`` tag is the number of children ``plan_fan`` plans.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations.
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from dagster import (
@@ -24,6 +26,7 @@ from dagster import (
     EnvVar,
     JobDefinition,
     MaterializeResult,
+    Output,
     asset,
     define_asset_job,
     in_process_executor,
@@ -43,6 +46,7 @@ PARENT, DONE, LATER = "rj-parent", "rj-done", "rj-later"
 DASHBOARD = "http://127.0.0.1:9/echomq"
 DAYS = ["2026-11-01", "2026-11-02"]
 MODE_TAG = "echomq-test/mode"
+PLAN_TAG = "echomq-test/plan"
 #: The flows the fixed-flow sensor watches (added by the test, outside Dagster).
 EXTERNAL = [FlowRef(PARENT, "JOB-ext-barrier"), FlowRef(PARENT, "JOB-ext-worker-run")]
 INTERVAL = int(os.environ.get("ECHOMQ_SENSOR_INTERVAL", "30"))
@@ -99,6 +103,18 @@ def day_collect(day_fan: dict[str, Any]) -> MaterializeResult:
     return MaterializeResult(metadata={"sizes": {d: len(v) for d, v in sorted(day_fan.items())}})
 
 
+@asset(io_manager_key="echomq_io", output_required=False)
+def plan_fan(context: AssetExecutionContext, echomq: EchoMQResource) -> Iterator[Output[FlowRef]]:
+    """Fans out over as many children as the run's plan tag says: none, by default."""
+    children = [Child({"n": i}, queue=DONE) for i in range(int(context.run.tags.get(PLAN_TAG, 0)))]
+    yield from echomq.fan_out(PARENT, children, parent_id=echomq.run_scoped_id(context))
+
+
+@asset
+def plan_sum(plan_fan: dict[str, Any]) -> MaterializeResult:
+    return MaterializeResult(metadata={"sum": sum(v["value"] for v in plan_fan.values())})
+
+
 external = AssetSpec("external", metadata=flow_metadata(PARENT)).with_io_manager_key("echomq_io")
 
 
@@ -113,7 +129,7 @@ echomq = EchoMQResource(
 )
 external_job = define_asset_job("external_job", selection=[external_read])
 defs = Definitions(
-    assets=[fan, fan_sum, day_fan, day_collect, external, external_read],
+    assets=[fan, fan_sum, day_fan, day_collect, plan_fan, plan_sum, external, external_read],
     jobs=[
         define_asset_job("fan_job", selection=[fan, fan_sum], executor_def=in_process_executor),
         # over a range, in real step processes: what a step adds and what its output stores
@@ -121,6 +137,8 @@ defs = Definitions(
         define_asset_job(
             "day_job", selection=[day_fan, day_collect], executor_def=multiprocess_executor
         ),
+        # the empty plan in real step processes (the default executor)
+        define_asset_job("plan_job", selection=[plan_fan, plan_sum]),
         external_job,
     ],
     sensors=[

@@ -9,7 +9,10 @@ workers and a long-lived ``echomq pump`` as processes, driven through GraphQL as
   the step's own refusal cancels both flows; a correct backfill of the range records each
   partition's own N, queue, parent id and flow page, and its observations carry the run id;
 * a sensor watching two fixed flows added outside Dagster launches one run for the barrier
-  flow and none, on any tick, for the one added without ``barrier=True``.
+  flow and none, on any tick, for the one added without ``barrier=True``;
+* a fan-out over an empty plan (``EchoMQResource.fan_out``, ``output_required=False``), in
+  step processes of the multiprocess executor: the run succeeds, no flow is added, the
+  fan-out asset is not materialized and the asset reading it is skipped.
 
 Every process started here is in its own session, killed with its whole group at the end.
 """
@@ -35,7 +38,7 @@ REPO = {"repositoryLocationName": "run_jobs.py", "repositoryName": "__repository
 BIN = Path(sys.executable).parent
 
 RUN = """query($id: ID!) {
-  runOrError(runId: $id) { ... on Run { status tags { key value } } }
+  runOrError(runId: $id) { ... on Run { status tags { key value } stepStats { stepKey status } } }
 }"""
 LAUNCHED = """__typename
   ... on LaunchRunSuccess { run { runId } }
@@ -75,7 +78,17 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
     group_spawn: Callable[..., subprocess.Popen[bytes]],
     tmp_path: Path,
 ) -> None:
-    from run_jobs import DASHBOARD, DAYS, DONE, EXTERNAL, LATER, MODE_TAG, PARENT, children_of
+    from run_jobs import (
+        DASHBOARD,
+        DAYS,
+        DONE,
+        EXTERNAL,
+        LATER,
+        MODE_TAG,
+        PARENT,
+        PLAN_TAG,
+        children_of,
+    )
 
     url = client_url(backend)
     home = tmp_path / "dagster_home"
@@ -115,6 +128,29 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
         )["startSensor"]
         assert started["__typename"] == "Sensor", started
 
+        def status(run_id: str) -> str:
+            found: str = gql(RUN, id=run_id)["runOrError"]["status"]
+            return found
+
+        # -- a fan-out over an empty plan: nothing added, the reader skipped ---------------
+        launched = gql(
+            f"""mutation($params: ExecutionParams!) {{
+              launchRun(executionParams: $params) {{ {LAUNCHED} }}
+            }}""",
+            params={
+                "selector": {**REPO, "jobName": "plan_job"},
+                "executionMetadata": {"tags": [{"key": PLAN_TAG, "value": "0"}]},
+            },
+        )["launchRun"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        empty = launched["run"]["runId"]
+        poll("the empty plan's run to succeed", lambda: status(empty) == "SUCCESS", 240, logs)
+        steps = {s["stepKey"]: s["status"] for s in gql(RUN, id=empty)["runOrError"]["stepStats"]}
+        assert steps == {"plan_fan": "SUCCESS", "plan_sum": "SKIPPED"}
+        planned = gql(ASSET_EVENTS, path=["plan_fan"])["assetOrError"]  # or: not found
+        assert planned.get("assetMaterializations", []) == []
+        assert [f for f in mq.list_flows(PARENT) if ".plan_fan" in f.parent_id] == []
+
         # -- a fan-out step that fails after adding its flow, then re-executed -------------
         launched = gql(
             f"""mutation($params: ExecutionParams!) {{
@@ -124,11 +160,6 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
         )["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         first = launched["run"]["runId"]
-
-        def status(run_id: str) -> str:
-            found: str = gql(RUN, id=run_id)["runOrError"]["status"]
-            return found
-
         poll("the fan-out run to fail", lambda: status(first) == "FAILURE", 240, logs)
         (flow,) = [f for f in mq.list_flows(PARENT) if f.parent_id.endswith(".fan")]
         assert first in flow.parent_id
