@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from echomq_core import EchoMQ, Job, JobSpec, Worker
+from echomq_core import Backoff, EchoMQ, Job, JobSpec, Unrecoverable, Worker
 from echomq_core.errors import InvalidArgument
 from echomq_core.server import EmbeddedServer
 from echomq_core.throughput import DAY, read_minutes
@@ -82,8 +82,62 @@ def test_a_field_from_yesterday_reads_as_zero_and_restarts(
     q.complete(job, 2)
     assert totals(mq, "tp-stale") == (1, 0)
     value = raw.hget(key, str(int(raw.time()[0]) // 60 % DAY))
-    assert value is not None and value.decode().endswith(" 1 0")
+    assert value is not None and value.decode().endswith(" 1 0 0")
     assert 0 < raw.pttl(key) <= 25 * 3600 * 1000
+    raw.close()
+    mq.close()
+
+
+def test_deaths_are_counted_apart_from_failed_attempts(backend: Backend, mq: EchoMQ) -> None:
+    """Three jobs failing twice each (max_attempts=2): six failed attempts, three deaths; a
+    job failing once then succeeding adds a failed attempt and no death; one buried at once
+    (Unrecoverable) is one of each."""
+    q = mq.queue("tp-deaths", max_attempts=2, backoff=Backoff(0, 0))
+    q.add_bulk([JobSpec({"n": i, "fail": True}) for i in range(3)])
+    flaky = q.add({"n": 7})
+    buried = q.add({"n": 8})
+    seen: set[int] = set()
+
+    def flaky_once(job: Job) -> object:
+        if job.payload["n"] == 7 and 7 not in seen:
+            seen.add(7)
+            raise RuntimeError("first try fails")
+        if job.payload["n"] == 8:
+            raise Unrecoverable("no retry")
+        return handle(job)
+
+    worker = Worker(mq, {"tp-deaths": flaky_once}).start()
+    try:
+        eventually(lambda: q.stats()["dead"] == 4 and q.stats()["completed"] == 1, 30)
+    finally:
+        worker.stop()
+    found = mq.perform(read_minutes(mq.keys, "tp-deaths", 3))
+    assert sum(m.failed for m in found) == 8
+    assert sum(m.deaths for m in found) == 4
+    assert sum(m.completed for m in found) == 1
+    assert mq.get_job("tp-deaths", flaky).state == "completed"
+    assert mq.get_job("tp-deaths", buried).state == "dead"
+
+
+def test_a_field_without_deaths_reads_as_none_and_gains_them(
+    standalone_server: EmbeddedServer, prefix: str
+) -> None:
+    """A field written before deaths were counted ('<minute> <c> <f>') reads as 0 deaths; the
+    next batch keeps its counts and adds the fourth."""
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    raw = redis.Redis.from_url(standalone_server.url)
+    minute = int(raw.time()[0]) // 60
+    key = mq.keys.minutes("tp-old")
+    raw.hset(key, mapping={str(m % DAY): f"{m} 5 2" for m in range(minute - 1, minute + 2)})
+    found = mq.perform(read_minutes(mq.keys, "tp-old", 2))
+    assert [(m.completed, m.failed, m.deaths) for m in found] == [(5, 2, 0), (5, 2, 0)]
+    q = mq.queue("tp-old", max_attempts=1)
+    q.add(1)
+    (job,) = q.claim(1)
+    assert q.fail(job, "boom")  # died
+    now = int(raw.time()[0]) // 60
+    value = raw.hget(key, str(now % DAY))
+    assert value is not None and value.decode() == f"{now} 5 3 1"
     raw.close()
     mq.close()
 
