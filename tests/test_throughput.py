@@ -196,14 +196,24 @@ def test_the_queue_page_draws_the_minutes_and_the_api_serves_them(
     q.add({"n": 99})  # one pending: the gauge shows its age
     got = json.loads(dashboard.get("/api/throughput/tp-page?minutes=5").body)
     assert len(got["minutes"]) == 5
-    assert (got["completed"], got["failed"]) == (9, 3)
+    assert (got["completed"], got["failed"], got["deaths"]) == (9, 3, 3)
     assert sum(m["completed"] for m in got["minutes"]) == 9
+    assert sum(m["deaths"] for m in got["minutes"]) == 3
+    assert "chart" not in got  # the markup only when asked for (the page's live refresh)
+    live = json.loads(dashboard.get("/api/throughput/tp-page?minutes=1440&chart=1").body)
+    svg = live["chart"]
+    assert svg.startswith('<svg id="throughput-chart"') and 'data-per="4"' in svg
     assert got["oldest_pending_age"] is not None and got["oldest_pending_age"] >= 0
     page = dashboard.get("/queue/tp-page").body
     assert '<svg id="throughput-chart"' in page
     done = [int(n) for n in re.findall(r'class="done"[^>]*data-n="(\d+)"', page)]
     failed = [int(n) for n in re.findall(r'class="failed"[^>]*data-n="(\d+)"', page)]
     assert sum(done) == 9 and sum(failed) == 3
+    deaths = [int(n) for n in re.findall(r'class="deaths"[^>]*data-n="(\d+)"', page)]
+    assert sum(deaths) == 3 and 'id="t-deaths" data-k="deaths">3<' in page
+    day = dashboard.get("/queue/tp-page?minutes=1440").body
+    assert "Last 24 hours" in day and 'data-bars="360"' in day
+    assert dashboard.get("/queue/tp-page?minutes=61").status == 400
     assert 'id="oldest-age"' in page and "none pending" not in page
     bad = dashboard.get("/api/throughput/tp-page?minutes=0")
     assert bad.status == 400 and "minutes" in bad.body
