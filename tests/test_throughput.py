@@ -159,7 +159,8 @@ def test_a_full_day_of_minutes_costs_a_bounded_memory(
     minute = int(raw.time()[0]) // 60
     key = mq.keys.minutes("tp-mem")
     raw.hset(
-        key, mapping={str(m % DAY): f"{m} 123456 789" for m in range(minute - DAY + 1, minute + 1)}
+        key,
+        mapping={str(m % DAY): f"{m} 123456 789 12" for m in range(minute - DAY + 1, minute + 1)},
     )
     q = mq.queue("tp-mem")
     q.add(1)
