@@ -40,18 +40,19 @@
 -- keep is '0'); a flow child's row is not written at all: its result lives in the parent's
 -- :processed (or in the signal on its way there), and membership of `completed` says it is
 -- done - so a child costs one command here, its fan-in record. A kept row also gets the final
--- attempt's start and worker (includes/holder.lua: read from the lease token, so the same HSET
--- -- writes them; fields 'started' ms and 'worker' id tail, about 40 bytes; neither when the token
--- is an older worker's). Returns: {statuses, events, handed}:
+-- attempt's start and worker (includes/holder.lua: read from the lease token, once per token,
+-- so the same HSET writes them): fields 'started' (ms) and 'worker' (the worker id's tail; ''
+-- for a claim outside a worker), 32 bytes of MEMORY USAGE; neither when the token is an older
+-- worker's. Returns: {statuses, events, handed}:
 -- statuses per job 1 (completed) / 0 (lease lost); events a flat list of pairs
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed. A gated child
 -- that completes returns its token: its gate admits the next waiting child in this step;
 -- handed = the ids of admitted children leased to the caller (ARGV[4]), in admission order.
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
--- their flow's expiry, and its 'started' and 'worker' fields with it; :processed records and counters go with the flow; outbox signals are
--- trimmed by the Pump (trim_outbox.lua); the wake member is popped by idle workers, the
--- outbox:wake member by an idle Pump.
+-- their flow's expiry ('started' and 'worker' go with the row); :processed records and
+-- counters go with the flow; outbox signals are trimmed by the Pump (trim_outbox.lua); the
+-- wake member is popped by idle workers, the outbox:wake member by an idle Pump.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 local q = queue_keys(KEYS)
 local queue, keep = ARGV[1], ARGV[2]

@@ -37,8 +37,9 @@
 -- Steps: tokens checked with one HMGET (batch.lua): a stale failure changes nothing. For each
 -- current job: attempts + 1, the attempt appended to the row's 'history' (includes/attempt.lua:
 -- when it started and on which worker, read from its lease token; when it ended; its outcome
--- and first error line; the last 10 kept, at most 1.6 KiB); below max_attempts (and delay_ms >= 0) it goes to delayed with its
--- error; otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
+-- and first error line; the last 10 kept, at most 1.6 KiB, in the HMGET and HSET this script
+-- makes anyway); below max_attempts (and delay_ms >= 0) it goes to delayed with its error;
+-- otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
 -- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
 -- A gated child that dies returns its token (its gate admits the next waiting child here); one
