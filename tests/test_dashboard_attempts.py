@@ -202,3 +202,46 @@ def test_a_jobs_attempt_records_are_bounded_and_a_completion_adds_a_few_bytes(
     )
     assert extra <= 40
     raw.close()
+
+
+def test_an_async_workers_leases_and_attempts_name_it(
+    standalone_server: EmbeddedServer, mq: EchoMQ, prefix: str
+) -> None:
+    """The asyncio worker's tokens name it as the threaded worker's do: a failed attempt's
+    record and the completed row carry its id's tail."""
+    import asyncio
+
+    from echomq_core import AsyncEchoMQ, AsyncWorker
+    from echomq_core.browse import job_detail
+
+    q = mq.queue("at-async", max_attempts=3, backoff=Backoff(0, 0))
+    job_id = q.add({"n": 1})
+    seen: list[int] = []
+
+    async def flaky(job: Job) -> object:
+        seen.append(1)
+        if len(seen) == 1:
+            raise RuntimeError("first async try")
+        return "ok"
+
+    async def main() -> str:
+        amq = AsyncEchoMQ(standalone_server.url, prefix=prefix)
+        options = {"max_attempts": 3, "backoff": Backoff(0, 0)}
+        worker = AsyncWorker(amq, {"at-async": flaky}, queue_options=options)
+        await worker.start()
+        try:
+            for _ in range(1500):
+                if q.stats()["completed"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await worker.stop()
+            await amq.close()
+        return worker.presence.entry.id
+
+    me = asyncio.run(main())
+    tail = me.rsplit("-", 1)[-1]
+    detail = mq.perform(job_detail(mq.keys, "at-async", job_id, mq.serializer))
+    assert detail is not None and detail.info.state == "completed"
+    assert [(a.worker, a.outcome) for a in detail.attempts] == [(tail, "retry")]
+    assert detail.holder == tail and detail.started_ms is not None
