@@ -120,6 +120,7 @@ def record(
         if done:
             completed = yield queue.settle_completed_op(done, offered)
             tally.completed += sum(completed.statuses)
+            log_lost(queue.name, done, completed.statuses)
             if offered is not None and completed.handed:
                 room = offered.room - len(completed.handed)
                 offered = ops.Hand(offered.token, offered.lease_ms, room)
@@ -240,6 +241,23 @@ def extend_leases(
         if not all(held):  # the common case takes no lock
             with lock:
                 hand.note_lost(items, held)
+
+
+def log_lost(queue: str, done: list[tuple[Job, bytes]], statuses: list[int]) -> None:
+    """One WARNING per batch for the completions the server refused because their lease was
+    gone: the job was recovered after its lease expired (a handler slower than the lease, a
+    worker cut off from the server) and may have run again elsewhere, or its flow was
+    cancelled. The result is dropped; whoever holds the job now records its own."""
+    lost = [job.id for (job, _), status in zip(done, statuses, strict=True) if not status]
+    if lost:
+        shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        log.warning(
+            "%d completion(s) in %r not recorded, their lease was gone (expired, or the flow "
+            "was cancelled): %s",
+            len(lost),
+            queue,
+            shown,
+        )
 
 
 def log_failures(queue: str, failed: list[Failed], settled: Settlement | None) -> None:
