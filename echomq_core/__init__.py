@@ -24,6 +24,7 @@ from .errors import (
     LeaseLost,
     ParentFailed,
     ServerError,
+    ServerFull,
     ServerStartError,
     Unrecoverable,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "Queue",
     "RateLimit",
     "ServerError",
+    "ServerFull",
     "ServerStartError",
     "Unrecoverable",
     "Verdict",
