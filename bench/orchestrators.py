@@ -15,27 +15,34 @@ Four ways to do the same thing - ``plan`` makes N integers, each is doubled (the
   dag-processor, triggerer as processes, LocalExecutor, SQLite), triggered through the REST
   API. Above ``[core] max_map_length`` (1,024 by default) the run is made once at the default
   and what fails, with what error, is recorded.
-* **Airflow EchoMQ**: ``plan -> EchoFlowOperator -> EchoFlowSensor (deferrable) -> collect``;
-  the children run in an ``echomq worker`` process (same trivial work), ``collect`` reads the
-  values page by page (``flow_results``). Baseline: a flow of 0 children is refused by EchoMQ
-  (the ``n=0`` run records the error), so the baseline is the DAG without the fan-out:
-  ``plan -> collect`` with 0 items.
+* **Airflow EchoMQ**: ``plan -> EchoFlowOperator -> EchoFlowSensor (deferrable) -> collect``
+  (and two shorter ways: the operator waiting; ``@task.echo_flow``); the children run in an
+  ``echomq worker`` process (same trivial work), ``collect`` reads the values page by page
+  (``flow_results``).
 * **Dagster native**: an op with ``DynamicOut`` yielding N ``DynamicOutput`` s,
   ``.map(work).collect()`` into ``collect``, run with ``dagster job execute`` (the default
   executor: multiprocess, one process per step).
 * **Dagster EchoMQ**: an asset adding the flow with ``EchoMQResource`` (its output stored by
   ``EchoMQIOManager``), a downstream asset getting ``{child id: result}`` as its input;
   an ``echomq worker`` process runs the children; ``dagster job execute`` the same way.
-  Baseline: the same two-asset job without the fan-out (``plan`` returns 0 items).
+
+Two baselines for each EchoMQ way (:mod:`bench.w7_report` computes both): its **plain twin**
+``plain_<way>``, the same DAG or job shape without EchoMQ with every task run and the
+doubling done in process, at the same N (interleaved run by run with the way); and the same
+DAG or job with **0 items** (Airflow: an empty plan skips the fan-out; Dagster, while an
+empty plan fails there, the plain job at 0 items, recorded as ``baseline``). Airflow's
+``baseline`` is ``plan -> collect`` with 0 items, the measure of the earlier results.
 
 Figures per run: Airflow - the DAG run's ``end_date - start_date`` (the scheduler's clock) and
 trigger-to-end (the REST POST to ``end_date``); Dagster - CLI start to exit, and the run's
-start-to-end from the event log. EchoMQ runs also give the workers' busy window: the first to
-the last completion time of the run's children, read from the server (the child queue's
-``completed`` index; the first claim precedes the first completion by one batch of trivial
-handlers - milliseconds). A run past ``--budget`` seconds is stopped (Airflow: the run is
-marked failed through the REST API; Dagster: the CLI's process group is killed) and recorded
-as such. Figures only: nothing here asserts a time.
+start-to-end from the event log. Each run also keeps its **timeline** (where the time goes):
+each task instance's scheduled / queued / start / end (Airflow's DB), each step's worker
+start, STEP_START, input loads, handled outputs and STEP_SUCCESS (Dagster's event log) and,
+for EchoMQ runs, the flow's parent row (created, released, closed) and the workers' busy
+window: the first to the last completion time of the run's children, read from the server
+(the child queue's ``completed`` index). A run past ``--budget`` seconds is stopped (Airflow:
+the run is marked failed through the REST API; Dagster: the CLI's process group is killed)
+and recorded as such. Figures only: nothing here asserts a time.
 """
 
 from __future__ import annotations
