@@ -196,7 +196,9 @@ def timeline_table(row: dict[str, Any]) -> list[str]:
     if not steps:
         return []
     columns = MARKS[row["system"]]
-    head = f"{row['system']} `{row['way']}`, N = {row['n']:,} ({row['wall'].get('runs', 0)} runs)"
+    runs = row["wall"].get("runs", 0)
+    plural = "" if runs == 1 else "s"
+    head = f"{row['system']} `{row['way']}`, N = {row['n']:,} ({runs} run{plural})"
     lines = [
         "",
         f"**{head}**",
