@@ -254,10 +254,11 @@ class EchoMQ(_Base):
         starts its retention (``closed``); one nobody closes expires after ``unclosed``.
 
         ``replace=True`` (with ``parent_id``): if that id holds a different flow (other
-        children), it is cancelled and taken away, and this flow is added in its place as a new
-        generation whose child ids cannot collide with the old ones (``<id>.g<n>.<i>``); without
-        it such an add raises :class:`FlowConflict`. A re-add of the same flow converges either
-        way. See :mod:`echomq_core.lifecycle`.
+        children, or any node's payload or options changed, compared by a digest of the whole
+        tree that a replacing add keeps), it is cancelled and taken away, and this flow is
+        added in its place as a new generation whose child ids cannot collide with the old ones
+        (``<id>.g<n>.<i>``); without it such an add raises :class:`FlowConflict`. A re-add
+        of the same flow converges either way. See :mod:`echomq_core.lifecycle`.
 
         ``max_running=K``: at most K of the root's leaf children are leased at once, whatever
         the number of workers; the rest wait in order (priority, then arrival) and each one

@@ -320,7 +320,30 @@ def fingerprint(node: _Node) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False) -> Call:
+def tree_digest(root: _Node) -> str:
+    """A digest of a whole flow as planned - every node's queue, id, options, number of
+    children and serialised payload, level by level: what ``add_flow(replace=True)`` keeps on
+    the root and compares, so that a re-add of the same flow converges and any change below
+    the root (a payload, a policy, a leaf that became a sub-flow) replaces it. Computed only
+    for replacing adds (a level of 200,000 leaves is one join, not a call per node)."""
+    h = hashlib.blake2b(digest_size=16)
+    level = [root]
+    while level:
+        h.update(
+            "\n".join(
+                [
+                    f"{n.queue}\t{n.id}\t{n.policy}\t{n.max_attempts}\t{n.timeout_ms}\t"
+                    f"{n.priority}\t{n.cap}\t{n.allow}\t{len(n.children)}\t{len(n.payload)}"
+                    for n in level
+                ]
+            ).encode()
+        )
+        h.update(b"".join([n.payload for n in level]))
+        level = [c for n in level for c in n.children]
+    return h.hexdigest()
+
+
+def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "") -> Call:
     parent = node.parent
     up_id = parent.id if parent else ""
     up_queue = parent.queue if parent and parent.queue != node.queue else ""
@@ -351,6 +374,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False) -> Call:
             node.gen,
             "" if node.allow is None else node.allow,
             "" if node.cap is None else node.cap,
+            digest,
             *explicit,
         ],
     )
@@ -433,6 +457,7 @@ def add_flow(
     *,
     barrier: bool = False,
     replan: Callable[[str], _Node] | None = None,
+    digest: bool = False,
 ) -> Op[FlowRef]:
     """Check explicit child ids are free (only if there are any), hold the root, then land
     each depth of the tree in one pipelined step (registering ``new_queues`` in the first).
@@ -440,16 +465,20 @@ def add_flow(
     A parent this add held *fresh* (its hold answered 1) cannot have children yet, so its
     children with derived ids land without the existence check - one command per child saved
     on the first attempt. Any retry finds the parent existing and checks every child.
+    ``digest``: a root held fresh keeps its :func:`tree_digest` (what a replacing add
+    compares).
     """
     explicit = _explicit(root)
     if explicit:
         yield from _check_free(ks, explicit)
-    (held,) = yield Lenient([_hold_call(ks, root, barrier)])
+    tfp = tree_digest(root) if digest else ""
+    (held,) = yield Lenient([_hold_call(ks, root, barrier, tfp)])
     gen = _generation(held)
     if gen is not None and replan is not None and gen != root.gen:
         # the id holds a replaced flow of another generation: plan its ids, hold again
         root = replan(gen)
-        (held,) = yield Lenient([_hold_call(ks, root, barrier)])
+        tfp = tree_digest(root) if digest else ""
+        (held,) = yield Lenient([_hold_call(ks, root, barrier, tfp)])
     if isinstance(held, Exception):
         raise held
     fresh = {root.id} if int(held) == 1 else set()

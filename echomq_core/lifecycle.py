@@ -13,11 +13,16 @@ calling it again.
   is refused by its token). Completed children keep their values, and reports that were on
   their way (children that finished before the cancel) are recorded as usual; a cancelled
   parent is never released or failed.
-* **Replace** (``add_flow(..., replace=True)``): when the parent id holds another flow (other
-  children), the old one is cancelled, its children's rows deleted in every queue, its root
+* **Replace** (``add_flow(..., replace=True)``): when the parent id holds another flow, the
+  old one is cancelled, its children's rows deleted in every queue, its root
   reset to a tombstone that names the next generation (``reset.lua``), and the new flow is
   added as generation n: its derived child ids are ``<id>.g<n>.<i>``, so they never collide
-  with the old ones, and a late report of an old child changes nothing.
+  with the old ones, and a late report of an old child changes nothing. "Another flow": a
+  replacing add keeps a digest of the whole tree on the root (:func:`~echomq_core.flows.
+  tree_digest`: every node's queue, id, options and payload), so any change below the root is
+  one, and the same flow again converges; a flow added without ``replace`` has no digest and
+  is compared by its children's ids and queues and its settings, and replaced too when a node
+  below the root is refused as another flow's.
 * **Repair** (``repair.lua`` per node, ``requeue.lua`` per child queue, ``repair_done.lua``
   last): a failed node's dead children (``:failed``; with ``ignored`` its ``:unsuccessful``
   too) are recorded in ``:repair`` and the node is held again - all in one script - then those
@@ -37,7 +42,8 @@ from typing import Any
 
 from .calls import Call, Op
 from .checks import text as _s
-from .flows import _Node, add_flow, child_candidates, fingerprint, snapshot
+from .errors import FlowConflict
+from .flows import _Node, add_flow, child_candidates, fingerprint, snapshot, tree_digest
 from .keyspace import Keyspace, child_stem
 from .models import FlowRef, FlowSnapshot
 from .ops import chunks
@@ -349,23 +355,44 @@ def add_or_replace(
     generation. One round trip more than a plain add; a cut replace is completed by a retry."""
     root = plan("")
     queue, parent_id = root.queue, root.id
-    ((state, total, fp, gen, allow, cap),) = yield [
+    ((state, total, fp, gen, allow, cap, tfp),) = yield [
         Call.cmd(
-            "HMGET", ks.job(queue, parent_id), "state", "total", "fp", "gen", "allow", "cap"
+            "HMGET",
+            ks.job(queue, parent_id),
+            "state",
+            "total",
+            "fp",
+            "gen",
+            "allow",
+            "cap",
+            "tfp",
         )
     ]
     gen_s = _s(gen) if gen else ""
     if gen_s:
         root = plan(gen_s)
-    same = (
-        total is not None
-        and int(total) == len(root.children)
-        and (fp is None or _s(fp) == fingerprint(root))
-        and (None if allow is None else int(allow)) == root.allow
-        and (_s(cap) if cap is not None else "") == ("" if root.cap is None else str(root.cap))
-    )
+    if tfp is not None:  # added by a replacing add: the whole tree is compared
+        same = _s(tfp) == tree_digest(root)
+    else:  # added without one: its children's ids and queues and its settings
+        same = (
+            total is not None
+            and int(total) == len(root.children)
+            and (fp is None or _s(fp) == fingerprint(root))
+            and (None if allow is None else int(allow)) == root.allow
+            and (_s(cap) if cap is not None else "") == ("" if root.cap is None else str(root.cap))
+        )
     if state is None or _s(state) == "replaced" or same:
-        return (yield from add_flow(ks, root, new_queues, barrier=barrier, replan=plan))
+        try:
+            return (
+                yield from add_flow(
+                    ks, root, new_queues, barrier=barrier, replan=plan, digest=True
+                )
+            )
+        except FlowConflict as exc:
+            # a flow compared without a digest may differ below its root (a leaf that became
+            # a sub-flow, a sub-flow of other children): that is another flow - replace it
+            if state is None or tfp is not None or exc.generation is not None:
+                raise
     # another flow under this id: cancel it, delete its tree, reset the root, add gen n + 1
     yield from cancel_flow(ks, queue, parent_id, "replaced by a new flow under the same id")
     (info,) = yield [_cancel_call(ks, queue, parent_id, "", "")]
@@ -373,4 +400,8 @@ def add_or_replace(
     yield from forget_tree(ks, [(queue, node)], SweepStats())
     keys = [*ks.queue_keys(queue), *ks.node_keys(queue, parent_id)]
     (next_gen,) = yield [Call.lua("reset", keys, [parent_id])]
-    return (yield from add_flow(ks, plan(_s(next_gen)), new_queues, barrier=barrier, replan=plan))
+    return (
+        yield from add_flow(
+            ks, plan(_s(next_gen)), new_queues, barrier=barrier, replan=plan, digest=True
+        )
+    )

@@ -30,7 +30,10 @@
 -- ARGV[14] max_running  '' = no cap; else K, the cap on this node's leased leaf children
 --                       (kept as the row's 'cap': counted on the child queues' slots, by
 --                       the gates land.lua fills; a re-add with another cap is refused)
--- ARGV[15..] pairs: child id, queue - the children whose ids were given (not derived)
+-- ARGV[15] tree digest  '' or (roots of replacing adds) a digest of the whole planned flow,
+--                       kept as the row's 'tfp': add_flow(replace=True) compares it on the
+--                       host before it decides to converge or to replace
+-- ARGV[16..] pairs: child id, queue - the children whose ids were given (not derived)
 --
 -- Steps: a parent that already exists is left exactly as it is (holding never resets a
 -- counter: a retried add converges instead of starting over) - provided it is the SAME flow:
@@ -38,7 +41,7 @@
 -- 'held' and the counter set to N, in this one script, so the counter exists before any child
 -- can complete; a root enters flows:held. Two different adds racing on one id: one holds, the
 -- other is refused here.
--- Owner of what it writes: the row (with `allow`), the counter, the explicit record and the index entry are
+-- Owner of what it writes: the row (with `allow` and `tfp`), the counter, the explicit record and the index entry are
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
 -- Errors: EMQKIND bad id; EMQTAKEN <id> the id is another flow's node or a plain job; EMQFLOW
@@ -100,10 +103,11 @@ if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARG
 if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end
 if ARGV[13] ~= '' then fields[#fields + 1] = 'allow'; fields[#fields + 1] = ARGV[13] end
 if ARGV[14] ~= '' then fields[#fields + 1] = 'cap'; fields[#fields + 1] = ARGV[14] end
+if ARGV[15] ~= '' then fields[#fields + 1] = 'tfp'; fields[#fields + 1] = ARGV[15] end
 redis.call('HSET', KEYS[16], unpack(fields))
 redis.call('SET', KEYS[17], ARGV[3])
 -- unpack() is bounded by the Lua stack: write the explicit record in slices
-for i = 15, #ARGV, 1000 do
+for i = 16, #ARGV, 1000 do
   redis.call('HSET', KEYS[18], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1

@@ -314,6 +314,72 @@ def test_replace_swaps_a_changed_flow_under_the_same_parent_id(
     mq.close()
 
 
+def _shapes(work: str) -> dict[str, list[Child]]:
+    """Flows of two children that differ only below the root: the same child ids and queues."""
+    return {
+        "leaves": [Child({"n": 1}, queue=work), Child({"n": 2}, queue=work)],
+        "payload": [Child({"n": 1}, queue=work), Child({"n": 3}, queue=work)],
+        "policy": [
+            Child({"n": 1}, queue=work),
+            Child({"n": 2}, queue=work, ignore_dependency_on_failure=True),
+        ],
+        "sub-flow": [Child(children=[Child({"n": 5}, queue=work)]), Child({"n": 2}, queue=work)],
+        "wider sub-flow": [
+            Child(children=[Child({"n": 5}, queue=work), Child({"n": 6}, queue=work)]),
+            Child({"n": 2}, queue=work),
+        ],
+    }
+
+
+@pytest.mark.parametrize("first", ["leaves", "sub-flow"])
+def test_replace_compares_the_whole_tree_not_only_the_roots_children(
+    backend: Backend, prefix: str, first: str
+) -> None:
+    """A replacing add of a flow that differs only below the root (a payload, a policy, a leaf
+    that became a sub-flow, a sub-flow of other children) replaces it; the same flow again
+    converges to it. Parent ids as the Airflow provider derives them (with '/')."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rt")
+    shapes = _shapes(work)
+    for name, children in shapes.items():
+        if name == first:
+            continue
+        pid = f"JOB-af/dag/fan_out/{first}-{name}".replace(" ", "_")
+        old = mq.add_flow(parents, shapes[first], parent_id=pid, barrier=True, replace=True)
+        again = mq.add_flow(parents, shapes[first], parent_id=pid, barrier=True, replace=True)
+        assert again == old, name  # the same flow: converged, not replaced
+        new = mq.add_flow(parents, children, parent_id=pid, barrier=True, replace=True)
+        assert new.children[0][1] == f"{pid}.g1.0", name
+        assert mq.add_flow(parents, children, parent_id=pid, barrier=True, replace=True) == new
+        work_off(mq, [parents, work])
+        snap = invariant(mq, parents, pid)
+        assert (snap.parent_state, snap.total) == ("released", 2), name
+        values = mq.children_values(parents, pid)
+        assert set(values) == {f"{pid}.g1.0", f"{pid}.g1.1"}, name
+    mq.close()
+
+
+def test_replace_of_a_flow_added_without_replace_swaps_a_changed_sub_flow(
+    backend: Backend, prefix: str
+) -> None:
+    """A flow first added without ``replace`` keeps no digest of its tree: a replacing add
+    whose root matches but whose sub-flow does not still replaces it (it was refused with
+    FlowConflict from the sub-flow's hold)."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rn")
+    shapes = _shapes(work)
+    for first, then in (("leaves", "sub-flow"), ("sub-flow", "wider sub-flow")):
+        pid = f"JOB-af/dag/fan_out/{first}-{then}".replace(" ", "_")
+        mq.add_flow(parents, shapes[first], parent_id=pid, barrier=True)
+        with pytest.raises(FlowConflict):
+            mq.add_flow(parents, shapes[then], parent_id=pid, barrier=True)
+        new = mq.add_flow(parents, shapes[then], parent_id=pid, barrier=True, replace=True)
+        assert new.children[0][1] == f"{pid}.g1.0"
+        work_off(mq, [parents, work])
+        assert invariant(mq, parents, pid).parent_state == "released"
+    mq.close()
+
+
 def test_cancel_and_retry_refuse_what_is_not_a_flow_root(backend: Backend, prefix: str) -> None:
     mq = backend.client(prefix)
     parents, work = backend.queues_on_distinct_nodes(2, "cr")
