@@ -33,6 +33,7 @@ from .errors import (
     LeaseLost,
     ParentFailed,
     ServerError,
+    ServerFull,
     ServerStartError,
     Unrecoverable,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "Queue",
     "RateLimit",
     "ServerError",
+    "ServerFull",
     "ServerStartError",
     "Unrecoverable",
     "Verdict",

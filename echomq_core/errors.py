@@ -42,6 +42,14 @@ class ServerError(EchoMQError):
     """Raised when the server answers with an error EchoMQ does not know (or a malformed reply)."""
 
 
+class ServerFull(ServerError):
+    """Raised when the server refused a write because its memory reached ``maxmemory`` (under
+    ``noeviction``, the setting EchoMQ asks for; the reply starts ``OOM``). Nothing of that
+    call was written: a script is refused at its first write, before it changed anything. A
+    flow add cut by it leaves what a retry completes. Retry once memory is freed (a retention
+    sweep, a bigger ``maxmemory``); workers keep their results and record them then."""
+
+
 class InvalidInput(EchoMQError, ValueError):
     """Raised when an argument is refused; nothing was written."""
 
@@ -158,6 +166,8 @@ def from_reply(message: str) -> EchoMQError:
         return conflict
     cls = _CODES.get(code)
     if cls is None:
+        if code == "OOM" or "used memory > 'maxmemory'" in text:
+            return ServerFull(text)  # redis-py's OutOfMemoryError drops the "OOM" word
         return ServerError(text)
     return cls(text[len(code) :].strip() or code)
 

@@ -417,23 +417,29 @@ def _check_free(ks: Keyspace, nodes: list[_Node]) -> Op[None]:
         for part in chunks(members):
             calls.append(
                 Call.lua(
-                    "rows", [ks.job(queue, n.id) for n in part], ["payload", "parent", "total"]
+                    "rows",
+                    [ks.job(queue, n.id) for n in part],
+                    ["payload", "parent", "total", "parent_queue"],
                 )
             )
             order.append(part)
     replies = yield calls
     for part, rows in zip(order, replies, strict=True):
-        for node, (payload, parent, total) in zip(part, rows, strict=True):
+        for node, (payload, parent, total, up_queue) in zip(part, rows, strict=True):
             if not payload and not total:
                 continue  # free
-            assert node.parent is not None
-            if parent and _s(parent) == node.parent.id:
+            up = node.parent
+            assert up is not None
+            mine = up.queue if up.queue != node.queue else ""
+            if parent and _s(parent) == up.id and (_s(up_queue) if up_queue else "") == mine:
                 continue  # this flow's own child: a retry
             owner = (
                 f"a child of {_s(parent)}"
                 if parent
                 else ("a flow parent" if total else "a plain job")
             )
+            if parent and _s(parent) == up.id:
+                owner += " in another queue"  # a parent of the same id: another flow
             raise FlowConflict(
                 f"child id {node.id} in queue {node.queue!r} is taken by {owner}, not free for "
                 f"parent {node.parent.id}"

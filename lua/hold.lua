@@ -51,13 +51,16 @@ local q = queue_keys(KEYS)
 local bad = check_id(ARGV[1])
 if bad then return bad end
 local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen', 'allow',
-  'cap')
+  'cap', 'parent_queue')
 if row[4] == 'replaced' then
   redis.call('DEL', KEYS[16])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
-  if (row[3] or '') ~= ARGV[5] then
+  -- the same parent of its own: its id AND its queue (a parent of the same id in another
+  -- queue is another flow, whose node this one would wait on for ever)
+  if (row[3] or '') ~= ARGV[5] or (row[8] or '') ~= ARGV[6] then
     local owner = 'a root flow parent'
     if row[3] then owner = 'a child of ' .. row[3] end
+    if row[3] == ARGV[5] then owner = owner .. ' in another queue' end
     return redis.error_reply('EMQTAKEN ' .. ARGV[1] .. ' id ' .. ARGV[1] .. ' is taken by ' .. owner)
   end
   if (row[5] or '') ~= ARGV[12] then  -- the host planned another generation's ids: re-plan

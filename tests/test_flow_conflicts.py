@@ -87,6 +87,34 @@ def test_one_parent_id_in_two_queues_does_not_take_the_others_children(
     mq.close()
 
 
+@pytest.mark.parametrize("given", [False, True], ids=["derived", "explicit"])
+def test_one_parent_id_in_two_queues_does_not_take_the_others_sub_flows(
+    backend: Backend, prefix: str, given: bool
+) -> None:
+    """The same for an inner node: two roots of one id in two queues, each with a sub-flow in
+    a shared queue (derived ``<id>.0``, or the same explicit id). The second root's sub-flow
+    would find the first's, of a parent of the same id, and take it for its own (the second
+    root waiting for ever on a node that reports to the first): it is refused naming the id,
+    and the first completes as it was."""
+    mq = backend.client(prefix)
+    qa, qb, mid = backend.queues_on_distinct_nodes(3, "ts")
+    kids = mid  # the sub-flow's leaves beside it (a Cluster here has three masters)
+    pid = "JOB-af/dag/fan_out/shared"
+    sub = f"{pid}.0" if not given else "JOB-sub-given"
+
+    def tree(n: int) -> list[Child]:
+        return [Child(queue=mid, id=sub if given else None, children=[Child(n, queue=kids)])]
+
+    mq.add_flow(qa, tree(1), parent_id=pid)
+    with pytest.raises(FlowConflict, match=f"{sub}.* in another queue"):
+        mq.add_flow(qb, tree(1), parent_id=pid)
+    second = mq.snapshot(qb, pid)  # refused before it held (explicit) or failed naming it
+    assert second.outcome == "missing" if given else second.parent_state == "failed", second
+    work_off(mq, [qa, mid, kids])
+    assert mq.snapshot(qa, pid).parent_state == "completed"
+    mq.close()
+
+
 def test_re_adding_a_parent_with_other_children_of_the_same_count_is_refused(
     backend: Backend, prefix: str
 ) -> None:
