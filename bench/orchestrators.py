@@ -67,7 +67,7 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "airflow"))
 
-from bench.w7_report import MARKS, markdown, table, twin  # noqa: E402
+from bench.w7_report import markdown, table, twin  # noqa: E402
 from echomq_core import Job  # noqa: E402
 
 PREFIX = "w7"
@@ -333,6 +333,38 @@ def offset(moment: float | None, start: float) -> float | None:
     return None if moment is None else round(moment - start, 2)
 
 
+#: A task instance's marks from the metadata DB, in the order of the query's columns.
+DB_MARKS = ("scheduled", "queued", "start", "end")
+#: Marks read from a task's log (its own process's clock): (label, event, first or last).
+#: ``parsed``: the DAG file parsed in the task's process; ``executing``: the pre-execute
+#: group closed, the operator's ``execute`` starts; ``returned``: it returned (post-execute:
+#: the XCom push and the state report follow).
+TASK_LOG_MARKS = (
+    ("parsed", "Worker startup parse complete", 0),
+    ("executing", "::endgroup::", 0),
+    ("returned", "::group::Post Execute", 1),
+)
+
+
+def task_log_marks(home: Path, dag_id: str, run_id: str, task: str, start: float) -> dict[str, Any]:
+    """A task's marks from its log's JSON lines (every attempt; a deferred task resumes in
+    the same file, so ``returned`` is the last one)."""
+    seen: dict[str, list[float]] = {}
+    folder = home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task}"
+    for path in sorted(folder.glob("attempt=*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                event = json.loads(line)
+                for label, text, _ in TASK_LOG_MARKS:
+                    if event["event"] == text:
+                        seen.setdefault(label, []).append(ts(event["timestamp"]) or 0.0)
+    return {
+        label: offset(seen[label][-1 if last else 0], start)
+        for label, _, last in TASK_LOG_MARKS
+        if label in seen
+    }
+
+
 def flow_times(url: str, since: float) -> dict[str, Any]:
     """The run's flow on the server: its parent row's ``created``, ``released`` and ``closed``
     (epoch s). The run's flow is the last one of the parent queue created since ``since``
@@ -508,11 +540,16 @@ def airflow_run(
                 "step": task if count == 1 else f"{task} (x{count:,})",
                 "marks": {
                     label: offset(db_ts(value), start)
-                    for label, value in zip(MARKS["airflow"], marks, strict=True)
+                    for label, value in zip(DB_MARKS, marks, strict=True)
                 },
             }
             for task, count, *marks in spans
         ]
+        if way != "native":  # inside each task's process: its task log's own marks
+            for entry in result["timeline"][2:]:
+                entry["marks"].update(
+                    task_log_marks(dep.home, dag_id, run_id, entry["step"], start)
+                )
     if state == "budget exceeded":
         result["wall_s"] = result["end_to_end_s"] = None
         result["stopped_after_s"] = budget

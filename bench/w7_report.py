@@ -20,7 +20,7 @@ from typing import Any
 
 #: The column order of the timelines: Airflow task instances, Dagster steps, EchoMQ rows.
 MARKS = {
-    "airflow": ("scheduled", "queued", "start", "end"),
+    "airflow": ("scheduled", "queued", "start", "parsed", "executing", "returned", "end"),
     "dagster": ("launched", "start", "inputs loaded", "output handled", "end"),
 }
 ORDER = {"baseline": 0, "native": 1}
@@ -182,7 +182,9 @@ TIMELINE_HEADER = (
     "Per (system, way, N): each step's marks, seconds from the run's start (Airflow: the DAG "
     "run's start_date; Dagster: RUN_START), medians over the successful runs; `duration` = "
     "end - start. Airflow: a task instance's scheduled / queued / start / end (a mapped task: "
-    "the first of each and the last end over its instances). Dagster: `launched` the step's "
+    "the first of each and the last end over its instances), and from the task's own log: "
+    "`parsed` the DAG file parsed in its process, `executing` its execute begins, `returned` "
+    "it returned (the XCom push and the state report follow). Dagster: `launched` the step's "
     "first event (STEP_WORKER_STARTING: its process is being started), `start` STEP_START, "
     "`inputs loaded` the last LOADED_INPUT (EchoMQIOManager: the wait and the read), `output "
     "handled` the last HANDLED_OUTPUT, `end` STEP_SUCCESS. EchoMQ rows, from the server: the "

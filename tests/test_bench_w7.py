@@ -52,7 +52,7 @@ def test_each_echomq_way_is_measured_over_its_plain_twin_and_over_zero_items() -
                    "table": table(runs)})  # fmt: skip
     assert "| airflow | echomq_task | 100 | 3.20 (3.00 to 3.40, 2 runs) |" in md
     assert "**airflow `echomq_task`, N = 100 (2 runs)**" in md
-    assert "| fan_out | - | 0.50 | 1.00 | 2.60 | 1.60 |" in md
+    assert "| fan_out | - | 0.50 | 1.00 | - | - | - | 2.60 | 1.60 |" in md
 
 
 def test_an_empty_plan_that_fails_falls_back_to_the_plain_job_at_zero() -> None:
