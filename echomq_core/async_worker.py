@@ -117,6 +117,8 @@ class AsyncWorker(OptionAttributes):
         self.presence = Presence(
             client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
         )
+        for queue in self.queues.values():  # its lease tokens name this worker
+            queue.holder = self.presence.entry.id
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit

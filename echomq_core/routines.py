@@ -15,7 +15,6 @@ order as a hand-written loop would: the commands per job do not change with the 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
@@ -27,6 +26,7 @@ from .hooks import LifecycleHooks, fire
 from .models import Job, Settlement
 from .queue import QueueOps
 from .running import Failed, InHand
+from .workers_registry import lease_token
 
 T = TypeVar("T")
 log = logging.getLogger("echomq_core.worker")
@@ -83,8 +83,8 @@ Intake = Callable[[list[Job]], list[Job]]
 
 def offer(queue: QueueOps, room: int) -> ops.Hand | None:
     """The hand-off a worker with ``room`` free runners offers with its results (None: none):
-    a fresh lease token, the queue's lease."""
-    return ops.Hand(uuid.uuid4().hex, queue.lease_ms, room) if room > 0 else None
+    a fresh lease token naming the worker, the queue's lease."""
+    return ops.Hand(lease_token(queue.holder), queue.lease_ms, room) if room > 0 else None
 
 
 def record(

@@ -158,6 +158,8 @@ class Worker(OptionAttributes):
         self.presence = Presence(
             client.keys, list(handlers), opts.concurrency, "thread", opts.lease
         )
+        for queue in self.queues.values():  # its lease tokens name this worker
+            queue.holder = self.presence.entry.id
         self.completed = 0
         self.failed = 0
         self._stop = threading.Event()

@@ -441,9 +441,10 @@ def test_throughput_chart_and_workers_page_in_chromium(
         )
         done = sum(n for kind, n, _ in bars if kind == "done")
         failed = sum(n for kind, n, _ in bars if kind == "failed")
-        assert (done, failed) == (30, 10)
+        # the "waiting" job may have completed (a free runner) and been flushed by now
+        assert done in (30, 31) and failed == 10
         assert all(h > 0 for _, _, h in bars)
-        assert browser.text("#t-completed") == "30" and browser.text("#t-failed") == "10"
+        assert browser.text("#t-completed") in ("30", "31") and browser.text("#t-failed") == "10"
         browser.screenshot(shots / "queue-throughput.png")
         load(browser, f"{readonly.base}/workers", timings, "workers")
         me = worker.presence.entry.id
