@@ -15,27 +15,34 @@ Four ways to do the same thing - ``plan`` makes N integers, each is doubled (the
   dag-processor, triggerer as processes, LocalExecutor, SQLite), triggered through the REST
   API. Above ``[core] max_map_length`` (1,024 by default) the run is made once at the default
   and what fails, with what error, is recorded.
-* **Airflow EchoMQ**: ``plan -> EchoFlowOperator -> EchoFlowSensor (deferrable) -> collect``;
-  the children run in an ``echomq worker`` process (same trivial work), ``collect`` reads the
-  values page by page (``flow_results``). Baseline: a flow of 0 children is refused by EchoMQ
-  (the ``n=0`` run records the error), so the baseline is the DAG without the fan-out:
-  ``plan -> collect`` with 0 items.
+* **Airflow EchoMQ**: ``plan -> EchoFlowOperator -> EchoFlowSensor (deferrable) -> collect``
+  (and two shorter ways: the operator waiting; ``@task.echo_flow``); the children run in an
+  ``echomq worker`` process (same trivial work), ``collect`` reads the values page by page
+  (``flow_results``).
 * **Dagster native**: an op with ``DynamicOut`` yielding N ``DynamicOutput`` s,
   ``.map(work).collect()`` into ``collect``, run with ``dagster job execute`` (the default
   executor: multiprocess, one process per step).
 * **Dagster EchoMQ**: an asset adding the flow with ``EchoMQResource`` (its output stored by
   ``EchoMQIOManager``), a downstream asset getting ``{child id: result}`` as its input;
   an ``echomq worker`` process runs the children; ``dagster job execute`` the same way.
-  Baseline: the same two-asset job without the fan-out (``plan`` returns 0 items).
+
+Two baselines for each EchoMQ way (:mod:`bench.w7_report` computes both): its **plain twin**
+``plain_<way>``, the same DAG or job shape without EchoMQ with every task run and the
+doubling done in process, at the same N (interleaved run by run with the way); and the same
+DAG or job with **0 items** (Airflow: an empty plan skips the fan-out; Dagster, while an
+empty plan fails there, the plain job at 0 items, recorded as ``baseline``). Airflow's
+``baseline`` is ``plan -> collect`` with 0 items, the measure of the earlier results.
 
 Figures per run: Airflow - the DAG run's ``end_date - start_date`` (the scheduler's clock) and
 trigger-to-end (the REST POST to ``end_date``); Dagster - CLI start to exit, and the run's
-start-to-end from the event log. EchoMQ runs also give the workers' busy window: the first to
-the last completion time of the run's children, read from the server (the child queue's
-``completed`` index; the first claim precedes the first completion by one batch of trivial
-handlers - milliseconds). A run past ``--budget`` seconds is stopped (Airflow: the run is
-marked failed through the REST API; Dagster: the CLI's process group is killed) and recorded
-as such. Figures only: nothing here asserts a time.
+start-to-end from the event log. Each run also keeps its **timeline** (where the time goes):
+each task instance's scheduled / queued / start / end (Airflow's DB), each step's worker
+start, STEP_START, input loads, handled outputs and STEP_SUCCESS (Dagster's event log) and,
+for EchoMQ runs, the flow's parent row (created, released, closed) and the workers' busy
+window: the first to the last completion time of the run's children, read from the server
+(the child queue's ``completed`` index). A run past ``--budget`` seconds is stopped (Airflow:
+the run is marked failed through the REST API; Dagster: the CLI's process group is killed)
+and recorded as such. Figures only: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -60,6 +67,7 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "airflow"))
 
+from bench.w7_report import markdown, table, twin  # noqa: E402
 from echomq_core import Job  # noqa: E402
 
 PREFIX = "w7"
@@ -171,26 +179,60 @@ def w7_baseline():
     collect(plan())
 
 
-@dag(dag_id="w7_shape", **ARGS)
-def w7_shape():
-    """The EchoMQ DAG's shape with two plain pass-through tasks for fan_out and wait."""
+@dag(dag_id="w7_plain_echomq", **ARGS)
+def w7_plain_echomq():
+    """op + sensor's shape without EchoMQ: the work in fan_out's place, a pass-through wait."""
     @task
     def plan(params=None):
         return list(range(params["n"]))
 
     @task
     def fan_out(values):
-        return {{"n": len(values)}}
+        return [value * 2 for value in values]
 
     @task
-    def wait(flow):
-        return flow
+    def wait():
+        return None
 
     @task
-    def collect(flow):
-        return flow["n"]
+    def collect(values):
+        return sum(values)
 
-    collect(wait(fan_out(plan())))
+    results = fan_out(plan())
+    waited = wait()
+    results >> waited >> collect(results)
+
+
+@dag(dag_id="w7_plain_echomq_wait", **ARGS)
+def w7_plain_echomq_wait():
+    """The op-wait shape without EchoMQ: plan -> the work in one task -> collect."""
+    @task
+    def plan(params=None):
+        return list(range(params["n"]))
+
+    @task
+    def fan_out(values):
+        return [value * 2 for value in values]
+
+    @task
+    def collect(values):
+        return sum(values)
+
+    collect(fan_out(plan()))
+
+
+@dag(dag_id="w7_plain_echomq_task", **ARGS)
+def w7_plain_echomq_task():
+    """The @task.echo_flow shape without EchoMQ: one task plans and does the work."""
+    @task
+    def fan_out(params=None):
+        return [value * 2 for value in range(params["n"])]
+
+    @task
+    def collect(values):
+        return sum(values)
+
+    collect(fan_out())
 
 
 w7_native()
@@ -198,7 +240,9 @@ w7_echomq()
 w7_echomq_wait()
 w7_echomq_task()
 w7_baseline()
-w7_shape()
+w7_plain_echomq()
+w7_plain_echomq_wait()
+w7_plain_echomq_task()
 '''
 
 DAGSTER_DEFS = f'''
@@ -249,21 +293,22 @@ def fan_in(fan_out: dict[str, Any]) -> int:
 
 
 @asset
-def plan0() -> list:
-    return list(range(n()))
+def plain_fan_out() -> dict[str, int]:
+    """fan_out's shape without EchoMQ: the N results, computed in process, as its output."""
+    return {{str(i): i * 2 for i in range(n())}}
 
 
 @asset
-def collect0(plan0: list) -> int:
-    return sum(plan0)
+def plain_fan_in(plain_fan_out: dict[str, int]) -> int:
+    return sum(plain_fan_out.values())
 
 
 echomq = EchoMQResource(url=EnvVar("ECHOMQ_URL"), prefix="{PREFIX}")
 defs = Definitions(
-    assets=[fan_out, fan_in, plan0, collect0],
+    assets=[fan_out, fan_in, plain_fan_out, plain_fan_in],
     jobs=[w7_native,
           define_asset_job("w7_echomq", selection=["fan_out", "fan_in"]),
-          define_asset_job("w7_baseline", selection=["plan0", "collect0"])],
+          define_asset_job("w7_plain_echomq", selection=["plain_fan_out", "plain_fan_in"])],
     resources={{"echomq": echomq, "echomq_io": EchoMQIOManager.from_resource(echomq)}},
 )
 '''
@@ -274,6 +319,106 @@ def ts(text: str | None) -> float | None:
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def db_ts(text: str | None) -> float | None:
+    """A time from Airflow's SQLite DB (naive UTC, as the DB stores them)."""
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def offset(moment: float | None, start: float) -> float | None:
+    return None if moment is None else round(moment - start, 2)
+
+
+#: A task instance's marks from the metadata DB, in the order of the query's columns.
+DB_MARKS = ("scheduled", "queued", "start", "end")
+#: Marks read from a task's log (its own process's clock): (label, event, first or last).
+#: ``parsed``: the DAG file parsed in the task's process; ``executing``: the pre-execute
+#: group closed, the operator's ``execute`` starts; ``returned``: it returned (post-execute:
+#: the XCom push and the state report follow).
+TASK_LOG_MARKS = (
+    ("parsed", "Worker startup parse complete", 0),
+    ("executing", "::endgroup::", 0),
+    ("returned", "::group::Post Execute", 1),
+)
+
+
+def task_log_marks(home: Path, dag_id: str, run_id: str, task: str, start: float) -> dict[str, Any]:
+    """A task's marks from its log's JSON lines (every attempt; a deferred task resumes in
+    the same file, so ``returned`` is the last one)."""
+    seen: dict[str, list[float]] = {}
+    folder = home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task}"
+    for path in sorted(folder.glob("attempt=*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                event = json.loads(line)
+                for label, text, _ in TASK_LOG_MARKS:
+                    if event["event"] == text:
+                        seen.setdefault(label, []).append(ts(event["timestamp"]) or 0.0)
+    return {
+        label: offset(seen[label][-1 if last else 0], start)
+        for label, _, last in TASK_LOG_MARKS
+        if label in seen
+    }
+
+
+def flow_times(url: str, since: float) -> dict[str, Any]:
+    """The run's flow on the server: its parent row's ``created``, ``released`` and ``closed``
+    (epoch s). The run's flow is the last one of the parent queue created since ``since``
+    (runs go one at a time); a released flow is in the ``released`` or ``closed`` index."""
+    import redis
+
+    from echomq_core.keyspace import Keyspace
+
+    keys = Keyspace(PREFIX)
+    client = redis.Redis.from_url(url)
+    try:
+        low = int(since * 1000)
+        ids = {
+            member.decode()
+            for state in ("released", "closed")
+            for member in client.zrangebyscore(keys.flows(PARENT_QUEUE, state), low, "+inf")
+        }
+        rows = [
+            client.hmget(keys.job(PARENT_QUEUE, i), "created", "released", "closed") for i in ids
+        ]
+    finally:
+        client.close()
+    found = [[int(v) / 1000 if v else None for v in row] for row in rows if row[0]]
+    found = [row for row in found if row[0] and row[0] >= since]
+    if not found:
+        return {}
+    created, released, closed = max(found, key=lambda row: row[0] or 0.0)
+    return {"flow_created": created, "flow_released": released, "flow_closed": closed}
+
+
+def echomq_timeline(result: dict[str, Any], start: float) -> list[dict[str, Any]]:
+    """The EchoMQ rows of a run's timeline: the flow (add to release; its close) and the
+    children's completions, on the run's clock."""
+    rows = []
+    if result.get("flow_created"):
+        rows.append({
+            "step": "EchoMQ flow: created -> released",
+            "marks": {"start": offset(result["flow_created"], start),
+                      "end": offset(result.get("flow_released"), start)},
+        })  # fmt: skip
+    if result.get("flow_closed"):
+        rows.append(
+            {
+                "step": "EchoMQ flow: closed",
+                "marks": {"start": offset(result["flow_closed"], start)},
+            }
+        )
+    if result.get("first_completed"):
+        rows.append({
+            "step": "EchoMQ children: first -> last completion",
+            "marks": {"start": offset(result["first_completed"], start),
+                      "end": offset(result["last_completed"], start)},
+        })  # fmt: skip
+    return rows
 
 
 def busy_window(url: str, since: float) -> dict[str, Any]:
@@ -298,17 +443,6 @@ def busy_window(url: str, since: float) -> dict[str, Any]:
         "completed": int(count),
         "first_completed": first[0][1] / 1000,
         "last_completed": last[0][1] / 1000,
-    }
-
-
-def summarise(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"runs": 0}
-    return {
-        "runs": len(values),
-        "median": round(statistics.median(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
     }
 
 
@@ -351,107 +485,6 @@ class Recorder:
         (self.out / "results.md").write_text(markdown(self.report()))
 
 
-def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (system, way, n): medians and ranges of the successful runs; EchoMQ adds."""
-    rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    for run in runs:
-        rows.setdefault((run["system"], run["way"], run["n"]), []).append(run)
-    out = []
-    for (system, way, n), group in rows.items():
-        ok = [r for r in group if r["state"] == "success"]
-        row: dict[str, Any] = {
-            "system": system,
-            "way": way,
-            "n": n,
-            "attempted": len(group),
-            "states": sorted({r["state"] for r in group}),
-            "wall": summarise([r["wall_s"] for r in ok]),
-            "end_to_end": summarise([r["end_to_end_s"] for r in ok]),
-        }
-        base = [
-            r["wall_s"]
-            for r in runs
-            if r["system"] == system and r["way"] == "baseline" and r["state"] == "success"
-        ]
-        echomq = way in ("echomq", *AIRFLOW_ECHOMQ_WAYS) and n > 0
-        if echomq and ok and base:
-            b = statistics.median(base)
-            row["echomq_adds"] = summarise([r["wall_s"] - b for r in ok])
-            busy = [r for r in ok if r.get("busy_s") is not None]
-            row["busy"] = summarise([r["busy_s"] for r in busy])
-            row["echomq_adds_minus_busy"] = summarise([r["wall_s"] - b - r["busy_s"] for r in busy])
-        zero = [
-            r["wall_s"]
-            for r in runs
-            if (r["system"], r["way"], r["n"], r["state"]) == (system, way, 0, "success")
-        ]
-        if echomq and ok and zero:  # over the same DAG with 0 items (the issue's measure)
-            z = statistics.median(zero)
-            row["over_zero"] = summarise([r["wall_s"] - z for r in ok])
-            busy = [r for r in ok if r.get("busy_s") is not None]
-            row["over_zero_minus_busy"] = summarise([r["wall_s"] - z - r["busy_s"] for r in busy])
-        shape = [
-            r["wall_s"]
-            for r in runs
-            if r["system"] == system and r["way"] == "shape" and r["state"] == "success"
-        ]
-        if way == "echomq" and n > 0 and ok and shape:
-            row["over_shape"] = summarise([r["wall_s"] - statistics.median(shape) for r in ok])
-        out.append(row)
-    order = {"baseline": 0, "shape": 1, "native": 2, "echomq": 3, "echomq_wait": 4}
-    out.sort(key=lambda r: (r["system"], order.get(r["way"], 5), r["n"]))
-    return out
-
-
-def fmt(s: dict[str, Any]) -> str:
-    if not s or not s.get("runs"):
-        return "-"
-
-    def num(v: float) -> str:
-        return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
-
-    if s["runs"] == 1:
-        return f"{num(s['median'])} (1 run)"
-    return f"{num(s['median'])} ({num(s['min'])} to {num(s['max'])}, {s['runs']} runs)"
-
-
-def markdown(report: dict[str, Any]) -> str:
-    lines = [
-        f"# W7: fan-out/fan-in inside the orchestrators ({report['started']}, {report['machine']})",
-        "",
-        "Seconds: median (min to max, runs). `wall`: Airflow DAG run end_date - start_date; "
-        "Dagster run start-to-end from the event log. `end-to-end`: Airflow REST trigger to "
-        "run end; Dagster CLI start to exit. `EchoMQ adds`: wall(N) - median wall of the "
-        "baseline (the same DAG/job without the fan-out, 0 items). `busy`: the EchoMQ "
-        "workers' first to last child completion (server). `adds - busy`: the orchestration "
-        "overhead without the item work. `over shape` (Airflow): wall(N) - median wall of "
-        "the same 4-task DAG with two pass-through tasks in place of the operator and the "
-        "sensor (what EchoMQ adds beyond Airflow's own cost of two more tasks). `over 0` "
-        "(Airflow): wall(N) - median wall of the same DAG run with 0 items (nothing fanned "
-        "out: the EchoMQ task skips); `over 0 - busy`: that without the item work. Ways "
-        "(Airflow): `echomq` plan -> EchoFlowOperator -> EchoFlowSensor (deferrable) -> "
-        "collect; `echomq_wait` plan -> EchoFlowOperator(wait_for_completion=True) -> "
-        "collect; `echomq_task` `@task.echo_flow(wait_for_completion=True)` (plans, adds and "
-        "waits) -> collect.",
-        "",
-        "| system | way | N | wall | end-to-end | EchoMQ adds | busy | adds - busy | over shape "
-        "| over 0 | over 0 - busy | outcome |",
-        "|---|---|---:|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in report["table"]:
-        lines.append(
-            f"| {row['system']} | {row['way']} | {row['n']:,} | {fmt(row['wall'])} | "
-            f"{fmt(row['end_to_end'])} | {fmt(row.get('echomq_adds', {}))} | "
-            f"{fmt(row.get('busy', {}))} | {fmt(row.get('echomq_adds_minus_busy', {}))} | "
-            f"{fmt(row.get('over_shape', {}))} | {fmt(row.get('over_zero', {}))} | "
-            f"{fmt(row.get('over_zero_minus_busy', {}))} | "
-            f"{', '.join(row['states'])} ({row['attempted']} attempted) |"
-        )
-    if report["notes"]:
-        lines += ["", "Notes:", ""] + [f"* {n}" for n in report["notes"]]
-    return "\n".join(lines) + "\n"
-
-
 # -- Airflow -------------------------------------------------------------------------------
 def airflow_run(
     dep: Any, rec: Recorder, way: str, n: int, budget: float, raised: int = 0
@@ -482,8 +515,8 @@ def airflow_run(
             (dag_id, run_id),
         ).fetchall()
         spans = db.execute(
-            "SELECT task_id, MIN(start_date), MAX(end_date) FROM task_instance "
-            "WHERE dag_id = ? AND run_id = ? GROUP BY task_id",
+            "SELECT task_id, COUNT(*), MIN(scheduled_dttm), MIN(queued_dttm), MIN(start_date), "
+            "MAX(end_date) FROM task_instance WHERE dag_id = ? AND run_id = ? GROUP BY task_id",
             (dag_id, run_id),
         ).fetchall()
     counts = {f"{task}:{ti_state}": int(count) for task, ti_state, count in rows}
@@ -498,32 +531,33 @@ def airflow_run(
         "task_states": counts,
         "task_instances_total": tis.get("total_entries"),
     }
-    if way != "native" and start:  # where the time goes: each task's start and end (s)
-        result["tasks_start_end_s"] = {
-            ti["task_id"]: [
-                round((ts(ti.get("start_date")) or start) - start, 2),
-                round((ts(ti.get("end_date")) or start) - start, 2),
-            ]
-            for ti in tis["task_instances"]
-        }
-    if start:  # every task's first start and last end (s from the run's start; all map indexes)
-        result["task_span_s"] = {
-            task: [
-                round((ts(first + "+00:00") if first else start) - start, 2),
-                round((ts(last + "+00:00") if last else start) - start, 2),
-            ]
-            for task, first, last in spans
-        }
+    if start:  # where the time goes: each task's marks (a mapped task: over its instances)
+        result["timeline"] = [
+            {"step": "REST trigger", "marks": {"start": round(triggered - start, 2)}},
+            {"step": "DAG run", "marks": {"start": 0.0, "end": offset(end, start)}},
+        ] + [
+            {
+                "step": task if count == 1 else f"{task} (x{count:,})",
+                "marks": {
+                    label: offset(db_ts(value), start)
+                    for label, value in zip(DB_MARKS, marks, strict=True)
+                },
+            }
+            for task, count, *marks in spans
+        ]
+        if way != "native":  # inside each task's process: its task log's own marks
+            for entry in result["timeline"][2:]:
+                entry["marks"].update(
+                    task_log_marks(dep.home, dag_id, run_id, entry["step"], start)
+                )
     if state == "budget exceeded":
         result["wall_s"] = result["end_to_end_s"] = None
         result["stopped_after_s"] = budget
     if way in AIRFLOW_ECHOMQ_WAYS and n > 0 and state == "success":
         result.update(busy_window(dep.echomq_url, triggered))
-        if start and result.get("first_completed"):  # the item work on the run's clock (s)
-            result["completed_first_last_s"] = [
-                round(result["first_completed"] - start, 2),
-                round(result["last_completed"] - start, 2),
-            ]
+        result.update(flow_times(dep.echomq_url, triggered))
+        if start:
+            result["timeline"] += echomq_timeline(result, start)
         with sqlite3.connect(dep.home / "airflow.db") as db:
             rows = db.execute(
                 "SELECT task_id, SUM(LENGTH(value)) FROM xcom WHERE dag_id = ? AND run_id = ? "
@@ -606,19 +640,19 @@ def airflow_deployment(args: argparse.Namespace, rec: Recorder, dags: Path) -> N
 
 
 def airflow_runs(args: argparse.Namespace, rec: Recorder, dep: Any, raised: int) -> None:
-    for way in ("baseline", "native", "shape", *AIRFLOW_ECHOMQ_WAYS):
+    ways = [] if args.skip_echomq else args.ways
+    plain = [] if args.skip_plain else [twin(way) for way in ways]
+    every = ("baseline", "native", *AIRFLOW_ECHOMQ_WAYS, *(twin(w) for w in AIRFLOW_ECHOMQ_WAYS))
+    for way in every:
         dep.wait_dag(f"w7_{way}", timeout=300)
     # A DAG's first run in a deployment is seconds slower (imports, first parse in the
     # worker): one run of each with 0 items first, not counted.
     warm = Recorder(None)
-    for way in ("baseline", "native", "shape", *AIRFLOW_ECHOMQ_WAYS):
+    for way in ["baseline", *([] if args.skip_native else ["native"]), *ways, *plain]:
         with contextlib.redirect_stdout(sys.stderr):
             run = airflow_run(dep, warm, way, 0, args.budget)
         rec.note(f"Airflow warm-up run of w7_{way} (0 items, not counted): {run['wall_s']} s")
-    for _ in range(args.shape_runs):
-        airflow_run(dep, rec, "shape", 0, args.budget)
     # EchoMQ first: the runs the goal is about
-    ways = [] if args.skip_echomq else args.ways
     for _ in range(args.baseline_runs if ways else 0):
         airflow_run(dep, rec, "baseline", 0, args.budget)
     for _ in range(args.zero_runs):  # the same DAG with 0 items: an empty plan skips
@@ -627,6 +661,8 @@ def airflow_runs(args: argparse.Namespace, rec: Recorder, dep: Any, raised: int)
     for n in [n for n in args.n if n > 0]:
         for _ in range(runs_for(args, n)):  # interleaved, so load drifts hit every way alike
             for way in ways:
+                if not args.skip_plain:
+                    airflow_run(dep, rec, twin(way), n, args.budget)
                 airflow_run(dep, rec, way, n, args.budget)
     if args.skip_native:
         return
@@ -727,10 +763,26 @@ def bench_dagster(args: argparse.Namespace, rec: Recorder) -> None:
         start_new_session=True,
     )  # fmt: skip
     try:
+        # the instance's first run creates its storage: one uncounted run first
+        with contextlib.redirect_stdout(sys.stderr):
+            run = dagster_run(home, defs, env, Recorder(None), "baseline", 0, args.budget)
+        rec.note(
+            f"Dagster warm-up run of w7_plain_echomq (0 items, not counted): {run['wall_s']} s"
+        )
         for _ in range(0 if args.skip_echomq else args.baseline_runs):
             dagster_run(home, defs, env, rec, "baseline", 0, args.budget)
+        for _ in range(0 if args.skip_echomq else args.zero_runs):
+            run = dagster_run(home, defs, env, rec, "echomq", 0, args.budget)
+            if run["state"] != "success":  # an empty plan refused: once is enough to say so
+                rec.note(
+                    "Dagster w7_echomq with 0 items: "
+                    + (run.get("step_errors") or run.get("errors") or [run["state"]])[0][:300]
+                )
+                break
         for n in [n for n in args.n if n > 0 and not args.skip_echomq]:
-            for _ in range(runs_for(args, n)):
+            for _ in range(runs_for(args, n)):  # interleaved with the plain twin
+                if not args.skip_plain:
+                    dagster_run(home, defs, env, rec, "plain_echomq", n, args.budget)
                 dagster_run(home, defs, env, rec, "echomq", n, args.budget)
         if args.skip_native:
             return
@@ -783,7 +835,7 @@ def bench_dagster(args: argparse.Namespace, rec: Recorder) -> None:
 def dagster_run(
     home: Path, defs: Path, env: dict[str, str], rec: Recorder, way: str, n: int, budget: float
 ) -> dict[str, Any]:
-    job = {"native": "w7_native", "echomq": "w7_echomq", "baseline": "w7_baseline"}[way]
+    job = {"baseline": "w7_plain_echomq"}.get(way, f"w7_{way}")
     command = [sys.executable, "-m", "dagster", "job", "execute", "-f", str(defs), "-j", job]
     started = time.time()
     log = home / f"cli-{job}-{n}.log"
@@ -812,15 +864,20 @@ def dagster_run(
         "wall_s": None,
     }
     stats = run_stats(env)
-    if stats:
-        result.update(stats)
-        if stats.get("run_start") and stats.get("run_end") and code == 0:
+    events = stats.pop("events", {})
+    if stats.get("run_start"):
+        if code == 0 and stats.get("run_end"):
             result["wall_s"] = round(stats["run_end"] - stats["run_start"], 2)
+        result["timeline"] = dagster_timeline(events, stats, (started, ended))
+    result.update(stats)
     if code is None:
         result["end_to_end_s"] = None
         result["stopped_after_s"] = budget
-    if way == "echomq" and code == 0:
+    if way == "echomq" and code == 0 and n > 0:
         result.update(busy_window(env["ECHOMQ_URL"], started))
+        result.update(flow_times(env["ECHOMQ_URL"], started))
+        if stats.get("run_start"):
+            result["timeline"] += echomq_timeline(result, stats["run_start"])
     if code != 0:
         tail = log.read_text(errors="replace").splitlines()
         result["errors"] = [line[:400] for line in tail if "rror" in line][-10:]
@@ -828,20 +885,79 @@ def dagster_run(
     return result
 
 
+#: Run in a fresh process (the CLI's instance, not this one's): the latest run's id, status,
+#: start/end, the first and last time of each (step, event type) in its event log, and the
+#: failed steps' errors.
+RUN_STATS = """
+import json
+from dagster import DagsterInstance
+i = DagsterInstance.get()
+r = i.get_runs(limit=1)[0]
+s = i.get_run_stats(r.run_id)
+events, errors = {}, []
+for e in i.all_logs(r.run_id):
+    if e.dagster_event is None:
+        continue
+    kind = e.dagster_event.event_type_value
+    span = events.setdefault(e.step_key or "", {}).setdefault(kind, [e.timestamp, e.timestamp])
+    span[0], span[1] = min(span[0], e.timestamp), max(span[1], e.timestamp)
+    if kind == "STEP_FAILURE":
+        error = getattr(e.dagster_event.event_specific_data, "error", None)
+        while getattr(error, "cause", None) is not None:  # the user code's own error
+            error = error.cause
+        errors.append(f"{e.step_key}: {getattr(error, 'message', '')}".strip()[:600])
+print(json.dumps({'dagster_run_id': r.run_id, 'dagster_status': r.status.value,
+    'run_start': s.start_time, 'run_end': s.end_time, 'steps_succeeded': s.steps_succeeded,
+    'steps_failed': s.steps_failed, 'events': events, 'step_errors': errors}))
+"""
+
+#: A Dagster step's marks: (label, event type, first or last of that type).
+STEP_MARKS = (
+    ("launched", "STEP_WORKER_STARTING", 0),
+    ("start", "STEP_START", 0),
+    ("inputs loaded", "LOADED_INPUT", 1),
+    ("output handled", "HANDLED_OUTPUT", 1),
+    ("end", "STEP_SUCCESS", 1),
+)
+
+
+def dagster_timeline(
+    events: dict[str, dict[str, list[float]]], stats: dict[str, Any], cli: tuple[float, float]
+) -> list[dict[str, Any]]:
+    """The CLI process, the run and each step, from the event log (offsets from RUN_START)."""
+    start = stats["run_start"]
+    rows: list[dict[str, Any]] = [
+        {"step": "CLI process", "marks": {"start": offset(cli[0], start),
+                                          "end": offset(cli[1], start)}},
+        {"step": "run", "marks": {"start": 0.0, "end": offset(stats.get("run_end"), start)}},
+    ]  # fmt: skip
+    groups: dict[str, dict[str, list[float]]] = {}  # a mapped step's copies as one row
+    counts: dict[str, int] = {}
+    for step, kinds in events.items():
+        if not step:
+            continue
+        name = step.split("[", 1)[0]
+        counts[name] = counts.get(name, 0) + 1
+        group = groups.setdefault(name, {})
+        for kind, (first, last) in kinds.items():
+            span = group.setdefault(kind, [first, last])
+            span[0], span[1] = min(span[0], first), max(span[1], last)
+    for name, kinds in groups.items():
+        marks = {
+            label: offset(kinds[kind][which], start)
+            for label, kind, which in STEP_MARKS
+            if kind in kinds
+        }
+        if "launched" not in marks:  # an in-process executor: the step's first event
+            marks["launched"] = offset(min(span[0] for span in kinds.values()), start)
+        step = name if counts[name] == 1 else f"{name} (x{counts[name]:,})"
+        rows.append({"step": step, "marks": marks})
+    return rows
+
+
 def run_stats(env: dict[str, str]) -> dict[str, Any]:
-    """The latest run's id, status and start/end (the event log), in a fresh process."""
-    code = (
-        "import json\n"
-        "from dagster import DagsterInstance\n"
-        "i = DagsterInstance.get()\n"
-        "r = i.get_runs(limit=1)[0]\n"
-        "s = i.get_run_stats(r.run_id)\n"
-        "print(json.dumps({'dagster_run_id': r.run_id, 'dagster_status': r.status.value,"
-        " 'run_start': s.start_time, 'run_end': s.end_time, 'steps_succeeded': s.steps_succeeded,"
-        " 'steps_failed': s.steps_failed}))\n"
-    )
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-c", RUN_STATS], env=env, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         return {"run_stats_error": done.stderr[-500:]}
@@ -871,10 +987,9 @@ def main() -> None:
         help="Airflow: the EchoMQ DAGs to run (default: all)",
     )
     parser.add_argument(
-        "--shape-runs",
-        type=int,
-        default=0,
-        help="Airflow: runs of the 4-task DAG of the EchoMQ shape with pass-through tasks",
+        "--skip-plain",
+        action="store_true",
+        help="no runs of the plain twins (each EchoMQ way's DAG/job shape without EchoMQ)",
     )
     parser.add_argument(
         "--native-n", type=int, nargs="+", default=None, help="Ns of the native runs (--n)"

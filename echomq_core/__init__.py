@@ -2,10 +2,19 @@
 
 What this package exports (``__all__``) is the public API: the clients, the queue and flow
 models, the worker, the Pump, and every error of the README's Errors table.
+
+The asyncio side (:class:`AsyncQueue`, :class:`AsyncWorker`) is imported on first use
+(:func:`__getattr__`): a synchronous user - an Airflow task, a Dagster step, a script - pays
+for the modules it runs, not for the asyncio worker's. ``from echomq_core import AsyncWorker``
+and ``import *`` resolve them as before; type checkers see them through the
+``TYPE_CHECKING`` imports.
 """
 
-from .async_queue import AsyncQueue
-from .async_worker import AsyncWorker
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .client import AsyncEchoMQ, EchoMQ
 from .errors import (
     ConfigurationError,
@@ -45,6 +54,13 @@ from .queue import JobSpec, Queue
 from .rates import RateLimit
 from .waiting import FlowWait, Verdict
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .async_queue import AsyncQueue as AsyncQueue
+    from .async_worker import AsyncWorker as AsyncWorker
+
+#: The names imported on first access, and the module of each.
+_LAZY = {"AsyncQueue": ".async_queue", "AsyncWorker": ".async_worker"}
 
 __all__ = [
     "AsyncEchoMQ",
@@ -90,3 +106,17 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazy name's module once; the name is then a plain module global, so this
+    runs at most once per name."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -117,6 +117,8 @@ class AsyncWorker(OptionAttributes):
         self.presence = Presence(
             client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
         )
+        for queue in self.queues.values():  # its lease tokens name this worker
+            queue.holder = self.presence.entry.id
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
@@ -448,7 +450,7 @@ class AsyncWorker(OptionAttributes):
                     await asyncio.wait_for(self._results_ready.wait(), 0.2)
                 continue
             if not self._flush_now() and not self._closing:
-                left = self.options.flush_after - (time.monotonic() - self._hand.first_result)
+                left = self._hand.wait_left(time.monotonic())
                 self._results_ready.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._results_ready.wait(), max(0.001, left))
@@ -471,9 +473,13 @@ class AsyncWorker(OptionAttributes):
         room = 0 if self._stop.is_set() else self._hand.want()
         routine = record(
             self._hand, queue, done, failed, self.hooks, self, _NO_LOCK,
-            offer(queue, room), self._buffer,
+            offer(queue, room), self._buffer, self._keep,
         )
         await adrive(routine, self.connection.perform)
+
+    def _keep(self, done: list[tuple[Job, bytes]], failed: list[Failed]) -> bool:
+        """:meth:`InHand.keep`."""
+        return self._hand.keep(done, failed, self._closing)
 
     async def _give_back(self, jobs: list[Job]) -> None:
         """:func:`~echomq_core.routines.give_back`."""

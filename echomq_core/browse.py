@@ -21,6 +21,7 @@ from .checks import text as _s
 from .flows import snapshot
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import FlowSnapshot, JobInfo, Serializer
+from .workers_registry import WorkerEntry, find_holders, read_token
 
 #: Rows per page of every list here.
 PAGE = 50
@@ -60,12 +61,57 @@ def _scored(flat: Any) -> list[tuple[str, float]]:
 # -- one job -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One failed attempt as fail.lua recorded it in the row's ``history`` (the last 10):
+    ``outcome`` 'retry' or 'dead'; ``started_ms`` and ``worker`` (the worker id's tail) None
+    where its lease token did not say."""
+
+    started_ms: int | None
+    ended_ms: int
+    worker: str | None
+    outcome: str
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "started_ms": self.started_ms,
+            "ended_ms": self.ended_ms,
+            "worker": self.worker,
+            "outcome": self.outcome,
+            "error": self.error,
+        }
+
+
+def attempts_of(raw: Any) -> list[Attempt]:
+    """The records of a ``history`` field, oldest first (a malformed line is skipped)."""
+    out: list[Attempt] = []
+    for line in _s(raw).split("\n") if raw else []:
+        parts = line.split(" ", 4)
+        if len(parts) < 4 or not parts[1].isdigit():
+            continue
+        started, ended, worker, outcome = parts[:4]
+        out.append(
+            Attempt(
+                int(started) if started.isdigit() else None,
+                int(ended),
+                None if worker == "-" else worker,
+                {"r": "retry", "d": "dead"}.get(outcome, outcome),
+                parts[4] if len(parts) > 4 else "",
+            )
+        )
+    return out
+
+
 @dataclass(slots=True)
 class JobDetail:
     """A job as the job page shows it: :class:`JobInfo` and what no single read of the row
     holds - its lease (token and deadline: the token is per claim, made by the worker's
     claim), its due time when delayed, its pending priority, when it was added, and for a
-    parent its flow's counts."""
+    parent its flow's counts. ``started_ms`` is when the current attempt (a leased job: from
+    its token) or the last one (from the row) started; ``holder`` the id tail of the worker
+    that runs or ran it and ``worker`` that worker's registry entry while it lives;
+    ``attempts`` the failed attempts fail.lua recorded."""
 
     info: JobInfo
     created_ms: int | None = None
@@ -75,6 +121,10 @@ class JobDetail:
     priority: int | None = None
     timeout_ms: int | None = None
     flow: FlowSnapshot | None = None
+    started_ms: int | None = None
+    holder: str | None = None
+    worker: WorkerEntry | None = None
+    attempts: list[Attempt] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         i = self.info
@@ -98,25 +148,33 @@ class JobDetail:
             "priority": self.priority,
             "timeout_ms": self.timeout_ms,
             "flow": None if self.flow is None else self.flow.to_dict(),
+            "started_ms": self.started_ms,
+            "holder": self.holder,
+            "worker": None if self.worker is None else self.worker.to_dict(),
+            "attempt_log": [a.to_dict() for a in self.attempts],
         }
 
 
 def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobDetail | None]:
     """One job, or None when the id names none. Cost: two round trips (the inspect script;
-    then the lease token, three ZSCOREs and one HMGET of the row), three for a parent (its
+    then the lease token, three ZSCOREs and one HMGET of the row), two more when a worker is
+    named (:func:`~echomq_core.workers_registry.find_holders`), one more for a parent (its
     flow's snapshot script)."""
     check_queue(queue)
     check_job_id(job_id)
     info = yield from ops.inspect(ks, queue, job_id, ser)
     if info is None:
         return None
-    lease, deadline, due, score, (created, timeout) = yield [
+    lease, deadline, due, score, fields = yield [
         Call.cmd("HGET", ks.leases(queue), job_id),
         Call.cmd("ZSCORE", ks.active(queue), job_id),
         Call.cmd("ZSCORE", ks.delayed(queue), job_id),
         Call.cmd("ZSCORE", ks.pending(queue), job_id),
-        Call.cmd("HMGET", ks.job(queue, job_id), "created", "timeout"),
+        Call.cmd(
+            "HMGET", ks.job(queue, job_id), "created", "timeout", "started", "worker", "history"
+        ),
     ]
+    created, timeout, started, worker, history = fields
     out = JobDetail(
         info,
         _int(created),
@@ -126,6 +184,15 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
         int(float(score)) // PRIORITY_UNIT if score is not None else None,
         _int(timeout),
     )
+    out.attempts = attempts_of(history)
+    if out.lease is not None:  # running now: the token says since when and where
+        out.holder, out.started_ms = read_token(out.lease)
+    elif started is not None:  # completed: complete.lua copied its last token's
+        out.started_ms, out.holder = _int(started), _s(worker) or None
+    elif out.attempts:  # its last attempt failed
+        out.started_ms, out.holder = out.attempts[-1].started_ms, out.attempts[-1].worker
+    if out.holder:
+        out.worker = (yield from find_holders(ks, [out.holder])).get(out.holder)
     if info.total is not None:
         out.flow = yield from snapshot(ks, queue, job_id)
     return out
@@ -149,6 +216,9 @@ class JobRow:
     state: str | None = None
     total: int | None = None
     created_ms: int | None = None
+    lease: str | None = None  # active rows: the lease token, its holder tail and start
+    holder: str | None = None
+    started_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -161,16 +231,23 @@ class JobRow:
             "state": self.state,
             "total": self.total,
             "created_ms": self.created_ms,
+            "lease": self.lease,
+            "holder": self.holder,
+            "started_ms": self.started_ms,
         }
 
 
 @dataclass(slots=True)
 class QueuePage:
+    """One page of a queue's jobs in one state; ``workers``: the live registry entry of each
+    holder tail named by an active row."""
+
     queue: str
     state: str
     total: int
     offset: int
     rows: list[JobRow] = field(default_factory=list)
+    workers: dict[str, WorkerEntry] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,8 +255,15 @@ class QueuePage:
             "state": self.state,
             "total": self.total,
             "offset": self.offset,
-            "jobs": [r.to_dict() for r in self.rows],
+            "jobs": [
+                {**r.to_dict(), "worker": _worker(self.workers.get(r.holder or ""))}
+                for r in self.rows
+            ],
         }
+
+
+def _worker(entry: WorkerEntry | None) -> dict[str, Any] | None:
+    return None if entry is None else entry.to_dict()
 
 
 def _row(queue: str, job_id: str, score: float, values: Any) -> JobRow:
@@ -206,7 +290,9 @@ def queue_page(
     """A page of ``queue``'s jobs in ``state``, in the server's order: pending in claim order
     (priority, then arrival), active by lease deadline, delayed by due time, dead and completed
     newest first. Cost: two round trips - ZCARD and one ZRANGE with offset; then one HMGET per
-    job on the page (pipelined), so a page costs the same in a queue of 40 or 40 million."""
+    job on the page (pipelined), so a page costs the same in a queue of 40 or 40 million. An
+    active page reads each row's lease token too (an HGET each, in the same round trip) and
+    the workers they name (:func:`~echomq_core.workers_registry.find_holders`: two more)."""
     check_queue(queue)
     if state not in STATES:
         raise_state(state)
@@ -220,8 +306,19 @@ def queue_page(
     if not scored:
         return out
     base = ks.job_prefix(queue)
-    rows = yield [Call.cmd("HMGET", base + job_id, *ROW) for job_id, _ in scored]
+    calls = [Call.cmd("HMGET", base + job_id, *ROW) for job_id, _ in scored]
+    active = state == "active"
+    if active:
+        calls += [Call.cmd("HGET", ks.leases(queue), job_id) for job_id, _ in scored]
+    replies = yield calls
+    rows, leases = replies[: len(scored)], replies[len(scored) :]
     out.rows = [_row(queue, j, sc, r) for (j, sc), r in zip(scored, rows, strict=True)]
+    if active:
+        for row, token in zip(out.rows, leases, strict=True):
+            if token is not None:
+                row.lease = _s(token)
+                row.holder, row.started_ms = read_token(row.lease)
+        out.workers = yield from find_holders(ks, [r.holder for r in out.rows if r.holder])
     return out
 
 
@@ -272,9 +369,11 @@ __all__ = [
     "PAGE",
     "SHOWS",
     "STATES",
+    "Attempt",
     "JobDetail",
     "JobRow",
     "QueuePage",
+    "attempts_of",
     "job_detail",
     "oldest_pending",
     "queue_page",

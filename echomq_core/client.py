@@ -11,10 +11,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import failures, flows, lifecycle, ops, rates, retention
-from .async_queue import AsyncQueue
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
@@ -33,6 +32,9 @@ from .models import (
 from .queue import Queue
 from .rates import RateLimit
 from .waiting import FlowWait, Verdict
+
+if TYPE_CHECKING:  # imported where used: a synchronous user does not load the asyncio queue
+    from .async_queue import AsyncQueue
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -469,11 +471,13 @@ class AsyncEchoMQ(_Base):
 
     def queue(self, name: str, **options: Any) -> AsyncQueue:
         """An :class:`~echomq_core.AsyncQueue` handle; options as :class:`Queue`'s."""
+        from .async_queue import AsyncQueue
+
         return AsyncQueue(self, name, **options)
 
     async def get_job(self, queue: str, job_id: str) -> JobInfo:
         """As :meth:`EchoMQ.get_job`."""
-        return await AsyncQueue(self, queue).get_job(job_id)
+        return await self.queue(queue).get_job(job_id)
 
     async def add_flow(
         self,

@@ -13,7 +13,9 @@ key                       type    holds
 ``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields,
                                   state (parents: held/pending/failed; dead), result / error,
                                   the last failed attempt's traceback (at most 16 KiB, the
-                                  tail; dropped by a revive or repair)
+                                  tail; dropped by a revive or repair), the last 10 failed
+                                  attempts (``history``, at most 1.6 KiB), a completed kept
+                                  row's last start and worker (``started``, ``worker``)
 ``job:<id>:dependencies`` string  a parent's outstanding-child counter
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
@@ -26,7 +28,8 @@ key                       type    holds
 ``pending``               zset    claimable jobs, scored priority * 2^40 + arrival number
 ``seq``                   string  the arrival counter (FIFO that does not trust clocks)
 ``active``                zset    leased jobs, scored by lease deadline (ms)
-``leases``                hash    job id -> current lease token (one HSET per claimed batch)
+``leases``                hash    job id -> current lease token (one HSET per claimed batch;
+                                  ``<worker id tail>.<claim ms>.<random>``)
 ``delayed``               zset    jobs waiting for a due time (retries, delayed adds)
 ``dead``                  zset    the morgue, scored by time of death
 ``completed``             zset    finished jobs by finish time (ms): "completed" is membership

@@ -332,17 +332,19 @@ def fail(
         if spec:
             hand = None
         calls.append(Call.lua("fail", keys, [queue, gates, spec, *batch]))
-    if calls:
-        calls.append(tally(ks, queue, "f", len(failed)))
+    if calls:  # a death: buried now, or the attempt the row's max_attempts allows last
+        deaths = sum(1 for j, _, _, d in failed if d < 0 or j.attempts + 1 >= j.max_attempts)
+        calls.append(tally(ks, queue, "f", len(failed), deaths))
     replies = yield calls
     return _settled(queue, replies[:-1] if calls else replies)
 
 
-def tally(ks: Keyspace, queue: str, kind: str, n: int) -> Call:
+def tally(ks: Keyspace, queue: str, kind: str, n: int, deaths: int = 0) -> Call:
     """The call adding ``n`` to this minute's ``kind`` tally of ``queue`` (tally.lua; 'c'
-    completed, 'f' failed attempts). Counted as sent: a completion whose lease was lost is
-    tallied too (the script runs beside the batch's, not after reading its statuses)."""
-    return Call.lua("tally", [ks.minutes(queue)], [kind, n])
+    completed, 'f' failed attempts, ``deaths`` of them the job's last). Counted as sent: a
+    completion whose lease was lost is tallied too (the script runs beside the batch's, not
+    after reading its statuses), and a death is what the claimed row's attempts foretell."""
+    return Call.lua("tally", [ks.minutes(queue)], [kind, n, deaths])
 
 
 def _settled(queue: str, replies: list[Any]) -> Settlement:

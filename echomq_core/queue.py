@@ -9,7 +9,6 @@ changes nothing. Every call takes batches: a batch costs one round trip, not one
 from __future__ import annotations
 
 import secrets
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -28,6 +27,7 @@ from .errors import InvalidArgument, JobNotFound, LeaseLost
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback
 from .rates import Claimed
+from .workers_registry import lease_token
 
 T = TypeVar("T")
 
@@ -116,6 +116,9 @@ class QueueOps:
         self.lease_ms = int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         self.keep_completed = bool(keep_completed)
         self.timeout_ms = timeout_ms("timeout", timeout)
+        #: the registry id of the worker that claims through this handle ('' for none): its
+        #: lease tokens name it (:func:`~echomq_core.workers_registry.lease_token`)
+        self.holder = ""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -197,7 +200,7 @@ class QueueOps:
             self.name,
             count,
             lease_ms,
-            uuid.uuid4().hex,
+            lease_token(self.holder),
             check_int("promote", promote, 0, 1000),
             self.client.serializer,
         )

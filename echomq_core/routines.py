@@ -15,18 +15,18 @@ order as a hand-written loop would: the commands per job do not change with the 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from . import ops
 from .calls import Op
-from .errors import EchoMQError
+from .errors import EchoMQError, ServerFull
 from .hooks import LifecycleHooks, fire
 from .models import Job, Settlement
 from .queue import QueueOps
 from .running import Failed, InHand
+from .workers_registry import lease_token
 
 T = TypeVar("T")
 log = logging.getLogger("echomq_core.worker")
@@ -80,11 +80,15 @@ class Tally(Protocol):
 #: take (the worker is stopping): they are given back.
 Intake = Callable[[list[Job]], list[Job]]
 
+#: Takes back results the server refused for lack of memory, to record them in a later batch
+#: call (True), or refuses them (False: a stopping worker; their leases expire).
+Keep = Callable[[list[tuple[Job, bytes]], list[Failed]], bool]
+
 
 def offer(queue: QueueOps, room: int) -> ops.Hand | None:
     """The hand-off a worker with ``room`` free runners offers with its results (None: none):
-    a fresh lease token, the queue's lease."""
-    return ops.Hand(uuid.uuid4().hex, queue.lease_ms, room) if room > 0 else None
+    a fresh lease token naming the worker, the queue's lease."""
+    return ops.Hand(lease_token(queue.holder), queue.lease_ms, room) if room > 0 else None
 
 
 def record(
@@ -97,19 +101,26 @@ def record(
     lock: AbstractContextManager[Any],
     offered: ops.Hand | None = None,
     intake: Intake | None = None,
+    keep: Keep | None = None,
 ) -> Routine[None]:
     """Record one queue's batch of results: the completions in one call, the failed attempts
     in another, counted, logged and their hooks fired. A batch the server could not take is
     logged and its leases stay: the jobs come back when they expire (at-least-once). Either
     way the jobs leave the worker's hands (under ``lock``) - a later claim of the same id is
-    another :class:`Job` and stays. With ``offered`` (and its ``intake``), the capped children
-    the batch's gates admit are leased to this worker at once: their rows are read in one more
-    round trip and ``intake`` puts them in the buffer (see :func:`take_handed`)."""
+    another :class:`Job` and stays. Except for a server that refused them for lack of memory
+    (:class:`~echomq_core.ServerFull`: nothing of the call was written): those results are
+    given to ``keep`` (under ``lock``), which puts them back for a later batch call, and the
+    jobs stay in hand - so a full server costs no completed work, only a delay. With
+    ``offered`` (and its ``intake``), the capped children the batch's gates admit are leased
+    to this worker at once: their rows are read in one more round trip and ``intake`` puts
+    them in the buffer (see :func:`take_handed`)."""
+    kept: set[str] = set()
+    completed = settled = None
     try:
-        completed = settled = None
         if done:
             completed = yield queue.settle_completed_op(done, offered)
             tally.completed += sum(completed.statuses)
+            log_lost(queue.name, done, completed.statuses)
             if offered is not None and completed.handed:
                 room = offered.room - len(completed.handed)
                 offered = ops.Hand(offered.token, offered.lease_ms, room)
@@ -122,6 +133,22 @@ def record(
                 yield from take_handed(hand, queue, ids, offered.token, intake, lock)
         log_failures(queue.name, failed, settled)
         fire_hooks(hooks, done, completed, failed, settled)
+    except ServerFull as exc:
+        # nothing of the refused call was written: what it carried waits for the next one
+        left_done = done if completed is None else []
+        with lock:
+            if keep is not None and keep(left_done, failed):
+                kept = {j.id for j, _ in left_done} | {f[0].id for f in failed}
+        how = "kept for the next batch call" if kept else "their leases will expire"
+        log.warning(
+            "server full: %d result(s) in %r not recorded, %s: %s",
+            len(left_done) + len(failed),
+            queue.name,
+            how,
+            exc,
+        )
+        if completed is not None:
+            fire_hooks(hooks, done, completed, [], None)
     except EchoMQError as exc:
         log.warning(
             "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
@@ -129,6 +156,8 @@ def record(
     finally:
         with lock:
             for job in [j for j, _ in done] + [f[0] for f in failed]:
+                if job.id in kept:
+                    continue
                 if hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
                     del hand.inflight[(queue.name, job.id)]
                 if hand.lost:
@@ -212,6 +241,23 @@ def extend_leases(
         if not all(held):  # the common case takes no lock
             with lock:
                 hand.note_lost(items, held)
+
+
+def log_lost(queue: str, done: list[tuple[Job, bytes]], statuses: list[int]) -> None:
+    """One WARNING per batch for the completions the server refused because their lease was
+    gone: the job was recovered after its lease expired (a handler slower than the lease, a
+    worker cut off from the server) and may have run again elsewhere, or its flow was
+    cancelled. The result is dropped; whoever holds the job now records its own."""
+    lost = [job.id for (job, _), status in zip(done, statuses, strict=True) if not status]
+    if lost:
+        shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        log.warning(
+            "%d completion(s) in %r not recorded, their lease was gone (expired, or the flow "
+            "was cancelled): %s",
+            len(lost),
+            queue,
+            shown,
+        )
 
 
 def log_failures(queue: str, failed: list[Failed], settled: Settlement | None) -> None:

@@ -205,6 +205,8 @@ class InHand:
         self.running = 0  # handlers running now
         self.lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
         self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
+        self.full_until = 0.0  # the server was full: kept results wait for this moment
+        self.full_pause = 0.0  # the pause before the last retry of kept results (doubles)
 
     def want(self) -> int:
         """How many jobs to claim now (0 while the flusher is behind: back-pressure)."""
@@ -220,11 +222,35 @@ class InHand:
             self.capped = True
         self.results.append((job, result))
 
+    def keep(self, done: list[tuple[Job, bytes]], failed: list[Failed], closing: bool) -> bool:
+        """Take back results the server refused for lack of memory (nothing of them was
+        written; their jobs stay in hand, so their leases keep being extended): they are
+        recorded with the next batch call, after a pause that doubles from 50 ms to 1 s. A
+        closing worker keeps nothing (False): their leases expire."""
+        if closing:
+            return False
+        self.full_pause = min(1.0, max(0.05, self.full_pause * 2))
+        self.full_until = time.monotonic() + self.full_pause
+        for job, raw in done:
+            self.add_result(job, raw)
+        for job, error, retry, trace in failed:
+            self.add_result(job, (error, retry, trace))
+        return True
+
+    def wait_left(self, now: float) -> float:
+        """How long the flusher waits before the waiting results are due (seconds)."""
+        return max(self.options.flush_after - (now - self.first_result), self.full_until - now)
+
     def flush_now(self, stopping: bool) -> bool:
         """Record the waiting results now: enough of them, the oldest is ``flush_after`` old,
         nothing else is in hand (a finished child's fan-in is not held back waiting for a
         batch that will not come), or one holds a cap token (a child of a flow with
-        ``max_running``: the next child of its flow cannot start before it is recorded)."""
+        ``max_running``: the next child of its flow cannot start before it is recorded) -
+        unless the server was full a moment ago (see :meth:`keep`)."""
+        if self.full_until:
+            if time.monotonic() < self.full_until:
+                return False
+            self.full_until = 0.0
         return (
             self.capped
             or len(self.results) >= self.options.max_batch

@@ -1,4 +1,4 @@
-"""Completed and failed attempts per minute per queue, over the last 24 hours.
+"""Completed jobs, failed attempts and deaths per minute per queue, over the last 24 hours.
 
 Workers write the tallies in the calls they already make: each completion or failure batch's
 pipeline carries one ``tally`` script call more (:func:`echomq_core.ops.tally`) with the
@@ -6,7 +6,10 @@ batch's count - one command per batch, not per job, and no round trip of its own
 server's clock (TIME inside the script) picks the minute, so workers with skewed clocks agree.
 
 Storage: one hash per queue (``minutes``, see :mod:`echomq_core.keyspace`), one field per
-minute of the day (minute number mod 1440) holding ``<minute> <completed> <failed>``: at most
+minute of the day (minute number mod 1440) holding ``<minute> <completed> <failed> <deaths>``
+(failed counts every failed attempt, deaths only the last one of a job: it went to dead, or a
+flow's child failed for good; a field without deaths, written before they were counted, reads
+as 0 deaths): at most
 1,440 fields, so the memory is bounded whatever the traffic, and a field whose minute number
 is not in the window asked for (yesterday's) is read as zero. The hash expires 25 h after the
 last batch. Counts are of what workers sent: a completion whose lease was lost meanwhile is
@@ -28,11 +31,13 @@ DAY = 1440
 
 @dataclass(frozen=True, slots=True)
 class Minute:
-    """One minute's tallies: ``at`` is the minute's start (ms since the epoch)."""
+    """One minute's tallies: ``at`` is the minute's start (ms since the epoch); ``failed``
+    counts failed attempts, ``deaths`` the jobs among them that died."""
 
     at: int
     completed: int
     failed: int
+    deaths: int = 0
 
 
 def read_minutes(ks: Keyspace, queue: str, minutes: int = 60) -> Op[list[Minute]]:
@@ -43,16 +48,16 @@ def read_minutes(ks: Keyspace, queue: str, minutes: int = 60) -> Op[list[Minute]
     now, flat = yield [Call.cmd("TIME"), Call.cmd("HGETALL", ks.minutes(queue))]
     current = int(now[0]) // 60
     first = current - minutes + 1
-    counts: dict[int, tuple[int, int]] = {}
+    counts: dict[int, tuple[int, ...]] = {}
     pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
     for _, value in pairs:
         parts = _s(value).split()
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             continue
         at = int(parts[0])
         if first <= at <= current:
-            counts[at] = (int(parts[1]), int(parts[2]))
-    return [Minute(m * 60_000, *counts.get(m, (0, 0))) for m in range(first, current + 1)]
+            counts[at] = tuple(int(p) for p in parts[1:])
+    return [Minute(m * 60_000, *counts.get(m, (0, 0, 0))) for m in range(first, current + 1)]
 
 
 __all__ = ["DAY", "Minute", "read_minutes"]

@@ -158,6 +158,8 @@ class Worker(OptionAttributes):
         self.presence = Presence(
             client.keys, list(handlers), opts.concurrency, "thread", opts.lease
         )
+        for queue in self.queues.values():  # its lease tokens name this worker
+            queue.holder = self.presence.entry.id
         self.completed = 0
         self.failed = 0
         self._stop = threading.Event()
@@ -527,8 +529,7 @@ class Worker(OptionAttributes):
                         return
                     self._flusher_waits = True
                     if self._hand.results:
-                        held = time.monotonic() - self._hand.first_result
-                        left = self.options.flush_after - held
+                        left = self._hand.wait_left(time.monotonic())
                         self._results_ready.wait(max(0.001, left))
                     else:
                         self._results_ready.wait(NAP)
@@ -554,9 +555,13 @@ class Worker(OptionAttributes):
             room = 0 if self._stop.is_set() else self._hand.want()
         routine = record(
             self._hand, queue, done, failed, self.hooks, self, self._lock,
-            offer(queue, room), self._buffer,
+            offer(queue, room), self._buffer, self._keep,
         )
         drive(routine, self.client.perform)
+
+    def _keep(self, done: list[tuple[Job, bytes]], failed: list[Failed]) -> bool:
+        """:meth:`InHand.keep` (called under the lock)."""
+        return self._hand.keep(done, failed, self._closing)
 
     def _give_back(self, jobs: list[Job]) -> None:
         """:func:`~echomq_core.routines.give_back`, under this worker's lock."""

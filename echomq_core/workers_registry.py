@@ -11,12 +11,25 @@ when nobody reads it. Staleness is decided by the server's expiry, not by compar
 
 One beat: one round trip of four commands (HSET, PEXPIRE, ZADD, ZREMRANGEBYSCORE), per worker
 every ``lease / 3`` - nothing per job.
+
+Lease tokens name their holder (:func:`lease_token`): ``<tail>.<claimed ms, hex>.<random>``,
+where ``tail`` is the random end of the claiming worker's id ('' for a claim made outside a
+worker). The token is made once per claim anyway, so who holds a lease and since when cost
+no command: the dashboard reads them from the token (:func:`read_token`) and finds the worker
+in the registry by its tail (:func:`find_holders`); complete.lua copies them onto the row it
+already writes (``started``, ``worker``), fail.lua into the attempt it appends to the row's
+``history``. The time is the claiming host's clock. At 29
+characters the token is shorter than the uuid4 hex it replaced and stays under the server's
+listpack value limit (64), so the leases hash keeps its encoding. Tokens of older workers (32
+hex characters, no dots) keep working: they read as an unknown holder and no start time.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import socket
 import time
 import uuid
@@ -35,6 +48,26 @@ log = logging.getLogger("echomq_core.worker")
 READ_LIMIT = 1000
 #: Registry members not beaten for this long are dropped by any worker's beat (ms).
 FORGET_MS = 86_400_000
+
+
+#: A lease token made by :func:`lease_token`: holder tail, claim time (ms, hex), random part.
+_TOKEN = re.compile(r"([0-9a-f]{0,8})\.([0-9a-f]{1,12})\.[0-9a-f]+")
+
+
+def lease_token(worker_id: str = "") -> str:
+    """A fresh lease token for one claim (or hand-off) by ``worker_id`` ('' outside a worker):
+    unique per call like a uuid4 (32 random bits besides the worker's own 32 and the ms)."""
+    tail = worker_id.rsplit("-", 1)[-1] if worker_id else ""
+    return f"{tail}.{time.time_ns() // 1_000_000:x}.{secrets.token_hex(4)}"
+
+
+def read_token(token: str | None) -> tuple[str | None, int | None]:
+    """(holder tail or None, claim time in ms or None) of a lease token; (None, None) for a
+    token :func:`lease_token` did not make (an older worker's)."""
+    found = _TOKEN.fullmatch(token) if token else None
+    if found is None:
+        return None, None
+    return found.group(1) or None, int(found.group(2), 16)
 
 
 def new_id() -> str:
@@ -111,6 +144,21 @@ def leave_op(ks: Keyspace, worker_id: str) -> Op[None]:
 _FIELDS = ("host", "pid", "kind", "queues", "concurrency", "inflight", "started", "beat")
 
 
+def _entry(name: str, row: Sequence[Any]) -> WorkerEntry:
+    host, pid, kind, queues, concurrency, inflight, started, beat = (_s(v) for v in row)
+    return WorkerEntry(
+        name,
+        queues.split(),
+        int(concurrency),
+        kind,
+        host,
+        int(pid),
+        int(started),
+        int(inflight),
+        int(beat),
+    )
+
+
 def read_workers(ks: Keyspace, limit: int = READ_LIMIT) -> Op[list[WorkerEntry]]:
     """The live workers, newest beat first (at most ``limit``): two round trips - the
     registry's newest members, one HMGET per member - plus one ZREM of the members whose
@@ -125,24 +173,27 @@ def read_workers(ks: Keyspace, limit: int = READ_LIMIT) -> Op[list[WorkerEntry]]
     for name, row in zip(names, rows, strict=True):
         if row[0] is None:
             gone.append(name)
-            continue
-        host, pid, kind, queues, concurrency, inflight, started, beat = (_s(v) for v in row)
-        out.append(
-            WorkerEntry(
-                name,
-                queues.split(),
-                int(concurrency),
-                kind,
-                host,
-                int(pid),
-                int(started),
-                int(inflight),
-                int(beat),
-            )
-        )
+        else:
+            out.append(_entry(name, row))
     if gone:
         yield [Call.cmd("ZREM", ks.workers(), *gone)]
     return out
+
+
+def find_holders(ks: Keyspace, tails: Sequence[str]) -> Op[dict[str, WorkerEntry]]:
+    """The live worker of each lease-token tail (:func:`read_token`) that has one: the
+    registry's ids (one ZRANGE, at most :data:`READ_LIMIT`), then one HMGET per id that
+    matches a tail - two round trips, nothing read of the workers no lease names."""
+    wanted = {t for t in tails if t}
+    if not wanted:
+        return {}
+    (ids,) = yield [Call.cmd("ZRANGE", ks.workers(), 0, READ_LIMIT - 1, "REV")]
+    hits = [(n, n.rsplit("-", 1)[-1]) for n in map(_s, ids)]
+    hits = [(n, t) for n, t in hits if t in wanted]
+    if not hits:
+        return {}
+    rows = yield [Call.cmd("HMGET", ks.worker(n), *_FIELDS) for n, _ in hits]
+    return {t: _entry(n, row) for (n, t), row in zip(hits, rows, strict=True) if row[0] is not None}
 
 
 class Presence:
@@ -201,8 +252,11 @@ __all__ = [
     "Presence",
     "WorkerEntry",
     "beat_op",
+    "find_holders",
+    "lease_token",
     "leave_op",
     "new_id",
     "per_queue",
+    "read_token",
     "read_workers",
 ]

@@ -11,7 +11,9 @@
 --                               window on the server's clock) and 'count' (starts in it)
 -- ARGV[1] count    how many jobs at most
 -- ARGV[2] lease_ms how long the lease lasts before the job may be recovered
--- ARGV[3] token    the lease token for this claim (unique per call, made by the host)
+-- ARGV[3] token    the lease token for this claim (unique per call, made by the host: it names
+--                  the claiming worker and the claim's time, workers_registry.lease_token;
+--                  complete and fail read them from it, this script only stores it)
 -- ARGV[4] promote  how many due delayed jobs to move to pending first (0: leave it to the Pump)
 --
 -- Steps: promote due delayed jobs (so workers do not depend on a Pump for retries). With a

@@ -8,6 +8,8 @@
 -- @include push_signals
 -- @include death
 -- @include free_tokens
+-- @include holder
+-- @include attempt
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), delayed (retries by due time), dead (the morgue by time of death),
@@ -33,8 +35,11 @@
 --   ref: 0 no parent; k > 0 a child of same-queue group k; -k a child of cross-queue parent k
 --
 -- Steps: tokens checked with one HMGET (batch.lua): a stale failure changes nothing. For each
--- current job: attempts + 1; below max_attempts (and delay_ms >= 0) it goes to delayed with its
--- error; otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
+-- current job: attempts + 1, the attempt appended to the row's 'history' (includes/attempt.lua:
+-- when it started and on which worker, read from its lease token; when it ended; its outcome
+-- and first error line; the last 10 kept, at most 1.6 KiB, in the HMGET and HSET this script
+-- makes anyway); below max_attempts (and delay_ms >= 0) it goes to delayed with its error;
+-- otherwise it dies: state 'dead', into the morgue, and its parent is settled by the child's
 -- policy token (read here from the row: 'id' ignores the dependency, anything else fails the
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
 -- A gated child that dies returns its token (its gate admits the next waiting child here); one
@@ -42,7 +47,8 @@
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
 -- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
 -- row with its flow; the row fields it sets (attempts, error, traceback, state) go with the
--- row; outbox signals are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
+-- row ('history' too: kept across retries and repairs, bounded at 10 records); outbox signals
+-- are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
 -- records and counters of same-queue parents go with their flow.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {statuses, events, handed}: statuses per job 0 (lease lost), 1 (retry scheduled),
@@ -68,7 +74,8 @@ for i = 1, n do
   else
     done[#done + 1] = id
     local row = KEYS[15 + i]
-    local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch')
+    local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch', 'history')
+    local token = ARGV[b.tokens + tonumber(ARGV[r + 2])]
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if trace == '' then
       redis.call('HDEL', row, 'traceback')
@@ -77,11 +84,12 @@ for i = 1, n do
     end
     if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
       out[i] = 1
-      redis.call('HSET', row, 'error', err)
+      redis.call('HSET', row, 'error', err, 'history', attempt(meta[4], token, now, 'r', err))
       later[#later + 1] = now + delay; later[#later + 1] = id
     else
       out[i] = 2
-      redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
+      redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now,
+        'history', attempt(meta[4], token, now, 'd', err))
       dead[#dead + 1] = now; dead[#dead + 1] = id
       local g = gated[ref]
       if g then freed[g] = freed[g] + 1 end

@@ -91,3 +91,53 @@ def test_the_package_exports_its_public_api() -> None:
     errors = re.findall(r"^\| `([A-Za-z]+)` \|", table, re.MULTILINE)
     assert "ServerStartError" in errors
     assert set(errors) <= set(echomq_core.__all__), set(errors) - set(echomq_core.__all__)
+
+
+def fresh_modules(code: str) -> set[str]:
+    """The modules loaded after ``code`` in a fresh interpreter (this checkout first)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(CORE.parent), *sys.path]))
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_a_synchronous_user_does_not_load_the_asyncio_side() -> None:
+    """``import echomq_core`` and the synchronous names (an Airflow task, a Dagster step) leave
+    the asyncio queue and worker unloaded; ``redis.asyncio`` only if ``redis`` itself loads it
+    (redis 8's ``__init__`` does: the floor is not ours)."""
+    sync = fresh_modules("from echomq_core import EchoMQ, Pump, Queue, Worker")
+    assert "echomq_core.worker" in sync and "echomq_core.client" in sync
+    loaded = {m for m in sync if m.startswith("echomq_core.async")}
+    assert not loaded, loaded
+    if "redis.asyncio" not in fresh_modules("import redis"):
+        assert "redis.asyncio" not in sync
+    lazy = fresh_modules(
+        "import echomq_core\nassert 'AsyncWorker' in dir(echomq_core)\n"
+        "from echomq_core import AsyncQueue, AsyncWorker"
+    )
+    assert {"echomq_core.async_queue", "echomq_core.async_worker"} <= lazy
+
+
+def test_the_lazy_names_resolve_to_their_classes() -> None:
+    import echomq_core
+    from echomq_core.async_queue import AsyncQueue
+    from echomq_core.async_worker import AsyncWorker
+
+    assert echomq_core.AsyncQueue is AsyncQueue and echomq_core.AsyncWorker is AsyncWorker
+    try:
+        echomq_core.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as e:
+        assert "NoSuchName" in str(e)
+    else:
+        raise AssertionError("an unknown name resolved")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from echomq_core import EchoMQ, Job, JobSpec, Worker
+from echomq_core import Backoff, EchoMQ, Job, JobSpec, Unrecoverable, Worker
 from echomq_core.errors import InvalidArgument
 from echomq_core.server import EmbeddedServer
 from echomq_core.throughput import DAY, read_minutes
@@ -82,8 +82,62 @@ def test_a_field_from_yesterday_reads_as_zero_and_restarts(
     q.complete(job, 2)
     assert totals(mq, "tp-stale") == (1, 0)
     value = raw.hget(key, str(int(raw.time()[0]) // 60 % DAY))
-    assert value is not None and value.decode().endswith(" 1 0")
+    assert value is not None and value.decode().endswith(" 1 0 0")
     assert 0 < raw.pttl(key) <= 25 * 3600 * 1000
+    raw.close()
+    mq.close()
+
+
+def test_deaths_are_counted_apart_from_failed_attempts(backend: Backend, mq: EchoMQ) -> None:
+    """Three jobs failing twice each (max_attempts=2): six failed attempts, three deaths; a
+    job failing once then succeeding adds a failed attempt and no death; one buried at once
+    (Unrecoverable) is one of each."""
+    q = mq.queue("tp-deaths", max_attempts=2, backoff=Backoff(0, 0))
+    q.add_bulk([JobSpec({"n": i, "fail": True}) for i in range(3)])
+    flaky = q.add({"n": 7})
+    buried = q.add({"n": 8})
+    seen: set[int] = set()
+
+    def flaky_once(job: Job) -> object:
+        if job.payload["n"] == 7 and 7 not in seen:
+            seen.add(7)
+            raise RuntimeError("first try fails")
+        if job.payload["n"] == 8:
+            raise Unrecoverable("no retry")
+        return handle(job)
+
+    worker = Worker(mq, {"tp-deaths": flaky_once}).start()
+    try:
+        eventually(lambda: q.stats()["dead"] == 4 and q.stats()["completed"] == 1, 30)
+    finally:
+        worker.stop()
+    found = mq.perform(read_minutes(mq.keys, "tp-deaths", 3))
+    assert sum(m.failed for m in found) == 8
+    assert sum(m.deaths for m in found) == 4
+    assert sum(m.completed for m in found) == 1
+    assert mq.get_job("tp-deaths", flaky).state == "completed"
+    assert mq.get_job("tp-deaths", buried).state == "dead"
+
+
+def test_a_field_without_deaths_reads_as_none_and_gains_them(
+    standalone_server: EmbeddedServer, prefix: str
+) -> None:
+    """A field written before deaths were counted ('<minute> <c> <f>') reads as 0 deaths; the
+    next batch keeps its counts and adds the fourth."""
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    raw = redis.Redis.from_url(standalone_server.url)
+    minute = int(raw.time()[0]) // 60
+    key = mq.keys.minutes("tp-old")
+    raw.hset(key, mapping={str(m % DAY): f"{m} 5 2" for m in range(minute - 1, minute + 2)})
+    found = mq.perform(read_minutes(mq.keys, "tp-old", 2))
+    assert [(m.completed, m.failed, m.deaths) for m in found] == [(5, 2, 0), (5, 2, 0)]
+    q = mq.queue("tp-old", max_attempts=1)
+    q.add(1)
+    (job,) = q.claim(1)
+    assert q.fail(job, "boom")  # died
+    now = int(raw.time()[0]) // 60
+    value = raw.hget(key, str(now % DAY))
+    assert value is not None and value.decode() == f"{now} 5 3 1"
     raw.close()
     mq.close()
 
@@ -105,7 +159,8 @@ def test_a_full_day_of_minutes_costs_a_bounded_memory(
     minute = int(raw.time()[0]) // 60
     key = mq.keys.minutes("tp-mem")
     raw.hset(
-        key, mapping={str(m % DAY): f"{m} 123456 789" for m in range(minute - DAY + 1, minute + 1)}
+        key,
+        mapping={str(m % DAY): f"{m} 123456 789 12" for m in range(minute - DAY + 1, minute + 1)},
     )
     q = mq.queue("tp-mem")
     q.add(1)
@@ -142,14 +197,24 @@ def test_the_queue_page_draws_the_minutes_and_the_api_serves_them(
     q.add({"n": 99})  # one pending: the gauge shows its age
     got = json.loads(dashboard.get("/api/throughput/tp-page?minutes=5").body)
     assert len(got["minutes"]) == 5
-    assert (got["completed"], got["failed"]) == (9, 3)
+    assert (got["completed"], got["failed"], got["deaths"]) == (9, 3, 3)
     assert sum(m["completed"] for m in got["minutes"]) == 9
+    assert sum(m["deaths"] for m in got["minutes"]) == 3
+    assert "chart" not in got  # the markup only when asked for (the page's live refresh)
+    live = json.loads(dashboard.get("/api/throughput/tp-page?minutes=1440&chart=1").body)
+    svg = live["chart"]
+    assert svg.startswith('<svg id="throughput-chart"') and 'data-per="4"' in svg
     assert got["oldest_pending_age"] is not None and got["oldest_pending_age"] >= 0
     page = dashboard.get("/queue/tp-page").body
     assert '<svg id="throughput-chart"' in page
     done = [int(n) for n in re.findall(r'class="done"[^>]*data-n="(\d+)"', page)]
     failed = [int(n) for n in re.findall(r'class="failed"[^>]*data-n="(\d+)"', page)]
     assert sum(done) == 9 and sum(failed) == 3
+    deaths = [int(n) for n in re.findall(r'class="deaths"[^>]*data-n="(\d+)"', page)]
+    assert sum(deaths) == 3 and 'id="t-deaths" data-k="deaths">3<' in page
+    day = dashboard.get("/queue/tp-page?minutes=1440").body
+    assert "Last 24 hours" in day and 'data-bars="360"' in day
+    assert dashboard.get("/queue/tp-page?minutes=61").status == 400
     assert 'id="oldest-age"' in page and "none pending" not in page
     bad = dashboard.get("/api/throughput/tp-page?minutes=0")
     assert bad.status == 400 and "minutes" in bad.body

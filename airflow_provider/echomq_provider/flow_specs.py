@@ -20,7 +20,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from echomq_core import Child, FlowRef, InvalidInput
@@ -78,6 +78,23 @@ def keyed_child_id(parent_id: str, key: str) -> str:
 @functools.lru_cache(maxsize=64)  # child_label runs once per result of flows of 100,000s
 def _keyed_stem(parent_id: str) -> str:
     return f"JOB-af/k/{hashlib.sha256(parent_id.encode()).hexdigest()[:32]}/"
+
+
+def labeller(parent_id: str) -> Callable[[str], int | str]:
+    """:func:`child_label` for the children of one flow, made once for a read of many: a
+    plain derived id (``<parent>.<i>``, what ``children`` without keys gives) costs a prefix
+    test and an ``int``; anything else goes through :func:`child_label`."""
+    plain, stem = f"{parent_id}.", _keyed_stem(parent_id)
+    start = len(plain)
+
+    def label(child_id: str) -> int | str:
+        if child_id.startswith(plain) and not child_id.startswith(stem):
+            rest = child_id[start:]
+            if rest.isdigit() and rest.isascii():
+                return int(rest)
+        return child_label(parent_id, child_id)
+
+    return label
 
 
 def child_label(parent_id: str, child_id: str) -> int | str:

@@ -15,7 +15,7 @@ Using::
 it yields ``(index, value)`` - ``index`` the position of the child's spec in the operator's
 ``children`` - or ``(key, value)`` when the specs gave keys, in no particular order, reading
 ``page`` results per round trip. Memory stays flat at any N (200,000 children read in pages
-of 1,000 hold one page at a time).
+of 5,000, the default, hold one page at a time).
 
 The sensor closes the flow once it is released, which starts its ``closed`` retention (1 day by
 default, ``echomq queue config QUEUE --closed-age``): downstream readers - and re-runs of them

@@ -15,7 +15,7 @@ from echomq_core.connection import Op
 from echomq_core.keyspace import Keyspace
 from echomq_core.models import Serializer
 
-from .flow_specs import child_label
+from .flow_specs import child_label, labeller
 
 #: The XCom key of the summary when the return value holds the values.
 FLOW_KEY = "flow"
@@ -106,7 +106,8 @@ def summary_of(snap: FlowSnapshot, ignored: dict[str, str]) -> dict[str, Any]:
 def values_in_order(parent_id: str, total: int, pairs: Iterable[tuple[str, Any]]) -> Any:
     """``return_values``: the values in spec order (``None`` where a failure was ignored), or
     ``{key: value}`` when the specs gave keys."""
-    labelled = [(child_label(parent_id, child), value) for child, value in pairs]
+    label_of = labeller(parent_id)
+    labelled = [(label_of(child), value) for child, value in pairs]
     if any(isinstance(label, str) for label, _ in labelled):
         return {str(label): value for label, value in labelled}
     ordered: list[Any] = [None] * total

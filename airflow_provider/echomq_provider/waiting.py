@@ -60,6 +60,12 @@ else:
 
 #: The longest a deferred task takes to notice a release (the trigger's slowest poll).
 TRIGGER_POLL_MAX = 1.0
+#: The longest a deferrable task reads its flow in its own process before it defers, seconds:
+#: a deferral costs rounds of the triggerer (it picks new triggers up about once a second)
+#: and of the scheduler (the event, the task's end), so a flow released sooner than that is
+#: read without them. It defers sooner when the rate the flow settles at says the rest takes
+#: longer than the time left of this (see :meth:`FlowWaiting._in_task_pause`).
+IN_TASK_WAIT = 2.0
 #: States of a killed task that mean it was cleared or marked successful, not failed: its
 #: flow is left alone.
 _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
@@ -126,6 +132,7 @@ class FlowWaiting(_Base):
             else deferrable
         )
         self._hook: EchoMQHook | None = None
+        self._in_task: tuple[float, int] | None = None  # (time, settled) of the first read
         self._last_progress: float | None = None
         self._ti_for_kill: Any = None  # the running task instance, for on_kill
         self._settles = settles
@@ -157,6 +164,24 @@ class FlowWaiting(_Base):
         if not verdict.done:
             self._progress(context, snap)
         return client, verdict
+
+    def _in_task_pause(self, snap: FlowSnapshot, pause: float, budget: float) -> float | None:
+        """A deferrable task's choice after a read of ``snap`` that found children outstanding:
+        the seconds to pause before it reads the flow again itself (at most ``pause``), or
+        None: defer now. It reads in its own process for at most :data:`IN_TASK_WAIT` s (and
+        ``budget``, the time its timeout leaves) from its first read, and defers at once when
+        the rate seen since that read says the rest takes longer than the time left; a flow
+        that has not moved yet is given the whole time (children that just started)."""
+        now, settled = time.monotonic(), snap.total - snap.dependencies
+        if self._in_task is None:
+            self._in_task = (now, settled)
+        began, before = self._in_task
+        left = min(began + IN_TASK_WAIT, began + budget) - now
+        if left <= 0:
+            return None
+        if settled > before and snap.dependencies * (now - began) / (settled - before) > left:
+            return None
+        return min(pause, left)
 
     def _defer(self, poll_interval: float, seconds_left: float | None) -> NoReturn:
         """Hand the wait to :class:`EchoFlowTrigger` (reads at least every

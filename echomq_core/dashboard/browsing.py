@@ -6,7 +6,8 @@ job page's two actions (retry a dead job, cancel a pending or delayed one).
                                           or error and traceback, attempts, times, lease,
                                           parent and flow; its children when it is a parent
 ``GET /queue/<queue>?state=&offset=&find=``  a queue's jobs in one state, paged in server
-                                          order (``/api/queue/...``); ``find``: to a job
+  ``&minutes=``                           order (``/api/queue/...``); ``find``: to a job;
+                                          ``minutes``: the chart's range (60, 360, 1440)
 ``GET /flow/<queue>/<id>/children``       the flow's children in spec order, ``?show=`` all |
   ``?show=&offset=&find=&q=&cursor=``     completed | failed | ignored | pending, ``find`` by
                                           id, ``q``: failed children by error text
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -32,6 +34,7 @@ from ..errors import InvalidArgument, JobNotFound
 from ..keyspace import check_job_id, check_queue
 from ..urls import FLOW_PATH, JOB_PATH, flow_page, job_page
 from . import reads
+from .monitoring import RANGES
 from .params import flow_names, int_param
 
 #: What may follow a job's names in a POST's path.
@@ -125,6 +128,8 @@ class Browsing:
         if find is not None:
             base = request.scope.get("root_path", "").rstrip("/")
             return RedirectResponse(job_page(base, queue, find), 303)
+        ranges = tuple(str(m) for m, _ in RANGES)
+        minutes = int(_param(request, "minutes", ranges, ranges[0]))
         found = self.client.perform(queue_page(self.client.keys, queue, state, offset))
         counts = self.client.queue(queue).stats()
         return self.render(
@@ -134,7 +139,10 @@ class Browsing:
             counts=counts,
             job_states=STATES,
             page=PAGE,
-            t=self.throughput(queue),
+            t=self.throughput(queue, minutes),
+            minutes=minutes,
+            ranges=RANGES,
+            live=f"api/throughput/{quote(queue, safe='')}?minutes={minutes}&chart=1",
         )
 
     def api_queue_jobs(self, request: Request) -> Response:

@@ -6,9 +6,10 @@
 -- each starting with: job id, token number (1..t) - and ending with its ref: 0 a plain job,
 -- k > 0 a child of same-queue group k, -k a child of cross-queue parent k.
 -- Reads every job's current token with ONE HMGET of `leases`.
--- Returns {n, parents, cross, base, current}: parents[k] is group k's parent id; cross parent k
--- is args[cross + 2k - 1] (id), args[cross + 2k] (queue); job i's values start at
--- args[base + width(i - 1) + 1]; current[i] is true when job i's token is its current lease.
+-- Returns {n, parents, cross, base, current, tokens}: parents[k] is group k's parent id; cross
+-- parent k is args[cross + 2k - 1] (id), args[cross + 2k] (queue); job i's values start at
+-- args[base + width(i - 1) + 1]; current[i] is true when job i's token is its current lease;
+-- token number k is args[tokens + k].
 local function batch(leases, args, first, width)
   local n, g, x, t = tonumber(args[first]), tonumber(args[first + 1]),
     tonumber(args[first + 2]), tonumber(args[first + 3])
@@ -26,5 +27,6 @@ local function batch(leases, args, first, width)
       current[i] = held[i] == args[tokens + tonumber(args[base + (i - 1) * width + 2])]
     end
   end
-  return {n = n, parents = parents, cross = cross, base = base, current = current}
+  return {n = n, parents = parents, cross = cross, base = base, current = current,
+    tokens = tokens}
 end

@@ -93,6 +93,31 @@ def test_example_dag(
     assert (reschedules(run.tasks["wait"]) > 0) == (mode == "reschedule")
 
 
+def test_deferrable_sensor_reads_a_flow_released_soon_without_deferring(
+    airflow_db: Path,
+    echomq_conn: str,
+    start_worker: Callable[..., Any],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    """Released 0.5 s after the sensor started (its children finish 0.5 s after the gate that
+    opens when it runs): it reads the flow in its own process (``IN_TASK_WAIT``) instead of
+    paying a deferral's rounds."""
+    gate = tmp_path / "go"
+    start_worker(gate=gate)
+    running = OpenWhen(gate, "echomq_in_task", "wait", ("running",))
+    with caplog.at_level(logging.INFO), running:
+        run = run_dag(airflow_db, "echomq_in_task")
+    assert running.opened_in == "running", running
+    assert run.state == "success", {k: str(t.state) for k, t in run.tasks.items()}
+    logged = capfd.readouterr().out + caplog.text
+    # the precondition: the sensor's first read found the children outstanding
+    assert "settled 0 of 2" in logged
+    assert "running trigger in line" not in logged
+    assert run.xcom("wait")["processed"] == 2
+
+
 @pytest.mark.parametrize("mode", ["deferrable", "poke"])
 def test_failed_child_fails_sensor_at_once(
     mode: str,

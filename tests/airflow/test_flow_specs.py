@@ -132,6 +132,26 @@ def test_keys_become_child_ids_and_come_back_exactly() -> None:
     assert child_label(parent, keyed_child_id(parent + "x", "k")) != "k"
 
 
+def test_a_flows_labeller_labels_as_child_label() -> None:
+    from echomq_provider.flow_specs import child_label, keyed_child_id, labeller
+
+    parent = parent_id_for("dag", "run", "task")
+    ids = [
+        f"{parent}.0",
+        f"{parent}.19999",
+        f"{parent}.g3.12",
+        f"{parent}.x1",
+        f"{parent}.\u0661",  # a non-ASCII digit: not an index
+        f"{parent}x.1",
+        "JOB-other",
+        keyed_child_id(parent, "7"),
+        keyed_child_id(parent + "x", "k"),
+    ]
+    label = labeller(parent)
+    assert [label(i) for i in ids] == [child_label(parent, i) for i in ids]
+    assert label(f"{parent}.19999") == 19999 and label(keyed_child_id(parent, "7")) == "7"
+
+
 @pytest.mark.parametrize(
     ("specs", "complaint"),
     [

@@ -13,6 +13,8 @@ and exits), or as ``echomq worker QUEUE... --app worker_proc:HANDLERS`` (the dep
 * With ``ECHOMQ_TEST_GATE`` set (a path), every job waits the same way until that file exists:
   the test decides when any child settles (e.g. once the sensor waits, see
   ``helpers.OpenWhen``), for DAGs it runs as shipped.
+* A payload's ``then_sleep``: seconds the job takes once its gates opened (the time between
+  the test's go and the child's completion).
 * With ``ECHOMQ_TEST_RUNS`` set, every handler call appends ``{"id", "queue"}`` to that file
   (JSON lines): what ran, and how often.
 """
@@ -57,6 +59,7 @@ def slow(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
             wait_for(Path(os.environ["ECHOMQ_TEST_MARKERS"]) / gate)
         if os.environ.get("ECHOMQ_TEST_GATE"):
             wait_for(Path(os.environ["ECHOMQ_TEST_GATE"]))
+        time.sleep(float(job.payload.get("then_sleep", 0)))
         once = job.payload.get("fail_once")
         if once:
             marker = Path(os.environ["ECHOMQ_TEST_MARKERS"]) / once

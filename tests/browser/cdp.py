@@ -143,7 +143,10 @@ class Browser:
 
     # -- what a test does ------------------------------------------------------------------
     def goto(self, url: str, timeout: float = 30.0) -> float:
-        """Load ``url`` and wait for its load event; the seconds it took."""
+        """Load ``url`` and wait for its load event; the seconds it took. Events still on their
+        way from the page before (a live page polling a dashboard that has stopped) are
+        read and dropped first, so :meth:`errors` holds this page's only."""
+        self._drain(0.05)
         self.events.clear()
         started = time.monotonic()
         self.call("Page.navigate", url=url)

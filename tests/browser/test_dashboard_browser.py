@@ -328,7 +328,11 @@ def test_job_queue_and_children_pages_in_chromium(
     browser.screenshot(shots / "job.png")
     browser.click("#job-parent")  # back to the flow, then to its children
     browser.wait_for("document.querySelector('#children-link') !== null")
-    browser.click("#children-link")
+    # the link's target, loaded by URL: a click by coordinates on a live page can land on
+    # another link when a refresh moves the layout between the box read and the press
+    href = browser.js("document.querySelector('#children-link').href")
+    assert href == flow_url(readonly, ref.queue, ref.parent_id) + "/children"
+    browser.goto(href)
     browser.wait_for("document.querySelector('#children') !== null")
     rows = browser.js(
         "[...document.querySelectorAll('#children tbody tr')].map(r => r.dataset.child)"
@@ -441,9 +445,10 @@ def test_throughput_chart_and_workers_page_in_chromium(
         )
         done = sum(n for kind, n, _ in bars if kind == "done")
         failed = sum(n for kind, n, _ in bars if kind == "failed")
-        assert (done, failed) == (30, 10)
+        # the "waiting" job may have completed (a free runner) and been flushed by now
+        assert done in (30, 31) and failed == 10
         assert all(h > 0 for _, _, h in bars)
-        assert browser.text("#t-completed") == "30" and browser.text("#t-failed") == "10"
+        assert browser.text("#t-completed") in ("30", "31") and browser.text("#t-failed") == "10"
         browser.screenshot(shots / "queue-throughput.png")
         load(browser, f"{readonly.base}/workers", timings, "workers")
         me = worker.presence.entry.id

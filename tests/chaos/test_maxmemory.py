@@ -10,13 +10,29 @@ server's configuration) and fills it with the flow's own realistic payloads, not
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from echomq_core import Child, EchoMQ, JobNotFound, Pump, ServerError, ServerFull
+from echomq_core import (
+    AsyncEchoMQ,
+    AsyncWorker,
+    Child,
+    EchoMQ,
+    Job,
+    JobNotFound,
+    Pump,
+    ServerError,
+    ServerFull,
+    Worker,
+)
 from echomq_core.server import EmbeddedServer
+
+from ..waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.slow
 
@@ -115,3 +131,101 @@ def test_the_pump_keeps_what_it_could_not_deliver_and_delivers_it_once_memory_is
     assert (snap.parent_state, snap.processed) == ("released", 2_000)
     assert q.stats()["poison"] == 0 and q.stats()["outbox"] == 0
     mq.close()
+
+
+def test_a_worker_keeps_the_results_a_full_server_refused_and_records_them_once_freed(
+    server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four handlers are running when the server fills up: their completions are refused
+    (ServerFull, nothing written). The worker keeps them, with their jobs in hand, and records
+    them once memory is freed - within their lease, so no child runs twice (without that the
+    results were dropped and every one of them ran again after its lease expired)."""
+    admin = redis.Redis.from_url(server.url)
+    mq = EchoMQ(server.url, prefix="mw")
+    parents, work = "mw-parents", "mw-work"
+    pid = "JOB-af/etl/fan_out/worker"
+    mq.add_flow(parents, _children(40, work), parent_id=pid, barrier=True)
+    runs: dict[str, int] = {}
+    lock = threading.Lock()
+    go = threading.Event()
+
+    def handle(job: Job) -> str:
+        with lock:
+            runs[job.id] = runs.get(job.id, 0) + 1
+        go.wait(30)  # the first four wait here until the server is full
+        return job.payload["path"][-20:]
+
+    worker = Worker(mq, {work: handle, parents: handle}, concurrency=4, lease=10.0)
+    worker.start()
+    try:
+        eventually(lambda: len(runs) == 4, 30, "four handlers running")
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)  # full: every write refused
+        caplog.set_level(logging.WARNING, logger="echomq_core.worker")
+        go.set()
+        eventually(
+            lambda: any("server full" in r.getMessage() and "kept" in r.getMessage()
+                        for r in caplog.records),
+            30,
+            "the worker's results refused and kept",
+        )  # fmt: skip
+        admin.config_set("maxmemory", 0)  # freed
+        eventually(lambda: mq.snapshot(parents, pid).parent_state == "released", 60)
+    finally:
+        go.set()
+        worker.stop()
+    snap = mq.snapshot(parents, pid)
+    assert (snap.processed, snap.total) == (40, 40)
+    assert len(mq.children_values(parents, pid)) == 40
+    assert sorted(set(runs.values())) == [1], {k: v for k, v in runs.items() if v != 1}
+    mq.close()
+
+
+def test_the_asyncio_worker_keeps_them_too(
+    server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same with :class:`~echomq_core.AsyncWorker` (one event loop, no lock)."""
+    admin = redis.Redis.from_url(server.url)
+    sync = EchoMQ(server.url, prefix="ma")
+    parents, work = "ma-parents", "ma-work"
+    pid = "JOB-af/etl/fan_out/async"
+    sync.add_flow(parents, _children(40, work), parent_id=pid, barrier=True)
+    runs: dict[str, int] = {}
+
+    async def scenario() -> None:
+        client = AsyncEchoMQ(server.url, prefix="ma")
+        go = asyncio.Event()
+
+        async def handle(job: Job) -> str:
+            runs[job.id] = runs.get(job.id, 0) + 1
+            await go.wait()
+            return str(job.payload["path"][-20:])
+
+        worker = AsyncWorker(client, {work: handle, parents: handle}, concurrency=4, lease=10.0)
+        task = asyncio.create_task(worker.run(install_signals=False))
+        try:
+            await eventually_async(lambda: len(runs) == 4, 30, "four handlers running")
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", 1)
+            caplog.set_level(logging.WARNING, logger="echomq_core.worker")
+            go.set()
+            await eventually_async(
+                lambda: any("server full" in r.getMessage() and "kept" in r.getMessage()
+                            for r in caplog.records),
+                30,
+                "the worker's results refused and kept",
+            )  # fmt: skip
+            admin.config_set("maxmemory", 0)
+            await eventually_async(
+                lambda: sync.snapshot(parents, pid).parent_state == "released", 60
+            )
+        finally:
+            go.set()
+            await worker.stop()
+            await task
+            await client.close()
+
+    asyncio.run(scenario())
+    assert sync.snapshot(parents, pid).processed == 40
+    assert sorted(set(runs.values())) == [1], {k: v for k, v in runs.items() if v != 1}
+    sync.close()

@@ -32,11 +32,12 @@ from echomq_core.errors import flow_error
 
 from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
 from ..errors import FlowNotReleased
-from ..flow_specs import child_label, flow_target
+from ..flow_specs import flow_target, labeller
 from .settings import EchoMQConnectionSettings
 
-#: Results read per round trip by :meth:`EchoMQHook.iter_results` (an HSCAN hint).
-DEFAULT_PAGE = 1000
+#: Results read per round trip by :meth:`EchoMQHook.iter_results` (an HSCAN hint): 20,000
+#: results in 4 round trips, and a page of small results stays well under a megabyte.
+DEFAULT_PAGE = 5000
 
 
 class EchoMQHook(BaseHook):
@@ -135,8 +136,9 @@ class EchoMQHook(BaseHook):
                 f"flow {parent_id} in queue {queue!r} is not released: {snap.dependencies} of "
                 f"{snap.total} children outstanding"
             )
+        label = labeller(parent_id)
         for child_id, value in mq.iter_children_values(queue, parent_id, page=page):
-            yield child_label(parent_id, child_id), value
+            yield label(child_id), value
 
     def close(self) -> None:
         """Close the sync client, if one was made."""

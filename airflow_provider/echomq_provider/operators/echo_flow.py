@@ -62,7 +62,9 @@ is killed (marked failed) while waiting       cleared or marked success: left as
 :mod:`echomq_provider.decorators.echo_flow`) folds the sensor into this task: after adding,
 it waits until the flow is released - in its own process (reads 5 ms apart at first, the
 pauses growing by half up to ``poll_interval``), or deferred to the trigger with
-``deferrable=True`` - and returns the sensor's summary (or the values, ``return_values``).
+``deferrable=True`` (after up to 2 s of those reads, :data:`~echomq_provider.waiting.
+IN_TASK_WAIT`: a flow released by then costs no deferral) - and returns the sensor's summary
+(or the values, ``return_values``).
 Airflow schedules one task instead of two; the slot is held while waiting unless deferred.
 
 Errors: bad input (queue names, child specs, payloads) and conflicts fail the task without
@@ -91,7 +93,7 @@ from ..errors import TooManyValues
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
 from ..plugins.links import EchoFlowLink
-from ..waiting import FlowWaiting, too_many_values
+from ..waiting import IN_TASK_WAIT, FlowWaiting, too_many_values
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -143,7 +145,9 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         ``queue`` and ``parent_id``, or the values): one task instead of an operator and a
         sensor. Default False: return the reference at once.
     :param deferrable: with ``wait_for_completion``, wait in the triggerer (the slot is freed;
-        resuming costs the scheduler another round). Default: ``[operators]
+        resuming costs the scheduler another round) once 2 s of reads in the task did not see
+        the flow released (sooner when its settle rate says it will take longer; see
+        :data:`~echomq_provider.waiting.IN_TASK_WAIT`). Default: ``[operators]
         default_deferrable``. Not deferred, the task reads the flow in its own process, first
         after 5 ms, then half as long again each time up to ``poll_interval``.
     :param poll_interval: with ``wait_for_completion``, the most seconds between two reads
@@ -238,9 +242,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         self.child_timeout = child_timeout
         self.max_attempts = max_attempts
         # refused at parse time, as the core refuses it (InvalidArgument names the value)
-        self.max_running = (
-            None if max_running is None else check_int("max_running", max_running, 1)
-        )
+        self.max_running = None if max_running is None else check_int("max_running", max_running, 1)
         self.parent_id = parent_id
         self.barrier = barrier
         self.min_success = min_success  # checked by the add (InvalidArgument names it)
@@ -285,6 +287,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
 
     def _wait(self, context: Context) -> Any:
         wait = FlowWait(*self._target(), poll=self.poll_interval, timeout=self.wait_timeout)
+        self._in_task = None
         while True:
             client, verdict = self._read(context, wait)
             if verdict.ready:
@@ -296,9 +299,15 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                     f"wait_timeout={self.wait_timeout:g}s ({snap.dependencies} of {snap.total} "
                     f"outstanding){why}"
                 )
+            pause = verdict.pause
             if self.deferrable:
-                self._defer(self.poll_interval, wait.left())
-            time.sleep(verdict.pause)
+                left = wait.left()
+                budget = IN_TASK_WAIT if left is None else left
+                in_task = self._in_task_pause(verdict.snap, pause, budget)
+                if in_task is None:
+                    self._defer(self.poll_interval, left)
+                pause = in_task
+            time.sleep(pause)
 
     def _check_values(self, what: str, count: int) -> None:
         """``return_values`` with more children than ``max_values`` would fail the wait at its
@@ -385,9 +394,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
 
     def _repair_if_needed(self, ref: FlowRef) -> None:
         mq = self._client()
-        found = mq.perform(
-            repair_on_readd(mq.keys, ref.queue, ref.parent_id, repair=self.repair)
-        )
+        found = mq.perform(repair_on_readd(mq.keys, ref.queue, ref.parent_id, repair=self.repair))
         snap = found.snap
         if snap.outcome == "released":
             self.log.info(

@@ -34,7 +34,10 @@ Modes, all with the same outcome:
 
 * ``poke`` - polls in the worker slot every ``poke_interval``.
 * ``reschedule`` - one poll per run; the slot is freed between polls.
-* deferrable (``deferrable=True``; default ``[operators] default_deferrable``) - one poll, then
+* deferrable (``deferrable=True``; default ``[operators] default_deferrable``) - reads in the
+  slot for up to 2 s (a flow released by then is read without the seconds a deferral costs;
+  one the settle rate says will take longer defers at once: see
+  :data:`~echomq_provider.waiting.IN_TASK_WAIT`), then
   :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger` polls in the triggerer with
   the async client, at least once a second, and the slot is freed until it fires. On a
   release the trigger ends the task itself (``end_from_trigger``; default: unless plugins
@@ -78,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from echomq_core import InvalidInput
+from echomq_core.waiting import FlowWait
 
 from .._compat import AirflowFailException, AirflowSkipException
 from ..flow_specs import flow_target
@@ -102,7 +106,8 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
     :param parent_id: the parent's id.
     :param echomq_conn_id: the ``echomq`` connection.
     :param prefix: key prefix, overriding the connection's.
-    :param deferrable: wait in the triggerer. Default: ``[operators] default_deferrable``.
+    :param deferrable: wait in the triggerer (after up to 2 s of reads in the task, see the
+        module doc). Default: ``[operators] default_deferrable``.
     :param poke_interval: seconds between reads in poke and reschedule mode (default 5: a read
         is one cheap atomic script call); deferred, the trigger reads at least every second.
     :param return_values: return the values themselves (for ``.expand()``), not the summary;
@@ -170,17 +175,26 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
                 if not self.deferrable:
                     return super().execute(context)
                 started = time.time()
-                try:
-                    first = self.poke(context)  # settled already, or failed: no need to defer
-                except AirflowFailException as exc:
-                    # As BaseSensorOperator.execute and resume_execution treat it in the other
-                    # modes: soft_fail / never_fail turn a failed flow into a skip.
-                    if self.soft_fail or self.never_fail:
-                        raise AirflowSkipException(f"Skipping ({exc})") from exc
-                    raise
-                if first:
-                    return first.xcom_value
-                self._defer(self._poke_seconds(), max(0.0, started + self.timeout - time.time()))
+                wait: FlowWait | None = None
+                self._in_task = None
+                while True:
+                    try:  # settled already, or failed: no need to defer
+                        if wait is None:  # a bad reference fails (or skips) as a failed flow
+                            wait = FlowWait(*self._target(), poll=self._poke_seconds())
+                        client, verdict = self._read(context, wait)
+                    except AirflowFailException as exc:
+                        # As BaseSensorOperator.execute and resume_execution treat it in the
+                        # other modes: soft_fail / never_fail turn a failed flow into a skip.
+                        if self.soft_fail or self.never_fail:
+                            raise AirflowSkipException(f"Skipping ({exc})") from exc
+                        raise
+                    if verdict.ready:
+                        return self._succeed(context, client, verdict.snap)
+                    left = max(0.0, started + self.timeout - time.time())
+                    pause = self._in_task_pause(verdict.snap, verdict.pause, left)
+                    if pause is None:
+                        self._defer(self._poke_seconds(), left)
+                    time.sleep(pause)
         finally:
             self._close()
 

@@ -68,6 +68,9 @@ from ..summary import (
 
 __all__ = ["FAST_POLL", "MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
 
+#: The warm-up question of this triggerer process (see :meth:`EchoFlowTrigger._warm_up`):
+#: its event loop and the task asking it; one per process, kept so the task is not collected.
+_warm_up: tuple[asyncio.AbstractEventLoop, asyncio.Task[None]] | None = None
 
 
 class EchoFlowTrigger(BaseTrigger):
@@ -147,6 +150,7 @@ class EchoFlowTrigger(BaseTrigger):
         # across the yield. Cancellation (the task was cleared, the triggerer moved it) runs
         # the ``finally`` too.
         ended: TriggerEvent | None = None
+        self._warm_up()
         try:
             event = await self._wait()
             if event["status"] == "success" and self.end_from_trigger:
@@ -208,6 +212,32 @@ class EchoFlowTrigger(BaseTrigger):
             )
             return None
         return TaskSuccessEvent()
+
+    def _warm_up(self) -> None:
+        """Have the triggerer's supervisor make its API client now, while the flow runs.
+
+        Ending the task here stores its XCom through the supervisor (``SetXCom``), and the
+        supervisor builds its client - an in-process Execution API app, seconds of work - on
+        the first request that needs it, blocking every request meanwhile. Built-in triggers
+        that end a task without XComs never ask, so the first EchoMQ trigger of a fresh
+        triggerer paid those seconds between reading the release and firing its event. So the
+        first trigger of a process that may end its task asks one cheap question (the task's
+        state, :func:`~echomq_provider._compat.atask_state`, which never raises) in the
+        background at its start; its reply is not needed, only its side effect."""
+        global _warm_up
+        ti = getattr(self, "task_instance", None)
+        loop = asyncio.get_running_loop()
+        if not self.end_from_trigger or ti is None or (_warm_up and _warm_up[0] is loop):
+            return
+
+        async def ask() -> None:
+            started = time.monotonic()
+            await atask_state(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+            self.log.info(
+                "Triggerer's supervisor ready to store XComs (%.2f s)", time.monotonic() - started
+            )
+
+        _warm_up = (loop, loop.create_task(ask()))
 
     async def cleanup(self) -> None:
         """Close the client if one is open (idempotent; Airflow calls it on every exit)."""

@@ -1,6 +1,7 @@
 // EchoMQ dashboard: live numbers without reloading. A page that can update names its JSON
 // twin in <body data-live>; every data-poll ms this fetches it and writes each value into the
-// elements that name its path: data-k="a|b|c" (text) and <progress data-v=... data-max=...>.
+// elements that name its path: data-k="a|b|c" (text), <progress data-v=... data-max=...> and
+// data-html="chart" (markup the server drew from numbers only: the queue page's chart).
 // No framework, no build step.
 (function () {
   "use strict";
@@ -52,6 +53,15 @@
       if (value !== undefined && value !== null && el.textContent !== show(value)) {
         el.textContent = show(value);
         el.classList.add("changed");
+      }
+    });
+    document.querySelectorAll("[data-html]").forEach(function (el) {
+      var markup = get(data, el.dataset.html.split("|"));
+      // compared with what was last written (the browser re-serialises innerHTML)
+      if (typeof markup === "string" && el.emqMarkup !== markup) {
+        el.emqMarkup = markup;
+        el.innerHTML = markup;
+        el.dataset.refreshed = String(Date.now());
       }
     });
     document.querySelectorAll("progress[data-v]").forEach(function (el) {
