@@ -244,14 +244,15 @@ def extend_leases(
 
 
 def log_lost(queue: str, done: list[tuple[Job, bytes]], statuses: list[int]) -> None:
-    """One WARNING per batch for the completions the server refused because their lease was
-    gone: the job was recovered after its lease expired (a handler slower than the lease, a
-    worker cut off from the server) and may have run again elsewhere, or its flow was
-    cancelled. The result is dropped; whoever holds the job now records its own."""
+    """One INFO line per batch for the completions the server refused because their lease
+    was gone: the job was recovered after its lease expired (a handler slower than the lease,
+    a worker cut off from the server) and may have run again elsewhere, or its flow was
+    cancelled - the usual case, so not a warning (the same script answer for both). The
+    result is dropped; whoever holds the job now records its own."""
     lost = [job.id for (job, _), status in zip(done, statuses, strict=True) if not status]
     if lost:
         shown = ", ".join(lost[:5]) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
-        log.warning(
+        log.info(
             "%d completion(s) in %r not recorded, their lease was gone (expired, or the flow "
             "was cancelled): %s",
             len(lost),
