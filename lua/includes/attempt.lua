@@ -5,6 +5,8 @@
 -- lease token (includes/holder.lua), '-' where it does not say. At most 10 records of at most
 -- about 160 bytes: 1.6 KiB per job whatever its attempts. history is the field's current
 -- value (false when absent).
+-- Owner of what it writes: nothing - a pure function; fail.lua writes the string it returns
+-- into the row's 'history' field, which goes with the row.
 local function attempt(history, token, now, outcome, err)
   local h = holder(token)
   local line = string.sub(string.match(err, '^[^\n]*'), 1, 120)

@@ -10,6 +10,7 @@
 -- parent k is args[cross + 2k - 1] (id), args[cross + 2k] (queue); job i's values start at
 -- args[base + width(i - 1) + 1]; current[i] is true when job i's token is its current lease;
 -- token number k is args[tokens + k].
+-- Owner of what it writes: nothing - one HMGET of `leases`; it creates no key.
 local function batch(leases, args, first, width)
   local n, g, x, t = tonumber(args[first]), tonumber(args[first + 1]),
     tonumber(args[first + 2]), tonumber(args[first + 3])
