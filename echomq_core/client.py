@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import failures, flows, lifecycle, ops, rates, retention
+from . import failures, flows, lifecycle, ops, rates, retention, sharding
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
@@ -51,6 +51,9 @@ class _Base:
         self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
         self.max_payload_bytes = check_int("max_payload_bytes", max_payload_bytes, 1)
         self._registered: set[str] = set()
+        #: each logical queue's shards, as read from the server once per process
+        #: (:mod:`echomq_core.sharding`): never recomputed, changed only while empty
+        self.shard_cache: dict[str, sharding.Shards] = {}
 
     def mark_registered(self, names: Iterable[str]) -> None:
         """Note ``names`` as registered by this process (a write that carried them landed)."""
@@ -113,20 +116,34 @@ class _Base:
             max_running=max_running,
             min_success=min_success,
         )
-        queues = new_queues(flows.queues_of(root))
         if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
+        logical = flows.queues_of(root)
+        registered: list[str] = []  # filled by the operation: the caller marks them after it
 
-        def plan(gen: str) -> Any:
-            if not gen:
-                return root
-            return self._plan_flow(
-                queue, children, payload, root.id, max_attempts, gen, max_running, min_success
-            )
+        def add() -> Op[FlowRef]:
+            # nodes in sharded queues go to their ids' shards before anything is written
+            shards = yield from sharding.resolve(self.keys, self.shard_cache, logical)
+            sharded = sharding.place(root, shards)
+            queues = new_queues(flows.queues_of(root) if sharded else logical)
+            registered.extend(queues)
 
-        if not replace:
-            return queues, flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
-        return queues, lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier)
+            def plan(gen: str) -> Any:
+                if not gen:
+                    return root
+                again = self._plan_flow(
+                    queue, children, payload, root.id, max_attempts, gen, max_running, min_success
+                )
+                sharding.place(again, shards)
+                return again
+
+            if not replace:
+                return (
+                    yield from flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
+                )
+            return (yield from lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier))
+
+        return registered, add()
 
     @staticmethod
     def _check_flow(queue: str, parent_id: str) -> None:
@@ -351,6 +368,23 @@ class EchoMQ(_Base):
         check_queue(queue)
         self.perform(retention.set_config(self.keys, queue, settings))
         self.register_queue(queue)
+
+    def shards(self, queue: str) -> tuple[str, ...]:
+        """The physical queues of ``queue`` (itself alone unless sharded), as stored on the
+        server; cached by this client (see :mod:`echomq_core.sharding`)."""
+        check_queue(queue)
+        return self.perform(sharding.resolve(self.keys, self.shard_cache, [queue]))[queue]
+
+    def set_shards(self, queue: str, shards: int) -> tuple[str, ...]:
+        """Serve ``queue`` from ``shards`` physical queues (1..64), each on its own slot, on
+        distinct masters of a Cluster of at least that many; returns their names. Refused with
+        :class:`~echomq_core.errors.QueueInUse` while it holds jobs (see
+        :mod:`echomq_core.sharding`)."""
+        op = sharding.configure(self.keys, queue, shards, self.connection.is_cluster)
+        names = self.perform(op)
+        self.shard_cache[queue] = names
+        self.register_queue(queue)
+        return names
 
     def rate_limit(self, queue: str) -> RateLimit | None:
         """The queue's rate limit and its current window (starts used, when it resets), as

@@ -1,0 +1,231 @@
+"""Sharded queues (echomq_core.sharding): one logical queue as K physical queues, each on its own
+slot, on distinct masters of the 3-master Cluster; adds spread by id, workers serve all shards."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from echomq_core import Child, EchoMQ, InvalidArgument, Job, JobSpec, Worker, ops
+from echomq_core.errors import QueueInUse
+from echomq_core.sharding import MAX_SHARDS, shard_of
+
+from .conftest import Backend
+from .waiting import eventually
+
+
+def _slot(queue: str) -> int:
+    return key_slot(queue.encode())
+
+
+def _pending(mq: EchoMQ, queue: str) -> int:
+    """Pending jobs of one physical queue (a handle on shard 0 counts the whole logical one)."""
+    return int(mq.perform(ops.stats(mq.keys, queue))["pending"])
+
+
+@pytest.mark.onlycluster
+def test_three_shards_land_on_three_distinct_masters(backend: Backend, mq: EchoMQ) -> None:
+    names = mq.set_shards("fan", 3)
+    assert names[0] == "fan" and len(set(names)) == 3
+    assert len({backend.node_of_queue(n) for n in names}) == 3
+    # stored on the server: a fresh client reads the same names, never recomputes them
+    other = backend.client(mq.keys.prefix)
+    assert other.shards("fan") == names
+    other.close()
+
+
+@pytest.mark.onlystandalone
+def test_standalone_shards_spread_over_the_slot_space(mq: EchoMQ) -> None:
+    names = mq.set_shards("fan", 4)
+    first = _slot("fan")
+    stretch = [((_slot(n) - first) % 16384) // 4096 for n in names]
+    assert stretch == [0, 1, 2, 3]
+
+
+def test_k1_is_todays_queue(backend: Backend, mq: EchoMQ) -> None:
+    assert mq.set_shards("plain", 1) == ("plain",)
+    assert mq.shards("plain") == ("plain",)
+    ids = mq.queue("plain").add_bulk(list(range(30)))
+    assert _pending(mq, "plain") == 30
+    assert {shard_of(("plain",), i) for i in ids} == {"plain"}
+    # no shards field written: the config hash holds no trace of sharding
+    (raw,) = mq.connection.execute([_hget(mq, "plain")])
+    assert raw is None
+
+
+def _hget(mq: EchoMQ, queue: str) -> Any:
+    from echomq_core.calls import Call
+
+    return Call.cmd("HGET", mq.keys.config(queue), "shards")
+
+
+def test_refused_while_the_queue_holds_jobs(mq: EchoMQ) -> None:
+    mq.queue("busy").add("x")
+    with pytest.raises(QueueInUse, match="busy"):
+        mq.set_shards("busy", 3)
+    assert mq.shards("busy") == ("busy",)
+    (raw,) = mq.connection.execute([_hget(mq, "busy")])
+    assert raw is None  # nothing half-written
+
+
+def test_refused_when_a_shard_holds_jobs(mq: EchoMQ) -> None:
+    names = mq.set_shards("grown", 3)
+    mq.queue("grown").add_bulk(list(range(60)))
+    with pytest.raises(QueueInUse, match="from 3 to 2 shards"):
+        mq.set_shards("grown", 2)
+    assert mq.shards("grown") == names
+
+
+def test_count_out_of_range_is_refused(mq: EchoMQ) -> None:
+    for bad in (0, MAX_SHARDS + 1, -1, 2.0, "3", True):
+        with pytest.raises(InvalidArgument, match="shards"):
+            mq.set_shards("q", bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="sharded queue's name"):
+        mq.set_shards("n" * 120, 2)
+
+
+def test_a_change_while_empty_takes_new_names(mq: EchoMQ) -> None:
+    three = mq.set_shards("empty", 3)
+    assert mq.set_shards("empty", 3) == three  # the same count keeps its names
+    two = mq.set_shards("empty", 2)
+    assert len(two) == 2 and two[0] == "empty"
+    assert mq.set_shards("empty", 1) == ("empty",)
+    fresh = EchoMQ(connection=mq.connection, prefix=mq.keys.prefix)
+    assert fresh.shards("empty") == ("empty",)
+
+
+def test_bulk_adds_spread_by_id_in_one_step(backend: Backend, mq: EchoMQ) -> None:
+    names = mq.set_shards("spread", 3)
+    calls: list[int] = []
+    execute = mq.connection.execute
+
+    def counting(step: Any) -> Any:
+        calls.append(len(step))
+        return execute(step)
+
+    mq.connection.execute = counting  # type: ignore[method-assign]
+    ids = mq.queue("spread").add_bulk(list(range(3000)))
+    mq.connection.execute = execute  # type: ignore[method-assign]
+    assert len(calls) == 1, calls  # every shard's part, one pipeline (one round trip per node)
+    shares = {n: _pending(mq, n) for n in names}
+    assert sum(shares.values()) == 3000
+    assert all(800 <= v <= 1200 for v in shares.values()), shares
+    assert mq.queue("spread").stats()["pending"] == 3000  # summed under the logical name
+    for job_id in ids[:50]:
+        assert mq.get_job("spread", job_id).state == "pending"
+
+
+def test_explicit_ids_dedupe_across_clients(backend: Backend, mq: EchoMQ) -> None:
+    mq.set_shards("ids", 3)
+    other = backend.client(mq.keys.prefix)
+    specs = [JobSpec(i, id=f"JOB-af/dag/task/{i:04d}") for i in range(300)]
+    assert mq.queue("ids").add_bulk(specs) == [s.id for s in specs]
+    other.queue("ids").add_bulk(specs)  # a retry by id from another process
+    other.queue("ids").add("again", job_id="JOB-af/dag/task/0007")
+    assert mq.queue("ids").stats()["pending"] == 300
+    info = other.get_job("ids", "JOB-af/dag/task/0007")
+    assert info.payload == 7
+    other.close()
+
+
+def test_a_plain_claim_serves_every_shard(mq: EchoMQ) -> None:
+    mq.set_shards("manual", 3)
+    queue = mq.queue("manual")
+    ids = queue.add_bulk(list(range(90)))
+    seen: list[str] = []
+    for _ in range(10):
+        jobs = queue.claim(30)
+        if not jobs:
+            continue
+        assert queue.complete_many([(j, j.payload) for j in jobs]) == [True] * len(jobs)
+        seen += [j.id for j in jobs]
+    assert sorted(seen) == sorted(ids)
+    assert queue.stats()["completed"] == 90
+
+
+@pytest.mark.onlycluster
+def test_a_flow_into_three_shards_settles_every_child_once(backend: Backend, mq: EchoMQ) -> None:
+    names = mq.set_shards("kids", 3)
+    runs: Counter[str] = Counter()
+    by_shard: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def child(job: Job) -> Any:
+        with lock:
+            runs[job.id] += 1
+            by_shard[job.queue] += 1
+        return job.payload
+
+    n = 3000
+    ref = mq.add_flow(
+        "top", [Child(i, queue="kids") for i in range(n)], parent_id="JOB-af/dag/fan/abc123",
+        barrier=True,
+    )  # fmt: skip
+    assert {q for q, _ in ref.children} == set(names)
+    worker = Worker(mq, {"kids": child}, concurrency=8, max_batch=200)
+    worker.start()
+    try:
+        eventually(
+            lambda: mq.snapshot(ref.queue, ref.parent_id).parent_state == "released",
+            timeout=90,
+            what=lambda: (sum(runs.values()), mq.dependencies(ref.queue, ref.parent_id)),
+        )
+    finally:
+        worker.stop()
+    assert len(runs) == n and set(runs.values()) == {1}
+    assert set(by_shard) == set(names)
+    assert all(800 <= by_shard[q] <= 1200 for q in names), by_shard
+    values = mq.children_values(ref.queue, ref.parent_id)
+    assert len(values) == n and sorted(values.values()) == list(range(n))
+
+
+def test_a_parent_in_a_sharded_queue(backend: Backend, mq: EchoMQ) -> None:
+    """A root in a sharded queue lands on its id's shard; its children default to the logical
+    queue, so they spread too; one worker of the logical name runs them all and the parent."""
+    names = mq.set_shards("both", 3)
+    ran: list[str] = []
+
+    def handle(job: Job) -> Any:
+        ran.append(job.id)
+        return 1
+
+    ref = mq.add_flow("both", [Child(i) for i in range(60)], parent_id="JOB-root-1")
+    assert ref.queue == shard_of(names, "JOB-root-1")
+    worker = Worker(mq, {"both": handle}, concurrency=4)
+    worker.start()
+    try:
+        eventually(lambda: "JOB-root-1" in ran, timeout=60, what=lambda: len(ran))
+    finally:
+        worker.stop()
+    assert sorted(ran) == sorted([*[f"JOB-root-1.{i}" for i in range(60)], "JOB-root-1"])
+    assert mq.get_job("both", "JOB-root-1").state == "completed"
+
+
+@pytest.mark.onlycluster
+def test_an_idle_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ) -> None:
+    """On a Cluster the shards are on three slots: an idle worker's fetcher waits on each
+    slot's hint (one BZPOPMIN per slot), so an add to any shard is claimed without a poll.
+    With ``max_poll`` of 60 s a poll could not pick the job up within the test's wait."""
+    names = mq.set_shards("idle", 3)
+    got: list[str] = []
+
+    def handle(job: Job) -> Any:
+        got.append(job.queue)
+        return None
+
+    worker = Worker(mq, {"idle": handle}, poll=30.0, max_poll=60.0)
+    worker.start()
+    try:
+        for k, name in enumerate(names):
+            # an id that hashes onto this shard
+            tries = (f"JOB-w{k}-{i}" for i in range(10_000))
+            job_id = next(i for i in tries if shard_of(names, i) == name)
+            mq.queue("idle").add(k, job_id=job_id)
+            eventually(lambda k=k: len(got) > k, timeout=10, what=f"job on shard {k}")
+    finally:
+        worker.stop()
+    assert got == list(names)
