@@ -3,6 +3,7 @@ slot, on distinct masters of the 3-master Cluster; adds spread by id, workers se
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from typing import Any
@@ -229,3 +230,23 @@ def test_an_idle_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ) -> N
     finally:
         worker.stop()
     assert got == list(names)
+
+
+def test_cli_queue_config_shards(backend: Backend, mq: EchoMQ, capsys: Any) -> None:
+    from echomq_core.cli import main
+
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    conn = ["--url", url, "--prefix", mq.keys.prefix]
+    capsys.readouterr()
+    assert main(["queue", "config", "cq", "--shards", "3", "--json", *conn]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["changed"] == ["shards"] and doc["shards"] == list(mq.shards("cq"))
+    assert len(doc["shards"]) == 3
+    assert main(["queue", "config", "cq", *conn]) == 0
+    assert f"shards of 'cq': 3 ({', '.join(doc['shards'])})" in capsys.readouterr().out
+    mq.queue("cq").add("x")
+    assert main(["queue", "config", "cq", "--shards", "2", *conn]) != 0
+    err = capsys.readouterr().err
+    assert "cannot change from 3 to 2 shards" in err
+    assert main(["queue", "config", "cq", "--shards", "65", *conn]) != 0
+    assert "shards must be" in capsys.readouterr().err

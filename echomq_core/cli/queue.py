@@ -17,6 +17,7 @@ from ..inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..rates import RateLimit, parse_rate
 from ..retention import MAX_AGE, MAX_COUNT, SETTINGS
+from ..sharding import MAX_SHARDS
 from .common import (
     CommandFailed,
     add_command,
@@ -66,6 +67,15 @@ def add_parsers(sub: Any) -> None:
         metavar="RATE",
         help="at most this many job starts per window across every worker: 100/s, 6000/min, "
         "5/500ms, 1000/h; none removes the limit (default: none)",
+    )
+    config.add_argument(
+        "--shards",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="K",
+        help=f"serve QUEUE from K physical queues (1-{MAX_SHARDS}), each on its own slot, on "
+        "distinct masters of a Cluster: one fan-out then runs on K masters. Only while the "
+        "queue is empty (refused otherwise); 1 is a plain queue (default: 1)",
     )
     for name in SETTINGS:
         state, kind = name.rsplit("_", 1)
@@ -239,19 +249,25 @@ def run_queue_config(args: argparse.Namespace) -> int:
     new_rate = getattr(args, "rate", None)
     mq = open_client(args)
     try:
+        if hasattr(args, "shards"):  # first: refused (nothing else set) while not empty
+            mq.set_shards(args.queue, args.shards)
         if changes:
             mq.set_retention(args.queue, **changes)
         if hasattr(args, "rate"):
             mq.set_rate_limit(args.queue, new_rate)
         settings = mq.retention(args.queue)
         rate = mq.rate_limit(args.queue)
+        shards = mq.shards(args.queue)
     finally:
         mq.close()
-    changed = sorted([*changes, *(["rate"] if hasattr(args, "rate") else [])])
+    extra = [name for name in ("rate", "shards") if hasattr(args, name)]
+    changed = sorted([*changes, *extra])
     if args.json:
         doc: dict[str, Any] = {"queue": args.queue, "changed": changed, "retention": settings}
         if rate is not None or hasattr(args, "rate"):  # shown when set or just changed
             doc["rate"] = None if rate is None else rate_doc(rate)
+        if len(shards) > 1 or hasattr(args, "shards"):
+            doc["shards"] = list(shards)
         print(json.dumps(doc))
         return 0
     title = f"retention of queue {args.queue!r}"
@@ -274,6 +290,9 @@ def run_queue_config(args: argparse.Namespace) -> int:
         print(rate_line(args.queue, rate) + (" (set)" if hasattr(args, "rate") else ""))
     elif hasattr(args, "rate"):
         print(f"rate limit of {args.queue!r}: none (set)")
+    if len(shards) > 1 or hasattr(args, "shards"):
+        mark = " (set)" if hasattr(args, "shards") else ""
+        print(f"shards of {args.queue!r}: {len(shards)} ({', '.join(shards)}){mark}")
     return 0
 
 
