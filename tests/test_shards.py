@@ -250,3 +250,34 @@ def test_cli_queue_config_shards(backend: Backend, mq: EchoMQ, capsys: Any) -> N
     assert "cannot change from 3 to 2 shards" in err
     assert main(["queue", "config", "cq", "--shards", "65", *conn]) != 0
     assert "shards must be" in capsys.readouterr().err
+
+
+def test_reads_cancel_and_retry_by_the_logical_name(backend: Backend, mq: EchoMQ) -> None:
+    """A flow whose parent and children are both in sharded queues: every read and lifecycle
+    call takes the logical names; a cancel stops the children in every shard, a retry puts
+    them all back, and a worker of the logical name then settles each once."""
+    mq.set_shards("lp", 3)
+    kids = mq.set_shards("lk", 3)
+    pid = "JOB-af/dag/task/9f3e"
+    ref = mq.add_flow("lp", [Child(i, queue="lk") for i in range(90)], parent_id=pid, barrier=True)
+    assert mq.snapshot("lp", pid).total == 90
+    assert mq.dependencies("lp", pid) == 90
+    assert sorted(mq.child_queues("lp", pid)) == sorted(kids)
+    cancelled = mq.cancel_flow("lp", pid, reason="stop")
+    assert mq.snapshot("lp", pid).parent_state == "cancelled", cancelled
+    assert mq.queue("lk").stats()["pending"] == 0
+    mq.retry_flow("lp", pid)
+    assert mq.snapshot("lp", pid).parent_state == "held"
+    assert mq.queue("lk").stats()["pending"] == 90
+    runs: Counter[str] = Counter()
+    worker = Worker(mq, {"lk": lambda job: runs.update([job.id]) or job.payload}, concurrency=4)
+    worker.start()
+    try:
+        eventually(lambda: mq.snapshot("lp", pid).parent_state == "released", timeout=60,
+                   what=lambda: sum(runs.values()))  # fmt: skip
+    finally:
+        worker.stop()
+    assert len(runs) == 90 and set(runs.values()) == {1}
+    assert sorted(mq.children_values("lp", pid).values()) == list(range(90))
+    assert mq.close_flow("lp", pid) == "closed"
+    assert ref.queue == mq._node("lp", pid)
