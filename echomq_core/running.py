@@ -77,11 +77,10 @@ def wait_on_hints(
     return False
 
 
-def hint_groups(keys: Any, is_cluster: bool, names: list[str]) -> list[list[str]]:
-    """The wake-up hint keys of ``names``, grouped so that each group is one BZPOPMIN: one
-    group on standalone, one per slot on a Cluster (a sharded queue's shards, or queues of
-    different slots)."""
-    hints = [keys.wake(n) for n in names]
+def hint_groups(hints: list[str], is_cluster: bool) -> list[list[str]]:
+    """Wake-up hint keys (``wake`` or ``flow:outbox:wake``) grouped so that each group is one
+    BZPOPMIN: one group on standalone, one per slot on a Cluster (a sharded queue's shards,
+    or queues of different slots)."""
     if not is_cluster:
         return [hints] if hints else []
     groups: dict[int, list[str]] = {}

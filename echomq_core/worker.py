@@ -361,7 +361,8 @@ class Worker(OptionAttributes):
         if wake is None or self._stop.is_set():
             self._stop.wait(seconds)
             return
-        groups = hint_groups(self.client.keys, self.client.connection.is_cluster, wake)
+        hints = [self.client.keys.wake(q) for q in wake]
+        groups = hint_groups(hints, self.client.connection.is_cluster)
         self._hints.wait(groups, seconds)
 
     # -- the runners ----------------------------------------------------------------------

@@ -213,7 +213,7 @@ def test_worker_blocks_on_every_slot(mq: EchoMQ, backend: Backend) -> None:
     assert one._wake == ["solo"]
     many = Worker(mq, {"q-one": lambda job: None, "q-two": lambda job: None})
     assert many._wake == ["q-one", "q-two"]
-    groups = hint_groups(mq.keys, backend.cluster, many._wake)
+    groups = hint_groups([mq.keys.wake(q) for q in many._wake], backend.cluster)
     # two hash tags, two slots on a Cluster: one BZPOPMIN each (a waiter thread per slot)
     assert len(groups) == (2 if backend.name == "cluster" else 1)
 
