@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import ops
+from . import ops, sharding
 from .async_queue import AsyncQueue
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
@@ -66,6 +66,7 @@ from .running import (
     RateWindows,
     failure,
     make_queues,
+    serving,
     split,
     wake_queues,
 )
@@ -104,28 +105,19 @@ class AsyncWorker(OptionAttributes):
         **settings: Any,
     ) -> None:
         opts = self.options = build(WorkerOptions, options, settings)
-        self.queues = make_queues(client, handlers, opts, queue_options, AsyncQueue)
         self.client = client
         self.connection = client.connection
-        self.handlers = dict(handlers)
-        self.pump = worker_pump(client, list(self.handlers), pump, hooks)
+        self.hooks = hooks
+        self._given = (dict(handlers), queue_options, pump)
+        self._serve(handlers)
         self._pump_stop = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
-        self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
-        self.hooks = hooks
-        #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
-        self.presence = Presence(
-            client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
-        )
-        for queue in self.queues.values():  # its lease tokens name this worker
-            queue.holder = self.presence.entry.id
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         self.recheck = min(0.25, opts.lease / 3)
         self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
         self._hand = InHand(opts, self._intake)
-        self._wake = wake_queues(client.keys, self.connection.is_cluster, list(self.handlers))
         self._windows = RateWindows()
         self._checked = 0.0
         self._pool: ThreadPoolExecutor | None = None
@@ -140,6 +132,24 @@ class AsyncWorker(OptionAttributes):
         self._results_ready = asyncio.Event()  # results should be recorded now
         self._shutdown: asyncio.Future[None] | None = None
 
+    def _serve(self, handlers: Mapping[str, Handler]) -> None:
+        """Take ``handlers`` (by physical queue): their queues, Pump, registry entry and the
+        hints an idle fetcher blocks on. :meth:`start` calls it again with every shard of a
+        sharded queue once their names are read (construction cannot await the read)."""
+        opts, (_, queue_options, pump) = self.options, self._given
+        self.queues = make_queues(self.client, handlers, opts, queue_options, AsyncQueue)
+        self.handlers = dict(handlers)
+        self.pump = worker_pump(self.client, list(self.handlers), pump, self.hooks)
+        self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
+        #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
+        self.presence = Presence(
+            self.client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
+        )
+        for queue in self.queues.values():  # its lease tokens name this worker
+            queue.holder = self.presence.entry.id
+        keys, cluster = self.client.keys, self.connection.is_cluster
+        self._wake = wake_queues(keys, cluster, list(self.handlers))
+
     def __repr__(self) -> str:
         return f"AsyncWorker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
 
@@ -148,6 +158,13 @@ class AsyncWorker(OptionAttributes):
         """Register the queues and start the tasks on the running loop; returns at once."""
         if self._started:
             return self
+        given = self._given[0]
+        shards = await self.connection.perform(
+            sharding.resolve(self.client.keys, self.client.shard_cache, given)
+        )
+        served = serving(given, shards)
+        if served.keys() != self.handlers.keys():  # a sharded queue: serve every shard
+            self._serve(served)
         await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
         await self.presence.abeat(self.connection.perform, 0)
         self._started = True

@@ -3,6 +3,7 @@ slot, on distinct masters of the 3-master Cluster; adds spread by id, workers se
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import Counter
@@ -11,12 +12,22 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from echomq_core import Child, EchoMQ, InvalidArgument, Job, JobSpec, Worker, ops
+from echomq_core import (
+    AsyncEchoMQ,
+    AsyncWorker,
+    Child,
+    EchoMQ,
+    InvalidArgument,
+    Job,
+    JobSpec,
+    Worker,
+    ops,
+)
 from echomq_core.errors import QueueInUse
 from echomq_core.sharding import MAX_SHARDS, shard_of
 
 from .conftest import Backend
-from .waiting import eventually
+from .waiting import eventually, eventually_async
 
 
 def _slot(queue: str) -> int:
@@ -281,3 +292,29 @@ def test_reads_cancel_and_retry_by_the_logical_name(backend: Backend, mq: EchoMQ
     assert sorted(mq.children_values("lp", pid).values()) == list(range(90))
     assert mq.close_flow("lp", pid) == "closed"
     assert ref.queue == mq._node("lp", pid)
+
+
+def test_the_async_worker_serves_every_shard(backend: Backend, mq: EchoMQ) -> None:
+    names = mq.set_shards("aq", 3)
+    ids = mq.queue("aq").add_bulk(list(range(150)))
+    runs: Counter[str] = Counter()
+
+    async def handle(job: Job) -> Any:
+        runs[job.queue] += 1
+        return job.payload
+
+    async def main() -> set[str]:
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=mq.keys.prefix)
+        worker = AsyncWorker(amq, {"aq": handle}, concurrency=4)
+        try:
+            await worker.start()
+            served = set(worker.handlers)
+            await eventually_async(lambda: sum(runs.values()) >= len(ids), timeout=30)
+            return served
+        finally:
+            await worker.stop()
+            await amq.close()
+
+    assert asyncio.run(main()) == set(names)
+    assert sum(runs.values()) == 150 and set(runs) == set(names)
+    assert mq.queue("aq").stats()["completed"] == 150
