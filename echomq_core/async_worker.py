@@ -65,10 +65,10 @@ from .running import (
     Outcome,
     RateWindows,
     failure,
+    hint_groups,
     make_queues,
     serving,
     split,
-    wake_queues,
 )
 from .workers_registry import Presence
 
@@ -112,6 +112,8 @@ class AsyncWorker(OptionAttributes):
         self._serve(handlers)
         self._pump_stop = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
+        #: the idle fetcher's blocked waits, one per slot (:meth:`_idle_slots`)
+        self._slot_waits: dict[tuple[str, ...], asyncio.Future[Any]] = {}
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
@@ -147,8 +149,7 @@ class AsyncWorker(OptionAttributes):
         )
         for queue in self.queues.values():  # its lease tokens name this worker
             queue.holder = self.presence.entry.id
-        keys, cluster = self.client.keys, self.connection.is_cluster
-        self._wake = wake_queues(keys, cluster, list(self.handlers))
+        self._wake = list(self.handlers)  # one blocked wait per slot: _idle_slots
 
     def __repr__(self) -> str:
         return f"AsyncWorker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
@@ -252,9 +253,13 @@ class AsyncWorker(OptionAttributes):
         helpers = [t for t in self._tasks if t.get_name() != "echomq-heartbeat"]
         await asyncio.wait(helpers, timeout=max(1.0, BLOCK_SLICE * 2))
         await self._give_back(list(self._hand.inflight.values()))
+        waits = list(self._slot_waits.values())
+        self._slot_waits.clear()
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for wait_task in waits:
+            wait_task.cancel()
+        await asyncio.gather(*self._tasks, *waits, return_exceptions=True)
         if self._started:
             await self.presence.aleave(self.connection.perform)
         if self.pump is not None and self._pump_task is not None:
@@ -328,6 +333,10 @@ class AsyncWorker(OptionAttributes):
         if wake is None:
             await self._sleep(seconds)
             return
+        groups = hint_groups([self.client.keys.wake(q) for q in wake], self.connection.is_cluster)
+        if len(groups) > 1:
+            await self._idle_slots(groups, seconds)
+            return
         deadline = time.monotonic() + seconds
         while not self._stop.is_set():
             left = deadline - time.monotonic()
@@ -341,6 +350,37 @@ class AsyncWorker(OptionAttributes):
                 if not self._stop.is_set():
                     log.warning("waiting for work failed: %s", exc)
                     await self._sleep(left)
+                return
+
+    async def _idle_slots(self, groups: list[list[str]], seconds: float) -> None:
+        """:meth:`_idle` for queues on several slots (a sharded queue's shards on a Cluster):
+        one BZPOPMIN task per slot at once, ending at the first hint. A task still blocked when
+        the wait ends is kept for the next one, so a hint it pops later is not lost to this
+        worker (:class:`~echomq_core.running.HintWatch` is the threaded worker's twin)."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for group in groups:
+                key = tuple(group)
+                if key not in self._slot_waits:
+                    op = ops.wait_for_hint(group, min(left, BLOCK_SLICE))
+                    self._slot_waits[key] = asyncio.ensure_future(self.connection.perform(op))
+            done, _ = await asyncio.wait(
+                list(self._slot_waits.values()), timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            woken = False
+            for key, task in list(self._slot_waits.items()):
+                if task not in done:
+                    continue
+                del self._slot_waits[key]
+                exc = task.exception()
+                if exc is None:
+                    woken = woken or bool(task.result())
+                elif not self._stop.is_set():
+                    log.warning("waiting for work failed: %s", exc)
+            if woken:
                 return
 
     # -- the runners ----------------------------------------------------------------------

@@ -318,3 +318,31 @@ def test_the_async_worker_serves_every_shard(backend: Backend, mq: EchoMQ) -> No
     assert asyncio.run(main()) == set(names)
     assert sum(runs.values()) == 150 and set(runs) == set(names)
     assert mq.queue("aq").stats()["completed"] == 150
+
+
+@pytest.mark.onlycluster
+def test_an_idle_async_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ) -> None:
+    """As the threaded worker: one blocked wait per shard's slot, so an add to any shard is
+    claimed at once although ``max_poll`` is 60 s."""
+    names = mq.set_shards("aidle", 3)
+    got: list[str] = []
+
+    async def handle(job: Job) -> Any:
+        got.append(job.queue)
+
+    async def main() -> None:
+        amq = AsyncEchoMQ(backend.url, cluster=True, prefix=mq.keys.prefix)
+        worker = AsyncWorker(amq, {"aidle": handle}, poll=30.0, max_poll=60.0)
+        try:
+            await worker.start()
+            for k, name in enumerate(names):
+                tries = (f"JOB-a{k}-{i}" for i in range(10_000))
+                job_id = next(i for i in tries if shard_of(names, i) == name)
+                await amq.queue("aidle").add(k, job_id=job_id)
+                await eventually_async(lambda k=k: len(got) > k, timeout=10, what=f"shard {k}")
+        finally:
+            await worker.stop()
+            await amq.close()
+
+    asyncio.run(main())
+    assert got == list(names)
