@@ -116,7 +116,9 @@ class Worker(OptionAttributes):
       on the queues' wake-up hint (BZPOPMIN), which every add, land, release, promotion and
       recovery sets, so new jobs start at once, not at the next poll; the timeout only bounds
       how late a due retry is noticed without a Pump. In a Cluster, a worker whose queues lie
-      on different slots cannot block on all of them in one command, and polls instead. A
+      on different slots (a sharded queue's shards) blocks on each slot's hint, one waiter
+      thread per slot (:class:`~echomq_core.running.HintWatch`). A sharded queue's handler
+      serves every shard, claimed in turn. A
       queue whose rate window is spent (:meth:`EchoMQ.set_rate_limit
       <echomq_core.EchoMQ.set_rate_limit>`) is not claimed from, nor its hint waited on,
       until the claim's reported opening; with every queue spent the fetcher sleeps until the
