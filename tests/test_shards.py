@@ -346,3 +346,25 @@ def test_an_idle_async_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ
 
     asyncio.run(main())
     assert got == list(names)
+
+
+def test_cli_queue_stats_sums_the_shards_under_the_logical_name(
+    backend: Backend, mq: EchoMQ, capsys: Any
+) -> None:
+    from echomq_core.cli import main
+
+    names = mq.set_shards("st", 3)
+    mq.queue("st").add_bulk(list(range(300)))
+    parents = [f"JOB-p{i}" for i in range(12)]
+    assert len({shard_of(names, p) for p in parents}) == 3  # roots on every shard
+    for pid in parents:
+        mq.add_flow("st", [Child(1, queue="st-kids")], parent_id=pid, barrier=True)
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    capsys.readouterr()
+    assert main(["queue", "stats", "--json", "--url", url, "--prefix", mq.keys.prefix]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(doc) == ["st", "st-kids"]  # the shards are not listed as queues of their own
+    assert doc["st"]["pending"] == 300 and doc["st"]["flows"]["held"] == 12
+    assert doc["st"]["shards"] == list(names) and "shards" not in doc["st-kids"]
+    assert main(["queue", "stats", "--url", url, "--prefix", mq.keys.prefix]) == 0
+    assert f"st: 3 shards, summed ({', '.join(names)})" in capsys.readouterr().out

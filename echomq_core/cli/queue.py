@@ -11,6 +11,7 @@ import difflib
 import json
 from typing import Any
 
+from .. import sharding
 from ..client import EchoMQ
 from ..errors import InvalidArgument
 from ..inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
@@ -195,8 +196,15 @@ def run_queue_stats(args: argparse.Namespace) -> int:
         if args.queue is not None:
             known_queue(mq, args.queue, args.prefix)
         names = [args.queue] if args.queue is not None else mq.queues()
+        # a sharded queue is one row under its logical name, its shards summed into it
+        shards = mq.perform(sharding.resolve(mq.keys, mq.shard_cache, names))
+        inner = {s for n in names for s in shards[n][1:]}
+        names = [n for n in names if n not in inner]
         counts = {name: mq.queue(name).stats() for name in names}
-        memory = {name: mq.perform(flow_memory(mq.keys, name)) for name in names}
+        memory = {
+            name: FlowMemory.merged([mq.perform(flow_memory(mq.keys, s)) for s in shards[name]])
+            for name in names
+        }
         limits = {name: mq.rate_limit(name) for name in names}
     finally:
         mq.close()
@@ -207,8 +215,9 @@ def run_queue_stats(args: argparse.Namespace) -> int:
                 **counts[name],
                 "flows": memory[name].counts,
                 "flow_memory": memory[name].memory_dict(),
-                # only a rate-limited queue has the key
+                # only a rate-limited queue has the key, only a sharded one "shards"
                 **({"rate": rate_doc(rates[name])} if name in rates else {}),
+                **({"shards": list(shards[name])} if len(shards[name]) > 1 else {}),
             }
             for name in names
         }
@@ -230,6 +239,9 @@ def run_queue_stats(args: argparse.Namespace) -> int:
     print("\n".join(table(headers, rows)))
     for name, rate in rates.items():
         print(rate_line(name, rate))
+    for name in names:
+        if len(shards[name]) > 1:
+            print(f"{name}: {len(shards[name])} shards, summed ({', '.join(shards[name])})")
     refused = [m.reason for m in memory.values() if not m.available]
     if refused:
         print(f"(flow memory unavailable: {refused[0]})")
