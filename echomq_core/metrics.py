@@ -51,7 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import ops, rates
+from . import ops, rates, sharding
 from .browse import oldest_pending
 from .calls import Call, Op
 from .checks import check_int
@@ -143,6 +143,29 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
     return out
 
 
+def _summed(parts: list[QueueReading]) -> QueueReading:
+    """A sharded queue's reading under its logical name (shard 0's): counts summed over its
+    shards, the oldest outbox head's age, shard 0's rate limit (a rate limit is per shard)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    jobs, flows = dict(first.jobs), dict(first.flows)
+    for part in parts[1:]:
+        for state, n in part.jobs.items():
+            jobs[state] = jobs.get(state, 0) + n
+        for state, n in part.flows.items():
+            flows[state] = flows.get(state, 0) + n
+    return QueueReading(
+        first.queue,
+        jobs,
+        sum(p.outbox for p in parts),
+        sum(p.poison for p in parts),
+        flows,
+        max(p.head_age for p in parts),
+        first.rate,
+    )
+
+
 @dataclass(slots=True)
 class FlowControls:
     """A held root flow's flow controls at one moment: ``running`` children holding a token of
@@ -223,7 +246,13 @@ class QueueCollector(Collector):
     def read(self) -> list[QueueReading]:
         """Every queue's counts and the age of its outbox head (see the module doc)."""
         names = self.fixed if self.fixed is not None else self.client.queues()
-        pairs = self.client.perform(read_queues(self.client.keys, names))
+        shards = self.client.perform(
+            sharding.resolve(self.client.keys, self.client.shard_cache, names)
+        )
+        inner = {s for n in names for s in shards[n][1:]}
+        logical = [n for n in names if n not in inner]
+        physical = [s for n in logical for s in shards[n]]
+        pairs = self.client.perform(read_queues(self.client.keys, physical))
         now = self.clock()
         with self._lock:
             for reading, head in pairs:
@@ -236,7 +265,8 @@ class QueueCollector(Collector):
                     self._heads[reading.queue] = (digest, now)
                 else:
                     reading.head_age = now - seen[1]
-        return [reading for reading, _ in pairs]
+        readings = {reading.queue: reading for reading, _ in pairs}
+        return [_summed([readings[s] for s in shards[n]]) for n in logical]
 
     def _controls(self, queues: list[str]) -> Iterable[Metric]:
         """Gauges per held root flow with flow controls (:func:`read_controls`)."""

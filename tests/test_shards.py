@@ -368,3 +368,17 @@ def test_cli_queue_stats_sums_the_shards_under_the_logical_name(
     assert doc["st"]["shards"] == list(names) and "shards" not in doc["st-kids"]
     assert main(["queue", "stats", "--url", url, "--prefix", mq.keys.prefix]) == 0
     assert f"st: 3 shards, summed ({', '.join(names)})" in capsys.readouterr().out
+
+
+def test_metrics_sum_the_shards_under_the_logical_name(mq: EchoMQ) -> None:
+    from echomq_core.metrics import QueueCollector
+
+    names = mq.set_shards("mt", 3)
+    mq.queue("mt").add_bulk(list(range(90)))
+    mq.queue("mt-plain").add_bulk(list(range(5)))
+    readings = {r.queue: r for r in QueueCollector(mq).read()}
+    assert sorted(readings) == ["mt", "mt-plain"]
+    assert readings["mt"].jobs["pending"] == 90 and readings["mt-plain"].jobs["pending"] == 5
+    fixed = QueueCollector(mq, ["mt"]).read()
+    assert [(r.queue, r.jobs["pending"]) for r in fixed] == [("mt", 90)]
+    assert len(names) == 3
