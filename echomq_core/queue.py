@@ -121,6 +121,9 @@ class QueueOps:
         #: lease tokens name it (:func:`~echomq_core.workers_registry.lease_token`)
         self.holder = ""
         self._turn = -1  # the shard a sharded queue's last claim tried first
+        #: True for a worker's handle on one physical queue (shard 0 of a sharded queue has
+        #: the logical name): it claims from that shard alone, the worker rotates the shards
+        self.physical = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -222,7 +225,7 @@ class QueueOps:
         return self._claim(count, lease_ms, check_int("promote", promote, 0, 1000))
 
     def _claim(self, count: int, lease_ms: int, promote: int) -> Op[Claimed]:
-        shards = yield from self._shards()
+        shards = (self.name,) if self.physical else (yield from self._shards())
         token, claimed = lease_token(self.holder), Claimed()
         # a sharded queue: shards in turn, the first tried rotating, so none starves
         self._turn = turn = (self._turn + 1) % len(shards)

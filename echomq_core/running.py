@@ -457,7 +457,10 @@ def make_queues(
         check_queue(name)
         if not callable(fn):
             raise InvalidArgument(f"handler for queue {name!r} is not callable")
-    return {n: kind(client, n, lease=opts.lease, **queue_settings) for n in handlers}
+    queues = {n: kind(client, n, lease=opts.lease, **queue_settings) for n in handlers}
+    for queue in queues.values():  # each serves its own shard: the fetcher rotates them
+        queue.physical = True
+    return queues
 
 
 def serving(handlers: Mapping[str, Any], shards: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:

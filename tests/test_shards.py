@@ -382,3 +382,24 @@ def test_metrics_sum_the_shards_under_the_logical_name(mq: EchoMQ) -> None:
     fixed = QueueCollector(mq, ["mt"]).read()
     assert [(r.queue, r.jobs["pending"]) for r in fixed] == [("mt", 90)]
     assert len(names) == 3
+
+
+def test_claims_take_the_shards_in_turn(mq: EchoMQ) -> None:
+    """No shard starves: a plain claim and a worker's fetcher both start each claim at the
+    next shard, so with every shard holding work, consecutive claims visit them all."""
+    names = mq.set_shards("fair", 3)
+    queue = mq.queue("fair")
+    queue.add_bulk(list(range(300)))
+    firsts = [queue.claim(5)[0].queue for _ in range(6)]
+    assert firsts == [*names, *names]
+    mq.set_shards("wfair", 3)
+    mq.queue("wfair").add_bulk(list(range(300)))
+    order: list[str] = []
+    worker = Worker(mq, {"wfair": lambda job: order.append(job.queue)}, max_batch=1)
+    worker.start()
+    try:
+        eventually(lambda: len(order) >= 30, timeout=30, what=lambda: len(order))
+    finally:
+        worker.stop()
+    share = Counter(order[:30])
+    assert set(share) == set(mq.shards("wfair")) and min(share.values()) >= 5, share
