@@ -374,7 +374,9 @@ class EchoMQ(_Base):
         """Change retention settings of ``queue`` on the server (every Pump applies them):
         ``completed_age=3600, failed_count=1000, unclosed_age=None`` ..."""
         check_queue(queue)
-        self.perform(retention.set_config(self.keys, queue, settings))
+        shards = self.shards(queue)  # a sharded queue: every shard keeps the same settings
+        writes = [retention.set_config(self.keys, q, settings) for q in shards]
+        self.perform(sharding.together(writes))
         self.register_queue(queue)
 
     def shards(self, queue: str) -> tuple[str, ...]:
@@ -404,7 +406,11 @@ class EchoMQ(_Base):
         """Limit ``queue`` to ``rate`` job starts across every worker (``"100/s"``,
         ``"6000/min"``, ``"5/500ms"``), or remove the limit (None or ``"none"``). Checked
         before anything is written (:class:`InvalidArgument` naming the value)."""
-        check_queue(queue)
+        if len(self.shards(queue)) > 1 and rate is not None and rate != "none":
+            raise InvalidArgument(
+                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
+                "(each shard would count its own)"
+            )
         self.perform(rates.set_rate(self.keys, queue, rate))
         self.mark_registered([queue])
 
@@ -605,7 +611,11 @@ class AsyncEchoMQ(_Base):
 
     async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
         """:meth:`EchoMQ.set_rate_limit`, awaited."""
-        check_queue(queue)
+        if len(await self.shards(queue)) > 1 and rate is not None and rate != "none":
+            raise InvalidArgument(
+                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
+                "(each shard would count its own)"
+            )
         await self.perform(rates.set_rate(self.keys, queue, rate))
         self.mark_registered([queue])
 

@@ -181,6 +181,12 @@ def configure(ks: Keyspace, queue: str, count: Any, is_cluster: bool) -> Op[Shar
         (reply,) = yield [Call.cmd("CLUSTER", "SLOTS")]
         owners = _owners(reply)
     names = choose(queue, count, owners) if count > 1 else (queue,)
+    (rate,) = yield [Call.cmd("HGET", ks.config(queue), "rate")]
+    if rate is not None and count > 1:
+        raise InvalidArgument(
+            f"queue {queue!r} has a rate limit; a rate limit over shards is not supported yet "
+            "(each shard would count its own): remove it first (set_rate_limit(queue, None))"
+        )
     held = yield from holding(ks, set(current) | set(names))
     busy = {q: n for q, n in held.items() if n}
     if busy:
@@ -191,8 +197,14 @@ def configure(ks: Keyspace, queue: str, count: Any, is_cluster: bool) -> Op[Shar
         )
     if count == 1:
         yield [Call.cmd("HDEL", ks.config(queue), FIELD)]
-    else:
-        yield [Call.cmd("HSET", ks.config(queue), FIELD, " ".join(names))]
+        return names
+    # the new shards take the queue's settings (retention), so every shard sweeps alike
+    (flat,) = yield [Call.cmd("HGETALL", ks.config(queue))]
+    from .flows import pairs
+
+    settings = [x for k, v in pairs(flat).items() if k != FIELD for x in (k, v)]
+    copies = [Call.cmd("HSET", ks.config(q), *settings) for q in names[1:]] if settings else []
+    yield [*copies, Call.cmd("HSET", ks.config(queue), FIELD, " ".join(names))]
     return names
 
 

@@ -22,6 +22,7 @@ from echomq_core import (
     JobSpec,
     Worker,
     ops,
+    retention,
 )
 from echomq_core.errors import QueueInUse
 from echomq_core.sharding import MAX_SHARDS, shard_of
@@ -403,3 +404,27 @@ def test_claims_take_the_shards_in_turn(mq: EchoMQ) -> None:
         worker.stop()
     share = Counter(order[:30])
     assert set(share) == set(mq.shards("wfair")) and min(share.values()) >= 5, share
+
+
+def test_retention_applies_to_every_shard(mq: EchoMQ) -> None:
+    """Settings made before sharding are copied to the new shards; settings made after go to
+    every shard (each shard's sweep reads its own config)."""
+    mq.set_retention("ret", completed_age=60)
+    names = mq.set_shards("ret", 3)
+    mq.set_retention("ret", dead_count=5)
+    for name in names:
+        got = mq.perform(retention.get_config(mq.keys, name))
+        assert (got["completed_age"], got["dead_count"]) == (60, 5), name
+    assert mq.shards("ret") == names  # the copy did not touch the shards field
+
+
+def test_rate_limits_are_refused_on_sharded_queues(mq: EchoMQ) -> None:
+    mq.set_shards("rl", 2)
+    with pytest.raises(InvalidArgument, match="sharded"):
+        mq.set_rate_limit("rl", "10/s")
+    assert mq.rate_limit("rl") is None
+    mq.set_rate_limit("rl", None)  # removing one is fine
+    mq.set_rate_limit("rl-plain", "10/s")
+    with pytest.raises(InvalidArgument, match="rate limit"):
+        mq.set_shards("rl-plain", 2)
+    assert mq.shards("rl-plain") == ("rl-plain",)
