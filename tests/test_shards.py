@@ -428,3 +428,21 @@ def test_rate_limits_are_refused_on_sharded_queues(mq: EchoMQ) -> None:
     with pytest.raises(InvalidArgument, match="rate limit"):
         mq.set_shards("rl-plain", 2)
     assert mq.shards("rl-plain") == ("rl-plain",)
+
+
+def test_a_re_add_converges_and_a_replace_takes_new_shards(backend: Backend, mq: EchoMQ) -> None:
+    names = mq.set_shards("rk", 3)
+    pid = "JOB-af/dag/replace/77aa"
+    kids = [Child(i, queue="rk") for i in range(60)]
+    first = mq.add_flow("rp", kids, parent_id=pid, barrier=True)
+    other = backend.client(mq.keys.prefix)  # a retry from another process: same placement
+    again = other.add_flow("rp", [Child(i, queue="rk") for i in range(60)], parent_id=pid,
+                           barrier=True)  # fmt: skip
+    assert again.children == first.children
+    assert mq.queue("rk").stats()["pending"] == 60
+    new = mq.add_flow("rp", [Child(i, queue="rk") for i in range(30)], parent_id=pid,
+                      barrier=True, replace=True)  # fmt: skip
+    assert len(new.children) == 30 and {q for q, _ in new.children} == set(names)
+    assert all(q == shard_of(names, i) for q, i in new.children)
+    assert mq.queue("rk").stats()["pending"] == 30
+    other.close()
