@@ -246,7 +246,7 @@ class EchoMQ(_Base):
     def get_job(self, queue: str, job_id: str) -> JobInfo:
         return Queue(self, queue).get_job(job_id)
 
-    def _node(self, queue: str, parent_id: str) -> str:
+    def home(self, queue: str, parent_id: str) -> str:
         """The physical queue of flow node ``parent_id`` of ``queue``: its id's shard when
         ``queue`` is sharded (so every flow read and lifecycle call takes the logical name),
         else ``queue``; a shard's own name is its own single shard."""
@@ -319,7 +319,7 @@ class EchoMQ(_Base):
     def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
         """A flow node's ``max_running`` cap and its use (admitted / cap, per child queue);
         None for a node without a cap. See :func:`echomq_core.flows.flow_cap`."""
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.flow_cap(self.keys, queue, parent_id))
 
     def close_flow(self, queue: str, parent_id: str) -> str:
@@ -327,7 +327,7 @@ class EchoMQ(_Base):
         Idempotent; closing a flow that already ended otherwise (failed, completed) changes
         nothing. Returns the state after the call. :class:`JobNotFound` when there is no
         such flow (or it expired); :class:`FlowConflict` while it is still held."""
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.close_flow(self.keys, queue, parent_id))
 
     def cancel_flow(
@@ -340,7 +340,7 @@ class EchoMQ(_Base):
         the reads still work; the ``cancelled`` retention applies. Idempotent: a cancel cut
         short is completed by calling it again. A flow that already ended (closed, completed)
         is left as it is. See :mod:`echomq_core.lifecycle`."""
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
         return self.perform(op)
 
@@ -352,7 +352,7 @@ class EchoMQ(_Base):
         cancelled children too; the parent is held again with the right counter; children that
         completed keep their values and never run again. Sub-flows are repaired bottom-up.
         Idempotent: a repair cut short is completed by calling it again."""
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
         return self.perform(op)
 
@@ -415,19 +415,19 @@ class EchoMQ(_Base):
         self.mark_registered([queue])
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.children_values(self.keys, queue, parent_id, self.serializer))
 
     def dependencies(self, queue: str, parent_id: str) -> int:
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.dependencies(self.keys, queue, parent_id))
 
     def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.ignored_failures(self.keys, queue, parent_id))
 
     def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.failed_children(self.keys, queue, parent_id))
 
     def child_failures(
@@ -436,25 +436,25 @@ class EchoMQ(_Base):
         """The flow's dead children with their errors and last tracebacks, fail-parent ones
         first, then ignored ones, at most ``limit`` (a failed sub-flow stands for its own
         failures); see :mod:`echomq_core.failures`."""
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         limit = check_int("limit", limit, 1, 10_000)
         return self.perform(failures.child_failures(self.keys, queue, parent_id, limit))
 
     def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.snapshot(self.keys, queue, parent_id))
 
     def child_queues(self, queue: str, parent_id: str) -> list[str]:
         """The queues of the flow's direct children ([] if there is no such flow): what a
         Pump must serve for their results to reach the parent."""
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.child_queues(self.keys, queue, parent_id))
 
     def iter_children_values(
         self, queue: str, parent_id: str, *, page: int = 1000
     ) -> Iterator[tuple[str, Any]]:
         """Every (child id, result), read in HSCAN pages: memory stays flat for any N."""
-        queue = self._node(queue, parent_id)
+        queue = self.home(queue, parent_id)
         key, cursor = self.keys.processed(queue, parent_id), 0
         check_int("page", page, 1, 100_000)
         while True:
@@ -533,8 +533,8 @@ class AsyncEchoMQ(_Base):
         op = sharding.resolve(self.keys, self.shard_cache, [queue])
         return (await self.perform(op))[queue]
 
-    async def _node(self, queue: str, parent_id: str) -> str:
-        """As :meth:`EchoMQ._node`."""
+    async def home(self, queue: str, parent_id: str) -> str:
+        """As :meth:`EchoMQ.home`."""
         self._check_flow(queue, parent_id)
         shards = self.shard_cache.get(queue) or await self.shards(queue)
         return sharding.shard_of(shards, parent_id)
@@ -571,19 +571,19 @@ class AsyncEchoMQ(_Base):
 
     async def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
         """As :meth:`EchoMQ.flow_cap`."""
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.flow_cap(self.keys, queue, parent_id))
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.close_flow(self.keys, queue, parent_id))
 
     async def cancel_flow(
         self, queue: str, parent_id: str, *, reason: str = ""
     ) -> lifecycle.CancelResult:
         """As :meth:`EchoMQ.cancel_flow`."""
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
         return await self.connection.perform(op)
 
@@ -591,7 +591,7 @@ class AsyncEchoMQ(_Base):
         self, queue: str, parent_id: str, *, ignored: bool = False
     ) -> lifecycle.RepairResult:
         """As :meth:`EchoMQ.retry_flow`."""
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
         return await self.connection.perform(op)
 
@@ -620,35 +620,35 @@ class AsyncEchoMQ(_Base):
         self.mark_registered([queue])
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(
             flows.children_values(self.keys, queue, parent_id, self.serializer)
         )
 
     async def dependencies(self, queue: str, parent_id: str) -> int:
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.dependencies(self.keys, queue, parent_id))
 
     async def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.ignored_failures(self.keys, queue, parent_id))
 
     async def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.failed_children(self.keys, queue, parent_id))
 
     async def child_failures(
         self, queue: str, parent_id: str, *, limit: int = 10
     ) -> list[ChildFailure]:
         """As :meth:`EchoMQ.child_failures`."""
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         limit = check_int("limit", limit, 1, 10_000)
         return await self.connection.perform(
             failures.child_failures(self.keys, queue, parent_id, limit)
         )
 
     async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
-        queue = await self._node(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.snapshot(self.keys, queue, parent_id))
 
     async def wait(

@@ -292,7 +292,7 @@ def test_reads_cancel_and_retry_by_the_logical_name(backend: Backend, mq: EchoMQ
     assert len(runs) == 90 and set(runs.values()) == {1}
     assert sorted(mq.children_values("lp", pid).values()) == list(range(90))
     assert mq.close_flow("lp", pid) == "closed"
-    assert ref.queue == mq._node("lp", pid)
+    assert ref.queue == mq.home("lp", pid)
 
 
 def test_the_async_worker_serves_every_shard(backend: Backend, mq: EchoMQ) -> None:
@@ -446,3 +446,25 @@ def test_a_re_add_converges_and_a_replace_takes_new_shards(backend: Backend, mq:
     assert all(q == shard_of(names, i) for q, i in new.children)
     assert mq.queue("rk").stats()["pending"] == 30
     other.close()
+
+
+def test_cli_flow_show_by_the_logical_name(backend: Backend, mq: EchoMQ, capsys: Any) -> None:
+    from echomq_core.cli import main
+
+    names = mq.set_shards("fs", 3)
+    pid = next(p for p in (f"JOB-fs{i}" for i in range(100)) if shard_of(names, p) != "fs")
+    mq.add_flow("fs", [Child(i, queue="fs") for i in range(5)], parent_id=pid, barrier=True)
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    conn = ["--url", url, "--prefix", mq.keys.prefix]
+    capsys.readouterr()
+    assert main(["flow", "show", "fs", pid, "--json", *conn]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["parent_id"], doc["total"], doc["dependencies"]) == (pid, 5, 5)
+    worker = Worker(mq, {"fs": lambda job: job.payload})
+    worker.start()
+    try:  # --watch follows the flow on the parent's shard until it is released
+        assert main(["flow", "show", "fs", pid, "--watch", "--timeout", "30", "--json", *conn]) == 0
+    finally:
+        worker.stop()
+    doc = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (doc["parent_state"], doc["processed"]) == ("released", 5)
