@@ -468,3 +468,38 @@ def test_cli_flow_show_by_the_logical_name(backend: Backend, mq: EchoMQ, capsys:
         worker.stop()
     doc = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert (doc["parent_state"], doc["processed"]) == ("released", 5)
+
+
+def test_cli_pump_of_a_sharded_queue_drains_every_shard(
+    backend: Backend, mq: EchoMQ, proc_env: dict[str, str]
+) -> None:
+    """``echomq pump QUEUE`` of a sharded queue drains every shard's outbox: the children ran
+    under a worker without a Pump, so their signals wait in three outboxes."""
+    import subprocess
+    import sys
+
+    names = mq.set_shards("pk", 3)
+    ref = mq.add_flow("pp", [Child(i, queue="pk") for i in range(30)], barrier=True)
+    worker = Worker(mq, {"pk": lambda job: job.payload}, pump=False)
+    worker.start()
+    try:
+        eventually(lambda: mq.queue("pk").stats()["completed"] == 30, timeout=30)
+    finally:
+        worker.stop()
+    outboxes = [mq.perform(ops.stats(mq.keys, n))["outbox"] for n in names]
+    assert all(outboxes), outboxes  # every shard holds signals for the parent
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    pump = subprocess.Popen(
+        [sys.executable, "-m", "echomq_core.cli", "pump", "pk", "--url", url,
+         "--prefix", mq.keys.prefix],
+        env=proc_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        eventually(
+            lambda: mq.snapshot(ref.queue, ref.parent_id).parent_state == "released",
+            timeout=30,
+            what=lambda: mq.dependencies(ref.queue, ref.parent_id),
+        )
+    finally:
+        pump.terminate()
+        pump.wait(10)
