@@ -20,11 +20,11 @@ from echomq_core import (
     InvalidArgument,
     Job,
     JobSpec,
+    QueueInUse,
     Worker,
     ops,
     retention,
 )
-from echomq_core.errors import QueueInUse
 from echomq_core.sharding import MAX_SHARDS, shard_of
 
 from .conftest import Backend
