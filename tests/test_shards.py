@@ -10,6 +10,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from echomq_core import (
@@ -17,6 +19,7 @@ from echomq_core import (
     AsyncWorker,
     Child,
     EchoMQ,
+    FlowConflict,
     InvalidArgument,
     Job,
     JobSpec,
@@ -25,7 +28,7 @@ from echomq_core import (
     ops,
     retention,
 )
-from echomq_core.sharding import MAX_SHARDS, shard_of
+from echomq_core.sharding import MAX_SHARDS, choose, shard_of
 
 from .conftest import Backend
 from .waiting import eventually, eventually_async
@@ -503,3 +506,27 @@ def test_cli_pump_of_a_sharded_queue_drains_every_shard(
     finally:
         pump.terminate()
         pump.wait(10)
+
+
+def test_explicit_child_ids_dedupe_and_refuse_a_taken_one(mq: EchoMQ) -> None:
+    """Explicit child ids (Airflow-derived, with '/') land on their ids' shards; the same add
+    again converges, and an id taken by a plain job on its shard is refused before writing."""
+    names = mq.set_shards("ek", 3)
+    kids = [Child(i, queue="ek", id=f"JOB-af/dag/map/{i:03d}") for i in range(30)]
+    ref = mq.add_flow("ep", kids, parent_id="JOB-af/dag/fan/1", barrier=True)
+    assert {q for q, _ in ref.children} == set(names)
+    mq.add_flow("ep", kids, parent_id="JOB-af/dag/fan/1", barrier=True)
+    assert mq.queue("ek").stats()["pending"] == 30
+    mq.queue("ek").add("plain", job_id="JOB-af/dag/other/007")
+    taken = [Child(1, queue="ek", id="JOB-af/dag/other/007")]
+    with pytest.raises(FlowConflict, match="JOB-af/dag/other/007"):
+        mq.add_flow("ep", taken, parent_id="JOB-af/dag/fan/2", barrier=True)
+
+
+@given(st.text(alphabet="abcdefgh0123-_./", min_size=1, max_size=40), st.integers(2, 8))
+@settings(max_examples=60, deadline=None)
+def test_standalone_names_take_distinct_slots_and_ids_stay_put(queue: str, k: int) -> None:
+    names = choose(queue, k, None)
+    assert names[0] == queue and len({_slot(n) for n in names}) == k
+    for job_id in (f"JOB-{queue}-{i}" for i in range(20)):
+        assert shard_of(names, job_id) == shard_of(names, job_id) in names
