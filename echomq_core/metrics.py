@@ -241,6 +241,7 @@ class QueueCollector(Collector):
         self.fixed = [check_queue(q) for q in queues] if queues is not None else None
         self.clock = clock
         self._heads: dict[str, tuple[bytes, float]] = {}  # queue -> (head digest, first seen)
+        self._logical: dict[str, str] = {}  # each shard of a sharded queue -> its logical name
         self._lock = threading.Lock()
 
     def read(self) -> list[QueueReading]:
@@ -252,6 +253,7 @@ class QueueCollector(Collector):
         inner = {s for n in names for s in shards[n][1:]}
         logical = [n for n in names if n not in inner]
         physical = [s for n in logical for s in shards[n]]
+        self._logical = {s: n for n in logical for s in shards[n]}
         pairs = self.client.perform(read_queues(self.client.keys, physical))
         now = self.clock()
         with self._lock:
@@ -288,16 +290,17 @@ class QueueCollector(Collector):
             labels=labels,
         )
         try:
-            found = self.client.perform(read_controls(self.client.keys, queues))
+            found = self.client.perform(read_controls(self.client.keys, self._shards_of(queues)))
         except EchoMQError:
             found = []  # the queue gauges were read: a scrape never raises
         for f in found:
+            labels = [self._logical.get(f.queue, f.queue), f.parent_id]
             if f.cap is not None:
-                running.add_metric([f.queue, f.parent_id], f.running)
-                cap.add_metric([f.queue, f.parent_id], f.cap)
+                running.add_metric(labels, f.running)
+                cap.add_metric(labels, f.cap)
             if f.allowed is not None:
-                failed.add_metric([f.queue, f.parent_id], f.failed)
-                allowed.add_metric([f.queue, f.parent_id], f.allowed)
+                failed.add_metric(labels, f.failed)
+                allowed.add_metric(labels, f.allowed)
         yield from (running, cap, failed, allowed)
 
     def _latency_and_workers(self, queues: list[str]) -> Iterable[Metric]:
@@ -319,8 +322,8 @@ class QueueCollector(Collector):
         )
         ks = self.client.keys
         try:
-            ages = self.client.perform(oldest_pending(ks, queues))
-            served = per_queue(self.client.perform(read_workers(ks)))
+            ages = self._folded(self.client.perform(oldest_pending(ks, self._shards_of(queues))))
+            served = self._folded(per_queue(self.client.perform(read_workers(ks))))
         except EchoMQError:
             ages, served = {}, {}
         for q in queues:
@@ -328,6 +331,22 @@ class QueueCollector(Collector):
         for q in sorted(set(queues) | set(served)):
             workers.add_metric([q], served.get(q, 0))
         yield from (build, oldest, workers)
+
+    def _shards_of(self, queues: list[str]) -> list[str]:
+        """The physical queues of ``queues`` (logical names, as :meth:`read` returns them)."""
+        return [s for s, n in self._logical.items() if n in set(queues)] or queues
+
+    def _folded(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Per-shard values under their logical name: the largest (the oldest head; the
+        workers of a sharded queue serve every shard, so any shard counts them all)."""
+        out: dict[str, Any] = {}
+        for queue, value in values.items():
+            name = self._logical.get(queue, queue)
+            if value is not None and (out.get(name) is None or value > out[name]):
+                out[name] = value
+            else:
+                out.setdefault(name, value)
+        return out
 
     def describe(self) -> Iterable[Metric]:
         return []  # the metrics are made at collect time; nothing to check at registration

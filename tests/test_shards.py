@@ -377,7 +377,7 @@ def test_cli_queue_stats_sums_the_shards_under_the_logical_name(
 def test_metrics_sum_the_shards_under_the_logical_name(mq: EchoMQ) -> None:
     from echomq_core.metrics import QueueCollector
 
-    names = mq.set_shards("mt", 3)
+    assert len(mq.set_shards("mt", 3)) == 3
     mq.queue("mt").add_bulk(list(range(90)))
     mq.queue("mt-plain").add_bulk(list(range(5)))
     readings = {r.queue: r for r in QueueCollector(mq).read()}
@@ -385,7 +385,18 @@ def test_metrics_sum_the_shards_under_the_logical_name(mq: EchoMQ) -> None:
     assert readings["mt"].jobs["pending"] == 90 and readings["mt-plain"].jobs["pending"] == 5
     fixed = QueueCollector(mq, ["mt"]).read()
     assert [(r.queue, r.jobs["pending"]) for r in fixed] == [("mt", 90)]
-    assert len(names) == 3
+    # every gauge of the scrape is labelled with the logical name, none with a shard's: also
+    # the workers gauge, although a worker's registry entry lists the shards it serves
+    worker = Worker(mq, {"mt": lambda job: None}).start()
+    try:
+        families = list(QueueCollector(mq).collect())
+    finally:
+        worker.stop()
+    labelled = {s.labels["queue"] for f in families for s in f.samples if "queue" in s.labels}
+    assert labelled == {"mt", "mt-plain"}, labelled
+    served = {s.labels["queue"]: s.value for f in families for s in f.samples
+              if f.name == "echomq_workers"}  # fmt: skip
+    assert served["mt"] == 1
 
 
 def test_claims_take_the_shards_in_turn(mq: EchoMQ) -> None:
