@@ -292,7 +292,11 @@ class QueueOps:
     def _revive(self, ids: list[str]) -> Op[tuple[int, list[str]]]:
         if not ids:  # nothing to revive sends nothing
             return 0, []
-        return (yield from ops.revive(self.client.keys, self.name, ids))
+        parts = sharding.by_shard((yield from self._shards()), ids)
+        done = yield from sharding.together(
+            [ops.revive(self.client.keys, q, part) for q, part in parts.items()]
+        )
+        return _merged(done)
 
     def cancel_op(self, job_ids: Sequence[str], *, reason: str = "") -> Op[tuple[int, list[str]]]:
         """Cancel plain jobs that have not started (pending or delayed): each goes to the
@@ -311,7 +315,11 @@ class QueueOps:
     def _cancel(self, ids: list[str], reason: str) -> Op[tuple[int, list[str]]]:
         if not ids:
             return 0, []
-        return (yield from ops.cancel_jobs(self.client.keys, self.name, ids, reason))
+        parts = sharding.by_shard((yield from self._shards()), ids)
+        done = yield from sharding.together(
+            [ops.cancel_jobs(self.client.keys, q, part, reason) for q, part in parts.items()]
+        )
+        return _merged(done)
 
     def get_job_op(self, job_id: str) -> Op[JobInfo]:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
@@ -358,6 +366,11 @@ class QueueOps:
                 f"({', '.join(sorted(homes))}): settle each shard's jobs in a batch of its own"
             )
         return homes.pop() if homes else self.name
+
+
+def _merged(parts: list[tuple[int, list[str]]]) -> tuple[int, list[str]]:
+    """The shards' ``(how many, ids left as they were)`` as one answer."""
+    return sum(n for n, _ in parts), [i for _, left in parts for i in left]
 
 
 class Queue(QueueOps):

@@ -541,3 +541,15 @@ def test_standalone_names_take_distinct_slots_and_ids_stay_put(queue: str, k: in
     assert names[0] == queue and len({_slot(n) for n in names}) == k
     for job_id in (f"JOB-{queue}-{i}" for i in range(20)):
         assert shard_of(names, job_id) == shard_of(names, job_id) in names
+
+
+def test_cancel_and_retry_dead_by_id_reach_every_shard(mq: EchoMQ) -> None:
+    mq.set_shards("cx", 3)
+    queue = mq.queue("cx")
+    ids = queue.add_bulk(list(range(60)))
+    cancelled, left = queue.cancel([*ids, "JOB-nope"], reason="x")
+    assert (cancelled, left) == (60, ["JOB-nope"])
+    assert queue.stats()["dead"] == 60 and queue.stats()["pending"] == 0
+    revived, left = queue.retry_dead(ids)
+    assert (revived, left) == (60, [])
+    assert queue.stats()["pending"] == 60
