@@ -175,12 +175,13 @@ from echomq_core.connection import Call, parse_url
 parse_url({backend.url!r}, cluster={backend.cluster!r})
 loaded = sorted(m for m in sys.modules if m == "redis" or m.startswith("redis."))
 assert not loaded, loaded
-mq = EchoMQ({backend.url!r}, cluster={backend.cluster!r}, prefix="lazy" + {backend.name!r})
+prefix = "lazy" + {backend.name!r}
+mq = EchoMQ({backend.url!r}, cluster={backend.cluster!r}, prefix=prefix)
 ref = mq.add_flow("lazyq", [Child(1), Child(2)], parent_id="JOB-af/dag/task/0")
 assert mq.dependencies(ref.queue, ref.parent_id) == 2, ref
 mq.close()
 async def main():
-    amq = AsyncEchoMQ({backend.url!r}, cluster={backend.cluster!r}, prefix="lazy" + {backend.name!r})
+    amq = AsyncEchoMQ({backend.url!r}, cluster={backend.cluster!r}, prefix=prefix)
     assert await amq.dependencies("lazyq", "JOB-af/dag/task/0") == 2
     await amq.close()
 asyncio.run(main())

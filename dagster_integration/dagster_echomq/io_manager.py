@@ -51,7 +51,7 @@ it (``cancel_on_failure``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dagster import (
@@ -82,9 +82,11 @@ from .io_context import (
 from .reading import (
     FLOW_PARENT_ID,
     FLOW_QUEUE,
+    EmptyFlow,
     FlowStream,
     NotABarrierFlow,
     added_metadata,
+    empty_metadata,
     flow_error,
     read_handle,
     settled_metadata,
@@ -173,7 +175,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         client = self.client
         try:  # a bad value is refused before any handle is written
             flows = output_flows(context, obj)
-            for flow in worker_run(client, list(flows.values())):
+            for flow in worker_run(client, _real(flows.values())):
                 why = "EchoMQIOManager stores no handle for it"
                 raise NotABarrierFlow(flow.queue, flow.parent_id, why)
         except InvalidInput as refused:
@@ -183,11 +185,13 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         for key, flow in flows.items():
             store_handle(client, identifier_of(context, key), flow)
         if step is not None:
-            steps.stored(*step, flows.values())
+            steps.stored(*step, _real(flows.values()))
         per_flow: dict[str | None, dict[str, Any]] = {}
         for key, flow in flows.items():
             page = self.flow_page(flow.queue, flow.parent_id)
-            if self.wait_on_output:
+            if isinstance(flow, EmptyFlow):
+                per_flow[key] = empty_metadata(flow)
+            elif self.wait_on_output:
                 snap = self._settle(context, flow)
                 if snap.outcome != "released":
                     raise flow_error(client, snap)
@@ -227,12 +231,15 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
     # -- input ----------------------------------------------------------------------------
     def load_input(self, context: InputContext) -> Any:
         flows = self.flows_for_input(context)
-        for flow in worker_run(self.client, list(flows.values())):
+        for flow in worker_run(self.client, _real(flows.values())):
             raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
         stream = wants_stream(context, partitioned=len(flows) > 1)
         observe_in_run = context.has_asset_key and len(flows) == 1
         values: dict[str | None, Any] = {}
         for key, flow in flows.items():
+            if isinstance(flow, EmptyFlow):  # nothing to wait for, read or close
+                values[key] = self._empty(context, key, flow, stream, observe_in_run)
+                continue
             snap = self._settle(context, flow)
             meta = settled_metadata(self.client, snap, self.flow_page(flow.queue, flow.parent_id))
             if snap.outcome != "released":
@@ -285,6 +292,21 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         return found
 
     # -- helpers --------------------------------------------------------------------------
+    def _empty(
+        self, context: InputContext, key: str | None, flow: EmptyFlow, stream: bool, in_run: bool
+    ) -> Any:
+        """An empty plan's input: the empty result of the type a flow's read gives."""
+        meta = empty_metadata(flow)
+        if in_run:
+            context.add_input_metadata(meta, description="EchoMQ empty plan")
+        else:
+            self._observe(context, key, meta, "EchoMQ empty plan")
+        context.log.info(f"EchoMQ: empty plan for {flow.queue!r}: the input is empty")
+        if not stream:
+            return {}
+        nothing = FlowSnapshot(flow.queue, flow.parent_id, None, 0, 0, 0, 0, 0)
+        return FlowStream(flow, nothing, iter(()))
+
     def _settle(self, context: InputContext | OutputContext, flow: FlowRef) -> FlowSnapshot:
         """Wait (pumping) until ``flow`` settles; in a re-executed run, repair it once first
         if it failed; cancel it if the wait times out or the step is interrupted.
@@ -371,3 +393,8 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 client.close_flow(flow.queue, flow.parent_id)
         finally:
             client.close()
+
+
+def _real(flows: Iterable[FlowRef]) -> list[FlowRef]:
+    """The flows that exist on the server: all but the handles of empty plans."""
+    return [f for f in flows if not isinstance(f, EmptyFlow)]
