@@ -161,7 +161,7 @@ def test_the_lazy_names_resolve_to_their_classes() -> None:
         raise AssertionError("an unknown name resolved")
 
 
-def test_defining_flows_does_not_import_redis(backend: Backend) -> None:
+def test_defining_flows_does_not_import_redis(backend: Backend, prefix: str) -> None:
     """A process that only loads definitions - Airflow's DAG processor parsing a DAG file, a
     Dagster code server - imports the core, the Dagster integration and the operator module
     without redis-py; the first client loads it, and that first connection works (sync and
@@ -175,7 +175,7 @@ from echomq_core.connection import Call, parse_url
 parse_url({backend.url!r}, cluster={backend.cluster!r})
 loaded = sorted(m for m in sys.modules if m == "redis" or m.startswith("redis."))
 assert not loaded, loaded
-prefix = "lazy" + {backend.name!r}
+prefix = {prefix!r}
 mq = EchoMQ({backend.url!r}, cluster={backend.cluster!r}, prefix=prefix)
 ref = mq.add_flow("lazyq", [Child(1), Child(2)], parent_id="JOB-af/dag/task/0")
 assert mq.dependencies(ref.queue, ref.parent_id) == 2, ref
