@@ -232,3 +232,31 @@ def test_the_key_slot_matches_cluster_keyslot(backend: Backend) -> None:
             assert key_slot(key.encode()) == client.cluster_keyslot(key), key
     finally:
         client.close()
+
+
+def test_the_command_line_help_does_not_import_redis() -> None:
+    """``echomq --help`` (and a subcommand's) builds every parser without loading redis-py
+    or the drivers."""
+    for argv in (["--help"], ["worker", "--help"]):
+        loaded = fresh_modules(
+            f"from echomq_core.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n"
+            "    pass"
+        )
+        assert "echomq_core.cli" in loaded
+        assert not {"redis", "echomq_core.drivers", "echomq_core.replies"} & loaded, argv
+
+
+def test_a_redis_error_is_told_apart_without_importing_redis() -> None:
+    """``is_redis_error`` is false for anything while redis-py was never imported (nothing
+    could have raised one then), and true for redis-py's errors once it is."""
+    assert fresh_modules(
+        "from echomq_core.errors import is_redis_error\n"
+        "assert not is_redis_error(ConnectionError('x'))\n"
+        "import sys\nassert 'redis' not in sys.modules"
+    )
+    import redis
+
+    from echomq_core.errors import EchoMQError, is_redis_error
+
+    assert is_redis_error(redis.ResponseError("ERR x")) and is_redis_error(redis.RedisError())
+    assert not is_redis_error(OSError("x")) and not is_redis_error(EchoMQError("x"))
