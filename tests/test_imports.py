@@ -260,3 +260,20 @@ def test_a_redis_error_is_told_apart_without_importing_redis() -> None:
 
     assert is_redis_error(redis.ResponseError("ERR x")) and is_redis_error(redis.RedisError())
     assert not is_redis_error(OSError("x")) and not is_redis_error(EchoMQError("x"))
+
+
+def test_the_cli_still_explains_a_redis_error_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A redis-py error that reaches ``main`` is an expected failure (one line, status 1),
+    not an internal error, now that the CLI no longer names ``redis.RedisError`` itself."""
+    import redis
+
+    from echomq_core import cli
+
+    def refused(args: object) -> object:
+        raise redis.ResponseError("ERR refused by the server")
+
+    monkeypatch.setattr(cli, "settle_global_options", refused)
+    assert cli.main(["workers"]) == 1
+    assert capsys.readouterr().err == "echomq: error: ResponseError: ERR refused by the server\n"
