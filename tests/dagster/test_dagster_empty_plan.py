@@ -21,9 +21,16 @@ from dagster import (
     asset,
     materialize,
 )
-from dagster_echomq import FLOW_QUEUE, EchoMQIOManager, EchoMQResource, EmptyFlow, FlowStream
+from dagster_echomq import (
+    FLOW_QUEUE,
+    EchoMQIOManager,
+    EchoMQResource,
+    EmptyFlow,
+    FlowStream,
+    echomq_flow_sensor,
+)
 from dagster_echomq.reading import EMPTY_PARENT_ID, EMPTY_PLAN, read_handle
-from dagster_support import client_url
+from dagster_support import client_url, evaluate_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef, InvalidArgument, InvalidJobId, InvalidQueueName
 from echomq_core.connection import Call
@@ -152,6 +159,12 @@ def test_an_empty_plan_asked_for_gives_its_readers_an_empty_result(
             selection=["er_sum"],
         )
         assert again.output_for_node("er_sum") == {"type": "dict", "sum": 0}
+    # a sensor watching the fan-out asset: nothing to release, so no run requested
+    (_, reader, _) = empty_result_assets(0)
+    sensor = echomq_flow_sensor(name="er_released", target=reader, assets=["er_fan"])
+    resource = EchoMQResource(url=url, prefix=prefix)
+    tick = evaluate_sensor(sensor, instance, None, {"echomq": resource})
+    assert not tick.run_requests
 
 
 def test_an_empty_plan_replaces_the_flow_an_earlier_run_stored_and_back(
