@@ -163,13 +163,16 @@ def test_the_lazy_names_resolve_to_their_classes() -> None:
 
 def test_defining_flows_does_not_import_redis(backend: Backend, prefix: str) -> None:
     """A process that only loads definitions - Airflow's DAG processor parsing a DAG file, a
-    Dagster code server - imports the core, the Dagster integration and the operator module
-    without redis-py; the first client loads it, and that first connection works (sync and
-    asyncio, standalone and Cluster)."""
+    Dagster code server - imports the core, the Dagster integration and the provider's modules
+    a DAG file imports (operator, sensor, decorator, results, trigger) without redis-py; the
+    first client loads it, and that first connection works (sync and asyncio, standalone and
+    Cluster)."""
     code = f"""
 import asyncio, sys
 import echomq_core, dagster_echomq
-import echomq_provider.operators.echo_flow
+import echomq_provider.operators.echo_flow, echomq_provider.sensors.echo_flow
+import echomq_provider.decorators.echo_flow, echomq_provider.results
+import echomq_provider.triggers.echo_flow
 from echomq_core import AsyncEchoMQ, Child, EchoMQ
 from echomq_core.connection import Call, parse_url
 parse_url({backend.url!r}, cluster={backend.cluster!r})
