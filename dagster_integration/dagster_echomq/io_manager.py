@@ -38,6 +38,11 @@ upstream asset (of each partition read) written as an event of the run and step,
 shows it with the run - also when the load then fails. A flow added without ``barrier=True``
 is refused before any wait (:class:`NotABarrierFlow`).
 
+**Empty plans.** An :class:`~dagster_echomq.reading.EmptyFlow` output (``fan_out(...,
+on_empty="empty")``) names no flow: its handle is stored marked empty, its materialization
+records N = 0, and ``load_input`` returns at once the empty result of a flow's read (``{}``,
+or a ``FlowStream`` that yields nothing) - no wait, no Pump, nothing to close.
+
 **Lifecycle.** Once read, a released flow is closed (``close_after_read``; a streamed input
 closes it when the iterator is exhausted), so its ``closed`` retention starts and the sensor
 never requests a run for it. A flow that failed or was cancelled raises
@@ -188,10 +193,11 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             steps.stored(*step, _real(flows.values()))
         per_flow: dict[str | None, dict[str, Any]] = {}
         for key, flow in flows.items():
-            page = self.flow_page(flow.queue, flow.parent_id)
             if isinstance(flow, EmptyFlow):
                 per_flow[key] = empty_metadata(flow)
-            elif self.wait_on_output:
+                continue
+            page = self.flow_page(flow.queue, flow.parent_id)
+            if self.wait_on_output:
                 snap = self._settle(context, flow)
                 if snap.outcome != "released":
                     raise flow_error(client, snap)
