@@ -33,6 +33,7 @@ from .checks import check_int
 from .checks import text as _s
 from .errors import InvalidArgument, QueueInUse
 from .keyspace import FLOW_INDEXES, Keyspace, check_queue
+from .slots import SLOTS, key_slot
 
 T = TypeVar("T")
 
@@ -41,7 +42,6 @@ T = TypeVar("T")
 MAX_SHARDS = 64
 #: The ``config`` field holding the shard names.
 FIELD = "shards"
-SLOTS = 16384
 #: The longest logical name a sharded queue may have: its shard names add ``+s<i>.<n>``.
 MAX_SHARDED_NAME = 112
 #: How many tails are tried per shard before giving up (a slot owned by the wanted master is
@@ -63,9 +63,7 @@ def shard_name(queue: str, index: int, tail: int) -> str:
 
 
 def _slot(name: str) -> int:
-    from redis.crc import key_slot  # imported here: a plain queue never needs it
-
-    return int(key_slot(name.encode()))
+    return key_slot(name.encode())
 
 
 def _owners(reply: Any) -> list[str]:
