@@ -114,6 +114,35 @@ def runs_of(path: Path) -> Counter[str]:
     return Counter(json.loads(line)["id"] for line in path.read_text().splitlines() if line)
 
 
+def asset_event_schedules(deployment: Deployment, mq: EchoMQ) -> None:
+    """A deferrable sensor with ``outlets``: its trigger hands the release back to a worker
+    (a task its trigger ends records no asset event), the sensor's success records the event
+    with the flow's reference and counts, and the DAG scheduled on the asset runs on it."""
+    run_id = deployment.trigger("echomq_assets")
+    state = deployment.wait_run("echomq_assets", run_id)
+    parent = parent_id_for("echomq_assets", run_id, "fan_out")
+    assert state == "success", why_not(deployment, mq, "echomq_assets", run_id, parent, state)
+
+    def consumer_run() -> str | None:
+        found = deployment.api("GET", "/api/v2/dags/echomq_on_squares/dagRuns")["dag_runs"]
+        done = [r["dag_run_id"] for r in found if r["state"] in ("success", "failed")]
+        return done[0] if done else None
+
+    consumer = str(deployment.wait_for(consumer_run, 120, "a run of echomq_on_squares"))
+    assert deployment.run_state("echomq_on_squares", consumer) == "success"
+    assert deployment.xcom("echomq_on_squares", consumer, "read") == [
+        {
+            "queue": "example.reports",
+            "parent_id": parent,
+            "state": "closed",
+            "total": 3,
+            "processed": 3,
+            "ignored": 0,
+            "failed": 0,
+        }
+    ]
+
+
 def test_real_deployment(tmp_path: Path) -> None:
     runs, markers = tmp_path / "runs.jsonl", tmp_path / "markers"
     markers.mkdir()
@@ -124,6 +153,7 @@ def test_real_deployment(tmp_path: Path) -> None:
             HERE / "dags" / "echomq_deploy_repair.py",
             HERE / "dags" / "echomq_deploy_reschedule.py",
             HERE / "dags" / "echomq_deploy_zombie.py",
+            HERE / "dags" / "echomq_assets.py",
         ],
         worker_app="worker_proc:HANDLERS",
         pythonpath=[HERE, EXAMPLES, ROOT],
@@ -141,6 +171,7 @@ def test_real_deployment(tmp_path: Path) -> None:
         with EchoMQ(deployment.echomq_url, prefix="deploy") as mq:
             example(deployment, mq)
             one_task(deployment, mq)
+            asset_event_schedules(deployment, mq)
             parent, run_id = failure_cancels(deployment, mq, runs, markers)
             clear_repairs(deployment, mq, runs, parent, run_id)
             marked_failed_cancels(deployment, mq)
