@@ -291,6 +291,10 @@ class Keyspace:
     def wake(self, queue: str) -> str:
         return self.base(queue) + "wake"
 
+    def watch(self, queue: str, watcher: str) -> str:
+        """A release watcher's cursor (:mod:`echomq_core.release_watch`)."""
+        return self.base(queue) + "watch:" + watcher
+
     def outbox(self, queue: str) -> str:
         return self.base(queue) + "flow:outbox"
 
