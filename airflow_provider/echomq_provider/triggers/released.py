@@ -137,7 +137,7 @@ class EchoFlowReleasedTrigger(BaseEventTrigger):
                         "Flow %s of %r released (%d children): an event",
                         flow.parent_id, self.queue, flow.total,
                     )  # fmt: skip
-                    yield TriggerEvent(flow.to_dict())
+                    yield TriggerEvent(flow.to_dict())  # type: ignore[no-untyped-call]
                 if not taken:
                     await asyncio.sleep(self.poll_interval)
         finally:
