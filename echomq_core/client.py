@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import children as child_reads
 from . import failures, flows, lifecycle, ops, rates, release_watch, retention
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
@@ -437,6 +438,16 @@ class EchoMQ(_Base):
                 yield child_id, self.serializer.loads(raw)
             if cursor == 0:
                 return
+
+    def children_values_range(
+        self, queue: str, parent_id: str, start: int, stop: int
+    ) -> list[tuple[int, Any]]:
+        """``(position, value)`` of the completed children at positions ``start`` to
+        ``stop - 1``, in order: one slice of a flow's results (each of many readers reads its
+        own; two round trips). :class:`InvalidArgument` for a flow whose children have ids of
+        their own (explicit or keyed)."""
+        op = child_reads.values_in_range(self.keys, queue, parent_id, self.serializer, start, stop)
+        return self.perform(op)
 
     def save_ref(self, name: str, ref: FlowRef) -> None:
         """Store a flow reference under ``name`` for another process to find (adapters)."""
