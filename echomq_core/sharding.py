@@ -18,8 +18,8 @@ Invariants:
   lands on the same shard, so a re-add dedupes and a lookup by id knows where to look.
 * The shard count changes only while every shard is empty (:class:`QueueInUse` otherwise):
   jobs already placed keep their shard, so a change would strand lookups by id. Processes
-  that cached the old names keep using them until restarted; shard 0 is in every map, so what
-  they add is never lost, but restart workers after a change so they serve the new shards.
+  that cached the old names keep using them until restarted (what they add to a shard the new
+  names lack waits for a worker that serves it): restart every client after a change.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from .slots import SLOTS, key_slot
 
 T = TypeVar("T")
 
-#: The most shards a queue takes: more than any Cluster's useful spread of one fan-out, and few
-#: enough that a worker's wake-up waits (one per slot group) stay a handful.
+#: The most shards a queue takes: more than any Cluster's useful spread of one fan-out, and a
+#: bound on what a worker serving it holds (one wake-up waiter per slot on a Cluster).
 MAX_SHARDS = 64
 #: The ``config`` field holding the shard names.
 FIELD = "shards"
