@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import ops
+from . import ops, sharding
 from .async_queue import AsyncQueue
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
@@ -65,9 +65,10 @@ from .running import (
     Outcome,
     RateWindows,
     failure,
+    hint_groups,
     make_queues,
+    serving,
     split,
-    wake_queues,
 )
 from .workers_registry import Presence
 
@@ -104,28 +105,21 @@ class AsyncWorker(OptionAttributes):
         **settings: Any,
     ) -> None:
         opts = self.options = build(WorkerOptions, options, settings)
-        self.queues = make_queues(client, handlers, opts, queue_options, AsyncQueue)
         self.client = client
         self.connection = client.connection
-        self.handlers = dict(handlers)
-        self.pump = worker_pump(client, list(self.handlers), pump, hooks)
+        self.hooks = hooks
+        self._given = (dict(handlers), queue_options, pump)
+        self._serve(handlers)
         self._pump_stop = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
-        self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
-        self.hooks = hooks
-        #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
-        self.presence = Presence(
-            client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
-        )
-        for queue in self.queues.values():  # its lease tokens name this worker
-            queue.holder = self.presence.entry.id
+        #: the idle fetcher's blocked waits, one per slot (:meth:`_idle_slots`)
+        self._slot_waits: dict[tuple[str, ...], asyncio.Future[Any]] = {}
         self.completed = 0
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         self.recheck = min(0.25, opts.lease / 3)
         self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
         self._hand = InHand(opts, self._intake)
-        self._wake = wake_queues(client.keys, self.connection.is_cluster, list(self.handlers))
         self._windows = RateWindows()
         self._checked = 0.0
         self._pool: ThreadPoolExecutor | None = None
@@ -140,6 +134,23 @@ class AsyncWorker(OptionAttributes):
         self._results_ready = asyncio.Event()  # results should be recorded now
         self._shutdown: asyncio.Future[None] | None = None
 
+    def _serve(self, handlers: Mapping[str, Handler]) -> None:
+        """Take ``handlers`` (by physical queue): their queues, Pump, registry entry and the
+        hints an idle fetcher blocks on. :meth:`start` calls it again with every shard of a
+        sharded queue once their names are read (construction cannot await the read)."""
+        opts, (_, queue_options, pump) = self.options, self._given
+        self.queues = make_queues(self.client, handlers, opts, queue_options, AsyncQueue)
+        self.handlers = dict(handlers)
+        self.pump = worker_pump(self.client, list(self.handlers), pump, self.hooks)
+        self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
+        #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
+        self.presence = Presence(
+            self.client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
+        )
+        for queue in self.queues.values():  # its lease tokens name this worker
+            queue.holder = self.presence.entry.id
+        self._wake = list(self.handlers)  # one blocked wait per slot: _idle_slots
+
     def __repr__(self) -> str:
         return f"AsyncWorker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
 
@@ -148,6 +159,13 @@ class AsyncWorker(OptionAttributes):
         """Register the queues and start the tasks on the running loop; returns at once."""
         if self._started:
             return self
+        given = self._given[0]
+        shards = await self.connection.perform(
+            sharding.resolve(self.client.keys, self.client.shard_cache, given)
+        )
+        served = serving(given, shards)
+        if served.keys() != self.handlers.keys():  # a sharded queue: serve every shard
+            self._serve(served)
         await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
         await self.presence.abeat(self.connection.perform, 0)
         self._started = True
@@ -235,9 +253,13 @@ class AsyncWorker(OptionAttributes):
         helpers = [t for t in self._tasks if t.get_name() != "echomq-heartbeat"]
         await asyncio.wait(helpers, timeout=max(1.0, BLOCK_SLICE * 2))
         await self._give_back(list(self._hand.inflight.values()))
+        waits = list(self._slot_waits.values())
+        self._slot_waits.clear()
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for wait_task in waits:
+            wait_task.cancel()
+        await asyncio.gather(*self._tasks, *waits, return_exceptions=True)
         if self._started:
             await self.presence.aleave(self.connection.perform)
         if self.pump is not None and self._pump_task is not None:
@@ -311,6 +333,10 @@ class AsyncWorker(OptionAttributes):
         if wake is None:
             await self._sleep(seconds)
             return
+        groups = hint_groups([self.client.keys.wake(q) for q in wake], self.connection.is_cluster)
+        if len(groups) > 1:
+            await self._idle_slots(groups, seconds)
+            return
         deadline = time.monotonic() + seconds
         while not self._stop.is_set():
             left = deadline - time.monotonic()
@@ -324,6 +350,37 @@ class AsyncWorker(OptionAttributes):
                 if not self._stop.is_set():
                     log.warning("waiting for work failed: %s", exc)
                     await self._sleep(left)
+                return
+
+    async def _idle_slots(self, groups: list[list[str]], seconds: float) -> None:
+        """:meth:`_idle` for queues on several slots (a sharded queue's shards on a Cluster):
+        one BZPOPMIN task per slot at once, ending at the first hint. A task still blocked when
+        the wait ends is kept for the next one, so a hint it pops later is not lost to this
+        worker (:class:`~echomq_core.running.HintWatch` is the threaded worker's twin)."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for group in groups:
+                key = tuple(group)
+                if key not in self._slot_waits:
+                    op = ops.wait_for_hint(group, min(left, BLOCK_SLICE))
+                    self._slot_waits[key] = asyncio.ensure_future(self.connection.perform(op))
+            done, _ = await asyncio.wait(
+                list(self._slot_waits.values()), timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            woken = False
+            for key, task in list(self._slot_waits.items()):
+                if task not in done:
+                    continue
+                del self._slot_waits[key]
+                exc = task.exception()
+                if exc is None:
+                    woken = woken or bool(task.result())
+                elif not self._stop.is_set():
+                    log.warning("waiting for work failed: %s", exc)
+            if woken:
                 return
 
     # -- the runners ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import children as child_reads
-from . import failures, flows, lifecycle, ops, rates, release_watch, retention
+from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
@@ -53,6 +53,9 @@ class _Base:
         self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
         self.max_payload_bytes = check_int("max_payload_bytes", max_payload_bytes, 1)
         self._registered: set[str] = set()
+        #: each logical queue's shards, as read from the server once per process
+        #: (:mod:`echomq_core.sharding`): never recomputed, changed only while empty
+        self.shard_cache: dict[str, sharding.Shards] = {}
 
     def mark_registered(self, names: Iterable[str]) -> None:
         """Note ``names`` as registered by this process (a write that carried them landed)."""
@@ -115,20 +118,34 @@ class _Base:
             max_running=max_running,
             min_success=min_success,
         )
-        queues = new_queues(flows.queues_of(root))
         if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
+        logical = flows.queues_of(root)
+        registered: list[str] = []  # filled by the operation: the caller marks them after it
 
-        def plan(gen: str) -> Any:
-            if not gen:
-                return root
-            return self._plan_flow(
-                queue, children, payload, root.id, max_attempts, gen, max_running, min_success
-            )
+        def add() -> Op[FlowRef]:
+            # nodes in sharded queues go to their ids' shards before anything is written
+            shards = yield from sharding.resolve(self.keys, self.shard_cache, logical)
+            sharded = sharding.place(root, shards)
+            queues = new_queues(flows.queues_of(root) if sharded else logical)
+            registered.extend(queues)
 
-        if not replace:
-            return queues, flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
-        return queues, lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier)
+            def plan(gen: str) -> Any:
+                if not gen:
+                    return root
+                again = self._plan_flow(
+                    queue, children, payload, root.id, max_attempts, gen, max_running, min_success
+                )
+                sharding.place(again, shards)
+                return again
+
+            if not replace:
+                return (
+                    yield from flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
+                )
+            return (yield from lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier))
+
+        return registered, add()
 
     @staticmethod
     def _check_flow(queue: str, parent_id: str) -> None:
@@ -231,6 +248,14 @@ class EchoMQ(_Base):
     def get_job(self, queue: str, job_id: str) -> JobInfo:
         return Queue(self, queue).get_job(job_id)
 
+    def home(self, queue: str, parent_id: str) -> str:
+        """The physical queue of flow node ``parent_id`` of ``queue``: its id's shard when
+        ``queue`` is sharded (so every flow read and lifecycle call takes the logical name),
+        else ``queue``; a shard's own name is its own single shard."""
+        self._check_flow(queue, parent_id)
+        shards = self.shard_cache.get(queue) or self.shards(queue)
+        return sharding.shard_of(shards, parent_id)
+
     # -- flows ----------------------------------------------------------------------------
     def add_flow(
         self,
@@ -296,7 +321,7 @@ class EchoMQ(_Base):
     def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
         """A flow node's ``max_running`` cap and its use (admitted / cap, per child queue);
         None for a node without a cap. See :func:`echomq_core.flows.flow_cap`."""
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.flow_cap(self.keys, queue, parent_id))
 
     def close_flow(self, queue: str, parent_id: str) -> str:
@@ -304,7 +329,7 @@ class EchoMQ(_Base):
         Idempotent; closing a flow that already ended otherwise (failed, completed) changes
         nothing. Returns the state after the call. :class:`JobNotFound` when there is no
         such flow (or it expired); :class:`FlowConflict` while it is still held."""
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.close_flow(self.keys, queue, parent_id))
 
     def cancel_flow(
@@ -317,7 +342,7 @@ class EchoMQ(_Base):
         the reads still work; the ``cancelled`` retention applies. Idempotent: a cancel cut
         short is completed by calling it again. A flow that already ended (closed, completed)
         is left as it is. See :mod:`echomq_core.lifecycle`."""
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
         return self.perform(op)
 
@@ -329,7 +354,7 @@ class EchoMQ(_Base):
         cancelled children too; the parent is held again with the right counter; children that
         completed keep their values and never run again. Sub-flows are repaired bottom-up.
         Idempotent: a repair cut short is completed by calling it again."""
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
         return self.perform(op)
 
@@ -369,8 +394,27 @@ class EchoMQ(_Base):
         """Change retention settings of ``queue`` on the server (every Pump applies them):
         ``completed_age=3600, failed_count=1000, unclosed_age=None`` ..."""
         check_queue(queue)
-        self.perform(retention.set_config(self.keys, queue, settings))
+        shards = self.shards(queue)  # a sharded queue: every shard keeps the same settings
+        writes = [retention.set_config(self.keys, q, settings) for q in shards]
+        self.perform(sharding.together(writes))
         self.register_queue(queue)
+
+    def shards(self, queue: str) -> tuple[str, ...]:
+        """The physical queues of ``queue`` (itself alone unless sharded), as stored on the
+        server; cached by this client (see :mod:`echomq_core.sharding`)."""
+        check_queue(queue)
+        return self.perform(sharding.resolve(self.keys, self.shard_cache, [queue]))[queue]
+
+    def set_shards(self, queue: str, shards: int) -> tuple[str, ...]:
+        """Serve ``queue`` from ``shards`` physical queues (1..64), each on its own slot, on
+        distinct masters of a Cluster of at least that many; returns their names. Refused with
+        :class:`~echomq_core.errors.QueueInUse` while it holds jobs (see
+        :mod:`echomq_core.sharding`)."""
+        op = sharding.configure(self.keys, queue, shards, self.connection.is_cluster)
+        names = self.perform(op)
+        self.shard_cache[queue] = names
+        self.register_queue(queue)
+        return names
 
     def rate_limit(self, queue: str) -> RateLimit | None:
         """The queue's rate limit and its current window (starts used, when it resets), as
@@ -382,24 +426,28 @@ class EchoMQ(_Base):
         """Limit ``queue`` to ``rate`` job starts across every worker (``"100/s"``,
         ``"6000/min"``, ``"5/500ms"``), or remove the limit (None or ``"none"``). Checked
         before anything is written (:class:`InvalidArgument` naming the value)."""
-        check_queue(queue)
+        if len(self.shards(queue)) > 1 and rate is not None and rate != "none":
+            raise InvalidArgument(
+                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
+                "(each shard would count its own)"
+            )
         self.perform(rates.set_rate(self.keys, queue, rate))
         self.mark_registered([queue])
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.children_values(self.keys, queue, parent_id, self.serializer))
 
     def dependencies(self, queue: str, parent_id: str) -> int:
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.dependencies(self.keys, queue, parent_id))
 
     def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.ignored_failures(self.keys, queue, parent_id))
 
     def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.failed_children(self.keys, queue, parent_id))
 
     def child_failures(
@@ -408,25 +456,25 @@ class EchoMQ(_Base):
         """The flow's dead children with their errors and last tracebacks, fail-parent ones
         first, then ignored ones, at most ``limit`` (a failed sub-flow stands for its own
         failures); see :mod:`echomq_core.failures`."""
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         limit = check_int("limit", limit, 1, 10_000)
         return self.perform(failures.child_failures(self.keys, queue, parent_id, limit))
 
     def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.snapshot(self.keys, queue, parent_id))
 
     def child_queues(self, queue: str, parent_id: str) -> list[str]:
         """The queues of the flow's direct children ([] if there is no such flow): what a
         Pump must serve for their results to reach the parent."""
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         return self.perform(flows.child_queues(self.keys, queue, parent_id))
 
     def iter_children_values(
         self, queue: str, parent_id: str, *, page: int = 1000
     ) -> Iterator[tuple[str, Any]]:
         """Every (child id, result), read in HSCAN pages: memory stays flat for any N."""
-        self._check_flow(queue, parent_id)
+        queue = self.home(queue, parent_id)
         key, cursor = self.keys.processed(queue, parent_id), 0
         check_int("page", page, 1, 100_000)
         while True:
@@ -443,6 +491,7 @@ class EchoMQ(_Base):
         ``stop - 1``, in order: one slice of a flow's results (each of many readers reads its
         own; two round trips). :class:`InvalidArgument` for a flow whose children have ids of
         their own (explicit or keyed)."""
+        queue = self.home(queue, parent_id)
         op = child_reads.values_in_range(self.keys, queue, parent_id, self.serializer, start, stop)
         return self.perform(op)
 
@@ -509,6 +558,18 @@ class AsyncEchoMQ(_Base):
         """As :meth:`EchoMQ.get_job`."""
         return await self.queue(queue).get_job(job_id)
 
+    async def shards(self, queue: str) -> tuple[str, ...]:
+        """As :meth:`EchoMQ.shards`."""
+        check_queue(queue)
+        op = sharding.resolve(self.keys, self.shard_cache, [queue])
+        return (await self.perform(op))[queue]
+
+    async def home(self, queue: str, parent_id: str) -> str:
+        """As :meth:`EchoMQ.home`."""
+        self._check_flow(queue, parent_id)
+        shards = self.shard_cache.get(queue) or await self.shards(queue)
+        return sharding.shard_of(shards, parent_id)
+
     async def add_flow(
         self,
         queue: str,
@@ -541,7 +602,7 @@ class AsyncEchoMQ(_Base):
 
     async def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
         """As :meth:`EchoMQ.flow_cap`."""
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.flow_cap(self.keys, queue, parent_id))
 
     async def take_released(
@@ -560,14 +621,14 @@ class AsyncEchoMQ(_Base):
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.close_flow(self.keys, queue, parent_id))
 
     async def cancel_flow(
         self, queue: str, parent_id: str, *, reason: str = ""
     ) -> lifecycle.CancelResult:
         """As :meth:`EchoMQ.cancel_flow`."""
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
         return await self.connection.perform(op)
 
@@ -575,7 +636,7 @@ class AsyncEchoMQ(_Base):
         self, queue: str, parent_id: str, *, ignored: bool = False
     ) -> lifecycle.RepairResult:
         """As :meth:`EchoMQ.retry_flow`."""
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         op = lifecycle.retry_flow(self.keys, queue, parent_id, ignored=_flag("ignored", ignored))
         return await self.connection.perform(op)
 
@@ -595,40 +656,44 @@ class AsyncEchoMQ(_Base):
 
     async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
         """:meth:`EchoMQ.set_rate_limit`, awaited."""
-        check_queue(queue)
+        if len(await self.shards(queue)) > 1 and rate is not None and rate != "none":
+            raise InvalidArgument(
+                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
+                "(each shard would count its own)"
+            )
         await self.perform(rates.set_rate(self.keys, queue, rate))
         self.mark_registered([queue])
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(
             flows.children_values(self.keys, queue, parent_id, self.serializer)
         )
 
     async def dependencies(self, queue: str, parent_id: str) -> int:
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.dependencies(self.keys, queue, parent_id))
 
     async def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.ignored_failures(self.keys, queue, parent_id))
 
     async def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.failed_children(self.keys, queue, parent_id))
 
     async def child_failures(
         self, queue: str, parent_id: str, *, limit: int = 10
     ) -> list[ChildFailure]:
         """As :meth:`EchoMQ.child_failures`."""
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         limit = check_int("limit", limit, 1, 10_000)
         return await self.connection.perform(
             failures.child_failures(self.keys, queue, parent_id, limit)
         )
 
     async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
-        self._check_flow(queue, parent_id)
+        queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.snapshot(self.keys, queue, parent_id))
 
     async def wait(

@@ -80,6 +80,12 @@ class InvalidArgument(InvalidInput):
     attempts, delays)."""
 
 
+class QueueInUse(EchoMQError):
+    """Raised when a queue's shard count is changed (``EchoMQ.set_shards``, ``echomq queue
+    config --shards``) while one of its shards holds jobs, flows or outbox signals; nothing
+    was written. Jobs keep the shard their id chose, so the count changes only while empty."""
+
+
 class JobNotFound(EchoMQError):
     """Raised when a job id names no job in that queue (``get_job``), or no flow
     (``close_flow``, ``cancel_flow``, ``retry_flow``: script code ``EMQNOJOB``)."""

@@ -140,6 +140,24 @@ class FlowMemory:
     def total_bytes(self) -> int | None:
         return sum(self.bytes.values()) if self.available else None
 
+    @staticmethod
+    def merged(parts: list[FlowMemory]) -> FlowMemory:
+        """One logical queue's flows from its shards' (a sharded queue): counts, samples and
+        estimates summed; unavailable if any part is."""
+        if len(parts) == 1:
+            return parts[0]
+        out = FlowMemory({state: 0 for state in FLOW_INDEXES})
+        for part in parts:
+            for state, n in part.counts.items():
+                out.counts[state] = out.counts.get(state, 0) + n
+            for state, n in part.sampled.items():
+                out.sampled[state] = out.sampled.get(state, 0) + n
+            for state, n in part.bytes.items():
+                out.bytes[state] = out.bytes.get(state, 0) + n
+            if not part.available:
+                out.available, out.reason = False, part.reason
+        return out
+
     def memory_dict(self) -> dict[str, Any]:
         if not self.available:
             return {"available": False, "reason": self.reason}

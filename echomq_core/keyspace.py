@@ -69,7 +69,9 @@ key                       type    holds
 ``config``                hash    this queue's retention settings (ages in ms, counts); absent
                                   fields take the defaults of :mod:`echomq_core.retention`;
                                   and its rate limit (``rate``: ``<limit> <window ms>``,
-                                  :mod:`echomq_core.rates`)
+                                  :mod:`echomq_core.rates`); a sharded queue's shard names
+                                  (``shards``, :mod:`echomq_core.sharding`: shard i > 0 is the
+                                  queue ``<q>+s<i>.<n>``, a queue like any other)
 ``rate:window``           hash    the current rate window's start (ms) and count of starts;
                                   written by claims of a rate-limited queue, expires by itself
                                   when its window ends

@@ -51,7 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import ops, rates
+from . import ops, rates, sharding
 from .browse import oldest_pending
 from .calls import Call, Op
 from .checks import check_int
@@ -143,6 +143,29 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
     return out
 
 
+def _summed(parts: list[QueueReading]) -> QueueReading:
+    """A sharded queue's reading under its logical name (shard 0's): counts summed over its
+    shards, the oldest outbox head's age, shard 0's rate limit (a rate limit is per shard)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    jobs, flows = dict(first.jobs), dict(first.flows)
+    for part in parts[1:]:
+        for state, n in part.jobs.items():
+            jobs[state] = jobs.get(state, 0) + n
+        for state, n in part.flows.items():
+            flows[state] = flows.get(state, 0) + n
+    return QueueReading(
+        first.queue,
+        jobs,
+        sum(p.outbox for p in parts),
+        sum(p.poison for p in parts),
+        flows,
+        max(p.head_age for p in parts),
+        first.rate,
+    )
+
+
 @dataclass(slots=True)
 class FlowControls:
     """A held root flow's flow controls at one moment: ``running`` children holding a token of
@@ -218,12 +241,20 @@ class QueueCollector(Collector):
         self.fixed = [check_queue(q) for q in queues] if queues is not None else None
         self.clock = clock
         self._heads: dict[str, tuple[bytes, float]] = {}  # queue -> (head digest, first seen)
+        self._logical: dict[str, str] = {}  # each shard of a sharded queue -> its logical name
         self._lock = threading.Lock()
 
     def read(self) -> list[QueueReading]:
         """Every queue's counts and the age of its outbox head (see the module doc)."""
         names = self.fixed if self.fixed is not None else self.client.queues()
-        pairs = self.client.perform(read_queues(self.client.keys, names))
+        shards = self.client.perform(
+            sharding.resolve(self.client.keys, self.client.shard_cache, names)
+        )
+        inner = {s for n in names for s in shards[n][1:]}
+        logical = [n for n in names if n not in inner]
+        physical = [s for n in logical for s in shards[n]]
+        self._logical = {s: n for n in logical for s in shards[n]}
+        pairs = self.client.perform(read_queues(self.client.keys, physical))
         now = self.clock()
         with self._lock:
             for reading, head in pairs:
@@ -236,7 +267,8 @@ class QueueCollector(Collector):
                     self._heads[reading.queue] = (digest, now)
                 else:
                     reading.head_age = now - seen[1]
-        return [reading for reading, _ in pairs]
+        readings = {reading.queue: reading for reading, _ in pairs}
+        return [_summed([readings[s] for s in shards[n]]) for n in logical]
 
     def _controls(self, queues: list[str]) -> Iterable[Metric]:
         """Gauges per held root flow with flow controls (:func:`read_controls`)."""
@@ -258,16 +290,17 @@ class QueueCollector(Collector):
             labels=labels,
         )
         try:
-            found = self.client.perform(read_controls(self.client.keys, queues))
+            found = self.client.perform(read_controls(self.client.keys, self._shards_of(queues)))
         except EchoMQError:
             found = []  # the queue gauges were read: a scrape never raises
         for f in found:
+            labels = [self._logical.get(f.queue, f.queue), f.parent_id]
             if f.cap is not None:
-                running.add_metric([f.queue, f.parent_id], f.running)
-                cap.add_metric([f.queue, f.parent_id], f.cap)
+                running.add_metric(labels, f.running)
+                cap.add_metric(labels, f.cap)
             if f.allowed is not None:
-                failed.add_metric([f.queue, f.parent_id], f.failed)
-                allowed.add_metric([f.queue, f.parent_id], f.allowed)
+                failed.add_metric(labels, f.failed)
+                allowed.add_metric(labels, f.allowed)
         yield from (running, cap, failed, allowed)
 
     def _latency_and_workers(self, queues: list[str]) -> Iterable[Metric]:
@@ -289,8 +322,8 @@ class QueueCollector(Collector):
         )
         ks = self.client.keys
         try:
-            ages = self.client.perform(oldest_pending(ks, queues))
-            served = per_queue(self.client.perform(read_workers(ks)))
+            ages = self._folded(self.client.perform(oldest_pending(ks, self._shards_of(queues))))
+            served = self._folded(per_queue(self.client.perform(read_workers(ks))))
         except EchoMQError:
             ages, served = {}, {}
         for q in queues:
@@ -298,6 +331,22 @@ class QueueCollector(Collector):
         for q in sorted(set(queues) | set(served)):
             workers.add_metric([q], served.get(q, 0))
         yield from (build, oldest, workers)
+
+    def _shards_of(self, queues: list[str]) -> list[str]:
+        """The physical queues of ``queues`` (logical names, as :meth:`read` returns them)."""
+        return [s for s, n in self._logical.items() if n in set(queues)] or queues
+
+    def _folded(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Per-shard values under their logical name: the largest (the oldest head; the
+        workers of a sharded queue serve every shard, so any shard counts them all)."""
+        out: dict[str, Any] = {}
+        for queue, value in values.items():
+            name = self._logical.get(queue, queue)
+            if value is not None and (out.get(name) is None or value > out[name]):
+                out[name] = value
+            else:
+                out.setdefault(name, value)
+        return out
 
     def describe(self) -> Iterable[Metric]:
         return []  # the metrics are made at collect time; nothing to check at registration

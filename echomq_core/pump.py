@@ -53,7 +53,7 @@ from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
-from .running import BLOCK_SLICE, wait_on_hints, wake_queues
+from .running import BLOCK_SLICE, HintWatch, hint_groups, wake_queues
 
 if TYPE_CHECKING:
     from .client import AsyncEchoMQ, EchoMQ
@@ -338,6 +338,7 @@ class Pump:
         self._woken = False  # the next tick follows a wake-up hint this Pump popped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._hints: HintWatch | None = None  # the sync idle wait's, made on first use
 
     def __repr__(self) -> str:
         return f"Pump({self.id}, queues={self.fixed or 'discovered'})"
@@ -475,14 +476,18 @@ class Pump:
 
     def _idle(self, seconds: float) -> bool:
         """Wait up to ``seconds``, woken early by a signal pushed to an outbox (see the module
-        doc): one BZPOPMIN on the hints of this Pump's queues, in slices. True if a hint was
-        popped."""
-        hints = self._hint_keys()
-        if not hints:
+        doc): one BZPOPMIN on the hints of this Pump's queues, in slices, one per slot when they
+        span several (a sharded queue's outboxes: :class:`~echomq_core.running.HintWatch`).
+        True if a hint was popped."""
+        queues = [q for q in self._queues if q not in self._others]
+        if not queues:
             self._stop.wait(seconds)
             return False
-        what = f"pump {self.id}: waiting for signals"
-        return wait_on_hints(self._sync().perform, hints, seconds, self._stop, what)
+        if self._hints is None:  # one waiter per slot (HintWatch), for the Pump's life
+            what = f"pump {self.id}: waiting for signals"
+            self._hints = HintWatch(self._sync().perform, self._stop, what)
+        hints = [self.client.keys.outbox_wake(q) for q in queues]
+        return self._hints.wait(hint_groups(hints, self.client.connection.is_cluster), seconds)
 
     async def _aidle(self, stop: asyncio.Event, seconds: float) -> bool:
         """:meth:`_idle` on the asyncio connection."""

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from . import ops
+from . import ops, sharding
 from .calls import Op
 from .checks import (
     MAX_ATTEMPTS,
@@ -38,6 +38,7 @@ class OpsClient(Protocol):
 
     keys: Keyspace
     serializer: Serializer
+    shard_cache: dict[str, sharding.Shards]
 
     def encode(self, value: Any) -> bytes: ...
 
@@ -119,6 +120,10 @@ class QueueOps:
         #: the registry id of the worker that claims through this handle ('' for none): its
         #: lease tokens name it (:func:`~echomq_core.workers_registry.lease_token`)
         self.holder = ""
+        self._turn = -1  # the shard a sharded queue's last claim tried first
+        #: True for a worker's handle on one physical queue (shard 0 of a sharded queue has
+        #: the logical name): it claims from that shard alone, the worker rotates the shards
+        self.physical = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -163,11 +168,33 @@ class QueueOps:
     def _add(
         self, rows: list[tuple[str, bytes, int, int, int, int | None]], check: bool
     ) -> Op[list[str]]:
-        if rows:  # nothing to add sends nothing
-            new = self.client.unregistered([self.name])
-            yield from ops.add(self.client.keys, self.name, rows, check=check, new_queues=new)
-            self.client.mark_registered(new)
+        if not rows:  # nothing to add sends nothing
+            return []
+        shards = yield from self._shards()
+        parts: dict[str, list[tuple[str, bytes, int, int, int, int | None]]] = {}
+        if len(shards) == 1:
+            parts[self.name] = rows
+        else:  # each shard's part in one call, all of them in one step
+            for row in rows:
+                parts.setdefault(sharding.shard_of(shards, row[0]), []).append(row)
+        new = self.client.unregistered(parts)
+        adds = [
+            ops.add(self.client.keys, q, part, check=check, new_queues=new if i == 0 else ())
+            for i, (q, part) in enumerate(parts.items())
+        ]
+        if len(adds) == 1:
+            yield from adds[0]
+        else:
+            yield from sharding.together(adds)
+        self.client.mark_registered(new)
         return [r[0] for r in rows]
+
+    def _shards(self) -> Op[sharding.Shards]:
+        """This queue's shards: from the client's cache, else one read (once per process)."""
+        cache = self.client.shard_cache
+        if self.name in cache:
+            return cache[self.name]
+        return (yield from sharding.resolve(self.client.keys, cache, [self.name]))[self.name]
 
     def add_op(
         self,
@@ -195,15 +222,21 @@ class QueueOps:
             if lease is None
             else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         )
-        return ops.claim(
-            self.client.keys,
-            self.name,
-            count,
-            lease_ms,
-            lease_token(self.holder),
-            check_int("promote", promote, 0, 1000),
-            self.client.serializer,
-        )
+        return self._claim(count, lease_ms, check_int("promote", promote, 0, 1000))
+
+    def _claim(self, count: int, lease_ms: int, promote: int) -> Op[Claimed]:
+        shards = (self.name,) if self.physical else (yield from self._shards())
+        token, claimed = lease_token(self.holder), Claimed()
+        # a sharded queue: shards in turn, the first tried rotating, so none starves
+        self._turn = turn = (self._turn + 1) % len(shards)
+        for step in range(len(shards)):
+            name = shards[(turn + step) % len(shards)]
+            claimed = yield from ops.claim(
+                self.client.keys, name, count, lease_ms, token, promote, self.client.serializer
+            )
+            if claimed:
+                break
+        return claimed
 
     def encode_results(self, done: Sequence[tuple[Job, Any]]) -> list[tuple[Job, bytes]]:
         """``(job, result)`` pairs with their results serialised: :class:`InvalidPayload`
@@ -216,9 +249,8 @@ class QueueOps:
         """Complete jobs whose results are already serialised (``encoded`` not empty); the
         statuses, and the parents the batch released or failed (the workers fire their hooks
         from them). ``hand``: a worker's hand-off (:class:`~echomq_core.ops.Hand`)."""
-        return ops.complete(
-            self.client.keys, self.name, encoded, keep=self.keep_completed, hand=hand
-        )
+        home = self._home([job for job, _ in encoded])
+        return ops.complete(self.client.keys, home, encoded, keep=self.keep_completed, hand=hand)
 
     def settle_failed_op(
         self, failed: Sequence[FailedAttempt], hand: ops.Hand | None = None
@@ -226,12 +258,12 @@ class QueueOps:
         """Fail jobs as :meth:`Queue.fail_many` takes them (``failed`` not empty): the backoff
         of each retried job is chosen here. ``hand`` as :meth:`settle_completed_op`."""
         rows = []
+        home = self._home([item[0] for item in failed])
         for job, error, retry, *trace in failed:
-            self._own(job)
             delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
             tb = cut_traceback(trace[0] if trace else None)
             rows.append((job, str(error)[:10_000], tb, delay))
-        return ops.fail(self.client.keys, self.name, rows, hand=hand)
+        return ops.fail(self.client.keys, home, rows, hand=hand)
 
     def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
         """Extend the leases of ``jobs`` (not empty); False where a lease was already lost."""
@@ -240,17 +272,13 @@ class QueueOps:
             if lease is None
             else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         )
-        for job in jobs:
-            self._own(job)
-        return ops.heartbeat(self.client.keys, self.name, jobs, lease_ms)
+        return ops.heartbeat(self.client.keys, self._home(jobs), jobs, lease_ms)
 
     def release_op(self, jobs: Sequence[Job]) -> Op[list[bool]]:
         """Give leased ``jobs`` (not empty) back untouched: to the front of pending, no
         attempt counted, idle workers woken (what a worker does with jobs it will not run when
         it stops). False where the lease was already lost."""
-        for job in jobs:
-            self._own(job)
-        return ops.release(self.client.keys, self.name, jobs)
+        return ops.release(self.client.keys, self._home(jobs), jobs)
 
     def retry_dead_op(self, job_ids: Sequence[str]) -> Op[tuple[int, list[str]]]:
         """Give dead plain jobs fresh attempts and queue them again (behind what is pending);
@@ -264,7 +292,11 @@ class QueueOps:
     def _revive(self, ids: list[str]) -> Op[tuple[int, list[str]]]:
         if not ids:  # nothing to revive sends nothing
             return 0, []
-        return (yield from ops.revive(self.client.keys, self.name, ids))
+        parts = sharding.by_shard((yield from self._shards()), ids)
+        done = yield from sharding.together(
+            [ops.revive(self.client.keys, q, part) for q, part in parts.items()]
+        )
+        return _merged(done)
 
     def cancel_op(self, job_ids: Sequence[str], *, reason: str = "") -> Op[tuple[int, list[str]]]:
         """Cancel plain jobs that have not started (pending or delayed): each goes to the
@@ -283,7 +315,11 @@ class QueueOps:
     def _cancel(self, ids: list[str], reason: str) -> Op[tuple[int, list[str]]]:
         if not ids:
             return 0, []
-        return (yield from ops.cancel_jobs(self.client.keys, self.name, ids, reason))
+        parts = sharding.by_shard((yield from self._shards()), ids)
+        done = yield from sharding.together(
+            [ops.cancel_jobs(self.client.keys, q, part, reason) for q, part in parts.items()]
+        )
+        return _merged(done)
 
     def get_job_op(self, job_id: str) -> Op[JobInfo]:
         """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
@@ -291,21 +327,50 @@ class QueueOps:
         return self._get_job(job_id)
 
     def _get_job(self, job_id: str) -> Op[JobInfo]:
-        info = yield from ops.inspect(self.client.keys, self.name, job_id, self.client.serializer)
+        shard = sharding.shard_of((yield from self._shards()), job_id)
+        info = yield from ops.inspect(self.client.keys, shard, job_id, self.client.serializer)
         if info is None:
             raise JobNotFound(f"no job {job_id!r} in queue {self.name!r}")
         return info
 
     def stats_op(self) -> Op[dict[str, int]]:
-        """Counts: pending, active, delayed, dead, completed, outbox, poison."""
-        return ops.stats(self.client.keys, self.name)
+        """Counts: pending, active, delayed, dead, completed, outbox, poison (summed over the
+        shards of a sharded queue, read in one step)."""
+        return self._stats()
+
+    def _stats(self) -> Op[dict[str, int]]:
+        shards = yield from self._shards()
+        if len(shards) == 1:
+            return (yield from ops.stats(self.client.keys, self.name))
+        parts = yield from sharding.together([ops.stats(self.client.keys, q) for q in shards])
+        total: dict[str, int] = {}
+        for part in parts:
+            for name, value in part.items():
+                total[name] = total.get(name, 0) + value
+        return total
 
     def _own(self, job: Job) -> Job:
         if not isinstance(job, Job):
             raise InvalidArgument(f"expected a claimed echomq_core.Job, got {type(job).__name__}")
-        if job.queue != self.name:
+        if job.queue != self.name and job.queue not in self.client.shard_cache.get(self.name, ()):
             raise InvalidArgument(f"job {job.id} belongs to queue {job.queue!r}, not {self.name!r}")
         return job
+
+    def _home(self, jobs: Sequence[Job]) -> str:
+        """The physical queue of a batch of this queue's jobs: one shard (what one claim
+        leases); a batch from several shards is refused by name, before anything is sent."""
+        homes = {self._own(job).queue for job in jobs}
+        if len(homes) > 1:
+            raise InvalidArgument(
+                f"jobs of {len(homes)} shards of queue {self.name!r} in one batch "
+                f"({', '.join(sorted(homes))}): settle each shard's jobs in a batch of its own"
+            )
+        return homes.pop() if homes else self.name
+
+
+def _merged(parts: list[tuple[int, list[str]]]) -> tuple[int, list[str]]:
+    """The shards' ``(how many, ids left as they were)`` as one answer."""
+    return sum(n for n, _ in parts), [i for _, left in parts for i in left]
 
 
 class Queue(QueueOps):

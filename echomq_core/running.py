@@ -76,6 +76,74 @@ def wait_on_hints(
     return False
 
 
+def hint_groups(hints: list[str], is_cluster: bool) -> list[list[str]]:
+    """Wake-up hint keys (``wake`` or ``flow:outbox:wake``) grouped so that each group is one
+    BZPOPMIN: one group on standalone, one per slot on a Cluster (a sharded queue's shards,
+    or queues of different slots)."""
+    if not is_cluster:
+        return [hints] if hints else []
+    groups: dict[int, list[str]] = {}
+    for hint in hints:
+        groups.setdefault(key_slot(hint.encode()), []).append(hint)
+    return list(groups.values())
+
+
+class HintWatch:
+    """How an idle fetcher whose queues lie on several slots (a sharded queue's shards on a
+    Cluster) blocks on all their hints: one waiter thread per slot group, for the worker's
+    life, each blocking (BZPOPMIN, its own pooled connection) only while the fetcher is idle.
+    A hint a waiter pops is kept (``popped``) until the fetcher's next wait takes it, also
+    when the fetcher stopped waiting meanwhile: no hint this worker took is lost to it. A
+    waiter may still pop within one slice after the fetcher found work (a hint another idle
+    worker could have had; hints are never needed for correctness). One group: a plain
+    :func:`wait_on_hints` on the fetcher's own thread, no waiter."""
+
+    def __init__(self, perform: Callable[[Any], Any], stop: threading.Event, what: str) -> None:
+        self.perform, self.stop, self.what = perform, stop, what
+        self.idle = threading.Event()
+        self.popped = threading.Event()
+        self.wanted: set[tuple[str, ...]] = set()
+        self.waiters: dict[tuple[str, ...], threading.Thread] = {}
+
+    def wait(self, groups: list[list[str]], seconds: float) -> bool:
+        """Wait up to ``seconds`` for a hint of any group (or ``stop``); True when one was
+        popped (now or by a waiter since the last wait)."""
+        if len(groups) == 1 and not self.waiters:
+            return wait_on_hints(self.perform, groups[0], seconds, self.stop, self.what)
+        if self.popped.is_set():
+            self.popped.clear()
+            return True
+        self.wanted = {tuple(g) for g in groups}
+        for group in self.wanted:
+            thread = self.waiters.get(group)
+            if thread is None or not thread.is_alive():
+                thread = threading.Thread(
+                    target=self._waiter, args=(group,), daemon=True, name="echomq-wake"
+                )
+                self.waiters[group] = thread
+                thread.start()
+        self.idle.set()
+        try:
+            deadline = time.monotonic() + seconds
+            while not self.stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if self.popped.wait(min(left, BLOCK_SLICE)):
+                    self.popped.clear()
+                    return True
+            return False
+        finally:
+            self.idle.clear()
+
+    def _waiter(self, group: tuple[str, ...]) -> None:
+        while not self.stop.is_set():
+            if not self.idle.wait(BLOCK_SLICE) or group not in self.wanted:
+                continue
+            if wait_on_hints(self.perform, list(group), BLOCK_SLICE, self.stop, self.what):
+                self.popped.set()
+
+
 #: The longest an idle fetcher sleeps on a spent rate window before it claims again (s): the
 #: window's own end comes first for short windows; for long ones (``/min``, ``/h``) this bounds
 #: how late a removed or raised limit is seen. One claim per this, per queue: no spinning.
@@ -388,7 +456,20 @@ def make_queues(
         check_queue(name)
         if not callable(fn):
             raise InvalidArgument(f"handler for queue {name!r} is not callable")
-    return {n: kind(client, n, lease=opts.lease, **queue_settings) for n in handlers}
+    queues = {n: kind(client, n, lease=opts.lease, **queue_settings) for n in handlers}
+    for queue in queues.values():  # each serves its own shard: the fetcher rotates them
+        queue.physical = True
+    return queues
+
+
+def serving(handlers: Mapping[str, Any], shards: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """A worker's handlers by physical queue: a sharded queue's handler serves each of its
+    shards (claimed in turn with the worker's other queues, so no shard starves)."""
+    out: dict[str, Any] = {}
+    for name, fn in handlers.items():
+        for shard in shards.get(name, (name,)):
+            out.setdefault(shard, fn)
+    return out
 
 
 def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | None:

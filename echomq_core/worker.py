@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import sharding
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
@@ -64,16 +65,17 @@ from .queue import Queue
 from .routines import drive, extend_leases, give_back, offer, record
 from .running import (
     Failed,
+    HintWatch,
     InHand,
     Intake,
     OptionAttributes,
     Outcome,
     RateWindows,
+    hint_groups,
     make_queues,
     outcome,
+    serving,
     split,
-    wait_on_hints,
-    wake_queues,
 )
 from .workers_registry import Presence
 
@@ -114,7 +116,9 @@ class Worker(OptionAttributes):
       on the queues' wake-up hint (BZPOPMIN), which every add, land, release, promotion and
       recovery sets, so new jobs start at once, not at the next poll; the timeout only bounds
       how late a due retry is noticed without a Pump. In a Cluster, a worker whose queues lie
-      on different slots cannot block on all of them in one command, and polls instead. A
+      on different slots (a sharded queue's shards) blocks on each slot's hint, one waiter
+      thread per slot (:class:`~echomq_core.running.HintWatch`). A sharded queue's handler
+      serves every shard, claimed in turn. A
       queue whose rate window is spent (:meth:`EchoMQ.set_rate_limit
       <echomq_core.EchoMQ.set_rate_limit>`) is not claimed from, nor its hint waited on,
       until the claim's reported opening; with every queue spent the fetcher sleeps until the
@@ -149,6 +153,11 @@ class Worker(OptionAttributes):
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
         (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
         opts = self.options = build(WorkerOptions, options, settings)
+        make_queues(client, handlers, opts, queue_options, Queue)  # refuse bad input first
+        # a sharded queue is served by serving every shard (one read, cached by the client)
+        handlers = serving(handlers, client.perform(sharding.resolve(
+            client.keys, client.shard_cache, handlers
+        )))
         self.queues = make_queues(client, handlers, opts, queue_options, Queue)
         self.pump = worker_pump(client, list(self.queues), pump, hooks)
         self.client = client
@@ -187,6 +196,7 @@ class Worker(OptionAttributes):
         self._wake = self._wake_queues(client, list(self.handlers))
         self._windows = RateWindows()
         self._beater: threading.Thread | None = None
+        self._hints = HintWatch(client.perform, self._stop, "waiting for work")
         self._loops = threading.local()  # each runner's event loop for async handlers
         for name in self.handlers:
             client.register_queue(name)
@@ -196,8 +206,9 @@ class Worker(OptionAttributes):
 
     @staticmethod
     def _wake_queues(client: EchoMQ, names: list[str]) -> list[str] | None:
-        """The queues an idle fetcher can block on in one BZPOPMIN (None: poll instead)."""
-        return wake_queues(client.keys, client.connection.is_cluster, names)
+        """The queues whose hints an idle fetcher blocks on: all of them, one BZPOPMIN per
+        slot (:func:`~echomq_core.running.wait_on_groups`)."""
+        return names
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Worker:
@@ -208,6 +219,7 @@ class Worker(OptionAttributes):
         self._beat_stop.clear()
         self._closing = False
         self._runners, self._slots = [], []
+        self._hints = HintWatch(self.client.perform, self._stop, "waiting for work")
         for i in range(self.options.concurrency):
             self._spawn(i)
         self._helpers = [
@@ -352,7 +364,8 @@ class Worker(OptionAttributes):
             self._stop.wait(seconds)
             return
         hints = [self.client.keys.wake(q) for q in wake]
-        wait_on_hints(self.client.perform, hints, seconds, self._stop, "waiting for work")
+        groups = hint_groups(hints, self.client.connection.is_cluster)
+        self._hints.wait(groups, seconds)
 
     # -- the runners ----------------------------------------------------------------------
     def _runner(self, slot: _Slot) -> None:

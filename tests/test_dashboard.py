@@ -175,6 +175,7 @@ def test_a_live_poll_costs_one_command_whatever_the_flow(
 
     ref = client.add_flow("dk-poll", [Child(i, queue="dk-poll-kids") for i in range(size)])
     raw = redis.Redis.from_url(standalone_server.url)
+    readonly.get("/api" + flow_path("dk-poll", ref.parent_id))  # the first reads the shards
     raw.config_resetstat()
     doc = json.loads(readonly.get("/api" + flow_path("dk-poll", ref.parent_id)).body)
     stats = raw.info("commandstats")

@@ -317,6 +317,7 @@ def test_add_costs_two_round_trips(backend: Backend, prefix: str) -> None:
         calls.append(len(step))
         return execute(step)
 
+    mq.shards("p"), mq.shards("c")  # the shard counts: read once per process, then cached
     mq.connection.execute = counting  # type: ignore[method-assign]
     mq.add_flow("p", [Child(i, queue="c" if i % 2 else "p") for i in range(1000)])
     assert len(calls) == 2, calls  # hold, then every landing (+ registry) in one pipeline

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from echomq_core import EchoMQ, Job, Unrecoverable, Worker
+from echomq_core.running import hint_groups
 
 from .conftest import Backend
 from .waiting import eventually
@@ -207,14 +208,14 @@ def test_promoted_and_given_back_jobs_wake_workers(mq: EchoMQ) -> None:
         worker.stop()
 
 
-def test_worker_blocks_on_one_slot_or_polls(mq: EchoMQ, backend: Backend) -> None:
+def test_worker_blocks_on_every_slot(mq: EchoMQ, backend: Backend) -> None:
     one = Worker(mq, {"solo": lambda job: None})
     assert one._wake == ["solo"]
     many = Worker(mq, {"q-one": lambda job: None, "q-two": lambda job: None})
-    if backend.name == "cluster":  # two hash tags, two slots: one BZPOPMIN cannot wait on both
-        assert many._wake is None
-    else:
-        assert many._wake == ["q-one", "q-two"]
+    assert many._wake == ["q-one", "q-two"]
+    groups = hint_groups([mq.keys.wake(q) for q in many._wake], backend.cluster)
+    # two hash tags, two slots on a Cluster: one BZPOPMIN each (a waiter thread per slot)
+    assert len(groups) == (2 if backend.name == "cluster" else 1)
 
 
 def test_stopping_an_idle_worker_ends_its_blocked_runners_quietly(

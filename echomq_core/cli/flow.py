@@ -163,6 +163,7 @@ def run_flow_show(args: argparse.Namespace) -> int:
     check_job_id(args.parent_id)
     mq = open_client(args)
     try:
+        args.queue = mq.home(args.queue, args.parent_id)  # a sharded queue: the parent's shard
         snap = mq.snapshot(args.queue, args.parent_id)
         if snap.parent_state is None and snap.total == 0:
             raise CommandFailed(f"no flow {args.parent_id} in queue {args.queue!r}")

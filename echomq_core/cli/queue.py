@@ -11,12 +11,14 @@ import difflib
 import json
 from typing import Any
 
+from .. import sharding
 from ..client import EchoMQ
 from ..errors import InvalidArgument
 from ..inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
 from ..rates import RateLimit, parse_rate
 from ..retention import MAX_AGE, MAX_COUNT, SETTINGS
+from ..sharding import MAX_SHARDS
 from .common import (
     CommandFailed,
     add_command,
@@ -66,6 +68,15 @@ def add_parsers(sub: Any) -> None:
         metavar="RATE",
         help="at most this many job starts per window across every worker: 100/s, 6000/min, "
         "5/500ms, 1000/h; none removes the limit (default: none)",
+    )
+    config.add_argument(
+        "--shards",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="K",
+        help=f"serve QUEUE from K physical queues (1-{MAX_SHARDS}), each on its own slot, on "
+        "distinct masters of a Cluster: one fan-out then runs on K masters. Only while the "
+        "queue is empty (refused otherwise); 1 is a plain queue (default: 1)",
     )
     for name in SETTINGS:
         state, kind = name.rsplit("_", 1)
@@ -185,8 +196,15 @@ def run_queue_stats(args: argparse.Namespace) -> int:
         if args.queue is not None:
             known_queue(mq, args.queue, args.prefix)
         names = [args.queue] if args.queue is not None else mq.queues()
+        # a sharded queue is one row under its logical name, its shards summed into it
+        shards = mq.perform(sharding.resolve(mq.keys, mq.shard_cache, names))
+        inner = {s for n in names for s in shards[n][1:]}
+        names = [n for n in names if n not in inner]
         counts = {name: mq.queue(name).stats() for name in names}
-        memory = {name: mq.perform(flow_memory(mq.keys, name)) for name in names}
+        memory = {
+            name: FlowMemory.merged([mq.perform(flow_memory(mq.keys, s)) for s in shards[name]])
+            for name in names
+        }
         limits = {name: mq.rate_limit(name) for name in names}
     finally:
         mq.close()
@@ -197,8 +215,9 @@ def run_queue_stats(args: argparse.Namespace) -> int:
                 **counts[name],
                 "flows": memory[name].counts,
                 "flow_memory": memory[name].memory_dict(),
-                # only a rate-limited queue has the key
+                # only a rate-limited queue has the key, only a sharded one "shards"
                 **({"rate": rate_doc(rates[name])} if name in rates else {}),
+                **({"shards": list(shards[name])} if len(shards[name]) > 1 else {}),
             }
             for name in names
         }
@@ -220,6 +239,9 @@ def run_queue_stats(args: argparse.Namespace) -> int:
     print("\n".join(table(headers, rows)))
     for name, rate in rates.items():
         print(rate_line(name, rate))
+    for name in names:
+        if len(shards[name]) > 1:
+            print(f"{name}: {len(shards[name])} shards, summed ({', '.join(shards[name])})")
     refused = [m.reason for m in memory.values() if not m.available]
     if refused:
         print(f"(flow memory unavailable: {refused[0]})")
@@ -239,19 +261,25 @@ def run_queue_config(args: argparse.Namespace) -> int:
     new_rate = getattr(args, "rate", None)
     mq = open_client(args)
     try:
+        if hasattr(args, "shards"):  # first: refused (nothing else set) while not empty
+            mq.set_shards(args.queue, args.shards)
         if changes:
             mq.set_retention(args.queue, **changes)
         if hasattr(args, "rate"):
             mq.set_rate_limit(args.queue, new_rate)
         settings = mq.retention(args.queue)
         rate = mq.rate_limit(args.queue)
+        shards = mq.shards(args.queue)
     finally:
         mq.close()
-    changed = sorted([*changes, *(["rate"] if hasattr(args, "rate") else [])])
+    extra = [name for name in ("rate", "shards") if hasattr(args, name)]
+    changed = sorted([*changes, *extra])
     if args.json:
         doc: dict[str, Any] = {"queue": args.queue, "changed": changed, "retention": settings}
         if rate is not None or hasattr(args, "rate"):  # shown when set or just changed
             doc["rate"] = None if rate is None else rate_doc(rate)
+        if len(shards) > 1 or hasattr(args, "shards"):
+            doc["shards"] = list(shards)
         print(json.dumps(doc))
         return 0
     title = f"retention of queue {args.queue!r}"
@@ -274,6 +302,9 @@ def run_queue_config(args: argparse.Namespace) -> int:
         print(rate_line(args.queue, rate) + (" (set)" if hasattr(args, "rate") else ""))
     elif hasattr(args, "rate"):
         print(f"rate limit of {args.queue!r}: none (set)")
+    if len(shards) > 1 or hasattr(args, "shards"):
+        mark = " (set)" if hasattr(args, "shards") else ""
+        print(f"shards of {args.queue!r}: {len(shards)} ({', '.join(shards)}){mark}")
     return 0
 
 

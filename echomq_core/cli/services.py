@@ -327,9 +327,11 @@ def run_pump(args: argparse.Namespace) -> int:
         names = hooks.plugin_names()
         lifecycle = hooks if names else None
         metrics = start_metrics(args, mq, args.queues or None)
+        # a sharded queue is pumped on every shard (its outboxes are the shards')
+        served = [s for q in args.queues for s in mq.shards(q)] if args.queues else None
         pump = Pump(
             mq,
-            args.queues or None,
+            served,
             options=from_namespace(PumpOptions, args),
             hooks=metrics.hooks(lifecycle) if metrics else lifecycle,
         )
