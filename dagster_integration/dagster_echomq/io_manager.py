@@ -30,8 +30,8 @@ nothing left fanned out and unread.
 names, or - a spec naming only a queue - the flow the sensor launched this run for), runs a
 Pump for the queues of its children while it waits (:mod:`dagster_echomq.resource`), logs
 progress, and returns ``{child id: result}``; an input annotated :class:`FlowStream` gets an
-iterator of ``(child id, result)`` that reads the results page by page instead (memory flat
-at any N). A downstream
+iterable of ``(child id, result)`` that reads the results page by page instead (memory flat
+at any N; each pass over it reads them again). A downstream
 step over several partitions gets ``{partition key: <that>}``. It records the final counts
 and the ids and errors of failed and ignored children (capped) as an observation of the
 upstream asset (of each partition read) written as an event of the run and step, so the UI
@@ -44,8 +44,8 @@ records N = 0, and ``load_input`` returns at once the empty result of a flow's r
 or a ``FlowStream`` that yields nothing) - no wait, no Pump, nothing to close.
 
 **Lifecycle.** Once read, a released flow is closed (``close_after_read``; a streamed input
-closes it when the iterator is exhausted), so its ``closed`` retention starts and the sensor
-never requests a run for it. A flow that failed or was cancelled raises
+closes it when a first pass over it is read to its end), so its ``closed`` retention starts
+and the sensor never requests a run for it. A flow that failed or was cancelled raises
 :class:`FlowFailedError` (after recording an observation of the upstream with the failed
 children), unless the run is a re-execution (``dagster/parent_run_id``): then the flow is
 repaired once (``retry_flow``: its dead children run again, completed ones keep their values)
@@ -56,7 +56,7 @@ it (``cancel_on_failure``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from dagster import (
@@ -265,7 +265,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             # or 'completed' when released, and its completion starts its retention).
             close = self.close_after_read and snap.parent_state == "released"
             if stream:
-                values[key] = FlowStream(flow, snap, self._stream(flow, close))
+                values[key] = FlowStream(flow, snap, self._passes(flow, close))
             else:
                 values[key] = self._read(flow, close)
         if len(values) == 1:  # unpartitioned, or one partition: the flow's values themselves
@@ -311,7 +311,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         if not stream:
             return {}
         nothing = FlowSnapshot(flow.queue, flow.parent_id, None, 0, 0, 0, 0, 0)
-        return FlowStream(flow, nothing, iter(()))
+        return FlowStream(flow, nothing, lambda: iter(()))
 
     def _settle(self, context: InputContext | OutputContext, flow: FlowRef) -> FlowSnapshot:
         """Wait (pumping) until ``flow`` settles; in a re-executed run, repair it once first
@@ -389,16 +389,23 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             self.client.close_flow(flow.queue, flow.parent_id)
         return values
 
-    def _stream(self, flow: FlowRef, close: bool) -> Iterator[tuple[str, Any]]:
-        """The results page by page; the flow is closed once the iterator is exhausted. It
-        opens its own client: the step's may be closed before a lazy consumer finishes."""
-        client = self.open_client()
-        try:
-            yield from client.iter_children_values(flow.queue, flow.parent_id, page=self.page)
-            if close:
-                client.close_flow(flow.queue, flow.parent_id)
-        finally:
-            client.close()
+    def _passes(self, flow: FlowRef, close: bool) -> Callable[[], Iterator[tuple[str, Any]]]:
+        """A new read of the results for each pass over a :class:`FlowStream`; the first
+        pass read to its end closes the flow (the later ones find it closed)."""
+        unclosed = [close]
+
+        def one_pass() -> Iterator[tuple[str, Any]]:
+            # Its own client: the step's may be closed before a lazy consumer finishes.
+            client = self.open_client()
+            try:
+                yield from client.iter_children_values(flow.queue, flow.parent_id, page=self.page)
+                if unclosed[0]:
+                    client.close_flow(flow.queue, flow.parent_id)
+                    unclosed[0] = False
+            finally:
+                client.close()
+
+        return one_pass
 
 
 def _real(flows: Iterable[FlowRef]) -> list[FlowRef]:

@@ -6,11 +6,11 @@ Using::
 
 Two run status sensors (a run failure sensor, and one for CANCELED runs) that, for every run
 of the code location that fails or is terminated (or of the ``monitored_jobs``, or of every
-code location: the arguments of Dagster's ``run_failure_sensor``), read the flows its materializations stored
-(the ``echomq/...`` metadata the IO manager records) and the barrier flows its steps added
-(``EchoMQResource.add_flow`` logs each one), and cancel each one that has not been read
-(closed) or settled otherwise, with the reason ``dagster run <id> failed`` (or
-``... was terminated``). Nothing of those flows that has not started then starts, for a run
+code location: the arguments of Dagster's ``run_failure_sensor``), read the flows its
+materializations stored (the ``echomq/...`` metadata the IO manager records) and the barrier
+flows its steps added (``EchoMQResource.add_flow`` logs each one), and cancel each one that
+has not been read (closed) or settled otherwise, with the reason ``dagster run <id> failed``
+(or ``... was terminated``). Nothing of those flows that has not started then starts, for a run
 that will not read it. Re-executing the run from failure repairs a cancelled flow (the IO
 manager's ``repair_on_reexecution``), so cancelling loses nothing.
 
