@@ -10,13 +10,16 @@ Using::
     defs = Definitions(assets=[scores], asset_checks=[scores_children], resources=...)
 
 The check reads the flow the asset's last materialization stored (its handle, as the IO
-manager reads it), waits until it settles (pumping its children's queues, as an input does),
-and judges the share of its N children that failed or whose failure was ignored: at most
-``warn_above`` passes; above it the check fails with severity WARN, and above ``fail_above``
-(when given) with severity ERROR. A flow that failed or was cancelled as a whole fails with
-ERROR whatever the thresholds. Its metadata: the counts, the share, and the ids and errors of
-the failed and ignored children (at most ``SHOWN_CHILDREN`` each, cut as the IO manager's
-observations are), so the UI's check page shows what dagster-dbt shows for a failed test.
+manager reads it; a check run on its own judges that one), waits until it settles (pumping
+its children's queues, as an input does), and judges the share of its N children that failed
+or whose failure was ignored: at most ``warn_above`` passes; above it the check fails with
+severity WARN, and above ``fail_above`` (when given) with severity ERROR. A flow that failed or
+was cancelled as a whole fails it with ERROR whatever the thresholds, and so does a handle
+whose flow the server no longer holds (expired); a wait that times out or stalls fails the
+check's step (``FlowTimeout``), as it fails an input's. Its metadata: the counts, the share,
+and the ids and errors of the failed and ignored children (at most ``SHOWN_CHILDREN`` each,
+cut as the IO manager's observations are), so the UI's check page shows what dagster-dbt
+shows for a failed test.
 
 Why a check of its own rather than the downstream's observation: a check is what Dagster's UI,
 alerts and ``blocking=True`` (stop the downstream when it fails with ERROR) act on, and it is
@@ -42,7 +45,7 @@ from dagster import (
     asset_check,
 )
 
-from echomq_core import FlowSnapshot, InvalidInput
+from echomq_core import FlowSnapshot, InvalidInput, JobNotFound
 
 from .reading import EmptyFlow, read_handle, settled_metadata, wait_settled
 from .resource import EchoMQResource
@@ -90,15 +93,20 @@ def echomq_flow_check(
         if isinstance(flow, EmptyFlow):  # an empty plan: no child, nothing failed
             return AssetCheckResult(passed=True, metadata={"N": MetadataValue.int(0)})
         queues = client.child_queues(flow.queue, flow.parent_id)
-        with echomq.pumping([q for q in queues if q != flow.queue]):
-            snap = wait_settled(
-                client,
-                flow,
-                timeout=wait_timeout,
-                stall_timeout=stall_timeout,
-                poll=poll_interval,
-                log=context.log,
-                queues=queues,
+        try:
+            with echomq.pumping([q for q in queues if q != flow.queue]):
+                snap = wait_settled(
+                    client,
+                    flow,
+                    timeout=wait_timeout,
+                    stall_timeout=stall_timeout,
+                    poll=poll_interval,
+                    log=context.log,
+                    queues=queues,
+                )
+        except JobNotFound as gone:  # expired with its retention: no counts left to judge
+            return AssetCheckResult(
+                passed=False, severity=AssetCheckSeverity.ERROR, description=str(gone)
             )
         return judge(snap, settled_metadata(client, snap), warn, fail)
 

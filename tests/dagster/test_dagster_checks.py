@@ -13,15 +13,17 @@ from dagster import (
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
+    AssetSelection,
     DagsterInstance,
     DailyPartitionsDefinition,
     asset,
     materialize,
 )
 from dagster_echomq import EchoMQIOManager, EchoMQResource, echomq_flow_check
+from dagster_echomq.reading import store_handle
 from dagster_support import client_url
 
-from echomq_core import Child, FlowRef, InvalidInput
+from echomq_core import Child, EchoMQ, FlowRef, InvalidInput
 
 PARENT, CHILD = "ck-parent", "ck-child"
 
@@ -98,6 +100,40 @@ def test_a_failed_flow_fails_the_check_with_error_and_names_the_child(
     assert not failed.passed and failed.severity == AssetCheckSeverity.ERROR
     assert meta["outcome"] == "failed"
     assert list(meta["failed_children"]) == [f"{flow.parent_id}.2"]
+
+
+@pytest.mark.onlystandalone
+def test_a_check_run_alone_judges_the_stored_flow_and_fails_on_an_expired_one(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """A check executed without its asset (as from the UI) reads the handle the last
+    materialization stored; a handle whose flow the server no longer holds fails it with
+    ERROR, naming the flow, instead of failing the run."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    asset_def = fan(one_ignored_of_four())
+    check = echomq_flow_check(asset_def, poll_interval=0.05)
+    materialize([asset_def], resources=resources(url, prefix), instance=instance)
+
+    def check_alone() -> AssetCheckEvaluation:
+        result = materialize(
+            [asset_def, check],
+            selection=AssetSelection.checks(check),
+            resources=resources(url, prefix),
+            instance=instance,
+        )
+        assert result.success
+        (evaluation,) = result.get_asset_check_evaluations()
+        return evaluation
+
+    stored = check_alone()
+    assert (stored.passed, stored.severity) == (False, AssetCheckSeverity.WARN)
+    assert stored.metadata["ignored"].value == 1
+    with EchoMQ(url, prefix=prefix) as mq:
+        store_handle(mq, ["ck_fan"], FlowRef(PARENT, "JOB-expired"))
+    gone = check_alone()
+    assert (gone.passed, gone.severity) == (False, AssetCheckSeverity.ERROR)
+    assert gone.description is not None and "no flow JOB-expired" in gone.description
 
 
 @pytest.mark.parametrize(
