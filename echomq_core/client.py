@@ -355,11 +355,8 @@ class EchoMQ(_Base):
         most once across every reader of that watcher. Returns the cursor for the next poll
         and what this one took; ``close=True`` closes them. See
         :mod:`echomq_core.release_watch`."""
-        check_queue(queue)
-        op = release_watch.take_released(
-            self.keys, queue, release_watch.check_watcher(watcher), cursor,
-            limit=limit, close=_flag("close", close),
-        )  # fmt: skip
+        ks = self.keys
+        op = release_watch.take_released(ks, queue, watcher, cursor, limit=limit, close=close)
         return self.perform(op)
 
     def retention(self, queue: str) -> dict[str, float | int | None]:
@@ -557,11 +554,8 @@ class AsyncEchoMQ(_Base):
         close: bool = False,
     ) -> tuple[str, list[release_watch.Released]]:
         """As :meth:`EchoMQ.take_released`."""
-        check_queue(queue)
-        op = release_watch.take_released(
-            self.keys, queue, release_watch.check_watcher(watcher), cursor,
-            limit=limit, close=_flag("close", close),
-        )  # fmt: skip
+        ks = self.keys
+        op = release_watch.take_released(ks, queue, watcher, cursor, limit=limit, close=close)
         return await self.connection.perform(op)
 
     async def close_flow(self, queue: str, parent_id: str) -> str:

@@ -35,7 +35,7 @@ from .checks import check_int
 from .checks import text as _s
 from .errors import InvalidArgument
 from .flows import _scored as scored
-from .keyspace import QUEUE_NAME_RE, Keyspace
+from .keyspace import QUEUE_NAME_RE, Keyspace, check_queue
 
 #: How long a watcher's cursor outlives its last poll, seconds (a week): a watcher gone longer
 #: starts again from the time it comes back.
@@ -94,7 +94,11 @@ def take_released(
     last poll returned, or None (read it from the server; a new watcher starts now). Returns
     the cursor to pass next and what this poll took: nothing when another reader took first
     (its cursor is returned: poll again)."""
+    check_queue(queue)
+    check_watcher(watcher)
     limit = check_int("limit", limit, 1, MAX_TAKE)
+    if not isinstance(close, bool):
+        raise InvalidArgument(f"close must be True or False, got {close!r}")
     key, ttl_ms = ks.watch(queue, watcher), int(ttl * 1000)
     if cursor is None:
         stored, now = yield [Call.cmd("GET", key), Call.cmd("TIME")]
