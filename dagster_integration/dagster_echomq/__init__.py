@@ -6,6 +6,8 @@ fan out across two queues (also per daily partition) and summarise the children'
 downstream, and the README's Dagster section for how to deploy it.
 """
 
+from .checks import echomq_flow_check as echomq_flow_check
+from .input_settings import echomq_input as echomq_input
 from .io_manager import EchoMQIOManager as EchoMQIOManager
 from .reading import FLOW_PARENT_ID as FLOW_PARENT_ID
 from .reading import FLOW_PARTITIONS as FLOW_PARTITIONS

@@ -30,13 +30,18 @@ nothing left fanned out and unread.
 names, or - a spec naming only a queue - the flow the sensor launched this run for), runs a
 Pump for the queues of its children while it waits (:mod:`dagster_echomq.resource`), logs
 progress, and returns ``{child id: result}``; an input annotated :class:`FlowStream` gets an
-iterator of ``(child id, result)`` that reads the results page by page instead (memory flat
-at any N). A downstream
+iterable of ``(child id, result)`` that reads the results page by page instead (memory flat
+at any N; each pass over it reads them again). A downstream
 step over several partitions gets ``{partition key: <that>}``. It records the final counts
 and the ids and errors of failed and ignored children (capped) as an observation of the
 upstream asset (of each partition read) written as an event of the run and step, so the UI
 shows it with the run - also when the load then fails. A flow added without ``barrier=True``
 is refused before any wait (:class:`NotABarrierFlow`).
+
+**Per-input settings.** An input's own metadata under ``echomq/`` (``AssetIn(metadata=
+echomq_input(stall_timeout=600, close_after_read=False))``) overrides the reading settings
+below for that input alone (:mod:`dagster_echomq.input_settings`); an unknown ``echomq/`` key
+or a bad value is refused with ``InvalidInput`` naming it, before any wait or read.
 
 **Empty plans.** An :class:`~dagster_echomq.reading.EmptyFlow` output (``fan_out(...,
 on_empty="empty")``) names no flow: its handle is stored marked empty, its materialization
@@ -44,8 +49,8 @@ records N = 0, and ``load_input`` returns at once the empty result of a flow's r
 or a ``FlowStream`` that yields nothing) - no wait, no Pump, nothing to close.
 
 **Lifecycle.** Once read, a released flow is closed (``close_after_read``; a streamed input
-closes it when the iterator is exhausted), so its ``closed`` retention starts and the sensor
-never requests a run for it. A flow that failed or was cancelled raises
+closes it when a first pass over it is read to its end), so its ``closed`` retention starts
+and the sensor never requests a run for it. A flow that failed or was cancelled raises
 :class:`FlowFailedError` (after recording an observation of the upstream with the failed
 children), unless the run is a re-execution (``dagster/parent_run_id``): then the flow is
 repaired once (``retry_flow``: its dead children run again, completed ones keep their values)
@@ -56,7 +61,7 @@ it (``cancel_on_failure``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from dagster import (
@@ -74,6 +79,7 @@ from echomq_core.lifecycle import repair_on_readd
 from echomq_core.waiting import MISSING, WAITING, kind_of
 
 from . import steps
+from .input_settings import ReadSettings
 from .io_context import (
     identifier_of,
     named_flow,
@@ -198,7 +204,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 continue
             page = self.flow_page(flow.queue, flow.parent_id)
             if self.wait_on_output:
-                snap = self._settle(context, flow)
+                snap = self._settle(context, flow, ReadSettings.of(self))
                 if snap.outcome != "released":
                     raise flow_error(client, snap)
                 per_flow[key] = settled_metadata(client, snap, page)
@@ -236,6 +242,8 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
 
     # -- input ----------------------------------------------------------------------------
     def load_input(self, context: InputContext) -> Any:
+        # the input's own echomq/ metadata, checked before anything is waited for or read
+        settings = ReadSettings.of(self).for_input(context.definition_metadata, context.name)
         flows = self.flows_for_input(context)
         for flow in worker_run(self.client, _real(flows.values())):
             raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
@@ -246,7 +254,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             if isinstance(flow, EmptyFlow):  # nothing to wait for, read or close
                 values[key] = self._empty(context, key, flow, stream, observe_in_run)
                 continue
-            snap = self._settle(context, flow)
+            snap = self._settle(context, flow, settings)
             meta = settled_metadata(self.client, snap, self.flow_page(flow.queue, flow.parent_id))
             if snap.outcome != "released":
                 self._observe(context, key, meta, "EchoMQ flow did not complete")
@@ -263,11 +271,11 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 self._observe(context, key, meta, "EchoMQ flow released")
             # Only a barrier flow is closed by its reader (a worker-run parent is 'pending'
             # or 'completed' when released, and its completion starts its retention).
-            close = self.close_after_read and snap.parent_state == "released"
+            close = settings.close_after_read and snap.parent_state == "released"
             if stream:
-                values[key] = FlowStream(flow, snap, self._stream(flow, close))
+                values[key] = FlowStream(flow, snap, self._passes(flow, close, settings.page))
             else:
-                values[key] = self._read(flow, close)
+                values[key] = self._read(flow, close, settings.page)
         if len(values) == 1:  # unpartitioned, or one partition: the flow's values themselves
             return next(iter(values.values()))
         return values
@@ -311,9 +319,11 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         if not stream:
             return {}
         nothing = FlowSnapshot(flow.queue, flow.parent_id, None, 0, 0, 0, 0, 0)
-        return FlowStream(flow, nothing, iter(()))
+        return FlowStream(flow, nothing, lambda: iter(()))
 
-    def _settle(self, context: InputContext | OutputContext, flow: FlowRef) -> FlowSnapshot:
+    def _settle(
+        self, context: InputContext | OutputContext, flow: FlowRef, settings: ReadSettings
+    ) -> FlowSnapshot:
         """Wait (pumping) until ``flow`` settles; in a re-executed run, repair it once first
         if it failed; cancel it if the wait times out or the step is interrupted.
 
@@ -324,7 +334,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         blocking read of the outboxes' hint to end - is spent for nothing. A flow still held
         is waited for with a Pump, as before."""
         client = self.client
-        parent_run = parent_run_id(context) if self.repair_on_reexecution else None
+        parent_run = parent_run_id(context) if settings.repair_on_reexecution else None
         found = client.perform(
             repair_on_readd(client.keys, flow.queue, flow.parent_id, repair=parent_run is not None)
         )
@@ -342,25 +352,25 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 return wait_settled(
                     client,
                     flow,
-                    timeout=self.wait_timeout,
-                    stall_timeout=self.stall_timeout,
-                    poll=self.poll_interval,
+                    timeout=settings.wait_timeout,
+                    stall_timeout=settings.stall_timeout,
+                    poll=settings.poll_interval,
                     log=context.log,
-                    log_every=self.log_every,
+                    log_every=settings.log_every,
                     queues=queues,
                 )
         except FlowTimeout:
-            self._cancel(context, flow, "the wait for it timed out")
+            if settings.cancel_on_failure:
+                self._cancel(context, flow, "the wait for it timed out")
             raise
         except Exception:
             raise
         except BaseException:  # the step was terminated (Dagster interrupts it) or killed
-            self._cancel(context, flow, "the step was terminated while waiting")
+            if settings.cancel_on_failure:
+                self._cancel(context, flow, "the step was terminated while waiting")
             raise
 
     def _cancel(self, context: InputContext | OutputContext, flow: FlowRef, why: str) -> None:
-        if not self.cancel_on_failure:
-            return
         reason = f"dagster run {run_id_of(context)}: {why}"
         state = self.client.cancel_flow(flow.queue, flow.parent_id, reason=reason).state
         context.log.warning(f"EchoMQ flow {flow.parent_id} {state}: {why}")
@@ -383,22 +393,31 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             return
         DagsterEvent.asset_observation(step_context, event)  # written as it is built
 
-    def _read(self, flow: FlowRef, close: bool) -> dict[str, Any]:
-        values = dict(self.client.iter_children_values(flow.queue, flow.parent_id, page=self.page))
+    def _read(self, flow: FlowRef, close: bool, page: int) -> dict[str, Any]:
+        values = dict(self.client.iter_children_values(flow.queue, flow.parent_id, page=page))
         if close:
             self.client.close_flow(flow.queue, flow.parent_id)
         return values
 
-    def _stream(self, flow: FlowRef, close: bool) -> Iterator[tuple[str, Any]]:
-        """The results page by page; the flow is closed once the iterator is exhausted. It
-        opens its own client: the step's may be closed before a lazy consumer finishes."""
-        client = self.open_client()
-        try:
-            yield from client.iter_children_values(flow.queue, flow.parent_id, page=self.page)
-            if close:
-                client.close_flow(flow.queue, flow.parent_id)
-        finally:
-            client.close()
+    def _passes(
+        self, flow: FlowRef, close: bool, page: int
+    ) -> Callable[[], Iterator[tuple[str, Any]]]:
+        """A new read of the results for each pass over a :class:`FlowStream`; the first
+        pass read to its end closes the flow (the later ones find it closed)."""
+        unclosed = [close]
+
+        def one_pass() -> Iterator[tuple[str, Any]]:
+            # Its own client: the step's may be closed before a lazy consumer finishes.
+            client = self.open_client()
+            try:
+                yield from client.iter_children_values(flow.queue, flow.parent_id, page=page)
+                if unclosed[0]:
+                    client.close_flow(flow.queue, flow.parent_id)
+                    unclosed[0] = False
+            finally:
+                client.close()
+
+        return one_pass
 
 
 def _real(flows: Iterable[FlowRef]) -> list[FlowRef]:

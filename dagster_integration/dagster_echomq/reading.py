@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,20 +184,30 @@ def empty_body(flow: EmptyFlow) -> str:
     return json.dumps({"queue": flow.queue, "parent_id": flow.parent_id, "empty": True})
 
 
-class FlowStream(Iterator[tuple[str, Any]]):
-    """A flow's results as an iterator of ``(child id, result)``, read from the server one
-    page (``EchoMQIOManager.page`` results) at a time, so memory stays flat at any N. Annotate
-    an input with it to get one. Iterate it once; the flow is closed (when the IO manager
-    closes what it reads) once it is exhausted. ``total`` / ``processed``: the flow's counts."""
+class FlowStream(Iterable[tuple[str, Any]]):
+    """A flow's results as ``(child id, result)`` pairs, read from the server one page
+    (``EchoMQIOManager.page`` results) at a time, so memory stays flat at any N. Annotate an
+    input with it to get one. ``total`` / ``processed``: the flow's counts.
 
-    def __init__(self, flow: FlowRef, snap: FlowSnapshot, pages: Iterator[tuple[str, Any]]):
+    Each ``for`` (each ``iter()``) reads the flow again from its first page, so a step can
+    make several passes (count, then write) without holding the results: the pairs are on
+    the server, not in the stream. The flow is closed (when the IO manager closes what it
+    reads) the first time a pass is read to its end; a closed flow keeps its results for its
+    ``closed`` retention, so later passes read the same pairs."""
+
+    def __init__(
+        self,
+        flow: FlowRef,
+        snap: FlowSnapshot,
+        pages: Callable[[], Iterator[tuple[str, Any]]],
+    ):
         self.flow = flow
         self.total = snap.total
         self.processed = snap.processed
         self._pages = pages
 
-    def __next__(self) -> tuple[str, Any]:
-        return next(self._pages)
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return self._pages()
 
     def __repr__(self) -> str:
         return f"FlowStream({self.flow.queue!r}, {self.flow.parent_id!r}, total={self.total})"

@@ -5,11 +5,12 @@ Using::
     defs = Definitions(..., sensors=[*echomq_cancel_sensors()], resources={"echomq": echomq})
 
 Two run status sensors (a run failure sensor, and one for CANCELED runs) that, for every run
-of the code location that fails or is terminated, read the flows its materializations stored
-(the ``echomq/...`` metadata the IO manager records) and the barrier flows its steps added
-(``EchoMQResource.add_flow`` logs each one), and cancel each one that has not been read
-(closed) or settled otherwise, with the reason ``dagster run <id> failed`` (or
-``... was terminated``). Nothing of those flows that has not started then starts, for a run
+of the code location that fails or is terminated (or of the ``monitored_jobs``, or of every
+code location: the arguments of Dagster's ``run_failure_sensor``), read the flows its
+materializations stored (the ``echomq/...`` metadata the IO manager records) and the barrier
+flows its steps added (``EchoMQResource.add_flow`` logs each one), and cancel each one that
+has not been read (closed) or settled otherwise, with the reason ``dagster run <id> failed``
+(or ``... was terminated``). Nothing of those flows that has not started then starts, for a run
 that will not read it. Re-executing the run from failure repairs a cancelled flow (the IO
 manager's ``repair_on_reexecution``), so cancelling loses nothing.
 
@@ -29,20 +30,28 @@ expire with their queue's ``unclosed`` retention.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import (
+    CodeLocationSelector,
     DagsterRunStatus,
     DefaultSensorStatus,
+    GraphDefinition,
+    JobDefinition,
+    JobSelector,
+    RepositorySelector,
     RunFailureSensorContext,
     RunStatusSensorContext,
     SensorDefinition,
     run_failure_sensor,
     run_status_sensor,
 )
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition,
+)
 
-from echomq_core import EchoMQ, FlowRef
+from echomq_core import EchoMQ, FlowRef, InvalidInput
 
 from .reading import (
     ADDED_LOG_PREFIX,
@@ -53,21 +62,55 @@ from .reading import (
 )
 from .resource import EchoMQResource
 
+#: What ``monitored_jobs`` may hold: what Dagster's ``run_failure_sensor`` takes there.
+MonitoredJob = (
+    JobDefinition
+    | GraphDefinition
+    | UnresolvedAssetJobDefinition
+    | RepositorySelector
+    | JobSelector
+    | CodeLocationSelector
+)
+_MONITORABLE = (
+    JobDefinition,
+    GraphDefinition,
+    UnresolvedAssetJobDefinition,
+    RepositorySelector,
+    JobSelector,
+    CodeLocationSelector,
+)
+
 
 def echomq_cancel_sensors(
     *,
     name: str = "echomq_cancel",
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
     minimum_interval_seconds: int | None = None,
+    monitored_jobs: Sequence[MonitoredJob] | None = None,
+    monitor_all_code_locations: bool | None = None,
 ) -> list[SensorDefinition]:
     """The two sensors (``<name>_failed``, ``<name>_terminated``) that cancel the unread flows
-    of failed and terminated runs, using the ``echomq`` resource of the Definitions."""
+    of failed and terminated runs, using the ``echomq`` resource of the Definitions.
+
+    ``monitored_jobs`` / ``monitor_all_code_locations`` mean what they mean to Dagster's
+    ``run_failure_sensor`` and are passed to both sensors: by default the runs of every job of
+    this code location; with ``monitored_jobs``, only those jobs' runs (a ``JobSelector`` or
+    ``CodeLocationSelector`` reaches another code location); with
+    ``monitor_all_code_locations=True``, the runs of every code location of the instance. They
+    are checked here, so a wrong value fails when the Definitions load (``InvalidInput``),
+    not on the daemon's first tick."""
+    jobs = _monitored(monitored_jobs, monitor_all_code_locations)
+    watch: dict[str, Any] = {
+        "monitored_jobs": jobs,
+        "monitor_all_code_locations": monitor_all_code_locations,
+    }
 
     @run_failure_sensor(
         name=f"{name}_failed",
         default_status=default_status,
         minimum_interval_seconds=minimum_interval_seconds,
         description="Cancels the EchoMQ flows a failed run stored but did not read.",
+        **watch,
     )
     def _failed(context: RunFailureSensorContext, echomq: EchoMQResource) -> None:
         cancel_run_flows(context, echomq, "failed")
@@ -78,11 +121,44 @@ def echomq_cancel_sensors(
         default_status=default_status,
         minimum_interval_seconds=minimum_interval_seconds,
         description="Cancels the EchoMQ flows a terminated run stored but did not read.",
+        **watch,
     )
     def _terminated(context: RunStatusSensorContext, echomq: EchoMQResource) -> None:
         cancel_run_flows(context, echomq, "was terminated")
 
     return [_failed, _terminated]
+
+
+def _monitored(
+    jobs: Sequence[MonitoredJob] | None, all_locations: bool | None
+) -> list[MonitoredJob] | None:
+    """``monitored_jobs`` as a list, refused (naming what is wrong) unless it is a sequence
+    of what Dagster monitors and is not combined with ``monitor_all_code_locations``."""
+    if all_locations is not None and not isinstance(all_locations, bool):
+        raise InvalidInput(
+            f"monitor_all_code_locations must be True or False, got {all_locations!r}"
+        )
+    if jobs is None:
+        return None
+    if isinstance(jobs, (str, bytes)) or not isinstance(jobs, Sequence):
+        raise InvalidInput(
+            "monitored_jobs must be a list of jobs (JobDefinition, define_asset_job(...), "
+            f"GraphDefinition) or selectors (JobSelector, CodeLocationSelector, "
+            f"RepositorySelector), got {type(jobs).__name__} {jobs!r:.80}"
+        )
+    for i, job in enumerate(jobs):
+        if not isinstance(job, _MONITORABLE):
+            raise InvalidInput(
+                f"monitored_jobs[{i}] is a {type(job).__name__} ({job!r:.80}): pass a job "
+                "(JobDefinition, define_asset_job(...), GraphDefinition) or a selector "
+                "(JobSelector, CodeLocationSelector, RepositorySelector)"
+            )
+    if all_locations and jobs:
+        raise InvalidInput(
+            "monitored_jobs and monitor_all_code_locations=True exclude each other: the "
+            "first watches the runs of those jobs, the second the runs of every job"
+        )
+    return list(jobs)
 
 
 def cancel_run_flows(context: RunStatusSensorContext, echomq: EchoMQResource, why: str) -> int:

@@ -258,10 +258,11 @@ def test_a_streamed_input_reads_page_by_page_and_closes_the_flow_after(
     def read(context: AssetExecutionContext, fan: FlowStream) -> int:
         seen["type"] = type(fan).__name__
         seen["total"] = fan.total
-        first = next(fan)
-        with EchoMQ(url, prefix=prefix) as mq:  # not closed until the iterator is exhausted
+        one_pass = iter(fan)
+        first = next(one_pass)
+        with EchoMQ(url, prefix=prefix) as mq:  # not closed until a pass is read to its end
             seen["state_midway"] = mq.snapshot(PARENT, first[0].rsplit(".", 1)[0]).parent_state
-        return 1 + sum(1 for _ in fan)
+        return 1 + sum(1 for _ in one_pass)
 
     result = materialize(
         fan_assets(lambda: [Child({"n": i}, queue=CHILD) for i in range(25)], read),
@@ -274,6 +275,38 @@ def test_a_streamed_input_reads_page_by_page_and_closes_the_flow_after(
     flow: FlowRef = result.output_for_node("fan")
     with EchoMQ(url, prefix=prefix) as mq:
         assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "closed"
+
+
+@pytest.mark.onlystandalone
+def test_a_streamed_input_can_be_read_again_and_is_closed_once(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """Two passes over one FlowStream (count, then use) read the same pairs from the server;
+    the first pass read to its end closes the flow, and the second still reads it."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    seen: dict[str, Any] = {}
+
+    @asset
+    def read(fan: FlowStream) -> int:
+        first = sorted(fan)
+        with EchoMQ(url, prefix=prefix) as mq:
+            seen["after_first"] = mq.snapshot(PARENT, first[0][0].rsplit(".", 1)[0]).parent_state
+        second = sorted(fan)
+        seen["passes"] = (first, second)
+        return len(second)
+
+    result = materialize(
+        fan_assets(lambda: [Child({"n": i}, queue=CHILD) for i in range(9)], read),
+        resources=resources(url, prefix, page=4),
+        instance=instance,
+    )
+    assert result.output_for_node("read") == 9
+    first, second = seen["passes"]
+    assert first == second and len(first) == 9
+    flow: FlowRef = result.output_for_node("fan")
+    assert [k for k, _ in first] == sorted(f"{flow.parent_id}.{i}" for i in range(9))
+    assert seen["after_first"] == "closed"
 
 
 @pytest.mark.onlystandalone
