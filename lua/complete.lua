@@ -30,7 +30,8 @@
 --                   room children the gates admit here as its own leases (includes/hand.lua)
 -- ARGV[5..] the batch (see includes/batch.lua), each job's record 4 values: id, token number,
 --   result, ref ('0' plain job; k > 0 child of same-queue group k, settled here, atomically;
---   -k child of cross-queue parent k: a signal into this queue's outbox)
+--   -k child of cross-queue parent k: a signal into this queue's outbox); 2 (id, result)
+--   when the batch's header gives one shared ref
 --
 -- Steps: read all lease tokens with one HMGET; a job whose token is not current is skipped
 -- untouched (a stale completion changes nothing). For the rest: one ZREM from active, one HDEL
@@ -68,8 +69,9 @@ local stamp = string.format('%d', now)
 local out, done, fin, signals, groups = {}, {}, {}, {}, {}
 local p = 0  -- plain jobs so far: the next one's row is KEYS[15 + p]
 for i = 1, n do
-  local r = base + (i - 1) * 4
-  local id, result, ref = ARGV[r + 1], ARGV[r + 3], tonumber(ARGV[r + 4])
+  local r = base + (i - 1) * b.width
+  local id, t, result, ref = ARGV[r + 1], 1, ARGV[r + 2], b.shared
+  if not ref then t, result, ref = tonumber(ARGV[r + 2]), ARGV[r + 3], tonumber(ARGV[r + 4]) end
   if ref == 0 then p = p + 1 end
   if not b.current[i] then
     out[i] = 0
@@ -84,8 +86,7 @@ for i = 1, n do
       -- retry by id of the finished flow must find it): the flow is swept as a unit
       local row = KEYS[15 + p]
       if keep == '1' or redis.call('HEXISTS', row, 'total') == 1 then
-        local token = ARGV[b.tokens + tonumber(ARGV[r + 2])]
-        redis.call('HSET', row, 'result', result, 'token', token)
+        redis.call('HSET', row, 'result', result, 'token', ARGV[b.tokens + t])
       else
         redis.call('DEL', row)
       end
