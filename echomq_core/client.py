@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import failures, flows, lifecycle, ops, rates, retention
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
-from .connection import AsyncConnection, Call, Connection, Op, connect, connect_async
+from .connection import Call, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
 from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import (
@@ -35,6 +35,7 @@ from .waiting import FlowWait, Verdict
 
 if TYPE_CHECKING:  # imported where used: a synchronous user does not load the asyncio queue
     from .async_queue import AsyncQueue
+    from .drivers import AsyncConnection, Connection  # with the first client (redis-py)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

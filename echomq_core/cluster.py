@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
     BusyLoadingError,
@@ -36,20 +35,17 @@ from redis.exceptions import (
 )
 
 from . import errors
-from .calls import Call, is_noscript
+from .calls import Call
+from .replies import is_noscript
 from .scripts import Script
+from .slots import key_slot
+from .targets import MIGRATION_WAIT
 
 log = logging.getLogger(__name__)
 
 #: How long (s) one step keeps being sent again while a Cluster answers CLUSTERDOWN, MASTERDOWN
 #: or LOADING, or a slot has no known owner; then it comes back as ConnectionLost.
 CLUSTER_RETRY_WINDOW = 5.0
-#: How long (s) one step keeps being sent again while its slot is being moved (TRYAGAIN), unless
-#: the connection's ``migration_wait`` says otherwise: a reshard of a busy slot, moving its keys
-#: in small batches, can take tens of seconds, and the queue's calls wait for the handover.
-MIGRATION_WAIT = 60.0
-#: The most seconds ``migration_wait`` may be.
-MAX_MIGRATION_WAIT = 86400.0
 #: The least time (s) between two topology refreshes (CLUSTER SLOTS) of one connection.
 REFRESH_EVERY = 0.2
 #: How long (ms) a :class:`~echomq_core.calls.Durable` step waits for the replicas of each master.

@@ -10,29 +10,46 @@ Where the rest lives: the call/step vocabulary in :mod:`echomq_core.calls`, the 
 router's rules in :mod:`echomq_core.cluster` (their reasons in ``docs/CLUSTER.md``), the two
 drivers in :mod:`echomq_core.drivers`, URL parsing in :mod:`echomq_core.targets`. Each name is
 re-exported here, so ``from echomq_core.connection import ...`` keeps working for all of them.
+
+redis-py loads with the first client, not with this module: the drivers, the router and
+:mod:`echomq_core.replies` import it, and the names re-exported from them resolve on first
+access. A process that only defines flows - Airflow's DAG processor, a Dagster code server,
+``echomq --help`` - pays nothing for a client it never makes.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import redis
-import redis.cluster
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+import functools
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from . import errors
-from .calls import TRANSPORT_ERRORS, Call, Durable, Lenient, Op
-from .cluster import (
-    CLUSTER_RETRY_WINDOW,
-    DURABLE_WAIT_MS,
-    MAX_MIGRATION_WAIT,
-    MIGRATION_WAIT,
-    REFRESH_EVERY,
-    slot_of,
-)
-from .drivers import AsyncConnection, Connection
-from .targets import Target, migration_wait, parse_url, wait_for
+from .calls import Call, Durable, Lenient, Op
+from .targets import MAX_MIGRATION_WAIT, MIGRATION_WAIT, Target, migration_wait, parse_url, wait_for
+
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio
+    import redis.asyncio.cluster
+    import redis.cluster
+
+    from .cluster import CLUSTER_RETRY_WINDOW as CLUSTER_RETRY_WINDOW
+    from .cluster import DURABLE_WAIT_MS as DURABLE_WAIT_MS
+    from .cluster import REFRESH_EVERY as REFRESH_EVERY
+    from .cluster import slot_of as slot_of
+    from .drivers import AsyncConnection as AsyncConnection
+    from .drivers import Connection as Connection
+
+#: The re-exported names whose modules import redis-py, and those modules: imported on first
+#: access, so that importing this module (every operation's client does) loads no client.
+_LAZY = {
+    "AsyncConnection": ".drivers",
+    "CLUSTER_RETRY_WINDOW": ".cluster",
+    "Connection": ".drivers",
+    "DURABLE_WAIT_MS": ".cluster",
+    "REFRESH_EVERY": ".cluster",
+    "slot_of": ".cluster",
+}
 
 __all__ = [
     "CLUSTER_RETRY_WINDOW",
@@ -55,6 +72,19 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """Import a lazy name's module once; the name is then a plain module global."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __package__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 class _Packer:
     """Packs a command with hiredis, as redis-py's own hiredis packer does, without the pass
     that packer makes over every argument to turn ``bytearray`` / ``memoryview`` into
@@ -62,9 +92,10 @@ class _Packer:
     that pass is a large share of a no-op worker's CPU. Such an argument, or a command name
     with a space (``CLIENT SETINFO``), goes the redis-py way."""
 
-    def __init__(self) -> None:
+    def __init__(self, pack_command: Any) -> None:
         from redis.connection import HiredisRespSerializer
 
+        self._fast = pack_command
         self._slow = HiredisRespSerializer()
 
     def pack(self, *args: Any) -> list[bytes]:
@@ -73,18 +104,21 @@ class _Packer:
             isinstance(first, bytes) and b" " not in first
         ):
             try:
-                return [_pack_command(args)]
+                return [self._fast(args)]
             except TypeError:
                 pass  # a bytearray or memoryview (or a bad value: redis-py raises DataError)
         return self._slow.pack(*args)  # type: ignore[no-any-return]
 
 
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is optional: redis-py packs in Python
-    _PACKER = None
-else:
-    _PACKER = _Packer()
+@functools.cache
+def _packer() -> _Packer | None:
+    """The one packer of the process, made with the first connection; None without hiredis
+    (redis-py then packs in Python)."""
+    try:
+        from hiredis import pack_command
+    except ImportError:  # pragma: no cover - hiredis is optional
+        return None
+    return _Packer(pack_command)
 
 
 def connect(
@@ -99,9 +133,19 @@ def connect(
     :data:`MIGRATION_WAIT`): how long a call of a Cluster slot being moved waits for it."""
     target = parse_url(url, cluster=cluster)
     wait = wait_for(target, migration_wait)
+    # redis-py and the driver load with the first client, not with this module (see _LAZY).
+    import redis
+    import redis.cluster
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from .drivers import Connection
+    from .replies import TRANSPORT_ERRORS
+
     options.setdefault("retry", Retry(NoBackoff(), 0))  # no blind re-sends (docs/CLUSTER.md)
-    if _PACKER is not None and not target.cluster:
-        options.setdefault("command_packer", _PACKER)
+    packer = _packer()
+    if packer is not None and not target.cluster:
+        options.setdefault("command_packer", packer)
     client: redis.Redis | redis.cluster.RedisCluster
     try:
         if target.cluster:
@@ -129,10 +173,15 @@ def connect_async(
     :func:`connect`."""
     target = parse_url(url, cluster=cluster)
     wait = wait_for(target, migration_wait)
-    options.setdefault("retry", _async_no_retry())  # no blind re-sends (docs/CLUSTER.md)
+    import redis
     import redis.asyncio
     import redis.asyncio.cluster
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.backoff import NoBackoff
 
+    from .drivers import AsyncConnection
+
+    options.setdefault("retry", AsyncRetry(NoBackoff(), 0))  # no blind re-sends (docs/CLUSTER.md)
     client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
     try:
         if target.cluster:
@@ -153,8 +202,3 @@ def _check_options(pool: Any) -> None:
     ``TypeError`` on the first call."""
     pool.connection_class(**pool.connection_kwargs)
 
-
-def _async_no_retry() -> Any:
-    from redis.asyncio.retry import Retry as AsyncRetry
-
-    return AsyncRetry(NoBackoff(), 0)

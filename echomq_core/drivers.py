@@ -37,9 +37,11 @@ import redis.cluster
 from redis.exceptions import MovedError, RedisClusterException, RedisError, ResponseError
 
 from . import errors
-from .calls import REPLY_ERRORS, TRANSPORT_ERRORS, Call, Durable, Lenient, Op, finish, is_noscript
-from .cluster import MIGRATION_WAIT, REFRESH_EVERY, Batch, Step
+from .calls import Call, Durable, Lenient, Op
+from .cluster import REFRESH_EVERY, Batch, Step
+from .replies import REPLY_ERRORS, TRANSPORT_ERRORS, finish, is_noscript
 from .scripts import Script
+from .targets import MIGRATION_WAIT
 
 if TYPE_CHECKING:  # imported when an async client is made: it costs every CLI start
     import redis.asyncio

@@ -17,6 +17,8 @@ an error reply without a known code becomes :class:`ServerError`.
 
 from __future__ import annotations
 
+import sys
+
 
 class EchoMQError(Exception):
     """Root of every error EchoMQ raises on purpose."""
@@ -180,3 +182,13 @@ def flow_error(
     if outcome == "cancelled":
         return FlowCancelled(queue, parent_id, reason or "", failed)
     return ParentFailed(queue, parent_id, failed)
+
+
+def is_redis_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of redis-py's own errors (``redis.RedisError``), which a caller
+    outside the drivers (the CLI, the embedded server's probes) explains as a failure of the
+    server or the network rather than a bug. redis-py is imported with the first client, so
+    while it was never imported nothing could have raised one: this does not import it."""
+    redis = sys.modules.get("redis")
+    error = getattr(redis, "RedisError", None)
+    return isinstance(error, type) and isinstance(exc, error)

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import lifecycle, ops, retention
 from .calls import Call, Durable, Lenient, Op
-from .drivers import AsyncConnection
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
@@ -58,6 +57,7 @@ from .running import BLOCK_SLICE, wait_on_hints, wake_queues
 
 if TYPE_CHECKING:
     from .client import AsyncEchoMQ, EchoMQ
+    from .drivers import AsyncConnection
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +356,8 @@ class Pump:
         )
 
     def _aconnection(self) -> AsyncConnection:
+        from .drivers import AsyncConnection  # loaded with the client (redis-py) already
+
         connection = self.client.connection
         if not isinstance(connection, AsyncConnection):
             raise InvalidArgument("Pump.arun needs an AsyncEchoMQ; run a sync one with run()")

@@ -20,14 +20,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from redis.crc import key_slot
-
 from . import ops
 from .errors import EchoMQError, InvalidArgument, InvalidPayload, Unrecoverable
 from .keyspace import check_queue
 from .models import Job
 from .options import WorkerOptions
 from .queue import QueueOps
+from .slots import key_slot
 
 Q = TypeVar("Q", bound=QueueOps)
 

@@ -29,10 +29,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from .errors import ServerStartError
 
 log = logging.getLogger(__name__)
@@ -146,6 +142,10 @@ def free_port(host: str = "127.0.0.1", *, max_port: int = 55535) -> int:
 def _command(host: str, port: int, *args: Any, timeout: float = 2.0, decode: bool = True) -> Any:
     """Run one command on a fresh connection without redis-py's retries: probes must fail fast
     instead of sleeping in a backoff, and admin calls must not share state with user clients."""
+    import redis  # here, not at import: the CLI imports this module for --help too
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     client = redis.Redis(
         host, port, socket_timeout=timeout, socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0), decode_responses=decode,
@@ -296,6 +296,8 @@ class EmbeddedServer:
 
         PING is sent first because INFO is answered even while the AOF is still being replayed.
         """
+        import redis
+
         try:
             _command(self.host, self.port, "PING", timeout=0.5)
             info = _command(self.host, self.port, "INFO", "server", timeout=0.5)
@@ -322,6 +324,8 @@ class EmbeddedServer:
             # otherwise plain SHUTDOWN honours the save points the caller configured.
             args = ("SHUTDOWN", "NOSAVE") if self.save == "" else ("SHUTDOWN",)
             grace = min(timeout, 2.0)
+            import redis
+
             try:
                 _command(self.host, self.port, *args, timeout=1.0)
             except redis.ResponseError:

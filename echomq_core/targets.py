@@ -16,7 +16,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from . import errors
 from .checks import check_seconds
-from .cluster import MAX_MIGRATION_WAIT, MIGRATION_WAIT
+
+#: How long (s) one step keeps being sent again while its slot is being moved (TRYAGAIN), unless
+#: the connection's ``migration_wait`` says otherwise: a reshard of a busy slot, moving its keys
+#: in small batches, can take tens of seconds, and the queue's calls wait for the handover.
+MIGRATION_WAIT = 60.0
+#: The most seconds ``migration_wait`` may be.
+MAX_MIGRATION_WAIT = 86400.0
 
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 
@@ -102,7 +108,7 @@ def migration_wait(value: Any) -> float:
 
 def wait_for(target: Target, given: float | None) -> float:
     """The ``migration_wait`` a connection gets: the keyword argument wins over the URL
-    parameter, as ``cluster=`` does; else :data:`~echomq_core.cluster.MIGRATION_WAIT`."""
+    parameter, as ``cluster=`` does; else :data:`MIGRATION_WAIT`."""
     if given is not None:
         return migration_wait(given)
     return MIGRATION_WAIT if target.migration_wait is None else target.migration_wait

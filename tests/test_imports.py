@@ -5,9 +5,27 @@ inside functions included, since they too are edges a reader has to follow."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from echomq_core.slots import key_slot
+
+from .conftest import Backend
+
 CORE = Path(__file__).resolve().parent.parent / "echomq_core"
+ROOT = CORE.parent
+
+
+def _fresh_env() -> dict[str, str]:
+    """This checkout and its two adapters first on the path of a fresh interpreter."""
+    paths = [str(ROOT), str(ROOT / "airflow_provider"), str(ROOT / "dagster_integration")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, *sys.path]))
 
 
 def module_name(path: Path) -> str:
@@ -141,3 +159,124 @@ def test_the_lazy_names_resolve_to_their_classes() -> None:
         assert "NoSuchName" in str(e)
     else:
         raise AssertionError("an unknown name resolved")
+
+
+def test_defining_flows_does_not_import_redis(backend: Backend, prefix: str) -> None:
+    """A process that only loads definitions - Airflow's DAG processor parsing a DAG file, a
+    Dagster code server - imports the core, the Dagster integration and the provider's modules
+    a DAG file imports (operator, sensor, decorator, results, trigger) without redis-py; the
+    first client loads it, and that first connection works (sync and asyncio, standalone and
+    Cluster)."""
+    code = f"""
+import asyncio, sys
+import echomq_core, dagster_echomq
+import echomq_provider.operators.echo_flow, echomq_provider.sensors.echo_flow
+import echomq_provider.decorators.echo_flow, echomq_provider.results
+import echomq_provider.triggers.echo_flow
+from echomq_core import AsyncEchoMQ, Child, EchoMQ
+from echomq_core.connection import Call, parse_url
+parse_url({backend.url!r}, cluster={backend.cluster!r})
+loaded = sorted(m for m in sys.modules if m == "redis" or m.startswith("redis."))
+assert not loaded, loaded
+prefix = {prefix!r}
+mq = EchoMQ({backend.url!r}, cluster={backend.cluster!r}, prefix=prefix)
+ref = mq.add_flow("lazyq", [Child(1), Child(2)], parent_id="JOB-af/dag/task/0")
+assert mq.dependencies(ref.queue, ref.parent_id) == 2, ref
+mq.close()
+async def main():
+    amq = AsyncEchoMQ({backend.url!r}, cluster={backend.cluster!r}, prefix=prefix)
+    assert await amq.dependencies("lazyq", "JOB-af/dag/task/0") == 2
+    await amq.close()
+asyncio.run(main())
+print("connected")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("connected"), done.stdout
+
+
+def test_the_connection_module_resolves_its_lazy_names() -> None:
+    """The names ``echomq_core.connection`` re-exports from the redis-py side resolve to the
+    same objects on first access; an unknown name is an AttributeError naming it."""
+    from echomq_core import cluster, connection, drivers
+
+    assert connection.Connection is drivers.Connection
+    assert connection.AsyncConnection is drivers.AsyncConnection
+    assert connection.slot_of is cluster.slot_of
+    assert connection.DURABLE_WAIT_MS == cluster.DURABLE_WAIT_MS
+    assert {"Connection", "slot_of", "connect"} <= set(dir(connection))
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        connection.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
+
+
+@given(st.binary(max_size=40) | st.text(max_size=20).map(lambda t: f"a{{{t}}}b".encode()))
+def test_the_key_slot_is_the_servers(key: bytes) -> None:
+    """Our CRC16 slot of a key is redis-py's (itself checked against the server's ``CLUSTER
+    KEYSLOT`` below), hash tags included."""
+    from redis.crc import key_slot as redis_key_slot
+
+    assert key_slot(key) == redis_key_slot(key)
+
+
+@pytest.mark.onlycluster
+def test_the_key_slot_matches_cluster_keyslot(backend: Backend) -> None:
+    import redis
+
+    keys = ["emq:{q}:job:JOB-af/d/t/1", "plain", "{}x", "a{b}{c}", "{{x}}", "é{ü}"]
+    client = redis.RedisCluster.from_url(backend.url)
+    try:
+        for key in keys:
+            assert key_slot(key.encode()) == client.cluster_keyslot(key), key
+    finally:
+        client.close()
+
+
+def test_the_command_line_help_does_not_import_redis() -> None:
+    """``echomq --help`` (and a subcommand's) builds every parser without loading redis-py
+    or the drivers."""
+    for argv in (["--help"], ["worker", "--help"]):
+        loaded = fresh_modules(
+            f"from echomq_core.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n"
+            "    pass"
+        )
+        assert "echomq_core.cli" in loaded
+        assert not {"redis", "echomq_core.drivers", "echomq_core.replies"} & loaded, argv
+
+
+def test_a_redis_error_is_told_apart_without_importing_redis() -> None:
+    """``is_redis_error`` is false for anything while redis-py was never imported (nothing
+    could have raised one then), and true for redis-py's errors once it is."""
+    assert fresh_modules(
+        "from echomq_core.errors import is_redis_error\n"
+        "assert not is_redis_error(ConnectionError('x'))\n"
+        "import sys\nassert 'redis' not in sys.modules"
+    )
+    import redis
+
+    from echomq_core.errors import EchoMQError, is_redis_error
+
+    assert is_redis_error(redis.ResponseError("ERR x")) and is_redis_error(redis.RedisError())
+    assert not is_redis_error(OSError("x")) and not is_redis_error(EchoMQError("x"))
+
+
+def test_the_cli_still_explains_a_redis_error_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A redis-py error that reaches ``main`` is an expected failure (one line, status 1),
+    not an internal error, now that the CLI no longer names ``redis.RedisError`` itself."""
+    import redis
+
+    from echomq_core import cli
+
+    def refused(args: object) -> object:
+        raise redis.ResponseError("ERR refused by the server")
+
+    monkeypatch.setattr(cli, "settle_global_options", refused)
+    assert cli.main(["workers"]) == 1
+    assert capsys.readouterr().err == "echomq: error: ResponseError: ERR refused by the server\n"

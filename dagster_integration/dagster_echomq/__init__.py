@@ -10,6 +10,7 @@ from .io_manager import EchoMQIOManager as EchoMQIOManager
 from .reading import FLOW_PARENT_ID as FLOW_PARENT_ID
 from .reading import FLOW_PARTITIONS as FLOW_PARTITIONS
 from .reading import FLOW_QUEUE as FLOW_QUEUE
+from .reading import EmptyFlow as EmptyFlow
 from .reading import FlowFailedError as FlowFailedError
 from .reading import FlowStream as FlowStream
 from .reading import NotABarrierFlow as NotABarrierFlow

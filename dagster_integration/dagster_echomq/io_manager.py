@@ -38,6 +38,11 @@ upstream asset (of each partition read) written as an event of the run and step,
 shows it with the run - also when the load then fails. A flow added without ``barrier=True``
 is refused before any wait (:class:`NotABarrierFlow`).
 
+**Empty plans.** An :class:`~dagster_echomq.reading.EmptyFlow` output (``fan_out(...,
+on_empty="empty")``) names no flow: its handle is stored marked empty, its materialization
+records N = 0, and ``load_input`` returns at once the empty result of a flow's read (``{}``,
+or a ``FlowStream`` that yields nothing) - no wait, no Pump, nothing to close.
+
 **Lifecycle.** Once read, a released flow is closed (``close_after_read``; a streamed input
 closes it when the iterator is exhausted), so its ``closed`` retention starts and the sensor
 never requests a run for it. A flow that failed or was cancelled raises
@@ -51,7 +56,7 @@ it (``cancel_on_failure``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dagster import (
@@ -82,9 +87,11 @@ from .io_context import (
 from .reading import (
     FLOW_PARENT_ID,
     FLOW_QUEUE,
+    EmptyFlow,
     FlowStream,
     NotABarrierFlow,
     added_metadata,
+    empty_metadata,
     flow_error,
     read_handle,
     settled_metadata,
@@ -173,7 +180,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         client = self.client
         try:  # a bad value is refused before any handle is written
             flows = output_flows(context, obj)
-            for flow in worker_run(client, list(flows.values())):
+            for flow in worker_run(client, _real(flows.values())):
                 why = "EchoMQIOManager stores no handle for it"
                 raise NotABarrierFlow(flow.queue, flow.parent_id, why)
         except InvalidInput as refused:
@@ -183,9 +190,12 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         for key, flow in flows.items():
             store_handle(client, identifier_of(context, key), flow)
         if step is not None:
-            steps.stored(*step, flows.values())
+            steps.stored(*step, _real(flows.values()))
         per_flow: dict[str | None, dict[str, Any]] = {}
         for key, flow in flows.items():
+            if isinstance(flow, EmptyFlow):
+                per_flow[key] = empty_metadata(flow)
+                continue
             page = self.flow_page(flow.queue, flow.parent_id)
             if self.wait_on_output:
                 snap = self._settle(context, flow)
@@ -227,12 +237,15 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
     # -- input ----------------------------------------------------------------------------
     def load_input(self, context: InputContext) -> Any:
         flows = self.flows_for_input(context)
-        for flow in worker_run(self.client, list(flows.values())):
+        for flow in worker_run(self.client, _real(flows.values())):
             raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
         stream = wants_stream(context, partitioned=len(flows) > 1)
         observe_in_run = context.has_asset_key and len(flows) == 1
         values: dict[str | None, Any] = {}
         for key, flow in flows.items():
+            if isinstance(flow, EmptyFlow):  # nothing to wait for, read or close
+                values[key] = self._empty(context, key, flow, stream, observe_in_run)
+                continue
             snap = self._settle(context, flow)
             meta = settled_metadata(self.client, snap, self.flow_page(flow.queue, flow.parent_id))
             if snap.outcome != "released":
@@ -285,6 +298,21 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         return found
 
     # -- helpers --------------------------------------------------------------------------
+    def _empty(
+        self, context: InputContext, key: str | None, flow: EmptyFlow, stream: bool, in_run: bool
+    ) -> Any:
+        """An empty plan's input: the empty result of the type a flow's read gives."""
+        meta = empty_metadata(flow)
+        if in_run:
+            context.add_input_metadata(meta, description="EchoMQ empty plan")
+        else:
+            self._observe(context, key, meta, "EchoMQ empty plan")
+        context.log.info(f"EchoMQ: empty plan for {flow.queue!r}: the input is empty")
+        if not stream:
+            return {}
+        nothing = FlowSnapshot(flow.queue, flow.parent_id, None, 0, 0, 0, 0, 0)
+        return FlowStream(flow, nothing, iter(()))
+
     def _settle(self, context: InputContext | OutputContext, flow: FlowRef) -> FlowSnapshot:
         """Wait (pumping) until ``flow`` settles; in a re-executed run, repair it once first
         if it failed; cancel it if the wait times out or the step is interrupted.
@@ -371,3 +399,8 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 client.close_flow(flow.queue, flow.parent_id)
         finally:
             client.close()
+
+
+def _real(flows: Iterable[FlowRef]) -> list[FlowRef]:
+    """The flows that exist on the server: all but the handles of empty plans."""
+    return [f for f in flows if not isinstance(f, EmptyFlow)]

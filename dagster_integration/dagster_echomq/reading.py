@@ -6,7 +6,9 @@ Handles: an asset's flow is stored in the EchoMQ server as the named reference
 ``EchoMQ.save_ref``; it is deleted with its flow when the flow expires), one per partition.
 The handle lives in the server rather than on a local disk so that any process that reaches
 the flow reaches its handle: a step process of the multiprocess executor, a container of a
-Kubernetes executor, a later run, the sensor.
+Kubernetes executor, a later run, the sensor. An :class:`EmptyFlow` (a fan-out over an empty
+plan whose readers get an empty result) is stored under the same name, marked ``"empty"``,
+with no flow behind it: it expires after its queue's ``unclosed_age`` retention instead.
 
 Waiting (:func:`wait_settled`) polls the flow's snapshot until it is released, failed or
 cancelled (the core's :class:`~echomq_core.waiting.FlowWait` judges each read and sets the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import DagsterLogManager, Failure, MetadataValue
@@ -33,6 +36,7 @@ from echomq_core import (
     FlowSnapshot,
     FlowTimeout,
     InvalidFlow,
+    InvalidInput,
     JobNotFound,
     ParentFailed,
 )
@@ -47,6 +51,10 @@ FLOW_PARENT_ID = "echomq/parent_id"
 #: {partition key: [queue, parent id]} map in every partition's event: still read (by the
 #: sensors), no longer written - each partition's materialization names its own flow.
 FLOW_PARTITIONS = "echomq/flows"
+#: Metadata of an empty plan's output and inputs (:class:`EmptyFlow`): its queue and the id
+#: its flow would have had. Apart from FLOW_QUEUE / FLOW_PARENT_ID: no flow is behind them.
+EMPTY_PLAN = "echomq/empty_plan"
+EMPTY_PARENT_ID = "echomq/empty_parent_id"
 #: How EchoMQResource.add_flow logs a barrier flow it added inside a run (then the flow's
 #: ``{"queue": ..., "parent_id": ...}`` as JSON): the cancel sensors find in the run's event
 #: log the flows of a step that failed before its output was stored.
@@ -160,6 +168,22 @@ def worker_run(client: EchoMQ, flows: Sequence[FlowRef]) -> list[FlowRef]:
     return [f for f, (state, barrier) in zip(flows, rows, strict=True) if state and not barrier]
 
 
+@dataclass(frozen=True, slots=True)
+class EmptyFlow(FlowRef):
+    """The handle of a fan-out over an empty plan whose readers get an empty result
+    (``EchoMQResource.fan_out(..., on_empty="empty")``): a ``FlowRef`` that names no flow on
+    the server - a flow of no children is refused - so the asset's output has the type a
+    flow's output has. The IO manager stores it as a marked handle and loads it as the empty
+    result of a flow's read (``{}``, or a :class:`FlowStream` that yields nothing), without a
+    wait or a Pump; the sensor requests no run for it (there is nothing to release).
+    ``parent_id`` is the id the flow would have had (the metadata shows it)."""
+
+
+def empty_body(flow: EmptyFlow) -> str:
+    """What the handle of an empty plan holds: a flow's handle, marked empty."""
+    return json.dumps({"queue": flow.queue, "parent_id": flow.parent_id, "empty": True})
+
+
 class FlowStream(Iterator[tuple[str, Any]]):
     """A flow's results as an iterator of ``(child id, result)``, read from the server one
     page (``EchoMQIOManager.page`` results) at a time, so memory stays flat at any N. Annotate
@@ -201,12 +225,33 @@ def handle_name(identifier: Sequence[str]) -> str:
 
 
 def store_handle(client: EchoMQ, identifier: Sequence[str], flow: FlowRef) -> None:
-    client.save_ref(handle_name(identifier), flow)
+    """Store ``flow`` as the handle of ``identifier``, replacing what was stored (an earlier
+    run's flow, or empty plan). An :class:`EmptyFlow` has no flow to expire with, so its
+    handle lives as long as an unread flow of its queue may (``unclosed_age``)."""
+    if not isinstance(flow, EmptyFlow):
+        client.save_ref(handle_name(identifier), flow)
+        return
+    key = client.keys.ref(handle_name(identifier))
+    age = client.retention(flow.queue)["unclosed_age"]
+    expiry = () if age is None else ("PX", max(1, int(float(age) * 1000)))
+    client.connection.execute([Call.cmd("SET", key, empty_body(flow), *expiry)])
 
 
 def read_handle(client: EchoMQ, identifier: Sequence[str]) -> FlowRef | None:
-    """The flow last stored for ``identifier``, or None if nothing was stored."""
-    return client.load_ref(handle_name(identifier))
+    """The flow last stored for ``identifier`` (an :class:`EmptyFlow` for an empty plan),
+    or None if nothing was stored."""
+    name = handle_name(identifier)
+    (raw,) = client.connection.execute([Call.cmd("GET", client.keys.ref(name))])
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:  # written by something else: refused by type, as EchoMQ.load_ref does
+        raise InvalidInput(f"reference {name!r} does not hold JSON: {raw[:80]!r}") from None
+    flow = FlowRef.from_dict(data)
+    if isinstance(data, dict) and data.get("empty") is True:
+        return EmptyFlow(flow.queue, flow.parent_id)
+    return flow
 
 
 def capped(children: Mapping[str, str]) -> dict[str, str]:
@@ -225,6 +270,17 @@ def added_metadata(flow: FlowRef, snap: FlowSnapshot, page: str | None = None) -
     if page:
         meta["flow_page"] = MetadataValue.url(page)
     return meta
+
+
+def empty_metadata(flow: EmptyFlow) -> dict[str, Any]:
+    """What an empty plan's output and its readers' inputs record: its queue and the parent
+    id it planned, and N = 0. Not under :data:`FLOW_QUEUE` / :data:`FLOW_PARENT_ID`, which
+    name a flow on the server (the sensor waits for those)."""
+    return {
+        EMPTY_PLAN: flow.queue,
+        EMPTY_PARENT_ID: flow.parent_id,
+        "N": MetadataValue.int(0),
+    }
 
 
 def settled_metadata(

@@ -41,7 +41,7 @@ import json
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from dagster import (
     AssetExecutionContext,
@@ -54,20 +54,22 @@ from dagster import (
 )
 from pydantic import Field, PrivateAttr
 
-from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
-from echomq_core.keyspace import MAX_ID_LENGTH, check_queue, id_part
+from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidArgument, InvalidInput, Pump
+from echomq_core.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, id_part
 from echomq_core.lifecycle import repair_on_readd
 from echomq_core.options import PumpOptions, describe
 from echomq_core.urls import flow_page
 
 from . import steps
 from .pumps import _PumpShare
-from .reading import ADDED_LOG_PREFIX
+from .reading import ADDED_LOG_PREFIX, EmptyFlow
 
 #: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``: "JOB-" and this many).
 _ID_TAIL_MAX = MAX_ID_LENGTH - len("JOB-")
 #: The tag Dagster gives every re-execution: the id of the first run of its group.
 ROOT_RUN_ID_TAG = "dagster/root_run_id"
+#: What ``fan_out`` does with an empty plan: skip the readers, or hand them an empty result.
+_ON_EMPTY = ("skip", "empty")
 
 
 def _pump_field(name: str, **override: Any) -> Any:
@@ -337,12 +339,25 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         return ref
 
     def fan_out(
-        self, queue: str, children: Iterable[Child], **options: Any
+        self,
+        queue: str,
+        children: Iterable[Child],
+        *,
+        on_empty: Literal["skip", "empty"] = "skip",
+        **options: Any,
     ) -> Iterator[Output[FlowRef]]:
-        """:meth:`add_flow` as the body of an asset declared ``output_required=False``: yields
-        the flow's ``Output``, or nothing for an empty plan. Then no flow is added (a flow of
-        no children is refused, ``InvalidFlow``), the asset is not materialized, and Dagster
-        skips the assets that read it - as Airflow skips what follows a fan-out over nothing.
+        """:meth:`add_flow` as the body of an asset: yields the flow's ``Output``. For an empty
+        plan no flow is added (a flow of no children is refused, ``InvalidFlow``), and
+        ``on_empty`` says what its readers see:
+
+        - ``"skip"`` (the default; declare the asset ``output_required=False``): nothing is
+          yielded, the asset is not materialized, and Dagster skips the assets that read it -
+          as Airflow skips what follows a fan-out over nothing.
+        - ``"empty"``: an :class:`~dagster_echomq.reading.EmptyFlow` is yielded; the asset is
+          materialized with N = 0, and each reader gets the empty result of the type a flow's
+          read gives (``{}``, or a ``FlowStream`` that yields nothing) at once - as a
+          ``DynamicOut`` mapped over nothing hands its collect ``[]``.
+
         ``options``: those of :meth:`add_flow`. ::
 
             @asset(io_manager_key="echomq_io", output_required=False)
@@ -351,14 +366,27 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
                 yield from echomq.fan_out("reports", children,
                                           parent_id=echomq.run_scoped_id(context))
 
-        A bad ``queue`` is refused (``InvalidQueueName``) also when the plan is empty."""
+        A bad ``queue``, ``parent_id`` or ``on_empty`` is refused (``InvalidQueueName``,
+        ``InvalidJobId``, ``InvalidArgument``) also when the plan is empty."""
         check_queue(queue)
+        if on_empty not in _ON_EMPTY:
+            raise InvalidArgument(
+                f"on_empty must be one of {', '.join(map(repr, _ON_EMPTY))}, not {on_empty!r}"
+            )
+        parent_id = options.get("parent_id")
+        if parent_id is not None:
+            check_job_id(parent_id)
         planned = list(children)
-        if not planned:
+        if planned:
+            yield Output(self.add_flow(queue, planned, **options))
+            return
+        if on_empty == "skip":
             if self._log is not None:
                 self._log.info(f"EchoMQ: empty plan for {queue!r}: no flow added, readers skipped")
             return
-        yield Output(self.add_flow(queue, planned, **options))
+        if self._log is not None:
+            self._log.info(f"EchoMQ: empty plan for {queue!r}: no flow added, readers get {{}}")
+        yield Output(EmptyFlow(queue, parent_id or "JOB-" + uuid.uuid4().hex))
 
     def snapshot(self, flow: FlowRef) -> FlowSnapshot:
         return self.client.snapshot(flow.queue, flow.parent_id)

@@ -32,9 +32,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import redis
-
-from ..errors import EchoMQError, ServerStartError
+from ..errors import EchoMQError, ServerStartError, is_redis_error
 from . import dashboard, demo, flow, poison, queue, services, workers
 from .common import (
     INTERRUPTED,
@@ -58,13 +56,13 @@ EPILOG = (
     "Exit status: 0 success, 1 runtime failure, 2 bad command line, 130 interrupted."
 )
 
-#: Failures we expect and explain in one line; anything else is a bug, reported as such.
+#: Failures we expect and explain in one line (redis-py's errors too: ``is_redis_error``, so
+#: that ``echomq --help`` does not import redis-py); anything else is a bug, reported as such.
 EXPECTED = (
     EchoMQError,
     UsageError,
     CommandFailed,
     ServerStartError,
-    redis.RedisError,
     OSError,
     ValueError,
 )
@@ -105,15 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("echomq: interrupted", file=sys.stderr)
         return INTERRUPTED
-    except EXPECTED as exc:
+    except Exception as exc:
         if verbose >= 2:
             log.exception("details")
-        text = one_line(exc)  # argparse's complaints come formatted: "echomq demo: error: ..."
-        print(text if text.startswith("echomq") else f"echomq: error: {text}", file=sys.stderr)
-        return exit_status(exc)
-    except Exception as exc:  # a bug: still one line, with the way to see more
-        if verbose >= 2:
-            log.exception("details")
+        if isinstance(exc, EXPECTED) or is_redis_error(exc):
+            text = one_line(exc)  # argparse's complaints come formatted: "echomq demo: error:"
+            print(text if text.startswith("echomq") else f"echomq: error: {text}", file=sys.stderr)
+            return exit_status(exc)
+        # a bug: still one line, with the way to see more
         print(
             f"echomq: internal error: {type(exc).__name__}: {one_line(exc)} (run with -vv "
             "for the traceback)",

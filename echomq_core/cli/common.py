@@ -20,10 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from ..calls import Call
 from ..client import DEFAULT_URL, EchoMQ
 from ..errors import (
@@ -32,6 +28,7 @@ from ..errors import (
     EchoMQError,
     InvalidInput,
     ServerStartError,
+    is_redis_error,
 )
 from ..server import find_server_binary
 
@@ -72,7 +69,7 @@ def one_line(exc: BaseException) -> str:
     if not lines:
         return type(exc).__name__
     text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-    if isinstance(exc, redis.RedisError | OSError) and not isinstance(exc, EchoMQError):
+    if (isinstance(exc, OSError) or is_redis_error(exc)) and not isinstance(exc, EchoMQError):
         text = f"{type(exc).__name__}: {text}"
     return text if len(text) <= 600 else text[:597] + "..."
 
@@ -390,6 +387,9 @@ def open_client(
     that does not answer yet (it is starting, or restarting) is tried again with a backoff
     (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once.
     """
+    from redis.backoff import NoBackoff  # with the first client, not with `echomq --help`
+    from redis.retry import Retry
+
     target = url or args.url
     timeout = args.connect_timeout
     patience = float(getattr(args, "wait_for_server", 0.0) or 0.0)

@@ -259,6 +259,11 @@ def why_not(
         for task in ("fan_out", "wait", "summarise"):
             log = task_log(deployment, dag_id, run_id, task)
             lines.append(f"--- {task} log (tail) ---\n{log[-3000:]}")
+        # the callbacks run in the dag processor: what each said of this flow
+        for path, text in deployment.logs().items():
+            said = [line for line in text.splitlines() if parent in line or run_id in line]
+            if said and "task_id=" not in str(path):
+                lines.append(f"--- {path.name} ---\n" + "\n".join(said[-20:]))
     except Exception as exc:  # the report must not hide the failure it reports
         lines.append(f"(could not read more: {type(exc).__name__}: {exc})")
     return "\n".join(lines)
@@ -291,7 +296,7 @@ def reschedule_marked_failed(deployment: Deployment, mq: EchoMQ, markers: Path) 
     deployment.wait_task(dag_id, run_id, "wait", ["up_for_reschedule"])  # poked once
     parent = parent_id_for(dag_id, run_id, "fan_out")
     assert mq.snapshot("example.reports", parent).parent_state == "held"
-    deployment.mark(dag_id, run_id, "wait", "failed")  # 5 s before its next poke
+    deployment.mark(dag_id, run_id, "wait", "failed")  # 10 s before its next poke
     assert deployment.wait_run(dag_id, run_id) == "failed"
     if AIRFLOW_3_2:
         snap = deployment.wait_for(
@@ -313,12 +318,14 @@ def reschedule_marked_failed(deployment: Deployment, mq: EchoMQ, markers: Path) 
     # sensor reads it
     (markers / (run_id.replace(":", "_") + ".go")).touch()
     deployment.clear(dag_id, run_id, ["fan_out"])
-    assert deployment.wait_run(dag_id, run_id) == "success"
+    state = deployment.wait_run(dag_id, run_id)
+    assert state == "success", why_not(deployment, mq, dag_id, run_id, parent, state)
     assert deployment.xcom(dag_id, run_id, "summarise") == {"0": 1, "1": 8}
     snap = mq.snapshot("example.reports", parent)
     repairs = 1 if AIRFLOW_3_2 else 0
     assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", repairs, 2)
-    assert deployment.task_instance(dag_id, run_id, "wait")["try_number"] == 2
+    # 3: the scheduler's race failed try 2 and its retry read the flow (see the DAG)
+    assert deployment.task_instance(dag_id, run_id, "wait")["try_number"] in (2, 3)
 
 
 def task_processes(ti_id: str) -> tuple[int, int]:

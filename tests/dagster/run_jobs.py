@@ -8,7 +8,8 @@ Settings from the environment, read when a run or sensor starts: ``ECHOMQ_RUNS_U
 file is there), ``ECHOMQ_RUNS_RECORD`` (the file the workers append each child run to),
 ``ECHOMQ_SENSOR_INTERVAL`` (seconds between sensor evaluations, default 30). A run tagged
 ``echomq-test/mode: wrong`` makes ``day_fan`` return its flows under the wrong partitions; a
-``plan_job`` run's ``echomq-test/plan`` tag is the number of children ``plan_fan`` plans.
+``plan_job`` (``plan_empty_job``) run's ``echomq-test/plan`` tag is the number of children
+``plan_fan`` (``plan_empty``) plans.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations.
@@ -115,6 +116,23 @@ def plan_sum(plan_fan: dict[str, Any]) -> MaterializeResult:
     return MaterializeResult(metadata={"sum": sum(v["value"] for v in plan_fan.values())})
 
 
+@asset(io_manager_key="echomq_io")
+def plan_empty(
+    context: AssetExecutionContext, echomq: EchoMQResource
+) -> Iterator[Output[FlowRef]]:
+    """As ``plan_fan``, but an empty plan gives its reader an empty result."""
+    children = [Child({"n": i}, queue=DONE) for i in range(int(context.run.tags.get(PLAN_TAG, 0)))]
+    parent_id = echomq.run_scoped_id(context)
+    yield from echomq.fan_out(PARENT, children, parent_id=parent_id, on_empty="empty")
+
+
+@asset
+def plan_empty_sum(plan_empty: dict[str, Any]) -> MaterializeResult:
+    return MaterializeResult(
+        metadata={"sum": sum(v["value"] for v in plan_empty.values()), "read": len(plan_empty)}
+    )
+
+
 external = AssetSpec("external", metadata=flow_metadata(PARENT)).with_io_manager_key("echomq_io")
 
 
@@ -129,7 +147,10 @@ echomq = EchoMQResource(
 )
 external_job = define_asset_job("external_job", selection=[external_read])
 defs = Definitions(
-    assets=[fan, fan_sum, day_fan, day_collect, plan_fan, plan_sum, external, external_read],
+    assets=[
+        *(fan, fan_sum, day_fan, day_collect, plan_fan, plan_sum, plan_empty, plan_empty_sum),
+        *(external, external_read),
+    ],
     jobs=[
         define_asset_job("fan_job", selection=[fan, fan_sum], executor_def=in_process_executor),
         # over a range, in real step processes: what a step adds and what its output stores
@@ -139,6 +160,7 @@ defs = Definitions(
         ),
         # the empty plan in real step processes (the default executor)
         define_asset_job("plan_job", selection=[plan_fan, plan_sum]),
+        define_asset_job("plan_empty_job", selection=[plan_empty, plan_empty_sum]),
         external_job,
     ],
     sensors=[

@@ -12,7 +12,10 @@ workers and a long-lived ``echomq pump`` as processes, driven through GraphQL as
   flow and none, on any tick, for the one added without ``barrier=True``;
 * a fan-out over an empty plan (``EchoMQResource.fan_out``, ``output_required=False``), in
   step processes of the multiprocess executor: the run succeeds, no flow is added, the
-  fan-out asset is not materialized and the asset reading it is skipped.
+  fan-out asset is not materialized and the asset reading it is skipped;
+* the same with ``on_empty="empty"``: the fan-out asset is materialized with N = 0, its reader
+  runs on ``{}``; re-executed (a new run id, the root run in ``dagster/root_run_id``), the
+  plan keeps the root run's parent id and still adds no flow.
 
 Every process started here is in its own session, killed with its whole group at the end.
 """
@@ -150,6 +153,58 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
         planned = gql(ASSET_EVENTS, path=["plan_fan"])["assetOrError"]  # or: not found
         assert planned.get("assetMaterializations", []) == []
         assert [f for f in mq.list_flows(PARENT) if ".plan_fan" in f.parent_id] == []
+
+        # -- an empty plan whose reader asked for an empty result, then re-executed --------
+        def empty_plan_run(field: str, argument: str, params: dict[str, Any]) -> str:
+            kind = argument[0].upper() + argument[1:]
+            launched = gql(
+                f"""mutation($params: {kind}!) {{
+                  {field}({argument}: $params) {{ {LAUNCHED} }}
+                }}""",
+                params=params,
+            )[field]
+            assert launched["__typename"] == "LaunchRunSuccess", launched
+            run_id: str = launched["run"]["runId"]
+            poll("the empty plan's run to succeed", lambda: status(run_id) == "SUCCESS", 240, logs)
+            stats = gql(RUN, id=run_id)["runOrError"]["stepStats"]
+            assert {s["stepKey"]: s["status"] for s in stats} == {
+                "plan_empty": "SUCCESS",
+                "plan_empty_sum": "SUCCESS",
+            }
+            return run_id
+
+        first_empty = empty_plan_run(
+            "launchRun", "executionParams", {"selector": {**REPO, "jobName": "plan_empty_job"}}
+        )
+        again_empty = empty_plan_run(
+            "launchRunReexecution",
+            "reexecutionParams",
+            {"parentRunId": first_empty, "strategy": "ALL_STEPS"},
+        )
+        tags = {t["key"]: t["value"] for t in gql(RUN, id=again_empty)["runOrError"]["tags"]}
+        assert tags["dagster/root_run_id"] == first_empty != again_empty
+        for run_id in (first_empty, again_empty):
+            (made,) = [
+                entries(e)
+                for e in gql(ASSET_EVENTS, path=["plan_empty"])["assetOrError"][
+                    "assetMaterializations"
+                ]
+                if e["runId"] == run_id
+            ]
+            assert made == {
+                "echomq/empty_plan": PARENT,
+                "echomq/empty_parent_id": f"JOB-dagster.{first_empty}.plan_empty",
+                "N": 0,
+            }
+            (read,) = [
+                entries(e)
+                for e in gql(ASSET_EVENTS, path=["plan_empty_sum"])["assetOrError"][
+                    "assetMaterializations"
+                ]
+                if e["runId"] == run_id
+            ]
+            assert read == {"sum": 0, "read": 0}
+        assert [f for f in mq.list_flows(PARENT) if ".plan_empty" in f.parent_id] == []
 
         # -- a fan-out step that fails after adding its flow, then re-executed -------------
         launched = gql(

@@ -1,7 +1,7 @@
 """Test DAG for the deployment test: a reschedule-mode sensor marked failed between two pokes.
 
 Children: a square, and a cube that waits (``wait_for``) until the test says go. The sensor
-pokes every 5 s in reschedule mode: between two pokes nothing of it runs, so marking it failed
+pokes every 10 s in reschedule mode: between two pokes nothing of it runs, so marking it failed
 then runs none of its code - the DAG's failure callback, which the provider adds, settles the
 flow. The test then says go and clears ``fan_out`` with its downstream tasks: the operator
 repairs the cancelled flow and the next try of the sensor reads it.
@@ -9,7 +9,7 @@ repairs the cancelled flow and the next try of the sensor reads it.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import dag, task
@@ -36,8 +36,18 @@ def echomq_deploy_reschedule() -> None:
             },
         ],
     )
+    # Airflow's supervisor can see a poke's end up to its 5 s heartbeat late, and a scheduler
+    # that queues the next poke first fails the sensor ("finished with state success, but the
+    # task instance's state attribute is queued", apache/airflow#71172): a poke interval well
+    # above that, and a retry for when it happens anyway (a retry waits on the same flow)
     wait = EchoFlowSensor(
-        task_id="wait", flow=fan_out.output, mode="reschedule", poke_interval=5, timeout=300
+        task_id="wait",
+        flow=fan_out.output,
+        mode="reschedule",
+        poke_interval=10,
+        timeout=300,
+        retries=1,
+        retry_delay=timedelta(seconds=1),
     )
 
     @task
