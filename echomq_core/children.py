@@ -26,7 +26,7 @@ from typing import Any
 from .browse import BUDGET, PAGE, SHOWS, _error, _int, _jsonable
 from .calls import Call, Op
 from .checks import text as _s
-from .errors import InvalidArgument
+from .errors import InvalidArgument, JobNotFound
 from .keyspace import Keyspace, check_job_id, check_queue, child_stem, derived_index
 from .models import Serializer
 
@@ -305,3 +305,46 @@ def search_failed(
 
 
 __all__ = ["SORT_LIMIT", "ChildPage", "ChildRow", "children_page", "describe", "search_failed"]
+
+
+#: The most positions one :func:`values_in_range` reads.
+MAX_RANGE = 100_000
+
+
+def values_in_range(
+    ks: Keyspace, queue: str, parent_id: str, ser: Serializer, start: int, stop: int
+) -> Op[list[tuple[int, Any]]]:
+    """``(position, value)`` of the completed children at positions ``start`` to ``stop - 1``
+    of a node, in order (a position not completed - ignored, failed, outstanding - is left
+    out): what a slice of a flow's results is, for a reader of one slice among many (an
+    Airflow mapped task). Positions are derived ids (:func:`child_stem`), so a node with
+    explicit child ids (given by the caller, or keyed) is refused with
+    :class:`InvalidArgument`: read it whole. Two round trips."""
+    check_queue(queue)
+    check_job_id(parent_id)
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
+        raise InvalidArgument(f"a range of positions needs 0 <= start <= stop, got {start}, {stop}")
+    if stop - start > MAX_RANGE:
+        raise InvalidArgument(f"a range reads at most {MAX_RANGE} positions, got {stop - start}")
+    (total, gen), explicit = yield [
+        Call.cmd("HMGET", ks.job(queue, parent_id), "total", "gen"),
+        Call.cmd("HLEN", ks.explicit(queue, parent_id)),
+    ]
+    if total is None:
+        raise JobNotFound(f"no flow {parent_id} in queue {queue!r}")
+    if int(explicit):
+        raise InvalidArgument(
+            f"flow {parent_id} has {int(explicit)} children with ids of their own (explicit or "
+            "keyed): their positions are not their ids; read its values whole"
+        )
+    stem, stop = child_stem(parent_id, _s(gen) if gen else ""), min(stop, int(total))
+    if start >= stop:
+        return []
+    (raw,) = yield [
+        Call.cmd(
+            "HMGET", ks.processed(queue, parent_id), *(f"{stem}{i}" for i in range(start, stop))
+        )
+    ]
+    return [
+        (i, ser.loads(v)) for i, v in zip(range(start, stop), raw, strict=True) if v is not None
+    ]

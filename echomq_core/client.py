@@ -13,7 +13,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import failures, flows, lifecycle, ops, rates, retention
+from . import children as child_reads
+from . import failures, flows, lifecycle, ops, rates, release_watch, retention
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
@@ -340,6 +341,24 @@ class EchoMQ(_Base):
         states, limit, offset = self._list_args(queue, state, limit, offset)
         return self.perform(flows.list_flows(self.keys, queue, states, offset=offset, limit=limit))
 
+    def take_released(
+        self,
+        queue: str,
+        watcher: str,
+        cursor: str | None = None,
+        *,
+        limit: int = 100,
+        close: bool = False,
+    ) -> tuple[str, list[release_watch.Released]]:
+        """One poll of release watcher ``watcher`` of ``queue``: the barrier flows released
+        after ``cursor`` (None: the watcher's stored one; a new watcher starts now), taken at
+        most once across every reader of that watcher. Returns the cursor for the next poll
+        and what this one took; ``close=True`` closes them. See
+        :mod:`echomq_core.release_watch`."""
+        ks = self.keys
+        op = release_watch.take_released(ks, queue, watcher, cursor, limit=limit, close=close)
+        return self.perform(op)
+
     def retention(self, queue: str) -> dict[str, float | int | None]:
         """The queue's retention settings (seconds and counts; None: unlimited), as stored on
         the server or the defaults (see :mod:`echomq_core.retention`)."""
@@ -416,6 +435,16 @@ class EchoMQ(_Base):
                 yield child_id, self.serializer.loads(raw)
             if cursor == 0:
                 return
+
+    def children_values_range(
+        self, queue: str, parent_id: str, start: int, stop: int
+    ) -> list[tuple[int, Any]]:
+        """``(position, value)`` of the completed children at positions ``start`` to
+        ``stop - 1``, in order: one slice of a flow's results (each of many readers reads its
+        own; two round trips). :class:`InvalidArgument` for a flow whose children have ids of
+        their own (explicit or keyed)."""
+        op = child_reads.values_in_range(self.keys, queue, parent_id, self.serializer, start, stop)
+        return self.perform(op)
 
     def save_ref(self, name: str, ref: FlowRef) -> None:
         """Store a flow reference under ``name`` for another process to find (adapters)."""
@@ -514,6 +543,20 @@ class AsyncEchoMQ(_Base):
         """As :meth:`EchoMQ.flow_cap`."""
         self._check_flow(queue, parent_id)
         return await self.connection.perform(flows.flow_cap(self.keys, queue, parent_id))
+
+    async def take_released(
+        self,
+        queue: str,
+        watcher: str,
+        cursor: str | None = None,
+        *,
+        limit: int = 100,
+        close: bool = False,
+    ) -> tuple[str, list[release_watch.Released]]:
+        """As :meth:`EchoMQ.take_released`."""
+        ks = self.keys
+        op = release_watch.take_released(ks, queue, watcher, cursor, limit=limit, close=close)
+        return await self.connection.perform(op)
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""

@@ -54,6 +54,9 @@ key                       type    holds
 ``flows:failed``          zset    failed root flows, by failure time: the ``failed`` retention
 ``flows:cancelled``       zset    cancelled root flows, by cancel time: the ``cancelled``
                                   retention
+``watch:<name>``          string  release watcher ``<name>``'s cursor, ``<release ms>:<id>`` of
+                                  the last flow it took (:mod:`echomq_core.release_watch`);
+                                  expires a week after its last poll
 ``gate:<pq>:<id>``        zset    the children of parent ``<id>`` (of queue ``<pq>``) that
                                   wait for a token of the flow's ``max_running`` cap, scored
                                   as in ``pending``; the settling step that frees a token
@@ -290,6 +293,10 @@ class Keyspace:
 
     def wake(self, queue: str) -> str:
         return self.base(queue) + "wake"
+
+    def watch(self, queue: str, watcher: str) -> str:
+        """A release watcher's cursor (:mod:`echomq_core.release_watch`)."""
+        return self.base(queue) + "watch:" + watcher
 
     def outbox(self, queue: str) -> str:
         return self.base(queue) + "flow:outbox"

@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 from airflow import __version__ as AIRFLOW_VERSION
+from airflow.sdk import Asset  # what outlets name (3.0+)
 from packaging.version import Version
 
 AIRFLOW_3_2 = Version(Version(AIRFLOW_VERSION).base_version) >= Version("3.2")
@@ -66,6 +67,7 @@ __all__ = [
     "AirflowFailException",
     "AirflowSensorTimeout",
     "AirflowSkipException",
+    "Asset",
     "aextra_dejson",
     "aset_xcom",
     "atask_state",

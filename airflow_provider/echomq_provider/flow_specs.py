@@ -240,6 +240,18 @@ def _child_from_mapping(
     )
 
 
+def flow_span(flow: Any) -> tuple[int, int] | None:
+    """``(start, stop)`` when ``flow`` is one slice of
+    :meth:`~echomq_provider.hooks.echomq.EchoMQHook.slices`, else None (the whole flow).
+    Raises :class:`~echomq_core.InvalidInput` for a malformed slice."""
+    if not isinstance(flow, Mapping) or "start" not in flow:
+        return None
+    start, stop = flow.get("start"), flow.get("stop")
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
+        raise InvalidInput(f"a slice of a flow needs 0 <= start <= stop, got {flow!r:.200}")
+    return start, stop
+
+
 def flow_target(
     flow: Any = None, queue: str | None = None, parent_id: str | None = None
 ) -> tuple[str, str]:

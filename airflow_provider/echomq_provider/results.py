@@ -17,6 +17,26 @@ it yields ``(index, value)`` - ``index`` the position of the child's spec in the
 ``page`` results per round trip. Memory stays flat at any N (200,000 children read in pages
 of 5,000, the default, hold one page at a time).
 
+Mapped tasks, one per slice: :func:`flow_slices` cuts a released flow into slices of
+``size`` positions (small mappings: its reference, ``start``, ``stop``) to ``.expand()`` over,
+and :func:`flow_results` of a slice reads that slice's values only, straight from the server
+(two round trips a page). The metadata database holds the slices, about 130 bytes each, never
+a value: 100,000 children in slices of 1,000 are 100 mapped tasks and a 13 KB XCom, where
+``return_values=True`` stops at ``max_values`` (1,024, Airflow's ``max_map_length``)::
+
+    @task
+    def slices(flow: dict) -> list[dict]:
+        return flow_slices(flow, size=1000)
+
+    @task
+    def load(part: dict) -> int:
+        return sum(value["rows"] for _index, value in flow_results(part))
+
+    load.expand(part=slices(wait.output))
+
+Slices are positions in ``children``: a flow whose specs gave keys (ids of their own) is
+refused with :class:`~echomq_core.InvalidArgument`; read it whole.
+
 The sensor closes the flow once it is released, which starts its ``closed`` retention (1 day by
 default, ``echomq queue config QUEUE --closed-age``): downstream readers - and re-runs of them
 - read it until then.
@@ -45,5 +65,21 @@ def flow_results(
     hook = EchoMQHook(echomq_conn_id, prefix=prefix)
     try:
         yield from hook.iter_results(flow, page=page)
+    finally:
+        hook.close()
+
+
+def flow_slices(
+    flow: Any,
+    *,
+    size: int = 1000,
+    echomq_conn_id: str = EchoMQHook.default_conn_name,
+    prefix: str | None = None,
+) -> list[dict[str, Any]]:
+    """The flow cut in slices of ``size`` positions, for ``.expand()``; see the module doc
+    (:meth:`EchoMQHook.slices <echomq_provider.hooks.echomq.EchoMQHook.slices>`)."""
+    hook = EchoMQHook(echomq_conn_id, prefix=prefix)
+    try:
+        return hook.slices(flow, size)
     finally:
         hook.close()

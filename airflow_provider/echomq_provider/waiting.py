@@ -66,6 +66,11 @@ TRIGGER_POLL_MAX = 1.0
 #: read without them. It defers sooner when the rate the flow settles at says the rest takes
 #: longer than the time left of this (see :meth:`FlowWaiting._in_task_pause`).
 IN_TASK_WAIT = 2.0
+#: The key of an outlet asset event's ``extra`` under which a waiting task puts its released
+#: flow: the reference and the counts (:data:`ASSET_EXTRA_FIELDS`), small whatever N.
+ASSET_EXTRA_KEY = "echomq_flow"
+#: The summary fields an asset event carries (no ignored failures: they are read from the flow).
+ASSET_EXTRA_FIELDS = ("queue", "parent_id", "state", "total", "processed", "ignored", "failed")
 #: States of a killed task that mean it was cleared or marked successful, not failed: its
 #: flow is left alone.
 _NOT_FAILED = frozenset({"success", "restarting", "scheduled", "queued", "up_for_retry", "none"})
@@ -120,6 +125,7 @@ class FlowWaiting(_Base):
                 raise InvalidInput(
                     f"{self.task_id}: {name} must be True, False or None, got {maybe!r}"
                 )
+        self._check_outlets(settles, end_from_trigger)
         self.return_values = return_values
         self.max_values = check_int("max_values", max_values, 1)
         self.close_flow = close_flow
@@ -138,6 +144,47 @@ class FlowWaiting(_Base):
         self._settles = settles
         if settles:
             settle.install(self)
+
+    def _check_outlets(self, waits: bool, end_from_trigger: bool | None) -> None:
+        """Outlets are Assets, each given an event when the flow is released (see
+        :meth:`_annotate_outlets`), so: only on a task that waits on its flow (an operator
+        that does not would announce the flow when it is added, not when it is released), and
+        not with ``end_from_trigger=True`` (a task the trigger ends runs no code on success,
+        and Airflow records no outlet event for it)."""
+        from ._compat import Asset
+
+        outlets = list(getattr(self, "outlets", None) or ())
+        for outlet in outlets:
+            if not isinstance(outlet, Asset):
+                raise InvalidInput(
+                    f"{self.task_id}: outlets must be Assets (airflow.sdk.Asset), each given an "
+                    f"event when the flow is released; got {type(outlet).__name__} {outlet!r:.100}"
+                )
+        if outlets and not waits:
+            raise InvalidInput(
+                f"{self.task_id}: outlets need wait_for_completion=True (an event when the flow "
+                "is released), or put them on the EchoFlowSensor that waits on it"
+            )
+        if outlets and end_from_trigger:
+            raise InvalidInput(
+                f"{self.task_id}: outlets need the task to resume on a worker: Airflow records "
+                "no asset event for a task its trigger ends (end_from_trigger=True)"
+            )
+
+    def _annotate_outlets(self, context: Context, summary: dict[str, Any]) -> None:
+        """Put the released flow's reference and counts in each outlet's event ``extra``
+        (under :data:`ASSET_EXTRA_KEY`); Airflow records the events when the task succeeds, so
+        a DAG with ``schedule=[asset]`` runs on it and reads them from
+        ``triggering_asset_events``."""
+        outlets = list(getattr(self, "outlets", None) or ())
+        if not outlets:
+            return
+        extra = {field: summary.get(field) for field in ASSET_EXTRA_FIELDS}
+        events = context["outlet_events"]
+        for outlet in outlets:
+            events[outlet].extra[ASSET_EXTRA_KEY] = extra
+        names = ", ".join(repr(getattr(outlet, "name", outlet)) for outlet in outlets)
+        self.log.info("Flow %s released: an asset event for %s", summary.get("parent_id"), names)
 
     def _flow_ref(self) -> tuple[str, str]:
         """``(queue, parent_id)`` of the flow waited on; raises ``InvalidInput``."""
@@ -199,7 +246,7 @@ class FlowWaiting(_Base):
                 timeout_at=None if seconds_left is None else time.time() + seconds_left,
                 cancel_on_kill=self.cancel_on_failure,
                 end_from_trigger=(
-                    not listeners_registered()
+                    not (listeners_registered() or getattr(self, "outlets", None))
                     if self.end_from_trigger is None
                     else self.end_from_trigger
                 ),
@@ -251,6 +298,7 @@ class FlowWaiting(_Base):
         if read.closed is not None:
             self.log.info("Flow %s %s: its retention runs from now", snap.parent_id, read.closed)
         log_released(self.log, read)
+        self._annotate_outlets(context, read.summary)
         if not self.return_values:
             return read.summary
         context["ti"].xcom_push(key=FLOW_KEY, value=read.summary)

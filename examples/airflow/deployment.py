@@ -88,6 +88,7 @@ class Deployment:
         self.base = f"http://127.0.0.1:{self.port}"
         self.server = EmbeddedServer()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._commands: dict[str, list[str]] = {}
         self._token: str | None = None
         path = [str(p) for p in pythonpath] + [os.environ.get("PYTHONPATH", "")]
         self.env = dict(
@@ -178,10 +179,22 @@ class Deployment:
                     os.killpg(proc.pid, signal.SIGKILL)
         self.server.stop()
 
+    def kill(self, name: str) -> None:
+        """SIGKILL process ``name`` and everything in its process group (a host lost)."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def restart(self, name: str) -> None:
+        """Start process ``name`` again, as it was started (its log goes on)."""
+        self._spawn(name, self._commands[name])
+
     def cleanup(self) -> None:
         shutil.rmtree(self.home, ignore_errors=True)
 
     def _spawn(self, name: str, command: list[str]) -> None:
+        self._commands[name] = command
         log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
         self.procs[name] = subprocess.Popen(
             command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,10 @@ import pytest
 from echomq_provider.errors import FlowNotReleased
 from echomq_provider.flow_specs import parent_id_for
 from echomq_provider.hooks.echomq import EchoMQHook
-from echomq_provider.results import flow_results
+from echomq_provider.results import flow_results, flow_slices
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
-from echomq_core import Child, EchoMQ, JobNotFound, ParentFailed, Pump
+from echomq_core import Child, EchoMQ, InvalidArgument, JobNotFound, ParentFailed, Pump
 
 from .helpers import run_dag
 
@@ -302,3 +303,31 @@ def test_an_empty_plan_skips_the_fan_out_as_expand_does(
     assert echo.state == native.state == "success"
     with EchoMQ(standalone_server.url, prefix=prefix) as mq:
         assert mq.queues() == []  # nothing written
+
+
+def test_mapped_tasks_read_one_slice_each_of_the_flow(
+    airflow_db: Path, echomq_conn: str, start_worker: Callable[..., Any]
+) -> None:
+    """2,000 children, four mapped readers of 500 positions: the sum is whole and what XCom
+    holds is the slices, a few hundred bytes, never a value."""
+    start_worker()
+    run = run_dag(airflow_db, "echomq_slices")
+    assert run.state == "success", {k: str(t.state) for k, t in run.tasks.items()}
+    assert run.xcom("total") == sum(n * n for n in range(1, 2_001))
+    parts = run.xcom("slices")
+    assert [(p["start"], p["stop"]) for p in parts] == [
+        (0, 500),
+        (500, 1000),
+        (1000, 1500),
+        (1500, 2000),
+    ]
+    assert len(json.dumps(parts)) < 600
+
+
+def test_slices_of_a_flow_with_ids_of_its_own_are_refused(
+    echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        ref = mq.add_flow("sl", [Child(1, id="JOB-own-1"), Child(2)], barrier=True)
+    with pytest.raises(InvalidArgument, match="ids of their own"):
+        flow_slices({"queue": "sl", "parent_id": ref.parent_id})

@@ -28,11 +28,13 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from echomq_core import AsyncEchoMQ, EchoMQ, JobNotFound
+from echomq_core.checks import check_int
+from echomq_core.children import MAX_RANGE
 from echomq_core.errors import flow_error
 
 from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
 from ..errors import FlowNotReleased
-from ..flow_specs import flow_target, labeller
+from ..flow_specs import flow_span, flow_target, labeller
 from .settings import EchoMQConnectionSettings
 
 #: Results read per round trip by :meth:`EchoMQHook.iter_results` (an HSCAN hint): 20,000
@@ -136,9 +138,35 @@ class EchoMQHook(BaseHook):
                 f"flow {parent_id} in queue {queue!r} is not released: {snap.dependencies} of "
                 f"{snap.total} children outstanding"
             )
+        span = flow_span(flow)
+        if span is not None:  # one slice of flow_slices(): its positions only
+            start, stop = span
+            for low in range(start, stop, page):
+                high = min(stop, low + page)
+                yield from mq.children_values_range(queue, parent_id, low, high)
+            return
         label = labeller(parent_id)
         for child_id, value in mq.iter_children_values(queue, parent_id, page=page):
             yield label(child_id), value
+
+    def slices(self, flow: Any, size: int) -> list[dict[str, Any]]:
+        """The flow cut in slices of ``size`` positions, each a small mapping (its reference,
+        ``start``, ``stop``) that :meth:`iter_results` reads alone: a list to ``.expand()``
+        over, so mapped tasks read a flow of any N straight from the server, none of its
+        values through XCom. :class:`~echomq_core.InvalidArgument` for a flow whose children
+        have ids of their own (keyed specs): their positions are not their ids."""
+        size = check_int("size", size, 1, MAX_RANGE)
+        queue, parent_id = flow_target(flow)
+        mq = self.get_conn()
+        total = mq.snapshot(queue, parent_id).total
+        if not total:
+            raise JobNotFound(f"no flow {parent_id} in queue {queue!r} (or it has no children)")
+        mq.children_values_range(queue, parent_id, 0, 0)  # refuses explicit ids, reads nothing
+        ref = {"queue": queue, "parent_id": parent_id}
+        return [
+            {**ref, "start": start, "stop": min(total, start + size)}
+            for start in range(0, total, size)
+        ]
 
     def close(self) -> None:
         """Close the sync client, if one was made."""

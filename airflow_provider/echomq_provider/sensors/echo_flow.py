@@ -43,6 +43,10 @@ Modes, all with the same outcome:
   release the trigger ends the task itself (``end_from_trigger``; default: unless plugins
   registered listeners): no worker resumes it.
 
+Outlets: Assets in ``outlets`` each get an event when the flow is released, with its
+reference and counts in the event's ``extra`` under ``echomq_flow``, for a DAG scheduled on
+them (see :meth:`~echomq_provider.waiting.FlowWaiting._check_outlets` for what is refused).
+
 Progress: every mode logs ``settled k of N (processed, ignored, failed)`` at INFO, at most
 every 30 s (:data:`~echomq_provider.triggers.echo_flow.PROGRESS_EVERY`).
 
