@@ -171,10 +171,17 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
         Call.cmd("ZSCORE", ks.delayed(queue), job_id),
         Call.cmd("ZSCORE", ks.pending(queue), job_id),
         Call.cmd(
-            "HMGET", ks.job(queue, job_id), "created", "timeout", "started", "worker", "history"
+            "HMGET",
+            ks.job(queue, job_id),
+            "created",
+            "timeout",
+            "token",
+            "started",
+            "worker",
+            "history",
         ),
     ]
-    created, timeout, started, worker, history = fields
+    created, timeout, token, started, worker, history = fields
     out = JobDetail(
         info,
         _int(created),
@@ -187,7 +194,10 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
     out.attempts = attempts_of(history)
     if out.lease is not None:  # running now: the token says since when and where
         out.holder, out.started_ms = read_token(out.lease)
-    elif started is not None:  # completed: complete.lua copied its last token's
+    elif token is not None and read_token(_s(token))[1] is not None:
+        # completed: complete.lua kept the last lease's token on the row
+        out.holder, out.started_ms = read_token(_s(token))
+    elif started is not None:  # completed before rows kept the token: its start and worker
         out.started_ms, out.holder = _int(started), _s(worker) or None
     elif out.attempts:  # its last attempt failed
         out.started_ms, out.holder = out.attempts[-1].started_ms, out.attempts[-1].worker

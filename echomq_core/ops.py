@@ -231,9 +231,13 @@ def _batch(
     ks: Keyspace, queue: str, part: Sequence[tuple[Any, ...]]
 ) -> tuple[list[Any], dict[str, int], list[Job], str, list[str]]:
     """The batch encoding complete and fail share (lua/includes/batch.lua): the header - job,
-    group, cross-parent and token counts, the group parent ids, the cross parents, the tokens,
-    each numbered once per batch - then per job: id, token number, its values, ref (0 no
-    parent, k same-queue group k, -k cross-queue parent k). ``part`` holds (job, *values).
+    group, cross-parent and token counts, the shared ref, the group parent ids, the cross
+    parents, the tokens, each numbered once per batch - then per job: id, token number, its
+    values, ref (0 no parent, k same-queue group k, -k cross-queue parent k). A batch of one
+    token whose jobs share their ref (a claim's jobs of one parent, or of none: the usual
+    case) sends that ref once in the header and per job only id and values: two arguments
+    fewer per job, each of which the server turns into a string object and back into Lua.
+    ``part`` holds (job, *values).
     Returns (argv, same-queue groups in order, the jobs without a parent, the refs whose
     children are gated by a cap (the scripts' gates argument), those gates' keys)."""
     groups: dict[str, int] = {}
@@ -241,6 +245,8 @@ def _batch(
     tokens: dict[str, int] = {}
     plain: list[Job] = []
     records: list[Any] = []
+    short: list[Any] = []  # the records without token number and ref
+    shared: set[int] = set()
     gated: dict[int, ParentRef] = {}
     for job, *values in part:
         parent = job.parent
@@ -255,10 +261,14 @@ def _batch(
             if parent.gated and ref not in gated:
                 gated[ref] = parent
         records += [job.id, tokens.setdefault(job.token, len(tokens) + 1), *values, ref]
-    argv: list[Any] = [len(part), len(groups), len(cross), len(tokens), *groups]
+        short += [job.id, *values]
+        shared.add(ref)
+    one = len(tokens) == 1 and len(shared) == 1
+    argv: list[Any] = [len(part), len(groups), len(cross), len(tokens)]
+    argv += [next(iter(shared)) if one else "", *groups]
     for parent_id, parent_queue in cross:
         argv += [parent_id, parent_queue]
-    argv += [*tokens, *records]
+    argv += [*tokens, *(short if one else records)]
     gate_keys: list[str] = []
     for up in gated.values():
         gate_keys += ks.gate_keys(queue, up.queue, up.id)

@@ -62,9 +62,12 @@ if rate then
   if used >= limit then return {ends - now} end
   if limit - used < take then take = limit - used end
 end
-local popped = redis.call('ZPOPMIN', q.pending, take)
-if #popped == 0 then return {0} end
-local n = #popped / 2
+-- the ids by rank, then the range removed: ZPOPMIN would also reply every score, a string per
+-- job made, sent to Lua and dropped
+local popped = redis.call('ZRANGE', q.pending, 0, take - 1)
+local n = #popped
+if n == 0 then return {0} end
+redis.call('ZREMRANGEBYRANK', q.pending, 0, n - 1)
 local wait = 0
 if rate then
   if used == 0 then
@@ -87,10 +90,11 @@ local ids, act, lease = {wait}, {}, {}
 -- many times what a hashtable costs (README), and complete's HMGET / HDEL of them pay again. One
 -- value longer than hash-max-listpack-value (64) in the same HSET makes the server build a
 -- hashtable; that field ('~' never starts a job id) is deleted again at once.
-local roomy = #popped > 64
+local roomy = n > 32
 if roomy then lease[1] = '~roomy'; lease[2] = string.rep('-', 65) end
-local deadline = now + tonumber(ARGV[2])
-for i = 1, #popped, 2 do
+-- the deadline as a string once: a Lua number is formatted again for every argument it fills
+local deadline = string.format('%d', now + tonumber(ARGV[2]))
+for i = 1, n do
   local id = popped[i]
   ids[#ids + 1] = id
   act[#act + 1] = deadline; act[#act + 1] = id

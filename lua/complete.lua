@@ -6,7 +6,6 @@
 -- @include signal
 -- @include push_signals
 -- @include free_tokens
--- @include holder
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), completed, and for the fan-in: pending and wake (a same-queue parent
@@ -31,7 +30,8 @@
 --                   room children the gates admit here as its own leases (includes/hand.lua)
 -- ARGV[5..] the batch (see includes/batch.lua), each job's record 4 values: id, token number,
 --   result, ref ('0' plain job; k > 0 child of same-queue group k, settled here, atomically;
---   -k child of cross-queue parent k: a signal into this queue's outbox)
+--   -k child of cross-queue parent k: a signal into this queue's outbox); 2 (id, result)
+--   when the batch's header gives one shared ref
 --
 -- Steps: read all lease tokens with one HMGET; a job whose token is not current is skipped
 -- untouched (a stale completion changes nothing). For the rest: one ZREM from active, one HDEL
@@ -40,17 +40,16 @@
 -- keep is '0'); a flow child's row is not written at all: its result lives in the parent's
 -- :processed (or in the signal on its way there), and membership of `completed` says it is
 -- done - so a child costs one command here, its fan-in record. A kept row also gets the final
--- attempt's start and worker (includes/holder.lua: read from the lease token, once per token,
--- so the same HSET writes them): fields 'started' (ms) and 'worker' (the worker id's tail; ''
--- for a claim outside a worker), 32 bytes of MEMORY USAGE; neither when the token is an older
--- worker's. Returns: {statuses, events, handed}:
+-- attempt's lease token in the same HSET, field 'token': it names the claiming worker and the
+-- claim's time (workers_registry.read_token, with which the dashboard reads it), so the script
+-- parses nothing and writes one field, not two. Returns: {statuses, events, handed}:
 -- statuses per job 1 (completed) / 0 (lease lost); events a flat list of pairs
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed. A gated child
 -- that completes returns its token: its gate admits the next waiting child in this step;
 -- handed = the ids of admitted children leased to the caller (ARGV[4]), in admission order.
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
--- their flow's expiry ('started' and 'worker' go with the row); :processed records and
+-- their flow's expiry ('token' goes with the row); :processed records and
 -- counters go with the flow; outbox signals are trimmed by the Pump (trim_outbox.lua); the
 -- wake member is popped by idle workers, the outbox:wake member by an idle Pump.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
@@ -65,19 +64,21 @@ end
 local n, cross, base = b.n, b.cross, b.base
 if n == 0 then return {{}, {}, {}} end
 local now = now_ms()
+-- the finish time as a string once: a Lua number is formatted again for every argument
+local stamp = string.format('%d', now)
 local out, done, fin, signals, groups = {}, {}, {}, {}, {}
 local p = 0  -- plain jobs so far: the next one's row is KEYS[15 + p]
-local held = {}  -- token number -> holder(token), read once per token (a batch shares one)
 for i = 1, n do
-  local r = base + (i - 1) * 4
-  local id, result, ref = ARGV[r + 1], ARGV[r + 3], tonumber(ARGV[r + 4])
+  local r = base + (i - 1) * b.width
+  local id, t, result, ref = ARGV[r + 1], 1, ARGV[r + 2], b.shared
+  if not ref then t, result, ref = tonumber(ARGV[r + 2]), ARGV[r + 3], tonumber(ARGV[r + 4]) end
   if ref == 0 then p = p + 1 end
   if not b.current[i] then
     out[i] = 0
   else
     out[i] = 1
     done[#done + 1] = id
-    fin[#fin + 1] = now; fin[#fin + 1] = id
+    fin[#fin + 1] = stamp; fin[#fin + 1] = id
     local g = gated[ref]
     if g then freed[g] = freed[g] + 1 end
     if ref == 0 then
@@ -85,14 +86,7 @@ for i = 1, n do
       -- retry by id of the finished flow must find it): the flow is swept as a unit
       local row = KEYS[15 + p]
       if keep == '1' or redis.call('HEXISTS', row, 'total') == 1 then
-        local t = tonumber(ARGV[r + 2])
-        local h = held[t]
-        if not h then h = holder(ARGV[b.tokens + t]); held[t] = h end
-        if h[1] then  -- worker '' (a claim outside a worker) overwrites an earlier attempt's
-          redis.call('HSET', row, 'result', result, 'started', h[1], 'worker', h[2] or '')
-        else
-          redis.call('HSET', row, 'result', result)
-        end
+        redis.call('HSET', row, 'result', result, 'token', ARGV[b.tokens + t])
       else
         redis.call('DEL', row)
       end

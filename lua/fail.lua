@@ -26,7 +26,8 @@
 --   ('' = none), as complete.lua takes them
 -- ARGV[3] hand   the hand-off of the children admitted here, as complete.lua's ARGV[4]
 -- ARGV[4..] the batch, as complete.lua takes it (see includes/batch.lua), each job's record 6
---   values: id, token number, error, traceback, delay_ms, ref
+--   values: id, token number, error, traceback, delay_ms, ref; 4 (id, error, traceback,
+--   delay_ms) when the batch's header gives one shared ref
 --   traceback: the attempt's traceback text (at most 16 KiB, cut by the host), '' when it has
 --             none: kept on the row as the field 'traceback' (the last failed attempt's), and
 --             removed from the row by an attempt that has none
@@ -66,16 +67,17 @@ if n == 0 then return {{}, {}, {}} end
 local now = now_ms()
 local out, done, later, dead, signals, groups = {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local r = base + (i - 1) * 6
-  local id, err, trace, delay, ref = ARGV[r + 1], ARGV[r + 3], ARGV[r + 4],
-    tonumber(ARGV[r + 5]), tonumber(ARGV[r + 6])
+  local r = base + (i - 1) * b.width
+  local id, t, v, ref = ARGV[r + 1], 1, r + 2, b.shared  -- v: where its values start
+  if not ref then t, v, ref = tonumber(ARGV[r + 2]), r + 3, tonumber(ARGV[r + 6]) end
+  local err, trace, delay = ARGV[v], ARGV[v + 1], tonumber(ARGV[v + 2])
   if not b.current[i] then
     out[i] = 0
   else
     done[#done + 1] = id
     local row = KEYS[15 + i]
     local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch', 'history')
-    local token = ARGV[b.tokens + tonumber(ARGV[r + 2])]
+    local token = ARGV[b.tokens + t]
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if trace == '' then
       redis.call('HDEL', row, 'traceback')

@@ -174,7 +174,8 @@ def test_a_jobs_attempt_records_are_bounded_and_a_completion_adds_a_few_bytes(
     standalone_server: EmbeddedServer, mq: EchoMQ
 ) -> None:
     """15 failed attempts with long errors keep 10 records (the newest); a completed job's
-    row grows by its 'started' and 'worker' fields only."""
+    row grows by one field only: 'token', the lease token of its last claim, which names the
+    worker and the claim's time (a direct claim: no worker)."""
     raw = redis.Redis.from_url(standalone_server.url)
     q = mq.queue("at-bound", max_attempts=20, backoff=Backoff(0, 0))
     q.holder = "host-1-abcdef12"  # as a worker's handle: its tokens name it
@@ -194,13 +195,13 @@ def test_a_jobs_attempt_records_are_bounded_and_a_completion_adds_a_few_bytes(
     (jb,) = plain.claim(1)
     plain.complete_many([(ja, 1), (jb, 1)])
     row_a = raw.hgetall(mq.keys.job("at-bytes", a))
-    assert row_a[b"worker"] == b"" and int(row_a[b"started"]) > 0  # a direct claim: no worker
-    extra = sum(
-        len(k) + len(v)
-        for k, v in raw.hgetall(mq.keys.job("at-bytes", b)).items()
-        if k in (b"started", b"worker")
-    )
-    assert extra <= 40
+    assert row_a[b"token"].decode() == ja.token and b"started" not in row_a
+    held_by, since = read_token(ja.token)
+    assert held_by is None and since is not None and since > 0  # a direct claim: no worker
+    row_b = raw.hgetall(mq.keys.job("at-bytes", b))
+    assert read_token(row_b[b"token"].decode())[0] == "abcdef12"
+    assert set(row_b) == {b"payload", b"max_attempts", b"created", b"result", b"token"}
+    assert len(b"token") + len(row_b[b"token"]) <= 40
     raw.close()
 
 
@@ -245,3 +246,24 @@ def test_an_async_workers_leases_and_attempts_name_it(
     assert detail is not None and detail.info.state == "completed"
     assert [(a.worker, a.outcome) for a in detail.attempts] == [(tail, "retry")]
     assert detail.holder == tail and detail.started_ms is not None
+
+
+def test_a_row_completed_before_rows_kept_the_token_still_shows_its_attempt(
+    standalone_server: EmbeddedServer, mq: EchoMQ
+) -> None:
+    """A row an earlier release completed holds 'started' and 'worker' instead of 'token':
+    the job page still reads where and when its last attempt ran."""
+    from echomq_core.browse import job_detail
+
+    raw = redis.Redis.from_url(standalone_server.url)
+    q = mq.queue("at-legacy")
+    job_id = q.add({"n": 1})
+    (job,) = q.claim(1)
+    q.complete(job, 1)
+    row = mq.keys.job("at-legacy", job_id)
+    raw.hdel(row, "token")
+    raw.hset(row, mapping={"started": 1_700_000_000_123, "worker": "0badc0de"})
+    detail = mq.perform(job_detail(mq.keys, "at-legacy", job_id, mq.serializer))
+    assert detail is not None and detail.info.state == "completed"
+    assert (detail.holder, detail.started_ms) == ("0badc0de", 1_700_000_000_123)
+    raw.close()
