@@ -33,8 +33,12 @@ case "$mode" in
     pip_install -e ".[server]"
     ;;
   all)
-    # dagster-webserver is resolved together with dagster so both land on one release.
-    pip_install -e ".[dev,dashboard]" -e ./airflow_provider -e ./dagster_integration dagster-webserver
+    # dagster-webserver is resolved together with dagster so both land on one release. The
+    # production-stack test (tests/airflow/test_production.py) needs the Celery provider and
+    # PostgreSQL's drivers (psycopg2; asyncpg for Airflow's async engine); celery 5.7 moved
+    # what the provider's worker imports (celery.backends.database.retry), so below it.
+    pip_install -e ".[dev,dashboard]" -e ./airflow_provider -e ./dagster_integration dagster-webserver \
+      apache-airflow-providers-celery "celery<5.7" psycopg2-binary asyncpg
     ;;
   floor)
     pip_install -e ".[dev,dashboard]" -e ./airflow_provider -e ./dagster_integration \

@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -55,6 +56,12 @@ EXAMPLE_DAGS = HERE.parents[1] / "airflow_provider" / "echomq_provider" / "examp
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 
+def hostname() -> str:
+    """Airflow's ``[core] hostname_callable`` in a deployment: the component's name (set by
+    :meth:`Deployment._spawn`), else the machine's."""
+    return os.environ.get("ECHOMQ_DEPLOY_HOST") or socket.getfqdn()
+
+
 class DeploymentError(RuntimeError):
     """Raised when a component does not start or a bounded wait runs out."""
 
@@ -67,6 +74,13 @@ class Deployment:
     :param worker_queues: the queues the worker serves.
     :param pythonpath: extra import paths for every process (where ``worker_app`` lives).
     :param env: more environment for every process.
+    :param database: the metadata database's SQLAlchemy URL (PostgreSQL in production); None:
+        SQLite in the deployment's home.
+    :param executor: ``LocalExecutor`` (tasks run under the scheduler) or ``CeleryExecutor``
+        (tasks run in ``celery_workers`` worker processes; their broker is a Redis-protocol
+        server of its own, not EchoMQ's, so a broker outage is no EchoMQ outage).
+    :param replicas: how many of each component run, e.g. ``{"scheduler": 2, "triggerer": 2}``
+        (the second is ``scheduler-2``, ...); 1 each by default.
     """
 
     def __init__(
@@ -78,8 +92,17 @@ class Deployment:
         pythonpath: Sequence[Path] = (HERE,),
         prefix: str = "example",
         env: dict[str, str] | None = None,
+        database: str | None = None,
+        executor: str = "LocalExecutor",
+        celery_workers: int = 2,
+        replicas: dict[str, int] | None = None,
     ) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="echomq-deploy-"))
+        self.database = database
+        self.executor = executor
+        self.celery_workers = celery_workers if executor == "CeleryExecutor" else 0
+        self.replicas = {name: 1 for name in COMPONENTS} | dict(replicas or {})
+        self.broker = EmbeddedServer() if self.celery_workers else None
         self.dags = list(dags)
         self.worker_app = worker_app
         self.worker_queues = list(worker_queues)
@@ -96,14 +119,17 @@ class Deployment:
             PYTHONPATH=os.pathsep.join(filter(None, path)),
             AIRFLOW_HOME=str(self.home),
             AIRFLOW__CORE__DAGS_FOLDER=str(self.home / "dags"),
-            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__EXECUTOR=executor,
             AIRFLOW__CORE__LOAD_EXAMPLES="False",
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.base}/execution/",
             AIRFLOW__CORE__PARALLELISM="8",
+            AIRFLOW__CORE__HOSTNAME_CALLABLE="deployment.hostname",
             # SQLite serialises writers: wait up to 60 s for the lock instead of failing at 5
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{self.home}/airflow.db?timeout=60",
+            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=(
+                database or f"sqlite:///{self.home}/airflow.db?timeout=60"
+            ),
             AIRFLOW__API__PORT=str(self.port),
             AIRFLOW__API__HOST="127.0.0.1",
             AIRFLOW__API__BASE_URL=self.base,
@@ -149,9 +175,18 @@ class Deployment:
         self.env["AIRFLOW_CONN_ECHOMQ_DEFAULT"] = f"echomq://{host}:{port}/0?prefix={self.prefix}"
         self.env["ECHOMQ_URL"] = self.echomq_url
         self.env["ECHOMQ_PREFIX"] = self.prefix
+        if self.broker is not None:
+            self.broker.start()
+            self.env["AIRFLOW__CELERY__BROKER_URL"] = f"{self.broker.url}/0"
+            self.env["AIRFLOW__CELERY__RESULT_BACKEND"] = "db+" + str(self.database)
         self.airflow("db", "migrate")
         for name in COMPONENTS:
-            self._spawn(name, [sys.executable, "-m", "airflow", name])
+            for n in range(1, self.replicas.get(name, 1) + 1):
+                label = name if n == 1 else f"{name}-{n}"
+                self._spawn(label, [sys.executable, "-m", "airflow", name])
+        for n in range(1, self.celery_workers + 1):
+            command = [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "8"]
+            self._spawn(f"celery-worker-{n}", [*command, "--celery-hostname", f"w{n}@%h"])
         self.start_worker("worker", self.worker_queues)
         self._spawn("pump", [sys.executable, "-m", "echomq_core.cli", "pump"])
         self.wait_for(self._healthy, timeout, "every Airflow component healthy")
@@ -178,10 +213,13 @@ class Deployment:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
         self.server.stop()
+        if self.broker is not None:
+            self.broker.stop()
 
     def kill(self, name: str) -> None:
-        """SIGKILL process ``name`` and everything in its process group (a host lost)."""
-        proc = self.procs[name]
+        """SIGKILL process ``name`` and everything in its process group (a host lost); it is
+        no longer one of the processes that must stay up (until :meth:`restart`)."""
+        proc = self.procs.pop(name)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -194,10 +232,17 @@ class Deployment:
         shutil.rmtree(self.home, ignore_errors=True)
 
     def _spawn(self, name: str, command: list[str]) -> None:
+        """Start ``command`` as process ``name``: its own log, its own process group, its name
+        as its Airflow hostname (so the ``job`` table tells two triggerers apart: see
+        :func:`hostname`) and, for a second replica, its own log server port."""
         self._commands[name] = command
+        env = dict(self.env, ECHOMQ_DEPLOY_HOST=name)
+        if name not in COMPONENTS:  # a replica or a Celery worker serves its logs elsewhere
+            env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
+            env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(free_port())
         log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
         self.procs[name] = subprocess.Popen(
-            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
 
@@ -339,6 +384,8 @@ class Deployment:
     def xcom_rows(self, dag_id: str, run_id: str) -> dict[tuple[str, str], int]:
         """Every row the metadata DB's ``xcom`` table holds for a run: ``(task id, key)`` ->
         bytes of its value, as stored (SQLite: read straight from the table)."""
+        if self.database is not None:
+            raise DeploymentError("xcom_rows reads the SQLite database only")
         with contextlib.closing(sqlite3.connect(self.home / "airflow.db", timeout=60)) as db:
             rows = db.execute(
                 "SELECT task_id, key, length(CAST(value AS BLOB)) FROM xcom "

@@ -1,0 +1,176 @@
+"""The stack users run in production: Airflow on PostgreSQL with CeleryExecutor, two Celery
+workers, two schedulers and two triggerers, every component its own process; EchoMQ's server,
+worker and Pump beside them; the Celery broker a Redis-protocol server of its own.
+
+Stories: the example DAGs run, their tasks in the Celery workers, with both schedulers
+scheduling them (no flow added twice, no child run twice); then a dozen runs each defer a
+sensor, spread over both triggerers, the triggerer holding the most is killed (SIGKILL), the
+flows are released, and the other triggerer takes its triggers over: every sensor succeeds,
+each flow read and closed once. What the test measured is printed (release to sensor success,
+the takeover) and reported in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from echomq_provider.flow_specs import parent_id_for
+
+from echomq_core import EchoMQ
+
+from .postgres import Postgres
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+EXAMPLES = ROOT / "examples" / "airflow"
+sys.path.insert(0, str(EXAMPLES))
+
+from deployment import EXAMPLE_DAGS, Deployment  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.onlystandalone, pytest.mark.production]
+
+RUNS = 12
+
+
+def runs_of(path: Path) -> Counter[str]:
+    if not path.exists():
+        return Counter()
+    return Counter(json.loads(line)["id"] for line in path.read_text().splitlines() if line)
+
+
+def triggers_by_host(pg: Postgres, run_ids: list[str]) -> dict[str, set[str]]:
+    """Which triggerer (its ``job`` row's hostname: the component's name) runs the trigger of
+    each run's deferred sensor, from the metadata database."""
+    import psycopg2
+
+    with psycopg2.connect(pg.dsn) as db, db.cursor() as cur:
+        cur.execute(
+            "SELECT ti.run_id, j.hostname FROM task_instance ti "
+            "JOIN trigger t ON ti.trigger_id = t.id JOIN job j ON t.triggerer_id = j.id "
+            "WHERE ti.dag_id = 'echomq_prod_deferred' AND ti.task_id = 'wait'"
+        )
+        rows = cur.fetchall()
+    held: dict[str, set[str]] = {}
+    for run_id, host in rows:
+        if run_id in run_ids:
+            held.setdefault(str(host), set()).add(str(run_id))
+    return held
+
+
+def test_production_stack(tmp_path: Path) -> None:
+    runs, markers = tmp_path / "runs.jsonl", tmp_path / "markers"
+    markers.mkdir()
+    with Postgres() as pg:
+        deployment = Deployment(
+            [EXAMPLE_DAGS / "echomq_fan_out.py", HERE / "dags" / "echomq_prod_deferred.py"],
+            worker_app="worker_proc:HANDLERS",
+            pythonpath=[HERE, EXAMPLES, ROOT],
+            prefix="prod",
+            database=pg.url,
+            executor="CeleryExecutor",
+            celery_workers=2,
+            replicas={"scheduler": 2, "triggerer": 2},
+            env={
+                "ECHOMQ_TEST_RUNS": str(runs),
+                "ECHOMQ_TEST_MARKERS": str(markers),
+                "AIRFLOW__CORE__PARALLELISM": "32",
+            },
+        )
+        try:
+            deployment.start()
+            with EchoMQ(deployment.echomq_url, prefix="prod") as mq:
+                examples_on_celery(deployment, mq, runs)
+                triggerer_takeover(deployment, pg, mq, markers, runs)
+        finally:
+            deployment.stop()
+            deployment.cleanup()
+
+
+def examples_on_celery(deployment: Deployment, mq: EchoMQ, runs: Path) -> None:
+    """The example DAG, its tasks in the Celery workers, two schedulers at it."""
+    run_id = deployment.trigger("echomq_fan_out")
+    assert deployment.wait_run("echomq_fan_out", run_id, timeout=300) == "success"
+    summary = deployment.xcom("echomq_fan_out", run_id, "summarise")
+    assert summary["by_item"] == {str(n): n * n if n % 2 else n**3 for n in range(1, 9)}
+    parent = parent_id_for("echomq_fan_out", run_id, "fan_out")
+    assert mq.snapshot("example.reports", parent).parent_state == "closed"
+    ran = runs_of(runs)
+    assert ran and set(ran.values()) == {1}, ran  # no child ran twice
+    celery = "\n".join(
+        (deployment.home / f"celery-worker-{n}.log").read_text(errors="replace") for n in (1, 2)
+    )
+    assert "echomq_fan_out" in celery  # the tasks ran in the Celery workers
+
+
+def triggerer_takeover(
+    deployment: Deployment, pg: Postgres, mq: EchoMQ, markers: Path, runs: Path
+) -> None:
+    run_ids = [deployment.trigger("echomq_prod_deferred") for _ in range(RUNS)]
+
+    def all_deferred() -> bool:
+        return all(
+            deployment.task_states("echomq_prod_deferred", r).get("wait") == "deferred"
+            for r in run_ids
+        )
+
+    deployment.wait_for(all_deferred, 600, f"{RUNS} sensors deferred", every=2)
+    held = deployment.wait_for(
+        lambda: (h := triggers_by_host(pg, run_ids)) and sum(map(len, h.values())) == RUNS and h,
+        120,
+        "every trigger assigned to a triggerer",
+    )
+    victim = max(held, key=lambda name: len(held[name]))
+    survivor = ({"triggerer", "triggerer-2"} - {victim}).pop()
+    killed = time.monotonic()
+    deployment.kill(victim)
+    (markers / "go").touch()  # every flow can be released now
+    released: dict[str, float] = {}
+    done: dict[str, float] = {}
+
+    def finished() -> bool:
+        for r in run_ids:
+            parent = parent_id_for("echomq_prod_deferred", r, "fan_out")
+            if r not in released and mq.snapshot("example.reports", parent).released:
+                released[r] = time.monotonic()
+            if r not in done and deployment.run_state("echomq_prod_deferred", r) in (
+                "success",
+                "failed",
+            ):
+                done[r] = time.monotonic()
+        return len(done) == RUNS
+
+    deployment.wait_for(finished, 600, "every run finished", every=1)
+    states = {r: deployment.run_state("echomq_prod_deferred", r) for r in run_ids}
+    assert set(states.values()) == {"success"}, states
+    for r in run_ids:
+        parent = parent_id_for("echomq_prod_deferred", r, "fan_out")
+        snap = mq.snapshot("example.reports", parent)
+        assert (snap.parent_state, snap.processed) == ("closed", 3)
+        assert deployment.xcom("echomq_prod_deferred", r, "summarise") == {"0": 1, "1": 8, "2": 9}
+    ran = runs_of(runs)
+    assert set(ran.values()) == {1}, {k: v for k, v in ran.items() if v != 1}
+    moved = [done[r] - killed for r in held[victim]]
+    stayed = [done[r] - released.get(r, killed) for r in run_ids if r not in held[victim]]
+    print(
+        json.dumps(
+            {
+                "runs": RUNS,
+                "held_by_killed_triggerer": len(held[victim]),
+                "held_by_survivor": len(held.get(survivor, ())),
+                "moved_run_done_after_kill_s": {
+                    "median": round(statistics.median(moved), 1),
+                    "max": round(max(moved), 1),
+                },
+                "stayed_release_to_run_done_s": {
+                    "median": round(statistics.median(stayed), 2) if stayed else None,
+                    "max": round(max(stayed), 2) if stayed else None,
+                },
+            }
+        )
+    )
