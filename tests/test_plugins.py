@@ -228,10 +228,13 @@ def test_plugins_registered_in_code(mq: EchoMQ, caplog: pytest.LogCaptureFixture
     pump = Pump(mq, ["kids", "parents"], hooks=hooks).start()
     try:
         mq.wait(flow.queue, flow.parent_id, timeout=20, poll=0.05)
-        eventually(
-            lambda: mq.get_job(flow.queue, flow.parent_id).state == "completed",
+        eventually(  # both parents ran: the cross-queue one and the local one
+            lambda: all(
+                mq.get_job(queue, pid).state == "completed"
+                for queue, pid in ((flow.queue, flow.parent_id), (local.queue, local.parent_id))
+            ),
             20,
-            "the parent's completion",
+            "both parents' completion",
             every=0.05,
         )
     finally:
