@@ -125,7 +125,6 @@ class Deployment:
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.base}/execution/",
             AIRFLOW__CORE__PARALLELISM="8",
-            AIRFLOW__CORE__HOSTNAME_CALLABLE="deployment.hostname",
             # SQLite serialises writers: wait up to 60 s for the lock instead of failing at 5
             AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=(
                 database or f"sqlite:///{self.home}/airflow.db?timeout=60"
@@ -146,6 +145,10 @@ class Deployment:
             AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="5",
             AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC="1",
         )
+        if self.celery_workers or any(n > 1 for n in self.replicas.values()):
+            # several of a component: each its own Airflow hostname, so the job table tells
+            # them apart (one of each keeps the machine's)
+            self.env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] = "deployment.hostname"
         self.env.pop("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", None)
         self.env.update(env or {})
 

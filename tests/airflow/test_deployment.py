@@ -317,8 +317,14 @@ def failure_cancels(
         "upstream_failed",
     )
     parent = parent_id_for(dag_id, run_id, "fan_out")
+    failure = f"{parent}.1: Unrecoverable: item 2: corrupt input (first try)"
+    # the run can be failed before the resumed task's lines reach its log file (3.1)
+    deployment.wait_for(
+        lambda: failure in task_log(deployment, dag_id, run_id, "wait"),
+        60,
+        "the sensor's failure in its log",
+    )
     log = task_log(deployment, dag_id, run_id, "wait")
-    assert f"{parent}.1: Unrecoverable: item 2: corrupt input (first try)" in log
     assert f"First failed child {parent}.1 (queue 'example.cube')" in log
     assert "raise Unrecoverable(" in log  # its traceback, raised in the echomq worker
     snap = mq.snapshot("example.reports", parent)
