@@ -2,8 +2,9 @@
 
 ROLE is ``worker`` or ``pump``; CONFIG_JSON holds url, cluster, prefix, queues and optional
 tuning: client_name, concurrency, max_batch, lease (workers); pump_lease, max_stalls, page
-(Pumps). It prints ``ready`` once it is set up, then runs until it is killed (the point of the
-exercise) or gets SIGTERM.
+(Pumps). A queue may be sharded (its logical name): a worker serves every shard, a Pump drains
+every shard's outbox. It prints ``ready`` once it is set up, then runs until it is killed (the
+point of the exercise) or gets SIGTERM.
 
 Children's payloads are ``{"n": i}`` plus optional ``"pause": ms`` (sleeps), ``"slow": ms``
 (the handler first counts a start in ``<prefix>:chaos:starts`` - so a run interrupted by a
@@ -90,9 +91,10 @@ def main() -> None:
         print("ready", flush=True)
         worker.run()
     else:
+        # a Pump drains outboxes, which are per physical queue: a sharded queue's every shard
         pump = Pump(
             mq,
-            queues,
+            [shard for q in queues for shard in mq.shards(q)],
             lease=config.get("pump_lease", 1.0),
             max_stalls=config.get("max_stalls", 20),
             page=config.get("page", 1000),
