@@ -53,6 +53,9 @@ pytestmark = [pytest.mark.slow]
 
 K = 3
 PROBE = 30  # children per probe flow: enough that every shard gets some
+#: per child in the failover run: the flow outlasts three failovers and rejoins (each some 6 s),
+#: so each kill meets children still running on every shard, not only the gated ones
+FAILOVER_PAUSE_MS = 60
 PARENT_ID = "JOB-af/shard_topology/fan/7e41c0"  # an Airflow-derived id: it holds '/'
 
 
@@ -201,7 +204,15 @@ def test_every_master_failed_over_in_turn_during_a_sharded_flow(
     m0 = three_masters(cluster)[0]
     parents = queue_on(cluster, m0, "sf")
     flow = ShardedFlow(
-        cluster, prefix, parents, ("kids", "kids"), tmp_path, proc_env, parent_id=PARENT_ID, n=3000
+        cluster,
+        prefix,
+        parents,
+        ("kids", "kids"),
+        tmp_path,
+        proc_env,
+        parent_id=PARENT_ID,
+        n=3000,
+        pause_ms=FAILOVER_PAUSE_MS,
     )
     flows.append(flow)
     # shard 0 first: its master is the parent queue's (so that master too is failed over)
@@ -241,7 +252,7 @@ def test_every_master_failed_over_in_turn_during_a_sharded_flow(
         rejoin = time.monotonic()
         cluster.restart_node(victim)  # back on its AOF, as a replica of its replacement
         rounds.append(
-            f"shard {k} ({', '.join(lost)}) at {settled} settled: replica took over after "
+            f"master of {' + '.join(lost)} at {settled} settled: replica took over after "
             f"{failover['s']:.1f} s, working again after {recovered.slowest:.1f} s, rejoined in "
             f"{time.monotonic() - rejoin:.1f} s"
         )
@@ -253,9 +264,10 @@ def test_every_master_failed_over_in_turn_during_a_sharded_flow(
             "scenario": "topology: every master failed over in turn during a 3-shard flow, "
             "3 masters + 3 replicas",
             "parameters": f"{flow.n}-child flow into a {K}-shard queue (one shard per master; "
-            f"{PAUSE_MS} ms handlers; one gated child per shard), parent in a plain queue on "
-            "shard 0's master; 3 worker processes x 4 threads (lease 2 s) given the logical "
-            "name + 2 Pump processes over every shard; a sync and an async client probing",
+            f"{FAILOVER_PAUSE_MS} ms handlers; one gated child per shard), parent in a plain "
+            "queue on the first killed master; 3 worker processes x 4 threads (lease 2 s) "
+            "given the logical name + 2 Pump processes over every shard; a sync and an async "
+            "client probing",
             "faults": "SIGKILL of each master in turn, each after a further quarter settled: "
             + "; ".join(rounds)
             + f"; {figures['leases_recovered']} leases recovered; parent ran "
