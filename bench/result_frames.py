@@ -8,7 +8,7 @@ A barrier flow of N children, each result a small dict ({"n": i, "value": i * i,
 times, interleaved, each in a fresh process (so its peak RSS is its own): the process imports
 what the read needs, connects, notes its RSS, reads (``iter_children_values`` in pages of
 ``--page``: into a dict, or through ``results_frame``), and reports the read's seconds, its peak
-RSS (``ru_maxrss``) and that peak over the RSS before the read. Medians; prints one JSON object
+RSS (``VmHWM``) and that peak over the RSS before the read. Medians; prints one JSON object
 and writes bench/results/result_frames.json.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from typing import Any
 from echomq_core import Child, EchoMQ, Pump
 from echomq_core.server import EmbeddedServer
 
+from .common import peak_rss_kib
+
 RESULTS = Path(__file__).resolve().parent / "results" / "result_frames.json"
 WAYS = ("dict", "pandas", "polars", "arrow")
 PID = "JOB-af/etl/fan_out/frames200k"
@@ -34,10 +35,7 @@ PID = "JOB-af/etl/fan_out/frames200k"
 
 def _rss_kib() -> int:
     with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+        return int(next(line for line in status if line.startswith("VmRSS:")).split()[1])
 
 
 def read_once(url: str, way: str, page: int) -> dict[str, Any]:
@@ -58,7 +56,7 @@ def read_once(url: str, way: str, page: int) -> dict[str, Any]:
         got = frames.results_frame(pairs, way, page=page)
         rows = got.num_rows if way == "arrow" else len(got)
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kib()
     mq.close()
     return {
         "rows": rows,
