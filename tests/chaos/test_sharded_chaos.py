@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from echomq_core import Child
+from echomq_core import Child, EchoMQ
 
 from ..conftest import Backend
 from ..waiting import eventually
@@ -43,7 +43,15 @@ pytestmark = [pytest.mark.slow]
 
 N = 6000
 K = 3
-CONFIG = {"concurrency": 4, "max_batch": 50, "lease": 1.0, "pump_lease": 1.0, "max_stalls": 20}
+#: the plain-queue run's fleet; the workers' own Pumps take the Pump processes' settings
+CONFIG = {
+    "concurrency": 4,
+    "max_batch": 50,
+    "lease": 1.0,
+    "pump_lease": 1.0,
+    "max_stalls": 20,
+    "pump_options": True,
+}
 
 
 def children(n: int, queue: str | None, rng: random.Random) -> list[Child]:
@@ -57,9 +65,21 @@ def children(n: int, queue: str | None, rng: random.Random) -> list[Child]:
 
 
 def run_fleet(
-    backend: Backend, prefix: str, env: dict[str, str], queues: list[str], done: Any, logdir: Path
-) -> tuple[Fleet, float]:
-    """The fleet under the killer until ``done()``, then stopped gracefully (SIGTERM)."""
+    backend: Backend,
+    prefix: str,
+    env: dict[str, str],
+    queues: list[str],
+    done: Any,
+    logdir: Path,
+    describe: Any,
+    outboxes: Any,
+) -> tuple[Fleet, float, int]:
+    """The fleet under the killer until ``done()``; then, the killer stopped, until
+    ``outboxes()`` (the signals left in every shard's outbox) is 0; then stopped gracefully
+    (SIGTERM). ``describe()`` says how far the flow got if it never settles. Returns the
+    fleet, the faulted seconds and the signals that were left when the flow settled: a Pump
+    killed between a delivery and its trim leaves its page for the next one, which redelivers
+    it (counted nothing twice: the counter check below would show it)."""
     config = {"url": backend.url, "cluster": backend.cluster, "prefix": prefix, "queues": queues}
     fleet = Fleet({**config, **CONFIG}, env, logdir).start()
     killer = Killer(fleet, *KILL_EVERY, seed=17)
@@ -72,10 +92,12 @@ def run_fleet(
             assert killer.error is None, killer.error
             return bool(done())
 
-        eventually(settled, 240, "the sharded flow to settle", every=0.1)
+        eventually(settled, 240, lambda: f"the sharded flow to settle: {describe()}", every=0.1)
         wall = time.monotonic() - started
         killer.stop()
         assert killer.error is None, killer.error
+        left = outboxes()
+        eventually(lambda: outboxes() == 0, 30, lambda: f"the outboxes to drain: {describe()}")
         assert not fleet.crashed(), "no process exited unless killed:\n" + "\n".join(
             fleet.crashed()
         )
@@ -83,7 +105,26 @@ def run_fleet(
     finally:
         killer.stop()
         fleet.close()
-    return fleet, wall
+    return fleet, wall, left
+
+
+def describe(mq: EchoMQ, parents: str, parent_id: str, physical: list[str]) -> str:
+    """The parent's job and flow state and every physical queue's counts and leases."""
+    job = mq.get_job(parents, parent_id)
+    raw = mq.connection.client
+    queues = {
+        q: {
+            **mq.queue(q).stats(),
+            "leases": raw.hlen(mq.keys.leases(q)),
+            "outbox_lease": raw.get(mq.keys.outbox_lease(q)),
+            "outbox_head": raw.lrange(mq.keys.outbox(q), 0, 0),
+        }
+        for q in physical
+    }
+    return (
+        f"parent {job.state} (attempts {job.attempts}, stalls {job.stalls}); "
+        f"{mq.snapshot(parents, parent_id)}; {queues}"
+    )
 
 
 @pytest.mark.parametrize("layout", ["plain parent", "sharded parent"])
@@ -112,13 +153,16 @@ def test_sharded_children_under_chaos(
     assert set(per_shard) == set(shards), "the children are spread over every shard"
     if layout == "sharded parent":
         assert ref.queue in shards
-    fleet, wall = run_fleet(
+    physical = sorted({ref.queue, *shards})
+    fleet, wall, left = run_fleet(
         backend,
         prefix,
         proc_env,
         logical,
         lambda: mq.get_job(parents, parent_id).state == "completed",
         tmp_path,
+        lambda: describe(mq, parents, parent_id, physical),
+        lambda: sum(mq.connection.client.llen(mq.keys.outbox(q)) for q in physical),
     )
 
     expected = {f"{parent_id}.{i}": {"sq": i * i} for i in range(N)}
@@ -134,7 +178,6 @@ def test_sharded_children_under_chaos(
     runs = parent_runs(mq, prefix, parent_id)
     assert runs and all(run[2:] == [N, total] for run in runs), "no run before every child"
     assert len(runs) <= 1 + parent.stalls, "every re-run is a recovered lease: released once"
-    physical = sorted({ref.queue, *shards})
     leftovers = no_leftovers(mq, physical)
     assert leftovers == {"dead": 0, "poison": 0}
     ids = {q: [c for cq, c in ref.children if cq == q] for q in shards}
@@ -153,14 +196,17 @@ def test_sharded_children_under_chaos(
             "scenario": f"chaos: {N:,}-child flow into a {K}-shard queue, {layout}, {where}",
             "parameters": f"children spread over {K} shards ({spread} per shard); {placed}; "
             "3 worker processes x 4 threads given the logical name (batches <= 50, lease 1 s), "
-            "2 Pump processes over every shard (outbox lease 1 s, max_stalls 20); ~1% of "
+            "2 Pump processes over every shard (outbox lease 1 s, max_stalls 20; the workers' "
+            "own Pumps the same); ~1% of "
             "children and the parent sleep 300-800 ms",
             "faults": f"SIGKILL of a random worker or Pump every 0.2-0.5 s, replaced at once: "
             f"{figures['worker_kills']} workers + {figures['pump_kills']} Pumps killed; "
             f"{figures['leases_recovered']} leases recovered (at most "
             f"{figures['most_recoveries_of_one_job']} for one job); "
             f"{figures['slow_jobs_killed_mid_run']} of {figures['slow_jobs']} slow jobs "
-            f"killed mid-run; parent ran {len(runs)}x (its lease recovered {parent.stalls}x)",
+            f"killed mid-run; parent ran {len(runs)}x (its lease recovered {parent.stalls}x); "
+            f"{left} signals still in outboxes when the parent completed, redelivered "
+            "(changing nothing) once the kills stopped",
             "lost": N - len(values),
             "double_counted": 0,
             "poisoned": leftovers["poison"],
