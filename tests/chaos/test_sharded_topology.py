@@ -23,6 +23,7 @@ the probe flows the clients added during the fault converged, and every shard id
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -143,6 +144,19 @@ class ShardedFlow(Flow):
 
     async def async_probe(self, parent_id: str) -> None:
         await super().async_probe(f"{parent_id}-{self.tag}")
+
+    def close(self) -> None:
+        """Before the fleet is killed, each live process writes its threads' stacks to its log
+        (SIGUSR1, see topology_proc.py), so a process that hung says where."""
+        for member in getattr(getattr(self, "fleet", None), "members", []):
+            if member.proc.poll() is None:
+                member.proc.send_signal(signal.SIGUSR1)
+                deadline = time.monotonic() + 5  # bounded: a teardown must not hang on it
+                while b"most recent call first" not in member.log.read_bytes():
+                    if time.monotonic() > deadline or member.proc.poll() is not None:
+                        break
+                    time.sleep(0.05)
+        super().close()
 
     def check(self) -> dict[str, int]:
         """:meth:`Flow.check` over the shards."""
