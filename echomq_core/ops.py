@@ -89,11 +89,18 @@ def add(
     *,
     check: bool,
     new_queues: Sequence[str] = (),
+    stem: str | None = None,
 ) -> Op[int]:
     """Add jobs ``(id, payload, max_attempts, delay_ms, priority, timeout_ms)``; returns how
     many were added (ids that existed are left untouched). ``check=False`` only for
     host-generated ids. Jobs sharing their options share a script call; ``new_queues`` rides
-    along in the same pipeline (the registry), so the whole call is one round trip."""
+    along in the same pipeline (the registry), so the whole call is one round trip.
+
+    ``stem``: every id is ``stem`` plus its index in hex, the indexes increasing in ``jobs``
+    order (queue.py's generated ids). A chunk whose ids are then consecutive (the usual bulk
+    add: first and last tell, the order gives the rest) sends the stem and its first index
+    instead of an id per job: the script checks the stem once and formats each id itself
+    (lua/add.lua says why that is cheaper and as safe)."""
     calls = register(ks, new_queues)
     skip = len(calls)
     groups: dict[tuple[int, int, int, int | None], list[tuple[str, bytes]]] = {}
@@ -102,17 +109,35 @@ def add(
         groups.setdefault(key, []).append((job_id, payload))
     fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
+    cut = len(stem) if stem else 0
     for (max_attempts, delay_ms, priority, limit), items in groups.items():
         for part in chunks(items):
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
             argv.append("" if limit is None else limit)
-            keys = [*fixed]
-            for job_id, payload in part:
-                argv += (job_id, payload)
-                keys.append(rows + job_id)
-            calls.append(Call.lua("add", keys, argv))
+            start = _start(stem, cut, part[0][0], part[-1][0], len(part)) if stem else None
+            if start is None:
+                argv += ("", "")
+                for job_id, payload in part:
+                    argv += (job_id, payload)
+            else:
+                argv += (stem, start, *(payload for _, payload in part))
+            calls.append(Call.lua("add", [*fixed, *(rows + job_id for job_id, _ in part)], argv))
     replies = yield calls
     return sum(int(r) for r in replies[skip:])
+
+
+def _start(stem: str | None, cut: int, first: str, last: str, n: int) -> int | None:
+    """The index of ``first`` when a chunk of ``n`` generated ids runs ``first`` .. ``last``
+    without a gap (``stem`` + consecutive hex indexes), else None."""
+    if not stem or not first.startswith(stem):
+        return None
+    try:
+        start = int(first[cut:], 16)
+    except ValueError:
+        return None
+    if first != f"{stem}{start:x}" or last != f"{stem}{start + n - 1:x}":
+        return None
+    return start
 
 
 # -- claim ------------------------------------------------------------------------------
