@@ -99,3 +99,38 @@ def test_a_chunk_with_a_gap_sends_its_ids() -> None:
     (call,) = next(ops.add(Keyspace("emq"), "sa-gap", jobs, check=False, stem=stem))
     argv = _argv(call)
     assert argv[5:7] == ["", ""] and argv[7::2] == [j[0] for j in jobs]
+
+
+def test_a_flows_derived_child_ids_travel_as_a_stem_and_a_start(mq: EchoMQ) -> None:
+    from echomq_core import Child, flows
+
+    kids = [Child(i, queue="sa-kids") for i in range(600)]
+    kids.insert(3, Child("sub", queue="sa-kids", children=[Child("leaf")]))  # breaks the run
+    kids.insert(7, Child("named", id="JOB-sa-named", queue="sa-kids"))
+    root = flows.plan(
+        "sa-flow",
+        "JOB-sa-root",
+        b"null",
+        kids,
+        default_attempts=3,
+        dumps=mq.encode,
+        max_payload=1 << 20,
+    )
+    nodes = root.children
+    assert flows._derived(nodes[0:3]) == ("JOB-sa-root.", 0)
+    assert flows._derived(nodes[8:508]) == ("JOB-sa-root.", 8)
+    assert flows._derived(nodes[4:7]) == ("JOB-sa-root.", 4)
+    assert flows._derived([nodes[2], nodes[4]]) is None  # a gap (the sub-flow)
+    assert flows._derived(nodes[6:9]) is None  # the named child
+    assert flows._derived(nodes[3].children) == ("JOB-sa-root.3.", 0)
+    # end to end: every child lands under the id the host planned, in order
+    ref = mq.add_flow("sa-flow", kids, parent_id="JOB-sa-root")
+    q, values = mq.queue("sa-kids"), {}
+    while jobs := q.claim(500):
+        q.complete_many([(j, j.payload) for j in jobs])
+        values.update({j.id: j.payload for j in jobs})
+    # the leaves, the sub-flow's leaf, and the sub-flow's parent once released
+    planned = [n.id for n in nodes if not n.children] + [nodes[3].children[0].id, nodes[3].id]
+    assert sorted(values) == sorted(planned) and len(values) == 603
+    assert values["JOB-sa-named"] == "named" and values["JOB-sa-root.601"] == 599
+    assert ref.parent_id == "JOB-sa-root"
