@@ -10,7 +10,9 @@ Per queue:
 ========================  ======  ===========================================================
 key                       type    holds
 ========================  ======  ===========================================================
-``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields,
+``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields
+                                  (a child's ``up`` packs its parent_policy, gate mark and
+                                  parent_queue once more for the claim's read, ops.ROW_FIELDS),
                                   state (parents: held/pending/failed; dead), result / error,
                                   the last failed attempt's traceback (at most 16 KiB, the
                                   tail; dropped by a revive or repair), the last 10 failed

@@ -163,10 +163,14 @@ class QueueOps:
             rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
         if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
-        return self._add(rows, check)
+        # every id generated (none given): the add sends the stem, not an id per job (ops.add)
+        return self._add(rows, check, None if check else stem)
 
     def _add(
-        self, rows: list[tuple[str, bytes, int, int, int, int | None]], check: bool
+        self,
+        rows: list[tuple[str, bytes, int, int, int, int | None]],
+        check: bool,
+        stem: str | None = None,
     ) -> Op[list[str]]:
         if not rows:  # nothing to add sends nothing
             return []
@@ -179,7 +183,9 @@ class QueueOps:
                 parts.setdefault(sharding.shard_of(shards, row[0]), []).append(row)
         new = self.client.unregistered(parts)
         adds = [
-            ops.add(self.client.keys, q, part, check=check, new_queues=new if i == 0 else ())
+            ops.add(
+                self.client.keys, q, part, check=check, new_queues=new if i == 0 else (), stem=stem
+            )
             for i, (q, part) in enumerate(parts.items())
         ]
         if len(adds) == 1:

@@ -98,6 +98,8 @@ if ARGV[5] ~= '' then
   fields[#fields + 1] = 'parent'; fields[#fields + 1] = ARGV[5]
   fields[#fields + 1] = 'parent_policy'; fields[#fields + 1] = ARGV[7]
   if ARGV[6] ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = ARGV[6] end
+  -- packed for the claim's rows read, as land.lua writes it (a sub-flow's parent has no gate)
+  fields[#fields + 1] = 'up'; fields[#fields + 1] = ARGV[7] .. ' 0 ' .. ARGV[6]
 else
   redis.call('ZADD', q.flows_held, now, ARGV[1])
   if ARGV[10] == '1' then fields[#fields + 1] = 'barrier'; fields[#fields + 1] = '1' end
