@@ -55,7 +55,7 @@ local q = queue_keys(KEYS)
 local bad = check_id(ARGV[1])
 if bad then return bad end
 local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen', 'allow',
-  'cap', 'parent_queue', 'log')
+  'cap', 'parent_queue', 'log', 'grown')
 if row[4] == 'replaced' then
   redis.call('DEL', KEYS[16])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
@@ -71,8 +71,10 @@ elseif row[1] then
     return redis.error_reply('EMQGEN ' .. (row[5] or '0') .. ' parent ' .. ARGV[1] .. ' is generation ' ..
       (row[5] or '0'))
   end
-  if row[1] ~= ARGV[3] then
-    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. row[1] ..
+  -- children spawned at run time (spawn.lua: `grown`) are not the add's: N is what it added
+  local added = tonumber(row[1]) - (tonumber(row[10]) or 0)
+  if added ~= tonumber(ARGV[3]) then
+    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. added ..
       ' children, not ' .. ARGV[3])
   end
   if row[2] and row[2] ~= ARGV[8] then

@@ -1,0 +1,192 @@
+"""Flows that grow (echomq_core.spawning): a running child spawns siblings under its parent, on
+standalone and on a real 3-master Cluster (parent and children on different nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from echomq_core import (
+    AsyncEchoMQ,
+    AsyncWorker,
+    Child,
+    EchoMQ,
+    FlowConflict,
+    FlowRef,
+    InvalidArgument,
+    Job,
+    Pump,
+    Worker,
+    spawning,
+)
+
+from .conftest import Backend
+from .flowkit import keys_of, work_off
+from .waiting import eventually
+
+
+def invariant(mq: EchoMQ, queue: str, parent_id: str) -> Any:
+    snap = mq.snapshot(queue, parent_id)
+    assert snap.processed + snap.ignored + snap.failed + snap.dependencies == snap.total, snap
+    return snap
+
+
+def claim_one(mq: EchoMQ, queue: str) -> Job:
+    (job,) = mq.queue(queue).claim(1)
+    job.spawner = spawning.sync_spawner(mq)  # what a Worker sets before it calls the handler
+    return job
+
+
+def test_spawned_siblings_are_counted_before_the_spawner_settles(
+    backend: Backend, prefix: str
+) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "sp")
+    ref = mq.add_flow(parents, [Child("seed", queue=work)], barrier=True, stream=True)
+    seed = claim_one(mq, work)
+    ids = seed.spawn([Child(i) for i in range(3)] + [Child("home", queue=parents)])
+    assert ids == [f"{seed.id}.s{i}" for i in range(4)]
+    assert seed.spawn([Child("late", max_attempts=1)]) == [f"{seed.id}.s4"]
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.total, snap.dependencies) == (6, 6)
+    # the spawner settles first: the flow still waits for what it spawned
+    assert mq.queue(work).complete_many([(seed, "seeded")]) == [True]
+    pump = Pump(mq, [parents, work])
+    try:
+        eventually(lambda: pump.tick().delivered, 10, "the seed's delivery")
+        snap = invariant(mq, parents, ref.parent_id)
+        assert (snap.parent_state, snap.dependencies) == ("held", 5)
+        work_off(mq, [parents, work], lambda job: job.payload, pump=pump)
+    finally:
+        pump.release_leases()
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.parent_state, snap.total, snap.processed) == ("released", 6, 6)
+    values = mq.children_values(parents, ref.parent_id)
+    spawned = dict(zip([*ids, f"{seed.id}.s4"], [0, 1, 2, "home", "late"], strict=True))
+    assert values == {seed.id: "seeded", **spawned}
+    streamed = dict(mq.iter_results(parents, ref.parent_id))
+    assert streamed == values
+    # a retried add of the original flow still converges (N is what it added)
+    again = mq.add_flow(parents, [Child("seed", queue=work)], parent_id=ref.parent_id,
+                        barrier=True, stream=True)  # fmt: skip
+    assert again.parent_id == ref.parent_id
+    mq.close()
+
+
+def test_a_rerun_spawns_the_same_children_once(backend: Backend, prefix: str) -> None:
+    """A handler re-run (a lost lease) spawns the same ids: counted and landed once."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rr")
+    ref = mq.add_flow(parents, [Child("seed", queue=work), Child("other", queue=work)])
+    first = claim_one(mq, work)
+    kids = [Child(i) for i in range(5)]
+    first.spawn(kids[:3])
+    rerun = Job(work, first.id, first.token, first.payload, 1, first.max_attempts, first.parent)
+    rerun.spawner = spawning.sync_spawner(mq)
+    assert rerun.spawn(kids) == [f"{first.id}.s{i}" for i in range(5)]
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.total, snap.dependencies) == (7, 7)
+    assert mq.queue(work).stats()["pending"] == 1 + 5
+    mq.close()
+
+
+def test_spawn_refusals_write_nothing(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rf")
+    mq.queue(work).add("plain")
+    (plain,) = mq.queue(work).claim(1)
+    plain.spawner = spawning.sync_spawner(mq)
+    with pytest.raises(InvalidArgument, match="not in a flow"):
+        plain.spawn([Child(1)])
+    ref = mq.add_flow(parents, [Child("seed", queue=work), Child("b", queue=work)])
+    seed = claim_one(mq, work)
+    with pytest.raises(InvalidArgument, match="spawn\\(\\) works inside a handler"):
+        Job(work, seed.id, seed.token, None, 0, 1, seed.parent).spawn([Child(1)])
+    with pytest.raises(InvalidArgument, match="an id of its own"):
+        seed.spawn([Child(1, id="JOB-mine")])
+    with pytest.raises(InvalidArgument, match="children"):
+        seed.spawn([Child(1, children=[Child(2)])])
+    with pytest.raises(InvalidArgument, match="non-empty"):
+        seed.spawn([])
+    before = keys_of(backend, prefix)
+    # the bound: a flow of 2 may grow to 4, not 5
+    nodes = spawning.plan_spawn(seed, [Child(i) for i in range(3)], dumps=mq.encode,
+                                max_payload=mq.max_payload_bytes, start=0)  # fmt: skip
+    with pytest.raises(InvalidArgument, match="bound is 4"):
+        mq.perform(spawning.spawn(mq.keys, seed, nodes, bound=4))
+    assert keys_of(backend, prefix) == before
+    # a flow that no longer waits cannot grow
+    mq.cancel_flow(parents, ref.parent_id, reason="stop")
+    before = keys_of(backend, prefix)
+    with pytest.raises(FlowConflict, match="cancelled: nothing spawned"):
+        seed.spawn([Child(1)])
+    assert keys_of(backend, prefix) == before
+    assert seed.spawned == 0  # a refused spawn hands out no ids
+    mq.close()
+
+
+def test_cancel_and_the_cap_reach_spawned_children(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "cc")
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(2)], max_running=2)
+    seed = claim_one(mq, work)
+    with pytest.raises(InvalidArgument, match="cannot run in"):
+        seed.spawn([Child(1, queue=parents)])  # no share of the cap there
+    seed.spawn([Child(i) for i in range(4)])
+    cap = mq.flow_cap(parents, ref.parent_id)
+    assert cap is not None and (cap.admitted, cap.waiting) == (2, 4), cap  # gated: they wait
+    mq.cancel_flow(parents, ref.parent_id, reason="enough")
+    assert mq.queue(work).claim(10) == []  # no unstarted child starts, spawned or not
+    mq.close()
+
+
+def test_workers_spawn_threaded_and_asyncio(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "wk")
+
+    def handle(job: Job) -> Any:
+        if job.payload == "root":
+            job.spawn([Child(f"page-{i}") for i in range(3)])
+        return job.payload
+
+    async def ahandle(job: Job) -> Any:
+        if job.payload == "root":
+            await job.spawn([Child(f"page-{i}") for i in range(3)])
+        return job.payload
+
+    for kind in ("threaded", "asyncio"):
+        ref = mq.add_flow(parents, [Child("root", queue=work), Child("x", queue=work)],
+                          barrier=True)  # fmt: skip
+        if kind == "threaded":
+            worker = Worker(mq, {work: handle, parents: handle}, concurrency=2)
+            t = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+            t.start()
+            try:
+                eventually(lambda r=ref: mq.snapshot(parents, r.parent_id).released, 30, kind)
+            finally:
+                worker.stop()
+                t.join(30)
+        else:
+
+            async def run(ref: FlowRef = ref) -> None:
+                amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+                w = AsyncWorker(amq, {work: ahandle, parents: ahandle}, concurrency=2)
+                await w.start()
+                try:
+                    deadline = time.monotonic() + 30
+                    while not (await amq.snapshot(parents, ref.parent_id)).released:
+                        assert time.monotonic() < deadline, "asyncio worker: no release"
+                        await asyncio.sleep(0.02)  # a bounded poll of a real condition
+                finally:
+                    await w.stop()
+                    await amq.close()
+
+            asyncio.run(run())
+        values = mq.children_values(parents, ref.parent_id)
+        assert sorted(map(str, values.values())) == ["page-0", "page-1", "page-2", "root", "x"]
+        invariant(mq, parents, ref.parent_id)
+    mq.close()
