@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .calls import Call, Op
+from .checks import text as _s
 from .errors import InvalidArgument
 from .flows import plan
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id
@@ -94,8 +95,9 @@ def plan_spawn(
 
 
 def spawn(ks: Keyspace, job: Job, nodes: list[Any], bound: int = MAX_FLOW) -> Op[list[str]]:
-    """Count the children on the parent's slot, then land them (see the module doc). Returns
-    their ids. Two round trips (three when the flow has a cap: its gates' shares are read).
+    """Count the children on the parent's slot, land them, read the parent's state (see the
+    module doc). Returns their ids. Three round trips (four when the flow has a cap: its gates'
+    shares are read; one more when the flow was cancelled meanwhile).
     ``bound``: how many children the flow may have in all."""
     up = job.parent
     assert up is not None
@@ -128,6 +130,20 @@ def spawn(ks: Keyspace, job: Job, nodes: list[Any], bound: int = MAX_FLOW) -> Op
             keys = [*fixed, *(rows + n.id for n in part), *gate]
             calls.append(Call.lua("land", keys, argv))
     yield calls
+    # a cancel between the count and the landing walked the recorded ids before their rows
+    # existed: read the state after landing, and cancel what just landed if it was (a cancel
+    # that comes later finds the rows on its own walk)
+    (state,) = yield [Call.cmd("HGET", ks.job(up.queue, up.id), "state")]
+    if state is not None and _s(state) == "cancelled":
+        late = []
+        for queue in queues:
+            ids = [n.id for n in nodes if n.queue == queue]
+            fixed = [*ks.queue_keys(queue), *ks.gate_keys(queue, up.queue, up.id)]
+            rows = ks.job_prefix(queue)
+            for part in chunks(ids):
+                late.append(Call.lua("cancel_children", [*fixed, *(rows + i for i in part)],
+                                     [up.id, *part]))  # fmt: skip
+        yield late
     return [n.id for n in nodes]
 
 

@@ -190,3 +190,26 @@ def test_workers_spawn_threaded_and_asyncio(backend: Backend, prefix: str) -> No
         assert sorted(map(str, values.values())) == ["page-0", "page-1", "page-2", "root", "x"]
         invariant(mq, parents, ref.parent_id)
     mq.close()
+
+
+def test_a_cancel_between_counting_and_landing_still_stops_the_spawned(
+    backend: Backend, prefix: str
+) -> None:
+    """The cancel's walk runs after the count but before the rows exist: the spawn's own read
+    of the state after landing cancels what it landed."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "cl")
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(2)])
+    seed = claim_one(mq, work)
+    nodes = spawning.plan_spawn(seed, [Child(i) for i in range(3)], dumps=mq.encode,
+                                max_payload=mq.max_payload_bytes, start=0)  # fmt: skip
+    op = spawning.spawn(mq.keys, seed, nodes)
+    land = op.send(mq.connection.execute(next(op)))  # counted; the land step is next
+    mq.cancel_flow(parents, ref.parent_id, reason="mid-spawn")
+    step = op.send(mq.connection.execute(land))  # landed: claimable for a moment
+    step = op.send(mq.connection.execute(step))  # the state read: cancelled
+    with pytest.raises(StopIteration):
+        op.send(mq.connection.execute(step))
+    assert mq.queue(work).claim(10) == []  # neither the original nor the spawned start
+    assert mq.get_job(work, nodes[0].id).state == "cancelled"
+    mq.close()
