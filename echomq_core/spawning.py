@@ -138,11 +138,11 @@ def spawn(ks: Keyspace, job: Job, nodes: list[Any], bound: int = MAX_FLOW) -> Op
         late = []
         for queue in queues:
             ids = [n.id for n in nodes if n.queue == queue]
-            fixed = [*ks.queue_keys(queue), *ks.gate_keys(queue, up.queue, up.id)]
-            rows = ks.job_prefix(queue)
+            head = [*ks.queue_keys(queue), *ks.gate_keys(queue, up.queue, up.id)]
+            base = ks.job_prefix(queue)
             for part in chunks(ids):
-                late.append(Call.lua("cancel_children", [*fixed, *(rows + i for i in part)],
-                                     [up.id, *part]))  # fmt: skip
+                keys = [*head, *(base + i for i in part)]
+                late.append(Call.lua("cancel_children", keys, [up.id, *part]))
         yield late
     return [n.id for n in nodes]
 
