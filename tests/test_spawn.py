@@ -213,3 +213,21 @@ def test_a_cancel_between_counting_and_landing_still_stops_the_spawned(
     assert mq.queue(work).claim(10) == []  # neither the original nor the spawned start
     assert mq.get_job(work, nodes[0].id).state == "cancelled"
     mq.close()
+
+
+def test_repair_reaches_a_spawned_child(backend: Backend, prefix: str) -> None:
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rp")
+    ref = mq.add_flow(parents, [Child("seed", queue=work)], barrier=True)
+    seed = claim_one(mq, work)
+    (doomed,) = seed.spawn([Child("doomed", max_attempts=1)])
+    assert mq.queue(work).complete_many([(seed, "ok")]) == [True]
+    work_off(mq, [parents, work], die=lambda job: job.id == doomed)
+    snap = mq.snapshot(parents, ref.parent_id)
+    assert snap.parent_state == "failed" and doomed in mq.failed_children(parents, ref.parent_id)
+    mq.retry_flow(parents, ref.parent_id)
+    work_off(mq, [parents, work])
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.parent_state, snap.processed) == ("released", 2)
+    assert mq.children_values(parents, ref.parent_id)[doomed] == {"id": doomed, "payload": "doomed"}
+    mq.close()
