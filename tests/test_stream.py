@@ -21,9 +21,10 @@ from echomq_core import (
     ParentFailed,
     Pump,
 )
+from echomq_core.calls import Call
 
 from .conftest import Backend
-from .flowkit import keys_of, work_off
+from .flowkit import deliver_without_trim, keys_of, work_off
 from .test_flow_lifecycle import ALL_ZERO, sweep
 from .waiting import eventually
 
@@ -222,4 +223,32 @@ def test_the_async_client_follows_too(backend: Backend, prefix: str) -> None:
     got = asyncio.run(follow())
     t.join(30)
     assert sorted(got) == sorted((f"{ref.parent_id}.{i}", i * 10) for i in range(5))
+    mq.close()
+
+
+def _get(key: str) -> Any:
+    (value,) = yield [Call.cmd("GET", key)]
+    return value
+
+
+def test_redelivered_signals_log_nothing_twice(backend: Backend, prefix: str) -> None:
+    """A Pump that dies before it trims redelivers: the log, like the counter, counts once."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rd")
+    ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(6)], barrier=True, stream=True)
+    q = mq.queue(work)
+    jobs = q.claim(6)
+    assert all(q.complete_many([(j, j.payload) for j in jobs[:4]]))
+    # two Pumps that die before they trim, each after the other's 1 ms outbox lease lapsed
+    lease = mq.keys.outbox_lease(work)
+    for pump_id in ("pump-a", "pump-b"):
+        eventually(lambda: not mq.perform(_get(lease)), 5, "a free outbox lease")
+        deliver_without_trim(mq, [work], pump_id, lease_ms=1)
+        assert mq.snapshot(parents, ref.parent_id).processed == 4  # delivered (again)
+    assert all(q.complete_many([(j, j.payload) for j in jobs[4:]]))
+    work_off(mq, [parents, work])
+    got = list(mq.iter_results(parents, ref.parent_id))
+    assert got == [(j.id, j.payload) for j in jobs]
+    log = mq.keys.settle_log(parents, ref.parent_id)
+    assert len(keys_of(backend, prefix)[log][1]) == 6  # one entry per child, no more
     mq.close()
