@@ -158,7 +158,8 @@ def test_workers_spawn_threaded_and_asyncio(backend: Backend, prefix: str) -> No
             await job.spawn([Child(f"page-{i}") for i in range(3)])
         return job.payload
 
-    for kind in ("threaded", "asyncio"):
+    # the asyncio worker runs a sync handler in a thread: its spawn waits for the loop
+    for kind, fn in (("threaded", handle), ("asyncio", ahandle), ("asyncio", handle)):
         ref = mq.add_flow(parents, [Child("root", queue=work), Child("x", queue=work)],
                           barrier=True)  # fmt: skip
         if kind == "threaded":
@@ -172,9 +173,9 @@ def test_workers_spawn_threaded_and_asyncio(backend: Backend, prefix: str) -> No
                 t.join(30)
         else:
 
-            async def run(ref: FlowRef = ref) -> None:
+            async def run(ref: FlowRef = ref, fn: Any = fn) -> None:
                 amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
-                w = AsyncWorker(amq, {work: ahandle, parents: ahandle}, concurrency=2)
+                w = AsyncWorker(amq, {work: fn, parents: fn}, concurrency=2)
                 await w.start()
                 try:
                     deadline = time.monotonic() + 30
