@@ -232,3 +232,30 @@ def test_repair_reaches_a_spawned_child(backend: Backend, prefix: str) -> None:
     assert (snap.parent_state, snap.processed) == ("released", 2)
     assert mq.children_values(parents, ref.parent_id)[doomed] == {"id": doomed, "payload": "doomed"}
     mq.close()
+
+
+def test_spawned_children_keep_their_policy_and_count_against_the_threshold(
+    backend: Backend, prefix: str
+) -> None:
+    """N = 2, min_success=1: one fail-parent death is tolerated, the second fails the flow; an
+    ignored one counts against nothing."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "th")
+    outcome = {}
+    for deaths in (("ignored", "first"), ("ignored", "first", "second")):
+        ref = mq.add_flow(parents, [Child("seed", queue=work), Child("b", queue=work)],
+                          min_success=1, barrier=True)  # fmt: skip
+        seed = claim_one(mq, work)
+        ids = seed.spawn([
+            Child("ignored", max_attempts=1, ignore_dependency_on_failure=True),
+            Child("first", max_attempts=1),
+            Child("second", max_attempts=1),
+        ])  # fmt: skip
+        assert mq.queue(work).complete_many([(seed, "ok")]) == [True]
+        dies = {ids[["ignored", "first", "second"].index(d)] for d in deaths}
+        work_off(mq, [parents, work], die=lambda job, dies=dies: job.id in dies)
+        snap = mq.snapshot(parents, ref.parent_id)
+        outcome[len(deaths)] = (snap.parent_state, snap.ignored, snap.failed)
+        assert ids[0] in mq.ignored_failures(parents, ref.parent_id)
+    assert outcome == {2: ("released", 1, 1), 3: ("failed", 1, 2)}
+    mq.close()
