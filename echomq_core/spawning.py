@@ -104,7 +104,7 @@ def spawn(ks: Keyspace, job: Job, nodes: list[Any], bound: int = MAX_FLOW) -> Op
     keys = [ks.job(up.queue, up.id), ks.dependencies(up.queue, up.id)]
     keys.append(ks.explicit(up.queue, up.id))
     pairs = [x for n in nodes for x in (n.id, n.queue)]
-    ((_, cap),) = yield [Call.lua("spawn", keys, [job.id, bound, *pairs])]
+    ((flags, cap),) = yield [Call.lua("spawn", keys, [job.id, bound, *pairs])]
     queues = list(dict.fromkeys(n.queue for n in nodes))
     shares: dict[str, Any] = {}
     if cap:  # each queue's share of the cap, as the add's split gave it (its gate's cap)
@@ -114,16 +114,20 @@ def spawn(ks: Keyspace, job: Job, nodes: list[Any], bound: int = MAX_FLOW) -> Op
         shares = dict(zip(queues, got, strict=True))
     calls = []
     runs: dict[tuple[Any, ...], list[Any]] = {}
-    for n in nodes:  # one land per queue and options, in the given order
-        runs.setdefault((n.queue, n.policy, n.max_attempts, n.timeout_ms, n.priority), []).append(n)
-    for (queue, policy, attempts, limit, priority), group in runs.items():
+    for n, flag in zip(nodes, flags, strict=True):  # one land per queue and options, in order
+        # counted now: no earlier landing of it can have happened, so land's one EXISTS over
+        # the batch stands for the per-child reads (a re-run's children are read one by one)
+        check = "0" if int(flag) == 1 else "1"
+        key = (n.queue, check, n.policy, n.max_attempts, n.timeout_ms, n.priority)
+        runs.setdefault(key, []).append(n)
+    for (queue, check, policy, attempts, limit, priority), group in runs.items():
         share = shares.get(queue)
         gate = [] if share is None else ks.gate_keys(queue, up.queue, up.id)
         fixed = ks.queue_keys(queue)
         rows = ks.job_prefix(queue)
         up_queue = up.queue if up.queue != queue else ""
         for part in chunks(group):
-            argv: list[Any] = ["1", up.id, up_queue, policy, attempts]
+            argv: list[Any] = [check, up.id, up_queue, policy, attempts]
             argv += ["" if limit is None else limit, priority, "" if share is None else share]
             for n in part:
                 argv += [n.id, n.payload]

@@ -22,8 +22,10 @@
 -- retried add of the original flow still converge (hold.lua compares total - grown with N).
 -- Owner of what it writes: the row's fields, the counter and the explicit record go with the
 -- flow's expiry (expire.lua / drop_node.lua), as hold.lua's.
--- Returns: {recorded now, cap or false}: cap is the parent's max_running (the host then lands
--- the children through their queue's gate).
+-- Returns: {flags, cap or false}: flags, per child, 1 recorded now (no earlier spawn counted it,
+-- so no earlier landing wrote its row: the host lands it with land.lua's check '0') or 0
+-- recorded before (a re-run: land.lua reads its row); cap is the parent's max_running (the
+-- host then lands the children through their queue's gate).
 -- Errors: EMQKIND bad id; EMQNOJOB no such parent; EMQFLOW the parent is not held, or not a
 -- flow parent; EMQARG the bound, or a capped parent's queue without a share.
 local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'cap', 'cq', 'grown')
@@ -39,11 +41,23 @@ if row[1] ~= 'held' then
 end
 local queues, cq = {}, row[4] or ''
 for name in string.gmatch(cq, '%S+') do queues[name] = true end
-local fresh, grown_cq = {}, {}
+local ids = {}
 for i = 3, #ARGV, 2 do
   local bad = check_id(ARGV[i])
   if bad then return bad end
-  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
+  ids[#ids + 1] = ARGV[i]
+end
+local known = {}  -- one HMGET per 1,000 ids, not a read per child
+for i = 1, #ids, 1000 do
+  local got = redis.call('HMGET', KEYS[3], unpack(ids, i, math.min(i + 999, #ids)))
+  for j = 1, #got do known[i + j - 1] = got[j] end
+end
+local fresh, flags, grown_cq = {}, {}, {}
+for j = 1, #ids do
+  local i = 1 + 2 * j
+  flags[j] = 0
+  if not known[j] then
+    flags[j] = 1
     fresh[#fresh + 1] = ARGV[i]; fresh[#fresh + 1] = ARGV[i + 1]
     local q = ARGV[i + 1]
     if not queues[q] then
@@ -73,4 +87,4 @@ if n > 0 then
   end
   redis.call('HSET', KEYS[1], unpack(fields))
 end
-return {n, row[3] or false}
+return {flags, row[3] or false}
