@@ -25,7 +25,7 @@ from echomq_core import (
 )
 
 from .conftest import Backend
-from .flowkit import keys_of, work_off
+from .flowkit import keys_of, run_steps, work_off
 from .waiting import eventually
 
 
@@ -258,4 +258,29 @@ def test_spawned_children_keep_their_policy_and_count_against_the_threshold(
         outcome[len(deaths)] = (snap.parent_state, snap.ignored, snap.failed)
         assert ids[0] in mq.ignored_failures(parents, ref.parent_id)
     assert outcome == {2: ("released", 1, 1), 3: ("failed", 1, 2)}
+    mq.close()
+
+
+def test_a_spawn_cut_after_its_count_is_completed_by_the_rerun(
+    backend: Backend, prefix: str
+) -> None:
+    """The worker dies after the parent counted the children, before they landed: the flow
+    waits for them (never released early), and the re-run lands them, counting nothing twice."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "cut")
+    ref = mq.add_flow(parents, [Child("seed", queue=work)], barrier=True)
+    seed = claim_one(mq, work)
+    kids = [Child(i) for i in range(4)]
+    nodes = spawning.plan_spawn(seed, kids, dumps=mq.encode, max_payload=mq.max_payload_bytes,
+                                start=0)  # fmt: skip
+    run_steps(mq, spawning.spawn(mq.keys, seed, nodes), 1)  # counted, then the crash
+    assert mq.snapshot(parents, ref.parent_id).dependencies == 5
+    assert mq.queue(work).stats()["pending"] == 0  # nothing landed
+    rerun = Job(work, seed.id, seed.token, seed.payload, 1, seed.max_attempts, seed.parent)
+    rerun.spawner = spawning.sync_spawner(mq)
+    rerun.spawn(kids)
+    assert mq.queue(work).complete_many([(seed, "ok")]) == [True]
+    work_off(mq, [parents, work])
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.parent_state, snap.total, snap.processed) == ("released", 5, 5)
     mq.close()
