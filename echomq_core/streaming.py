@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ class Follow:
     block: float = 1.0
     page: int = 500
     at: str = _START  # the last entry consumed (the cursor's entry id)
-    buffer: list[tuple[str, str, bytes]] = field(default_factory=list)
+    buffer: deque[tuple[str, str, bytes]] = field(default_factory=deque)
     last: str = _START  # the last entry of the pages read so far
     next: str = "more"  # what the loop does once the buffer is empty: more | wait | end
 
@@ -134,7 +135,7 @@ class Follow:
         if not self.buffer:
             self.at = self.last
             return None
-        entry, child, raw = self.buffer.pop(0)
+        entry, child, raw = self.buffer.popleft()
         self.at = entry
         return child, self.serializer.loads(raw)
 
