@@ -36,7 +36,9 @@ if not row[2] then
   return redis.error_reply('EMQFLOW the parent of ' .. ARGV[1] .. ' is not a flow parent')
 end
 if row[1] ~= 'held' then
-  return redis.error_reply('EMQFLOW the flow of ' .. ARGV[1] .. ' is ' .. row[1] ..
+  local what = row[1]
+  if what == 'pending' then what = 'released (its parent is queued for a worker)' end
+  return redis.error_reply('EMQFLOW the flow of ' .. ARGV[1] .. ' is ' .. what ..
     ': nothing spawned (only a held flow grows)')
 end
 local queues, cq = {}, row[4] or ''

@@ -284,3 +284,39 @@ def test_a_spawn_cut_after_its_count_is_completed_by_the_rerun(
     snap = invariant(mq, parents, ref.parent_id)
     assert (snap.parent_state, snap.total, snap.processed) == ("released", 5, 5)
     mq.close()
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_a_released_or_failed_flow_does_not_grow(
+    backend: Backend, prefix: str, barrier: bool
+) -> None:
+    """A stale run of a child (its flow released, or failed, since) spawns nothing."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rl")
+    done = mq.add_flow(parents, [Child("seed", queue=work)], barrier=barrier)
+    failing = mq.add_flow(parents, [Child("seed", queue=work), Child("x", queue=work,
+                                                                      max_attempts=1)])  # fmt: skip
+    seeds = {j.parent.id: j for j in mq.queue(work).claim(2)}  # type: ignore[union-attr]
+    stale = {pid: Job(work, j.id, j.token, j.payload, 0, 1, j.parent) for pid, j in seeds.items()}
+    for job in stale.values():
+        job.spawner = spawning.sync_spawner(mq)
+    assert mq.queue(work).complete_many([(seeds[done.parent_id], "ok")]) == [True]
+    work_off(mq, [work], die=lambda job: job.payload == "x")
+    pump = Pump(mq, [parents, work])
+    try:
+        def settled() -> bool:
+            pump.tick()
+            return bool(mq.snapshot(parents, done.parent_id).released) and (
+                mq.snapshot(parents, failing.parent_id).parent_state == "failed"
+            )
+
+        eventually(settled, 10, "the release and the failure")
+    finally:
+        pump.release_leases()
+    before = keys_of(backend, prefix)
+    with pytest.raises(FlowConflict, match=r"released: nothing spawned|released \(its parent"):
+        stale[done.parent_id].spawn([Child(1)])
+    with pytest.raises(FlowConflict, match="failed: nothing spawned"):
+        stale[failing.parent_id].spawn([Child(1)])
+    assert keys_of(backend, prefix) == before
+    mq.close()
