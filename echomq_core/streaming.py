@@ -147,7 +147,7 @@ class Follow:
         keys = [row, self.ks.settle_log(self.queue, self.parent_id)]
         keys.append(self.ks.processed(self.queue, self.parent_id))
         ((state, error, logged, flat),) = yield [
-            Call.lua("log_read", keys, [self.last, self.page])
+            Call.lua("log_read", keys, [self.last, self.page, self.parent_id])
         ]
         state = _s(state) if state else None
         if state is None:

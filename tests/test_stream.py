@@ -252,3 +252,18 @@ def test_redelivered_signals_log_nothing_twice(backend: Backend, prefix: str) ->
     log = mq.keys.settle_log(parents, ref.parent_id)
     assert len(keys_of(backend, prefix)[log][1]) == 6  # one entry per child, no more
     mq.close()
+
+
+def test_ids_of_their_own_and_derived_ids_both_come_back_whole(
+    backend: Backend, prefix: str
+) -> None:
+    """The log keeps a derived id as '.<i>' (the parent's id is most of it): the reader gives
+    it back whole, and an explicit id, kept whole, too."""
+    mq = backend.client(prefix)
+    (queue,) = backend.queues_on_distinct_nodes(1, "ix")
+    kids = [Child(0), Child(1, id="JOB-own/with.slash"), Child(2, id="JOB-x.1")]
+    ref = mq.add_flow(queue, kids, parent_id="JOB-af/dag/task/abc", barrier=True, stream=True)
+    work_off(mq, [queue], lambda job: job.payload)
+    got = dict(mq.iter_results(queue, ref.parent_id))
+    assert got == {"JOB-af/dag/task/abc.0": 0, "JOB-own/with.slash": 1, "JOB-x.1": 2}
+    mq.close()

@@ -12,7 +12,8 @@
 --   items = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
 --   row   = the parent row's fields settle read: state, barrier, parent, gen, repairs, allow, log
 -- The settle log (row field `log` = '1', set by hold.lua for a flow added with stream=True):
--- every child recorded now (status 1) appends one entry, field = its kind, value = its id, to
+-- every child recorded now (status 1) appends one entry, field = its kind, value = its id (an
+-- id under the parent's, '<parent>.<rest>', kept as '.<rest>': most of an entry is the id), to
 -- pk[7] in this same step, in settle order - so the log and the counter never disagree (a
 -- redelivered or stale report records nothing and logs nothing). Values stay in :processed;
 -- the reader (log_read.lua) fetches them, so an entry costs the same whatever the result's
@@ -89,7 +90,13 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
       statuses[i] = 0
     elseif redis.call('HSETNX', target, child, value) == 1 then
       statuses[i] = 1
-      if row[7] then redis.call('XADD', pk[7], '*', kind, child) end
+      if row[7] then
+        local logged = child
+        if string.sub(child, 1, #parent_id + 1) == parent_id .. '.' then
+          logged = string.sub(child, #parent_id + 1)
+        end
+        redis.call('XADD', pk[7], '*', kind, logged)
+      end
       if kind ~= 'f' then
         settled = settled + 1
       elseif allow and state == 'held' and not first_failure then
