@@ -15,7 +15,9 @@ key                       type    holds
                                   the last failed attempt's traceback (at most 16 KiB, the
                                   tail; dropped by a revive or repair), the last 10 failed
                                   attempts (``history``, at most 1.6 KiB), a completed kept
-                                  row's last start and worker (``started``, ``worker``)
+                                  row's last start and worker (``started``, ``worker``); a
+                                  parent's ``log`` (it keeps a settle log) and ``grown``
+                                  (how many of its ``total`` were spawned: spawn.lua)
 ``job:<id>:dependencies`` string  a parent's outstanding-child counter
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
