@@ -70,6 +70,9 @@ def test_spawned_siblings_are_counted_before_the_spawner_settles(
     assert values == {seed.id: "seeded", **spawned}
     streamed = dict(mq.iter_results(parents, ref.parent_id))
     assert streamed == values
+    assert dict(mq.iter_children_values(parents, ref.parent_id)) == values
+    with pytest.raises(InvalidArgument):  # positions: spawned ids have none
+        mq.children_values_range(parents, ref.parent_id, 0, 6)
     # a retried add of the original flow still converges (N is what it added)
     again = mq.add_flow(parents, [Child("seed", queue=work)], parent_id=ref.parent_id,
                         barrier=True, stream=True)  # fmt: skip
