@@ -25,8 +25,9 @@ only those missing. Explicit ids are refused: a re-run must reproduce the ids, a
 cannot collide with a sibling's. Spawned children are recorded like children with ids of their
 own, so cancel, repair, parking and the expiry reach them; their deaths count against the
 flow's success threshold (its allowance stays the count computed when the flow was added).
-Only leaves are spawned (no sub-flows), and only siblings (a job growing children of its own
-is not offered).
+A child spawned into a sharded queue goes to its id's shard, as an add places it. Only leaves
+are spawned (no sub-flows), and only siblings (a job growing children of its own is not
+offered).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import sharding
 from .calls import Call, Op
 from .checks import text as _s
 from .errors import InvalidArgument
@@ -94,13 +96,25 @@ def plan_spawn(
     return root.children
 
 
-def spawn(ks: Keyspace, job: Job, nodes: list[Any], bound: int = MAX_FLOW) -> Op[list[str]]:
+def spawn(
+    ks: Keyspace,
+    job: Job,
+    nodes: list[Any],
+    bound: int = MAX_FLOW,
+    shard_cache: dict[str, sharding.Shards] | None = None,
+) -> Op[list[str]]:
     """Count the children on the parent's slot, land them, read the parent's state (see the
     module doc). Returns their ids. Three round trips (four when the flow has a cap: its gates'
-    shares are read; one more when the flow was cancelled meanwhile).
-    ``bound``: how many children the flow may have in all."""
+    shares are read; one more when the flow was cancelled meanwhile; one more the first time a
+    process spawns into a queue: its shard count is read, and a child of a sharded queue goes
+    to its id's shard, as an add places it). ``bound``: how many children the flow may have."""
     up = job.parent
     assert up is not None
+    shards = yield from sharding.resolve(
+        ks, {} if shard_cache is None else shard_cache, {n.queue for n in nodes}
+    )
+    for n in nodes:
+        n.queue = sharding.shard_of(shards[n.queue], n.id)
     keys = [ks.job(up.queue, up.id), ks.dependencies(up.queue, up.id)]
     keys.append(ks.explicit(up.queue, up.id))
     pairs = [x for n in nodes for x in (n.id, n.queue)]
@@ -159,7 +173,7 @@ def sync_spawner(client: EchoMQ) -> Callable[[Job, Sequence[Child]], list[str]]:
             job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
             start=job.spawned,
         )  # fmt: skip
-        ids = client.perform(spawn(client.keys, job, nodes))
+        ids = client.perform(spawn(client.keys, job, nodes, shard_cache=client.shard_cache))
         job.spawned += len(ids)  # only once it is written: a retried call derives the same ids
         return ids
 
@@ -178,7 +192,8 @@ def async_spawner(client: AsyncEchoMQ, loop: asyncio.AbstractEventLoop) -> Calla
         )  # fmt: skip
 
         async def go() -> list[str]:
-            ids: list[str] = await client.connection.perform(spawn(client.keys, job, nodes))
+            op = spawn(client.keys, job, nodes, shard_cache=client.shard_cache)
+            ids: list[str] = await client.connection.perform(op)
             job.spawned += len(ids)
             return ids
 

@@ -21,6 +21,7 @@ from echomq_core import (
     Job,
     Pump,
     Worker,
+    sharding,
     spawning,
 )
 
@@ -207,7 +208,8 @@ def test_a_cancel_between_counting_and_landing_still_stops_the_spawned(
     seed = claim_one(mq, work)
     nodes = spawning.plan_spawn(seed, [Child(i) for i in range(3)], dumps=mq.encode,
                                 max_payload=mq.max_payload_bytes, start=0)  # fmt: skip
-    op = spawning.spawn(mq.keys, seed, nodes)
+    mq.shards(work)  # the shard count, cached: the op's first step is the count
+    op = spawning.spawn(mq.keys, seed, nodes, shard_cache=mq.shard_cache)
     land = op.send(mq.connection.execute(next(op)))  # counted; the land step is next
     mq.cancel_flow(parents, ref.parent_id, reason="mid-spawn")
     step = op.send(mq.connection.execute(land))  # landed: claimable for a moment
@@ -276,7 +278,8 @@ def test_a_spawn_cut_after_its_count_is_completed_by_the_rerun(
     kids = [Child(i) for i in range(4)]
     nodes = spawning.plan_spawn(seed, kids, dumps=mq.encode, max_payload=mq.max_payload_bytes,
                                 start=0)  # fmt: skip
-    run_steps(mq, spawning.spawn(mq.keys, seed, nodes), 1)  # counted, then the crash
+    mq.shards(work)  # the shard count, cached: the op's first step is the count
+    run_steps(mq, spawning.spawn(mq.keys, seed, nodes, shard_cache=mq.shard_cache), 1)
     assert mq.snapshot(parents, ref.parent_id).dependencies == 5
     assert mq.queue(work).stats()["pending"] == 0  # nothing landed
     rerun = Job(work, seed.id, seed.token, seed.payload, 1, seed.max_attempts, seed.parent)
@@ -322,4 +325,23 @@ def test_a_released_or_failed_flow_does_not_grow(
     with pytest.raises(FlowConflict, match="failed: nothing spawned"):
         stale[failing.parent_id].spawn([Child(1)])
     assert keys_of(backend, prefix) == before
+    mq.close()
+
+
+def test_spawned_children_of_a_sharded_queue_go_to_their_shards(
+    backend: Backend, prefix: str
+) -> None:
+    mq = backend.client(prefix)
+    parents, wide = backend.queues_on_distinct_nodes(2, "sh")
+    shards = mq.set_shards(wide, 3)
+    ref = mq.add_flow(parents, [Child("seed", queue=parents)], barrier=True)
+    seed = claim_one(mq, parents)
+    ids = seed.spawn([Child(i, queue=wide) for i in range(30)])
+    rows = {i: mq.get_job(sharding.shard_of(shards, i), i).state for i in ids}
+    assert set(rows.values()) == {"pending"}, rows
+    assert all(mq.queue(s).stats()["pending"] > 0 for s in shards)  # spread over the shards
+    assert mq.queue(parents).complete_many([(seed, "ok")]) == [True]
+    work_off(mq, [parents, *shards])
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.parent_state, snap.processed) == ("released", 31)
     mq.close()
