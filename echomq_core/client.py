@@ -14,17 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import children as child_reads
-from . import (
-    failures,
-    flows,
-    lifecycle,
-    ops,
-    rates,
-    release_watch,
-    retention,
-    sharding,
-    streaming,
-)
+from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding, streaming
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
