@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import ops, sharding
+from . import ops, sharding, spawning
 from .async_queue import AsyncQueue
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
@@ -454,6 +454,7 @@ class AsyncWorker(OptionAttributes):
         if job.decode_error is not None:
             return (job.decode_error, False, None)
         handler = self.handlers[job.queue]
+        job.spawner = spawning.async_spawner(self.client, asyncio.get_running_loop())
         try:
             if self._async[job.queue]:
                 value = await handler(job)

@@ -77,6 +77,7 @@ class _Node:
     cap: int | None = None  # a parent's max_running over its own leaf children
     shares: dict[str, int] | None = None  # with a cap: each leaf queue's share of it
     allow: int | None = None  # a success threshold: how many fail-parent children may die
+    stream: bool = False  # a root that keeps a settle log (add_flow(stream=True))
 
 
 def new_parent_id() -> str:
@@ -375,6 +376,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "
             "" if node.allow is None else node.allow,
             "" if node.cap is None else node.cap,
             digest,
+            "1" if node.stream else "",
             *explicit,
         ],
     )

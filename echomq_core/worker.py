@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import sharding
+from . import sharding, spawning
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
@@ -161,6 +161,7 @@ class Worker(OptionAttributes):
         self.queues = make_queues(client, handlers, opts, queue_options, Queue)
         self.pump = worker_pump(client, list(self.queues), pump, hooks)
         self.client = client
+        self._spawner = spawning.sync_spawner(client)  # what job.spawn() calls
         self.handlers = dict(handlers)
         self.hooks = hooks
         #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
@@ -523,6 +524,7 @@ class Worker(OptionAttributes):
         """Run one handler: the encoded result, or (error text, retry?)."""
 
         def call() -> Any:
+            job.spawner = self._spawner
             result = handler(job)
             if inspect.isawaitable(result):  # one event loop per runner thread, kept
                 loop = getattr(self._loops, "loop", None)
