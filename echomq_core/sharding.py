@@ -58,6 +58,15 @@ def shard_of(shards: Shards, job_id: str) -> str:
     return shards[zlib.crc32(job_id.encode()) % len(shards)]
 
 
+def logical_of(cache: Mapping[str, Shards], name: str) -> str:
+    """The logical queue ``name`` is a shard of, as far as ``cache`` (a client's shard cache)
+    knows; ``name`` itself otherwise. What hooks and logs show for a physical queue."""
+    for queue, names in cache.items():
+        if len(names) > 1 and name in names:
+            return queue
+    return name
+
+
 def shard_name(queue: str, index: int, tail: int) -> str:
     return f"{queue}+s{index}.{tail}"
 

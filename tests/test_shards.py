@@ -173,7 +173,7 @@ def test_a_flow_into_three_shards_settles_every_child_once(backend: Backend, mq:
     def child(job: Job) -> Any:
         with lock:
             runs[job.id] += 1
-            by_shard[job.queue] += 1
+            by_shard[job.shard] += 1
         return job.payload
 
     n = 3000
@@ -230,7 +230,7 @@ def test_an_idle_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ) -> N
     got: list[str] = []
 
     def handle(job: Job) -> Any:
-        got.append(job.queue)
+        got.append(job.shard)
         return None
 
     worker = Worker(mq, {"idle": handle}, poll=30.0, max_poll=60.0)
@@ -304,7 +304,7 @@ def test_the_async_worker_serves_every_shard(backend: Backend, mq: EchoMQ) -> No
     runs: Counter[str] = Counter()
 
     async def handle(job: Job) -> Any:
-        runs[job.queue] += 1
+        runs[job.shard] += 1
         return job.payload
 
     async def main() -> set[str]:
@@ -332,7 +332,7 @@ def test_an_idle_async_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ
     got: list[str] = []
 
     async def handle(job: Job) -> Any:
-        got.append(job.queue)
+        got.append(job.shard)
 
     async def main() -> None:
         amq = AsyncEchoMQ(backend.url, cluster=True, prefix=mq.keys.prefix)
@@ -410,7 +410,7 @@ def test_claims_take_the_shards_in_turn(mq: EchoMQ) -> None:
     mq.set_shards("wfair", 3)
     mq.queue("wfair").add_bulk(list(range(300)))
     order: list[str] = []
-    worker = Worker(mq, {"wfair": lambda job: order.append(job.queue)}, max_batch=1)
+    worker = Worker(mq, {"wfair": lambda job: order.append(job.shard)}, max_batch=1)
     worker.start()
     try:
         eventually(lambda: len(order) >= 30, timeout=30, what=lambda: len(order))
