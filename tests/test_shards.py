@@ -432,18 +432,6 @@ def test_retention_applies_to_every_shard(mq: EchoMQ) -> None:
     assert mq.shards("ret") == names  # the copy did not touch the shards field
 
 
-def test_rate_limits_are_refused_on_sharded_queues(mq: EchoMQ) -> None:
-    mq.set_shards("rl", 2)
-    with pytest.raises(InvalidArgument, match="sharded"):
-        mq.set_rate_limit("rl", "10/s")
-    assert mq.rate_limit("rl") is None
-    mq.set_rate_limit("rl", None)  # removing one is fine
-    mq.set_rate_limit("rl-plain", "10/s")
-    with pytest.raises(InvalidArgument, match="rate limit"):
-        mq.set_shards("rl-plain", 2)
-    assert mq.shards("rl-plain") == ("rl-plain",)
-
-
 def test_a_re_add_converges_and_a_replace_takes_new_shards(backend: Backend, mq: EchoMQ) -> None:
     names = mq.set_shards("rk", 3)
     pid = "JOB-af/dag/replace/77aa"
