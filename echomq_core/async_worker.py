@@ -460,7 +460,7 @@ class AsyncWorker(OptionAttributes):
             return (job.decode_error, False, None)
         handler = self.handlers[job.shard]
         try:
-            if self._async[job.queue]:
+            if self._async[job.shard]:
                 value = await handler(job)
             else:
                 loop = asyncio.get_running_loop()
