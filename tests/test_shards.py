@@ -405,7 +405,7 @@ def test_claims_take_the_shards_in_turn(mq: EchoMQ) -> None:
     names = mq.set_shards("fair", 3)
     queue = mq.queue("fair")
     queue.add_bulk(list(range(300)))
-    firsts = [queue.claim(5)[0].queue for _ in range(6)]
+    firsts = [queue.claim(5)[0].shard for _ in range(6)]
     assert firsts == [*names, *names]
     mq.set_shards("wfair", 3)
     mq.queue("wfair").add_bulk(list(range(300)))
