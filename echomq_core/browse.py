@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import ops
-from .calls import Call, Op
+from .calls import Call, Op, scored
 from .checks import text as _s
 from .flows import snapshot
 from .keyspace import Keyspace, check_job_id, check_queue
@@ -53,9 +53,7 @@ def _error(raw: Any) -> str | None:
 
 
 def _scored(flat: Any) -> list[tuple[str, float]]:
-    if flat and isinstance(flat[0], list | tuple):
-        return [(_s(m), float(sc)) for m, sc in flat]
-    return [(_s(m), float(sc)) for m, sc in zip(flat[::2], flat[1::2], strict=True)]
+    return [(_s(m), float(sc)) for m, sc in scored(flat)]
 
 
 # -- one job -------------------------------------------------------------------------------

@@ -63,3 +63,11 @@ class Durable(Lenient):
 
 #: An operation: yields steps (lists of calls), receives their replies, returns its result.
 Op = Generator[list[Call], list[Any], T]
+
+
+def scored(flat: Any) -> list[tuple[Any, Any]]:
+    """A ``WITHSCORES`` reply as (member, score) pairs, whichever the driver gave: RESP2's
+    flat list (members and scores alternating) or redis-py's own pairs."""
+    if flat and isinstance(flat[0], list | tuple):
+        return [(m, sc) for m, sc in flat]
+    return list(zip(flat[::2], flat[1::2], strict=True))

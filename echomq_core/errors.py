@@ -25,7 +25,8 @@ class EchoMQError(Exception):
 
 
 class ConfigurationError(EchoMQError, ValueError):
-    """Raised when a connection URL, an option or a setting is malformed or unknown."""
+    """Raised when a connection URL, an option or a setting is malformed or unknown, or when a
+    data frame is asked of a library that is not installed (the message names the extra)."""
 
 
 class ServerStartError(EchoMQError):

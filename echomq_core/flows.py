@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .calls import Call, Lenient, Op
+from .calls import Call, Lenient, Op, scored
 from .checks import MAX_ATTEMPTS, check_int, timeout_ms
 from .checks import text as _s
 from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput
@@ -703,13 +703,6 @@ def flow_cap(ks: Keyspace, queue: str, parent_id: str) -> Op[FlowCap | None]:
     )
 
 
-def _scored(flat: Any) -> list[tuple[Any, Any]]:
-    """A WITHSCORES reply as (member, score) pairs (redis-py pairs them up itself)."""
-    if flat and isinstance(flat[0], list | tuple):
-        return [(m, sc) for m, sc in flat]
-    return list(zip(flat[::2], flat[1::2], strict=True))
-
-
 def close_flow(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
     """Close a released barrier flow (its retention starts); the state after the call."""
     (state,) = yield [
@@ -733,7 +726,7 @@ def list_flows(
     ]
     found: list[tuple[str, str, float]] = []
     for state, flat in zip(states, ranges, strict=True):
-        for member, score in _scored(flat):
+        for member, score in scored(flat):
             found.append((state, _s(member), float(score)))
     if not found:
         return []

@@ -30,11 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .calls import Call, Lenient, Op
+from .calls import Call, Lenient, Op, scored
 from .checks import check_int
 from .checks import text as _s
 from .errors import InvalidArgument
-from .flows import _scored as scored
 from .keyspace import QUEUE_NAME_RE, Keyspace, check_queue
 
 #: How long a watcher's cursor outlives its last poll, seconds (a week): a watcher gone longer

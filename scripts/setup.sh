@@ -37,11 +37,11 @@ case "$mode" in
     # production-stack test (tests/airflow/test_production.py) needs the Celery provider and
     # PostgreSQL's drivers (psycopg2; asyncpg for Airflow's async engine); celery 5.7 moved
     # what the provider's worker imports (celery.backends.database.retry), so below it.
-    pip_install -e ".[dev,dashboard]" -e ./airflow_provider -e ./dagster_integration dagster-webserver \
+    pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration dagster-webserver \
       apache-airflow-providers-celery "celery<5.7" psycopg2-binary asyncpg
     ;;
   floor)
-    pip_install -e ".[dev,dashboard]" -e ./airflow_provider -e ./dagster_integration \
+    pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration \
       "apache-airflow~=${FLOOR_AIRFLOW}" "dagster~=${FLOOR_DAGSTER}" \
       "dagster-webserver~=${FLOOR_DAGSTER}"
     ;;

@@ -239,3 +239,7 @@ def test_stopping_an_idle_worker_ends_its_blocked_runners_quietly(
         thread.join(10)
     assert not any(t.is_alive() for t in other._runners)
     assert "waiting for work failed" not in caplog.text
+    # the rest of both workers (helpers, heartbeat, Pump) ends too: nothing outlives the test
+    other.stop(wait=False)
+    for w in (worker, other):
+        assert w.pump is not None and not w.pump.running

@@ -34,6 +34,17 @@ a value: 100,000 children in slices of 1,000 are 100 mapped tasks and a 13 KB XC
 
     load.expand(part=slices(wait.output))
 
+As a data frame: :func:`flow_frame` gives the same results as a pandas or polars DataFrame or
+an Arrow table (``kind``), built one page at a time (:mod:`echomq_core.frames`): a ``child``
+column (the index or key) and the value's fields as columns (a value that is not a mapping in
+one ``value`` column). It reads a slice as :func:`flow_results` does. Return a summary of it,
+not the frame, from the task: a frame returned goes to XCom whole::
+
+    @task
+    def load(part: dict) -> int:
+        frame = flow_frame(part, kind="polars")
+        return int(frame["rows"].sum())
+
 Slices are positions in ``children``: a flow whose specs gave keys (ids of their own) is
 refused with :class:`~echomq_core.InvalidArgument`; read it whole.
 
@@ -46,6 +57,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+
+from echomq_core import frames
 
 from .hooks.echomq import DEFAULT_PAGE, EchoMQHook
 
@@ -83,3 +96,25 @@ def flow_slices(
         return hook.slices(flow, size)
     finally:
         hook.close()
+
+
+def flow_frame(
+    flow: Any,
+    kind: str = "pandas",
+    *,
+    key: str = "child",
+    echomq_conn_id: str = EchoMQHook.default_conn_name,
+    prefix: str | None = None,
+    page: int = DEFAULT_PAGE,
+) -> Any:
+    """The results :func:`flow_results` yields, as a frame of ``kind`` (``"pandas"``,
+    ``"polars"`` or ``"arrow"``) whose ``key`` column holds each child's index or key; see
+    :func:`echomq_core.frames.results_frame`. A kind not installed is refused before anything
+    is read."""
+    frames.library(kind)
+    return frames.results_frame(
+        flow_results(flow, echomq_conn_id=echomq_conn_id, prefix=prefix, page=page),
+        kind,
+        key=key,
+        page=page,
+    )

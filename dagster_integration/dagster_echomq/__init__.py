@@ -6,6 +6,9 @@ fan out across two queues (also per daily partition) and summarise the children'
 downstream, and the README's Dagster section for how to deploy it.
 """
 
+from .automation import after_release as after_release
+from .automation import echomq_release_sensor as echomq_release_sensor
+from .automation import echomq_released as echomq_released
 from .checks import echomq_flow_check as echomq_flow_check
 from .input_settings import echomq_input as echomq_input
 from .io_manager import EchoMQIOManager as EchoMQIOManager

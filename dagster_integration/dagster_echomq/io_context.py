@@ -66,11 +66,35 @@ def named_flow(context: InputContext, meta: Mapping[str, Any]) -> FlowRef:
 def wants_stream(context: InputContext, *, partitioned: bool) -> bool:
     """Whether the input is annotated :class:`FlowStream` (or, read over several partitions,
     ``dict[str, FlowStream]``)."""
+    typ = _value_type(context, partitioned)
+    return isinstance(typ, type) and issubclass(typ, FlowStream)
+
+
+#: The frame classes an input may be annotated with, by where they are defined (so that
+#: telling them apart imports none of the libraries), and the frame kind each is.
+FRAME_TYPES = {
+    ("pandas", "DataFrame"): "pandas",
+    ("polars", "DataFrame"): "polars",
+    ("pyarrow", "Table"): "arrow",
+}
+
+
+def wanted_frame(context: InputContext, *, partitioned: bool) -> str | None:
+    """The frame kind (:mod:`echomq_core.frames`) of an input annotated ``pandas.DataFrame``,
+    ``polars.DataFrame`` or ``pyarrow.Table`` (or a ``dict[str, ...]`` of one, read over
+    several partitions); None for any other annotation."""
+    typ = _value_type(context, partitioned)
+    if not isinstance(typ, type):
+        return None
+    return FRAME_TYPES.get((typ.__module__.split(".")[0], typ.__name__))
+
+
+def _value_type(context: InputContext, partitioned: bool) -> Any:
     typ = context.dagster_type.typing_type
     if partitioned and typing.get_origin(typ) in (dict, collections.abc.Mapping):
         args = typing.get_args(typ)
         typ = args[1] if len(args) == 2 else Any
-    return isinstance(typ, type) and issubclass(typ, FlowStream)
+    return typ
 
 
 def run_tags(context: InputContext) -> Mapping[str, str]:

@@ -15,6 +15,10 @@ Using::
     def big_summary(measurements: FlowStream) -> ...:   # (child id, result) pairs, page by page
         ...
 
+    @asset
+    def table(measurements: pl.DataFrame) -> ...:   # a row per child (pd.DataFrame, pa.Table)
+        ...
+
 **Output.** ``handle_output`` stores the handle (see :mod:`dagster_echomq.reading`) and
 records what is true when the flow is added: its queue, parent id and N. A partitioned asset
 adds one flow per partition: a step over one partition returns a ``FlowRef``; a step over
@@ -31,7 +35,10 @@ names, or - a spec naming only a queue - the flow the sensor launched this run f
 Pump for the queues of its children while it waits (:mod:`dagster_echomq.resource`), logs
 progress, and returns ``{child id: result}``; an input annotated :class:`FlowStream` gets an
 iterable of ``(child id, result)`` that reads the results page by page instead (memory flat
-at any N; each pass over it reads them again). A downstream
+at any N; each pass over it reads them again); an input annotated ``pandas.DataFrame``,
+``polars.DataFrame`` or ``pyarrow.Table`` gets the results as that frame, built page by page
+(:mod:`echomq_core.frames`: a ``child_id`` column, a mapping value's fields as columns; the
+library comes with the ``echomq[pandas|polars|arrow]`` extra). A downstream
 step over several partitions gets ``{partition key: <that>}``. It records the final counts
 and the ids and errors of failed and ignored children (capped) as an observation of the
 upstream asset (of each partition read) written as an event of the run and step, so the UI
@@ -46,7 +53,7 @@ or a bad value is refused with ``InvalidInput`` naming it, before any wait or re
 **Empty plans.** An :class:`~dagster_echomq.reading.EmptyFlow` output (``fan_out(...,
 on_empty="empty")``) names no flow: its handle is stored marked empty, its materialization
 records N = 0, and ``load_input`` returns at once the empty result of a flow's read (``{}``,
-or a ``FlowStream`` that yields nothing) - no wait, no Pump, nothing to close.
+a ``FlowStream`` that yields nothing, or a frame of no rows) - no wait, no Pump, nothing to close.
 
 **Lifecycle.** Once read, a released flow is closed (``close_after_read``; a streamed input
 closes it when a first pass over it is read to its end), so its ``closed`` retention starts
@@ -74,7 +81,7 @@ from dagster import (
 from dagster._core.events import DagsterEvent
 from pydantic import Field, PrivateAttr
 
-from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
+from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput, frames
 from echomq_core.lifecycle import repair_on_readd
 from echomq_core.waiting import MISSING, WAITING, kind_of
 
@@ -88,6 +95,7 @@ from .io_context import (
     run_id_of,
     step_context_of,
     step_of,
+    wanted_frame,
     wants_stream,
 )
 from .reading import (
@@ -248,11 +256,16 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         for flow in worker_run(self.client, _real(flows.values())):
             raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
         stream = wants_stream(context, partitioned=len(flows) > 1)
+        frame = wanted_frame(context, partitioned=len(flows) > 1)
+        if frame is not None:
+            frames.library(frame)  # a missing library is named before any wait
         observe_in_run = context.has_asset_key and len(flows) == 1
         values: dict[str | None, Any] = {}
         for key, flow in flows.items():
             if isinstance(flow, EmptyFlow):  # nothing to wait for, read or close
                 values[key] = self._empty(context, key, flow, stream, observe_in_run)
+                if frame is not None:
+                    values[key] = frames.results_frame((), frame)
                 continue
             snap = self._settle(context, flow, settings)
             meta = settled_metadata(self.client, snap, self.flow_page(flow.queue, flow.parent_id))
@@ -274,6 +287,8 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
             close = settings.close_after_read and snap.parent_state == "released"
             if stream:
                 values[key] = FlowStream(flow, snap, self._passes(flow, close, settings.page))
+            elif frame is not None:
+                values[key] = self._frame(flow, close, settings.page, frame)
             else:
                 values[key] = self._read(flow, close, settings.page)
         if len(values) == 1:  # unpartitioned, or one partition: the flow's values themselves
@@ -398,6 +413,15 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         if close:
             self.client.close_flow(flow.queue, flow.parent_id)
         return values
+
+    def _frame(self, flow: FlowRef, close: bool, page: int, kind: str) -> Any:
+        """The results as a frame of ``kind``, read and built page by page (the Python
+        objects of one page at a time beside the frame)."""
+        pairs = self.client.iter_children_values(flow.queue, flow.parent_id, page=page)
+        table = frames.results_frame(pairs, kind, page=page)
+        if close:
+            self.client.close_flow(flow.queue, flow.parent_id)
+        return table
 
     def _passes(
         self, flow: FlowRef, close: bool, page: int

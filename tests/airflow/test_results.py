@@ -16,7 +16,7 @@ import pytest
 from echomq_provider.errors import FlowNotReleased
 from echomq_provider.flow_specs import parent_id_for
 from echomq_provider.hooks.echomq import EchoMQHook
-from echomq_provider.results import flow_results, flow_slices
+from echomq_provider.results import flow_frame, flow_results, flow_slices
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
 from echomq_core import Child, EchoMQ, InvalidArgument, JobNotFound, ParentFailed, Pump
@@ -322,6 +322,14 @@ def test_mapped_tasks_read_one_slice_each_of_the_flow(
         (1500, 2000),
     ]
     assert len(json.dumps(parts)) < 600
+    # the same flow as frames: whole (polars, pages of 700) and one slice per mapped task
+    assert run.xcom("frame_total") == {
+        "rows": 2_000,
+        "sum": sum(n * n for n in range(1, 2_001)),
+        "columns": ["child", "n", "value"],
+        "positions": True,
+    }
+    assert run.mapped_xcoms("slice_frame") == [[500, s, s + 499] for s in range(0, 2000, 500)]
 
 
 def test_slices_of_a_flow_with_ids_of_its_own_are_refused(
@@ -331,3 +339,9 @@ def test_slices_of_a_flow_with_ids_of_its_own_are_refused(
         ref = mq.add_flow("sl", [Child(1, id="JOB-own-1"), Child(2)], barrier=True)
     with pytest.raises(InvalidArgument, match="ids of their own"):
         flow_slices({"queue": "sl", "parent_id": ref.parent_id})
+
+
+def test_a_frame_of_an_unknown_kind_is_refused_before_anything_is_read(echomq_conn: str) -> None:
+    # the flow does not exist: the refusal comes from the kind, before any read
+    with pytest.raises(InvalidArgument, match="frame kind must be one of"):
+        flow_frame({"queue": "nowhere", "parent_id": "JOB-af/d/t/0"}, kind="excel")

@@ -2,7 +2,8 @@
 
 ``plan`` plans 2,000 squares; ``fan_out`` adds them; ``wait`` waits; ``slices`` cuts the flow
 into slices of 500 positions (four small mappings); ``load`` is mapped over them and reads its
-slice's values from the server; ``total`` sums the four sums.
+slice's values from the server; ``total`` sums the four sums. ``frame_total`` reads the whole
+flow as a polars frame, ``slice_frames`` each slice as a pandas frame (``flow_frame``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import dag, task
 from echomq_provider.operators.echo_flow import EchoFlowOperator
-from echomq_provider.results import flow_results, flow_slices
+from echomq_provider.results import flow_frame, flow_results, flow_slices
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
 N, SIZE = 2_000, 500
@@ -44,7 +45,25 @@ def echomq_slices() -> None:
     def total(sums: list[int]) -> int:
         return sum(sums)
 
-    total(load.expand(part=slices(wait.output)))  # type: ignore[arg-type]
+    @task
+    def frame_total(flow: dict[str, Any]) -> dict[str, Any]:
+        frame = flow_frame(flow, kind="polars", page=700)
+        return {
+            "rows": frame.height,
+            "sum": int(frame["value"].sum()),
+            "columns": frame.columns,
+            "positions": sorted(frame["child"].to_list()) == list(range(N)),
+        }
+
+    @task
+    def slice_frame(part: dict[str, Any]) -> list[int]:
+        frame = flow_frame(part, kind="pandas")
+        return [len(frame), int(frame["child"].min()), int(frame["child"].max())]
+
+    parts = slices(wait.output)
+    total(load.expand(part=parts))  # type: ignore[arg-type]
+    frame_total(wait.output)  # type: ignore[arg-type]
+    slice_frame.expand(part=parts)  # type: ignore[arg-type]
 
 
 echomq_slices()
