@@ -286,7 +286,8 @@ class Pump:
     as an asyncio task (:meth:`arun`, with an :class:`~echomq_core.AsyncEchoMQ`).
 
     Options: ``queues`` (None: discover from the registry every ``discover_every`` s; an
-    asyncio Pump needs them given; a sharded queue's logical name serves all its shards); the settings of :class:`~echomq_core.options.PumpOptions`
+    asyncio Pump needs them given; a sharded queue's logical name serves all its shards); the
+    settings of :class:`~echomq_core.options.PumpOptions`
     (page, max_tries, lease, interval, max_stalls, discover_every, sweep_every - None: this
     Pump never sweeps; how long each end state is kept is the queue's setting on the server,
     see :mod:`echomq_core.retention` - maintain_every), by name or as ``options=``;
