@@ -166,3 +166,23 @@ def test_workers_never_exceed_the_limit_over_the_shards(backend: Backend, prefix
     assert len(per_window) >= total // limit
     assert mq.queue("rapi").stats()["completed"] == total
     mq.close()
+
+
+def test_the_async_client_splits_and_reads_the_limit(backend: Backend, mq: EchoMQ) -> None:
+    names = mq.set_shards("ra", 3)
+
+    async def main() -> tuple[Any, Any]:
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=mq.keys.prefix)
+        try:
+            await amq.set_rate_limit("ra", "9/s")
+            got = await amq.rate_limit("ra")
+            with pytest.raises(InvalidArgument, match="at least 3 per window"):
+                await amq.set_rate_limit("ra", "2/s")
+            await amq.set_rate_limit("ra", None)
+            return got, await amq.rate_limit("ra")
+        finally:
+            await amq.close()
+
+    got, gone = asyncio.run(main())
+    assert got is not None and (got.limit, got.window_ms) == (9, 1000) and gone is None
+    assert _rates(mq, names) == [None, None, None]
