@@ -368,11 +368,20 @@ class Deployment:
 
         return str(self.wait_for(reached, timeout, f"{task_id} in {', '.join(states)}"))
 
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+    def xcom(
+        self,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        key: str = "return_value",
+        map_index: int | None = None,
+    ) -> Any:
+        """A task's XCom value (of one mapped instance, ``map_index``)."""
+        index = "" if map_index is None else f"&map_index={map_index}"
         entry = self.api(
             "GET",
             f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}"
-            f"/xcomEntries/{key}?deserialize=true",
+            f"/xcomEntries/{key}?deserialize=true{index}",
         )
         value = entry["value"]
         return json.loads(value) if isinstance(value, str) else value

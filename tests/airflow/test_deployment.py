@@ -15,7 +15,9 @@ One test, three stories on one deployment (starting it costs most of the time):
    DAG's failure callback (the provider's) cancels the flow in the dag processor, and clearing
    the operator repairs it - the next try of the sensor reads it;
 6. a waiting ``@task.echo_flow`` whose supervisor stops heartbeating: the scheduler fails it
-   and the dag processor runs its failure callback (the provider's), which cancels the flow.
+   and the dag processor runs its failure callback (the provider's), which cancels the flow;
+7. (the asset and release-watcher stories, each in its function's docstring);
+8. mapped tasks over ``flow_slices`` and the results as data frames (``flow_frame``).
 
 The example runs also show what the metadata DB's ``xcom`` table holds per task (the return
 values and each "EchoMQ flow" extra link). Then no log line of any component or task came
@@ -222,6 +224,7 @@ def test_real_deployment(tmp_path: Path) -> None:
             HERE / "dags" / "echomq_deploy_zombie.py",
             HERE / "dags" / "echomq_assets.py",
             HERE / "dags" / "echomq_watch.py",
+            HERE / "dags" / "echomq_slices.py",
         ],
         worker_app="worker_proc:HANDLERS",
         pythonpath=[HERE, EXAMPLES, ROOT],
@@ -232,6 +235,9 @@ def test_real_deployment(tmp_path: Path) -> None:
             "ECHOMQ_TEST_JOB_DELAY": "1",
             # a task that stops heartbeating is failed by the scheduler 30 s later (story 6)
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+            # story 8's plan: 24 squares in 4 slices (each job waits a second here)
+            "ECHOMQ_SLICES_N": "24",
+            "ECHOMQ_SLICES_SIZE": "6",
         },
     )
     try:
@@ -246,6 +252,7 @@ def test_real_deployment(tmp_path: Path) -> None:
             reschedule_marked_failed(deployment, mq, markers)
             lost_heartbeat(deployment, mq)
             release_watcher(deployment, mq)
+            slices_and_frames(deployment)
         assert our_bad_lines(deployment.logs()) == []
     finally:
         deployment.stop()
@@ -274,6 +281,29 @@ def example(deployment: Deployment, mq: EchoMQ) -> None:
     }
     assert rows[("fan_out", "return_value")] < 200 and rows[("wait", "return_value")] < 600
     assert rows[("fan_out", LINK_KEY)] < 300 and rows[("wait", SENSOR_LINK_KEY)] < 300
+
+
+def slices_and_frames(deployment: Deployment) -> None:
+    """Mapped tasks over a flow's slices and its results as data frames, as deployed: the
+    slices are the only XCom of the fan-in's inputs, each mapped task reads its slice from the
+    server, and the frames are built in the task processes (polars whole, pandas per slice)."""
+    dag_id, n = "echomq_slices", 24
+    run_id = deployment.trigger(dag_id)
+    assert deployment.wait_run(dag_id, run_id) == "success", deployment.task_states(dag_id, run_id)
+    assert deployment.xcom(dag_id, run_id, "total") == sum(k * k for k in range(1, n + 1))
+    assert deployment.xcom(dag_id, run_id, "frame_total") == {
+        "rows": n,
+        "sum": sum(k * k for k in range(1, n + 1)),
+        "columns": ["child", "n", "value"],
+        "positions": True,
+    }
+    parts = deployment.xcom(dag_id, run_id, "slices")
+    assert [(p["start"], p["stop"]) for p in parts] == [(s, s + 6) for s in range(0, n, 6)]
+    assert [deployment.xcom(dag_id, run_id, "slice_frame", map_index=i) for i in range(4)] == [
+        [6, s, s + 5] for s in range(0, n, 6)
+    ]
+    rows = deployment.xcom_rows(dag_id, run_id)
+    assert rows[("slices", "return_value")] < 600  # the slices, never a value
 
 
 def one_task(deployment: Deployment, mq: EchoMQ) -> None:

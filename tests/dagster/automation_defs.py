@@ -1,14 +1,15 @@
 """Definitions for the declarative-automation test under ``dagster dev``
 (``test_dagster_dev_automation.py``): ``crawl`` adds a cross-queue flow; ``crawl_released`` is
 its release marker, reported by ``crawl_release``; ``crawl_summary`` is automated on it with
-``after_release`` and reads the flow through the IO manager; the daemon's automation sensor
-evaluates it. Configured by the environment: ``ECHOMQ_AUTO_URL``, ``ECHOMQ_AUTO_PREFIX``,
-``ECHOMQ_AUTO_GATE`` (a file each child waits for), ``ECHOMQ_SENSOR_INTERVAL``."""
+``after_release`` and reads the flow through the IO manager as a polars frame; the daemon's
+automation sensor evaluates it. Configured by the environment: ``ECHOMQ_AUTO_URL``,
+``ECHOMQ_AUTO_PREFIX``, ``ECHOMQ_AUTO_GATE`` (a file each child waits for),
+``ECHOMQ_SENSOR_INTERVAL``."""
 
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations.
 import os
-from typing import Any
 
+import polars as pl
 from dagster import (
     AssetExecutionContext,
     AssetSelection,
@@ -46,10 +47,9 @@ crawl_released = echomq_released(crawl)
 
 
 @asset(deps=[crawl_released], automation_condition=after_release(crawl_released))
-def crawl_summary(crawl: dict[str, Any]) -> MaterializeResult:
-    return MaterializeResult(
-        metadata={"children": len(crawl), "sum": sum(v["value"] for v in crawl.values())}
-    )
+def crawl_summary(crawl: pl.DataFrame) -> MaterializeResult:
+    # the results as a polars frame (a row per child), built by the IO manager page by page
+    return MaterializeResult(metadata={"children": crawl.height, "sum": int(crawl["value"].sum())})
 
 
 echomq = EchoMQResource(url=EnvVar("ECHOMQ_AUTO_URL"), prefix=EnvVar("ECHOMQ_AUTO_PREFIX"))

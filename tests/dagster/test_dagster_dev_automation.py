@@ -7,7 +7,8 @@ sensors (the release sensor and the automation condition sensor, both running by
   the downstream is *not* requested (an ``eager()`` downstream would be, and would block);
 * once the gate opens and the flow is released, the release sensor reports the marker's
   materialization (the flow's queue, parent id and counts), and the automation sensor
-  requests the downstream, which reads all N results: one run, after the release;
+  requests the downstream, which reads all N results (as a polars frame, built by the IO
+  manager in the run's step process): one run, after the release;
 * a second run of the fan-out (a new flow) is followed the same way: one more marker, one more
   downstream run.
 

@@ -8,6 +8,7 @@ flow as a polars frame, ``slice_frames`` each slice as a pandas frame (``flow_fr
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +17,10 @@ from echomq_provider.operators.echo_flow import EchoFlowOperator
 from echomq_provider.results import flow_frame, flow_results, flow_slices
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
 
-N, SIZE = 2_000, 500
+#: 2,000 squares in slices of 500 (``dag.test()``); the real deployment, whose worker waits a
+#: second per job, sets a smaller plan in the environment.
+N = int(os.environ.get("ECHOMQ_SLICES_N", "2000"))
+SIZE = int(os.environ.get("ECHOMQ_SLICES_SIZE", "500"))
 
 
 @dag(dag_id="echomq_slices", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
