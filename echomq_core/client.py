@@ -429,18 +429,15 @@ class EchoMQ(_Base):
         """The queue's rate limit and its current window (starts used, when it resets), as
         the server counts them; None when it has none (see :mod:`echomq_core.rates`)."""
         check_queue(queue)
-        return self.perform(rates.get_rate(self.keys, queue))
+        return self.perform(rates.get_rate(self.keys, queue, self.shards(queue)))
 
     def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
         """Limit ``queue`` to ``rate`` job starts across every worker (``"100/s"``,
         ``"6000/min"``, ``"5/500ms"``), or remove the limit (None or ``"none"``). Checked
-        before anything is written (:class:`InvalidArgument` naming the value)."""
-        if len(self.shards(queue)) > 1 and rate is not None and rate != "none":
-            raise InvalidArgument(
-                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
-                "(each shard would count its own)"
-            )
-        self.perform(rates.set_rate(self.keys, queue, rate))
+        before anything is written (:class:`InvalidArgument` naming the value). A sharded
+        queue's limit holds over all its shards: each counts a share (:mod:`echomq_core.rates`),
+        so it must be at least the shard count per window."""
+        self.perform(rates.set_rate(self.keys, queue, rate, self.shards(queue)))
         self.mark_registered([queue])
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
@@ -689,16 +686,11 @@ class AsyncEchoMQ(_Base):
     async def rate_limit(self, queue: str) -> RateLimit | None:
         """:meth:`EchoMQ.rate_limit`, awaited."""
         check_queue(queue)
-        return await self.perform(rates.get_rate(self.keys, queue))
+        return await self.perform(rates.get_rate(self.keys, queue, await self.shards(queue)))
 
     async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
         """:meth:`EchoMQ.set_rate_limit`, awaited."""
-        if len(await self.shards(queue)) > 1 and rate is not None and rate != "none":
-            raise InvalidArgument(
-                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
-                "(each shard would count its own)"
-            )
-        await self.perform(rates.set_rate(self.keys, queue, rate))
+        await self.perform(rates.set_rate(self.keys, queue, rate, await self.shards(queue)))
         self.mark_registered([queue])
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
