@@ -143,6 +143,7 @@ def spawn(
         for part in chunks(group):
             argv: list[Any] = [check, up.id, up_queue, policy, attempts]
             argv += ["" if limit is None else limit, priority, "" if share is None else share]
+            argv += ("", "")  # no stem: spawned ids derive from the spawner's, not the parent's
             for n in part:
                 argv += [n.id, n.payload]
             keys = [*fixed, *(rows + n.id for n in part), *gate]
