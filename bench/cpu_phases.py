@@ -7,7 +7,8 @@ The server (the bench's valkey binary) runs under ``valgrind --tool=callgrind
 is divided by the items. Instruction counts, unlike CPU time, do not move with the load of a
 shared machine, so two commits compare to a fraction of a percent (bench/cpu_per_job.md).
 Phases (batches of 500, the worker's largest claim): W1 add_bulk, the claim script, the rows
-script, complete (with its tally); W3 add_flow, claim + rows, complete (cross-queue
+script, complete (with its tally); W2 add_flow, claim + rows, complete (the same-queue
+fan-in, the parent released by the last); W3 add_flow, claim + rows, complete (cross-queue
 signals), Pump ticks until every signal is delivered. Needs valgrind (callgrind_control).
 """
 
@@ -89,6 +90,20 @@ def w1(mq: EchoMQ, n: int, measure: Callable[[str, Callable[[], Any]], None]) ->
     measure("W1 complete (+ tally)", lambda: [q.complete_many(b) for b in done])
 
 
+def w2(mq: EchoMQ, n: int, measure: Callable[[str, Callable[[], Any]], None]) -> None:
+    kids = [Child(i) for i in range(n)]  # the parent's queue: the same-queue fan-in
+    measure("W2 add_flow", lambda: mq.add_flow("w2", kids))
+    q, batches = mq.queue("w2"), []
+
+    def claim() -> None:
+        while jobs := q.claim(BATCH):
+            batches.append(list(jobs))
+
+    measure("W2 claim + rows", claim)
+    done = [[(j, 2 * j.payload) for j in b] for b in batches]
+    measure("W2 complete (settle)", lambda: [q.complete_many(b) for b in done])
+
+
 def w3(mq: EchoMQ, n: int, measure: Callable[[str, Callable[[], Any]], None]) -> None:
     kids = [Child(i, queue="w3c") for i in range(n)]
     measure("W3 add_flow", lambda: mq.add_flow("w3p", kids))
@@ -116,7 +131,7 @@ def main(argv: list[str]) -> int:
         counted = Counted(Path(tmp))
         mq = EchoMQ(counted.server.url)
         try:
-            for workload in (w1, w3):
+            for workload in (w1, w2, w3):
                 mq.connection.execute([Call.cmd("FLUSHALL")])
                 workload(mq, 50, lambda name, fn: fn())  # every script loaded, nothing counted
                 mq.connection.execute([Call.cmd("FLUSHALL")])

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import ops, sharding
+from . import ops, sharding, spawning
 from .async_queue import AsyncQueue
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
@@ -66,6 +66,7 @@ from .running import (
     RateWindows,
     failure,
     hint_groups,
+    logical_names,
     make_queues,
     serving,
     split,
@@ -134,12 +135,16 @@ class AsyncWorker(OptionAttributes):
         self._results_ready = asyncio.Event()  # results should be recorded now
         self._shutdown: asyncio.Future[None] | None = None
 
-    def _serve(self, handlers: Mapping[str, Handler]) -> None:
+    def _serve(
+        self, handlers: Mapping[str, Handler], logical: Mapping[str, str] | None = None
+    ) -> None:
         """Take ``handlers`` (by physical queue): their queues, Pump, registry entry and the
         hints an idle fetcher blocks on. :meth:`start` calls it again with every shard of a
         sharded queue once their names are read (construction cannot await the read)."""
         opts, (_, queue_options, pump) = self.options, self._given
-        self.queues = make_queues(self.client, handlers, opts, queue_options, AsyncQueue)
+        self.queues = make_queues(
+            self.client, handlers, opts, queue_options, AsyncQueue, logical
+        )
         self.handlers = dict(handlers)
         self.pump = worker_pump(self.client, list(self.handlers), pump, self.hooks)
         self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
@@ -165,7 +170,7 @@ class AsyncWorker(OptionAttributes):
         )
         served = serving(given, shards)
         if served.keys() != self.handlers.keys():  # a sharded queue: serve every shard
-            self._serve(served)
+            self._serve(served, logical_names(given, shards))
         await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
         await self.presence.abeat(self.connection.perform, 0)
         self._started = True
@@ -313,7 +318,7 @@ class AsyncWorker(OptionAttributes):
         """Put leased jobs (claimed, or handed off with results) in the buffer; returns them
         instead when the worker is stopping (the caller gives them back)."""
         for job in jobs:
-            self._hand.inflight[(job.queue, job.id)] = job
+            self._hand.inflight[(job.shard, job.id)] = job
         if self._stop.is_set():
             return jobs
         now = time.monotonic()
@@ -403,7 +408,7 @@ class AsyncWorker(OptionAttributes):
             await self._run_one(job)
 
     async def _run_one(self, job: Job) -> None:
-        queue = self.queues[job.queue]
+        queue = self.queues[job.shard]
         limit_ms = job.timeout_ms or queue.timeout_ms
         started = time.monotonic()
         self._hand.running += 1
@@ -432,7 +437,7 @@ class AsyncWorker(OptionAttributes):
         if handler.done():
             return handler.result()
         self.abandoned += 1
-        if self._async[job.queue]:
+        if self._async[job.shard]:
             handler.cancel()
         else:  # a thread cannot be stopped: later calls get a fresh pool
             self._pool_lost()
@@ -440,7 +445,7 @@ class AsyncWorker(OptionAttributes):
             "job %s in %r ran past its time limit (%gs): failed the attempt (%d call(s) "
             "abandoned so far)",
             job.id,
-            job.queue,
+            job.shard,
             limit,
             self.abandoned,
         )
@@ -453,9 +458,10 @@ class AsyncWorker(OptionAttributes):
         """Run one handler: the encoded result, or (error text, retry?)."""
         if job.decode_error is not None:
             return (job.decode_error, False, None)
-        handler = self.handlers[job.queue]
+        handler = self.handlers[job.shard]
+        job.spawner = spawning.async_spawner(self.client, asyncio.get_running_loop())
         try:
-            if self._async[job.queue]:
+            if self._async[job.shard]:
                 value = await handler(job)
             else:
                 loop = asyncio.get_running_loop()

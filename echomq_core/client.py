@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import children as child_reads
-from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding
+from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding, streaming
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
@@ -106,9 +106,11 @@ class _Base:
         new_queues: Any,
         max_running: Any = None,
         min_success: Any = None,
+        stream: Any = False,
     ) -> tuple[Any, Op[FlowRef]]:
         """The planned root and the operation of an add (a replace when asked)."""
         barrier, replace = _flag("barrier", barrier), _flag("replace", replace)
+        stream = _flag("stream", stream)
         root = self._plan_flow(
             queue,
             children,
@@ -118,6 +120,7 @@ class _Base:
             max_running=max_running,
             min_success=min_success,
         )
+        root.stream = stream
         if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
         logical = flows.queues_of(root)
@@ -136,6 +139,7 @@ class _Base:
                 again = self._plan_flow(
                     queue, children, payload, root.id, max_attempts, gen, max_running, min_success
                 )
+                again.stream = stream
                 sharding.place(again, shards)
                 return again
 
@@ -269,6 +273,7 @@ class EchoMQ(_Base):
         replace: bool = False,
         max_running: int | None = None,
         min_success: float | int | None = None,
+        stream: bool = False,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
@@ -300,6 +305,9 @@ class EchoMQ(_Base):
         unreachable fails the parent at once, naming the failures, and its children that have
         not started are cancelled (see :mod:`echomq_core.lifecycle`). A re-add with another
         threshold is :class:`FlowConflict`; sub-flows take ``Child(min_success=)``.
+        ``stream=True``: the root keeps a settle log, so :meth:`iter_results` can follow its
+        results as they settle (see :mod:`echomq_core.streaming`); a re-add with the other
+        setting is :class:`FlowConflict`.
         """
         with ops.gc_paused(children):
             new, op = self._add_op(
@@ -313,6 +321,7 @@ class EchoMQ(_Base):
                 self.unregistered,
                 max_running,
                 min_success,
+                stream,
             )
             ref = self.perform(op)
         self._registered.update(new)
@@ -420,18 +429,15 @@ class EchoMQ(_Base):
         """The queue's rate limit and its current window (starts used, when it resets), as
         the server counts them; None when it has none (see :mod:`echomq_core.rates`)."""
         check_queue(queue)
-        return self.perform(rates.get_rate(self.keys, queue))
+        return self.perform(rates.get_rate(self.keys, queue, self.shards(queue)))
 
     def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
         """Limit ``queue`` to ``rate`` job starts across every worker (``"100/s"``,
         ``"6000/min"``, ``"5/500ms"``), or remove the limit (None or ``"none"``). Checked
-        before anything is written (:class:`InvalidArgument` naming the value)."""
-        if len(self.shards(queue)) > 1 and rate is not None and rate != "none":
-            raise InvalidArgument(
-                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
-                "(each shard would count its own)"
-            )
-        self.perform(rates.set_rate(self.keys, queue, rate))
+        before anything is written (:class:`InvalidArgument` naming the value). A sharded
+        queue's limit holds over all its shards: each counts a share (:mod:`echomq_core.rates`),
+        so it must be at least the shard count per window."""
+        self.perform(rates.set_rate(self.keys, queue, rate, self.shards(queue)))
         self.mark_registered([queue])
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
@@ -483,6 +489,32 @@ class EchoMQ(_Base):
                 yield child_id, self.serializer.loads(raw)
             if cursor == 0:
                 return
+
+    def iter_results(
+        self,
+        queue: str,
+        parent_id: str,
+        *,
+        follow: bool = True,
+        cursor: str | None = None,
+        block: float = 1.0,
+        page: int = 500,
+    ) -> streaming.Results:
+        """``(child id, value)`` of each completed child in settle order, for a flow added with
+        ``stream=True`` (see :mod:`echomq_core.streaming`). ``follow=True``: while the flow is
+        held, wait for the next result (one blocking read of at most ``block`` seconds at a
+        time) and end when it is released; ``follow=False``: end at the last result settled
+        so far. The iterator's ``cursor`` names the last item handed out: passed back as
+        ``cursor=``, a new iterator resumes after it. Raises :class:`ParentFailed` /
+        :class:`FlowCancelled` when the flow fails or is cancelled, :class:`JobNotFound` when
+        there is no such flow, :class:`InvalidArgument` for a flow without a settle log, a
+        malformed cursor or another flow's."""
+        queue = self.home(queue, parent_id)
+        f = streaming.Follow.start(
+            self.keys, queue, parent_id, self.serializer,
+            follow=follow, cursor=cursor, block=block, page=page,
+        )
+        return streaming.Results(self.perform, f)
 
     def children_values_range(
         self, queue: str, parent_id: str, start: int, stop: int
@@ -582,6 +614,7 @@ class AsyncEchoMQ(_Base):
         replace: bool = False,
         max_running: int | None = None,
         min_success: float | int | None = None,
+        stream: bool = False,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
         with ops.gc_paused(children):
@@ -597,6 +630,7 @@ class AsyncEchoMQ(_Base):
                 sorted,
                 max_running,
                 min_success,
+                stream,
             )
         return await self.connection.perform(op)
 
@@ -652,16 +686,11 @@ class AsyncEchoMQ(_Base):
     async def rate_limit(self, queue: str) -> RateLimit | None:
         """:meth:`EchoMQ.rate_limit`, awaited."""
         check_queue(queue)
-        return await self.perform(rates.get_rate(self.keys, queue))
+        return await self.perform(rates.get_rate(self.keys, queue, await self.shards(queue)))
 
     async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
         """:meth:`EchoMQ.set_rate_limit`, awaited."""
-        if len(await self.shards(queue)) > 1 and rate is not None and rate != "none":
-            raise InvalidArgument(
-                f"queue {queue!r} is sharded; a rate limit over shards is not supported yet "
-                "(each shard would count its own)"
-            )
-        await self.perform(rates.set_rate(self.keys, queue, rate))
+        await self.perform(rates.set_rate(self.keys, queue, rate, await self.shards(queue)))
         self.mark_registered([queue])
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
@@ -695,6 +724,26 @@ class AsyncEchoMQ(_Base):
     async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         queue = await self.home(queue, parent_id)
         return await self.connection.perform(flows.snapshot(self.keys, queue, parent_id))
+
+    async def iter_results(
+        self,
+        queue: str,
+        parent_id: str,
+        *,
+        follow: bool = True,
+        cursor: str | None = None,
+        block: float = 1.0,
+        page: int = 500,
+    ) -> streaming.AsyncResults:
+        """As :meth:`EchoMQ.iter_results`: ``async for child_id, value in await
+        mq.iter_results(...)``; the blocking read holds one connection of the pool, never the
+        event loop."""
+        queue = await self.home(queue, parent_id)
+        f = streaming.Follow.start(
+            self.keys, queue, parent_id, self.serializer,
+            follow=follow, cursor=cursor, block=block, page=page,
+        )
+        return streaming.AsyncResults(self.connection.perform, f)
 
     async def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2

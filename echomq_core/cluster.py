@@ -74,6 +74,9 @@ def _first_key(args: Sequence[Any]) -> Any:
         return args[3] if int(args[2]) > 0 else None
     if name in _KEYLESS or len(args) < 2:
         return None
+    if name == "XREAD":  # XREAD [COUNT n] [BLOCK ms] STREAMS key id: the key follows STREAMS
+        words = [str(a).upper() for a in args]
+        return args[words.index("STREAMS") + 1]
     return args[1]
 
 

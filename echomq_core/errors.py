@@ -156,6 +156,7 @@ _CODES: dict[str, type[EchoMQError]] = {
     "EMQKIND": InvalidJobId,
     "EMQNOJOB": JobNotFound,
     "EMQFLOW": FlowConflict,
+    "EMQARG": InvalidArgument,
 }
 
 

@@ -77,6 +77,7 @@ class _Node:
     cap: int | None = None  # a parent's max_running over its own leaf children
     shares: dict[str, int] | None = None  # with a cap: each leaf queue's share of it
     allow: int | None = None  # a success threshold: how many fail-parent children may die
+    stream: bool = False  # a root that keeps a settle log (add_flow(stream=True))
 
 
 def new_parent_id() -> str:
@@ -375,6 +376,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "
             "" if node.allow is None else node.allow,
             "" if node.cap is None else node.cap,
             digest,
+            "1" if node.stream else "",
             *explicit,
         ],
     )
@@ -529,8 +531,14 @@ def add_flow(
             for part in chunks(nodes):
                 argv: list[Any] = [check, up.id, up_queue, policy, attempts]
                 argv += ["" if limit is None else limit, priority, "" if share is None else share]
-                for n in part:
-                    argv += [n.id, n.payload]
+                derived = _derived(part)
+                if derived is None:
+                    argv += ("", "")
+                    for n in part:
+                        argv += [n.id, n.payload]
+                else:  # the stem and the first index, then the payloads (land.lua)
+                    argv += derived
+                    argv += [n.payload for n in part]
                 keys = [*fixed, *(rows + n.id for n in part), *gate]
                 calls.append(Call.lua("land", keys, argv))
                 owners.append(up)
@@ -546,6 +554,23 @@ def add_flow(
         # rest never touched): raise, so the caller's retry, which converges, registers again
         yield registry
     return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
+
+
+def _derived(part: Sequence[_Node]) -> tuple[str, int] | None:
+    """(stem, first index) when every child of a land call has a derived id (its parent's
+    stem and its index) and the indexes run without a gap, else None. Siblings keep their
+    order, so with strictly increasing indexes the first and the last id tell."""
+    first = part[0].id
+    cut = first.rfind(".") + 1
+    if cut == 0 or not all(n.derived for n in part):
+        return None
+    stem, tail = first[:cut], first[cut:]
+    if not (tail.isascii() and tail.isdigit()):
+        return None
+    start = int(tail)
+    if first != f"{stem}{start}":  # a leading zero: not an index as plan() writes it
+        return None
+    return (stem, start) if part[-1].id == f"{stem}{start + len(part) - 1}" else None
 
 
 def _generation(reply: Any) -> str | None:

@@ -10,12 +10,16 @@ Per queue:
 ========================  ======  ===========================================================
 key                       type    holds
 ========================  ======  ===========================================================
-``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields,
+``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields
+                                  (a child's ``up`` packs its parent_policy, gate mark and
+                                  parent_queue once more for the claim's read, ops.ROW_FIELDS),
                                   state (parents: held/pending/failed; dead), result / error,
                                   the last failed attempt's traceback (at most 16 KiB, the
                                   tail; dropped by a revive or repair), the last 10 failed
                                   attempts (``history``, at most 1.6 KiB), a completed kept
-                                  row's last start and worker (``started``, ``worker``)
+                                  row's last start and worker (``started``, ``worker``); a
+                                  parent's ``log`` (it keeps a settle log) and ``grown``
+                                  (how many of its ``total`` were spawned: spawn.lua)
 ``job:<id>:dependencies`` string  a parent's outstanding-child counter
 ``job:<id>:processed``    hash    child id -> result, for each child that completed
 ``job:<id>:unsuccessful`` hash    child id -> error, for each child that died under ``id``
@@ -25,6 +29,10 @@ key                       type    holds
 ``job:<id>:explicit``     hash    child id -> queue, for a parent's children whose ids were
                                   given by the caller (derived ids need no record: they are
                                   ``<id>.<index>``); read when the flow expires
+``job:<id>:log``          stream  the settle log of a root added with ``stream=True``: one
+                                  entry (kind -> child id) per child recorded, written in the
+                                  step that counts it (settle_current.lua); what
+                                  ``iter_results`` follows; deleted with the flow's expiry
 ``pending``               zset    claimable jobs, scored priority * 2^40 + arrival number
 ``seq``                   string  the arrival counter (FIFO that does not trust clocks)
 ``active``                zset    leased jobs, scored by lease deadline (ms)
@@ -384,6 +392,9 @@ class Keyspace:
     def repair(self, queue: str, job_id: str) -> str:
         return self.job(queue, job_id) + ":repair"
 
+    def settle_log(self, queue: str, job_id: str) -> str:
+        return self.job(queue, job_id) + ":log"
+
     def gate_keys(self, queue: str, parent_queue: str, parent_id: str) -> list[str]:
         """The two keys of the cap gate of ``parent_id``'s children in ``queue`` (on the
         child queue's slot, where claims happen): the waiting zset and the ``:cap`` hash. The
@@ -393,15 +404,17 @@ class Keyspace:
         return [gate, gate + ":cap"]
 
     def node_keys(self, queue: str, job_id: str) -> list[str]:
-        """Every key of one flow node: the five :meth:`parent_keys`, ``:explicit`` and
-        ``:repair``."""
+        """Every key of one flow node: the five :meth:`parent_keys`, ``:explicit``,
+        ``:repair`` and ``:log`` (the settle log: its owner is the flow's expiry)."""
         row = self.job(queue, job_id)
-        return [*self.parent_keys(queue, job_id), row + ":explicit", row + ":repair"]
+        return [*self.parent_keys(queue, job_id), row + ":explicit", row + ":repair", row + ":log"]
 
     def settle_keys(self, queue: str, job_id: str) -> list[str]:
-        """The six keys of a parent every settling script takes (complete, fail, deliver): the
-        five :meth:`parent_keys` and ``:explicit`` (which a replaced flow's settle consults)."""
-        return [*self.parent_keys(queue, job_id), self.job(queue, job_id) + ":explicit"]
+        """The seven keys of a parent every settling script takes (complete, fail, deliver):
+        the five :meth:`parent_keys`, ``:explicit`` (which a replaced flow's settle consults)
+        and ``:log`` (written only for a flow added with ``stream=True``)."""
+        row = self.job(queue, job_id)
+        return [*self.parent_keys(queue, job_id), row + ":explicit", row + ":log"]
 
     def parent_keys(self, queue: str, job_id: str) -> list[str]:
         """The five keys of a parent, in the order every settling script takes them:

@@ -145,7 +145,8 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
 
 def _summed(parts: list[QueueReading]) -> QueueReading:
     """A sharded queue's reading under its logical name (shard 0's): counts summed over its
-    shards, the oldest outbox head's age, shard 0's rate limit (a rate limit is per shard)."""
+    shards, the oldest outbox head's age, its rate limit as the shards' shares and starts
+    summed (each shard counts its share of the limit: :mod:`echomq_core.rates`)."""
     first = parts[0]
     if len(parts) == 1:
         return first
@@ -162,8 +163,15 @@ def _summed(parts: list[QueueReading]) -> QueueReading:
         sum(p.poison for p in parts),
         flows,
         max(p.head_age for p in parts),
-        first.rate,
+        _rate_summed([p.rate for p in parts]),
     )
+
+
+def _rate_summed(parts: list[RateLimit | None]) -> RateLimit | None:
+    found = [r for r in parts if r is not None]
+    if not found:
+        return None
+    return RateLimit(sum(r.limit for r in found), found[0].window_ms, sum(r.used for r in found))
 
 
 @dataclass(slots=True)

@@ -112,7 +112,9 @@ class ParentRef:
 
 @dataclass(slots=True)
 class Job:
-    """A claimed job: the holder of ``token`` may complete, fail or heartbeat it."""
+    """A claimed job: the holder of ``token`` may complete, fail or heartbeat it. ``queue`` is
+    the queue's name as the caller knows it (a sharded queue's logical name); ``shard`` is the
+    physical queue that holds it (``queue`` itself unless sharded), where it is settled."""
 
     queue: str
     id: str
@@ -124,9 +126,31 @@ class Job:
     stalls: int = 0
     decode_error: str | None = None
     timeout_ms: int | None = None  # the job's own handler time limit, if it was given one
+    shard: str = ""
+    #: set by the worker that runs the job: what :meth:`spawn` calls (echomq_core.spawning)
+    spawner: Any = field(default=None, repr=False, compare=False)
+    spawned: int = 0  # children spawned by this run of the handler (the next id's index)
+
+    def __post_init__(self) -> None:
+        if not self.shard:
+            self.shard = self.queue
 
     def __repr__(self) -> str:
         return f"Job({self.queue!r}, {self.id!r}, attempts={self.attempts})"
+
+    def spawn(self, children: list[Child]) -> Any:
+        """Add ``children`` (leaves) to this job's flow as its siblings, counted by the parent
+        before any of them can run; their ids ``<id>.s<i>`` derive from this job's, so a re-run
+        of the handler spawns the same children once. Returns their ids - in an async handler
+        of an :class:`~echomq_core.AsyncWorker`, an awaitable of them. See
+        :mod:`echomq_core.spawning` (errors: :class:`InvalidArgument` for a job not in a flow,
+        bad children or a flow past its bound; :class:`FlowConflict` for a flow that is no
+        longer held)."""
+        if self.spawner is None:
+            raise InvalidArgument(
+                f"job {self.id}: spawn() works inside a handler run by a Worker or AsyncWorker"
+            )
+        return self.spawner(self, children)
 
 
 @dataclass(slots=True)

@@ -24,18 +24,14 @@ from .rates import Claimed
 CHUNK = 500
 #: A bulk call of at least this many items pauses the cyclic garbage collector (gc_paused).
 GC_PAUSE_AT = 5_000
-#: The row fields a claim reads for each job, in this order.
-ROW_FIELDS = (
-    "payload",
-    "attempts",
-    "max_attempts",
-    "parent",
-    "parent_queue",
-    "parent_policy",
-    "stalls",
-    "timeout",
-    "gate",
-)
+#: The row fields a claim reads for each job, in this order. ``up`` packs a child's
+#: parent_policy, gate mark and parent_queue ('<policy> <0|1> <queue>', lua/land.lua): the
+#: server's cost of a read is about the same per field asked, present or not, and a plain job
+#: has none of them.
+ROW_FIELDS = ("payload", "attempts", "max_attempts", "parent", "stalls", "timeout", "up")
+#: What a child row written before ``up`` existed (or by an older client) is read for
+#: instead: a second read, of those rows only, in the same claim.
+OLD_PARENT_FIELDS = ("parent_policy", "gate", "parent_queue")
 
 
 @contextmanager
@@ -89,11 +85,18 @@ def add(
     *,
     check: bool,
     new_queues: Sequence[str] = (),
+    stem: str | None = None,
 ) -> Op[int]:
     """Add jobs ``(id, payload, max_attempts, delay_ms, priority, timeout_ms)``; returns how
     many were added (ids that existed are left untouched). ``check=False`` only for
     host-generated ids. Jobs sharing their options share a script call; ``new_queues`` rides
-    along in the same pipeline (the registry), so the whole call is one round trip."""
+    along in the same pipeline (the registry), so the whole call is one round trip.
+
+    ``stem``: every id is ``stem`` plus its index in hex, the indexes increasing in ``jobs``
+    order (queue.py's generated ids). A chunk whose ids are then consecutive (the usual bulk
+    add: first and last tell, the order gives the rest) sends the stem and its first index
+    instead of an id per job: the script checks the stem once and formats each id itself
+    (lua/add.lua says why that is cheaper and as safe)."""
     calls = register(ks, new_queues)
     skip = len(calls)
     groups: dict[tuple[int, int, int, int | None], list[tuple[str, bytes]]] = {}
@@ -102,17 +105,35 @@ def add(
         groups.setdefault(key, []).append((job_id, payload))
     fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
+    cut = len(stem) if stem else 0
     for (max_attempts, delay_ms, priority, limit), items in groups.items():
         for part in chunks(items):
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
             argv.append("" if limit is None else limit)
-            keys = [*fixed]
-            for job_id, payload in part:
-                argv += (job_id, payload)
-                keys.append(rows + job_id)
-            calls.append(Call.lua("add", keys, argv))
+            start = _start(stem, cut, part[0][0], part[-1][0], len(part)) if stem else None
+            if start is None:
+                argv += ("", "")
+                for job_id, payload in part:
+                    argv += (job_id, payload)
+            else:
+                argv += (stem, start, *(payload for _, payload in part))
+            calls.append(Call.lua("add", [*fixed, *(rows + job_id for job_id, _ in part)], argv))
     replies = yield calls
     return sum(int(r) for r in replies[skip:])
+
+
+def _start(stem: str | None, cut: int, first: str, last: str, n: int) -> int | None:
+    """The index of ``first`` when a chunk of ``n`` generated ids runs ``first`` .. ``last``
+    without a gap (``stem`` + consecutive hex indexes), else None."""
+    if not stem or not first.startswith(stem):
+        return None
+    try:
+        start = int(first[cut:], 16)
+    except ValueError:
+        return None
+    if first != f"{stem}{start:x}" or last != f"{stem}{start + n - 1:x}":
+        return None
+    return start
 
 
 # -- claim ------------------------------------------------------------------------------
@@ -154,14 +175,67 @@ def leased(
     ks: Keyspace, queue: str, names: Sequence[str], token: str, ser: Serializer
 ) -> Op[list[Job]]:
     """The :class:`Job` of each id leased under ``token`` (by a claim or a hand-off): every
-    row read by the ``rows`` script in one round trip."""
+    row read by the ``rows`` script in one round trip; a child row without ``up`` (written
+    before it existed) has its parent fields read in a second one."""
     base = ks.job_prefix(queue)
     (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
-    parents: dict[tuple[Any, Any, Any, Any], ParentRef] = {}  # siblings share one (frozen)
+    old = [i for i, row in enumerate(rows) if row[3] is not None and row[6] is None]
+    if old:
+        keys = [base + names[i] for i in old]
+        (extra,) = yield [Call.lua("rows", keys, OLD_PARENT_FIELDS)]
+        for i, (policy, gate, parent_queue) in zip(old, extra, strict=True):
+            up = (_s(policy) if policy else FAIL_PARENT, "0" if gate is None else "1")
+            rows[i] = [*rows[i][:6], " ".join((*up, _s(parent_queue) if parent_queue else ""))]
+    parents: dict[Any, ParentRef] = {}  # siblings share one (frozen)
     return [
-        _job(queue, job_id, token, row, ser, parents)
+        _claimed(queue, job_id, token, row, ser, parents)
         for job_id, row in zip(names, rows, strict=True)
     ]
+
+
+def _claimed(
+    queue: str,
+    job_id: str,
+    token: str,
+    row: Sequence[Any],
+    ser: Serializer,
+    parents: dict[Any, ParentRef],
+) -> Job:
+    """A :class:`Job` from its claimed row (:data:`ROW_FIELDS` order); ``parents`` caches the
+    :class:`ParentRef` of each (parent, up) across one claim's rows."""
+    payload, attempts, max_attempts, parent, stalls, limit, up = row
+    job = Job(
+        queue,
+        job_id,
+        token,
+        None,
+        0 if attempts is None else int(attempts),
+        1 if max_attempts is None else int(max_attempts),
+    )
+    if stalls is not None:
+        job.stalls = int(stalls)
+    if limit:
+        job.timeout_ms = int(limit)
+    if parent is not None:
+        key = (parent, up)
+        ref = parents.get(key)
+        if ref is None:
+            policy, gate, parent_queue = _s(up).split(" ", 2)
+            ref = ParentRef(parent_queue or queue, _s(parent), policy, gate == "1")
+            parents[key] = ref
+        job.parent = ref
+    _decode(job, payload, ser)
+    return job
+
+
+def _decode(job: Job, payload: Any, ser: Serializer) -> None:
+    if payload is None:
+        job.decode_error = "job row is missing (deleted while pending?)"
+    else:
+        try:
+            job.payload = ser.loads(payload)
+        except Exception as exc:  # any decoder error is the payload's fault
+            job.decode_error = f"payload cannot be decoded: {type(exc).__name__}: {exc}"
 
 
 def _job(
@@ -172,8 +246,9 @@ def _job(
     ser: Serializer,
     parents: dict[tuple[Any, Any, Any, Any], ParentRef] | None = None,
 ) -> Job:
-    """A :class:`Job` from its row fields (:data:`ROW_FIELDS` order); ``parents`` caches the
-    :class:`ParentRef` of each (parent, queue, policy, gate) across one claim's rows."""
+    """A :class:`Job` from the row fields recover.lua returns (payload, attempts, max_attempts,
+    parent, parent_queue, parent_policy, stalls, timeout, gate); ``parents`` caches the
+    :class:`ParentRef` of each (parent, queue, policy, gate) across one call's rows."""
     payload, attempts, max_attempts, parent, parent_queue, policy, stalls, limit, gate = row
     job = Job(
         queue,
@@ -200,13 +275,7 @@ def _job(
             if parents is not None:
                 parents[key] = ref
         job.parent = ref
-    if payload is None:
-        job.decode_error = "job row is missing (deleted while pending?)"
-    else:
-        try:
-            job.payload = ser.loads(payload)
-        except Exception as exc:  # any decoder error is the payload's fault
-            job.decode_error = f"payload cannot be decoded: {type(exc).__name__}: {exc}"
+    _decode(job, payload, ser)
     return job
 
 

@@ -42,11 +42,11 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import lifecycle, ops, retention
+from . import lifecycle, ops, retention, sharding
 from .calls import Call, Durable, Lenient, Op
 from .errors import EchoMQError, InvalidArgument, InvalidInput
 from .hooks import LifecycleHooks, fire
@@ -54,6 +54,7 @@ from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
 from .running import BLOCK_SLICE, HintWatch, hint_groups, wake_queues
+from .sharding import logical_of
 
 if TYPE_CHECKING:
     from .client import AsyncEchoMQ, EchoMQ
@@ -285,7 +286,8 @@ class Pump:
     as an asyncio task (:meth:`arun`, with an :class:`~echomq_core.AsyncEchoMQ`).
 
     Options: ``queues`` (None: discover from the registry every ``discover_every`` s; an
-    asyncio Pump needs them given); the settings of :class:`~echomq_core.options.PumpOptions`
+    asyncio Pump needs them given; a sharded queue's logical name serves all its shards); the
+    settings of :class:`~echomq_core.options.PumpOptions`
     (page, max_tries, lease, interval, max_stalls, discover_every, sweep_every - None: this
     Pump never sweeps; how long each end state is kept is the queue's setting on the server,
     see :mod:`echomq_core.retention` - maintain_every), by name or as ``options=``;
@@ -332,6 +334,9 @@ class Pump:
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
         self.totals = TickStats()
         self._queues: list[str] = list(self.fixed or [])
+        #: the given names are taken as logical ones: each sharded queue's shards replace it,
+        #: read once, at the first tick (construction makes no round trip)
+        self._expanded = self.fixed is None
         self._discovered_at = float("-inf")
         self._hint_for: str | None = None  # the queue whose outbox was busy last
         self._others: set[str] = set()  # queues whose outbox lease another drainer held
@@ -344,10 +349,19 @@ class Pump:
         return f"Pump({self.id}, queues={self.fixed or 'discovered'})"
 
     def queues(self, now: float) -> list[str]:
+        if not self._expanded:
+            self._queues = self._sync().perform(self._expand())
+            self._expanded = True
         if self.fixed is None and now - self._discovered_at >= self.discover_every:
             self._queues = self._sync().queues()
             self._discovered_at = now
         return self._queues
+
+    def _expand(self) -> Op[list[str]]:
+        """The physical queues of the names given: a sharded queue's shards (one step)."""
+        given = self.fixed or []
+        shards = yield from sharding.resolve(self.client.keys, self.client.shard_cache, given)
+        return list(dict.fromkeys(s for q in given for s in shards[q]))
 
     def _sync(self) -> EchoMQ:
         if hasattr(self.client, "perform"):
@@ -377,6 +391,9 @@ class Pump:
 
     async def atick(self) -> TickStats:
         """:meth:`tick` on an asyncio client (the queues given)."""
+        if not self._expanded:
+            self._queues = await self._aconnection().perform(self._expand())
+            self._expanded = True
         if not self._queues:
             return TickStats()
         rearm, self._woken = self._woken, False
@@ -422,19 +439,23 @@ class Pump:
             log.warning("pump %s poisoned %d signal(s): %s", self.id, stats.poisoned,
                         stats.blocked)
         if self.hooks is not None:
-            self._fire_hooks(self.hooks, stats)
+            self._fire_hooks(self.hooks, stats, self.client.shard_cache)
 
     @staticmethod
-    def _fire_hooks(hooks: LifecycleHooks, stats: TickStats) -> None:
+    def _fire_hooks(
+        hooks: LifecycleHooks, stats: TickStats, shards: Mapping[str, sharding.Shards]
+    ) -> None:
         # After the scripts returned, never inside them (hooks.fire logs what a hook raises).
+        # A sharded queue's shards are shown under its logical name, as workers show them.
         for job, error in stats.dead:
+            job.queue = logical_of(shards, job.shard)
             fire(hooks, "job_dead", job=job, error=error)
         for queue, parent_id in stats.released:
-            fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
+            fire(hooks, "flow_released", queue=logical_of(shards, queue), parent_id=parent_id)
         for queue, parent_id in stats.failed:
-            fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
+            fire(hooks, "flow_failed", queue=logical_of(shards, queue), parent_id=parent_id)
         for queue, reason in stats.poisoned_entries:
-            fire(hooks, "signal_poisoned", queue=queue, reason=reason)
+            fire(hooks, "signal_poisoned", queue=logical_of(shards, queue), reason=reason)
 
     def run(self) -> None:
         """Tick until :meth:`stop`; errors are logged and retried with a bounded backoff."""

@@ -124,6 +124,8 @@ class QueueOps:
         #: True for a worker's handle on one physical queue (shard 0 of a sharded queue has
         #: the logical name): it claims from that shard alone, the worker rotates the shards
         self.physical = False
+        #: the logical queue a physical handle's jobs are shown under (``job.queue``)
+        self.logical = self.name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -163,10 +165,14 @@ class QueueOps:
             rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
         if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
-        return self._add(rows, check)
+        # every id generated (none given): the add sends the stem, not an id per job (ops.add)
+        return self._add(rows, check, None if check else stem)
 
     def _add(
-        self, rows: list[tuple[str, bytes, int, int, int, int | None]], check: bool
+        self,
+        rows: list[tuple[str, bytes, int, int, int, int | None]],
+        check: bool,
+        stem: str | None = None,
     ) -> Op[list[str]]:
         if not rows:  # nothing to add sends nothing
             return []
@@ -179,7 +185,9 @@ class QueueOps:
                 parts.setdefault(sharding.shard_of(shards, row[0]), []).append(row)
         new = self.client.unregistered(parts)
         adds = [
-            ops.add(self.client.keys, q, part, check=check, new_queues=new if i == 0 else ())
+            ops.add(
+                self.client.keys, q, part, check=check, new_queues=new if i == 0 else (), stem=stem
+            )
             for i, (q, part) in enumerate(parts.items())
         ]
         if len(adds) == 1:
@@ -236,7 +244,14 @@ class QueueOps:
             )
             if claimed:
                 break
+        self.label(claimed)
         return claimed
+
+    def label(self, jobs: Iterable[Job]) -> None:
+        """Show ``jobs`` (leased from one of this queue's shards) under the logical name:
+        ``job.queue`` is what handlers and hooks see, ``job.shard`` where they are settled."""
+        for job in jobs:
+            job.queue = self.logical
 
     def encode_results(self, done: Sequence[tuple[Job, Any]]) -> list[tuple[Job, bytes]]:
         """``(job, result)`` pairs with their results serialised: :class:`InvalidPayload`
@@ -352,14 +367,14 @@ class QueueOps:
     def _own(self, job: Job) -> Job:
         if not isinstance(job, Job):
             raise InvalidArgument(f"expected a claimed echomq_core.Job, got {type(job).__name__}")
-        if job.queue != self.name and job.queue not in self.client.shard_cache.get(self.name, ()):
-            raise InvalidArgument(f"job {job.id} belongs to queue {job.queue!r}, not {self.name!r}")
+        if job.shard != self.name and job.shard not in self.client.shard_cache.get(self.name, ()):
+            raise InvalidArgument(f"job {job.id} belongs to queue {job.shard!r}, not {self.name!r}")
         return job
 
     def _home(self, jobs: Sequence[Job]) -> str:
         """The physical queue of a batch of this queue's jobs: one shard (what one claim
         leases); a batch from several shards is refused by name, before anything is sent."""
-        homes = {self._own(job).queue for job in jobs}
+        homes = {self._own(job).shard for job in jobs}
         if len(homes) > 1:
             raise InvalidArgument(
                 f"jobs of {len(homes)} shards of queue {self.name!r} in one batch "

@@ -26,12 +26,27 @@ per claim. Its known edge: a burst at the end of one window and one at the start
 can put up to twice ``limit`` into a span of one window that straddles the boundary; a
 smaller window (``"10/100ms"`` rather than ``"100/s"``) spreads the starts when that matters.
 
+Over a sharded queue (:mod:`echomq_core.sharding`) the limit is split, as a flow's cap is:
+each shard's ``rate`` holds its share (``limit // K``, the remainder one each to the first
+shards) and its own claims count its own window, so the shards' starts in a window add up to
+at most ``limit`` with every claim still one single-slot script and no exchange between
+shards; shard 0 keeps the whole limit in ``rate_total`` for reads. The price is skew: a shard
+cannot borrow another's unused share, so when the load sits on some shards only (the others
+drained, or ids that happen to hash together) the queue starts fewer than ``limit`` per
+window - at worst one share. Ids spread by CRC-32, so a bulk load keeps the shards within a few
+per cent of each other until its tail. A limit below K is refused (a shard with a share of 0
+would never start its jobs): give it over a longer window (``10/10s`` rather than ``1/s``).
+On a Cluster each master's clock aligns its shards' windows, so the bound holds per server
+window; clocks apart by ``d`` can let one window of another clock see up to ``limit`` plus the
+starts of ``d``.
+
 Not done: a limit per key (per tenant) within one queue - use one queue per key.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +56,11 @@ from .errors import InvalidArgument
 from .keyspace import Keyspace
 from .models import Job
 
-#: The config hash field that holds the limit (``"<limit> <window ms>"``).
+#: The config hash field that holds the limit (``"<limit> <window ms>"``): a sharded queue's
+#: shards hold their shares there, what their claims count.
 FIELD = "rate"
+#: The field of a sharded queue's shard 0 that holds its whole limit (absent unsharded).
+TOTAL = "rate_total"
 MAX_LIMIT = 10**9
 #: The window's bounds (ms): below 10 ms a server's timer and a round trip blur it; above a
 #: day a window is a quota, not a rate.
@@ -139,27 +157,77 @@ def parse_rate(value: Any) -> tuple[int, int] | None:
     return limit, window
 
 
-def set_rate(ks: Keyspace, queue: str, value: Any) -> Op[None]:
-    """Store ``value`` (checked first: nothing is written for a bad one) as ``queue``'s rate
-    limit, or remove it (None); the queue is registered with it. Takes effect at the next
-    claim of every worker; a worker sleeping on a spent window sees it when it wakes (at the
-    window's end, or within :data:`~echomq_core.running.RATE_RECHECK`)."""
-    parsed = parse_rate(value)
-    config = ks.config(queue)
-    write = (
-        Call.cmd("HDEL", config, FIELD)
-        if parsed is None
-        else Call.cmd("HSET", config, FIELD, f"{parsed[0]} {parsed[1]}")
-    )
-    # the queue joins the registry with its first setting, so `queue stats` lists it
-    yield [write, Call.cmd("SADD", ks.queues(), queue)]
-
-
-def get_rate(ks: Keyspace, queue: str) -> Op[RateLimit | None]:
-    """``queue``'s rate limit and its current window (one script, on the queue's slot, whose
-    clock decides the windows); None when the queue has no limit."""
-    (reply,) = yield [Call.lua("rate", [ks.config(queue), ks.rate_window(queue)], [])]
-    if not reply:
+def stored(rate: Any, total: Any) -> tuple[int, int] | None:
+    """``(limit, window ms)`` of a queue's limit from its ``config`` fields :data:`FIELD` and
+    :data:`TOTAL` (a sharded queue's whole limit, else its own); None when it has none."""
+    if rate is None:
         return None
-    limit, window = (int(x) for x in _s(reply[0]).split())
-    return RateLimit(limit, window, int(reply[1]), int(reply[2]) / 1000)
+    limit, window = (int(x) for x in _s(total if total is not None else rate).split())
+    return limit, window
+
+
+def shares(limit: int, count: int) -> list[int]:
+    """``limit`` split over ``count`` shards: equal parts, the remainder one each to the first
+    shards (so they sum to ``limit`` and differ by at most one)."""
+    base, extra = divmod(limit, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def writes(ks: Keyspace, shards: Sequence[str], parsed: tuple[int, int] | None) -> list[Call]:
+    """The commands that store ``parsed`` (``(limit, window ms)``, None: no limit) over the
+    physical queues ``shards`` of one queue (``shards[0]`` its own name). Refused with
+    :class:`InvalidArgument`, before anything is written, for a limit below the shard count."""
+    configs = [ks.config(q) for q in shards]
+    if parsed is None:
+        return [Call.cmd("HDEL", c, FIELD, TOTAL) for c in configs]
+    limit, window = parsed
+    if len(shards) == 1:
+        return [Call.cmd("HSET", configs[0], FIELD, f"{limit} {window}"),
+                Call.cmd("HDEL", configs[0], TOTAL)]  # fmt: skip
+    if limit < len(shards):
+        text = RateLimit(limit, window).text
+        raise InvalidArgument(
+            f"rate {text} over queue {shards[0]!r}'s {len(shards)} shards: each shard counts "
+            f"its own share of the limit, so it must be at least {len(shards)} per window; "
+            f"give it over a longer window (e.g. {limit * len(shards)}/"
+            f"{RateLimit(1, window * len(shards)).text[2:]})"
+        )
+    out = [
+        Call.cmd("HSET", c, FIELD, f"{share} {window}")
+        for c, share in zip(configs, shares(limit, len(shards)), strict=True)
+    ]
+    return [*out, Call.cmd("HSET", configs[0], TOTAL, f"{limit} {window}")]
+
+
+def set_rate(
+    ks: Keyspace, queue: str, value: Any, shards: Sequence[str] | None = None
+) -> Op[None]:
+    """Store ``value`` (checked first: nothing is written for a bad one) as ``queue``'s rate
+    limit, or remove it (None); the queue is registered with it. ``shards``: the queue's
+    physical queues when it is sharded (each gets its share, :func:`writes`). Takes effect at
+    the next claim of every worker; a worker sleeping on a spent window sees it when it wakes
+    (at the window's end, or within :data:`~echomq_core.running.RATE_RECHECK`). Over shards
+    the shares are written in one step (one pipeline per node), not atomically: a claim in
+    between may count under one shard's old share and another's new one."""
+    calls = writes(ks, shards or [queue], parse_rate(value))
+    # the queue joins the registry with its first setting, so `queue stats` lists it
+    yield [*calls, Call.cmd("SADD", ks.queues(), queue)]
+
+
+def get_rate(ks: Keyspace, queue: str, shards: Sequence[str] | None = None) -> Op[RateLimit | None]:
+    """``queue``'s rate limit and its current window (one script per physical queue, on its
+    slot, whose clock decides the windows; one step); None when the queue has no limit. Over
+    shards: the whole limit, the starts of every shard's window summed, the latest reset."""
+    names = list(shards or [queue])
+    calls = [Call.lua("rate", [ks.config(q), ks.rate_window(q)], []) for q in names]
+    if len(names) > 1:
+        calls.append(Call.cmd("HGET", ks.config(names[0]), TOTAL))
+    replies = yield calls
+    readings = [r for r in replies[: len(names)] if r]
+    if not readings:
+        return None
+    limit, window = (int(x) for x in _s(readings[0][0]).split())
+    if len(names) > 1 and replies[-1] is not None:
+        limit, window = (int(x) for x in _s(replies[-1]).split())
+    used = sum(int(r[1]) for r in readings)
+    return RateLimit(limit, window, used, max(int(r[2]) for r in readings) / 1000)

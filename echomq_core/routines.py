@@ -19,13 +19,14 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from . import ops
+from . import ops, sharding
 from .calls import Op
 from .errors import EchoMQError, ServerFull
 from .hooks import LifecycleHooks, fire
 from .models import Job, Settlement
 from .queue import QueueOps
 from .running import Failed, InHand
+from .sharding import logical_of
 from .workers_registry import lease_token
 
 T = TypeVar("T")
@@ -132,7 +133,7 @@ def record(
             if ids:
                 yield from take_handed(hand, queue, ids, offered.token, intake, lock)
         log_failures(queue.name, failed, settled)
-        fire_hooks(hooks, done, completed, failed, settled)
+        fire_hooks(hooks, done, completed, failed, settled, queue.client.shard_cache)
     except ServerFull as exc:
         # nothing of the refused call was written: what it carried waits for the next one
         left_done = done if completed is None else []
@@ -148,7 +149,7 @@ def record(
             exc,
         )
         if completed is not None:
-            fire_hooks(hooks, done, completed, [], None)
+            fire_hooks(hooks, done, completed, [], None, queue.client.shard_cache)
     except EchoMQError as exc:
         log.warning(
             "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
@@ -161,7 +162,7 @@ def record(
                 if hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
                     del hand.inflight[(queue.name, job.id)]
                 if hand.lost:
-                    hand.lost.discard((job.queue, job.id, job.token))
+                    hand.lost.discard((job.shard, job.id, job.token))
 
 
 def take_handed(
@@ -179,6 +180,7 @@ def take_handed(
         jobs = yield ops.leased(
             queue.client.keys, queue.name, ids, token, queue.client.serializer
         )
+        queue.label(jobs)  # a shard's: shown under the logical name, as claimed ones are
     except EchoMQError as exc:
         log.warning(
             "could not read %d handed-off job(s) of %r (their leases will expire): %s",
@@ -204,9 +206,9 @@ def give_back(
     by_queue: dict[str, list[Job]] = {}
     with lock:
         for job in jobs:
-            if hand.inflight.get((job.queue, job.id)) is job:
-                del hand.inflight[(job.queue, job.id)]
-                by_queue.setdefault(job.queue, []).append(job)
+            if hand.inflight.get((job.shard, job.id)) is job:
+                del hand.inflight[(job.shard, job.id)]
+                by_queue.setdefault(job.shard, []).append(job)
     for name, items in by_queue.items():
         try:
             yield queues[name].release_op(items)
@@ -231,7 +233,7 @@ def extend_leases(
     (``what`` for ``queue`` failed) and the other queues are still served."""
     by_queue: dict[str, list[Job]] = {}
     for job in jobs:
-        by_queue.setdefault(job.queue, []).append(job)
+        by_queue.setdefault(job.shard, []).append(job)
     for name, items in by_queue.items():
         try:
             held = yield queues[name].heartbeat_op(items)
@@ -292,26 +294,30 @@ def fire_hooks(
     completed: Settlement | None,
     failed: list[Failed],
     settled: Settlement | None,
+    shards: Mapping[str, sharding.Shards] | None = None,
 ) -> None:
     """The hooks of one recorded batch: ``job_completed`` / ``job_dead`` per job the server
     accepted, ``flow_released`` / ``flow_failed`` per parent the batch settled (each through
-    :func:`~echomq_core.hooks.fire`: logged, never raised)."""
+    :func:`~echomq_core.hooks.fire`: logged, never raised), a parent in a sharded queue under
+    its logical name (``shards``: the client's shard cache)."""
     if hooks is None:
         return
     if completed is not None:
         for (job, raw), status in zip(done, completed.statuses, strict=True):
             if status:
                 fire(hooks, "job_completed", job=job, result=raw)
-        _flow_hooks(hooks, completed)
+        _flow_hooks(hooks, completed, shards or {})
     if settled is not None:
         for (job, error, *_), status in zip(failed, settled.statuses, strict=True):
             if status == 2:
                 fire(hooks, "job_dead", job=job, error=error)
-        _flow_hooks(hooks, settled)
+        _flow_hooks(hooks, settled, shards or {})
 
 
-def _flow_hooks(hooks: LifecycleHooks, settled: Settlement) -> None:
+def _flow_hooks(
+    hooks: LifecycleHooks, settled: Settlement, shards: Mapping[str, sharding.Shards]
+) -> None:
     for queue, parent_id in settled.released:
-        fire(hooks, "flow_released", queue=queue, parent_id=parent_id)
+        fire(hooks, "flow_released", queue=logical_of(shards, queue), parent_id=parent_id)
     for queue, parent_id in settled.failed:
-        fire(hooks, "flow_failed", queue=queue, parent_id=parent_id)
+        fire(hooks, "flow_failed", queue=logical_of(shards, queue), parent_id=parent_id)

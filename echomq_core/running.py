@@ -329,17 +329,17 @@ class InHand:
     def note_lost(self, jobs: list[Job], held: list[bool]) -> None:
         """Remember the jobs of a lease check whose lease is gone."""
         pairs = zip(jobs, held, strict=True)
-        self.lost.update((j.queue, j.id, j.token) for j, ok in pairs if not ok)
+        self.lost.update((j.shard, j.id, j.token) for j, ok in pairs if not ok)
 
     def drop_if_lost(self, job: Job) -> bool:
         """True (and the job forgotten) when its lease is gone: it must not start - its flow
         was cancelled, or the lease expired and another worker may hold the job now."""
-        key = (job.queue, job.id, job.token)
+        key = (job.shard, job.id, job.token)
         if key not in self.lost:
             return False
         self.lost.discard(key)
-        if self.inflight.get((job.queue, job.id)) is job:
-            del self.inflight[(job.queue, job.id)]
+        if self.inflight.get((job.shard, job.id)) is job:
+            del self.inflight[(job.shard, job.id)]
         self.dropped += 1
         log.info("job %s in %r not started: its lease is gone (cancelled flow?)", job.id, job.queue)
         return True
@@ -424,7 +424,7 @@ def split(items: list[tuple[Job, Outcome]]) -> dict[str, Batch]:
     """Results by queue: (completed, failed)."""
     out: dict[str, Batch] = {}
     for job, result in items:
-        done, failed = out.setdefault(job.queue, ([], []))
+        done, failed = out.setdefault(job.shard, ([], []))
         if isinstance(result, bytes):
             done.append((job, result))
         else:
@@ -438,9 +438,11 @@ def make_queues(
     opts: WorkerOptions,
     queue_options: Mapping[str, Any] | None,
     kind: Callable[..., Q],
+    logical: Mapping[str, str] | None = None,
 ) -> dict[str, Q]:
     """Check a worker's handlers and queue options; the queue of each handler, made by
-    ``kind`` (:class:`~echomq_core.Queue` or :class:`~echomq_core.AsyncQueue`)."""
+    ``kind`` (:class:`~echomq_core.Queue` or :class:`~echomq_core.AsyncQueue`), showing its
+    jobs under its ``logical`` name (:func:`logical_names`; default its own)."""
     if not isinstance(handlers, Mapping) or not handlers:
         raise InvalidArgument("a worker needs a mapping of queue names to handlers")
     if queue_options is not None and (
@@ -459,6 +461,7 @@ def make_queues(
     queues = {n: kind(client, n, lease=opts.lease, **queue_settings) for n in handlers}
     for queue in queues.values():  # each serves its own shard: the fetcher rotates them
         queue.physical = True
+        queue.logical = (logical or {}).get(queue.name, queue.name)
     return queues
 
 
@@ -469,6 +472,18 @@ def serving(handlers: Mapping[str, Any], shards: Mapping[str, tuple[str, ...]]) 
     for name, fn in handlers.items():
         for shard in shards.get(name, (name,)):
             out.setdefault(shard, fn)
+    return out
+
+
+def logical_names(
+    handlers: Mapping[str, Any], shards: Mapping[str, tuple[str, ...]]
+) -> dict[str, str]:
+    """Each queue :func:`serving` serves -> the name its jobs show (``job.queue``): a sharded
+    queue's shards -> its logical name (the first handler naming a shard wins, as there)."""
+    out: dict[str, str] = {}
+    for name in handlers:
+        for shard in shards.get(name, (name,)):
+            out.setdefault(shard, name)
     return out
 
 

@@ -58,6 +58,15 @@ def shard_of(shards: Shards, job_id: str) -> str:
     return shards[zlib.crc32(job_id.encode()) % len(shards)]
 
 
+def logical_of(cache: Mapping[str, Shards], name: str) -> str:
+    """The logical queue ``name`` is a shard of, as far as ``cache`` (a client's shard cache)
+    knows; ``name`` itself otherwise. What hooks and logs show for a physical queue."""
+    for queue, names in cache.items():
+        if len(names) > 1 and name in names:
+            return queue
+    return name
+
+
 def shard_name(queue: str, index: int, tail: int) -> str:
     return f"{queue}+s{index}.{tail}"
 
@@ -161,9 +170,11 @@ def configure(ks: Keyspace, queue: str, count: Any, is_cluster: bool) -> Op[Shar
 
     Refused with :class:`InvalidArgument` for a count out of range or a name too long to
     shard, and with :class:`QueueInUse` (nothing written) while any current or chosen shard
-    holds jobs, flows or outbox signals. Setting the count a queue already has keeps its
-    names. The emptiness check and the write are two steps, not one atomic script (the shards
-    are on several slots): configure a queue before anything adds to it."""
+    holds jobs, flows or outbox signals, or while it has a rate limit below ``count`` per
+    window (a rate limit is split over the shards: :mod:`echomq_core.rates`). Setting the
+    count a queue already has keeps its names. The emptiness check and the write are two
+    steps, not one atomic script (the shards are on several slots): configure a queue before
+    anything adds to it."""
     check_queue(queue)
     count = check_int("shards", count, 1, MAX_SHARDS)
     if count > 1 and len(queue) > MAX_SHARDED_NAME:
@@ -179,12 +190,15 @@ def configure(ks: Keyspace, queue: str, count: Any, is_cluster: bool) -> Op[Shar
         (reply,) = yield [Call.cmd("CLUSTER", "SLOTS")]
         owners = _owners(reply)
     names = choose(queue, count, owners) if count > 1 else (queue,)
-    (rate,) = yield [Call.cmd("HGET", ks.config(queue), "rate")]
-    if rate is not None and count > 1:
-        raise InvalidArgument(
-            f"queue {queue!r} has a rate limit; a rate limit over shards is not supported yet "
-            "(each shard would count its own): remove it first (set_rate_limit(queue, None))"
-        )
+    # a rate limit is split again over the new shards (refused, before anything is written,
+    # when it is below their count: see echomq_core.rates)
+    from . import rates
+
+    read = [Call.cmd("HGET", ks.config(queue), f) for f in (rates.FIELD, rates.TOTAL)]
+    limit = rates.stored(*(yield read))
+    rate_writes = [] if limit is None else rates.writes(ks, names, limit)
+    dropped = [q for q in current if q not in names]  # their shares no longer count
+    rate_writes += [Call.cmd("HDEL", ks.config(q), rates.FIELD, rates.TOTAL) for q in dropped]
     held = yield from holding(ks, set(current) | set(names))
     busy = {q: n for q, n in held.items() if n}
     if busy:
@@ -194,15 +208,17 @@ def configure(ks: Keyspace, queue: str, count: Any, is_cluster: bool) -> Op[Shar
             f"jobs or flows ({shown}); the count changes only while every shard is empty"
         )
     if count == 1:
-        yield [Call.cmd("HDEL", ks.config(queue), FIELD)]
+        yield [Call.cmd("HDEL", ks.config(queue), FIELD), *rate_writes]
         return names
-    # the new shards take the queue's settings (retention), so every shard sweeps alike
+    # the new shards take the queue's settings (retention), so every shard sweeps alike; the
+    # rate's fields are the shares just computed, not shard 0's
     (flat,) = yield [Call.cmd("HGETALL", ks.config(queue))]
     from .flows import pairs
 
-    settings = [x for k, v in pairs(flat).items() if k != FIELD for x in (k, v)]
+    own = {FIELD, rates.FIELD, rates.TOTAL}
+    settings = [x for k, v in pairs(flat).items() if k not in own for x in (k, v)]
     copies = [Call.cmd("HSET", ks.config(q), *settings) for q in names[1:]] if settings else []
-    yield [*copies, Call.cmd("HSET", ks.config(queue), FIELD, " ".join(names))]
+    yield [*copies, *rate_writes, Call.cmd("HSET", ks.config(queue), FIELD, " ".join(names))]
     return names
 
 

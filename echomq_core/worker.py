@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import sharding
+from . import sharding, spawning
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
@@ -72,6 +72,7 @@ from .running import (
     Outcome,
     RateWindows,
     hint_groups,
+    logical_names,
     make_queues,
     outcome,
     serving,
@@ -155,12 +156,13 @@ class Worker(OptionAttributes):
         opts = self.options = build(WorkerOptions, options, settings)
         make_queues(client, handlers, opts, queue_options, Queue)  # refuse bad input first
         # a sharded queue is served by serving every shard (one read, cached by the client)
-        handlers = serving(handlers, client.perform(sharding.resolve(
-            client.keys, client.shard_cache, handlers
-        )))
-        self.queues = make_queues(client, handlers, opts, queue_options, Queue)
+        shards = client.perform(sharding.resolve(client.keys, client.shard_cache, handlers))
+        logical = logical_names(handlers, shards)
+        handlers = serving(handlers, shards)
+        self.queues = make_queues(client, handlers, opts, queue_options, Queue, logical)
         self.pump = worker_pump(client, list(self.queues), pump, hooks)
         self.client = client
+        self._spawner = spawning.sync_spawner(client)  # what job.spawn() calls
         self.handlers = dict(handlers)
         self.hooks = hooks
         #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
@@ -347,7 +349,7 @@ class Worker(OptionAttributes):
         now = time.monotonic()
         with self._lock:
             for job in jobs:
-                self._hand.inflight[(job.queue, job.id)] = job
+                self._hand.inflight[(job.shard, job.id)] = job
             if self._stop.is_set():
                 return jobs
             self._hand.buffer.extend((job, now) for job in jobs)
@@ -417,7 +419,7 @@ class Worker(OptionAttributes):
                     if check:
                         self._checking, self._checked = True, now
                     elif not self._hand.lost:  # nothing to check: start it now
-                        self._begin(slot, job, job.timeout_ms or queues[job.queue].timeout_ms, now)
+                        self._begin(slot, job, job.timeout_ms or queues[job.shard].timeout_ms, now)
                         started = True
             if gone:
                 assert finished is not None
@@ -432,7 +434,7 @@ class Worker(OptionAttributes):
                     self._check_leases(job)
                 if self._drop_if_lost(job):
                     continue
-                limit_ms = job.timeout_ms or queues[job.queue].timeout_ms
+                limit_ms = job.timeout_ms or queues[job.shard].timeout_ms
                 with lock:
                     self._begin(slot, job, limit_ms, time.monotonic())
             # the CPU share of handlers is sampled (every 8th call): a thread's CPU clock is a
@@ -440,7 +442,7 @@ class Worker(OptionAttributes):
             sample = not calls & 7
             calls += 1
             cpu = time.thread_time() if sample else 0.0
-            result = self._call(handlers[job.queue], job)
+            result = self._call(handlers[job.shard], job)
             finished = (job, result, time.thread_time() - cpu if sample else None)
 
     def _begin(self, slot: _Slot, job: Job, limit_ms: int | None, now: float) -> None:
@@ -523,6 +525,7 @@ class Worker(OptionAttributes):
         """Run one handler: the encoded result, or (error text, retry?)."""
 
         def call() -> Any:
+            job.spawner = self._spawner
             result = handler(job)
             if inspect.isawaitable(result):  # one event loop per runner thread, kept
                 loop = getattr(self._loops, "loop", None)

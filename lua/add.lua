@@ -12,9 +12,18 @@
 --                         '0': the host generated fresh ids, skip the existence check
 -- ARGV[2]   max_attempts  ARGV[3] delay_ms  ARGV[4] priority (0..800, lower runs first)
 -- ARGV[5]   timeout_ms    the jobs' handler time limit ('' = the queue's)
--- ARGV[4+2i] ARGV[5+2i]  job i (i = 1..n): its id, its payload
+-- ARGV[6]   stem          '' (each job's record carries its id) or the stem of ids the host
+--                         generated: job i's id is then stem .. hex(start + i - 1)
+-- ARGV[7]   start         with a stem: the first job's index (decimal); else ''
+-- ARGV[6+2i] ARGV[7+2i]  job i (i = 1..n): its id, its payload - or, with a stem, ARGV[7+i]:
+--                         its payload only
 --
--- Steps: refuse any bad id before writing anything; write each new row (one HSET, with
+-- Why a stem: checking an id is a Lua pattern over every character (about as much as the
+-- row's HSET costs); a stem is checked once per call, and an id made of a checked stem and
+-- hex digits the script formats itself cannot break the grammar - so a client that skips the
+-- host still cannot write a bad id, whichever form it sends.
+--
+-- Steps: refuse any bad id (or stem) before writing anything; write each new row (one HSET, with
 -- `created`: the server's ms, which the dashboard reads for the age of a queue's oldest
 -- pending job) and collect it; then ONE ZADD into pending (or delayed) for the batch. Pending scores are
 -- priority * 2^40 + arrival number: FIFO within a priority (one INCRBY numbers the batch).
@@ -22,16 +31,35 @@
 -- Owner of what it writes: a row is removed by its completion (keep_completed off) or by the
 -- retention sweep of its end state.
 -- Returns: the number of jobs added (ids that existed are left untouched).
--- Errors: EMQKIND a job id is malformed (nothing written).
+-- Errors: EMQKIND a job id, the stem or the start is malformed (nothing written).
 local q = queue_keys(KEYS)
 local check, attempts = ARGV[1], ARGV[2]
 local delay, priority = tonumber(ARGV[3]), tonumber(ARGV[4])
-local n = (#ARGV - 5) / 2
+local stem, start = ARGV[6], nil
+local width = 2  -- values per job record
+if stem ~= '' then
+  width = 1
+  start = tonumber(ARGV[7])
+  -- an exact integer index, and every id it makes short enough (14 hex digits at most)
+  if not start or start < 0 or start ~= math.floor(start) or start >= 2 ^ 52 then
+    return redis.error_reply('EMQKIND the start of generated ids must be an integer >= 0: ' ..
+      ARGV[7])
+  end
+  local bad = check_id(stem .. '0')
+  if bad or #stem > 190 then
+    return redis.error_reply('EMQKIND generated ids need a stem of JOB- plus a safe tail: ' ..
+      stem)
+  end
+  start = start - 1
+end
+local n = (#ARGV - 7) / width
 local fields = {'payload', '', 'max_attempts', attempts}
 if ARGV[5] ~= '' then fields[5] = 'timeout'; fields[6] = ARGV[5] end
-for i = 1, n do
-  local bad = check_id(ARGV[4 + 2 * i])
-  if bad then return bad end
+if not start then
+  for i = 1, n do
+    local bad = check_id(ARGV[6 + 2 * i])
+    if bad then return bad end
+  end
 end
 local now = now_ms()
 fields[#fields + 1] = 'created'; fields[#fields + 1] = now
@@ -40,9 +68,13 @@ if delay > 0 then due = now + delay end
 local seq = redis.call('INCRBY', q.seq, n) - n
 local add = {}
 for i = 1, n do
-  local id, row = ARGV[4 + 2 * i], KEYS[15 + i]
+  local id, row = nil, KEYS[15 + i]
+  if start then
+    id = stem .. string.format('%x', start + i); fields[2] = ARGV[7 + i]
+  else
+    id = ARGV[6 + 2 * i]; fields[2] = ARGV[7 + 2 * i]
+  end
   if check ~= '1' or redis.call('EXISTS', row) == 0 then
-    fields[2] = ARGV[5 + 2 * i]
     redis.call('HSET', row, unpack(fields))
     if delay > 0 then
       add[#add + 1] = due

@@ -13,8 +13,8 @@
 --             flows_released and flows_failed (a root moves between them)
 -- KEYS[15+j]  the row of the j-th PLAIN job of the batch (j = 1..p): only plain jobs have a
 --             row to write
--- KEYS[15+p+6(g-1)+1 .. +6]  parent group g: row, dependencies, processed, unsuccessful, failed,
---             explicit (same-queue parents only; the host read each job's parent when it
+-- KEYS[15+p+7(g-1)+1 .. +7]  parent group g: row, dependencies, processed, unsuccessful, failed,
+--             explicit, log (same-queue parents only; the host read each job's parent when it
 --             claimed it)
 -- then 2 keys per gated ref of ARGV[3], in that order: the gate (waiting, cap) of that parent's
 --             children in this queue (includes/gate.lua)
@@ -107,6 +107,6 @@ if #done > 0 then
 end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
-local at = 15 + p + 6 * #b.parents
+local at = 15 + p + 7 * #b.parents
 local handed = free_tokens(q, KEYS, at, #b.parents, freed, refs, ARGV[4], now)
 return {out, events, handed}

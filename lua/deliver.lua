@@ -7,8 +7,8 @@
 --             (a released parent), outbox and outbox_wake (a failed parent that has a parent
 --             of its own signals upward through them), flows_held, flows_released and
 --             flows_failed (a root moves between them)
--- KEYS[15+6(g-1)+1 .. +6]  parent g: row, dependencies, processed, unsuccessful, failed,
---             explicit
+-- KEYS[15+7(g-1)+1 .. +7]  parent g: row, dependencies, processed, unsuccessful, failed,
+--             explicit, log (the settle log: written only for a flow added with stream=True)
 -- ARGV[1] parent_queue   the parents' queue name
 -- ARGV[2] g              number of parents
 -- ARGV[3..] per parent: its id, m (its number of signals), kinds (m bytes: the kind of each
@@ -36,8 +36,8 @@ for gi = 1, g do
     items[j] = {string.sub(kinds, j, j), ARGV[a], ARGV[a + 1]}
     a = a + 2
   end
-  local k = 15 + (gi - 1) * 6
-  local st, ev = settle({unpack(KEYS, k + 1, k + 6)}, pid, queue, q, items, now)
+  local k = 15 + (gi - 1) * 7
+  local st, ev = settle({unpack(KEYS, k + 1, k + 7)}, pid, queue, q, items, now)
   for j = 1, m do out[#out + 1] = st[j] end
   if ev then events[#events + 1] = ev; events[#events + 1] = pid end
 end

@@ -6,8 +6,8 @@
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: completed, dead and the
 --             five flows_* indexes (the swept entries go)
 -- KEYS[16] config  hash  this queue's retention settings  KEYS[17] sweep:lease  string
--- KEYS[17+7(i-1)+1 .. +7]  candidate i: row, dependencies, processed, unsuccessful, failed,
---                         explicit, repair (a flow node's keys; a plain job has only the row)
+-- KEYS[17+8(i-1)+1 .. +8]  candidate i: row, dependencies, processed, unsuccessful, failed,
+--                         explicit, repair, log (a flow node's keys; a plain job has only the row)
 -- ARGV[1] pump  ARGV[2..15] the defaults, as in retain.lua
 -- ARGV[14+2i] ARGV[15+2i]  candidate i: its index ('c' completed, 'd' dead, 'f' flows:failed,
 --   'x' flows:closed, 'u' flows:released past the unclosed retention, 'k' flows:cancelled),
@@ -59,8 +59,8 @@ local swept, roots = 0, {}
 local n = (#ARGV - 15) / 2
 for i = 1, n do
   local code, id = ARGV[14 + 2 * i], ARGV[15 + 2 * i]
-  local k = 17 + (i - 1) * 7
-  local nk = {unpack(KEYS, k + 1, k + 7)}
+  local k = 17 + (i - 1) * 8
+  local nk = {unpack(KEYS, k + 1, k + 8)}
   local ix = index[code]
   if ix and due(ix[1], ix[2], id) then
     local row = redis.call('HMGET', nk[1], 'parent', 'total', 'stopped', 'tipped')

@@ -16,8 +16,8 @@
 --             and for the fan-in: pending and wake (a same-queue parent released), outbox and
 --             outbox_wake (cross-queue signals), flows_held, flows_released and flows_failed
 -- KEYS[15+i]  the row of job i (i = 1..n)
--- KEYS[15+n+6(g-1)+1 .. +6]  parent group g (same-queue parents): row, dependencies, processed,
---             unsuccessful, failed, explicit
+-- KEYS[15+n+7(g-1)+1 .. +7]  parent group g (same-queue parents): row, dependencies, processed,
+--             unsuccessful, failed, explicit, log
 -- then 2 keys per gated ref of ARGV[2], in that order: the gate (waiting, cap) of that parent's
 --             children in this queue (includes/gate.lua)
 -- last key    the queue's config, only when ARGV[3] is not '' (as in complete.lua)
@@ -116,6 +116,6 @@ if #later > 0 then redis.call('ZADD', q.delayed, unpack(later)) end
 if #dead > 0 then redis.call('ZADD', q.dead, unpack(dead)) end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + n, queue, q, now)
-local at = 15 + n + 6 * #b.parents
+local at = 15 + n + 7 * #b.parents
 local handed = free_tokens(q, KEYS, at, #b.parents, freed, refs, ARGV[3], now)
 return {out, events, handed}

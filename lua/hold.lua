@@ -33,7 +33,11 @@
 -- ARGV[15] tree digest  '' or (roots of replacing adds) a digest of the whole planned flow,
 --                       kept as the row's 'tfp': add_flow(replace=True) compares it on the
 --                       host before it decides to converge or to replace
--- ARGV[16..] pairs: child id, queue - the children whose ids were given (not derived)
+-- ARGV[16] log           '1': keep a settle log (row field `log`; add_flow(stream=True), roots
+--                       only): every settle of a child appends to the parent's :log stream in
+--                       the step that counts it (settle_current.lua); '' otherwise (a re-add with
+--                       the other setting is refused)
+-- ARGV[17..] pairs: child id, queue - the children whose ids were given (not derived)
 --
 -- Steps: a parent that already exists is left exactly as it is (holding never resets a
 -- counter: a retried add converges instead of starting over) - provided it is the SAME flow:
@@ -41,7 +45,7 @@
 -- 'held' and the counter set to N, in this one script, so the counter exists before any child
 -- can complete; a root enters flows:held. Two different adds racing on one id: one holds, the
 -- other is refused here.
--- Owner of what it writes: the row (with `allow` and `tfp`), the counter, the explicit record and the index entry are
+-- Owner of what it writes: the row (with `allow`, `tfp` and `log`), the counter, the explicit record and the index entry are
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
 -- Errors: EMQKIND bad id; EMQTAKEN <id> the id is another flow's node or a plain job; EMQFLOW
@@ -51,7 +55,7 @@ local q = queue_keys(KEYS)
 local bad = check_id(ARGV[1])
 if bad then return bad end
 local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen', 'allow',
-  'cap', 'parent_queue')
+  'cap', 'parent_queue', 'log', 'grown')
 if row[4] == 'replaced' then
   redis.call('DEL', KEYS[16])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
@@ -67,8 +71,10 @@ elseif row[1] then
     return redis.error_reply('EMQGEN ' .. (row[5] or '0') .. ' parent ' .. ARGV[1] .. ' is generation ' ..
       (row[5] or '0'))
   end
-  if row[1] ~= ARGV[3] then
-    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. row[1] ..
+  -- children spawned at run time (spawn.lua: `grown`) are not the add's: N is what it added
+  local added = tonumber(row[1]) - (tonumber(row[10]) or 0)
+  if added ~= tonumber(ARGV[3]) then
+    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. added ..
       ' children, not ' .. ARGV[3])
   end
   if row[2] and row[2] ~= ARGV[8] then
@@ -86,6 +92,11 @@ elseif row[1] then
     return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with max_running ' ..
       (row[7] or 'unset') .. ', not ' .. (ARGV[14] ~= '' and ARGV[14] or 'unset'))
   end
+  if (row[9] or '') ~= ARGV[16] then
+    local have = 'without a settle log (stream=False)'
+    if row[9] then have = 'with a settle log (stream=True)' end
+    return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists ' .. have)
+  end
   return 0
 elseif redis.call('EXISTS', KEYS[16]) == 1 then
   return redis.error_reply('EMQTAKEN ' .. ARGV[1] .. ' id ' .. ARGV[1] ..
@@ -98,6 +109,8 @@ if ARGV[5] ~= '' then
   fields[#fields + 1] = 'parent'; fields[#fields + 1] = ARGV[5]
   fields[#fields + 1] = 'parent_policy'; fields[#fields + 1] = ARGV[7]
   if ARGV[6] ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = ARGV[6] end
+  -- packed for the claim's rows read, as land.lua writes it (a sub-flow's parent has no gate)
+  fields[#fields + 1] = 'up'; fields[#fields + 1] = ARGV[7] .. ' 0 ' .. ARGV[6]
 else
   redis.call('ZADD', q.flows_held, now, ARGV[1])
   if ARGV[10] == '1' then fields[#fields + 1] = 'barrier'; fields[#fields + 1] = '1' end
@@ -107,10 +120,11 @@ if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[1
 if ARGV[13] ~= '' then fields[#fields + 1] = 'allow'; fields[#fields + 1] = ARGV[13] end
 if ARGV[14] ~= '' then fields[#fields + 1] = 'cap'; fields[#fields + 1] = ARGV[14] end
 if ARGV[15] ~= '' then fields[#fields + 1] = 'tfp'; fields[#fields + 1] = ARGV[15] end
+if ARGV[16] ~= '' then fields[#fields + 1] = 'log'; fields[#fields + 1] = '1' end
 redis.call('HSET', KEYS[16], unpack(fields))
 redis.call('SET', KEYS[17], ARGV[3])
 -- unpack() is bounded by the Lua stack: write the explicit record in slices
-for i = 16, #ARGV, 1000 do
+for i = 17, #ARGV, 1000 do
   redis.call('HSET', KEYS[18], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1

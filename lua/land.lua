@@ -24,10 +24,14 @@
 --                     number, as add.lua's
 -- ARGV[8]   share     '' = no cap; else this queue's share of the parent's max_running: the
 --                     children enter the gate and at most `share` of them hold a token at once
--- ARGV[7+2i] ARGV[8+2i]  child i (i = 1..n): its id, its payload (the host groups children by
---   parent and options, so the shared fields travel once per batch)
+-- ARGV[9]   stem      '' (each child's record carries its id) or the stem of derived ids
+--                     (the parent's id and '.'): child i's id is then stem .. (start + i - 1)
+-- ARGV[10]  start     with a stem: the first child's index (decimal); else ''
+-- ARGV[9+2i] ARGV[10+2i]  child i (i = 1..n): its id, its payload - or, with a stem,
+--   ARGV[10+i]: its payload only (the host groups children by parent and options, so the
+--   shared fields travel once per batch; the stem is checked once, as in add.lua)
 --
--- Steps: refuse any bad id before writing; with check '1', refuse the whole batch (nothing
+-- Steps: refuse any bad id (or stem) before writing; with check '1', refuse the whole batch (nothing
 -- written) when a child's row exists and belongs to anything but this parent (a plain job,
 -- another flow's child, the child of a parent of the same id in another queue): landing it
 -- would leave this parent waiting for ever. Then for each
@@ -37,6 +41,9 @@
 -- re-queues a child, even one that already completed, and never admits one twice). With a
 -- share, the new children go into the gate instead (their rows marked 'gate', so the host
 -- passes the gate's keys to the step that settles them) and the gate admits what fits.
+-- The row's 'up' field is '<policy> <gate 0|1> <parent_queue, empty for this queue>': the
+-- same facts as parent_policy, gate and parent_queue (which every other script reads), packed
+-- for the claim's rows read (ops.ROW_FIELDS).
 -- Owner of what it writes: the rows are removed with their flow (the retention sweep); the
 -- gate's keys too (forget.lua), see includes/gate.lua.
 -- Returns: a list of 1 (landed) / 0 (existed), per child.
@@ -44,12 +51,31 @@
 local q = queue_keys(KEYS)
 local check, parent, up_queue, policy, attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local timeout, priority, share = ARGV[6], tonumber(ARGV[7]), ARGV[8]
-local n = (#ARGV - 8) / 2
+-- job i's payload is ARGV[payload_at + width * (i - 1)]
+local stem, width, ids, payload_at = ARGV[9], 2, {}, 12
+if stem ~= '' then width, payload_at = 1, 11 end
+local n = (#ARGV - 10) / width
 local out = {}
-for i = 1, n do
-  local bad = check_id(ARGV[7 + 2 * i])
-  if bad then return bad end
-  out[i] = 1
+if stem ~= '' then
+  local start = tonumber(ARGV[10])
+  -- an exact integer index; the ids it makes stay within the id's length bound
+  if not start or start < 0 or start ~= math.floor(start) or start >= 2 ^ 52 then
+    return redis.error_reply('EMQKIND the start of derived ids must be an integer >= 0: ' ..
+      ARGV[10])
+  end
+  local bad = check_id(stem .. '0')
+  if bad or #stem > 188 then
+    return redis.error_reply('EMQKIND derived ids need a stem of JOB- plus a safe tail: ' ..
+      stem)
+  end
+  for i = 1, n do ids[i] = stem .. string.format('%d', start + i - 1); out[i] = 1 end
+else
+  for i = 1, n do
+    ids[i] = ARGV[9 + 2 * i]
+    local bad = check_id(ids[i])
+    if bad then return bad end
+    out[i] = 1
+  end
 end
 -- A parent held fresh by this add has no children yet - but a parent of the same id in another
 -- queue may have landed children under the same derived ids here: one EXISTS over the whole
@@ -71,8 +97,8 @@ if check == '1' then
         elseif row[3] then
           owner = 'a flow parent'
         end
-        return redis.error_reply('EMQTAKEN ' .. ARGV[7 + 2 * i] .. ' child id ' ..
-          ARGV[7 + 2 * i] .. ' is taken by ' ..
+        return redis.error_reply('EMQTAKEN ' .. ids[i] .. ' child id ' ..
+          ids[i] .. ' is taken by ' ..
           owner .. ', not free for parent ' .. parent)
       end
       out[i] = 0
@@ -88,13 +114,18 @@ if timeout ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = tim
 -- a repair re-scores a requeued child by its row (requeue.lua)
 if priority > 0 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = ARGV[7] end
 if share ~= '' then fields[#fields + 1] = 'gate'; fields[#fields + 1] = '1' end
+-- 'up': what a claim needs of the parent fields besides `parent`, in one value (the rows read
+-- asks for each field, present or not: one field instead of three for every job claimed)
+local gated = '0'
+if share ~= '' then gated = '1' end
+fields[#fields + 1] = 'up'; fields[#fields + 1] = policy .. ' ' .. gated .. ' ' .. up_queue
 local ready = {}
 local base = priority * 1099511627776 + seq
 for i = 1, n do
   if out[i] == 1 then
-    fields[2] = ARGV[8 + 2 * i]
+    fields[2] = ARGV[payload_at + width * (i - 1)]
     redis.call('HSET', KEYS[15 + i], unpack(fields))
-    ready[#ready + 1] = base + i; ready[#ready + 1] = ARGV[7 + 2 * i]
+    ready[#ready + 1] = base + i; ready[#ready + 1] = ids[i]
   end
 end
 if share == '' then

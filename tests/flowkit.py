@@ -100,6 +100,8 @@ def keys_of(backend: Backend, prefix: str) -> dict[str, Any]:
                 value = r.lrange(key, 0, -1)
             elif kind == "set":
                 value = r.smembers(key)
+            elif kind == "stream":
+                value = r.xrange(key)
             else:
                 value = r.get(key)
             out[key.decode()] = (kind, value)

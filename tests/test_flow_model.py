@@ -400,8 +400,11 @@ class FlowMachine(RuleBasedStateMachine):
                 return
             assert result.requeued == 0  # a held flow: nothing to re-run
             return
-        self._stops(flow)  # retry_flow finishes a pending follow-up first
+        # retry_flow finishes a pending follow-up first; only then have the children we hold
+        # in other queues lost their leases (until a drain or the repair runs it, a tip's
+        # follow-up in another slot has not happened yet, and their reports still count)
         result = self.mq.retry_flow(flow.queue, flow.pid)
+        self._stops(flow)
         flow.recorded = {c: r for c, r in flow.recorded.items() if r[0] != "f"}
         flow.tolerated, flow.tipped, flow.stopped = 0, False, False
         flow.cancelled = False

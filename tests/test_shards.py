@@ -173,7 +173,7 @@ def test_a_flow_into_three_shards_settles_every_child_once(backend: Backend, mq:
     def child(job: Job) -> Any:
         with lock:
             runs[job.id] += 1
-            by_shard[job.queue] += 1
+            by_shard[job.shard] += 1
         return job.payload
 
     n = 3000
@@ -230,7 +230,7 @@ def test_an_idle_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ) -> N
     got: list[str] = []
 
     def handle(job: Job) -> Any:
-        got.append(job.queue)
+        got.append(job.shard)
         return None
 
     worker = Worker(mq, {"idle": handle}, poll=30.0, max_poll=60.0)
@@ -304,7 +304,7 @@ def test_the_async_worker_serves_every_shard(backend: Backend, mq: EchoMQ) -> No
     runs: Counter[str] = Counter()
 
     async def handle(job: Job) -> Any:
-        runs[job.queue] += 1
+        runs[job.shard] += 1
         return job.payload
 
     async def main() -> set[str]:
@@ -332,7 +332,7 @@ def test_an_idle_async_worker_blocks_on_every_shard(backend: Backend, mq: EchoMQ
     got: list[str] = []
 
     async def handle(job: Job) -> Any:
-        got.append(job.queue)
+        got.append(job.shard)
 
     async def main() -> None:
         amq = AsyncEchoMQ(backend.url, cluster=True, prefix=mq.keys.prefix)
@@ -405,12 +405,12 @@ def test_claims_take_the_shards_in_turn(mq: EchoMQ) -> None:
     names = mq.set_shards("fair", 3)
     queue = mq.queue("fair")
     queue.add_bulk(list(range(300)))
-    firsts = [queue.claim(5)[0].queue for _ in range(6)]
+    firsts = [queue.claim(5)[0].shard for _ in range(6)]
     assert firsts == [*names, *names]
     mq.set_shards("wfair", 3)
     mq.queue("wfair").add_bulk(list(range(300)))
     order: list[str] = []
-    worker = Worker(mq, {"wfair": lambda job: order.append(job.queue)}, max_batch=1)
+    worker = Worker(mq, {"wfair": lambda job: order.append(job.shard)}, max_batch=1)
     worker.start()
     try:
         eventually(lambda: len(order) >= 30, timeout=30, what=lambda: len(order))
@@ -430,18 +430,6 @@ def test_retention_applies_to_every_shard(mq: EchoMQ) -> None:
         got = mq.perform(retention.get_config(mq.keys, name))
         assert (got["completed_age"], got["dead_count"]) == (60, 5), name
     assert mq.shards("ret") == names  # the copy did not touch the shards field
-
-
-def test_rate_limits_are_refused_on_sharded_queues(mq: EchoMQ) -> None:
-    mq.set_shards("rl", 2)
-    with pytest.raises(InvalidArgument, match="sharded"):
-        mq.set_rate_limit("rl", "10/s")
-    assert mq.rate_limit("rl") is None
-    mq.set_rate_limit("rl", None)  # removing one is fine
-    mq.set_rate_limit("rl-plain", "10/s")
-    with pytest.raises(InvalidArgument, match="rate limit"):
-        mq.set_shards("rl-plain", 2)
-    assert mq.shards("rl-plain") == ("rl-plain",)
 
 
 def test_a_re_add_converges_and_a_replace_takes_new_shards(backend: Backend, mq: EchoMQ) -> None:

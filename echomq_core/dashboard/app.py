@@ -46,7 +46,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..browse import oldest_pending
+from .. import sharding
 from ..client import EchoMQ
 from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
 from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
@@ -58,6 +58,7 @@ from .browsing import Browsing
 from .monitoring import Monitoring
 from .params import flow_names, int_param
 from .security import CSRF_FIELD, SESSION_COOKIE, Guard, SecurityHeaders
+from .shards import oldest_over
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -140,7 +141,10 @@ class Dashboard(Monitoring, Browsing):
         """The collector's readings and each queue's oldest pending age (two round trips more,
         :func:`echomq_core.browse.oldest_pending`)."""
         readings = self.collector.read()
-        ages = self.client.perform(oldest_pending(self.client.keys, [r.queue for r in readings]))
+        mq = self.client
+        names = [r.queue for r in readings]  # logical names: a sharded queue's oldest shard head
+        shards = mq.perform(sharding.resolve(mq.keys, mq.shard_cache, names))
+        ages = mq.perform(oldest_over(mq.keys, {q: shards[q] for q in names}))
         return readings, ages
 
     def overview(self, request: Request) -> Response:

@@ -27,15 +27,17 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from ..browse import PAGE, SHOWS, STATES, job_detail, queue_page
+from ..browse import PAGE, SHOWS, STATES, QueuePage, job_detail
 from ..children import children_page, search_failed
 from ..client import EchoMQ
 from ..errors import InvalidArgument, JobNotFound
 from ..keyspace import check_job_id, check_queue
+from ..sharding import shard_of
 from ..urls import FLOW_PATH, JOB_PATH, flow_page, job_page
 from . import reads
 from .monitoring import RANGES
 from .params import flow_names, int_param
+from .shards import page_over
 
 #: What may follow a job's names in a POST's path.
 JOB_ACTIONS = ("retry", "cancel")
@@ -73,8 +75,9 @@ class Browsing:
     # -- one job ---------------------------------------------------------------------------
     def _job(self, request: Request, under: str) -> reads.JobView:
         queue, job_id, _ = flow_names(request, under)
+        shard = shard_of(self.client.shards(queue), job_id)  # a sharded queue: the id's shard
         found = self.client.perform(
-            job_detail(self.client.keys, queue, job_id, self.client.serializer)
+            job_detail(self.client.keys, shard, job_id, self.client.serializer)
         )
         if found is None:
             raise JobNotFound(f"no job {job_id} in queue {queue!r} (never added, or expired)")
@@ -122,6 +125,11 @@ class Browsing:
         state = _param(request, "state", STATES, "pending")
         return queue, state, int_param(request, "offset", 0, 10_000_000)
 
+    def _page(self, queue: str, state: str, offset: int) -> QueuePage:
+        """A page of ``queue`` in ``state``: over every shard of a sharded queue."""
+        shards = self.client.shards(queue)
+        return self.client.perform(page_over(self.client.keys, shards, state, offset))
+
     def queue_jobs(self, request: Request) -> Response:
         queue, state, offset = self._queue_args(request)
         find = _find(request)
@@ -130,7 +138,7 @@ class Browsing:
             return RedirectResponse(job_page(base, queue, find), 303)
         ranges = tuple(str(m) for m, _ in RANGES)
         minutes = int(_param(request, "minutes", ranges, ranges[0]))
-        found = self.client.perform(queue_page(self.client.keys, queue, state, offset))
+        found = self._page(queue, state, offset)
         counts = self.client.queue(queue).stats()
         return self.render(
             request,
@@ -148,7 +156,7 @@ class Browsing:
     def api_queue_jobs(self, request: Request) -> Response:
         queue, state, offset = self._queue_args(request)
         return JSONResponse(
-            self.client.perform(queue_page(self.client.keys, queue, state, offset)).to_dict()
+            self._page(queue, state, offset).to_dict()
         )
 
     # -- a flow's children -----------------------------------------------------------------

@@ -23,12 +23,12 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from ..browse import oldest_pending
 from ..client import EchoMQ
 from ..keyspace import check_queue
-from ..throughput import DAY, Minute, read_minutes
+from ..throughput import DAY, Minute
 from ..workers_registry import read_workers
 from .params import int_param
+from .shards import minutes_over, oldest_over
 
 #: The chart's size in SVG user units (it scales to the page's width).
 WIDTH, HEIGHT, PAD = 720, 150, 28
@@ -134,8 +134,9 @@ class Monitoring:
         """What the queue page's chart section shows: the minutes, their totals, the chart and
         the oldest pending job's age against the alert threshold."""
         ks = self.client.keys
-        found = self.client.perform(read_minutes(ks, queue, minutes))
-        age = self.client.perform(oldest_pending(ks, [queue])).get(queue)
+        shards = self.client.shards(queue)  # a sharded queue: every shard's, summed
+        found = self.client.perform(minutes_over(ks, shards, minutes))
+        age = self.client.perform(oldest_over(ks, {queue: shards})).get(queue)
         return {
             "minutes": found,
             "chart": chart(found),

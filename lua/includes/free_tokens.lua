@@ -5,7 +5,7 @@
 -- (handed off to the completing worker when its spec allows: includes/hand.lua).
 --   keys    = the script's KEYS; the gates' {waiting, cap} pairs start at keys[at + 1] (one pair
 --             per entry of freed), then the queue's config hash (hand.lua reads its rate)
---   parents = how many parent groups the step settled; their 6 keys each (row first) end just
+--   parents = how many parent groups the step settled; their 7 keys each (row first) end just
 --             before keys[at + 1]
 --   freed   = per gate, the tokens returned (0: none); refs = per gate, its parent group's
 --             number when the parent is in this queue (its row is read), else 0
@@ -21,7 +21,7 @@ local function free_tokens(q, keys, at, parents, freed, refs, spec, now)
   for g = 1, #freed do
     if freed[g] > 0 then
       local gk = {keys[at + 2 * g - 1], keys[at + 2 * g]}
-      local row = keys[at - 6 * parents + 6 * (refs[g] - 1) + 1]
+      local row = keys[at - 7 * parents + 7 * (refs[g] - 1) + 1]
       if refs[g] > 0 and redis.call('HEXISTS', row, 'tipped') == 1 then
         redis.call('HSET', gk[2], 'off', '1')
       end

@@ -2,7 +2,8 @@
 -- settle(pk, parent_id, parent_queue, q, items, now): settle children of ONE parent, on the
 -- parent's slot. Shared by complete (same-queue), fail (same-queue) and deliver (the Pump's
 -- cross-queue half).
---   pk       = {row, dependencies, processed, unsuccessful, failed, explicit} keys of the parent
+--   pk       = {row, dependencies, processed, unsuccessful, failed, explicit, log} keys of the
+--              parent (log: the settle log, written only when the row has `log`)
 --   q        = the parent queue's keys (queue_keys.lua)
 --   items    = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
 -- Reads the parent's row once; a missing row settles nothing. A replaced parent (generation
@@ -17,7 +18,8 @@
 -- many fail-parent deaths: see settle_current.lua.
 local function settle(pk, parent_id, parent_queue, q, items, now)
   local statuses = {}
-  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen', 'repairs', 'allow')
+  local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen', 'repairs', 'allow',
+    'log')
   local state = row[1]
   if not state then
     for i = 1, #items do statuses[i] = -1 end

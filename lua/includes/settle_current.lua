@@ -5,12 +5,19 @@
 -- @include park
 -- settle_current(pk, parent_id, parent_queue, q, items, now, row): settle items of ONE parent's
 -- current flow, on the parent's slot (settle.lua has dropped other generations' reports).
---   pk    = {row, dependencies, processed, unsuccessful, failed, explicit} keys of the parent
+--   pk    = {row, dependencies, processed, unsuccessful, failed, explicit, log} keys of the parent
 --   q     = the parent queue's keys (queue_keys.lua): pending + wake (a released worker-run
 --           parent), outbox + outbox_wake (a failed parent's signal upward), flows_held,
 --           flows_released, flows_failed (a root moves between them)
 --   items = list of {kind, child_id, value}; kind 'c' | 'i' | 'f'
---   row   = the parent row's fields settle read: state, barrier, parent, gen, repairs, allow
+--   row   = the parent row's fields settle read: state, barrier, parent, gen, repairs, allow, log
+-- The settle log (row field `log` = '1', set by hold.lua for a flow added with stream=True):
+-- every child recorded now (status 1) appends one entry, field = its kind, value = its id (an
+-- id under the parent's, '<parent>.<rest>', kept as '.<rest>': most of an entry is the id), to
+-- pk[7] in this same step, in settle order - so the log and the counter never disagree (a
+-- redelivered or stale report records nothing and logs nothing). Values stay in :processed;
+-- the reader (log_read.lua) fetches them, so an entry costs the same whatever the result's
+-- size. A flow without `log` pays one HMGET field here and nothing else.
 -- Each child is recorded with HSETNX: only a first record counts, so settling the same child
 -- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
 -- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
@@ -45,8 +52,9 @@
 -- has not started (lifecycle.stop_unstarted; the Pump that delivered the death runs it at
 -- once too) and marks the row `stopped` = the same value, so a redelivered 'x' changes
 -- nothing.
--- Owner of what it writes: :processed/:unsuccessful/:failed records, the counter and the
--- row's fields go with the flow's expiry (expire.lua / forget.lua / drop.lua); flows:* entries
+-- Owner of what it writes: :processed/:unsuccessful/:failed records, the settle log, the
+-- counter and the row's fields go with the flow's expiry (expire.lua / drop.lua through
+-- drop_node.lua; reset.lua for a replaced flow); flows:* entries
 -- move on with the flow's state and are dropped at expiry; a released worker-run parent's
 -- pending entry is claimed (its wake member popped by idle workers); the upward signal is
 -- trimmed by the Pump, and the outbox:wake member set with it is popped by an idle Pump.
@@ -82,6 +90,13 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
       statuses[i] = 0
     elseif redis.call('HSETNX', target, child, value) == 1 then
       statuses[i] = 1
+      if row[7] then
+        local logged = child
+        if string.sub(child, 1, #parent_id + 1) == parent_id .. '.' then
+          logged = string.sub(child, #parent_id + 1)
+        end
+        redis.call('XADD', pk[7], '*', kind, logged)
+      end
       if kind ~= 'f' then
         settled = settled + 1
       elseif allow and state == 'held' and not first_failure then
