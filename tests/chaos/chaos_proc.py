@@ -2,8 +2,13 @@
 
 ROLE is ``worker`` or ``pump``; CONFIG_JSON holds url, cluster, prefix, queues and optional
 tuning: client_name, concurrency, max_batch, lease (workers); pump_lease, max_stalls, page
-(Pumps). It prints ``ready`` once it is set up, then runs until it is killed (the point of the
-exercise) or gets SIGTERM.
+(Pumps). A queue may be sharded (its logical name): a worker serves every shard, a Pump drains
+every shard's outbox. With ``"pump_options": true`` a worker's own Pump (it drains its queues'
+outboxes and recovers their leases too) takes the Pumps' pump_lease, max_stalls and page
+instead of the defaults (10 s outbox lease, 5 stalls): under a driver that kills workers every
+fraction of a second, a killed worker must not hold an outbox for 10 s, nor its Pump bury a
+job the Pump processes would still retry. It prints ``ready`` once it is set up, then runs
+until it is killed (the point of the exercise) or gets SIGTERM.
 
 Children's payloads are ``{"n": i}`` plus optional ``"pause": ms`` (sleeps), ``"slow": ms``
 (the handler first counts a start in ``<prefix>:chaos:starts`` - so a run interrupted by a
@@ -25,6 +30,7 @@ import time
 from typing import Any
 
 from echomq_core import Backoff, EchoMQ, Job, Pump, Worker
+from echomq_core.options import PumpOptions
 
 
 def starts_key(prefix: str) -> str:
@@ -69,6 +75,14 @@ def make_handler(mq: EchoMQ, prefix: str) -> Any:
     return handle
 
 
+def pump_options(config: dict[str, Any]) -> PumpOptions:
+    return PumpOptions(
+        lease=config.get("pump_lease", 1.0),
+        max_stalls=config.get("max_stalls", 20),
+        page=config.get("page", 1000),
+    )
+
+
 def main() -> None:
     role, config = sys.argv[1], json.loads(sys.argv[2])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -86,13 +100,15 @@ def main() -> None:
             lease=config.get("lease", 1.0),
             grace=1.0,
             queue_options={"backoff": Backoff(base_ms=20, cap_ms=200)},
+            pump=pump_options(config) if config.get("pump_options") else True,
         )
         print("ready", flush=True)
         worker.run()
     else:
+        # a Pump drains outboxes, which are per physical queue: a sharded queue's every shard
         pump = Pump(
             mq,
-            queues,
+            [shard for q in queues for shard in mq.shards(q)],
             lease=config.get("pump_lease", 1.0),
             max_stalls=config.get("max_stalls", 20),
             page=config.get("page", 1000),

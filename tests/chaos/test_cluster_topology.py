@@ -709,10 +709,13 @@ def errorstats(cluster: EmbeddedCluster) -> dict[str, int]:
     return total
 
 
-def reshard(flow: Flow, queue: str, target: EmbeddedServer, tag: str) -> dict[str, Any]:
-    """Move ``queue``'s slot to ``target`` while the flow runs; in the window where every key
-    is on the target but the slot is not handed over, make the test's clients meet ASK and
-    TRYAGAIN (by construction) and let the handover wait until they have."""
+def reshard(
+    flow: Flow, queue: str, target: EmbeddedServer, tag: str, batch: int = 50, pause: float = 0.03
+) -> dict[str, Any]:
+    """Move ``queue``'s slot to ``target`` while the flow runs (``batch`` keys a MIGRATE,
+    ``pause`` s apart); in the window where every key is on the target but the slot is not
+    handed over, make the test's clients meet ASK and TRYAGAIN (by construction) and let the
+    handover wait until they have."""
     cluster, mq, side = flow.cluster, flow.mq, flow.side
     slot = key_slot(f"{{{queue}}}".encode())
     before = errorstats(cluster)
@@ -744,7 +747,9 @@ def reshard(flow: Flow, queue: str, target: EmbeddedServer, tag: str) -> dict[st
             every=0.01,
         )
 
-    migration = cluster.migrate_slot(slot, target, batch=50, pause=0.03, before_handover=handover)
+    migration = cluster.migrate_slot(
+        slot, target, batch=batch, pause=pause, before_handover=handover
+    )
     pending["sync"].join(30)
     assert "sync_error" not in pending, pending.get("sync_error")
     pending["async"].result(30)

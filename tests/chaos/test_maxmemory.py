@@ -6,6 +6,8 @@ A server that is full refuses writes; EchoMQ's promise is that a refused call wr
 Pump neither loses nor poisons the signals it could not deliver meanwhile, and that
 everything resumes once memory is freed. Each test starts its own server (it changes the
 server's configuration) and fills it with the flow's own realistic payloads, not a stub.
+The sync tests run with a plain child queue and with a 3-shard one (``shards``): a cut add,
+a refused completion and an undelivered signal then span three slots' outboxes and rows.
 """
 
 from __future__ import annotations
@@ -55,12 +57,23 @@ def _limit(admin: redis.Redis, headroom: int) -> None:
     admin.config_set("maxmemory", used + headroom)
 
 
+#: the child queue plain (K = 1) and sharded (K = 3; on standalone the shards cost nothing but
+#: their own keys, and the add, the claims and the outboxes go through every shard)
+SHARDS = pytest.mark.parametrize("shards", [1, 3], ids=["plain", "3-shard"])
+
+
+def _pumped(mq: EchoMQ, queues: list[str]) -> list[str]:
+    """The physical queues whose outboxes a Pump of ``queues`` drains (every shard)."""
+    return [shard for q in queues for shard in mq.shards(q)]
+
+
 def _children(n: int, queue: str) -> list[Child]:
     return [Child({"path": PAYLOAD.format(i)}, queue=queue) for i in range(n)]
 
 
+@SHARDS
 def test_an_add_cut_by_a_full_server_raises_server_full_and_its_retry_completes_it(
-    server: EmbeddedServer,
+    server: EmbeddedServer, shards: int
 ) -> None:
     """A 20,000-child flow (about 9 MB of rows) into a server with 3 MB of room: the add is cut
     mid-way with ServerFull (a ServerError, so generic handlers still catch it); a plain add
@@ -69,6 +82,7 @@ def test_an_add_cut_by_a_full_server_raises_server_full_and_its_retry_completes_
     admin = redis.Redis.from_url(server.url)
     mq = EchoMQ(server.url, prefix="mm")
     parents, work = "mm-parents", "mm-work"
+    assert len(mq.set_shards(work, shards)) == shards
     pid = "JOB-af/etl/fan_out/2026-12-01"
     children = _children(20_000, work)
     _limit(admin, 3_000_000)
@@ -92,7 +106,7 @@ def test_an_add_cut_by_a_full_server_raises_server_full_and_its_retry_completes_
     assert q.stats()["pending"] == 20_000
     while jobs := q.claim(1000):
         q.complete_many([(j, j.payload["path"][-20:]) for j in jobs])
-    pump = Pump(mq, [parents, work], sweep_every=None)
+    pump = Pump(mq, _pumped(mq, [parents, work]), sweep_every=None)
     while pump.tick().delivered:
         pass
     snap = mq.snapshot(parents, pid)
@@ -101,8 +115,9 @@ def test_an_add_cut_by_a_full_server_raises_server_full_and_its_retry_completes_
     mq.close()
 
 
+@SHARDS
 def test_the_pump_keeps_what_it_could_not_deliver_and_delivers_it_once_memory_is_freed(
-    server: EmbeddedServer,
+    server: EmbeddedServer, shards: int
 ) -> None:
     """Children completed into the outbox, then the server is full: the Pump's ticks fail with
     ServerFull (more ticks than its ``max_tries``) and nothing is poisoned or counted; freed,
@@ -110,6 +125,7 @@ def test_the_pump_keeps_what_it_could_not_deliver_and_delivers_it_once_memory_is
     admin = redis.Redis.from_url(server.url)
     mq = EchoMQ(server.url, prefix="mp")
     parents, work = "mp-parents", "mp-work"
+    assert len(mq.set_shards(work, shards)) == shards
     pid = "JOB-af/etl/fan_out/pump"
     mq.add_flow(parents, _children(2_000, work), parent_id=pid, barrier=True)
     q = mq.queue(work)
@@ -118,7 +134,7 @@ def test_the_pump_keeps_what_it_could_not_deliver_and_delivers_it_once_memory_is
     assert q.stats()["outbox"] == 2_000
     _limit(admin, 0)
     admin.config_set("maxmemory", 1)  # every write refused from now on
-    pump = Pump(mq, [parents, work], max_tries=2, sweep_every=None)
+    pump = Pump(mq, _pumped(mq, [parents, work]), max_tries=2, sweep_every=None)
     for _ in range(5):
         with pytest.raises(ServerFull):
             pump.tick()
@@ -133,8 +149,9 @@ def test_the_pump_keeps_what_it_could_not_deliver_and_delivers_it_once_memory_is
     mq.close()
 
 
+@SHARDS
 def test_a_worker_keeps_the_results_a_full_server_refused_and_records_them_once_freed(
-    server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+    server: EmbeddedServer, caplog: pytest.LogCaptureFixture, shards: int
 ) -> None:
     """Four handlers are running when the server fills up: their completions are refused
     (ServerFull, nothing written). The worker keeps them, with their jobs in hand, and records
@@ -143,6 +160,7 @@ def test_a_worker_keeps_the_results_a_full_server_refused_and_records_them_once_
     admin = redis.Redis.from_url(server.url)
     mq = EchoMQ(server.url, prefix="mw")
     parents, work = "mw-parents", "mw-work"
+    assert len(mq.set_shards(work, shards)) == shards
     pid = "JOB-af/etl/fan_out/worker"
     mq.add_flow(parents, _children(40, work), parent_id=pid, barrier=True)
     runs: dict[str, int] = {}

@@ -14,6 +14,9 @@ get through and the process carries on with whatever it had sent.
   partition starts. Its outbox lease expires, a Pump on the server's side delivers the rest;
   when the partition heals the first Pump's calls that were on their way run late, and the
   parent counts every child exactly once.
+
+Both run with a plain child queue and with a 3-shard one (``shards``): the partitioned worker
+serves every shard, the Pumps drain every shard's outbox (one outbox lease each).
 """
 
 from __future__ import annotations
@@ -104,6 +107,10 @@ def _unix_commands(raw: Any) -> int:
     return total + 6 * len(_ACTIVE)
 
 
+#: the child queue plain (K = 1) and sharded (K = 3)
+SHARDS = pytest.mark.parametrize("shards", [1, 3], ids=["plain", "3-shard"])
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
     sock = tmp_path / "server.sock"
@@ -116,11 +123,13 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
         srv.stop()
 
 
+@SHARDS
 def test_a_partitioned_workers_late_completion_is_refused_and_counted_once(
-    server: EmbeddedServer, tmp_path: Path, proc_env: dict[str, str]
+    server: EmbeddedServer, tmp_path: Path, proc_env: dict[str, str], shards: int
 ) -> None:
     mq = EchoMQ(server.url, prefix="pw")
     parents, work = "pw-parents", "pw-work"
+    assert len(mq.set_shards(work, shards)) == shards
     pid = "JOB-af/etl/fan_out/partition"
     mq.add_flow(parents, [Child({"n": i}, queue=work) for i in range(20)], parent_id=pid,
                 barrier=True)  # fmt: skip
@@ -168,11 +177,13 @@ def test_a_partitioned_workers_late_completion_is_refused_and_counted_once(
     mq.close()
 
 
+@SHARDS
 def test_a_partitioned_pump_is_taken_over_and_its_late_calls_count_nothing_twice(
-    server: EmbeddedServer, tmp_path: Path, proc_env: dict[str, str]
+    server: EmbeddedServer, tmp_path: Path, proc_env: dict[str, str], shards: int
 ) -> None:
     mq = EchoMQ(server.url, prefix="pp")
     parents, work = "pp-parents", "pp-work"
+    outboxes = [parents, *mq.set_shards(work, shards)]  # what a Pump drains: every shard
     pid = "JOB-af/etl/fan_out/pump-partition"
     n = 20_000
     mq.add_flow(parents, [Child({"n": i}, queue=work) for i in range(n)], parent_id=pid,
@@ -187,19 +198,21 @@ def test_a_partitioned_pump_is_taken_over_and_its_late_calls_count_nothing_twice
         "control": str(tmp_path / "control.sock"),
         "gate": str(tmp_path),
         "prefix": "pp",
-        "queues": [parents, work],
+        "queues": outboxes,
         "lease": 2.0,
         "pump_id": "pump-partitioned",
     }
-    lease_key = mq.keys.outbox_lease(work)
+    lease_keys = [mq.keys.outbox_lease(q) for q in outboxes[1:]]
     raw = mq.connection.client
     behind = Partitioned(cfg, proc_env, tmp_path / "partitioned.log")
     pump = None
     try:
-        eventually(lambda: raw.get(lease_key) == b"pump-partitioned", 30, "its outbox lease")
+        eventually(
+            lambda: b"pump-partitioned" in [raw.get(k) for k in lease_keys], 30, "an outbox lease"
+        )
         behind.switch("down")
         cut = mq.snapshot(parents, pid).processed
-        pump = Pump(mq, [parents, work], pump_id="pump-outside", lease=2.0, sweep_every=None)
+        pump = Pump(mq, outboxes, pump_id="pump-outside", lease=2.0, sweep_every=None)
         pump.start()
         eventually(lambda: mq.snapshot(parents, pid).parent_state == "released", 120)
         before = _unix_commands(raw)

@@ -15,14 +15,18 @@ It prints ``ready``, then, with wall-clock times (``time.time()``), what its ope
 - ``down WHAT T ERROR``: WHAT failed (the first failure of a streak);
 - ``up WHAT T``: WHAT succeeded after a streak of failures;
 - ``ok WHAT T``: WHAT succeeded (printed at most every 0.25 s per WHAT);
-WHAT is ``claim:<queue>`` for a worker (every runner claims from every queue, busy or idle)
-and ``tick`` for a Pump (each tick reads every queue's outbox: it touches every master).
-On SIGTERM it stops gracefully and prints ``router {...}``: what its client's Cluster router
+WHAT is ``claim:<queue>`` for a worker (the physical queue: a shard of a sharded queue; every
+runner claims from every queue, busy or idle) and ``tick`` for a Pump (each tick reads every
+queue's outbox: it touches every master).
+A queue may be sharded (its logical name): a worker serves, and a Pump drains, every shard.
+On SIGUSR1 it writes every thread's stack to its log (faulthandler): what a hung process was
+doing. On SIGTERM it stops gracefully and prints ``router {...}``: what its client's Cluster router
 met (``Connection.stats``).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -128,6 +132,7 @@ def make_handler(mq: EchoMQ, config: dict[str, Any]) -> Any:
 def main() -> None:
     role, config = sys.argv[1], json.loads(sys.argv[2])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     mq = EchoMQ(config["url"], cluster=True, prefix=config["prefix"])
     if config.get("default_node"):
         client: Any = mq.connection.client
@@ -149,7 +154,7 @@ def main() -> None:
     else:
         pump = ReportingPump(
             mq,
-            queues,
+            [shard for q in queues for shard in mq.shards(q)],  # a sharded queue: every outbox
             lease=config.get("pump_lease", 1.0),
             max_stalls=config.get("max_stalls", 20),
         )
