@@ -27,7 +27,7 @@ from echomq_core import Child
 from ..conftest import Backend
 from ..waiting import eventually
 from .harness import Fleet, Killer
-from .test_cluster_chaos import no_leftovers, parent_runs
+from .test_cluster_chaos import drained, no_leftovers, parent_runs
 
 pytestmark = [pytest.mark.slow]
 
@@ -88,6 +88,7 @@ def test_the_cap_holds_while_workers_and_pumps_are_killed(
         eventually(done, 240, "the capped flow to finish", every=0.1)
         killer.stop()
         assert killer.error is None, killer.error
+        drained(backend.client(prefix), [parents, work])
         fleet.stop()
     finally:
         sampler.stop()

@@ -97,6 +97,7 @@ def run_under_chaos(
         wall = time.monotonic() - started
         killer.stop()
         assert killer.error is None, killer.error
+        drained(backend.client(prefix), queues)
         assert not fleet.crashed(), "no process exited unless killed:\n" + "\n".join(
             fleet.crashed()
         )
@@ -105,6 +106,24 @@ def run_under_chaos(
         killer.stop()
         fleet.close()
     return fleet, wall
+
+
+def drained(mq: EchoMQ, queues: list[str], timeout: float = 60.0) -> None:
+    """Until the running Pumps have emptied every outbox (bounded). A Pump SIGKILLed after
+    delivering a page and before trimming it leaves those signals in its outbox under its
+    lease: they count nothing again (a delivery is idempotent), and the Pump that takes the
+    lease over when it lapses redelivers and trims them - possibly after the flow completed,
+    which is when the chaos ends."""
+    try:
+        eventually(
+            lambda: all(mq.queue(q).stats()["outbox"] == 0 for q in queues),
+            timeout,
+            lambda: "the outboxes to drain: "
+            + str({q: mq.queue(q).stats()["outbox"] for q in queues}),
+            every=0.2,
+        )
+    finally:
+        mq.close()
 
 
 def no_leftovers(mq: EchoMQ, queues: list[str]) -> dict[str, int]:
