@@ -5,6 +5,7 @@
 -- Returns what the host needs to reach the node's children on their slots:
 -- {id, total, child queues, {explicit child id, queue, ...}, refs, gen}. The caller has checked
 -- that the node's flow may expire (no held parent, no unsettled child).
+-- Owner of what it writes: nothing is created; it deletes the node's keys, the settle log too.
 local function drop_node(nk, idx, id)
   local row = redis.call('HMGET', nk[1], 'total', 'cq', 'refs', 'gen')
   local explicit = redis.call('HGETALL', nk[6])

@@ -11,6 +11,7 @@
 -- '<parent>.g<gen>.<i>', or ids in its explicit record; a late report of an older generation's
 -- child changes nothing (status 0). The rest is settle_current.lua (which says what it writes
 -- and who removes it).
+-- Owner of what it writes: as settle_current.lua says (the flow's expiry, drop_node.lua).
 -- Returns: statuses, event. statuses: one per item, 1 recorded now, 0 already recorded, -1 the
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).

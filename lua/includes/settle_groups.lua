@@ -4,6 +4,8 @@
 -- parent id (batch.lua); keys = the script's KEYS, where group g's seven parent keys (settle's pk)
 -- are keys[at + 7(g-1) + 1 .. +7]; q = the queue's keys (queue_keys.lua).
 -- Returns the flat event list ('r' | 'f', parent id) for the host's lifecycle hooks.
+-- Owner of what it writes: it writes only through settle (settle_current.lua names the owners:
+-- the parent's records and settle log go with the flow's expiry, drop_node.lua).
 local function settle_groups(groups, parents, keys, at, queue, q, now)
   local events = {}
   for g, items in pairs(groups) do
