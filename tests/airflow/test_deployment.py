@@ -33,7 +33,6 @@ import signal
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -47,7 +46,7 @@ ROOT = HERE.parents[1]
 EXAMPLES = ROOT / "examples" / "airflow"
 sys.path.insert(0, str(EXAMPLES))
 
-from deployment import EXAMPLE_DAGS, Deployment, DeploymentError  # noqa: E402
+from deployment import EXAMPLE_DAGS, Deployment  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.onlystandalone]
 
@@ -169,19 +168,10 @@ def release_watcher(deployment: Deployment, mq: EchoMQ) -> None:
             for name in names
         ]
 
-    def listed() -> list[dict[str, Any]] | None:
-        try:
-            return list(deployment.api("GET", "/api/v2/assets/events?limit=100")["asset_events"])
-        except DeploymentError as exc:  # Airflow 3.3 cannot list an event whose run has
-            if ": 500 " not in str(exc):  # not started yet (its start_date is None): later
-                raise
-            return None
-
     def events() -> Counter[str]:
         """How many asset events each flow fired."""
-        found = deployment.wait_for(listed, 60, "the asset events listed")
         return Counter(
-            e["extra"]["payload"]["parent_id"] for e in found if e["name"] == "outside-released"
+            e["extra"]["payload"]["parent_id"] for e in deployment.asset_events("outside-released")
         )
 
     def read() -> list[dict[str, int]]:

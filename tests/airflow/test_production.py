@@ -20,7 +20,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from echomq_provider.flow_specs import parent_id_for
@@ -35,7 +34,7 @@ ROOT = HERE.parents[1]
 EXAMPLES = ROOT / "examples" / "airflow"
 sys.path.insert(0, str(EXAMPLES))
 
-from deployment import EXAMPLE_DAGS, Deployment, DeploymentError  # noqa: E402
+from deployment import EXAMPLE_DAGS, Deployment  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.onlystandalone, pytest.mark.production]
 
@@ -225,18 +224,10 @@ def watcher_across_triggerers(
             for name in names
         ]
 
-    def listed() -> list[dict[str, Any]] | None:
-        try:
-            return list(deployment.api("GET", "/api/v2/assets/events?limit=100")["asset_events"])
-        except DeploymentError as exc:  # Airflow 3.3 cannot list an event whose run has
-            if ": 500 " not in str(exc):  # not started yet (its start_date is None): later
-                raise
-            return None
-
     def events() -> Counter[str]:
-        found = deployment.wait_for(listed, 60, "the asset events listed")
+        """How many asset events each flow fired."""
         return Counter(
-            e["extra"]["payload"]["parent_id"] for e in found if e["name"] == "outside-released"
+            e["extra"]["payload"]["parent_id"] for e in deployment.asset_events("outside-released")
         )
 
     first = add(["p1", "p2", "p3"])
