@@ -1,5 +1,6 @@
-"""Results that stream inside Airflow: a task downstream of ``EchoFlowOperator(stream=True)``
-consumes ``flow_results(flow, follow=True)`` while the children run.
+"""Results that stream inside Airflow: a task downstream of the fan-out (``@task.echo_flow(
+stream=True)`` here, ``EchoFlowOperator(stream=True)`` in the deployment test) consumes
+``flow_results(flow, follow=True)`` while the children run.
 
 Real Airflow (``dag.test()``), a real server, a real worker process; every precondition that
 depends on timing goes through a gate the test controls (``tests/airflow/dags/

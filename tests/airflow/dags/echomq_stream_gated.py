@@ -1,10 +1,10 @@
 """Test DAG: a task downstream of the operator follows the flow while the children run.
 
-``fan_out`` adds ``n`` squares (``dag_run.conf["n"]``, default 6) with ``stream=True``; every
-child but the last waits for the marker ``go-<run>`` (``conf["run"]``; the test opens it once
-``load`` runs), the last for ``first-<run>`` - which ``load`` touches only after it received
-its first value. So the run ends only if ``load`` had a value before the last child could
-settle.
+``fan_out`` (``@task.echo_flow(stream=True)``, not waiting: it returns the flow's reference)
+plans and adds ``n`` squares (``dag_run.conf["n"]``, default 6); every child but the last waits
+for the marker ``go-<run>`` (``conf["run"]``; the test opens it once ``load`` runs), the last
+for ``first-<run>`` - which ``load`` touches only after it received its first value. So the
+run ends only if ``load`` had a value before the last child could settle.
 
 ``load`` records each value it gets (``{"run", "try", "index", "at"}``, JSON lines in
 ``ECHOMQ_TEST_RECORD``). With ``conf["fail_after"] = k`` its first try raises after ``k``
@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import dag, task
-from echomq_provider.operators.echo_flow import EchoFlowOperator
 from echomq_provider.results import flow_results
 
 
 @dag(dag_id="echomq_stream_gated", schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
 def echomq_stream_gated() -> None:
-    @task
-    def plan_work(**context: Any) -> list[dict[str, Any]]:
+    @task.echo_flow(parent_queue="test.stream", stream=True)  # returns the flow at once
+    def fan_out(**context: Any) -> list[dict[str, Any]]:
         conf = context["dag_run"].conf or {}
         n = int(conf.get("n", 6))
         run = conf.get("run", "x")
@@ -38,10 +37,6 @@ def echomq_stream_gated() -> None:
             {"payload": {"n": i, "wait_for": gate}, "queue": "example.square"}
             for i, gate in enumerate(gates, start=1)
         ]
-
-    fan_out = EchoFlowOperator(
-        task_id="fan_out", parent_queue="test.stream", children=plan_work(), stream=True
-    )
 
     @task(retries=1, retry_delay=timedelta(seconds=0))
     def load(flow: dict[str, Any], **context: Any) -> list[list[Any]]:
@@ -61,7 +56,7 @@ def echomq_stream_gated() -> None:
             (markers / f"first-{run}").touch()
         return got
 
-    load(fan_out.output)
+    load(fan_out())
 
 
 echomq_stream_gated()
