@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetExecutionContext, DagsterInstance, asset, materialize
+from dagster import (
+    AssetExecutionContext,
+    DagsterInstance,
+    ReexecutionOptions,
+    asset,
+    execute_job,
+    materialize,
+    reconstructable,
+)
 from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowFollow
 from dagster_support import client_url
 
@@ -124,3 +132,46 @@ def test_a_flow_that_fails_while_followed_fails_the_step_with_its_child(
     error = failure.step_failure_data.error
     assert failure.step_key == "follow" and error.cls_name == "FlowFailedError"
     assert "child 0 refused on purpose" in error.message
+
+
+@pytest.mark.onlystandalone
+def test_a_reexecution_follows_the_same_flow_from_the_start(
+    backend: Any,
+    prefix: str,
+    workers: Callable[..., Any],
+    instance: DagsterInstance,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The follower's step fails after 2 results while the flow is held; re-executed from
+    failure (a new run id; its parent and root run the first), it reads the same flow from
+    the start: every child once, the first two as before, and no child ran twice."""
+    import json
+
+    from stream_job import CHILD as SX_CHILD
+    from stream_job import PARENT as SX_PARENT
+    from stream_job import make_job
+
+    url = client_url(backend)
+    monkeypatch.setenv("ECHOMQ_SJOB_URL", url)
+    monkeypatch.setenv("ECHOMQ_SJOB_PREFIX", prefix)
+    monkeypatch.setenv("ECHOMQ_SJOB_DIR", str(tmp_path))
+    workers(url, prefix, SX_CHILD)
+    first = execute_job(reconstructable(make_job), instance, raise_on_error=False)
+    assert not first.success
+    with EchoMQ(url, prefix=prefix) as mq:
+        (flow,) = mq.list_flows(SX_PARENT)
+        assert mq.snapshot(SX_PARENT, flow.parent_id).parent_state == "held"  # mid-stream
+    options = ReexecutionOptions.from_failure(first.run_id, instance)
+    again = execute_job(reconstructable(make_job), instance, reexecution_options=options)
+    assert again.success and again.run_id != first.run_id
+    assert instance.get_run_by_id(again.run_id).root_run_id == first.run_id
+    records = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    before = [r["child"] for r in records if r["run"] == first.run_id]
+    after = [r["child"] for r in records if r["run"] == again.run_id]
+    assert len(before) == 2 and after[:2] == before
+    assert sorted(after) == [f"{flow.parent_id}.{i}" for i in range(5)]
+    with EchoMQ(url, prefix=prefix) as mq:
+        snap = mq.snapshot(SX_PARENT, flow.parent_id)
+        assert (snap.parent_state, snap.processed, snap.repairs) == ("closed", 5, 0)
+        assert mq.queue(SX_CHILD).stats()["completed"] == 5  # the fan-out was not re-run
