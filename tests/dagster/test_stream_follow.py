@@ -9,7 +9,7 @@ starts, ``first`` once it has its first value), so the order is the test's, not 
 
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations.
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +175,28 @@ def test_a_reexecution_follows_the_same_flow_from_the_start(
         snap = mq.snapshot(SX_PARENT, flow.parent_id)
         assert (snap.parent_state, snap.processed, snap.repairs) == ("closed", 5, 0)
         assert mq.queue(SX_CHILD).stats()["completed"] == 5  # the fan-out was not re-run
+
+
+@pytest.mark.onlystandalone
+def test_an_empty_plan_gives_a_follower_nothing_at_once(
+    backend: Any, prefix: str, instance: DagsterInstance
+) -> None:
+    @asset(io_manager_key="echomq_io")
+    def empty_fan(context: AssetExecutionContext, echomq: EchoMQResource) -> Iterator[Any]:
+        parent_id = echomq.run_scoped_id(context)
+        yield from echomq.fan_out(PARENT, [], parent_id=parent_id, on_empty="empty", stream=True)
+
+    @asset
+    def empty_follow(empty_fan: FlowFollow) -> dict[str, Any]:
+        return {
+            "type": type(empty_fan).__name__,
+            "total": empty_fan.total,
+            "pairs": list(empty_fan),
+        }
+
+    url = client_url(backend)
+    result = materialize(
+        [empty_fan, empty_follow], resources=resources(url, prefix), instance=instance
+    )
+    assert result.success
+    assert result.output_for_node("empty_follow") == {"type": "FlowFollow", "total": 0, "pairs": []}
