@@ -156,6 +156,7 @@ def test_a_reexecution_follows_the_same_flow_from_the_start(
     monkeypatch.setenv("ECHOMQ_SJOB_URL", url)
     monkeypatch.setenv("ECHOMQ_SJOB_PREFIX", prefix)
     monkeypatch.setenv("ECHOMQ_SJOB_DIR", str(tmp_path))
+    monkeypatch.setenv("ECHOMQ_SJOB_FAIL_AFTER", "2")
     workers(url, prefix, SX_CHILD)
     first = execute_job(reconstructable(make_job), instance, raise_on_error=False)
     assert not first.success
