@@ -186,9 +186,9 @@ class EchoMQHook(BaseHook):
         any result: :class:`~echomq_core.JobNotFound` when there is no such flow,
         :class:`~echomq_core.InvalidArgument` for a flow added without ``stream=True``, and
         :class:`~echomq_core.InvalidInput` for a slice of :meth:`slices` (a slice is read
-        whole, once released). A failed flow
-        is cancelled as it raises (``cancel_on_failure``), as the sensor does: its children
-        that have not started never start, and a clear of the operator repairs it."""
+        whole, once released). A failed flow is cancelled as it raises
+        (``cancel_on_failure``), as the sensor does: its children that have not started never
+        start, and a clear of the operator repairs it."""
         if flow_span(flow) is not None:
             raise InvalidInput(
                 f"a slice of a flow cannot be followed, got {flow!r:.200}: follow the flow "
