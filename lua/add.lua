@@ -25,7 +25,8 @@
 --
 -- Steps: refuse any bad id (or stem) before writing anything; write each new row (one HSET, with
 -- `created`: the server's ms, which the dashboard reads for the age of a queue's oldest
--- pending job) and collect it; then ONE ZADD into pending (or delayed) for the batch. Pending scores are
+-- pending job, and `run`: max_attempts, attempts, stalls and timeout packed for the claim's
+-- rows read, includes/run.lua) and collect it; then ONE ZADD into pending (or delayed) for the batch. Pending scores are
 -- priority * 2^40 + arrival number: FIFO within a priority (one INCRBY numbers the batch).
 -- Score 0 is the front: recovered leases, promoted retries and released parents go there.
 -- Owner of what it writes: a row is removed by its completion (keep_completed off) or by the
@@ -54,7 +55,10 @@ if stem ~= '' then
 end
 local n = (#ARGV - 7) / width
 local fields = {'payload', '', 'max_attempts', attempts}
-if ARGV[5] ~= '' then fields[5] = 'timeout'; fields[6] = ARGV[5] end
+local limit = '-'
+if ARGV[5] ~= '' then fields[5] = 'timeout'; fields[6] = ARGV[5]; limit = ARGV[5] end
+-- 'run': what the claim reads of the row besides the payload, in one field (includes/run.lua)
+fields[#fields + 1] = 'run'; fields[#fields + 1] = attempts .. ' 0 0 ' .. limit
 if not start then
   for i = 1, n do
     local bad = check_id(ARGV[6 + 2 * i])
