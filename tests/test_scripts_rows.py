@@ -92,13 +92,14 @@ def test_the_packed_copy_follows_fails_stalls_revives_and_repairs(mq: EchoMQ) ->
     (job,) = q.claim()
     assert (job.attempts, job.stalls, job.max_attempts) == (0, 0, 3)
     # a flow's dead child repaired (requeue.lua): fresh attempts in the copy too
-    ref = mq.add_flow("rf-p", [Child("c", queue="rf-c", max_attempts=1)])
-    cq = mq.queue("rf-c")
+    # (same-queue: the death fails the parent in the failing step)
+    ref = mq.add_flow("rf-p", [Child("c", max_attempts=1)])
+    cq = mq.queue("rf-p")
     (child,) = cq.claim()
     assert cq.fail(child, "dies") is True
-    assert _hget(mq, "rf-c", child.id, "run") == b"1 1 0 - fp 0 rf-p"
+    assert _hget(mq, "rf-p", child.id, "run") == b"1 1 0 - fp 0 "
     mq.retry_flow("rf-p", ref.parent_id)
-    assert _hget(mq, "rf-c", child.id, "run") == b"1 0 0 - fp 0 rf-p"
+    assert _hget(mq, "rf-p", child.id, "run") == b"1 0 0 - fp 0 "
     (again,) = cq.claim()
     assert (again.id, again.attempts, again.parent) == (
         child.id,
