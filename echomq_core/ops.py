@@ -18,17 +18,27 @@ from typing import Any
 from .calls import Call, Op
 from .checks import text
 from .keyspace import Keyspace
-from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer, Settlement
+from .models import (
+    FAIL_PARENT,
+    RUN_MAX_ATTEMPTS,
+    Job,
+    JobInfo,
+    ParentRef,
+    Serializer,
+    Settlement,
+    row_fact,
+)
 from .rates import Claimed
 
 CHUNK = 500
 #: A bulk call of at least this many items pauses the cyclic garbage collector (gc_paused).
 GC_PAUSE_AT = 5_000
 #: The row fields a claim reads for each job, in this order. ``run`` packs everything else the
-#: claim needs of a row: '<max_attempts> <attempts> <stalls> <timeout ms | -> [<policy> <gate
-#: 0|1> <parent_queue>]' (lua/includes/run.lua; the separate fields stay, for every other
-#: reader): the server's cost of a read is about the same per field asked, present or not, and
-#: a plain job has none of the rare ones (attempts, stalls, timeout, the parent fields).
+#: claim needs of a row: '<max_attempts> <attempts> <stalls> <timeout ms | -> <created ms>
+#: [<policy> <gate 0|1> <parent_queue>]' (lua/includes/run.lua; attempts, stalls, timeout and
+#: the parent fields keep their own fields too, for every other reader): the server's cost of
+#: a read is about the same per field asked, present or not, and a plain job has none of the
+#: rare ones (attempts, stalls, timeout, the parent fields).
 ROW_FIELDS = ("payload", "parent", "run")
 #: What a row written before ``run`` existed (or by an older client) is read for instead: a
 #: second read, of those rows only, in the same claim (``up``: the parent fields packed by the
@@ -221,10 +231,10 @@ def _facts(queue: str, parent: Any, packed: Any) -> _Facts:
     """The :data:`_Facts` of a row from its ``parent`` and ``run`` (None: no row)."""
     if packed is None:
         return (1, 0, 0, None, None)
-    parts = _s(packed).split(" ", 6)
+    parts = _s(packed).split(" ", 7)
     ref = None
     if parent is not None:
-        policy, gate, parent_queue = parts[4:] if len(parts) == 7 else (FAIL_PARENT, "0", "")
+        policy, gate, parent_queue = parts[5:] if len(parts) == 8 else (FAIL_PARENT, "0", "")
         ref = ParentRef(parent_queue or queue, _s(parent), policy, gate == "1")
     limit = parts[3]
     return (
@@ -241,7 +251,7 @@ def _packed(child: bool, fields: Sequence[Any]) -> str:
     max_attempts, attempts, stalls, limit, up, policy, gate, parent_queue = (
         "" if v is None else _s(v) for v in fields
     )
-    head = f"{max_attempts or 1} {attempts or 0} {stalls or 0} {limit or '-'}"
+    head = f"{max_attempts or 1} {attempts or 0} {stalls or 0} {limit or '-'} -"
     if not child:
         return head
     if not up:
@@ -565,7 +575,7 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         job_id,
         state,
         _int(row.get("attempts")),
-        _int(row.get("max_attempts"), 1),
+        row_fact(row.get("max_attempts"), row.get("run"), RUN_MAX_ATTEMPTS) or 1,
         decode(row.get("payload")),
         decode(row.get("result")),
         _s(row["error"]) if "error" in row else None,

@@ -90,7 +90,9 @@ for i = 1, n do
     local packed = run(meta[5], attempts, nil)
     local extra = {}
     if packed then extra = {'run', packed} end
-    if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
+    -- max_attempts: its own field (a flow parent, a row written before 'run') or run's first word
+    local cap = tonumber(meta[1]) or tonumber(string.match(meta[5] or '', '^%d+')) or 1
+    if delay >= 0 and attempts < cap then
       out[i] = 1
       redis.call('HSET', row, 'error', err, 'history', attempt(meta[4], token, now, 'r', err),
         unpack(extra))

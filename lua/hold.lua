@@ -116,7 +116,7 @@ end
 if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
 -- packed for the claim's rows read, as land.lua writes it (a worker claims a worker-run parent;
 -- a sub-flow's parent has no gate): includes/run.lua
-local packed = ARGV[4] .. ' 0 0 ' .. (ARGV[9] ~= '' and ARGV[9] or '-')
+local packed = ARGV[4] .. ' 0 0 ' .. (ARGV[9] ~= '' and ARGV[9] or '-') .. ' ' .. now
 if ARGV[5] ~= '' then packed = packed .. ' ' .. ARGV[7] .. ' 0 ' .. ARGV[6] end
 fields[#fields + 1] = 'run'; fields[#fields + 1] = packed
 if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end

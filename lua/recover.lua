@@ -62,7 +62,9 @@ for j = 1, n do
         if g > 0 then freed[g] = (freed[g] or 0) + 1 end
         local r = redis.call('HMGET', row, 'payload', 'attempts', 'max_attempts', 'parent',
           'parent_queue', 'parent_policy', 'stalls', 'timeout', 'epoch', 'gate')
-        reports[#reports + 1] = {id, err, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[10]}
+        -- max_attempts: its own field or run's first word (includes/run.lua)
+        local cap = r[3] or (packed and string.match(packed, '^%d+')) or false
+        reports[#reports + 1] = {id, err, r[1], r[2], cap, r[4], r[5], r[6], r[7], r[8], r[10]}
         if r[4] then
           local kind = 'f'
           if r[6] == 'id' then kind = 'i' end

@@ -200,7 +200,7 @@ def test_a_jobs_attempt_records_are_bounded_and_a_completion_adds_a_few_bytes(
     assert held_by is None and since is not None and since > 0  # a direct claim: no worker
     row_b = raw.hgetall(mq.keys.job("at-bytes", b))
     assert read_token(row_b[b"token"].decode())[0] == "abcdef12"
-    assert set(row_b) == {b"payload", b"max_attempts", b"created", b"result", b"token"}
+    assert set(row_b) == {b"payload", b"run", b"result", b"token"}
     assert len(b"token") + len(row_b[b"token"]) <= 40
     raw.close()
 

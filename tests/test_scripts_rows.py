@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 
 from echomq_core import Child, EchoMQ, Pump, ops
-from echomq_core.browse import job_detail, queue_page
+from echomq_core.browse import job_detail, oldest_pending, queue_page
 from echomq_core.calls import Call
+from echomq_core.children import describe
 from echomq_core.dashboard import reads
 from echomq_core.models import ParentRef
 
@@ -21,6 +22,16 @@ from echomq_core.models import ParentRef
 def _hget(mq: EchoMQ, queue: str, job_id: str, field: str) -> bytes | None:
     (value,) = mq.connection.execute([Call.cmd("HGET", mq.keys.job(queue, job_id), field)])
     return value if value is None or isinstance(value, bytes) else str(value).encode()
+
+
+def _run(mq: EchoMQ, queue: str, job_id: str) -> str:
+    """The row's ``run``, its created word (a server ms) checked and shown as ``T``."""
+    value = _hget(mq, queue, job_id, "run")
+    assert value is not None
+    words = value.decode().split(" ")
+    assert words[4].isdigit() and int(words[4]) > 1_700_000_000_000
+    words[4] = "T"
+    return " ".join(words)
 
 
 def _expire_lease(mq: EchoMQ, queue: str, job_id: str) -> None:
@@ -38,8 +49,8 @@ def test_rows_carry_run_and_the_read_asks_three_fields(mq: EchoMQ) -> None:
     q = mq.queue("rw-q", max_attempts=4)
     plain = q.add("a")
     limited = q.add("b", timeout=2.5)
-    assert _hget(mq, "rw-q", plain, "run") == b"4 0 0 -"
-    assert _hget(mq, "rw-q", limited, "run") == b"4 0 0 2500"
+    assert _run(mq, "rw-q", plain) == "4 0 0 - T"
+    assert _run(mq, "rw-q", limited) == "4 0 0 2500 T"
     ref = mq.add_flow(
         "rw-p",
         [
@@ -51,14 +62,18 @@ def test_rows_carry_run_and_the_read_asks_three_fields(mq: EchoMQ) -> None:
     )
     p = ref.parent_id
     kids = [f"{p}.{i}" for i in range(4)]
-    assert _hget(mq, "rw-c", kids[0], "run") == b"3 0 0 - fp 0 rw-p"
-    assert _hget(mq, "rw-c", kids[1], "run") == b"2 0 0 - id 0 rw-p"
-    assert _hget(mq, "rw-p", kids[2], "run") == b"3 0 0 - fp 0 "
-    assert _hget(mq, "rw-n", kids[3], "run") == b"3 0 0 - fp 0 rw-p"  # a sub-flow's parent
-    assert _hget(mq, "rw-p", p, "run") == b"3 0 0 -"  # a worker-run root (hold.lua)
+    assert _run(mq, "rw-c", kids[0]) == "3 0 0 - T fp 0 rw-p"
+    assert _run(mq, "rw-c", kids[1]) == "2 0 0 - T id 0 rw-p"
+    assert _run(mq, "rw-p", kids[2]) == "3 0 0 - T fp 0 "
+    assert _run(mq, "rw-n", kids[3]) == "3 0 0 - T fp 0 rw-p"  # a sub-flow's parent
+    assert _run(mq, "rw-p", p) == "3 0 0 - T"  # a worker-run root (hold.lua)
     assert all(_hget(mq, "rw-c", k, "up") is None for k in kids[:2])
     capped = mq.add_flow("rw-g", [Child(5), Child(6)], max_running=1)
-    assert _hget(mq, "rw-g", f"{capped.parent_id}.0", "run") == b"3 0 0 - fp 1 "
+    assert _run(mq, "rw-g", f"{capped.parent_id}.0") == "3 0 0 - T fp 1 "
+    # max_attempts and created live only in run on a leaf's row; a parent keeps its own
+    assert _hget(mq, "rw-q", plain, "max_attempts") is None
+    assert _hget(mq, "rw-c", kids[0], "created") is None
+    assert _hget(mq, "rw-p", p, "max_attempts") == b"3"
     jobs = {j.id: j for j in q.claim(5)}
     assert (jobs[plain].max_attempts, jobs[plain].timeout_ms) == (4, None)
     assert (jobs[limited].payload, jobs[limited].timeout_ms) == ("b", 2500)
@@ -76,19 +91,19 @@ def test_the_packed_copy_follows_fails_stalls_revives_and_repairs(mq: EchoMQ) ->
     job_id = q.add("x", timeout=1.0)
     (job,) = q.claim()
     assert q.fail(job, "boom") is False
-    assert _hget(mq, "rf-q", job_id, "run") == b"3 1 0 1000"
+    assert _run(mq, "rf-q", job_id) == "3 1 0 1000 T"
     _due(mq, "rf-q", job_id)
     (job,) = q.claim()
     assert (job.attempts, job.stalls, job.timeout_ms) == (1, 0, 1000)
     _expire_lease(mq, "rf-q", job_id)
     assert Pump(mq, ["rf-q"], maintain_every=0).tick().recovered == 1
-    assert _hget(mq, "rf-q", job_id, "run") == b"3 1 1 1000"
+    assert _run(mq, "rf-q", job_id) == "3 1 1 1000 T"
     (job,) = q.claim()
     assert (job.attempts, job.stalls) == (1, 1)
     assert q.fail(job, "boom", retry=False) is True
-    assert _hget(mq, "rf-q", job_id, "run") == b"3 2 1 1000"
+    assert _run(mq, "rf-q", job_id) == "3 2 1 1000 T"
     assert q.retry_dead([job_id]) == (1, [])
-    assert _hget(mq, "rf-q", job_id, "run") == b"3 0 0 1000"
+    assert _run(mq, "rf-q", job_id) == "3 0 0 1000 T"
     (job,) = q.claim()
     assert (job.attempts, job.stalls, job.max_attempts) == (0, 0, 3)
     # a flow's dead child repaired (requeue.lua): fresh attempts in the copy too
@@ -97,9 +112,9 @@ def test_the_packed_copy_follows_fails_stalls_revives_and_repairs(mq: EchoMQ) ->
     cq = mq.queue("rf-p")
     (child,) = cq.claim()
     assert cq.fail(child, "dies") is True
-    assert _hget(mq, "rf-p", child.id, "run") == b"1 1 0 - fp 0 "
+    assert _run(mq, "rf-p", child.id) == "1 1 0 - T fp 0 "
     mq.retry_flow("rf-p", ref.parent_id)
-    assert _hget(mq, "rf-p", child.id, "run") == b"1 0 0 - fp 0 "
+    assert _run(mq, "rf-p", child.id) == "1 0 0 - T fp 0 "
     (again,) = cq.claim()
     assert (again.id, again.attempts, again.parent) == (
         child.id,
@@ -118,16 +133,41 @@ def test_a_stale_copy_never_lets_a_job_run_past_its_attempts(mq: EchoMQ) -> None
     (job,) = q.claim()
     assert job.attempts == 0  # the stale copy
     assert q.fail(job, "boom") is True  # attempt 2 of 2: dead, as the row's count says
-    assert _hget(mq, "rs-q", job_id, "run") == b"2 2 0 -"  # mended by the fail
+    assert _run(mq, "rs-q", job_id) == "2 2 0 - T"  # mended by the fail
     assert mq.get_job("rs-q", job_id).attempts == 2
+
+
+def test_rows_with_run_are_read_by_get_job_the_dashboard_and_the_children_list(
+    mq: EchoMQ,
+) -> None:
+    q = mq.queue("rd-q", max_attempts=5)
+    a = q.add("a")
+    b = q.add("b")
+    info = mq.get_job("rd-q", a)
+    assert (info.state, info.attempts, info.max_attempts) == ("pending", 0, 5)
+    page = mq.perform(queue_page(mq.keys, "rd-q", "pending"))
+    created = int((_hget(mq, "rd-q", a, "run") or b"").split()[4])
+    assert [(r.id, r.max_attempts, r.created_ms) for r in page.rows[:1]] == [(a, 5, created)]
+    detail = mq.perform(job_detail(mq.keys, "rd-q", b, mq.serializer))
+    assert detail is not None and detail.created_ms is not None and detail.created_ms >= created
+    (age,) = mq.perform(oldest_pending(mq.keys, ["rd-q"])).values()
+    assert age is not None and 0 <= age < 600
+    ref = mq.add_flow("rd-p", [Child("x", queue="rd-c", max_attempts=4)])
+    (row,) = mq.perform(
+        describe(mq.keys, "rd-p", ref.parent_id, [f"{ref.parent_id}.0"], ["rd-c"], mq.serializer)
+    )
+    assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, 4)
 
 
 def _as_written_before(mq: EchoMQ, queue: str, ids: list[str], layout: str) -> None:
     """The rows as today's code (``layout='up'``, row30's packed parent fields) or the code
-    before it (``'separate'``) wrote them: the separate fields only, no ``run``."""
+    before it (``'separate'``) wrote them: max_attempts and created as fields of their own,
+    no ``run``."""
     calls = []
     for i in ids:
         row = mq.keys.job(queue, i)
+        run = (_hget(mq, queue, i, "run") or b"").split(b" ")
+        calls.append(Call.cmd("HSET", row, "max_attempts", run[0], "created", run[4]))
         calls.append(Call.cmd("HDEL", row, "run"))
         if layout == "up" and _hget(mq, queue, i, "parent") is not None:
             policy = _hget(mq, queue, i, "parent_policy") or b"fp"
