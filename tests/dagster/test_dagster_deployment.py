@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from dagster_support import EXAMPLE_DIR, client_url
-from deploy_support import GraphQL, free_port, location_loaded, logs_mention, poll
+from deploy_support import GraphQL, dagster_home, free_port, location_loaded, logs_mention, poll
 
 from echomq_core import Child, EchoMQ
 
@@ -65,9 +65,7 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
     tmp_path: Path,
 ) -> None:
     url = client_url(backend)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    home = dagster_home(tmp_path)
     port = free_port()
     env = {
         **proc_env,
