@@ -243,6 +243,12 @@ def test_child_rows_written_before_run_are_claimed_settled_retried_and_read(
     }
     assert [jobs[k].payload for k in kids] == ["a", "b", "c"]
     assert jobs[kids[1]].max_attempts == 2
+    listed = mq.perform(describe(mq.keys, "ro-p", p, kids, ["ro-c"], mq.serializer))
+    assert [(r.status, r.max_attempts) for r in listed] == [
+        ("active", 3),
+        ("active", 2),
+        ("active", 3),
+    ]
     q.complete_many([(jobs[kids[0]], "A"), (jobs[kids[2]], "C")])
     assert q.fail(jobs[kids[1]], "boom once") is False  # retried: attempt 1 of 2
     info = mq.get_job("ro-c", kids[1])
