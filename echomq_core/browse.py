@@ -20,7 +20,15 @@ from .calls import Call, Op, scored
 from .checks import text as _s
 from .flows import snapshot
 from .keyspace import Keyspace, check_job_id, check_queue
-from .models import RUN_CREATED, RUN_MAX_ATTEMPTS, FlowSnapshot, JobInfo, Serializer, row_fact
+from .models import (
+    RUN_CREATED,
+    RUN_MAX_ATTEMPTS,
+    FlowSnapshot,
+    JobInfo,
+    Serializer,
+    row_fact,
+    split_done,
+)
 from .workers_registry import WorkerEntry, find_holders, read_token
 
 #: Rows per page of every list here.
@@ -189,9 +197,12 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
             "worker",
             "history",
             "run",
+            "done",
         ),
     ]
-    created, timeout, token, started, worker, history, run = fields
+    created, timeout, token, started, worker, history, run, done = fields
+    if done is not None:  # completed since 'done' existed: the token is in it (complete.lua)
+        token = split_done(done)[0]
     out = JobDetail(
         info,
         row_fact(created, run, RUN_CREATED),

@@ -42,6 +42,14 @@ def row_fact(own: Any, run: Any, at: int) -> int | None:
     return run_word(run, at)
 
 
+def split_done(value: bytes) -> tuple[str, bytes]:
+    """A kept row's ``done`` field (lua/complete.lua: '<length of the token>:<token><result>')
+    as (lease token, serialised result)."""
+    length, _, rest = value.partition(b":")
+    n = int(length)
+    return rest[:n].decode(), rest[n:]
+
+
 def cut_traceback(text: str | None) -> str:
     """``text`` as the fail script keeps it: '' for none, else at most :data:`MAX_TRACEBACK`
     bytes - the tail, behind a line that says how much was cut."""

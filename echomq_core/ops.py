@@ -27,6 +27,7 @@ from .models import (
     Serializer,
     Settlement,
     row_fact,
+    split_done,
 )
 from .rates import Claimed
 
@@ -577,7 +578,7 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         _int(row.get("attempts")),
         row_fact(row.get("max_attempts"), row.get("run"), RUN_MAX_ATTEMPTS) or 1,
         decode(row.get("payload")),
-        decode(row.get("result")),
+        decode(split_done(row["done"])[1] if "done" in row else row.get("result")),
         _s(row["error"]) if "error" in row else None,
         parent,
         _int(row["total"]) if "total" in row else None,

@@ -16,7 +16,7 @@ from echomq_core.browse import job_detail, oldest_pending, queue_page
 from echomq_core.calls import Call
 from echomq_core.children import describe
 from echomq_core.dashboard import reads
-from echomq_core.models import ParentRef
+from echomq_core.models import ParentRef, split_done
 
 
 def _hget(mq: EchoMQ, queue: str, job_id: str, field: str) -> bytes | None:
@@ -282,3 +282,30 @@ def test_child_rows_written_before_run_are_claimed_settled_retried_and_read(
     gq.complete(second, "y")
     assert mq.dependencies("ro-g", g) == 0
     assert set(mq.children_values("ro-g", g)) == {f"{g}.0", f"{g}.1"}
+
+
+def test_a_kept_row_keeps_token_and_result_in_one_field_and_older_ones_still_read(
+    mq: EchoMQ,
+) -> None:
+    q = mq.queue("rt-q")
+    q.holder = "host-1-abcdef12"  # as a worker's handle: its tokens name it
+    new, old = q.add(1), q.add(2)
+    jobs = {j.id: j for j in q.claim(5)}
+    q.complete_many([(jobs[new], {"v": 1}), (jobs[old], {"v": 2})])
+    done = _hget(mq, "rt-q", new, "done")
+    assert done is not None and split_done(done) == (jobs[new].token, b'{"v":1}')
+    assert _hget(mq, "rt-q", new, "result") is None and _hget(mq, "rt-q", new, "token") is None
+    # the other row as today's complete.lua wrote it: 'result' and 'token' of their own
+    row = mq.keys.job("rt-q", old)
+    mq.connection.execute(
+        [
+            Call.cmd("HDEL", row, "done"),
+            Call.cmd("HSET", row, "result", b'{"v":2}', "token", jobs[old].token),
+        ]
+    )
+    for job_id, value in ((new, {"v": 1}), (old, {"v": 2})):
+        info = mq.get_job("rt-q", job_id)
+        assert (info.state, info.result) == ("completed", value)
+        detail = mq.perform(job_detail(mq.keys, "rt-q", job_id, mq.serializer))
+        assert detail is not None and detail.holder == "abcdef12"
+        assert detail.started_ms is not None and detail.started_ms > 0
