@@ -26,8 +26,9 @@
 -- Steps: refuse any bad id (or stem) before writing anything; write each new row (one HSET of
 -- payload, timeout when given, and `run`: max_attempts, attempts, stalls, timeout and created -
 -- the server's ms, which the dashboard reads for the age of a queue's oldest pending job -
--- packed in one field, includes/run.lua) and collect it; then ONE ZADD into pending (or delayed) for the batch. Pending scores are
--- priority * 2^40 + arrival number: FIFO within a priority (one INCRBY numbers the batch).
+-- packed in one field, includes/run.lua) and collect it; then ONE ZADD into pending (or
+-- delayed) for the batch. Pending scores are priority * 2^40 + arrival number: FIFO within a
+-- priority (one INCRBY numbers the batch).
 -- Score 0 is the front: recovered leases, promoted retries and released parents go there.
 -- Owner of what it writes: a row is removed by its completion (keep_completed off) or by the
 -- retention sweep of its end state.

@@ -49,8 +49,9 @@
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
 -- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
 -- row with its flow; the row fields it sets (attempts and its copy in 'run', error, traceback,
--- state) go with the row ('history' too: kept across retries and repairs, bounded at 10 records); outbox signals
--- are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
+-- state) go with the row ('history' too: kept across retries and repairs, bounded at 10
+-- records); outbox signals are trimmed by the Pump, the outbox:wake member popped by an idle
+-- Pump;
 -- records and counters of same-queue parents go with their flow.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {statuses, events, handed}: statuses per job 0 (lease lost), 1 (retry scheduled),
