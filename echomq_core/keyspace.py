@@ -17,11 +17,13 @@ key                       type    holds
                                   leaf's max_attempts and created live only there (a parent
                                   keeps its own; rows written before ``run`` have only their
                                   own fields, row30's children ``up`` as well),
-                                  state (parents: held/pending/failed; dead), result / error,
-                                  the last failed attempt's traceback (at most 16 KiB, the
-                                  tail; dropped by a revive or repair), the last 10 failed
-                                  attempts (``history``, at most 1.6 KiB), a completed kept
-                                  row's last start and worker (``started``, ``worker``); a
+                                  state (parents: held/pending/failed; dead), error, a kept
+                                  row's ``done`` (its last lease token and its result in one
+                                  value, complete.lua; rows completed before it: ``result``
+                                  and ``token``, or ``started`` and ``worker``), the last
+                                  failed attempt's traceback (at most 16 KiB, the tail;
+                                  dropped by a revive or repair), the last 10 failed
+                                  attempts (``history``, at most 1.6 KiB); a
                                   parent's ``log`` (it keeps a settle log) and ``grown``
                                   (how many of its ``total`` were spawned: spawn.lua)
 ``job:<id>:dependencies`` string  a parent's outstanding-child counter
