@@ -98,6 +98,8 @@ class Deployment:
         replicas: dict[str, int] | None = None,
     ) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="echomq-deploy-"))
+        #: in every component's environment (and so its tasks'): what :meth:`stop` ends
+        self.id = self.home.name
         self.database = database
         self.executor = executor
         self.celery_workers = celery_workers if executor == "CeleryExecutor" else 0
@@ -215,6 +217,7 @@ class Deployment:
             else:  # the component is gone; end whatever it left in its process group
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
+        self._kill_strays()
         self.server.stop()
         if self.broker is not None:
             self.broker.stop()
@@ -226,6 +229,25 @@ class Deployment:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+        self._kill_strays(name)
+
+    def _kill_strays(self, host: str | None = None) -> None:
+        """SIGKILL what this deployment's components started in sessions of their own (Airflow
+        3 runs each task in a new session: killing a Celery worker's group leaves its running
+        tasks), found by the environment they inherit; of component ``host`` only, or all."""
+        mark = f"ECHOMQ_DEPLOY_ID={self.id}".encode()
+        own = f"ECHOMQ_DEPLOY_HOST={host}".encode() if host else None
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            if mark in environ and (own is None or own in environ):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry), signal.SIGKILL)
 
     def restart(self, name: str) -> None:
         """Start process ``name`` again, as it was started (its log goes on)."""
@@ -239,7 +261,7 @@ class Deployment:
         as its Airflow hostname (so the ``job`` table tells two triggerers apart: see
         :func:`hostname`) and, for a second replica, its own log server port."""
         self._commands[name] = command
-        env = dict(self.env, ECHOMQ_DEPLOY_HOST=name)
+        env = dict(self.env, ECHOMQ_DEPLOY_HOST=name, ECHOMQ_DEPLOY_ID=self.id)
         if name not in COMPONENTS:  # a replica or a Celery worker serves its logs elsewhere
             env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
             env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"] = str(free_port())

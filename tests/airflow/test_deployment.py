@@ -48,7 +48,8 @@ sys.path.insert(0, str(EXAMPLES))
 
 from deployment import EXAMPLE_DAGS, Deployment  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.onlystandalone]
+# the suite's 300 s per test is too short for a deployment and its stories on a loaded machine
+pytestmark = [pytest.mark.slow, pytest.mark.onlystandalone, pytest.mark.timeout(900)]
 
 OURS = ("echomq_provider", "echomq_core", "airflow_provider_echomq")
 #: Airflow 3.1 writes task and trigger log lines without the logger's name (``"logger":

@@ -22,7 +22,7 @@ from echomq_provider.sensors.echo_flow import EchoFlowSensor
     schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,
-    max_active_runs=50,
+    max_active_runs=200,  # 100 deferred sensors at once (ECHOMQ_PROD_SENSORS)
 )
 def echomq_prod_deferred() -> None:
     fan_out = EchoFlowOperator(
