@@ -522,7 +522,7 @@ def airflow_run(
     if state == "budget exceeded":
         result["wall_s"] = result["end_to_end_s"] = None
         result["stopped_after_s"] = budget
-    if state == "success" and way != "native":  # what collect summed, from its XCom
+    if counts.get("collect:success") and way != "native":  # what collect summed (its XCom)
         result.update(check_sum(way, n, dep.xcom(dag_id, run_id, "collect")))
     if counted and state == "success":
         result["server_cpu_s"] = cpu_delta(cpu_before, masters_cpu(dep.echomq_url))
