@@ -217,23 +217,24 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def setups(runs: list[dict[str, Any]]) -> list[str]:
-    """One line per setup of the runs: the server's masters, where each shard lives, the
-    workers and the Pump."""
-    seen: dict[str, dict[str, Any]] = {}
+    """One line per system and setup of the runs (each system has a server of its own): the
+    masters each shard lives on, the workers and the Pump."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
     for run in runs:
-        seen.setdefault(setup_label(run), run.get("setup") or {})
+        seen.setdefault((run["system"], setup_label(run)), run.get("setup") or {})
     lines = ["", "## Setups", ""]
-    for label, setup in sorted(seen.items()):
+    for (system, label), setup in sorted(seen.items()):
         if not setup:
-            lines.append(f"* {label}: recorded before setups were (one embedded server)")
+            lines.append(f"* {system}, {label}: recorded before setups were (one embedded server)")
             continue
         homes = ", ".join(
             f"`{name}` on {home}"
             for name, home in zip(setup["shard_names"], setup["shard_masters"], strict=True)
         )
         lines.append(
-            f"* {label}: child queue {homes}; {setup['worker_processes']} `echomq worker` "
-            f"process(es) at concurrency {setup['worker_concurrency']}; Pump: {setup['pump']}"
+            f"* {system}, {label}: child queue {homes}; {setup['worker_processes']} "
+            f"`echomq worker` process(es) at concurrency {setup['worker_concurrency']}; "
+            f"Pump: {setup['pump']}"
         )
     return lines
 

@@ -113,8 +113,9 @@ def test_runs_of_each_setup_are_compared_within_it_and_the_report_names_the_setu
                    "table": table(runs)})  # fmt: skip
     assert f"| success (2 attempted, 1 wrong sum(s)) | {label} |" in md
     assert (
-        f"* {label}: child queue `w7.work` on 127.0.0.1:7001, `w7.work+s1.7` on 127.0.0.1:7002, "
-        "`w7.work+s2.9` on 127.0.0.1:7003; 2 `echomq worker` process(es) at concurrency 4; "
+        f"* airflow, {label}: child queue `w7.work` on 127.0.0.1:7001, "
+        "`w7.work+s1.7` on 127.0.0.1:7002, `w7.work+s2.9` on 127.0.0.1:7003; "
+        "2 `echomq worker` process(es) at concurrency 4; "
         "Pump: one echomq pump"
     ) in md
     assert (
