@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.orchestrators --only airflow --n 100 500 --runs 3
     .venv/bin/python -m bench.orchestrators --only dagster --budget 600 --json
     .venv/bin/python -m bench.orchestrators --out bench/results/w7/   # JSON + markdown there
+    .venv/bin/python -m bench.orchestrators --cluster --shards 3 --n 200000 --skip-native
 
 Four ways to do the same thing - ``plan`` makes N integers, each is doubled (the "work"),
 ``collect`` sums the results:
@@ -43,6 +44,12 @@ window: the first to the last completion time of the run's children, read from t
 (the child queue's ``completed`` index). A run past ``--budget`` seconds is stopped (Airflow:
 the run is marked failed through the REST API; Dagster: the CLI's process group is killed)
 and recorded as such. Figures only: nothing here asserts a time.
+
+Where the EchoMQ ways run (:mod:`bench.w7_server`): one embedded standalone server, or with
+``--cluster`` a real 3-master Cluster, the child queue in ``--shards`` K shards, ``--workers``
+``echomq worker`` processes; the Airflow deployment, the Dagster runs, the workers and the Pump
+all get the one URL. Every run records that setup, each master's server CPU over the run, the
+children each shard completed, and whether the last step summed the right total.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import argparse
 import contextlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import sqlite3
@@ -68,17 +76,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "airflow"))
 
 from bench.w7_report import markdown, table, twin  # noqa: E402
+from bench.w7_server import (  # noqa: E402
+    PARENT_QUEUE,
+    PREFIX,
+    WORK_QUEUE,
+    W7Server,
+    busy_window,
+    cpu_delta,
+    flow_times,
+    masters_cpu,
+    serve,
+)
 from echomq_core import Job  # noqa: E402
 
-PREFIX = "w7"
-PARENT_QUEUE = "w7.reports"
-WORK_QUEUE = "w7.work"
 NATIVE_N = (100, 500, 2000, 20_000)
 ECHOMQ_N = (*NATIVE_N, 200_000)
 #: The EchoMQ ways in Airflow (DAG ``w7_<way>``): operator + sensor; the operator waiting
 #: (``wait_for_completion``); ``@task.echo_flow`` planning, adding and waiting in one task.
 AIRFLOW_ECHOMQ_WAYS = ("echomq", "echomq_wait", "echomq_task")
 MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+#: Each ``echomq worker`` process's concurrency (the deployment's default).
+WORKER_CONCURRENCY = 4
 
 
 def work(job: Job) -> int:
@@ -365,36 +383,6 @@ def task_log_marks(home: Path, dag_id: str, run_id: str, task: str, start: float
     }
 
 
-def flow_times(url: str, since: float) -> dict[str, Any]:
-    """The run's flow on the server: its parent row's ``created``, ``released`` and ``closed``
-    (epoch s). The run's flow is the last one of the parent queue created since ``since``
-    (runs go one at a time); a released flow is in the ``released`` or ``closed`` index."""
-    import redis
-
-    from echomq_core.keyspace import Keyspace
-
-    keys = Keyspace(PREFIX)
-    client = redis.Redis.from_url(url)
-    try:
-        low = int(since * 1000)
-        ids = {
-            member.decode()
-            for state in ("released", "closed")
-            for member in client.zrangebyscore(keys.flows(PARENT_QUEUE, state), low, "+inf")
-        }
-        rows = [
-            client.hmget(keys.job(PARENT_QUEUE, i), "created", "released", "closed") for i in ids
-        ]
-    finally:
-        client.close()
-    found = [[int(v) / 1000 if v else None for v in row] for row in rows if row[0]]
-    found = [row for row in found if row[0] and row[0] >= since]
-    if not found:
-        return {}
-    created, released, closed = max(found, key=lambda row: row[0] or 0.0)
-    return {"flow_created": created, "flow_released": released, "flow_closed": closed}
-
-
 def echomq_timeline(result: dict[str, Any], start: float) -> list[dict[str, Any]]:
     """The EchoMQ rows of a run's timeline: the flow (add to release; its close) and the
     children's completions, on the run's clock."""
@@ -421,36 +409,14 @@ def echomq_timeline(result: dict[str, Any], start: float) -> list[dict[str, Any]
     return rows
 
 
-def busy_window(url: str, since: float) -> dict[str, Any]:
-    """First and last completion (server time, ms) of the work queue's jobs since ``since``."""
-    import redis
-
-    from echomq_core.keyspace import Keyspace
-
-    key = Keyspace(PREFIX).completed(WORK_QUEUE)
-    client = redis.Redis.from_url(url)
-    try:
-        low = int(since * 1000)
-        first = client.zrangebyscore(key, low, "+inf", start=0, num=1, withscores=True)
-        last = client.zrevrangebyscore(key, "+inf", low, start=0, num=1, withscores=True)
-        count = client.zcount(key, low, "+inf")
-    finally:
-        client.close()
-    if not first:
-        return {"busy_s": None, "completed": 0}
-    return {
-        "busy_s": round((last[0][1] - first[0][1]) / 1000, 3),
-        "completed": int(count),
-        "first_completed": first[0][1] / 1000,
-        "last_completed": last[0][1] / 1000,
-    }
-
-
 class Recorder:
-    """Collects every run; writes the JSON after each one (a cut-short bench keeps its runs)."""
+    """Collects every run; writes the JSON after each one (a cut-short bench keeps its runs).
+    Each run is stamped with :attr:`setup` (the server, the child queue's shards, the worker
+    processes), so runs of several setups in one folder are never compared with each other."""
 
     def __init__(self, out: Path | None) -> None:
         self.out = out
+        self.setup: dict[str, Any] = {}
         self.runs: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -459,6 +425,7 @@ class Recorder:
             self.runs, self.notes, self.started = old["runs"], old["notes"], old["started"]
 
     def add(self, run: dict[str, Any]) -> None:
+        run.setdefault("setup", dict(self.setup))
         self.runs.append(run)
         print(json.dumps(run), flush=True)
         self.save()
@@ -492,6 +459,8 @@ def airflow_run(
     dag_id = f"w7_{way}"
     label = way if way != "native" or not raised else f"native, max_map_length {raised:,}"
     dep.wait_dag(dag_id)
+    counted = way in AIRFLOW_ECHOMQ_WAYS and n > 0
+    cpu_before = masters_cpu(dep.echomq_url) if counted else {}
     triggered = time.time()
     run_id = dep.trigger(dag_id, {"n": n})
     state = None
@@ -553,7 +522,10 @@ def airflow_run(
     if state == "budget exceeded":
         result["wall_s"] = result["end_to_end_s"] = None
         result["stopped_after_s"] = budget
-    if way in AIRFLOW_ECHOMQ_WAYS and n > 0 and state == "success":
+    if counts.get("collect:success") and way != "native":  # what collect summed (its XCom)
+        result.update(check_sum(way, n, dep.xcom(dag_id, run_id, "collect")))
+    if counted and state == "success":
+        result["server_cpu_s"] = cpu_delta(cpu_before, masters_cpu(dep.echomq_url))
         result.update(busy_window(dep.echomq_url, triggered))
         result.update(flow_times(dep.echomq_url, triggered))
         if start:
@@ -571,6 +543,13 @@ def airflow_run(
             result["logs"] = keep_logs(dep, run_id, rec.out)
     rec.add(result)
     return result
+
+
+def check_sum(way: str, n: int, collected: Any) -> dict[str, Any]:
+    """What the run's last step summed against what it must be: the doubled items (the
+    baseline sums the plan itself)."""
+    expected = n * (n - 1) // (2 if way == "baseline" else 1)
+    return {"collected": collected, "sum_ok": collected == expected}
 
 
 def keep_logs(dep: Any, run_id: str, out: Path) -> str:
@@ -608,12 +587,26 @@ def bench_airflow(args: argparse.Namespace, rec: Recorder) -> None:
     dags = Path(tempfile.mkdtemp()) / "w7_dags.py"
     dags.write_text(AIRFLOW_DAGS)
     try:
-        airflow_deployment(args, rec, dags)
+        with serve(args.cluster, args.shards) as server:
+            rec.setup = setup(server, args, pump="one echomq pump (the deployment's)")
+            airflow_deployment(args, rec, dags, server)
     finally:
         shutil.rmtree(dags.parent, ignore_errors=True)
 
 
-def airflow_deployment(args: argparse.Namespace, rec: Recorder, dags: Path) -> None:
+def setup(server: W7Server, args: argparse.Namespace, pump: str) -> dict[str, Any]:
+    """What the runs ran on, as every run records it."""
+    return {
+        **server.describe(),
+        "worker_processes": args.workers,
+        "worker_concurrency": WORKER_CONCURRENCY,
+        "pump": pump,
+    }
+
+
+def airflow_deployment(
+    args: argparse.Namespace, rec: Recorder, dags: Path, server: W7Server
+) -> None:
     from deployment import Deployment
 
     raised = args.max_map_length
@@ -624,6 +617,7 @@ def airflow_deployment(args: argparse.Namespace, rec: Recorder, dags: Path) -> N
         worker_queues=[WORK_QUEUE],
         pythonpath=[ROOT, ROOT / "examples" / "airflow"],
         prefix=PREFIX,
+        echomq_url=server.url,
         env={
             "AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD": "600",
             # The DAG file does not change during the bench: a re-parse every 30 s wrote to
@@ -634,6 +628,8 @@ def airflow_deployment(args: argparse.Namespace, rec: Recorder, dags: Path) -> N
     )
     try:
         with dep:
+            for i in range(2, args.workers + 1):  # the deployment starts the first
+                dep.start_worker(f"worker-{i}", [WORK_QUEUE], WORKER_CONCURRENCY)
             airflow_runs(args, rec, dep, raised)
     finally:
         dep.cleanup()  # AIRFLOW_HOME: the metadata DB and every log
@@ -741,27 +737,42 @@ def runs_for(args: argparse.Namespace, n: int) -> int:
 
 # -- Dagster -------------------------------------------------------------------------------
 def bench_dagster(args: argparse.Namespace, rec: Recorder) -> None:
-    from echomq_core.server import EmbeddedServer
+    """On a Cluster the processes are the deployment's (``examples/dagster/Procfile``): the
+    workers and an ``echomq pump``; on standalone the workers alone, as the earlier results
+    ran (their own Pump and the resource's, while a step waits, deliver the signals)."""
+    with serve(args.cluster, args.shards) as server:
+        pump = "one echomq pump (the Procfile's)" if args.cluster else "none (the workers' own)"
+        rec.setup = setup(server, args, pump=pump)
+        dagster_bench(args, rec, server)
 
+
+def dagster_bench(args: argparse.Namespace, rec: Recorder, server: W7Server) -> None:
     home = Path(tempfile.mkdtemp(prefix="w7-dagster-"))
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     defs = home / "w7_defs.py"
     defs.write_text(DAGSTER_DEFS)
-    server = EmbeddedServer().start()
-    url = f"{server.url}/0"
     env = dict(
         os.environ,
         DAGSTER_HOME=str(home),
-        ECHOMQ_URL=url,
+        ECHOMQ_URL=server.url,
         ECHOMQ_PREFIX=PREFIX,
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
     )
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "echomq_core.cli", "worker", WORK_QUEUE, "--app",
-         "bench.orchestrators:HANDLERS", "--concurrency", "4"],
-        env=env, stdout=open(home / "worker.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        start_new_session=True,
-    )  # fmt: skip
+    worker = [sys.executable, "-m", "echomq_core.cli", "worker", WORK_QUEUE, "--app",
+              "bench.orchestrators:HANDLERS", "--concurrency", str(WORKER_CONCURRENCY)]  # fmt: skip
+    commands = {f"worker-{i}": worker for i in range(1, args.workers + 1)}
+    if args.cluster:
+        commands["pump"] = [sys.executable, "-m", "echomq_core.cli", "pump"]
+    procs = [
+        subprocess.Popen(
+            command,
+            env=env,
+            stdout=open(home / f"{name}.log", "ab"),  # noqa: SIM115 - the process owns it
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for name, command in commands.items()
+    ]
     try:
         # the instance's first run creates its storage: one uncounted run first
         with contextlib.redirect_stdout(sys.stderr):
@@ -822,13 +833,14 @@ def bench_dagster(args: argparse.Namespace, rec: Recorder) -> None:
             per_step = marginal(medians)
             rec.note(f"Dagster native: {per_step:.3f} s per mapped step (up to N={n:,})")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.wait(20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        server.stop()
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(20)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -837,6 +849,8 @@ def dagster_run(
 ) -> dict[str, Any]:
     job = {"baseline": "w7_plain_echomq"}.get(way, f"w7_{way}")
     command = [sys.executable, "-m", "dagster", "job", "execute", "-f", str(defs), "-j", job]
+    counted = way == "echomq" and n > 0
+    cpu_before = masters_cpu(env["ECHOMQ_URL"]) if counted else {}
     started = time.time()
     log = home / f"cli-{job}-{n}.log"
     with open(log, "wb") as out:
@@ -873,7 +887,11 @@ def dagster_run(
     if code is None:
         result["end_to_end_s"] = None
         result["stopped_after_s"] = budget
-    if way == "echomq" and code == 0 and n > 0:
+    if code == 0 and way != "native":  # what the last asset summed, from its stored output
+        last = {"echomq": "fan_in"}.get(way, "plain_fan_in")
+        result.update(check_sum(way, n, stored_output(home, last)))
+    if counted and code == 0:
+        result["server_cpu_s"] = cpu_delta(cpu_before, masters_cpu(env["ECHOMQ_URL"]))
         result.update(busy_window(env["ECHOMQ_URL"], started))
         result.update(flow_times(env["ECHOMQ_URL"], started))
         if stats.get("run_start"):
@@ -883,6 +901,15 @@ def dagster_run(
         result["errors"] = [line[:400] for line in tail if "rror" in line][-10:]
     rec.add(result)
     return result
+
+
+def stored_output(home: Path, asset: str) -> Any:
+    """An asset's last output as the default IO manager stored it (a pickle under the
+    instance's ``storage/``); None if there is none."""
+    try:
+        return pickle.loads((home / "storage" / asset).read_bytes())
+    except FileNotFoundError:
+        return None
 
 
 #: Run in a fresh process (the CLI's instance, not this one's): the latest run's id, status,
@@ -995,6 +1022,18 @@ def main() -> None:
         "--native-n", type=int, nargs="+", default=None, help="Ns of the native runs (--n)"
     )
     parser.add_argument("--skip-native", action="store_true", help="EchoMQ runs only")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a real 3-master Cluster (tests/clusterkit.py) instead of standalone",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=1, help="shards of the child queue (set_shards; default 1)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help=f"echomq worker processes (each at concurrency "
+        f"{WORKER_CONCURRENCY}; default 1)"
+    )  # fmt: skip
     parser.add_argument("--skip-echomq", action="store_true", help="native runs only")
     parser.add_argument(
         "--max-map-length",

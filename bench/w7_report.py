@@ -11,6 +11,12 @@ A run's ``timeline`` is a list of ``{"step": name, "marks": {label: seconds}}``,
 the run's start (Airflow: the DAG run's ``start_date``; Dagster: ``RUN_START``); a negative
 offset is before it (the REST trigger, the CLI's start). The table per (system, way, N) takes
 each mark's median over the successful runs, so one slow run does not draw the picture.
+
+Every run records its **setup** (the server: standalone or a Cluster and its masters; the
+child queue's shards; the ``echomq worker`` processes; the Pump): rows are per (setup, system,
+way, N) and a way is compared with baselines of its own setup only, so a 3-shard Cluster run
+is never priced against a standalone twin. Runs recorded before setups were (no ``setup``)
+ran on standalone with one worker process.
 """
 
 from __future__ import annotations
@@ -45,27 +51,49 @@ def summarise(values: list[float]) -> dict[str, Any]:
     }
 
 
-def walls(runs: list[dict[str, Any]], system: str, way: str, n: int | None) -> list[float]:
+def setup_label(run: dict[str, Any]) -> str:
+    """A run's setup in a few words: ``cluster (3 masters), 3 shards, 1 worker``."""
+    setup = run.get("setup") or {}
+    if not setup:
+        return "standalone, 1 shard, 1 worker"
+    k, w = setup.get("shards", 1), setup.get("worker_processes", 1)
+    return f"{setup['server']}, {k} shard{'s' * (k != 1)}, {w} worker{'s' * (w != 1)}"
+
+
+def walls(
+    runs: list[dict[str, Any]], system: str, way: str, n: int | None, setup: str
+) -> list[float]:
     return [
         r["wall_s"]
         for r in runs
         if (r["system"], r["way"], r["state"]) == (system, way, "success")
         and (n is None or r["n"] == n)
         and r.get("wall_s") is not None
+        and setup_label(r) == setup
     ]
 
 
-def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (system, way, n): medians and ranges of the successful runs; for an EchoMQ way at
-    N > 0, what it adds over its plain twin at N, over itself at 0 (Dagster: over the plain
-    job at 0 while an empty plan fails) and over the 2-step baseline."""
-    rows: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+def medians_of(runs: list[dict[str, Any]], field: str) -> dict[str, float]:
+    """Per key of the runs' ``field`` mapping (a shard, a master), the median over runs."""
+    values: dict[str, list[float]] = {}
     for run in runs:
-        rows.setdefault((run["system"], run["way"], run["n"]), []).append(run)
+        for key, value in (run.get(field) or {}).items():
+            values.setdefault(key, []).append(value)
+    return {key: statistics.median(v) for key, v in values.items()}
+
+
+def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (setup, system, way, n): medians and ranges of the successful runs; for an EchoMQ
+    way at N > 0, what it adds over its plain twin at N, over itself at 0 (Dagster: over the
+    plain job at 0 while an empty plan fails) and over the 2-step baseline, of its setup."""
+    rows: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}
+    for run in runs:
+        rows.setdefault((setup_label(run), run["system"], run["way"], run["n"]), []).append(run)
     out = []
-    for (system, way, n), group in rows.items():
+    for (setup, system, way, n), group in rows.items():
         ok = [r for r in group if r["state"] == "success" and r.get("wall_s") is not None]
         row: dict[str, Any] = {
+            "setup": setup,
             "system": system,
             "way": way,
             "n": n,
@@ -76,22 +104,26 @@ def table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "timeline": timeline(ok),
         }
         busy = [r for r in ok if r.get("busy_s") is not None]
+        if any("sum_ok" in r for r in ok):
+            row["sums_wrong"] = sum(1 for r in ok if r.get("sum_ok") is False)
         if is_echomq(way) and n > 0 and ok:
             row["busy"] = summarise([r["busy_s"] for r in busy])
+            row["completed_by_shard"] = medians_of(ok, "completed_by_shard")
+            row["server_cpu_s"] = medians_of(ok, "server_cpu_s")
             for key, base in (
-                ("plain", walls(runs, system, twin(way), n)),
-                ("zero", walls(runs, system, way, 0)),
-                ("baseline", walls(runs, system, "baseline", None)),
+                ("plain", walls(runs, system, twin(way), n, setup)),
+                ("zero", walls(runs, system, way, 0, setup)),
+                ("baseline", walls(runs, system, "baseline", None, setup)),
             ):
                 if key == "zero" and not base:  # an empty plan that fails: the plain job at 0
-                    base = walls(runs, system, "baseline", None)
+                    base = walls(runs, system, "baseline", None, setup)
                     row["zero_is"] = "baseline"
                 if base:
                     b = statistics.median(base)
                     row[f"{key}_wall"] = summarise(base)
                     row[f"over_{key}"] = summarise([r["wall_s"] - b for r in ok])
         out.append(row)
-    out.sort(key=lambda r: (r["system"], r["n"], ORDER.get(r["way"], 2), r["way"]))
+    out.sort(key=lambda r: (r["setup"], r["system"], r["n"], ORDER.get(r["way"], 2), r["way"]))
     return out
 
 
@@ -147,7 +179,10 @@ HEADER = (
     "(Airflow) / the plain job (Dagster) at 0 items. Ways (Airflow): `echomq` plan -> "
     "EchoFlowOperator -> EchoFlowSensor (deferrable) -> collect; `echomq_wait` plan -> "
     "EchoFlowOperator(wait_for_completion=True) -> collect; `echomq_task` "
-    "`@task.echo_flow(wait_for_completion=True)` (plans, adds and waits) -> collect."
+    "`@task.echo_flow(wait_for_completion=True)` (plans, adds and waits) -> collect. "
+    "`outcome`: the runs' states, and how many summed a wrong total (the last step's output "
+    "against the N doubled items). `setup`: the server, the child queue's shards and the "
+    "`echomq worker` processes (see Setups); each way is compared with its own setup's runs."
 )
 
 
@@ -158,24 +193,50 @@ def markdown(report: dict[str, Any]) -> str:
         HEADER,
         "",
         "| system | way | N | wall | end-to-end | busy | plain at N | over plain | 0 items "
-        "| over 0 | outcome |",
-        "|---|---|---:|---|---|---|---|---|---|---|---|",
+        "| over 0 | outcome | setup |",
+        "|---|---|---:|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["table"]:
         star = "*" if row.get("zero_is") == "baseline" else ""
+        wrong = f", {row['sums_wrong']} wrong sum(s)" if row.get("sums_wrong") else ""
         lines.append(
             f"| {row['system']} | {row['way']} | {row['n']:,} | {fmt(row['wall'])} | "
             f"{fmt(row['end_to_end'])} | {fmt(row.get('busy', {}))} | "
             f"{fmt(row.get('plain_wall', {}))} | {fmt(row.get('over_plain', {}))} | "
             f"{fmt(row.get('zero_wall', {}))}{star} | {fmt(row.get('over_zero', {}))} | "
-            f"{', '.join(row['states'])} ({row['attempted']} attempted) |"
+            f"{', '.join(row['states'])} ({row['attempted']} attempted{wrong}) | "
+            f"{row.get('setup', '-')} |"
         )
+    lines += setups(report["runs"])
     lines += ["", "## Timelines", "", TIMELINE_HEADER]
     for row in report["table"]:
         lines += timeline_table(row)
     if report["notes"]:
         lines += ["", "Notes:", ""] + [f"* {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def setups(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per system and setup of the runs (each system has a server of its own): the
+    masters each shard lives on, the workers and the Pump."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in runs:
+        seen.setdefault((run["system"], setup_label(run)), run.get("setup") or {})
+    lines = ["", "## Setups", ""]
+    for (system, label), setup in sorted(seen.items()):
+        if not setup:
+            lines.append(f"* {system}, {label}: recorded before setups were (one embedded server)")
+            continue
+        homes = ", ".join(
+            f"`{name}` on {home}"
+            for name, home in zip(setup["shard_names"], setup["shard_masters"], strict=True)
+        )
+        lines.append(
+            f"* {system}, {label}: child queue {homes}; {setup['worker_processes']} "
+            f"`echomq worker` process(es) at concurrency {setup['worker_concurrency']}; "
+            f"Pump: {setup['pump']}"
+        )
+    return lines
 
 
 TIMELINE_HEADER = (
@@ -189,7 +250,9 @@ TIMELINE_HEADER = (
     "`inputs loaded` the last LOADED_INPUT (EchoMQIOManager: the wait and the read), `output "
     "handled` the last HANDLED_OUTPUT, `end` STEP_SUCCESS. EchoMQ rows, from the server: the "
     "flow's parent row (`created` by the add, `released` when its last child settled, "
-    "`closed` by the reader) and the children's first and last completion."
+    "`closed` by the reader) and the children's first and last completion. Under an EchoMQ "
+    "way's table: the children each shard completed and each master's CPU seconds in the run "
+    "(`INFO cpu`, user + sys), medians over its runs."
 )
 
 
@@ -203,7 +266,7 @@ def timeline_table(row: dict[str, Any]) -> list[str]:
     head = f"{row['system']} `{row['way']}`, N = {row['n']:,} ({runs} run{plural})"
     lines = [
         "",
-        f"**{head}**",
+        f"**{head}**, {row.get('setup', '-')}",
         "",
         "| step | " + " | ".join(columns) + " | duration |",
         "|---|" + "---:|" * (len(columns) + 1),
@@ -213,4 +276,23 @@ def timeline_table(row: dict[str, Any]) -> list[str]:
         shown = ["-" if v is None else f"{v:.2f}" for v in cells]
         duration = "-" if step["duration"] is None else f"{step['duration']:.2f}"
         lines.append(f"| {step['step']} | " + " | ".join(shown) + f" | {duration} |")
-    return lines
+    spread = spread_line(row)
+    return [*lines, "", spread] if spread else lines
+
+
+def spread_line(row: dict[str, Any]) -> str:
+    """Where the row's children ran: per shard completed, per master CPU seconds (and share)."""
+    parts = []
+    if row.get("completed_by_shard"):
+        parts.append(
+            "children completed per shard: "
+            + ", ".join(f"`{k}` {v:,.0f}" for k, v in row["completed_by_shard"].items())
+        )
+    cpu = row.get("server_cpu_s") or {}
+    total = sum(cpu.values())
+    if total > 0:
+        parts.append(
+            "server CPU per master: "
+            + ", ".join(f"{k} {v:.2f} s ({v / total:.0%})" for k, v in cpu.items())
+        )
+    return "; ".join(parts)

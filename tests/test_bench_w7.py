@@ -1,14 +1,26 @@
 """W7's tables (bench/w7_report.py): each EchoMQ way measured against its plain twin at the
 same N and against itself at 0 items, and the per-step timelines as medians over runs.
 
-The runs here are what ``bench.orchestrators`` records (the orchestrators themselves are too
-slow for the suite: ``python -m bench.orchestrators --n 100 --runs 1`` runs them)."""
+The tables are checked on runs as ``bench.orchestrators`` records them; the ``--cluster
+--shards 3`` mode runs for real at a tiny N (a 3-master Cluster, the Airflow deployment or the
+Dagster CLI, an ``echomq worker``): the children must land on every shard, each on its own
+master, and the last step must sum the right total."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.w7_report import markdown, table
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(way: str, n: int, wall: float, **extra: Any) -> dict[str, Any]:
@@ -64,3 +76,96 @@ def test_an_empty_plan_that_fails_falls_back_to_the_plain_job_at_zero() -> None:
     row = next(r for r in table(runs) if (r["way"], r["n"]) == ("echomq", 100))
     assert row["zero_is"] == "baseline" and row["over_zero"]["median"] == 1.0
     assert "plain_wall" not in row  # no twin run: no overhead over it, not a made-up one
+
+
+def test_runs_of_each_setup_are_compared_within_it_and_the_report_names_the_setup() -> None:
+    cluster = {
+        "server": "cluster (3 masters)",
+        "shards": 3,
+        "shard_names": ["w7.work", "w7.work+s1.7", "w7.work+s2.9"],
+        "shard_masters": ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"],
+        "worker_processes": 2,
+        "worker_concurrency": 4,
+        "pump": "one echomq pump",
+    }
+    spread = {"completed_by_shard": {"w7.work": 30, "w7.work+s1.7": 40, "w7.work+s2.9": 30}}
+    cpu = {"server_cpu_s": {"127.0.0.1:7001": 1.0, "127.0.0.1:7002": 3.0}}
+    runs = [
+        run("plain_echomq_task", 100, 2.0),  # standalone (recorded without a setup)
+        run("echomq_task", 100, 2.5),
+        run("plain_echomq_task", 100, 4.0, setup=cluster),
+        run("echomq_task", 100, 5.0, setup=cluster, sum_ok=True, **spread, **cpu),
+        run("echomq_task", 100, 7.0, setup=cluster, sum_ok=False, **spread, **cpu),
+    ]
+    rows = {(r["setup"], r["way"]): r for r in table(runs)}
+    label = "cluster (3 masters), 3 shards, 2 workers"
+    assert set(rows) == {
+        ("standalone, 1 shard, 1 worker", "plain_echomq_task"),
+        ("standalone, 1 shard, 1 worker", "echomq_task"),
+        (label, "plain_echomq_task"),
+        (label, "echomq_task"),
+    }
+    sharded = rows[(label, "echomq_task")]
+    assert sharded["plain_wall"]["median"] == 4.0  # its own setup's twin, not standalone's
+    assert sharded["over_plain"]["median"] == 2.0 and sharded["sums_wrong"] == 1
+    assert rows[("standalone, 1 shard, 1 worker", "echomq_task")]["over_plain"]["median"] == 0.5
+    md = markdown({"started": "now", "machine": "2 cores", "runs": runs, "notes": [],
+                   "table": table(runs)})  # fmt: skip
+    assert f"| success (2 attempted, 1 wrong sum(s)) | {label} |" in md
+    assert (
+        f"* airflow, {label}: child queue `w7.work` on 127.0.0.1:7001, "
+        "`w7.work+s1.7` on 127.0.0.1:7002, `w7.work+s2.9` on 127.0.0.1:7003; "
+        "2 `echomq worker` process(es) at concurrency 4; "
+        "Pump: one echomq pump"
+    ) in md
+    assert (
+        "children completed per shard: `w7.work` 30, `w7.work+s1.7` 40, `w7.work+s2.9` 30; "
+        "server CPU per master: 127.0.0.1:7001 1.00 s (25%), 127.0.0.1:7002 3.00 s (75%)"
+    ) in md
+
+
+def run_cluster_bench(out: Path, only: str, n: int, timeout: float) -> dict[str, Any]:
+    """``python -m bench.orchestrators --cluster --shards 3`` at ``n`` items: the EchoMQ way
+    and the plain twin once each, nothing else counted; its results.json."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    args = ["--cluster", "--shards", "3", "--only", only, "--n", str(n), "--runs", "1",
+            "--zero-runs", "0", "--baseline-runs", "0", "--skip-native",
+            "--ways", "echomq_task", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.orchestrators", *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the bench stops what it started
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"the cluster bench took over {timeout} s:\n{stderr[-5000:]}")
+    assert proc.returncode == 0, f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-5000:]}"
+    return json.loads((out / "results.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("only", "way"), [("dagster", "echomq"), ("airflow", "echomq_task")])
+def test_the_cluster_mode_spreads_the_children_over_three_shards_on_three_masters(
+    tmp_path: Path, only: str, way: str
+) -> None:
+    n = 90
+    doc = run_cluster_bench(tmp_path, only, n, timeout=420)
+    got = next(r for r in doc["runs"] if (r["way"], r["n"]) == (way, n))
+    assert got["state"] == "success", got.get("errors")
+    setup = got["setup"]
+    assert setup["server"] == "cluster (3 masters)" and setup["shards"] == 3
+    assert setup["worker_processes"] == 1
+    assert len(set(setup["shard_names"])) == 3 and len(set(setup["shard_masters"])) == 3
+    by_shard = got["completed_by_shard"]
+    assert set(by_shard) == set(setup["shard_names"])
+    assert all(count > 0 for count in by_shard.values()), by_shard
+    assert sum(by_shard.values()) == got["completed"] == n
+    assert got["collected"] == n * (n - 1) and got["sum_ok"] is True  # what the last step summed
+    assert len(got["server_cpu_s"]) == 3  # every master measured
+    twin = next(r for r in doc["runs"] if r["way"] == f"plain_{way}")
+    assert twin["state"] == "success" and twin["sum_ok"] is True
+    md = (tmp_path / "results.md").read_text()
+    assert "| cluster (3 masters), 3 shards, 1 worker |" in md

@@ -47,9 +47,10 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from echomq_core.server import EmbeddedServer, free_port
+from echomq_core.targets import parse_url
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE_DAGS = HERE.parents[1] / "airflow_provider" / "echomq_provider" / "example_dags"
@@ -81,6 +82,10 @@ class Deployment:
         server of its own, not EchoMQ's, so a broker outage is no EchoMQ outage).
     :param replicas: how many of each component run, e.g. ``{"scheduler": 2, "triggerer": 2}``
         (the second is ``scheduler-2``, ...); 1 each by default.
+    :param echomq_url: an EchoMQ server the deployment uses but does not start or stop (a
+        Cluster: ``redis+cluster://host:port``); every component, worker and the Pump get it
+        (the ``echomq_default`` connection with ``cluster=true`` for a Cluster). None: the
+        deployment's own server.
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class Deployment:
         executor: str = "LocalExecutor",
         celery_workers: int = 2,
         replicas: dict[str, int] | None = None,
+        echomq_url: str | None = None,
     ) -> None:
         self.home = Path(tempfile.mkdtemp(prefix="echomq-deploy-"))
         #: in every component's environment (and so its tasks'): what :meth:`stop` ends
@@ -112,6 +118,7 @@ class Deployment:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.server = EmbeddedServer()
+        self.external_url = echomq_url
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._commands: dict[str, list[str]] = {}
         self._token: str | None = None
@@ -168,16 +175,26 @@ class Deployment:
 
     @property
     def echomq_url(self) -> str:
-        return f"{self.server.url}/0"
+        return self.external_url or f"{self.server.url}/0"
+
+    def _connection_uri(self) -> str:
+        """``echomq_default`` as a URI: the server's address (and credentials), database 0 or
+        ``cluster=true`` (a Cluster has no database number), the prefix."""
+        target = parse_url(self.echomq_url)
+        where = urlsplit(self.echomq_url).netloc
+        if target.cluster:
+            return f"echomq://{where}?prefix={self.prefix}&cluster=true"
+        db = urlsplit(self.echomq_url).path.strip("/") or "0"
+        return f"echomq://{where}/{db}?prefix={self.prefix}"
 
     def start(self, timeout: float = 180.0) -> None:
         """Start everything; return once the API reports every component healthy."""
-        self.server.start()
+        if self.external_url is None:
+            self.server.start()
         (self.home / "dags").mkdir(parents=True)
         for dag in self.dags:
             shutil.copy(dag, self.home / "dags" / dag.name)
-        host, port = self.server.host, self.server.port
-        self.env["AIRFLOW_CONN_ECHOMQ_DEFAULT"] = f"echomq://{host}:{port}/0?prefix={self.prefix}"
+        self.env["AIRFLOW_CONN_ECHOMQ_DEFAULT"] = self._connection_uri()
         self.env["ECHOMQ_URL"] = self.echomq_url
         self.env["ECHOMQ_PREFIX"] = self.prefix
         if self.broker is not None:
