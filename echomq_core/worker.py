@@ -466,14 +466,23 @@ class Worker(OptionAttributes):
         return False
 
     def _wake_fetcher(self) -> None:
-        """Wake the fetcher if it waits for free slots (under the lock): a notify costs even
-        with no thread waiting, and runners would pay it on every job."""
-        if self._fetcher_waits:
+        """Wake the fetcher if it waits for free slots and would claim now (under the lock).
+        Runners call this on every job; a notify costs even with no thread waiting, and a
+        fetcher woken to find the buffer still more than half full (fast handlers) is a thread
+        switch per job for nothing. ``want()`` only grows when a runner takes a job, finishes
+        one or the flusher empties a batch, and each of those calls this: no wake is missed.
+        The flag is cleared with the notify: until the woken fetcher gets the GIL, runners
+        finishing more jobs need not notify it again (it reads ``want()`` itself when it
+        runs)."""
+        if self._fetcher_waits and self._hand.want() > 0:
+            self._fetcher_waits = False
             self._want_jobs.notify()
 
     def _wake_flusher(self) -> None:
-        """Wake the flusher if it waits for results (under the lock)."""
+        """Wake the flusher if it waits for results (under the lock), once per wait (as
+        :meth:`_wake_fetcher`)."""
         if self._flusher_waits:
+            self._flusher_waits = False
             self._results_ready.notify()
 
     def _rest(self, slot: _Slot) -> bool:
