@@ -4,7 +4,7 @@ Usage (from the repository root; each TREE is an exported commit, e.g.
 ``git archive <commit> | tar -x -C /tmp/tree-<commit>``, so edits in progress cannot leak in)::
 
     python -m bench.worker_cpu cpu TREE_A TREE_B [--n 20000] [--levels 1,4,50]
-        [--modes threaded,async] [--rounds 5] [--out FILE.json]
+        [--modes threaded,async] [--rounds 5] [--callgrind] [--out FILE.json]
     python -m bench.worker_cpu startup TREE_A TREE_B [--n 100000] [--concurrency 4]
         [--ways cli,python] [--rounds 5] [--out FILE.json]
 
@@ -13,9 +13,11 @@ started and left to go idle (blocked on its wake-up hint, its CPU clock still); 
 separate process of the same tree adds N jobs and the harness waits for N completions. The
 worker's CPU over that span is the sum of its threads' run time (``/proc/<pid>/task/*/
 schedstat``, nanoseconds: the process's tick-based ``utime`` is too coarse for a second of
-work); its start-up is not in it. Sides alternate A B, B A from round to round, so a noisy
-minute does not land on one side only; the summary is each side's median and the median of
-the per-round ratios B / A.
+work); its start-up is not in it. With ``--callgrind`` the worker runs under
+``valgrind --tool=callgrind`` and the instructions it runs over the same span are counted
+instead (near-deterministic, where CPU time on a shared machine moves by tens of percent).
+Sides alternate A B, B A from round to round, so a noisy minute does not land on one side
+only; the summary is each side's median and the median of the per-round ratios B / A.
 
 ``startup``: a queue that already holds N jobs; the harness notes the time, starts the
 worker (``cli``: ``python -m echomq_core.cli worker``, as ``echomq worker`` runs; ``python``:
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -120,18 +123,45 @@ def idle(r: redis.Redis, pid: int) -> bool:
     return cpu_ns(pid) - before < 1_000_000
 
 
-def cpu_run(tree: Path, url: str, r: redis.Redis, n: int, level: int, mode: str) -> dict[str, Any]:
-    """One W1 run of ``tree``'s worker: its CPU per job (us), the run's wall time."""
+def cpu_run(
+    tree: Path, url: str, r: redis.Redis, n: int, level: int, mode: str, grind: bool
+) -> dict[str, Any]:
+    """One W1 run of ``tree``'s worker: its CPU per job (us), the run's wall time; with
+    ``grind``, the instructions it ran per job under callgrind instead."""
     r.execute_command("FLUSHALL", "SYNC")
-    with tempfile.TemporaryFile() as log:
-        return _cpu_run(tree, url, r, n, level, mode, log)
+    with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as out:
+        return _cpu_run(tree, url, r, n, level, mode, log, Path(out) if grind else None)
+
+
+def _control(pid: int, *args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, check=False)
+
+
+def _instructions(pid: int, out: Path) -> int:
+    """Dump the instructions counted since instrumentation was switched on (callgrind)."""
+    before = set(out.glob("cg.*"))
+    _control(pid, "--dump=phase")
+    poll(lambda: bool(set(out.glob("cg.*")) - before), 60, "the callgrind dump")
+    time.sleep(0.5)  # the dump is being written
+    dump = max(set(out.glob("cg.*")) - before, key=os.path.getmtime)
+    found = re.search(r"^totals:\s*(\d+)", dump.read_text(), re.M)
+    if found is None:
+        raise RuntimeError(f"no totals in {dump}")
+    return int(found.group(1))
 
 
 def _cpu_run(
-    tree: Path, url: str, r: redis.Redis, n: int, level: int, mode: str, log: Any
+    tree: Path, url: str, r: redis.Redis, n: int, level: int, mode: str, log: Any,
+    grind: Path | None,
 ) -> dict[str, Any]:
+    worker = [sys.executable, "-m", "bench.peers.echomq_peer", "worker", url, QUEUE, str(level)]
+    if grind is not None:
+        worker = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={grind}/cg.%p", *worker,
+        ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.peers.echomq_peer", "worker", url, QUEUE, str(level), mode],
+        [*worker, mode],
         cwd=tree,
         env=env_for(tree),
         stdout=log,
@@ -145,17 +175,22 @@ def _cpu_run(
                 raise RuntimeError(f"worker exited: {log.read().decode()[-2000:]}")
             return READY in log.read().decode()
 
-        poll(ready, 60, "the worker's READY")
-        poll(lambda: idle(r, proc.pid), 30, "the worker to go idle")
+        poll(ready, 300, "the worker's READY")
+        poll(lambda: idle(r, proc.pid), 120, "the worker to go idle")
+        if grind is not None:
+            _control(proc.pid, "-z")
+            _control(proc.pid, "-i", "on")
         cpu0, t0 = cpu_ns(proc.pid), time.perf_counter()
         adder = subprocess.Popen(
             [sys.executable, "-c", _ADD, url, str(n)], env=env_for(tree)
         )
-        poll(lambda: int(r.zcard(key("completed"))) >= n, 600, f"{n} completions")
+        poll(lambda: int(r.zcard(key("completed"))) >= n, 1800, f"{n} completions")
         seconds, cpu1 = time.perf_counter() - t0, cpu_ns(proc.pid)
         adder.wait(60)
         if r.zcard(key("pending")) or r.zcard(key("active")):
             raise RuntimeError("jobs left pending or active")
+        if grind is not None:
+            return {"instructions_per_job": round(_instructions(proc.pid, grind) / n)}
         return {"us_per_job": round((cpu1 - cpu0) / 1000 / n, 2), "seconds": round(seconds, 3)}
     finally:
         stop(proc)
@@ -251,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--ways", default="cli,python")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="cpu: count the worker's instructions per job under callgrind (deterministic, "
+        "about 50 times slower) instead of its CPU time",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     trees = {"A": args.a.resolve(), "B": args.b.resolve()}
@@ -280,16 +321,15 @@ def main(argv: list[str] | None = None) -> int:
             for rnd in range(args.rounds):
                 for mode, level in combos:
                     for side in ("A", "B") if rnd % 2 == 0 else ("B", "A"):
-                        got = cpu_run(trees[side], server.url, r, n, level, mode)
+                        got = cpu_run(trees[side], server.url, r, n, level, mode, args.callgrind)
                         runs[f"{mode}@c{level}"][side].append(got)
                         print(f"round {rnd + 1} {mode}@c{level} {side}: {got}", flush=True)
             doc["n"] = n
+            fields = ["instructions_per_job"] if args.callgrind else ["us_per_job", "seconds"]
+            doc["callgrind"] = args.callgrind
             for name, sides in runs.items():
-                doc["results"][name] = {
-                    "us_per_job": summary(sides, "us_per_job"),
-                    "seconds": summary(sides, "seconds"),
-                    "runs": sides,
-                }
+                doc["results"][name] = {f: summary(sides, f) for f in fields}
+                doc["results"][name]["runs"] = sides
         else:
             n = args.n or 100_000
             app_dir = tempfile.mkdtemp(prefix="wcpu-app-")
