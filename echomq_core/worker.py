@@ -46,7 +46,6 @@ pending when its lease expires.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import signal
 import threading
@@ -200,6 +199,7 @@ class Worker(OptionAttributes):
         self._beater: threading.Thread | None = None
         self._hints = HintWatch(client.perform, self._stop, "waiting for work")
         self._loops = threading.local()  # each runner's event loop for async handlers
+        self._encode = client.encode
         for name in self.handlers:
             client.register_queue(name)
 
@@ -532,18 +532,16 @@ class Worker(OptionAttributes):
 
     def _call(self, handler: Handler, job: Job) -> Outcome:
         """Run one handler: the encoded result, or (error text, retry?)."""
+        job.spawner = self._spawner
+        return outcome(self._encode, job, handler, self._settle)
 
-        def call() -> Any:
-            job.spawner = self._spawner
-            result = handler(job)
-            if inspect.isawaitable(result):  # one event loop per runner thread, kept
-                loop = getattr(self._loops, "loop", None)
-                if loop is None:
-                    loop = self._loops.loop = asyncio.new_event_loop()
-                result = loop.run_until_complete(_await(result))
-            return result
-
-        return outcome(self.client.encode, job, call)
+    def _settle(self, awaitable: Any) -> Any:
+        """What an awaitable a handler returned comes to: run on this runner thread's event
+        loop (one per thread, kept)."""
+        loop = getattr(self._loops, "loop", None)
+        if loop is None:
+            loop = self._loops.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(_await(awaitable))
 
     # -- the flusher ----------------------------------------------------------------------
     def _flusher(self) -> None:
