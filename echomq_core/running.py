@@ -245,11 +245,15 @@ class Intake:
         return min(self.max_batch, max(self.batch, free))
 
     def claimed(self, count: int, seconds: float) -> None:
-        """A claim returned ``count`` jobs after ``seconds`` (the next one may be twice as big
-        while handlers are fast)."""
+        """A claim returned ``count`` jobs after ``seconds``: while handlers are fast the next
+        one may be twice as big as this one was. Twice what it took, not twice the last
+        target: a first claim takes one job per runner (nothing is known of the handlers
+        yet, and a worker must not sit on a backlog it may run slowly), so at concurrency 50
+        the ramp to ``max_batch`` is 50, 100, 200, 400, 500 - five claims, not ten small
+        ones while the target doubled up from 1 below the runners' count."""
         self.claim_time += SMOOTHING * (seconds - self.claim_time)
         if count and self.fast:
-            self.batch = min(self.max_batch, self.batch * 2)
+            self.batch = min(self.max_batch, max(self.batch, count) * 2)
 
 
 class InHand:

@@ -159,3 +159,35 @@ def test_an_asyncio_worker_gives_its_jobs_one_spawner(backend: Backend, prefix: 
     assert len(seen) == 50
     assert len({id(s) for s in seen}) == 1
     assert all(callable(s) for s in seen)
+
+
+@pytest.mark.parametrize("concurrency", [4, 50])
+def test_a_backlog_is_claimed_in_batches_that_double_from_the_first(
+    mq: EchoMQ, concurrency: int
+) -> None:
+    """A worker started on a backlog claims one job per runner first (it knows nothing of
+    its handlers yet), then twice what each claim took, up to ``max_batch``: at concurrency
+    50, 50, 100, 200, 400, 500 - not six claims of 50 while the target doubles up from 1."""
+    q = mq.queue("ramp")
+    q.add_bulk(range(2000))
+    worker = Worker(mq, {"ramp": lambda job: None}, concurrency=concurrency, fast_job=1.0)
+    queue = worker.queues["ramp"]
+    sizes: list[int] = []
+    claim = queue.claim
+
+    def recorded(count: int = 1, **options: Any) -> Any:
+        jobs = claim(count, **options)
+        if jobs:
+            sizes.append(len(jobs))
+        return jobs
+
+    queue.claim = recorded  # type: ignore[method-assign]
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == 2000, 60, lambda: (q.stats(), sizes))
+    finally:
+        worker.stop()
+    ramp = [concurrency]
+    while ramp[-1] < 500:
+        ramp.append(min(500, ramp[-1] * 2))
+    assert sizes[: len(ramp)] == ramp, sizes
