@@ -152,6 +152,18 @@ def client_versions() -> dict[str, str | None]:
     return out
 
 
+def parse_sizes(text: str | None) -> dict[str, list[int]]:
+    """``--n W1=100000,W2=50000``: the N of those workloads for every library (else each
+    workload's standard N, or a peer's own sizes)."""
+    out: dict[str, list[int]] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, _, value = part.partition("=")
+        if name.upper() not in WORKLOADS or not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"--n takes WORKLOAD=N pairs (e.g. W1=100000), got {part!r}")
+        out[name.upper()] = [int(value)]
+    return out
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     for name in names:
@@ -163,6 +175,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     levels_all = [int(c) for c in args.concurrency.split(",") if c.strip()]
     starts = ["before", "after"] if args.worker_start == "both" else [args.worker_start]
+    sizes = parse_sizes(args.n)
     peers: dict[str, Peer] = {}
     doc: dict[str, Any] = {"meta": {}, "peers": {}, "workloads": {}}
     for name in names:
@@ -204,7 +217,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             title = WORKLOADS[workload][0]
             entry: dict[str, Any] = {
                 "title": title,
-                "n": WORKLOADS[workload][2 if args.smoke else 1],
+                "n": (sizes.get(workload) or [WORKLOADS[workload][2 if args.smoke else 1]])[0],
                 "results": {},
             }
             doc["workloads"][workload] = entry
@@ -221,7 +234,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                     if start == "after" and not peer.late_start:
                         entry["results"][key] = {"unsupported": "workers start before the add only"}
                         continue
-                    for n in peer.sizes(workload, args.smoke):
+                    for n in sizes.get(workload) or peer.sizes(workload, args.smoke):
                         rows = entry["results"].setdefault(key, {})
                         if "unsupported" in rows:
                             continue
@@ -332,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         default="1",
         help="comma-separated worker concurrencies, each library runs at each (default 1; "
         f"{', '.join(f'{w} always runs at {c}' for w, c in FIXED_CONCURRENCY.items())})",
+    )
+    parser.add_argument(
+        "--n",
+        default=None,
+        metavar="W=N,...",
+        help="the N of some workloads for every library, e.g. W1=100000,W2=50000 (default: "
+        "each workload's standard N)",
     )
     parser.add_argument(
         "--worker-start",
