@@ -77,6 +77,7 @@ class _Node:
     cap: int | None = None  # a parent's max_running over its own leaf children
     shares: dict[str, int] | None = None  # with a cap: each leaf queue's share of it
     allow: int | None = None  # a success threshold: how many fail-parent children may die
+    need: str = ""  # the threshold as given: a count "<c>" or an exact fraction "<p>/<q>"
     stream: bool = False  # a root that keeps a settle log (add_flow(stream=True))
 
 
@@ -111,6 +112,16 @@ def allowance(where: str, min_success: Any, n: int) -> int | None:
         )
     required = math.ceil(Fraction(str(min_success)) * n)
     return n - max(1, required)
+
+
+def requirement(min_success: Any) -> str:
+    """A valid ``min_success`` (see :func:`allowance`) as the server keeps it, to apply it
+    again when the flow grows (spawn.lua): a count ``"<c>"`` or the exact decimal fraction
+    ``"<p>/<q>"``."""
+    if isinstance(min_success, int):
+        return str(min_success)
+    exact = Fraction(str(min_success))
+    return f"{exact.numerator}/{exact.denominator}"
 
 
 def plan(
@@ -230,11 +241,14 @@ def plan(
                         "with children (a sub-flow)"
                     )
                 node.allow = allowance(f"child {child_id}", spec.min_success, len(node.children))
+                node.need = requirement(spec.min_success)
 
     build(root, children, parent_id, 1)
     for node in capped:
         node.shares = split_cap(node)
     root.allow = allowance(f"flow {parent_id}", min_success, len(root.children))
+    if root.allow is not None:
+        root.need = requirement(min_success)
     return root
 
 
@@ -373,7 +387,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "
             "1" if barrier else "",
             " ".join(sorted({c.queue for c in node.children})),
             node.gen,
-            "" if node.allow is None else node.allow,
+            "" if node.allow is None else f"{node.allow} {node.need}",
             "" if node.cap is None else node.cap,
             digest,
             "1" if node.stream else "",

@@ -28,6 +28,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import sharding
 from .calls import Call, Lenient, Op
 from .client import EchoMQ
 from .errors import EchoMQError, InvalidInput
@@ -44,9 +45,24 @@ class FlowNode:
     snap: FlowSnapshot
     subflows: list[FlowNode] = field(default_factory=list)
     note: str | None = None  # why sub-flows were not looked for
+    #: the logical queue ``snap.queue`` is a shard of (``snap.queue`` itself if not sharded)
+    logical: str = ""
+
+    @property
+    def queue(self) -> str:
+        """The queue as users name it: the logical one of a sharded queue's node."""
+        return self.logical or self.snap.queue
+
+    @property
+    def shard(self) -> str | None:
+        """The physical shard holding the node, when it is not the logical queue itself."""
+        return self.snap.queue if self.queue != self.snap.queue else None
 
     def to_dict(self) -> dict[str, Any]:
         out = self.snap.to_dict()
+        out["queue"] = self.queue
+        if self.shard is not None:
+            out["shard"] = self.shard
         out["released"] = self.snap.released
         out["subflows"] = [child.to_dict() for child in self.subflows]
         if self.note:
@@ -55,20 +71,32 @@ class FlowNode:
 
 
 def read_tree(mq: EchoMQ, queue: str, parent_id: str, *, depth: int = MAX_DEPTH) -> FlowNode:
+    """Flow node ``parent_id`` of physical queue ``queue`` (a shard's own name for a sharded
+    queue: :meth:`EchoMQ.home`) and its sub-flows; every node names its logical queue and,
+    when sharded, its shard (the registry's shard configs are read once, one round trip)."""
+    registered = mq.queues()
+    mq.perform(sharding.resolve(mq.keys, mq.shard_cache, [queue, *registered]))
+    return _read_tree(mq, queue, parent_id, depth, registered)
+
+
+def _read_tree(
+    mq: EchoMQ, queue: str, parent_id: str, depth: int, registered: list[str]
+) -> FlowNode:
     node = FlowNode(mq.snapshot(queue, parent_id))
+    node.logical = sharding.logical_of(mq.shard_cache, queue)
     total = node.snap.total
     if total == 0:
         return node
     if depth <= 0:
         node.note = f"deeper sub-flows not shown (depth limit {MAX_DEPTH})"
         return node
-    queues = [queue, *(q for q in mq.queues() if q != queue)]
+    queues = [queue, *(q for q in registered if q != queue)]
     if total * len(queues) > MAX_PROBES:
         node.note = f"sub-flows not listed: {total:,} children x {len(queues)} queues is too many"
         return node
     found = mq.perform(_find_subflows(mq.keys, queue, parent_id, total, queues))
     for child_queue, child_id in found:
-        node.subflows.append(read_tree(mq, child_queue, child_id, depth=depth - 1))
+        node.subflows.append(_read_tree(mq, child_queue, child_id, depth - 1, registered))
     return node
 
 

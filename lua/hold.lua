@@ -1,5 +1,6 @@
 -- hold: the first step of adding a flow; hold a parent on its own slot with its counter.
 -- @include check_id
+-- @include allowance
 -- @include now_ms
 -- @include queue_keys
 --
@@ -26,7 +27,10 @@
 --                       id (its derived child ids are <id>.g<n>.<i>; settle drops reports of
 --                       other generations' children)
 -- ARGV[13] allow        '' no success threshold; else how many of its fail-parent children
---                       may die without failing it (N - required; settle_current.lua)
+--                       may die without failing it (N - required; settle_current.lua), then
+--                       a space and the threshold as given - a count `<c>` or an exact
+--                       fraction `<p>/<q>` - kept as the row's `need` so that spawn.lua sets
+--                       the allowance again when the flow grows
 -- ARGV[14] max_running  '' = no cap; else K, the cap on this node's leased leaf children
 --                       (kept as the row's 'cap': counted on the child queues' slots, by
 --                       the gates land.lua fills; a re-add with another cap is refused)
@@ -45,7 +49,7 @@
 -- 'held' and the counter set to N, in this one script, so the counter exists before any child
 -- can complete; a root enters flows:held. Two different adds racing on one id: one holds, the
 -- other is refused here.
--- Owner of what it writes: the row (with `allow`, `tfp` and `log`), the counter, the explicit record and the index entry are
+-- Owner of what it writes: the row (with `allow`, `need`, `tfp` and `log`), the counter, the explicit record and the index entry are
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).
 -- Errors: EMQKIND bad id; EMQTAKEN <id> the id is another flow's node or a plain job; EMQFLOW
@@ -55,7 +59,8 @@ local q = queue_keys(KEYS)
 local bad = check_id(ARGV[1])
 if bad then return bad end
 local row = redis.call('HMGET', KEYS[16], 'total', 'fp', 'parent', 'state', 'gen', 'allow',
-  'cap', 'parent_queue', 'log', 'grown')
+  'cap', 'parent_queue', 'log', 'grown', 'need')
+local allow, need = string.match(ARGV[13], '^(%S*) ?(%S*)$')
 if row[4] == 'replaced' then
   redis.call('DEL', KEYS[16])  -- the tombstone of a replaced flow: this hold takes its place
 elseif row[1] then
@@ -81,10 +86,14 @@ elseif row[1] then
     return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. row[1] ..
       ' other children (other ids or queues)')
   end
-  if (row[6] or '') ~= ARGV[13] then
-    local have, want = 'no success threshold', 'one allowing ' .. ARGV[13] .. ' failures'
+  -- the same allowance over the N added (a grown flow's `allow` moved with its total, so a
+  -- row that keeps `need` is compared at N; rows written before `need` existed by `allow`)
+  local same = (row[6] or '') == allow
+  if row[11] then same = tostring(allowance(row[11], tonumber(ARGV[3]))) == allow end
+  if not same then
+    local have, want = 'no success threshold', 'one allowing ' .. allow .. ' failures'
     if row[6] then have = 'a success threshold allowing ' .. row[6] .. ' failures' end
-    if ARGV[13] == '' then want = 'none' end
+    if allow == '' then want = 'none' end
     return redis.error_reply('EMQFLOW parent ' .. ARGV[1] .. ' exists with ' .. have .. ', not ' ..
       want)
   end
@@ -117,7 +126,8 @@ else
 end
 if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
 if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end
-if ARGV[13] ~= '' then fields[#fields + 1] = 'allow'; fields[#fields + 1] = ARGV[13] end
+if allow ~= '' then fields[#fields + 1] = 'allow'; fields[#fields + 1] = allow end
+if need ~= '' then fields[#fields + 1] = 'need'; fields[#fields + 1] = need end
 if ARGV[14] ~= '' then fields[#fields + 1] = 'cap'; fields[#fields + 1] = ARGV[14] end
 if ARGV[15] ~= '' then fields[#fields + 1] = 'tfp'; fields[#fields + 1] = ARGV[15] end
 if ARGV[16] ~= '' then fields[#fields + 1] = 'log'; fields[#fields + 1] = '1' end

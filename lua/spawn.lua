@@ -1,8 +1,9 @@
 -- spawn: grow a held flow by children a running child spawns (its siblings), on the parent's
 -- slot, before any of them lands.
 -- @include check_id
+-- @include allowance
 --
--- KEYS[1] row           hash    the parent's row (state, total, cap, cq, grown)
+-- KEYS[1] row           hash    the parent's row (state, total, cap, cq, grown, need)
 -- KEYS[2] dependencies  string  the parent's outstanding-child counter
 -- KEYS[3] explicit      hash    child id -> queue: the spawned children are recorded here, so
 --                               cancel, park, repair and the expiry reach them as they reach
@@ -20,6 +21,9 @@
 -- keeps the counter above 0 until then: no release is premature. A re-run of the spawner that
 -- spawns the same ids counts nothing twice. `grown` (how many of `total` came by spawns) lets a
 -- retried add of the original flow still converge (hold.lua compares total - grown with N).
+-- A success threshold (`need`, as hold.lua kept it) is applied to the grown total: `allow`
+-- becomes allowance(need, total) (includes/allowance.lua); a parent with an `allow` but no
+-- `need` (written before it existed) keeps its allowance.
 -- Owner of what it writes: the row's fields, the counter and the explicit record go with the
 -- flow's expiry (expire.lua / drop_node.lua), as hold.lua's.
 -- Returns: {flags, cap or false}: flags, per child, 1 recorded now (no earlier spawn counted it,
@@ -28,7 +32,7 @@
 -- host then lands the children through their queue's gate).
 -- Errors: EMQKIND bad id; EMQNOJOB no such parent; EMQFLOW the parent is not held, or not a
 -- flow parent; EMQARG the bound, or a capped parent's queue without a share.
-local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'cap', 'cq', 'grown')
+local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'cap', 'cq', 'grown', 'need')
 if not row[1] then
   return redis.error_reply('EMQNOJOB no flow parent for ' .. ARGV[1] .. ' to spawn under')
 end
@@ -83,6 +87,9 @@ if n > 0 then
   end
   redis.call('INCRBY', KEYS[2], n)
   local fields = {'total', total, 'grown', (tonumber(row[5]) or 0) + n}
+  if row[6] then
+    fields[#fields + 1] = 'allow'; fields[#fields + 1] = allowance(row[6], total)
+  end
   if #grown_cq > 0 then
     fields[#fields + 1] = 'cq'
     fields[#fields + 1] = (cq ~= '' and cq .. ' ' or '') .. table.concat(grown_cq, ' ')

@@ -37,8 +37,10 @@ case "$mode" in
     # production-stack test (tests/airflow/test_production.py) needs the Celery provider and
     # PostgreSQL's drivers (psycopg2; asyncpg for Airflow's async engine); celery 5.7 moved
     # what the provider's worker imports (celery.backends.database.retry), so below it.
+    # The Dagster production test (tests/dagster/test_dagster_production.py) stores on
+    # PostgreSQL: dagster-postgres, resolved with dagster (it pins its release).
     pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration dagster-webserver \
-      apache-airflow-providers-celery "celery<5.7" psycopg2-binary asyncpg
+      apache-airflow-providers-celery "celery<5.7" psycopg2-binary asyncpg dagster-postgres
     ;;
   floor)
     pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration \

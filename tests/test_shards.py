@@ -472,6 +472,38 @@ def test_cli_flow_show_by_the_logical_name(backend: Backend, mq: EchoMQ, capsys:
     assert (doc["parent_state"], doc["processed"]) == ("released", 5)
 
 
+def test_cli_flow_show_names_logical_queues_and_their_shards(
+    backend: Backend, mq: EchoMQ, capsys: Any
+) -> None:
+    """``flow show`` of a flow whose parent and sub-flow live in sharded queues names each node
+    by its logical queue and its shard, in the text and in the JSON, not by the shard alone."""
+    from echomq_core.cli import main
+
+    top, sub = mq.set_shards("ts", 3), mq.set_shards("tk", 3)
+    # the parent and its sub-flow (derived id: an unsettled sub-flow is found by it) each on
+    # a shard other than shard 0, so the logical names must be looked up
+    pid = next(
+        p
+        for p in (f"JOB-af/fan/ts/{i}" for i in range(200))
+        if shard_of(top, p) != "ts" and shard_of(sub, f"{p}.0") != "tk"
+    )
+    sid = f"{pid}.0"
+    kids = [Child(i, queue="tk") for i in range(3)]
+    mq.add_flow("ts", [Child(queue="tk", children=kids)], parent_id=pid, barrier=True)
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    conn = ["--url", url, "--prefix", mq.keys.prefix]
+    capsys.readouterr()
+    assert main(["flow", "show", "ts", pid, *conn]) == 0
+    text = capsys.readouterr().out
+    assert f"flow {pid} in 'ts' (shard {shard_of(top, pid)!r})" in text
+    assert f"{sid} [tk, shard {shard_of(sub, sid)}] held: 3 children" in text
+    assert main(["flow", "show", "ts", pid, "--json", *conn]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["queue"], doc["shard"]) == ("ts", shard_of(top, pid))
+    (node,) = doc["subflows"]
+    assert (node["parent_id"], node["queue"], node["shard"]) == (sid, "tk", shard_of(sub, sid))
+
+
 def test_cli_pump_of_a_sharded_queue_drains_every_shard(
     backend: Backend, mq: EchoMQ, proc_env: dict[str, str]
 ) -> None:

@@ -239,30 +239,51 @@ def test_repair_reaches_a_spawned_child(backend: Backend, prefix: str) -> None:
     mq.close()
 
 
-def test_spawned_children_keep_their_policy_and_count_against_the_threshold(
-    backend: Backend, prefix: str
+@pytest.mark.parametrize(
+    ("min_success", "allowed"),
+    [(2, 5), (0.5, 3)],  # 2 of 7 must succeed; ceil(0.5 x 7) = 4 of 7: the grown total's
+    ids=["count", "fraction"],
+)
+def test_spawned_children_keep_their_policy_and_the_threshold_follows_the_growth(
+    backend: Backend, prefix: str, min_success: Any, allowed: int
 ) -> None:
-    """N = 2, min_success=1: one fail-parent death is tolerated, the second fails the flow; an
-    ignored one counts against nothing."""
+    """N = 2 grown to 7 by 5 spawned children (one of them ignore-on-failure): the threshold
+    applies to the 7 - a count as given, a fraction of the grown total - so the allowance
+    grows with the flow; `allowed` deaths of fail-parent children are tolerated, one more
+    fails the flow; the ignored one counts against nothing."""
     mq = backend.client(prefix)
     parents, work = backend.queues_on_distinct_nodes(2, "th")
     outcome = {}
-    for deaths in (("ignored", "first"), ("ignored", "first", "second")):
-        ref = mq.add_flow(parents, [Child("seed", queue=work), Child("b", queue=work)],
-                          min_success=1, barrier=True)  # fmt: skip
+    names = ["ignored", "a", "b", "c", "d"]
+    for extra in (0, 1):
+        pid = f"JOB-af/grow/th/{extra}"
+        kids = [Child("seed", queue=work), Child("b", queue=work)]
+        ref = mq.add_flow(parents, kids, parent_id=pid, min_success=min_success, barrier=True)
         seed = claim_one(mq, work)
         ids = seed.spawn([
-            Child("ignored", max_attempts=1, ignore_dependency_on_failure=True),
-            Child("first", max_attempts=1),
-            Child("second", max_attempts=1),
+            Child(names[0], max_attempts=1, ignore_dependency_on_failure=True),
+            *(Child(n, max_attempts=1) for n in names[1:]),
         ])  # fmt: skip
-        assert mq.queue(work).complete_many([(seed, "ok")]) == [True]
-        dies = {ids[["ignored", "first", "second"].index(d)] for d in deaths}
+        assert mq.snapshot(parents, ref.parent_id).allowed == allowed
+        # a retried add of the flow as added converges though its allowance moved; another
+        # threshold is refused
+        again = mq.add_flow(parents, kids, parent_id=pid, min_success=min_success, barrier=True)
+        assert again.parent_id == pid
+        with pytest.raises(FlowConflict):
+            other = 1 if min_success == 2 else 2  # another allowance at the N added
+            mq.add_flow(parents, kids, parent_id=pid, min_success=other, barrier=True)
+        fail_parent = [*ids[1:], f"{ref.parent_id}.1"]  # the 4 spawned and the added "b"
+        deaths = allowed + extra
+        if deaths > len(fail_parent):  # every other one dies too: the spawner itself
+            assert mq.queue(work).fail(seed, "died after spawning", retry=False)
+        else:
+            assert mq.queue(work).complete_many([(seed, "ok")]) == [True]
+        dies = {ids[0], *fail_parent[:deaths]}
         work_off(mq, [parents, work], die=lambda job, dies=dies: job.id in dies)
         snap = mq.snapshot(parents, ref.parent_id)
-        outcome[len(deaths)] = (snap.parent_state, snap.ignored, snap.failed)
+        outcome[extra] = (snap.parent_state, snap.ignored, snap.failed)
         assert ids[0] in mq.ignored_failures(parents, ref.parent_id)
-    assert outcome == {2: ("released", 1, 1), 3: ("failed", 1, 2)}
+    assert outcome == {0: ("released", 1, allowed), 1: ("failed", 1, allowed + 1)}
     mq.close()
 
 

@@ -54,11 +54,11 @@ from dagster import (
     sensor,
 )
 
-from echomq_core import FlowRef, InvalidInput
+from echomq_core import InvalidInput
 
 from .reading import FLOW_PARENT_ID, FLOW_QUEUE
 from .resource import EchoMQResource
-from .sensor import _new_materializations, _pump, _verdict
+from .sensor import _new_materializations, _pump, verdicts
 
 #: The marker's metadata key naming the fan-out asset whose releases it stands for.
 RELEASED_OF = "echomq/released_of"
@@ -139,34 +139,32 @@ def echomq_release_sensor(
                 mine = {"assets": state["assets"], "waiting": state["waiting"].get(_s(marker), [])}
                 watching[marker] = _new_materializations(context, [upstream], mine)
             if pump:
-                every = [w for entries in watching.values() for w in entries]
-                _pump(context, echomq, client, every, [], [], pump_seconds)
-            for marker, entries in watching.items():
-                still = []
-                for entry in entries:
-                    queue, parent_id, partition, run_id = entry
-                    flow = FlowRef(queue, parent_id)
-                    verdict = _verdict(context, client, flow, run_id)
-                    if verdict == "waiting":
-                        still.append(entry)
-                    elif verdict == "request":
-                        snap = client.snapshot(queue, parent_id)
-                        events.append(
-                            AssetMaterialization(
-                                asset_key=marker,
-                                partition=partition,
-                                description="EchoMQ flow released",
-                                metadata={
-                                    FLOW_QUEUE: queue,
-                                    FLOW_PARENT_ID: parent_id,
-                                    "echomq/total": snap.total,
-                                    "echomq/processed": snap.processed,
-                                    "echomq/ignored": snap.ignored,
-                                    "echomq/failed": snap.failed,
-                                },
-                            )
+                flows = [w for entries in watching.values() for w in entries]
+                _pump(context, echomq, client, flows, [], [], pump_seconds)
+            every = [(m, e) for m, entries in watching.items() for e in entries]
+            judged = verdicts(context, client, [e for _, e in every])
+            for marker in watching:
+                state["waiting"][_s(marker)] = []
+            for (marker, _), (entry, verdict, snap) in zip(every, judged, strict=True):
+                queue, parent_id, partition, _ = entry
+                if verdict == "waiting":
+                    state["waiting"][_s(marker)].append(entry)
+                elif verdict == "request":
+                    events.append(
+                        AssetMaterialization(
+                            asset_key=marker,
+                            partition=partition,
+                            description="EchoMQ flow released",
+                            metadata={
+                                FLOW_QUEUE: queue,
+                                FLOW_PARENT_ID: parent_id,
+                                "echomq/total": snap.total,
+                                "echomq/processed": snap.processed,
+                                "echomq/ignored": snap.ignored,
+                                "echomq/failed": snap.failed,
+                            },
                         )
-                state["waiting"][_s(marker)] = still
+                    )
         cursor = json.dumps(state, sort_keys=True)
         if events:
             return SensorResult(asset_events=events, cursor=cursor)

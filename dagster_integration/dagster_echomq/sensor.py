@@ -67,7 +67,7 @@ from dagster import (
     sensor,
 )
 
-from echomq_core import EchoMQ, FlowRef, InvalidInput, Pump
+from echomq_core import EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
 
 from .reading import (
     FLOW_PARENT_ID,
@@ -141,14 +141,12 @@ def echomq_flow_sensor(
             if pump:
                 _pump(context, echomq, client, waiting, fixed, watched_queues, pump_seconds)
             still: list[list[Any]] = []
-            for entry in waiting:
-                queue, parent_id, partition, run_id = entry
-                verdict = _verdict(context, client, FlowRef(queue, parent_id), run_id)
+            for entry, verdict, _ in verdicts(context, client, waiting):
                 if verdict == "waiting":
                     still.append(entry)
                 # "missing": it expired long ago (a first evaluation reading old history)
                 elif verdict == "request":
-                    requests.append(_request(FlowRef(queue, parent_id), partition))
+                    requests.append(_request(FlowRef(entry[0], entry[1]), entry[2]))
             state["waiting"] = still
             state["settled"] = _check_fixed(context, client, fixed, state, requests)
             for queue in watched_queues:
@@ -213,11 +211,23 @@ def _flows_of(metadata: Mapping[str, Any], partition: str | None) -> dict[str | 
     return {}  # not stored by EchoMQIOManager
 
 
+def verdicts(
+    context: SensorEvaluationContext, client: EchoMQ, waiting: Sequence[list[Any]]
+) -> list[tuple[list[Any], str, FlowSnapshot]]:
+    """Each watched flow (``[queue, parent id, partition, run id]``) with its verdict and the
+    snapshot it was made from: every snapshot in one round trip per node, whatever the number
+    of flows waiting."""
+    snaps = client.snapshots(FlowRef(entry[0], entry[1]) for entry in waiting)
+    return [
+        (entry, _verdict(context, FlowRef(entry[0], entry[1]), snap, entry[3]), snap)
+        for entry, snap in zip(waiting, snaps, strict=True)
+    ]
+
+
 def _verdict(
-    context: SensorEvaluationContext, client: EchoMQ, flow: FlowRef, run_id: str | None
+    context: SensorEvaluationContext, flow: FlowRef, snap: FlowSnapshot, run_id: str | None
 ) -> str:
     """'request', 'waiting', 'missing' or 'drop' for one watched flow."""
-    snap = client.snapshot(flow.queue, flow.parent_id)
     if snap.outcome in ("waiting", "missing"):
         return snap.outcome
     if snap.outcome in ("failed", "cancelled"):
@@ -249,8 +259,9 @@ def _check_fixed(
     """Request runs for released fixed flows; the settled ones still on the list."""
     listed = {(f.queue, f.parent_id) for f in fixed}
     settled = {(str(q), str(p)) for q, p in state["settled"]} & listed
-    for key in sorted(listed - settled):
-        verdict = _verdict(context, client, FlowRef(*key), None)
+    unsettled = [[q, p, None, None] for q, p in sorted(listed - settled)]
+    for (queue, parent_id, _, _), verdict, _ in verdicts(context, client, unsettled):
+        key = (queue, parent_id)
         if verdict not in ("waiting", "missing"):  # a missing one may be added later
             settled.add(key)
         if verdict == "request":

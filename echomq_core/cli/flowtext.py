@@ -6,7 +6,7 @@ and last tracebacks.
 from __future__ import annotations
 
 from ..inspection import FlowNode
-from ..models import ChildFailure, FlowSnapshot
+from ..models import ChildFailure
 
 
 def render(node: FlowNode) -> list[str]:
@@ -18,7 +18,7 @@ def render(node: FlowNode) -> list[str]:
         if s.allowed is not None and s.failed:
             state += f", {s.failed:,} failed of {s.total:,}, {s.allowed:,} allowed"
     lines = [
-        f"flow {s.parent_id} in {s.queue!r}",
+        f"flow {s.parent_id} in {node.queue!r}" + _shard(node),
         f"  parent state  {state}",
         f"  children      {s.total:,}",
         f"  outstanding   {s.dependencies:,}",
@@ -62,9 +62,15 @@ def render_failures(
     return lines
 
 
-def _summary(s: FlowSnapshot) -> str:
+def _shard(node: FlowNode) -> str:
+    return f" (shard {node.shard!r})" if node.shard else ""
+
+
+def _summary(node: FlowNode) -> str:
+    s = node.snap
+    where = f"{node.queue}, shard {node.shard}" if node.shard else node.queue
     return (
-        f"{s.parent_id} [{s.queue}] {s.parent_state or 'missing'}: {s.total:,} "
+        f"{s.parent_id} [{where}] {s.parent_state or 'missing'}: {s.total:,} "
         f"{'child' if s.total == 1 else 'children'}, "
         f"{s.dependencies:,} outstanding, {s.processed:,} processed, {s.ignored:,} ignored, "
         f"{s.failed:,} failed"
@@ -75,7 +81,7 @@ def _tree(nodes: list[FlowNode], indent: str) -> list[str]:
     lines = []
     for i, node in enumerate(nodes):
         last = i == len(nodes) - 1
-        lines.append(f"{indent}{'`-- ' if last else '|-- '}{_summary(node.snap)}")
+        lines.append(f"{indent}{'`-- ' if last else '|-- '}{_summary(node)}")
         if node.note:
             lines.append(f"{indent}{'    ' if last else '|   '}({node.note})")
         lines += _tree(node.subflows, indent + ("    " if last else "|   "))

@@ -3,7 +3,10 @@ workers, two schedulers and two triggerers, every component its own process; Ech
 worker and Pump beside them; the Celery broker a Redis-protocol server of its own.
 
 Stories: the example DAGs run, their tasks in the Celery workers, with both schedulers
-scheduling them (no flow added twice, no child run twice); then a dozen runs each defer a
+scheduling them (no flow added twice, no child run twice); then the Celery worker running an
+``EchoFlowOperator`` that waits for its flow is killed (SIGKILL), and the one running an
+``@task.echo_flow`` that waits: each retry, in the worker alive, converges on the flow its
+first try added (one flow per task, every child run once); then a dozen runs each defer a
 sensor, spread over both triggerers, the triggerer holding the most is killed (SIGKILL), the
 flows are released, and the other triggerer takes its triggers over: every sensor succeeds,
 each flow read and closed once; then, both triggerers up, the asset watcher's trigger fires one
@@ -14,12 +17,14 @@ measured is printed (release to sensor success, the takeover) and reported in th
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from echomq_provider.flow_specs import parent_id_for
@@ -75,6 +80,7 @@ def test_production_stack(tmp_path: Path) -> None:
                 EXAMPLE_DAGS / "echomq_fan_out.py",
                 HERE / "dags" / "echomq_prod_deferred.py",
                 HERE / "dags" / "echomq_watch.py",
+                HERE / "dags" / "echomq_prod_killed.py",
             ],
             worker_app="worker_proc:HANDLERS",
             pythonpath=[HERE, EXAMPLES, ROOT],
@@ -87,12 +93,17 @@ def test_production_stack(tmp_path: Path) -> None:
                 "ECHOMQ_TEST_RUNS": str(runs),
                 "ECHOMQ_TEST_MARKERS": str(markers),
                 "AIRFLOW__CORE__PARALLELISM": "32",
+                # a task whose Celery worker was killed is found (its heartbeat gone) within
+                # about 40 s, not the default 300 s, so that its retry runs in this test
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             },
         )
         try:
             deployment.start()
             with EchoMQ(deployment.echomq_url, prefix="prod") as mq:
                 examples_on_celery(deployment, mq, runs)
+                celery_workers_killed_mid_wait(deployment, mq, markers, runs)
                 victim = triggerer_takeover(deployment, pg, mq, markers, runs)
                 watcher_across_triggerers(deployment, pg, mq, victim)
         finally:
@@ -114,6 +125,69 @@ def examples_on_celery(deployment: Deployment, mq: EchoMQ, runs: Path) -> None:
         (deployment.home / f"celery-worker-{n}.log").read_text(errors="replace") for n in (1, 2)
     )
     assert "echomq_fan_out" in celery  # the tasks ran in the Celery workers
+
+
+def celery_workers_killed_mid_wait(
+    deployment: Deployment, mq: EchoMQ, markers: Path, runs: Path
+) -> None:
+    """The Celery worker running ``EchoFlowOperator(wait_for_completion=True)`` is killed
+    (SIGKILL, the whole worker) while the task waits for its flow, and then the one running
+    ``@task.echo_flow`` (the same worker or the other): each task's retry, in a worker that is
+    alive, converges on the flow its first try added - one flow per task, every child run once,
+    the values read and the flow closed."""
+    dag_id = "echomq_prod_killed"
+    run_id = deployment.trigger(dag_id)
+    parents = {t: parent_id_for(dag_id, run_id, t) for t in ("op", "tf")}
+    queue = "example.reports"
+
+    def waiting(task_id: str) -> dict[str, Any] | None:
+        """The task instance while its try waits on a flow that holds its 3 children."""
+        ti = deployment.task_instance(dag_id, run_id, task_id)
+        snap = mq.snapshot(queue, parents[task_id])
+        if ti["state"] == "running" and snap.parent_state == "held" and snap.total == 3:
+            return ti
+        return None
+
+    def retried(task_id: str, try_number: int, victim: str) -> bool:
+        ti = deployment.task_instance(dag_id, run_id, task_id)
+        return bool(
+            ti["try_number"] > try_number and ti["state"] == "running" and ti["hostname"] != victim
+        )
+
+    killed: list[str] = []
+    for task_id in ("op", "tf"):
+        ti = deployment.wait_for(functools.partial(waiting, task_id), 300, f"{task_id} waits")
+        if ti["try_number"] > 1:
+            continue  # its first try died with the worker killed for the other task
+        victim = str(ti["hostname"])
+        assert victim.startswith("celery-worker-"), ti
+        deployment.kill(victim)
+        killed.append(victim)
+        # the scheduler finds the heartbeat gone and the retry starts in the other worker
+        deployment.wait_for(
+            functools.partial(retried, task_id, ti["try_number"], victim),
+            300,
+            f"{task_id}'s retry running in the worker that is alive",
+            every=2,
+        )
+        deployment.restart(victim)
+    assert killed, "no worker was killed"
+    (markers / "go-killed").touch()
+    assert deployment.wait_run(dag_id, run_id, timeout=300) == "success"
+    tries = {t: deployment.task_instance(dag_id, run_id, t)["try_number"] for t in parents}
+    assert min(tries.values()) >= 2, tries
+    for task_id, parent in parents.items():
+        snap = mq.snapshot(queue, parent)
+        assert (snap.parent_state, snap.total, snap.processed) == ("closed", 3, 3), (task_id, snap)
+    assert deployment.xcom(dag_id, run_id, "summarise") == {
+        "op": {"0": 1, "1": 4, "2": 9},
+        "tf": {"0": 1, "1": 8, "2": 27},
+    }
+    ran = runs_of(runs)
+    for parent in parents.values():  # each child ran once: the retries added nothing again
+        mine = {k: v for k, v in ran.items() if k.startswith(parent)}
+        assert len(mine) == 3 and set(mine.values()) == {1}, mine
+    print(json.dumps({"killed_celery_workers": killed, "tries": tries}))
 
 
 def triggerer_takeover(

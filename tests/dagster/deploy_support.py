@@ -82,3 +82,20 @@ def location_loaded(gql: GraphQL, repository: str = "__repository__") -> bool:
         return False
     nodes = data["repositoriesOrError"].get("nodes") or []
     return any(n["name"] == repository for n in nodes)
+
+
+def dagster_home(tmp_path: Path) -> Path:
+    """A fresh ``DAGSTER_HOME`` for one ``dagster dev``: its own instance, telemetry off."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    return home
+
+
+def entries(event: dict[str, Any]) -> dict[str, Any]:
+    """An event's metadata entries (as GraphQL returns them) as {label: value}."""
+    out: dict[str, Any] = {}
+    for entry in event["metadataEntries"]:
+        values = [v for k, v in entry.items() if k not in ("label", "__typename")]
+        out[entry["label"]] = values[0] if values else None
+    return out

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from dagster_support import EXAMPLE_DIR, client_url
-from deploy_support import GraphQL, free_port, location_loaded, logs_mention, poll
+from deploy_support import GraphQL, dagster_home, free_port, location_loaded, logs_mention, poll
 
 from echomq_core import Child, EchoMQ
 
@@ -65,9 +65,7 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
     tmp_path: Path,
 ) -> None:
     url = client_url(backend)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    home = dagster_home(tmp_path)
     port = free_port()
     env = {
         **proc_env,
@@ -88,158 +86,176 @@ def test_dagster_dev_sensor_and_partitioned_backfill(
     gql = GraphQL(port)
     poll("the webserver and code location", lambda: location_loaded(gql), 180, logs)
 
-    # -- the sensor: exactly one run per external flow ----------------------------------
     mq = EchoMQ(url, prefix=prefix)
     try:
-        flows = [
-            mq.add_flow(
-                IMPORTS,
-                [Child({"n": i}, queue=q) for q in (SQUARES, CUBES) for i in range(4)],
-                parent_id=f"JOB-import-{k}",
-                barrier=True,
-            )
-            for k in range(2)
-        ]
-        sensor = {**SENSOR, "sensorName": "imports_released"}
-        started = gql(
-            """mutation($sel: SensorSelector!) {
-              startSensor(sensorSelector: $sel) {
-                __typename ... on Sensor { sensorState { status } }
-                ... on PythonError { message }
-              }
-            }""",
-            sel=sensor,
-        )["startSensor"]
-        assert started["__typename"] == "Sensor", started
-
-        def import_runs() -> list[dict[str, Any]]:
-            data = gql(RUNS, key="echomq/queue", value=IMPORTS)
-            runs: list[dict[str, Any]] = data["runsOrError"]["results"]
-            return runs
-
-        def both_succeeded() -> list[dict[str, Any]] | None:
-            runs = import_runs()
-            failed = [r for r in runs if r["status"] == "FAILURE"]
-            assert not failed, failed
-            done = [r for r in runs if r["status"] == "SUCCESS"]
-            return runs if len(done) >= 2 else None
-
-        poll("a successful run per external flow", both_succeeded, 240, logs)
-
-        # A flow whose children nobody runs, and a run of import_job for it (tagged as the
-        # sensor tags its runs): the run waits; terminating it cancels the flow.
-        stuck = mq.add_flow(
-            IMPORTS,
-            [Child({"n": 1}, queue="example-nobody")],
-            parent_id="JOB-import-stuck",
-            barrier=True,
-        )
-        launched_run = gql(
-            """mutation($params: ExecutionParams!) {
-              launchRun(executionParams: $params) {
-                __typename ... on LaunchRunSuccess { run { runId } }
-                ... on PythonError { message }
-              }
-            }""",
-            params={
-                "selector": {**SENSOR, "jobName": "import_job"},
-                "executionMetadata": {
-                    "tags": [
-                        {"key": "echomq/queue", "value": IMPORTS},
-                        {"key": "echomq/parent_id", "value": stuck.parent_id},
-                    ]
-                },
-            },
-        )["launchRun"]
-        assert launched_run["__typename"] == "LaunchRunSuccess", launched_run
-
-        def stuck_run() -> str | None:
-            for run in import_runs():
-                tags = {t["key"]: t["value"] for t in run["tags"]}
-                if tags["echomq/parent_id"] == stuck.parent_id and run["status"] == "STARTED":
-                    run_id: str = run["runId"]
-                    return run_id
-            return None
-
-        run_id = poll("the run of the stuck flow to start", stuck_run, 240, logs)
-        poll(
-            "the run to wait for its flow",
-            lambda: (
-                mq.child_queues(stuck.queue, stuck.parent_id)
-                and logs_mention(gql, run_id, "EchoMQ flow")
-            ),
-            120,
-            logs,
-        )
-        terminated = gql(
-            """mutation($id: String!) {
-              terminateRun(runId: $id) { __typename ... on PythonError { message } }
-            }""",
-            id=run_id,
-        )["terminateRun"]
-        assert terminated["__typename"] == "TerminateRunSuccess", terminated
-
-        def canceled() -> bool:
-            runs = [r for r in import_runs() if r["runId"] == run_id]
-            return runs[0]["status"] == "CANCELED"
-
-        poll("the terminated run to end CANCELED", canceled, 120, logs)
-        snap = poll(
-            "the flow of the terminated run to be cancelled",
-            lambda: (s := mq.snapshot(stuck.queue, stuck.parent_id)).outcome == "cancelled" and s,
-            60,
-            logs,
-        )
-        assert "terminated" in snap.error and run_id in snap.error
-
-        def ticks() -> list[dict[str, Any]]:
-            state = gql(TICKS, sel=sensor)["sensorOrError"]["sensorState"]
-            found: list[dict[str, Any]] = state["ticks"]
-            return found
-
-        seen = len(ticks())
-        poll("two more sensor ticks", lambda: len(ticks()) >= seen + 2, 120, logs)
-        runs = import_runs()
-        by_flow = sorted(
-            next(t["value"] for t in r["tags"] if t["key"] == "echomq/parent_id") for r in runs
-        )
-        # one run per external flow (the sensor launched two; the stuck one was launched here)
-        assert by_flow == sorted([*(f.parent_id for f in flows), stuck.parent_id])
-        for flow in flows:
-            assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "closed"
-
-        # -- a backfill of two daily partitions (one run: single-run backfill policy) ---------
-        launched = gql(
-            """mutation($params: LaunchBackfillParams!) {
-              launchPartitionBackfill(backfillParams: $params) {
-                __typename ... on LaunchBackfillSuccess { backfillId }
-                ... on PythonError { message }
-              }
-            }""",
-            params={
-                "partitionNames": DAYS,
-                "assetSelection": [{"path": ["day_numbers"]}, {"path": ["day_summary"]}],
-            },
-        )["launchPartitionBackfill"]
-        assert launched["__typename"] == "LaunchBackfillSuccess", launched
-
-        def backfill_done() -> str | None:
-            data = gql(
-                """query($id: String!) {
-                  partitionBackfillOrError(backfillId: $id) {
-                    ... on PartitionBackfill { status }
-                  }
-                }""",
-                id=launched["backfillId"],
-            )
-            status: str = data["partitionBackfillOrError"]["status"]
-            assert status not in ("FAILED", "COMPLETED_FAILED", "CANCELED"), status
-            return status if status in ("COMPLETED", "COMPLETED_SUCCESS") else None
-
-        poll("the backfill", backfill_done, 300, logs)
-        day_flows = [f for f in mq.list_flows(REPORTS, "closed") if ".day_numbers." in f.parent_id]
-        assert sorted(f.parent_id.rsplit(".", 1)[1] for f in day_flows) == DAYS
-        assert {f.total for f in day_flows} == {10}
-        assert mq.list_flows(REPORTS, "held") == []
+        sensor_and_terminate(gql, mq, logs)
+        backfill(gql, mq, logs, DAYS)
     finally:
         mq.close()
+
+
+def sensor_and_terminate(gql: GraphQL, mq: EchoMQ, logs: list[Path]) -> None:
+    """The sensor launches exactly one run per external flow; a run terminated while it waits
+    ends CANCELED and cancels its flow."""
+    flows = [
+        mq.add_flow(
+            IMPORTS,
+            [Child({"n": i}, queue=q) for q in (SQUARES, CUBES) for i in range(4)],
+            parent_id=f"JOB-import-{k}",
+            barrier=True,
+        )
+        for k in range(2)
+    ]
+    sensor = {**SENSOR, "sensorName": "imports_released"}
+    started = gql(
+        """mutation($sel: SensorSelector!) {
+          startSensor(sensorSelector: $sel) {
+            __typename ... on Sensor { sensorState { status } }
+            ... on PythonError { message }
+          }
+        }""",
+        sel=sensor,
+    )["startSensor"]
+    assert started["__typename"] == "Sensor", started
+
+    def import_runs() -> list[dict[str, Any]]:
+        data = gql(RUNS, key="echomq/queue", value=IMPORTS)
+        runs: list[dict[str, Any]] = data["runsOrError"]["results"]
+        return runs
+
+    def both_succeeded() -> list[dict[str, Any]] | None:
+        runs = import_runs()
+        failed = [r for r in runs if r["status"] == "FAILURE"]
+        assert not failed, failed
+        done = [r for r in runs if r["status"] == "SUCCESS"]
+        return runs if len(done) >= 2 else None
+
+    poll("a successful run per external flow", both_succeeded, 240, logs)
+
+    # A flow whose children nobody runs, and a run of import_job for it (tagged as the
+    # sensor tags its runs): the run waits; terminating it cancels the flow.
+    stuck = mq.add_flow(
+        IMPORTS,
+        [Child({"n": 1}, queue="example-nobody")],
+        parent_id="JOB-import-stuck",
+        barrier=True,
+    )
+    launched_run = gql(
+        """mutation($params: ExecutionParams!) {
+          launchRun(executionParams: $params) {
+            __typename ... on LaunchRunSuccess { run { runId } }
+            ... on PythonError { message }
+          }
+        }""",
+        params={
+            "selector": {**SENSOR, "jobName": "import_job"},
+            "executionMetadata": {
+                "tags": [
+                    {"key": "echomq/queue", "value": IMPORTS},
+                    {"key": "echomq/parent_id", "value": stuck.parent_id},
+                ]
+            },
+        },
+    )["launchRun"]
+    assert launched_run["__typename"] == "LaunchRunSuccess", launched_run
+
+    def stuck_run() -> str | None:
+        for run in import_runs():
+            tags = {t["key"]: t["value"] for t in run["tags"]}
+            if tags["echomq/parent_id"] == stuck.parent_id and run["status"] == "STARTED":
+                run_id: str = run["runId"]
+                return run_id
+        return None
+
+    run_id = poll("the run of the stuck flow to start", stuck_run, 240, logs)
+    poll(
+        "the run to wait for its flow",
+        lambda: (
+            mq.child_queues(stuck.queue, stuck.parent_id)
+            and logs_mention(gql, run_id, "EchoMQ flow")
+        ),
+        120,
+        logs,
+    )
+    terminated = gql(
+        """mutation($id: String!) {
+          terminateRun(runId: $id) { __typename ... on PythonError { message } }
+        }""",
+        id=run_id,
+    )["terminateRun"]
+    assert terminated["__typename"] == "TerminateRunSuccess", terminated
+
+    def canceled() -> bool:
+        runs = [r for r in import_runs() if r["runId"] == run_id]
+        return runs[0]["status"] == "CANCELED"
+
+    poll("the terminated run to end CANCELED", canceled, 120, logs)
+    snap = poll(
+        "the flow of the terminated run to be cancelled",
+        lambda: (s := mq.snapshot(stuck.queue, stuck.parent_id)).outcome == "cancelled" and s,
+        60,
+        logs,
+    )
+    assert "terminated" in snap.error and run_id in snap.error
+
+    def ticks() -> list[dict[str, Any]]:
+        state = gql(TICKS, sel=sensor)["sensorOrError"]["sensorState"]
+        found: list[dict[str, Any]] = state["ticks"]
+        return found
+
+    seen = len(ticks())
+    poll("two more sensor ticks", lambda: len(ticks()) >= seen + 2, 120, logs)
+    runs = import_runs()
+    by_flow = sorted(
+        next(t["value"] for t in r["tags"] if t["key"] == "echomq/parent_id") for r in runs
+    )
+    # one run per external flow (the sensor launched two; the stuck one was launched here)
+    assert by_flow == sorted([*(f.parent_id for f in flows), stuck.parent_id])
+    for flow in flows:
+        assert mq.snapshot(flow.queue, flow.parent_id).parent_state == "closed"
+
+
+def backfill(
+    gql: GraphQL,
+    mq: EchoMQ,
+    logs: list[Path],
+    days: list[str],
+    during: Callable[[str], None] | None = None,
+) -> None:
+    """A backfill of ``days`` (one run: single-run backfill policy) completes, one flow per
+    day, each read and closed; ``during(backfill id)`` runs once it is launched."""
+    launched = gql(
+        """mutation($params: LaunchBackfillParams!) {
+          launchPartitionBackfill(backfillParams: $params) {
+            __typename ... on LaunchBackfillSuccess { backfillId }
+            ... on PythonError { message }
+          }
+        }""",
+        params={
+            "partitionNames": days,
+            "assetSelection": [{"path": ["day_numbers"]}, {"path": ["day_summary"]}],
+        },
+    )["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    if during is not None:
+        during(launched["backfillId"])
+
+    def backfill_done() -> str | None:
+        data = gql(
+            """query($id: String!) {
+              partitionBackfillOrError(backfillId: $id) {
+                ... on PartitionBackfill { status }
+              }
+            }""",
+            id=launched["backfillId"],
+        )
+        status: str = data["partitionBackfillOrError"]["status"]
+        assert status not in ("FAILED", "COMPLETED_FAILED", "CANCELED"), status
+        return status if status in ("COMPLETED", "COMPLETED_SUCCESS") else None
+
+    poll("the backfill", backfill_done, 300, logs)
+    day_flows = [f for f in mq.list_flows(REPORTS, "closed") if ".day_numbers." in f.parent_id]
+    # one flow per day, none added twice (a second run would add its own, run-scoped ids)
+    assert sorted(f.parent_id.rsplit(".", 1)[1] for f in day_flows) == days
+    assert {f.total for f in day_flows} == {10}
+    assert mq.list_flows(REPORTS, "held") == []

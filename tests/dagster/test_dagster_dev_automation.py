@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from dagster_support import ROOT, WORKER_PROC, client_url
-from deploy_support import GraphQL, free_port, location_loaded, poll
+from deploy_support import GraphQL, dagster_home, entries, free_port, location_loaded, poll
 
 DEFS = ROOT / "tests" / "dagster" / "automation_defs.py"
 REPO = {"repositoryLocationName": "automation_defs.py", "repositoryName": "__repository__"}
@@ -44,14 +44,6 @@ TICKS = """query($sel: SensorSelector!) { sensorOrError(sensorSelector: $sel) { 
   sensorState { ticks(limit: 50) { timestamp status skipReason } } } } }"""
 
 
-def entries(event: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for entry in event["metadataEntries"]:
-        values = [v for k, v in entry.items() if k not in ("label", "__typename")]
-        out[entry["label"]] = values[0] if values else None
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.onlystandalone
 def test_the_downstream_runs_on_the_release_not_on_the_add(
@@ -64,9 +56,7 @@ def test_the_downstream_runs_on_the_release_not_on_the_add(
     from automation_defs import CHILD
 
     url = client_url(backend)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    home = dagster_home(tmp_path)
     gate = tmp_path / "gate"
     env = {
         **proc_env,

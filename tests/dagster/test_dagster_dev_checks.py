@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from dagster_support import ROOT, WORKER_PROC, client_url
-from deploy_support import GraphQL, free_port, location_loaded, poll
+from deploy_support import GraphQL, dagster_home, free_port, location_loaded, poll
 
 DEFS = ROOT / "tests" / "dagster" / "check_defs.py"
 REPO = {"repositoryLocationName": "check_defs.py", "repositoryName": "__repository__"}
@@ -53,9 +53,7 @@ def test_dagster_dev_runs_the_flow_check_with_the_asset(
     from check_defs import CHILD
 
     url = client_url(backend)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    home = dagster_home(tmp_path)
     port = free_port()
     env = {**proc_env, "ECHOMQ_CK_URL": url, "ECHOMQ_CK_PREFIX": prefix, "DAGSTER_HOME": str(home)}
     logs = [tmp_path / n for n in ("dagster.log", "worker.log", "pump.log")]

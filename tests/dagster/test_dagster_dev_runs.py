@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from dagster_support import ROOT, WORKER_PROC, client_url
-from deploy_support import GraphQL, free_port, location_loaded, poll
+from deploy_support import GraphQL, dagster_home, entries, free_port, location_loaded, poll
 
 from echomq_core import Child, EchoMQ
 from echomq_core.urls import flow_page
@@ -63,15 +63,6 @@ ASSET_EVENTS = (
 )
 
 
-def entries(event: dict[str, Any]) -> dict[str, Any]:
-    """An event's metadata as {label: value}."""
-    out: dict[str, Any] = {}
-    for entry in event["metadataEntries"]:
-        values = [v for k, v in entry.items() if k not in ("label", "__typename")]
-        out[entry["label"]] = values[0] if values else None
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.onlystandalone
 def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
@@ -94,9 +85,7 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
     )
 
     url = client_url(backend)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    home = dagster_home(tmp_path)
     marker, record = tmp_path / "fixed", tmp_path / "ran.txt"
     port = free_port()
     env = {
