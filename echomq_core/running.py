@@ -217,7 +217,7 @@ class Intake:
         self.claim_time = 0.0
         #: Handlers are fast: their running average is below ``fast_job``. Kept up to date by
         #: :meth:`observe` (read several times per job, so a field rather than a property).
-        self.fast = True
+        self.fast = self.average < fast_job
         #: False while handlers are fast and spend their time on the CPU: under the GIL a
         #: second thread cannot run such jobs any sooner, only take turns with the first, so
         #: the threaded worker then keeps one runner busy and lets the others rest.
@@ -237,7 +237,8 @@ class Intake:
     def want(self, running: int, buffered: int) -> int:
         """How many jobs to claim now (0: none yet)."""
         if not self.fast:
-            ahead = round(self.concurrency * self.claim_time / self.average)
+            # (``fast_job=0`` makes every handler slow, before any has been timed)
+            ahead = round(self.concurrency * self.claim_time / self.average) if self.average else 0
             return max(0, min(self.max_batch, self.concurrency - running + ahead - buffered))
         free = max(0, self.concurrency - running - buffered)
         if buffered >= max(1, self.batch // 2):

@@ -279,3 +279,17 @@ def test_the_threaded_worker_awaits_what_a_handler_returns(mq: EchoMQ) -> None:
     assert [q.get_job(i).result for i in coro_ids] == [0, 3, 6, 9, 12]
     expected = [None, 7, 1.5, "t", [1], {"k": 2}, "awaited"]
     assert [r.get_job(i).result for i in plain_ids] == expected
+
+
+def test_fast_job_zero_claims_for_free_runners_only(mq: EchoMQ) -> None:
+    """``fast_job=0`` (every handler counts as slow: claims only for free runners) works from
+    the first claim, before any handler has been timed - the claim size is not divided by a
+    handler time of zero."""
+    q = mq.queue("fj0")
+    ids = q.add_bulk(range(20))
+    worker = Worker(mq, {"fj0": lambda job: job.payload}, concurrency=2, fast_job=0.0).start()
+    try:
+        eventually(lambda: q.stats()["completed"] == 20, 30, lambda: q.stats())
+    finally:
+        worker.stop()
+    assert [q.get_job(i).result for i in ids] == list(range(20))
