@@ -1,4 +1,4 @@
-"""Server instructions per item of each phase of W1 and W3, counted by callgrind.
+"""Server instructions per item of each phase of W1, W2 and W3, counted by callgrind.
 
     python bench/cpu_phases.py [N]        # from a clone of the commit measured, PYTHONPATH=.
 

@@ -20,7 +20,15 @@ from .calls import Call, Op, scored
 from .checks import text as _s
 from .flows import snapshot
 from .keyspace import Keyspace, check_job_id, check_queue
-from .models import FlowSnapshot, JobInfo, Serializer
+from .models import (
+    RUN_CREATED,
+    RUN_MAX_ATTEMPTS,
+    FlowSnapshot,
+    JobInfo,
+    Serializer,
+    row_fact,
+    split_done,
+)
 from .workers_registry import WorkerEntry, find_holders, read_token
 
 #: Rows per page of every list here.
@@ -33,7 +41,18 @@ SHOWS = ("all", "completed", "failed", "ignored", "pending")
 #: HEXISTS each), and the most records one search by error text reads.
 BUDGET = 20_000
 #: The row fields a list shows of each job.
-ROW = ("attempts", "max_attempts", "parent", "parent_queue", "error", "state", "total", "created")
+#: ``run`` holds max_attempts and created for rows written since it (models.row_fact).
+ROW = (
+    "attempts",
+    "max_attempts",
+    "parent",
+    "parent_queue",
+    "error",
+    "state",
+    "total",
+    "created",
+    "run",
+)
 #: 2^40: pending scores are priority * 2^40 + arrival number.
 PRIORITY_UNIT = 1 << 40
 
@@ -177,12 +196,16 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
             "started",
             "worker",
             "history",
+            "run",
+            "done",
         ),
     ]
-    created, timeout, token, started, worker, history = fields
+    created, timeout, token, started, worker, history, run, done = fields
+    if done is not None:  # completed since 'done' existed: the token is in it (complete.lua)
+        token = split_done(done)[0]
     out = JobDetail(
         info,
-        _int(created),
+        row_fact(created, run, RUN_CREATED),
         _s(lease) if lease is not None else None,
         _int(deadline),
         _int(due),
@@ -275,7 +298,7 @@ def _worker(entry: WorkerEntry | None) -> dict[str, Any] | None:
 
 
 def _row(queue: str, job_id: str, score: float, values: Any) -> JobRow:
-    attempts, max_attempts, parent, parent_queue, error, state, total, created = values
+    attempts, max_attempts, parent, parent_queue, error, state, total, created, run = values
     up = None
     if parent is not None:
         up = (_s(parent_queue) if parent_queue else queue, _s(parent))
@@ -283,12 +306,12 @@ def _row(queue: str, job_id: str, score: float, values: Any) -> JobRow:
         job_id,
         score,
         _int(attempts) or 0,
-        _int(max_attempts) or 1,
+        row_fact(max_attempts, run, RUN_MAX_ATTEMPTS) or 1,
         up,
         _error(error),
         _s(state) if state is not None else None,
         _int(total),
-        _int(created),
+        row_fact(created, run, RUN_CREATED),
     )
 
 
@@ -341,7 +364,7 @@ def oldest_pending(ks: Keyspace, queues: list[str]) -> Op[dict[str, float | None
     ``created``, stamped by the server), None for a queue with nothing pending or whose head
     has no such stamp. Pending is ordered by priority and arrival, not time, so this is the
     age of the job the next claim takes. Cost: two round trips whatever the queues' sizes -
-    one ``ZRANGE pending 0 0`` per queue, then one HGET per queue with a head and a TIME."""
+    one ``ZRANGE pending 0 0`` per queue, then one HMGET per queue with a head and a TIME."""
     if not queues:
         return {}
     heads = yield [Call.cmd("ZRANGE", ks.pending(q), 0, 0) for q in queues]
@@ -351,13 +374,14 @@ def oldest_pending(ks: Keyspace, queues: list[str]) -> Op[dict[str, float | None
         return out
     replies = yield [
         Call.cmd("TIME"),
-        *(Call.cmd("HGET", ks.job_prefix(q) + job_id, "created") for q, job_id in ask),
+        *(Call.cmd("HMGET", ks.job_prefix(q) + job_id, "created", "run") for q, job_id in ask),
     ]
     sec, usec = replies[0]
     now_ms = int(sec) * 1000 + int(usec) // 1000
-    for (q, _), created in zip(ask, replies[1:], strict=True):
+    for (q, _), (own, run) in zip(ask, replies[1:], strict=True):
+        created = row_fact(own, run, RUN_CREATED)
         if created is not None:
-            out[q] = max(0.0, (now_ms - int(created)) / 1000)
+            out[q] = max(0.0, (now_ms - created) / 1000)
     return out
 
 

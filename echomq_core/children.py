@@ -28,7 +28,7 @@ from .calls import Call, Op
 from .checks import text as _s
 from .errors import InvalidArgument, JobNotFound
 from .keyspace import Keyspace, check_job_id, check_queue, child_stem, derived_index
-from .models import Serializer
+from .models import RUN_MAX_ATTEMPTS, Serializer, row_fact
 
 #: Death records up to this size are listed whole-and-sorted (their field names only).
 SORT_LIMIT = 10_000
@@ -200,7 +200,7 @@ def describe(
         calls += [Call.cmd("ZMSCORE", ks.queue_key(q, s), *ids) for s in SETS]
         base = ks.job_prefix(q)
         fields = ("parent", "parent_queue", "attempts", "max_attempts", "error", "state")
-        calls += [Call.cmd("HMGET", base + i, *fields, "total", "gate") for i in ids]
+        calls += [Call.cmd("HMGET", base + i, *fields, "total", "gate", "run") for i in ids]
     replies = yield calls
     done, failed, ignored = replies[0], replies[1], replies[2]
     per = len(SETS) + len(ids)
@@ -236,7 +236,8 @@ def _child(
 ) -> ChildRow:
     out = ChildRow(child, derived_index(parent_id, child), queue, "unknown")
     if row is not None:
-        out.attempts, out.max_attempts = _int(row[2]) or 0, _int(row[3]) or 1
+        out.attempts = _int(row[2]) or 0
+        out.max_attempts = row_fact(row[3], row[8], RUN_MAX_ATTEMPTS) or 1
         out.error, out.flow = _error(row[4]), row[6] is not None
     if done is not None:
         out.status = "completed"

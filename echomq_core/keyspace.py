@@ -10,14 +10,20 @@ Per queue:
 ========================  ======  ===========================================================
 key                       type    holds
 ========================  ======  ===========================================================
-``job:<id>``              hash    the job row: payload, max_attempts, attempts, parent fields
-                                  (a child's ``up`` packs its parent_policy, gate mark and
-                                  parent_queue once more for the claim's read, ops.ROW_FIELDS),
-                                  state (parents: held/pending/failed; dead), result / error,
-                                  the last failed attempt's traceback (at most 16 KiB, the
-                                  tail; dropped by a revive or repair), the last 10 failed
-                                  attempts (``history``, at most 1.6 KiB), a completed kept
-                                  row's last start and worker (``started``, ``worker``); a
+``job:<id>``              hash    the job row: payload, attempts, parent fields, and ``run``
+                                  (lua/includes/run.lua): max_attempts, attempts, stalls,
+                                  timeout, created and the parent's policy, gate mark and queue
+                                  in one value, for the claim's read (ops.ROW_FIELDS); a
+                                  leaf's max_attempts and created live only there (a parent
+                                  keeps its own; rows written before ``run`` have only their
+                                  own fields, row30's children ``up`` as well),
+                                  state (parents: held/pending/failed; dead), error, a kept
+                                  row's ``done`` (its last lease token and its result in one
+                                  value, complete.lua; rows completed before it: ``result``
+                                  and ``token``, or ``started`` and ``worker``), the last
+                                  failed attempt's traceback (at most 16 KiB, the tail;
+                                  dropped by a revive or repair), the last 10 failed
+                                  attempts (``history``, at most 1.6 KiB); a
                                   parent's ``log`` (it keeps a settle log) and ``grown``
                                   (how many of its ``total`` were spawned: spawn.lua)
 ``job:<id>:dependencies`` string  a parent's outstanding-child counter

@@ -18,6 +18,38 @@ IGNORE = "id"
 MAX_TRACEBACK = 16 * 1024
 
 
+#: The words of a row's ``run`` field (lua/includes/run.lua) that rows written since it
+#: keep nowhere else: max_attempts and the creation time (ms).
+RUN_MAX_ATTEMPTS, RUN_CREATED = 0, 4
+
+
+def run_word(run: Any, at: int) -> int | None:
+    """Word ``at`` of a row's ``run`` value as an int; None when the row has no ``run`` (it
+    was written before it existed: its own fields hold the value) or the word is '-'."""
+    if run is None:
+        return None
+    words = (run.decode() if isinstance(run, bytes) else str(run)).split(" ", at + 1)
+    word = words[at] if len(words) > at else "-"
+    return None if word in ("-", "") else int(word)
+
+
+def row_fact(own: Any, run: Any, at: int) -> int | None:
+    """A row's max_attempts or created (``at``: :data:`RUN_MAX_ATTEMPTS`, :data:`RUN_CREATED`)
+    whichever layout wrote it: its own field (a flow parent's row, a row written before
+    ``run``), else ``run``'s word."""
+    if own is not None:
+        return int(float(own))
+    return run_word(run, at)
+
+
+def split_done(value: bytes) -> tuple[str, bytes]:
+    """A kept row's ``done`` field (lua/complete.lua: '<length of the token>:<token><result>')
+    as (lease token, serialised result)."""
+    length, _, rest = value.partition(b":")
+    n = int(length)
+    return rest[:n].decode(), rest[n:]
+
+
 def cut_traceback(text: str | None) -> str:
     """``text`` as the fail script keeps it: '' for none, else at most :data:`MAX_TRACEBACK`
     bytes - the tail, behind a line that says how much was cut."""

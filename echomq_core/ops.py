@@ -18,20 +18,42 @@ from typing import Any
 from .calls import Call, Op
 from .checks import text
 from .keyspace import Keyspace
-from .models import FAIL_PARENT, Job, JobInfo, ParentRef, Serializer, Settlement
+from .models import (
+    FAIL_PARENT,
+    RUN_MAX_ATTEMPTS,
+    Job,
+    JobInfo,
+    ParentRef,
+    Serializer,
+    Settlement,
+    row_fact,
+    split_done,
+)
 from .rates import Claimed
 
 CHUNK = 500
 #: A bulk call of at least this many items pauses the cyclic garbage collector (gc_paused).
 GC_PAUSE_AT = 5_000
-#: The row fields a claim reads for each job, in this order. ``up`` packs a child's
-#: parent_policy, gate mark and parent_queue ('<policy> <0|1> <queue>', lua/land.lua): the
-#: server's cost of a read is about the same per field asked, present or not, and a plain job
-#: has none of them.
-ROW_FIELDS = ("payload", "attempts", "max_attempts", "parent", "stalls", "timeout", "up")
-#: What a child row written before ``up`` existed (or by an older client) is read for
-#: instead: a second read, of those rows only, in the same claim.
-OLD_PARENT_FIELDS = ("parent_policy", "gate", "parent_queue")
+#: The row fields a claim reads for each job, in this order. ``run`` packs everything else the
+#: claim needs of a row: '<max_attempts> <attempts> <stalls> <timeout ms | -> <created ms>
+#: [<policy> <gate 0|1> <parent_queue>]' (lua/includes/run.lua; attempts, stalls, timeout and
+#: the parent fields keep their own fields too, for every other reader): the server's cost of
+#: a read is about the same per field asked, present or not, and a plain job has none of the
+#: rare ones (attempts, stalls, timeout, the parent fields).
+ROW_FIELDS = ("payload", "parent", "run")
+#: What a row written before ``run`` existed (or by an older client) is read for instead: a
+#: second read, of those rows only, in the same claim (``up``: the parent fields packed by the
+#: layout before ``run``; a row without it has only the separate ones).
+OLD_FIELDS = (
+    "max_attempts",
+    "attempts",
+    "stalls",
+    "timeout",
+    "up",
+    "parent_policy",
+    "gate",
+    "parent_queue",
+)
 
 
 @contextmanager
@@ -175,57 +197,67 @@ def leased(
     ks: Keyspace, queue: str, names: Sequence[str], token: str, ser: Serializer
 ) -> Op[list[Job]]:
     """The :class:`Job` of each id leased under ``token`` (by a claim or a hand-off): every
-    row read by the ``rows`` script in one round trip; a child row without ``up`` (written
-    before it existed) has its parent fields read in a second one."""
+    row read by the ``rows`` script in one round trip; a row without ``run`` (written before
+    it existed) has its separate fields read in a second one."""
     base = ks.job_prefix(queue)
     (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
-    old = [i for i, row in enumerate(rows) if row[3] is not None and row[6] is None]
+    old = [i for i, row in enumerate(rows) if row[2] is None and row[0] is not None]
     if old:
         keys = [base + names[i] for i in old]
-        (extra,) = yield [Call.lua("rows", keys, OLD_PARENT_FIELDS)]
-        for i, (policy, gate, parent_queue) in zip(old, extra, strict=True):
-            up = (_s(policy) if policy else FAIL_PARENT, "0" if gate is None else "1")
-            rows[i] = [*rows[i][:6], " ".join((*up, _s(parent_queue) if parent_queue else ""))]
-    parents: dict[Any, ParentRef] = {}  # siblings share one (frozen)
-    return [
-        _claimed(queue, job_id, token, row, ser, parents)
-        for job_id, row in zip(names, rows, strict=True)
-    ]
+        (extra,) = yield [Call.lua("rows", keys, OLD_FIELDS)]
+        for i, fields in zip(old, extra, strict=True):
+            rows[i] = [rows[i][0], rows[i][1], _packed(rows[i][1] is not None, fields)]
+    facts: dict[Any, _Facts] = {}  # a claim's rows mostly share (parent, run): one parse each
+    jobs = []
+    for job_id, (payload, parent, packed) in zip(names, rows, strict=True):
+        key = (parent, packed)
+        known = facts.get(key)
+        if known is None:
+            known = facts[key] = _facts(queue, parent, packed)
+        max_attempts, attempts, stalls, limit, ref = known
+        job = Job(queue, job_id, token, None, attempts, max_attempts, ref, stalls)
+        if limit:
+            job.timeout_ms = limit
+        _decode(job, payload, ser)
+        jobs.append(job)
+    return jobs
 
 
-def _claimed(
-    queue: str,
-    job_id: str,
-    token: str,
-    row: Sequence[Any],
-    ser: Serializer,
-    parents: dict[Any, ParentRef],
-) -> Job:
-    """A :class:`Job` from its claimed row (:data:`ROW_FIELDS` order); ``parents`` caches the
-    :class:`ParentRef` of each (parent, up) across one claim's rows."""
-    payload, attempts, max_attempts, parent, stalls, limit, up = row
-    job = Job(
-        queue,
-        job_id,
-        token,
-        None,
-        0 if attempts is None else int(attempts),
-        1 if max_attempts is None else int(max_attempts),
-    )
-    if stalls is not None:
-        job.stalls = int(stalls)
-    if limit:
-        job.timeout_ms = int(limit)
+#: What a claim takes of a row's ``run`` and ``parent``: max_attempts, attempts, stalls, the
+#: timeout (ms, None for the queue's) and the parent (siblings share one, frozen).
+_Facts = tuple[int, int, int, int | None, ParentRef | None]
+
+
+def _facts(queue: str, parent: Any, packed: Any) -> _Facts:
+    """The :data:`_Facts` of a row from its ``parent`` and ``run`` (None: no row)."""
+    if packed is None:
+        return (1, 0, 0, None, None)
+    parts = _s(packed).split(" ", 7)
+    ref = None
     if parent is not None:
-        key = (parent, up)
-        ref = parents.get(key)
-        if ref is None:
-            policy, gate, parent_queue = _s(up).split(" ", 2)
-            ref = ParentRef(parent_queue or queue, _s(parent), policy, gate == "1")
-            parents[key] = ref
-        job.parent = ref
-    _decode(job, payload, ser)
-    return job
+        policy, gate, parent_queue = parts[5:] if len(parts) == 8 else (FAIL_PARENT, "0", "")
+        ref = ParentRef(parent_queue or queue, _s(parent), policy, gate == "1")
+    limit = parts[3]
+    return (
+        int(parts[0]),
+        int(parts[1]),
+        int(parts[2]),
+        None if limit == "-" else int(limit),
+        ref,
+    )
+
+
+def _packed(child: bool, fields: Sequence[Any]) -> str:
+    """A ``run`` value made from a row's :data:`OLD_FIELDS` (a row written before it)."""
+    max_attempts, attempts, stalls, limit, up, policy, gate, parent_queue = (
+        "" if v is None else _s(v) for v in fields
+    )
+    head = f"{max_attempts or 1} {attempts or 0} {stalls or 0} {limit or '-'} -"
+    if not child:
+        return head
+    if not up:
+        up = f"{policy or FAIL_PARENT} {'0' if not gate else '1'} {parent_queue}"
+    return f"{head} {up}"
 
 
 def _decode(job: Job, payload: Any, ser: Serializer) -> None:
@@ -544,9 +576,9 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         job_id,
         state,
         _int(row.get("attempts")),
-        _int(row.get("max_attempts"), 1),
+        row_fact(row.get("max_attempts"), row.get("run"), RUN_MAX_ATTEMPTS) or 1,
         decode(row.get("payload")),
-        decode(row.get("result")),
+        decode(split_done(row["done"])[1] if "done" in row else row.get("result")),
         _s(row["error"]) if "error" in row else None,
         parent,
         _int(row["total"]) if "total" in row else None,

@@ -196,6 +196,15 @@ class Results:
     def cursor(self) -> str:
         return self._follow.cursor
 
+    def check(self) -> Results:
+        """Make the first read now instead of at the first ``next()``, so a flow that is gone,
+        keeps no settle log, failed or was cancelled raises here: what an adapter wants before
+        it hands the iterator to user code. Nothing is consumed; returns the iterator."""
+        f = self._follow
+        if f.next == "more" and not f.buffer:
+            f.next = self._perform(f.read())
+        return self
+
     def __iter__(self) -> Results:
         return self
 
@@ -223,6 +232,13 @@ class AsyncResults:
     @property
     def cursor(self) -> str:
         return self._follow.cursor
+
+    async def check(self) -> AsyncResults:
+        """As :meth:`Results.check`."""
+        f = self._follow
+        if f.next == "more" and not f.buffer:
+            f.next = await self._perform(f.read())
+        return self
 
     def __aiter__(self) -> AsyncResults:
         return self

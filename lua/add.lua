@@ -23,10 +23,12 @@
 -- hex digits the script formats itself cannot break the grammar - so a client that skips the
 -- host still cannot write a bad id, whichever form it sends.
 --
--- Steps: refuse any bad id (or stem) before writing anything; write each new row (one HSET, with
--- `created`: the server's ms, which the dashboard reads for the age of a queue's oldest
--- pending job) and collect it; then ONE ZADD into pending (or delayed) for the batch. Pending scores are
--- priority * 2^40 + arrival number: FIFO within a priority (one INCRBY numbers the batch).
+-- Steps: refuse any bad id (or stem) before writing anything; write each new row (one HSET of
+-- payload, timeout when given, and `run`: max_attempts, attempts, stalls, timeout and created -
+-- the server's ms, which the dashboard reads for the age of a queue's oldest pending job -
+-- packed in one field, includes/run.lua) and collect it; then ONE ZADD into pending (or
+-- delayed) for the batch. Pending scores are priority * 2^40 + arrival number: FIFO within a
+-- priority (one INCRBY numbers the batch).
 -- Score 0 is the front: recovered leases, promoted retries and released parents go there.
 -- Owner of what it writes: a row is removed by its completion (keep_completed off) or by the
 -- retention sweep of its end state.
@@ -53,8 +55,9 @@ if stem ~= '' then
   start = start - 1
 end
 local n = (#ARGV - 7) / width
-local fields = {'payload', '', 'max_attempts', attempts}
-if ARGV[5] ~= '' then fields[5] = 'timeout'; fields[6] = ARGV[5] end
+local fields = {'payload', ''}
+local limit = '-'
+if ARGV[5] ~= '' then fields[3] = 'timeout'; fields[4] = ARGV[5]; limit = ARGV[5] end
 if not start then
   for i = 1, n do
     local bad = check_id(ARGV[6 + 2 * i])
@@ -62,7 +65,9 @@ if not start then
   end
 end
 local now = now_ms()
-fields[#fields + 1] = 'created'; fields[#fields + 1] = now
+-- 'run': max_attempts and created, and what the claim reads of the row besides the payload,
+-- in one field (includes/run.lua)
+fields[#fields + 1] = 'run'; fields[#fields + 1] = attempts .. ' 0 0 ' .. limit .. ' ' .. now
 local due = 0
 if delay > 0 then due = now + delay end
 local seq = redis.call('INCRBY', q.seq, n) - n

@@ -10,6 +10,7 @@
 -- @include free_tokens
 -- @include holder
 -- @include attempt
+-- @include run
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), delayed (retries by due time), dead (the morgue by time of death),
@@ -47,9 +48,10 @@
 -- that goes to delayed keeps it (it is still the flow's to run).
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
 -- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
--- row with its flow; the row fields it sets (attempts, error, traceback, state) go with the
--- row ('history' too: kept across retries and repairs, bounded at 10 records); outbox signals
--- are trimmed by the Pump, the outbox:wake member popped by an idle Pump;
+-- row with its flow; the row fields it sets (attempts and its copy in 'run', error, traceback,
+-- state) go with the row ('history' too: kept across retries and repairs, bounded at 10
+-- records); outbox signals are trimmed by the Pump, the outbox:wake member popped by an idle
+-- Pump;
 -- records and counters of same-queue parents go with their flow.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {statuses, events, handed}: statuses per job 0 (lease lost), 1 (retry scheduled),
@@ -76,7 +78,8 @@ for i = 1, n do
   else
     done[#done + 1] = id
     local row = KEYS[15 + i]
-    local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch', 'history')
+    local meta = redis.call('HMGET', row, 'max_attempts', 'parent_policy', 'epoch', 'history',
+      'run')
     local token = ARGV[b.tokens + t]
     local attempts = redis.call('HINCRBY', row, 'attempts', 1)
     if trace == '' then
@@ -84,14 +87,21 @@ for i = 1, n do
     else
       redis.call('HSET', row, 'traceback', trace)
     end
-    if delay >= 0 and attempts < (tonumber(meta[1]) or 1) then
+    -- the claim's packed copy follows the count (a row without one keeps its layout)
+    local packed = run(meta[5], attempts, nil)
+    local extra = {}
+    if packed then extra = {'run', packed} end
+    -- max_attempts: its own field (a flow parent, a row written before 'run') or run's first word
+    local cap = tonumber(meta[1]) or tonumber(string.match(meta[5] or '', '^%d+')) or 1
+    if delay >= 0 and attempts < cap then
       out[i] = 1
-      redis.call('HSET', row, 'error', err, 'history', attempt(meta[4], token, now, 'r', err))
+      redis.call('HSET', row, 'error', err, 'history', attempt(meta[4], token, now, 'r', err),
+        unpack(extra))
       later[#later + 1] = now + delay; later[#later + 1] = id
     else
       out[i] = 2
       redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now,
-        'history', attempt(meta[4], token, now, 'd', err))
+        'history', attempt(meta[4], token, now, 'd', err), unpack(extra))
       dead[#dead + 1] = now; dead[#dead + 1] = id
       local g = gated[ref]
       if g then freed[g] = freed[g] + 1 end

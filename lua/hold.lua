@@ -118,13 +118,16 @@ if ARGV[5] ~= '' then
   fields[#fields + 1] = 'parent'; fields[#fields + 1] = ARGV[5]
   fields[#fields + 1] = 'parent_policy'; fields[#fields + 1] = ARGV[7]
   if ARGV[6] ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = ARGV[6] end
-  -- packed for the claim's rows read, as land.lua writes it (a sub-flow's parent has no gate)
-  fields[#fields + 1] = 'up'; fields[#fields + 1] = ARGV[7] .. ' 0 ' .. ARGV[6]
 else
   redis.call('ZADD', q.flows_held, now, ARGV[1])
   if ARGV[10] == '1' then fields[#fields + 1] = 'barrier'; fields[#fields + 1] = '1' end
 end
 if ARGV[9] ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = ARGV[9] end
+-- packed for the claim's rows read, as land.lua writes it (a worker claims a worker-run parent;
+-- a sub-flow's parent has no gate): includes/run.lua
+local packed = ARGV[4] .. ' 0 0 ' .. (ARGV[9] ~= '' and ARGV[9] or '-') .. ' ' .. now
+if ARGV[5] ~= '' then packed = packed .. ' ' .. ARGV[7] .. ' 0 ' .. ARGV[6] end
+fields[#fields + 1] = 'run'; fields[#fields + 1] = packed
 if ARGV[12] ~= '' then fields[#fields + 1] = 'gen'; fields[#fields + 1] = ARGV[12] end
 if allow ~= '' then fields[#fields + 1] = 'allow'; fields[#fields + 1] = allow end
 if need ~= '' then fields[#fields + 1] = 'need'; fields[#fields + 1] = need end

@@ -41,9 +41,10 @@
 -- re-queues a child, even one that already completed, and never admits one twice). With a
 -- share, the new children go into the gate instead (their rows marked 'gate', so the host
 -- passes the gate's keys to the step that settles them) and the gate admits what fits.
--- The row's 'up' field is '<policy> <gate 0|1> <parent_queue, empty for this queue>': the
--- same facts as parent_policy, gate and parent_queue (which every other script reads), packed
--- for the claim's rows read (ops.ROW_FIELDS).
+-- The row's 'run' field is '<max_attempts> 0 0 <timeout | -> <created ms> <policy> <gate 0|1>
+-- <parent_queue, empty for this queue>': max_attempts and created live only there; the parent
+-- fields also have their own (which every other script reads), packed once more for the
+-- claim's rows read (includes/run.lua, ops.ROW_FIELDS).
 -- Owner of what it writes: the rows are removed with their flow (the retention sweep); the
 -- gate's keys too (forget.lua), see includes/gate.lua.
 -- Returns: a list of 1 (landed) / 0 (existed), per child.
@@ -106,19 +107,21 @@ if check == '1' then
   end
 end
 local seq = redis.call('INCRBY', q.seq, n) - n
--- one HSET per child, the shared fields built once (`created`: see add.lua)
-local fields = {'payload', '', 'parent', parent, 'parent_policy', policy, 'max_attempts', attempts,
-  'created', now_ms()}
+-- one HSET per child, the shared fields built once (`run`: see add.lua)
+local fields = {'payload', '', 'parent', parent, 'parent_policy', policy}
 if up_queue ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = up_queue end
 if timeout ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = timeout end
 -- a repair re-scores a requeued child by its row (requeue.lua)
 if priority > 0 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = ARGV[7] end
 if share ~= '' then fields[#fields + 1] = 'gate'; fields[#fields + 1] = '1' end
--- 'up': what a claim needs of the parent fields besides `parent`, in one value (the rows read
--- asks for each field, present or not: one field instead of three for every job claimed)
+-- 'run': what a claim needs of the row besides payload and parent, in one value (the rows
+-- read asks for each field, present or not: one field instead of seven; includes/run.lua)
 local gated = '0'
 if share ~= '' then gated = '1' end
-fields[#fields + 1] = 'up'; fields[#fields + 1] = policy .. ' ' .. gated .. ' ' .. up_queue
+local limit = timeout ~= '' and timeout or '-'
+fields[#fields + 1] = 'run'
+fields[#fields + 1] = attempts .. ' 0 0 ' .. limit .. ' ' .. now_ms() .. ' ' .. policy .. ' ' ..
+  gated .. ' ' .. up_queue
 local ready = {}
 local base = priority * 1099511627776 + seq
 for i = 1, n do

@@ -6,6 +6,7 @@
 -- @include push_signals
 -- @include death
 -- @include gate
+-- @include run
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             expired leases end), pending and wake (recovered jobs), dead (buried ones),
@@ -28,12 +29,13 @@
 -- gated child returns its cap token here (its gate admits the next); a recovered one keeps it.
 -- Owner of what it writes: pending entries are claimed; dead entries go with the dead retention
 -- (expire.lua), a plain job's row with them, a flow child's row with its flow; the stalls/state
--- fields go with the row; outbox signals are trimmed by the Pump; the wake member is popped by
--- idle workers, the outbox:wake member by an idle Pump.
+-- fields (and the claim's copy of stalls in 'run', includes/run.lua) go with the row; outbox
+-- signals are trimmed by the Pump; the wake member is popped by idle workers, the outbox:wake
+-- member by an idle Pump.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
--- parent_queue, parent_policy, stalls, timeout} per buried job} - the row fields in the order
--- the claim reads them (ops.ROW_FIELDS), so the host can report each death to its lifecycle hooks.
+-- parent_queue, parent_policy, stalls, timeout, gate} per buried job} - the row's separate
+-- fields (ops._job reads them), so the host can report each death to its lifecycle hooks.
 local q = queue_keys(KEYS)
 local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
@@ -48,6 +50,9 @@ for j = 1, n do
     gone[#gone + 1] = id
     if redis.call('EXISTS', row) == 1 then
       local stalls = redis.call('HINCRBY', row, 'stalls', 1)
+      -- the claim's packed copy follows the count (a row without one keeps its layout)
+      local packed = run(redis.call('HGET', row, 'run'), nil, stalls)
+      if packed then redis.call('HSET', row, 'run', packed) end
       if stalls > max_stalls then
         local err = 'lease expired ' .. stalls .. ' times'
         redis.call('HSET', row, 'state', 'dead', 'error', err, 'finished', now)
@@ -57,7 +62,9 @@ for j = 1, n do
         if g > 0 then freed[g] = (freed[g] or 0) + 1 end
         local r = redis.call('HMGET', row, 'payload', 'attempts', 'max_attempts', 'parent',
           'parent_queue', 'parent_policy', 'stalls', 'timeout', 'epoch', 'gate')
-        reports[#reports + 1] = {id, err, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[10]}
+        -- max_attempts: its own field or run's first word (includes/run.lua)
+        local cap = r[3] or (packed and string.match(packed, '^%d+')) or false
+        reports[#reports + 1] = {id, err, r[1], r[2], cap, r[4], r[5], r[6], r[7], r[8], r[10]}
         if r[4] then
           local kind = 'f'
           if r[6] == 'id' then kind = 'i' end

@@ -2,6 +2,7 @@
 -- @include queue_keys
 -- @include claimable
 -- @include gate
+-- @include run
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: dead (the morgue), pending
 --             and wake (requeued children), seq (the arrival counter)
@@ -20,7 +21,8 @@
 -- other child is left as it is: one requeued already (a
 -- repair retried), one that completed (its value stays, it never runs again). A child that is
 -- a parent itself is named in the reply: the host repairs it (repair.lua) and its children.
--- Owner of what it writes: pending entries are claimed; the rows' fields (attempts, epoch) go
+-- Owner of what it writes: pending entries are claimed; the rows' fields (attempts, stalls,
+-- their copy in 'run', epoch) go
 -- with their flow's expiry; the seq counter is the queue's own (one per queue); the wake member
 -- is popped by idle workers.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
@@ -33,7 +35,7 @@ local gk = {KEYS[16], KEYS[17]}
 for j = 1, n do
   local i = 2 + j
   local id, row = ARGV[i], KEYS[17 + j]
-  local r = redis.call('HMGET', row, 'parent', 'total', 'state', 'priority', 'gate')
+  local r = redis.call('HMGET', row, 'parent', 'total', 'state', 'priority', 'gate', 'run')
   if r[1] == ARGV[1] then
     if r[2] then
       -- a sub-flow to repair in turn (one that completed, or is being run, is left alone)
@@ -41,7 +43,12 @@ for j = 1, n do
         inner[#inner + 1] = id
       end
     elseif r[3] == 'dead' or (r[3] == 'cancelled' and ARGV[2] == '1') then
-      redis.call('HSET', row, 'attempts', 0, 'stalls', 0)
+      local packed = run(r[6], 0, 0)  -- the claim's copy (includes/run.lua), if the row has one
+      if packed then
+        redis.call('HSET', row, 'attempts', 0, 'stalls', 0, 'run', packed)
+      else
+        redis.call('HSET', row, 'attempts', 0, 'stalls', 0)
+      end
       if r[3] == 'dead' then redis.call('HINCRBY', row, 'epoch', 1) end  -- see repair.lua
       redis.call('HDEL', row, 'state', 'error', 'traceback', 'finished', 'cancelled')
       redis.call('ZREM', q.dead, id)

@@ -109,10 +109,18 @@ def keys_of(backend: Backend, prefix: str) -> dict[str, Any]:
     return out
 
 
+def _unstamped(field: bytes, value: Any) -> Any:
+    """A row's field without its arrival stamp: ``run``'s created word (lua/includes/run.lua)."""
+    if field != b"run" or not isinstance(value, bytes):
+        return value
+    words = value.split(b" ")
+    return b" ".join([*words[:4], b"-", *words[5:]]) if len(words) > 4 else value
+
+
 def normalised(backend: Backend, prefix: str) -> dict[str, Any]:
     """The keyspace with the prefix cut off and arrival stamps (seq counters, pending scores,
-    the 'created' field) dropped: what the data IS, not when it arrived - so an add that was
-    cut and retried can be compared with one that ran clean."""
+    the 'created' field and ``run``'s created word) dropped: what the data IS, not when it
+    arrived - so an add that was cut and retried can be compared with one that ran clean."""
     out: dict[str, Any] = {}
     for key, (kind, value) in keys_of(backend, prefix).items():
         name = key[len(prefix) :]
@@ -121,6 +129,6 @@ def normalised(backend: Backend, prefix: str) -> dict[str, Any]:
         if kind == "zset":
             value = sorted(member for member, _ in value)
         elif kind == "hash":
-            value = {k: v for k, v in value.items() if k != b"created"}
+            value = {k: _unstamped(k, v) for k, v in value.items() if k != b"created"}
         out[name] = (kind, value)
     return out

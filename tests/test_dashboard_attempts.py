@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from echomq_core import Backoff, EchoMQ, Job, Worker, ops
+from echomq_core.models import split_done
 from echomq_core.server import EmbeddedServer
 from echomq_core.workers_registry import read_token
 
@@ -174,8 +175,8 @@ def test_a_jobs_attempt_records_are_bounded_and_a_completion_adds_a_few_bytes(
     standalone_server: EmbeddedServer, mq: EchoMQ
 ) -> None:
     """15 failed attempts with long errors keep 10 records (the newest); a completed job's
-    row grows by one field only: 'token', the lease token of its last claim, which names the
-    worker and the claim's time (a direct claim: no worker)."""
+    row grows by one field only: 'done', its result behind the lease token of its last claim,
+    which names the worker and the claim's time (a direct claim: no worker)."""
     raw = redis.Redis.from_url(standalone_server.url)
     q = mq.queue("at-bound", max_attempts=20, backoff=Backoff(0, 0))
     q.holder = "host-1-abcdef12"  # as a worker's handle: its tokens name it
@@ -195,13 +196,14 @@ def test_a_jobs_attempt_records_are_bounded_and_a_completion_adds_a_few_bytes(
     (jb,) = plain.claim(1)
     plain.complete_many([(ja, 1), (jb, 1)])
     row_a = raw.hgetall(mq.keys.job("at-bytes", a))
-    assert row_a[b"token"].decode() == ja.token and b"started" not in row_a
+    assert split_done(row_a[b"done"]) == (ja.token, b"1") and b"started" not in row_a
     held_by, since = read_token(ja.token)
     assert held_by is None and since is not None and since > 0  # a direct claim: no worker
     row_b = raw.hgetall(mq.keys.job("at-bytes", b))
-    assert read_token(row_b[b"token"].decode())[0] == "abcdef12"
-    assert set(row_b) == {b"payload", b"max_attempts", b"created", b"result", b"token"}
-    assert len(b"token") + len(row_b[b"token"]) <= 40
+    token_b, result_b = split_done(row_b[b"done"])
+    assert read_token(token_b)[0] == "abcdef12" and result_b == b"1"
+    assert set(row_b) == {b"payload", b"run", b"done"}
+    assert len(b"done") + len(row_b[b"done"]) - len(result_b) <= 40
     raw.close()
 
 
@@ -261,8 +263,8 @@ def test_a_row_completed_before_rows_kept_the_token_still_shows_its_attempt(
     (job,) = q.claim(1)
     q.complete(job, 1)
     row = mq.keys.job("at-legacy", job_id)
-    raw.hdel(row, "token")
-    raw.hset(row, mapping={"started": 1_700_000_000_123, "worker": "0badc0de"})
+    raw.hdel(row, "done")
+    raw.hset(row, mapping={"result": b"1", "started": 1_700_000_000_123, "worker": "0badc0de"})
     detail = mq.perform(job_detail(mq.keys, "at-legacy", job_id, mq.serializer))
     assert detail is not None and detail.info.state == "completed"
     assert (detail.holder, detail.started_ms) == ("0badc0de", 1_700_000_000_123)

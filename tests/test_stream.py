@@ -267,3 +267,35 @@ def test_ids_of_their_own_and_derived_ids_both_come_back_whole(
     got = dict(mq.iter_results(queue, ref.parent_id))
     assert got == {"JOB-af/dag/task/abc.0": 0, "JOB-own/with.slash": 1, "JOB-x.1": 2}
     mq.close()
+
+
+def test_check_makes_the_first_read_up_front_and_consumes_nothing(
+    backend: Backend, prefix: str
+) -> None:
+    """``check()`` (what the adapters call before handing the iterator on): a flow that cannot
+    be followed raises there, not at the first item; a followable one yields everything after."""
+    mq = backend.client(prefix)
+    (queue,) = backend.queues_on_distinct_nodes(1, "kx")
+    plain = mq.add_flow(queue, [Child(1)], barrier=True)
+    with pytest.raises(InvalidArgument, match="keeps no settle log"):
+        mq.iter_results(queue, plain.parent_id).check()
+    with pytest.raises(JobNotFound):
+        mq.iter_results(queue, "JOB-nothing-here").check()
+    ref = mq.add_flow(queue, [Child(i) for i in range(3)], barrier=True, stream=True)
+    work_off(mq, [queue], lambda job: job.payload)
+    it = mq.iter_results(queue, ref.parent_id, page=2).check()
+    assert it.check() is it  # again: the page read is kept, nothing is read or lost
+    assert sorted(it) == [(f"{ref.parent_id}.{i}", i) for i in range(3)]
+
+    async def follow() -> list[tuple[str, Any]]:
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        try:
+            with pytest.raises(InvalidArgument, match="keeps no settle log"):
+                await (await amq.iter_results(queue, plain.parent_id)).check()
+            it = await (await amq.iter_results(queue, ref.parent_id)).check()
+            return [item async for item in it]
+        finally:
+            await amq.close()
+
+    assert sorted(asyncio.run(follow())) == [(f"{ref.parent_id}.{i}", i) for i in range(3)]
+    mq.close()

@@ -51,6 +51,38 @@ refused with :class:`~echomq_core.InvalidArgument`; read it whole.
 The sensor closes the flow once it is released, which starts its ``closed`` retention (1 day by
 default, ``echomq queue config QUEUE --closed-age``): downstream readers - and re-runs of them
 - read it until then.
+
+As the children settle: a flow added with ``stream=True`` (``EchoFlowOperator(...,
+stream=True)`` or ``@task.echo_flow(..., stream=True)``) keeps a settle log, and
+``flow_results(flow, follow=True)`` in a task downstream of the *operator* (no sensor between)
+runs while the fan-out does: it yields ``(index or key, value)`` in the order the children
+settled, blocks between them, and ends when the flow is released, so the task ends about when
+the fan-out does::
+
+    fan_out = EchoFlowOperator(task_id="fan_out", ..., stream=True)
+
+    @task
+    def load(flow: dict) -> int:
+        return sum(value["rows"] for _index, value in flow_results(flow, follow=True))
+
+    load(fan_out.output)
+
+What a retry guarantees: each ``flow_results(..., follow=True)`` reads the log from its start,
+and a task's return value is written only when the task succeeds, so a task that failed half
+way and is retried reads every result again and returns what it computed from each child
+once - nothing skipped, nothing twice. Side effects it had per result in the failed try (rows
+written elsewhere) happen again: make them idempotent (keyed by the index or key). The cursor
+is never stored; nothing in the metadata database grows with N.
+
+Who closes the flow: the follower, once it read it to the release (a barrier flow;
+``close_flow=False`` leaves it released), or a sensor that also waits on it - whichever comes
+first, the other finds it closed. It raises :class:`~echomq_core.ParentFailed` at the first
+read after a fail-the-parent child died, and cancels the flow then, as the sensor does (its
+unstarted children never start; a clear of the operator repairs it; ``cancel_on_failure=False``
+leaves it), :class:`~echomq_core.FlowCancelled` for a cancelled flow, and
+:class:`~echomq_core.InvalidArgument` for a flow added without ``stream=True``, before any
+result. A follower that fails in its own code leaves the flow to its children: it is released
+when they settle and kept for its ``unclosed`` retention, and a retry reads it again.
 """
 
 from __future__ import annotations
@@ -58,7 +90,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from echomq_core import frames
+from echomq_core import InvalidInput, frames
 
 from .hooks.echomq import DEFAULT_PAGE, EchoMQHook
 
@@ -66,18 +98,34 @@ from .hooks.echomq import DEFAULT_PAGE, EchoMQHook
 def flow_results(
     flow: Any,
     *,
+    follow: bool = False,
     echomq_conn_id: str = EchoMQHook.default_conn_name,
     prefix: str | None = None,
     page: int = DEFAULT_PAGE,
+    close_flow: bool = True,
+    cancel_on_failure: bool = True,
 ) -> Iterator[tuple[int | str, Any]]:
     """Every completed child's ``(index or key, value)``; see the module doc.
 
     ``flow``: the sensor's (or the operator's) output. Raises what
     :meth:`~echomq_provider.hooks.echomq.EchoMQHook.iter_results` raises.
+    ``follow=True``: the results of a flow added with ``stream=True`` as its children settle,
+    ending at the release (:meth:`~echomq_provider.hooks.echomq.EchoMQHook.follow_results`,
+    which closes a barrier flow then unless ``close_flow=False``, and cancels a failed one
+    unless ``cancel_on_failure=False``).
     """
+    flags = {"follow": follow, "close_flow": close_flow, "cancel_on_failure": cancel_on_failure}
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise InvalidInput(f"{name} must be True or False, got {flag!r}")
     hook = EchoMQHook(echomq_conn_id, prefix=prefix)
     try:
-        yield from hook.iter_results(flow, page=page)
+        if follow:
+            yield from hook.follow_results(
+                flow, page=page, close_flow=close_flow, cancel_on_failure=cancel_on_failure
+            )
+        else:
+            yield from hook.iter_results(flow, page=page)
     finally:
         hook.close()
 

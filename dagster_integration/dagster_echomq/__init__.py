@@ -10,6 +10,7 @@ from .automation import after_release as after_release
 from .automation import echomq_release_sensor as echomq_release_sensor
 from .automation import echomq_released as echomq_released
 from .checks import echomq_flow_check as echomq_flow_check
+from .following import FlowFollow as FlowFollow
 from .input_settings import echomq_input as echomq_input
 from .io_manager import EchoMQIOManager as EchoMQIOManager
 from .reading import FLOW_PARENT_ID as FLOW_PARENT_ID

@@ -15,6 +15,7 @@ from dagster._core.execution.context.system import StepExecutionContext
 
 from echomq_core import FlowRef, InvalidInput
 
+from .following import FlowFollow
 from .reading import FLOW_PARENT_ID, FLOW_QUEUE, FlowStream
 
 
@@ -68,6 +69,13 @@ def wants_stream(context: InputContext, *, partitioned: bool) -> bool:
     ``dict[str, FlowStream]``)."""
     typ = _value_type(context, partitioned)
     return isinstance(typ, type) and issubclass(typ, FlowStream)
+
+
+def wants_follow(context: InputContext, *, partitioned: bool) -> bool:
+    """Whether the input is annotated :class:`FlowFollow` (or, read
+    over several partitions, ``dict[str, FlowFollow]``)."""
+    typ = _value_type(context, partitioned)
+    return isinstance(typ, type) and issubclass(typ, FlowFollow)
 
 
 #: The frame classes an input may be annotated with, by where they are defined (so that

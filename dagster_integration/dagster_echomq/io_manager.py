@@ -38,7 +38,10 @@ iterable of ``(child id, result)`` that reads the results page by page instead (
 at any N; each pass over it reads them again); an input annotated ``pandas.DataFrame``,
 ``polars.DataFrame`` or ``pyarrow.Table`` gets the results as that frame, built page by page
 (:mod:`echomq_core.frames`: a ``child_id`` column, a mapping value's fields as columns; the
-library comes with the ``echomq[pandas|polars|arrow]`` extra). A downstream
+library comes with the ``echomq[pandas|polars|arrow]`` extra); an input annotated
+:class:`~dagster_echomq.following.FlowFollow` is handed over at once, without a wait, and
+yields ``(child id, result)`` as the children settle (a flow added with ``stream=True``; see
+:mod:`dagster_echomq.following`). A downstream
 step over several partitions gets ``{partition key: <that>}``. It records the final counts
 and the ids and errors of failed and ignored children (capped) as an observation of the
 upstream asset (of each partition read) written as an event of the run and step, so the UI
@@ -86,6 +89,7 @@ from echomq_core.lifecycle import repair_on_readd
 from echomq_core.waiting import MISSING, WAITING, kind_of
 
 from . import steps
+from .following import FlowFollow, check_followable, follow_passes
 from .input_settings import ReadSettings
 from .io_context import (
     identifier_of,
@@ -96,6 +100,7 @@ from .io_context import (
     step_context_of,
     step_of,
     wanted_frame,
+    wants_follow,
     wants_stream,
 )
 from .reading import (
@@ -256,6 +261,8 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         for flow in worker_run(self.client, _real(flows.values())):
             raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
         stream = wants_stream(context, partitioned=len(flows) > 1)
+        if wants_follow(context, partitioned=len(flows) > 1):  # no wait: followed as it runs
+            return self._followed(context, flows, settings)
         frame = wanted_frame(context, partitioned=len(flows) > 1)
         if frame is not None:
             frames.library(frame)  # a missing library is named before any wait
@@ -319,6 +326,45 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 )
             found[key] = flow
         return found
+
+    def _followed(
+        self, context: InputContext, flows: dict[str | None, FlowRef], settings: ReadSettings
+    ) -> Any:
+        """An input annotated :class:`~dagster_echomq.following.FlowFollow`: per flow, a
+        re-executed run's failed flow repaired first, a flow that cannot be followed refused
+        now, and no wait - the step's body consumes the results as they settle."""
+        client = self.client
+        parent_run = parent_run_id(context) if settings.repair_on_reexecution else None
+        values: dict[str | None, Any] = {}
+        for key, flow in flows.items():
+            if isinstance(flow, EmptyFlow):
+                self._empty(context, key, flow, False, context.has_asset_key and len(flows) == 1)
+                values[key] = FlowFollow(flow, 0, lambda: iter(()))
+                continue
+            found = client.perform(
+                repair_on_readd(client.keys, flow.queue, flow.parent_id, repair=bool(parent_run))
+            )
+            if found.repaired is not None:
+                context.log.info(
+                    f"EchoMQ flow {flow.parent_id} {found.snap.outcome} in an earlier run "
+                    f"({parent_run}): repaired, {found.repaired.requeued} children run again"
+                )
+            check_followable(client, flow)
+            queues = client.child_queues(flow.queue, flow.parent_id)
+            passes = follow_passes(
+                self.open_client,
+                self.pumping,
+                flow,
+                queues,
+                close=settings.close_after_read,
+                page=settings.page,
+            )
+            values[key] = FlowFollow(flow, found.snap.total, passes)
+            context.log.info(
+                f"EchoMQ: following flow {flow.parent_id} ({found.snap.processed} of "
+                f"{found.snap.total} children done)"
+            )
+        return next(iter(values.values())) if len(values) == 1 else values
 
     # -- helpers --------------------------------------------------------------------------
     def _empty(

@@ -297,6 +297,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         barrier: bool = True,
         repair: bool = True,
         max_running: int | None = None,
+        stream: bool = False,
     ) -> FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle (see ``EchoMQ.add_flow``).
 
@@ -317,6 +318,10 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
 
         ``min_success``: a success threshold (``EchoMQ.add_flow``); a retried step must pass
         the same one.
+
+        ``stream``: keep the flow's settle log (``EchoMQ.add_flow(stream=True)``), so a
+        downstream input annotated :class:`~dagster_echomq.following.FlowFollow` gets the
+        results as the children settle; a retried step must pass the same.
         """
         ref = self.client.add_flow(
             queue,
@@ -327,6 +332,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
             min_success=min_success,
             barrier=barrier,
             max_running=max_running,
+            stream=stream,
         )
         if barrier:
             steps.record(ref)

@@ -7,6 +7,8 @@ Using::
     amq = await hook.aget_conn()          # AsyncEchoMQ, for triggers; the caller closes it
     for item, value in hook.iter_results(wait.output):   # a flow's results, page by page
         ...
+    for item, value in hook.follow_results(fan_out.output):   # as they settle (stream=True)
+        ...
 
 The connection comes from wherever Airflow keeps connections: the metadata DB, a secrets
 backend, or an ``AIRFLOW_CONN_ECHOMQ_DEFAULT`` variable in URI form
@@ -27,10 +29,18 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from echomq_core import AsyncEchoMQ, EchoMQ, JobNotFound
+from echomq_core import (
+    AsyncEchoMQ,
+    EchoMQ,
+    FlowCancelled,
+    InvalidInput,
+    JobNotFound,
+    ParentFailed,
+)
 from echomq_core.checks import check_int
 from echomq_core.children import MAX_RANGE
 from echomq_core.errors import flow_error
+from echomq_core.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 
 from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
 from ..errors import FlowNotReleased
@@ -148,6 +158,58 @@ class EchoMQHook(BaseHook):
         label = labeller(parent_id)
         for child_id, value in mq.iter_children_values(queue, parent_id, page=page):
             yield label(child_id), value
+
+    def follow_results(
+        self,
+        flow: Any,
+        *,
+        page: int = DEFAULT_PAGE,
+        block: float = 1.0,
+        close_flow: bool = True,
+        cancel_on_failure: bool = True,
+    ) -> Iterator[tuple[int | str, Any]]:
+        """The results of a flow added with ``stream=True`` as its children settle: ``(index
+        or key, value)`` in the order the parent counted them, labelled as
+        :meth:`iter_results` labels them, from the flow's settle log
+        (:meth:`EchoMQ.iter_results <echomq_core.EchoMQ.iter_results>`, ``follow=True``).
+
+        While the flow is held it blocks between results (one ``XREAD BLOCK`` of at most
+        ``block`` s at a time, woken by the next settle) and it ends when the flow is released;
+        a barrier flow is then closed (``close_flow``; its ``closed`` retention starts, as the
+        sensor closes what it read), a worker-run parent is left to its worker. Each call reads
+        the log from its start: a retried task reads every result again, so what it returns
+        holds each child once (see :mod:`echomq_provider.results`). ``page``: entries per read
+        when results are already there (at most 1,000, a log page).
+
+        Raises :class:`~echomq_core.ParentFailed` / :class:`~echomq_core.FlowCancelled` at
+        the first read after the flow failed or was cancelled; at the first ``next()``, before
+        any result: :class:`~echomq_core.JobNotFound` when there is no such flow,
+        :class:`~echomq_core.InvalidArgument` for a flow added without ``stream=True``, and
+        :class:`~echomq_core.InvalidInput` for a slice of :meth:`slices` (a slice is read
+        whole, once released). A failed flow is cancelled as it raises
+        (``cancel_on_failure``), as the sensor does: its children that have not started never
+        start, and a clear of the operator repairs it."""
+        if flow_span(flow) is not None:
+            raise InvalidInput(
+                f"a slice of a flow cannot be followed, got {flow!r:.200}: follow the flow "
+                "itself (the operator's output), or read the slice with iter_results"
+            )
+        queue, parent_id = flow_target(flow)
+        page = check_int("page", page, 1)
+        mq = self.get_conn()
+        results = mq.iter_results(
+            queue, parent_id, follow=True, block=block, page=min(page, MAX_FOLLOW_PAGE)
+        ).check()
+        label = labeller(parent_id)
+        try:
+            for child_id, value in results:
+                yield label(child_id), value
+        except ParentFailed as exc:
+            if cancel_on_failure and not isinstance(exc, FlowCancelled):
+                mq.cancel_flow(queue, parent_id, reason=f"a child failed the flow: {exc}"[:500])
+            raise
+        if close_flow and mq.snapshot(queue, parent_id).parent_state == "released":
+            mq.close_flow(queue, parent_id)  # a barrier flow, read to its release
 
     def slices(self, flow: Any, size: int) -> list[dict[str, Any]]:
         """The flow cut in slices of ``size`` positions, each a small mapping (its reference,

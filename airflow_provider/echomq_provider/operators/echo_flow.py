@@ -161,6 +161,10 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         fails, times out or the task is killed while waiting (default True).
     :param end_from_trigger: with ``wait_for_completion`` and deferred: as the sensor's
         (default None: the trigger ends the task unless plugins registered listeners).
+    :param stream: keep the flow's settle log (``EchoMQ.add_flow(stream=True)``), so a task
+        downstream of this one reads the results as the children settle with
+        ``flow_results(flow, follow=True)`` (:mod:`echomq_provider.results`). Default False.
+        A retry or clear must keep it: a re-add with the other setting fails the task.
     """
 
     #: "EchoMQ flow" on the task instance: the flow's page in the dashboard the plugin
@@ -205,6 +209,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         close_flow: bool = True,
         cancel_on_failure: bool = True,
         end_from_trigger: bool | None = None,
+        stream: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -251,8 +256,10 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                 f"{self.task_id}: on_conflict must be one of {', '.join(ON_CONFLICT)}, "
                 f"got {on_conflict!r}"
             )
-        if not isinstance(repair, bool):
-            raise InvalidInput(f"{self.task_id}: repair must be True or False, got {repair!r}")
+        for name, flag in (("repair", repair), ("stream", stream)):
+            if not isinstance(flag, bool):
+                raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {flag!r}")
+        self.stream = stream
         self.repair = repair
         self.on_conflict = on_conflict
         self.echomq_conn_id = echomq_conn_id
@@ -372,6 +379,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                     barrier=self.barrier,
                     replace=self.on_conflict == "replace",
                     max_running=self.max_running,
+                    stream=self.stream,
                 )
         except FlowConflict as exc:
             raise AirflowFailException(
