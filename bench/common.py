@@ -39,6 +39,8 @@ READY = "BENCH-READY"
 PROBE_EVERY = 0.01
 #: A workload whose progress count has not moved for this long has hung (see wait_for).
 STALL = 60.0
+#: How long one harness command may wait for a busy server (s).
+PROBE_TIMEOUT = 120.0
 
 
 class BenchError(RuntimeError):
@@ -70,7 +72,10 @@ class Window:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.r = redis.Redis.from_url(url)
+        # a probe waits as long as the server is busy (a peer's 50,000-child MULTI blocks it
+        # for seconds on a loaded machine): redis-py 8's 5 s default failed such runs; a hung
+        # workload is caught by wait_for's stall check instead
+        self.r = redis.Redis.from_url(url, socket_timeout=PROBE_TIMEOUT)
         self.harness: Counter[str] = Counter()
         self.t0 = 0.0
         self.mem0 = 0

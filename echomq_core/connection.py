@@ -110,6 +110,41 @@ class _Packer:
         return self._slow.pack(*args)  # type: ignore[no-any-return]
 
 
+#: The fast-packing subclass of each asyncio connection class (:func:`_fast_packing`).
+_FAST_PACKING: dict[type[Any], type[Any]] = {}
+
+
+def _fast_packing(connection_class: type[Any]) -> type[Any]:
+    """``connection_class`` (an asyncio connection of redis-py) packing commands as
+    :class:`_Packer` does: redis-py's asyncio connections take no ``command_packer`` and pack
+    in Python, argument by argument, which is most of an asyncio worker's own CPU per batch
+    completion. The pool's own class is subclassed (TCP, TLS or a Unix socket alike), once
+    per class; without hiredis it is returned as it is."""
+    made = _FAST_PACKING.get(connection_class)
+    if made is not None:
+        return made
+    packer = _packer()
+    if packer is None:  # pragma: no cover - hiredis is optional
+        return connection_class
+    fast = packer._fast
+
+    class FastPacking(connection_class):  # type: ignore[misc]
+        def pack_command(self, *args: Any) -> list[bytes]:
+            first = args[0]
+            if (isinstance(first, str) and " " not in first) or (
+                isinstance(first, bytes) and b" " not in first
+            ):
+                try:
+                    return [fast(args)]
+                except TypeError:
+                    pass  # a bytearray or memoryview: redis-py's own way
+            return super().pack_command(*args)  # type: ignore[no-any-return]
+
+    FastPacking.__name__ = FastPacking.__qualname__ = f"FastPacking{connection_class.__name__}"
+    _FAST_PACKING[connection_class] = FastPacking
+    return FastPacking
+
+
 @functools.cache
 def _packer() -> _Packer | None:
     """The one packer of the process, made with the first connection; None without hiredis
@@ -188,7 +223,9 @@ def connect_async(
             client = redis.asyncio.cluster.RedisCluster.from_url(target.url, **options)
         else:
             client = redis.asyncio.Redis.from_url(target.url, **options)
-            _check_options(client.connection_pool)
+            pool = client.connection_pool
+            pool.connection_class = _fast_packing(pool.connection_class)
+            _check_options(pool)
     except (ValueError, TypeError, redis.RedisError) as exc:
         raise errors.ConfigurationError(
             f"bad connection options for {target.where}: {exc}"

@@ -12,6 +12,7 @@ completion serves many runners: the commands per job do not grow with concurrenc
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -214,17 +215,13 @@ class Intake:
         self.average = 0.0
         self.cpu_share = 0.0
         self.claim_time = 0.0
-
-    @property
-    def fast(self) -> bool:
-        return self.average < self.fast_job
-
-    @property
-    def spread(self) -> bool:
-        """False while handlers are fast and spend their time on the CPU: under the GIL a
-        second thread cannot run such jobs any sooner, only take turns with the first, so the
-        threaded worker then keeps one runner busy and lets the others rest."""
-        return not self.fast or self.cpu_share < 0.5
+        #: Handlers are fast: their running average is below ``fast_job``. Kept up to date by
+        #: :meth:`observe` (read several times per job, so a field rather than a property).
+        self.fast = self.average < fast_job
+        #: False while handlers are fast and spend their time on the CPU: under the GIL a
+        #: second thread cannot run such jobs any sooner, only take turns with the first, so
+        #: the threaded worker then keeps one runner busy and lets the others rest.
+        self.spread = True
 
     def observe(self, seconds: float, cpu: float | None = None) -> None:
         """A handler call took ``seconds`` (``cpu`` of them on this thread's CPU)."""
@@ -232,13 +229,16 @@ class Intake:
         if cpu is not None:
             share = min(1.0, cpu / seconds) if seconds > 0 else 1.0
             self.cpu_share += SMOOTHING * (share - self.cpu_share)
-        if not self.fast:
+        self.fast = fast = self.average < self.fast_job
+        self.spread = not fast or self.cpu_share < 0.5
+        if not fast:
             self.batch = 1
 
     def want(self, running: int, buffered: int) -> int:
         """How many jobs to claim now (0: none yet)."""
         if not self.fast:
-            ahead = round(self.concurrency * self.claim_time / self.average)
+            # (``fast_job=0`` makes every handler slow, before any has been timed)
+            ahead = round(self.concurrency * self.claim_time / self.average) if self.average else 0
             return max(0, min(self.max_batch, self.concurrency - running + ahead - buffered))
         free = max(0, self.concurrency - running - buffered)
         if buffered >= max(1, self.batch // 2):
@@ -246,11 +246,15 @@ class Intake:
         return min(self.max_batch, max(self.batch, free))
 
     def claimed(self, count: int, seconds: float) -> None:
-        """A claim returned ``count`` jobs after ``seconds`` (the next one may be twice as big
-        while handlers are fast)."""
+        """A claim returned ``count`` jobs after ``seconds``: while handlers are fast the next
+        one may be twice as big as this one was. Twice what it took, not twice the last
+        target: a first claim takes one job per runner (nothing is known of the handlers
+        yet, and a worker must not sit on a backlog it may run slowly), so at concurrency 50
+        the ramp to ``max_batch`` is 50, 100, 200, 400, 500 - five claims, not ten small
+        ones while the target doubled up from 1 below the runners' count."""
         self.claim_time += SMOOTHING * (seconds - self.claim_time)
         if count and self.fast:
-            self.batch = min(self.max_batch, self.batch * 2)
+            self.batch = min(self.max_batch, max(self.batch, count) * 2)
 
 
 class InHand:
@@ -390,16 +394,29 @@ class OptionAttributes:
         return self.options.flush_after
 
 
-def outcome(encode: Callable[[Any], bytes], job: Job, call: Callable[[], Any]) -> Outcome:
-    """Run ``call`` (a handler applied to ``job``) and read what happened: the encoded result,
-    or (error text, retry?, traceback). ``Unrecoverable`` and results that cannot be stored
-    bury the job;
+#: Result types that are never awaitable: a handler's usual results skip the ABC check.
+_PLAIN = frozenset({int, float, str, bytes, bool, dict, list, tuple})
+
+
+def outcome(
+    encode: Callable[[Any], bytes],
+    job: Job,
+    handler: Callable[[Job], Any],
+    settle: Callable[[Any], Any],
+) -> Outcome:
+    """Run ``handler(job)`` and read what happened: the encoded result, or (error text,
+    retry?, traceback). An awaitable result is first given to ``settle`` (which awaits it).
+    ``Unrecoverable`` and results that cannot be stored bury the job;
     ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit`` raised by a handler fail the
-    attempt and nothing else (signals reach the process through its own handlers)."""
+    attempt and nothing else (signals reach the process through its own handlers). Called
+    once per job: no closure or frame that a plain result does not need."""
     if job.decode_error is not None:
         return (job.decode_error, False, None)
     try:
-        return encode(call())
+        result = handler(job)
+        if result is not None and type(result) not in _PLAIN and inspect.isawaitable(result):
+            result = settle(result)
+        return encode(result)
     except BaseException as exc:  # classified by failure()
         return failure(job, exc)
 

@@ -46,7 +46,6 @@ pending when its lease expires.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import signal
 import threading
@@ -200,6 +199,7 @@ class Worker(OptionAttributes):
         self._beater: threading.Thread | None = None
         self._hints = HintWatch(client.perform, self._stop, "waiting for work")
         self._loops = threading.local()  # each runner's event loop for async handlers
+        self._encode = client.encode
         for name in self.handlers:
             client.register_queue(name)
 
@@ -466,14 +466,23 @@ class Worker(OptionAttributes):
         return False
 
     def _wake_fetcher(self) -> None:
-        """Wake the fetcher if it waits for free slots (under the lock): a notify costs even
-        with no thread waiting, and runners would pay it on every job."""
-        if self._fetcher_waits:
+        """Wake the fetcher if it waits for free slots and would claim now (under the lock).
+        Runners call this on every job; a notify costs even with no thread waiting, and a
+        fetcher woken to find the buffer still more than half full (fast handlers) is a thread
+        switch per job for nothing. ``want()`` only grows when a runner takes a job, finishes
+        one or the flusher empties a batch, and each of those calls this: no wake is missed.
+        The flag is cleared with the notify: until the woken fetcher gets the GIL, runners
+        finishing more jobs need not notify it again (it reads ``want()`` itself when it
+        runs)."""
+        if self._fetcher_waits and self._hand.want() > 0:
+            self._fetcher_waits = False
             self._want_jobs.notify()
 
     def _wake_flusher(self) -> None:
-        """Wake the flusher if it waits for results (under the lock)."""
+        """Wake the flusher if it waits for results (under the lock), once per wait (as
+        :meth:`_wake_fetcher`)."""
         if self._flusher_waits:
+            self._flusher_waits = False
             self._results_ready.notify()
 
     def _rest(self, slot: _Slot) -> bool:
@@ -523,18 +532,16 @@ class Worker(OptionAttributes):
 
     def _call(self, handler: Handler, job: Job) -> Outcome:
         """Run one handler: the encoded result, or (error text, retry?)."""
+        job.spawner = self._spawner
+        return outcome(self._encode, job, handler, self._settle)
 
-        def call() -> Any:
-            job.spawner = self._spawner
-            result = handler(job)
-            if inspect.isawaitable(result):  # one event loop per runner thread, kept
-                loop = getattr(self._loops, "loop", None)
-                if loop is None:
-                    loop = self._loops.loop = asyncio.new_event_loop()
-                result = loop.run_until_complete(_await(result))
-            return result
-
-        return outcome(self.client.encode, job, call)
+    def _settle(self, awaitable: Any) -> Any:
+        """What an awaitable a handler returned comes to: run on this runner thread's event
+        loop (one per thread, kept)."""
+        loop = getattr(self._loops, "loop", None)
+        if loop is None:
+            loop = self._loops.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(_await(awaitable))
 
     # -- the flusher ----------------------------------------------------------------------
     def _flusher(self) -> None:

@@ -141,3 +141,35 @@ def run_bench_args(out: Path, args: list[str]) -> dict[str, Any]:
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
     return json.loads((out / "results.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_workers_started_before_and_after_the_add_side_by_side(tmp_path: Path) -> None:
+    """--worker-start both: each library runs with its worker started before the window and
+    with it started after the add (keys ``<name>+after@cN``, the worker's start-up inside the
+    window, its CPU charged to the run), compared like with like; --n sets a workload's N for
+    every library. A peer that cannot start late is reported as such."""
+    only = "echomq,echomq_async" + (",bullmq_node" if NODE else "") + (
+        ",bullmq" if "bullmq" in PEERS else ""
+    )
+    args = ["--only", only, "--workloads", "W1,W2", "--concurrency", "4"]
+    doc = run_bench_args(tmp_path, [*args, "--worker-start", "both", "--n", "W1=400"])
+    assert doc["meta"]["worker_start"] == ["before", "after"]
+    assert doc["workloads"]["W1"]["n"] == 400
+    for name in only.split(","):
+        if name == "bullmq":
+            rows = doc["workloads"]["W1"]["results"]["bullmq+after@c4"]
+            assert "before the add only" in rows["unsupported"]
+            continue
+        for key in (f"{name}@c4", f"{name}+after@c4"):
+            run = only_run(doc, "W1", key)
+            assert run["n"] == 400 and run["rate"] > 0
+            assert run["cpu_us_per_item"]["workers"] > 0
+            assert only_run(doc, "W2", key)["rate"] > 0
+        if name.startswith("echomq"):  # the window opened at the add's start
+            assert only_run(doc, "W1", f"{name}+after@c4")["splits"]["added"] > 0
+    names = [t["target"] for t in doc["targets"]]
+    if NODE:
+        assert doc["ratios"]["W1"]["bullmq_node+after@c4"]["speed"] > 0
+        assert "W1 speed vs BullMQ (Node) (worker started after the add) at concurrency 4" in names
+    md = (tmp_path / "results.md").read_text()
+    assert "EchoMQ (worker started after the add) c4" in md

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -243,3 +244,52 @@ def test_stopping_an_idle_worker_ends_its_blocked_runners_quietly(
     other.stop(wait=False)
     for w in (worker, other):
         assert w.pump is not None and not w.pump.running
+
+
+def test_the_threaded_worker_awaits_what_a_handler_returns(mq: EchoMQ) -> None:
+    """A coroutine (an ``async def`` handler) or any other awaitable a handler returns is
+    awaited on the runner's own event loop; plain results (None, numbers, text, containers)
+    are recorded as they are, without that check's cost."""
+    import asyncio
+
+    class Later:
+        def __await__(self) -> Any:
+            yield from asyncio.sleep(0).__await__()
+            return "awaited"
+
+    async def coro(job: Job) -> int:
+        await asyncio.sleep(0)
+        return int(job.payload) * 3
+
+    q, r = mq.queue("aw-coro"), mq.queue("aw-plain")
+    coro_ids = q.add_bulk(range(5))
+    payloads: list[object] = [None, 7, 1.5, "t", [1], {"k": 2}, "later"]
+    plain_ids = r.add_bulk(payloads)
+
+    def plain(job: Job) -> object:
+        return Later() if job.payload == "later" else job.payload
+
+    worker = Worker(mq, {"aw-coro": coro, "aw-plain": plain}, concurrency=2).start()
+    try:
+        eventually(
+            lambda: q.stats()["completed"] == 5 and r.stats()["completed"] == len(payloads), 30
+        )
+    finally:
+        worker.stop()
+    assert [q.get_job(i).result for i in coro_ids] == [0, 3, 6, 9, 12]
+    expected = [None, 7, 1.5, "t", [1], {"k": 2}, "awaited"]
+    assert [r.get_job(i).result for i in plain_ids] == expected
+
+
+def test_fast_job_zero_claims_for_free_runners_only(mq: EchoMQ) -> None:
+    """``fast_job=0`` (every handler counts as slow: claims only for free runners) works from
+    the first claim, before any handler has been timed - the claim size is not divided by a
+    handler time of zero."""
+    q = mq.queue("fj0")
+    ids = q.add_bulk(range(20))
+    worker = Worker(mq, {"fj0": lambda job: job.payload}, concurrency=2, fast_job=0.0).start()
+    try:
+        eventually(lambda: q.stats()["completed"] == 20, 30, lambda: q.stats())
+    finally:
+        worker.stop()
+    assert [q.get_job(i).result for i in ids] == list(range(20))

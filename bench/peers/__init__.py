@@ -43,6 +43,13 @@ class Peer:
     notes: dict[str, str] = {}
     #: Jobs one worker process runs at once (set by the harness for each run).
     concurrency = 1
+    #: When the worker processes start (set by the harness for each run): ``"before"`` the
+    #: window opens (started, connected and ready: their start-up is never timed), or
+    #: ``"after"`` the add, which then runs from the window's start with no worker yet: the
+    #: workers' start-up and first claims are in the window, as a user's worker pays them.
+    worker_start = "before"
+    #: The peer can start its workers after the add (W1-W3, W6).
+    late_start = False
 
     def sizes(self, workload: str, smoke: bool) -> list[int]:
         table = self.smoke_sizes if smoke else self.full_sizes

@@ -7,7 +7,9 @@ Jobs are added by a second Node process, the *driver*: ``Queue.addBulk`` (W1, W6
 ``FlowProducer.add`` (W2, W3: the parent job runs on the worker and reads
 ``getChildrenValues()``, as with BullMQ for Python). Both Node processes start, connect and
 print ``BENCH-READY`` before the window opens; the harness then opens the window and writes
-the command to the driver's input, so Node's start-up is never timed. The end is watched as
+the command to the driver's input, so Node's start-up is never timed - unless the worker is
+started after the add (``--worker-start after``): then the worker process starts when the
+driver says the add returned, and its start-up is in the window. The end is watched as
 for BullMQ for Python: ``ZCARD`` of the completed set, ``ZSCORE`` of the parent.
 """
 
@@ -39,15 +41,18 @@ def _timeout(n: int) -> float:
     return max(120.0, n / 20)
 
 
-def _node(mode: str, url: str, queues: str, *extra: str) -> Proc:
+def _node(mode: str, url: str, queues: str, *extra: str, ready: bool = True) -> Proc:
+    """A Node process; with ``ready``, once it is connected (else at once: a worker started
+    after the add, whose start-up is timed)."""
     node = shutil.which("node") or "node"
-    return Proc(
+    proc = Proc(
         "",
         [SCRIPT, mode, url, queues, *extra],
         name=f"bullmq-node-{mode}",
         command=[node],
         stdin=mode == "driver",
-    ).wait_ready(settle=0.3)
+    )
+    return proc.wait_ready(settle=0.3) if ready else proc
 
 
 class BullMQNodePeer(Peer):
@@ -63,6 +68,24 @@ class BullMQNodePeer(Peer):
     notes = {
         "W4": "n/a (no outbox): a child's completion script updates its parent directly",
     }
+    late_start = True
+
+    def _early(self, procs: Stopper, url: str, queues: str) -> Proc | None:
+        """The worker started before the window opens (None: it starts after the add)."""
+        if self.worker_start == "after":
+            return None
+        return procs.add(_node("worker", url, queues, str(self.concurrency)))
+
+    def _add(
+        self, procs: Stopper, driver: Proc, command: dict[str, Any], url: str, queues: str,
+        worker: Proc | None, n: int,
+    ) -> Proc:
+        """Tell the driver to add; a worker not started yet starts once the add returned."""
+        driver.send(json.dumps(command))
+        if worker is not None:
+            return worker
+        driver.wait_line("ADDED", _timeout(n))
+        return procs.add(_node("worker", url, queues, str(self.concurrency), ready=False))
 
     def w1(self, url: str, n: int) -> dict[str, Any]:
         return self._flat(url, n, "w1", "noop")
@@ -80,10 +103,11 @@ class BullMQNodePeer(Peer):
         win = Window(url)
         try:
             with Stopper() as procs:
-                worker = procs.add(_node("worker", url, name, str(self.concurrency)))
+                early = self._early(procs, url, name)
                 driver = procs.add(_node("driver", url, name))
                 win.begin()
-                driver.send(json.dumps({"op": "bulk", "queue": name, "n": n, "name": kind}))
+                command = {"op": "bulk", "queue": name, "n": n, "name": kind}
+                worker = self._add(procs, driver, command, url, name, early, n)
                 win.wait_for(
                     lambda: reached(int(win.cmd("ZCARD", f"bull:{name}:completed")), n),
                     timeout=_timeout(n),
@@ -102,11 +126,12 @@ class BullMQNodePeer(Peer):
         parent_id = "bench-parent"
         try:
             with Stopper() as procs:
-                worker = procs.add(_node("worker", url, queues, str(self.concurrency)))
+                early = self._early(procs, url, queues)
                 driver = procs.add(_node("driver", url, parent_q))
                 win.begin()
                 command = {"op": "flow", "parent": parent_q, "child": child_q, "n": n}
-                driver.send(json.dumps({**command, "id": parent_id}))
+                command["id"] = parent_id
+                worker = self._add(procs, driver, command, url, queues, early, n)
                 win.wait_for(
                     lambda: _parent_done(win, parent_q, child_q, parent_id),
                     timeout=_timeout(n),

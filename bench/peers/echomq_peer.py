@@ -47,9 +47,11 @@ def _timeout(n: int) -> float:
     return max(60.0, n / 100)
 
 
-def _worker(url: str, queues: str, concurrency: int, mode: str) -> Proc:
-    args = ["worker", url, queues, str(concurrency), mode]
-    return Proc(MODULE, args, name="echomq-worker").wait_ready()
+def _worker(url: str, queues: str, concurrency: int, mode: str, ready: bool = True) -> Proc:
+    """A worker process; with ``ready``, once it is constructed and connected (else at once:
+    a worker started after the add, whose start-up is timed)."""
+    proc = Proc(MODULE, ["worker", url, queues, str(concurrency), mode], name="echomq-worker")
+    return proc.wait_ready() if ready else proc
 
 
 def _expected_sum(n: int) -> int:
@@ -69,8 +71,18 @@ class EchoMQPeer(Peer):
     )
     notes = {"W4": "Pump.tick() on one outbox of N completion signals, default page (1000)"}
 
-    def _worker(self, url: str, queues: str) -> Proc:
-        return _worker(url, queues, self.concurrency, self.mode)
+    late_start = True
+
+    def _worker(self, url: str, queues: str, ready: bool = True) -> Proc:
+        return _worker(url, queues, self.concurrency, self.mode, ready)
+
+    def _early(self, procs: Stopper, url: str, queues: str) -> Proc | None:
+        """The worker started before the window opens (None: it starts after the add)."""
+        return None if self.worker_start == "after" else procs.add(self._worker(url, queues))
+
+    def _late(self, procs: Stopper, url: str, queues: str, worker: Proc | None) -> Proc:
+        """The worker, started now (after the add) unless it already runs."""
+        return worker or procs.add(self._worker(url, queues, ready=False))
 
     # -- W1, W6 ---------------------------------------------------------------------------
     def w1(self, url: str, n: int) -> dict[str, Any]:
@@ -85,10 +97,11 @@ class EchoMQPeer(Peer):
         completed = win.counted(lambda: queue.stats()["completed"])
         try:
             with Stopper() as procs:
-                worker = procs.add(self._worker(url, name))
+                early = self._early(procs, url, name)
                 win.begin()
                 queue.add_bulk(range(n))
                 win.split("added")
+                worker = self._late(procs, url, name, early)
                 win.wait_for(
                     lambda: reached(completed(), n),
                     timeout=_timeout(n),
@@ -111,7 +124,7 @@ class EchoMQPeer(Peer):
         released = win.counted(mq.snapshot, parent_q, "JOB-bench-probe")
         try:
             with Stopper() as procs:
-                worker = procs.add(self._worker(url, child_q))
+                early = self._early(procs, url, child_q)
                 pump = Pump(pump_mq, [child_q]) if parent_q != child_q else None
                 if pump is not None:
                     pump.start()
@@ -119,6 +132,7 @@ class EchoMQPeer(Peer):
                     win.begin()
                     ref = mq.add_flow(parent_q, [Child(i, queue=child_q) for i in range(n)])
                     win.split("added")
+                    worker = self._late(procs, url, child_q, early)
                     _wait_released(win, released, parent_q, ref.parent_id, n, worker)
                     win.split("released")
                     values = mq.children_values(parent_q, ref.parent_id)

@@ -1,0 +1,193 @@
+"""What a worker process spends of its own per job, counted rather than timed: the thread
+wake-ups between its runners and its fetcher, what the asyncio client does per argument of a
+command, what an asyncio worker makes per job. Counts do not move with the machine's load;
+the CPU time they stand for is measured by ``bench/worker_cpu.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from echomq_core import AsyncEchoMQ, AsyncWorker, EchoMQ, Job, Worker
+from echomq_core.connection import connect_async
+
+from .conftest import Backend
+from .waiting import eventually, eventually_async
+
+JOBS = 3000
+
+
+class CountingCondition(threading.Condition):
+    """A condition that counts its notifies (each may wake a thread that waits on it)."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.notifies = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notifies += 1
+        super().notify(n)
+
+
+class CountingEncoder:
+    """redis-py's encoder of a connection, counting the arguments it encodes."""
+
+    def __init__(self, encoder: Any) -> None:
+        self.encoder = encoder
+        self.calls = 0
+
+    def encode(self, value: Any) -> bytes:
+        self.calls += 1
+        return self.encoder.encode(value)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.encoder, name)
+
+
+def test_fast_jobs_do_not_wake_the_fetcher_per_job(mq: EchoMQ) -> None:
+    """No-op jobs at concurrency 1: the fetcher is woken about once per claim (when the
+    buffer runs half empty), not on every job a runner takes - each wake is a thread switch
+    that finds nothing to claim. The results are all recorded, every job once."""
+    q = mq.queue("cost")
+    q.add_bulk(range(JOBS))
+    worker = Worker(mq, {"cost": lambda job: None}, concurrency=1)
+    counted = CountingCondition(worker._lock)
+    worker._want_jobs = counted
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == JOBS, 60, lambda: q.stats())
+    finally:
+        worker.stop()
+    assert worker.completed == JOBS
+    # claims ramp 1, 2, 4 ... 500 then take 500 each: about 15 claims for 3,000 jobs
+    assert counted.notifies <= JOBS // 30, counted.notifies
+
+
+def test_a_woken_flusher_is_notified_once(mq: EchoMQ) -> None:
+    """Runners finishing jobs while the flusher is being woken do not notify it again: once
+    per wait. Many jobs, one runner: the notifies stay below the batch calls' count times a
+    small factor, far below one per job."""
+    q = mq.queue("cost2")
+    q.add_bulk(range(JOBS))
+    worker = Worker(mq, {"cost2": lambda job: None}, concurrency=1, flush_after=0.001)
+    counted = CountingCondition(worker._lock)
+    worker._results_ready = counted
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == JOBS, 60, lambda: q.stats())
+    finally:
+        worker.stop()
+    assert worker.completed == JOBS
+    assert counted.notifies <= JOBS // 10, counted.notifies
+
+
+def test_the_asyncio_client_packs_commands_in_c() -> None:
+    """An asyncio client's connections pack a command with hiredis, to the same bytes as
+    redis-py's own packer, without its per-argument pass through the encoder (a batch
+    completion has thousands of arguments); a TLS URL keeps its TLS connection class, and an
+    argument hiredis does not take (a ``bytearray``) is packed the redis-py way."""
+    import redis.asyncio
+    import redis.asyncio.connection
+
+    client: Any = connect_async("redis://127.0.0.1:1/0").client
+    pool = client.connection_pool
+    conn = pool.connection_class(**pool.connection_kwargs)
+    conn.encoder = counting = CountingEncoder(conn.encoder)
+    ids = (f"JOB-{i}" for i in range(2000))
+    args: tuple[Any, ...] = ("EVALSHA", "f" * 40, 2, "emq:{q}:a", "emq:{q}:b", *ids, 1.5)
+    packed = conn.pack_command(*args)
+    assert counting.calls == 0
+    plain = redis.asyncio.connection.Connection.pack_command(conn, *args)
+    assert b"".join(packed) == b"".join(plain)
+    odd = conn.pack_command("SET", "k", bytearray(b"v"))
+    assert b"".join(odd) == b"".join(redis.asyncio.connection.Connection.pack_command(
+        conn, "SET", "k", b"v"
+    ))
+    tls_client: Any = connect_async("rediss://127.0.0.1:1/0").client
+    tls = tls_client.connection_pool.connection_class
+    assert issubclass(tls, redis.asyncio.SSLConnection)
+
+
+@pytest.mark.onlystandalone
+def test_an_asyncio_client_round_trips_through_the_fast_packer(
+    backend: Backend, prefix: str
+) -> None:
+    """The packed commands reach a real server intact: a pipeline of many arguments, values
+    of every type EchoMQ sends (str, bytes, int, float)."""
+
+    async def main() -> None:
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        client: Any = amq.connection.client
+        try:
+            fields = {f"f{i}": v for i, v in enumerate(["é", b"\x00\xff", 7, 2.5] * 250)}
+            await client.hset(f"{prefix}:h", mapping=fields)
+            got = await client.hgetall(f"{prefix}:h")
+            assert len(got) == 1000
+            assert got[b"f0"] == "é".encode() and got[b"f1"] == b"\x00\xff"
+            assert got[b"f2"] == b"7" and got[b"f3"] == b"2.5"
+        finally:
+            await amq.close()
+
+    asyncio.run(main())
+
+
+def test_an_asyncio_worker_gives_its_jobs_one_spawner(backend: Backend, prefix: str) -> None:
+    """The spawner a job's ``spawn()`` calls is made once per start of the worker, not once
+    per job."""
+    seen: list[Any] = []
+
+    async def handle(job: Job) -> None:
+        seen.append(job.spawner)
+
+    async def main() -> None:
+        mq = EchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        mq.queue("spawners").add_bulk(range(50))
+        mq.close()
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        worker = AsyncWorker(amq, {"spawners": handle}, concurrency=4)
+        await worker.start()
+        try:
+            await eventually_async(lambda: worker.completed == 50, 30, "50 completions")
+        finally:
+            await worker.stop()
+            await amq.close()
+
+    asyncio.run(main())
+    assert len(seen) == 50
+    assert len({id(s) for s in seen}) == 1
+    assert all(callable(s) for s in seen)
+
+
+@pytest.mark.parametrize("concurrency", [4, 50])
+def test_a_backlog_is_claimed_in_batches_that_double_from_the_first(
+    mq: EchoMQ, concurrency: int
+) -> None:
+    """A worker started on a backlog claims one job per runner first (it knows nothing of
+    its handlers yet), then twice what each claim took, up to ``max_batch``: at concurrency
+    50, 50, 100, 200, 400, 500 - not six claims of 50 while the target doubles up from 1."""
+    q = mq.queue("ramp")
+    q.add_bulk(range(2000))
+    worker = Worker(mq, {"ramp": lambda job: None}, concurrency=concurrency, fast_job=1.0)
+    queue = worker.queues["ramp"]
+    sizes: list[int] = []
+    claim = queue.claim
+
+    def recorded(count: int = 1, **options: Any) -> Any:
+        jobs = claim(count, **options)
+        if jobs:
+            sizes.append(len(jobs))
+        return jobs
+
+    queue.claim = recorded  # type: ignore[method-assign]
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == 2000, 60, lambda: (q.stats(), sizes))
+    finally:
+        worker.stop()
+    ramp = [concurrency]
+    while ramp[-1] < 500:
+        ramp.append(min(500, ramp[-1] * 2))
+    assert sizes[: len(ramp)] == ramp, sizes
