@@ -43,6 +43,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.onlystandalone,
     pytest.mark.production,
+    pytest.mark.timeout(900),  # a whole stack and three stories: past the suite's 300 s
     pytest.mark.skipif(not available(), reason="needs Debian's postgresql-15"),
 ]
 
