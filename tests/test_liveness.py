@@ -37,7 +37,7 @@ def test_a_worker_whose_heartbeat_loop_is_stuck_is_not_alive(mq: EchoMQ) -> None
         # the gate: the heartbeat loop takes the worker's lock to list what it extends, so
         # while the test holds it the loop is stuck as a hung call would leave it
         with worker._lock:
-            code, text = eventually(lambda: (r := probe(url))[0] == 503 and r, timeout=30)
+            _, text = eventually(lambda: (r := probe(url))[0] == 503 and r, timeout=30)
         assert "worker heartbeat loop: nothing for" in text
         assert eventually(lambda: probe(url) == (200, "ok\n"), timeout=30)  # turning again
     finally:
