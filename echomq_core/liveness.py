@@ -19,13 +19,9 @@ The answer: ``200 ok`` or ``503`` with one line per problem. Nothing is read fro
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-#: Threads a threaded :class:`~echomq_core.Worker` runs besides its runners.
-WORKER_THREADS = ("echomq-fetch", "echomq-flush", "echomq-heartbeat")
 
 
 class Liveness:
@@ -74,8 +70,8 @@ class Liveness:
             return await abeat(*args, **kwargs)
 
         presence.beat, presence.abeat = beating, abeating
-        if hasattr(worker, "_helpers"):  # threaded: the named threads it starts
-            self.add(lambda: _threads_alive() if getattr(worker, "_beater", None) else None)
+        if hasattr(worker, "_helpers"):  # threaded: the threads it started, once it has
+            self.add(lambda: _threads_alive(worker))
 
     def watch_pump(self, pump: Any) -> None:
         """Check ``pump``: its ticks keep starting."""
@@ -89,9 +85,12 @@ class Liveness:
         pump.tick = ticking
 
 
-def _threads_alive() -> str | None:
-    running = {t.name for t in threading.enumerate() if t.is_alive()}
-    dead = [name for name in WORKER_THREADS if name not in running]
+def _threads_alive(worker: Any) -> str | None:
+    """None, or which of a started threaded worker's fetcher, flusher and heartbeat threads
+    no longer run."""
+    if worker._beater is None:  # not started: nothing to check yet
+        return None
+    dead = [t.name for t in (*worker._helpers, worker._beater) if not t.is_alive()]
     return f"worker thread(s) not running: {', '.join(dead)}" if dead else None
 
 
