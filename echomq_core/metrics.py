@@ -41,13 +41,16 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -58,6 +61,7 @@ from .checks import check_int
 from .checks import text as _s
 from .errors import EchoMQError, Unrecoverable
 from .keyspace import FLOW_INDEXES, Keyspace, check_queue
+from .liveness import Liveness, health_app
 from .models import Job
 from .rates import RateLimit
 from .workers_registry import per_queue, read_workers
@@ -428,10 +432,13 @@ class ProcessMetrics:
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     server: MetricsServer | None = None
+    #: what ``/healthz`` checks: the worker and Pump watched (:meth:`watch_worker`, ...)
+    liveness: Liveness = field(default_factory=Liveness)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
-        """Serve this registry over HTTP (see :class:`MetricsServer`); :meth:`close` stops."""
-        self.server = MetricsServer(self.registry, port, host)
+        """Serve this registry and ``/healthz`` over HTTP (see :class:`MetricsServer`);
+        :meth:`close` stops."""
+        self.server = MetricsServer(self.registry, port, host, self.liveness)
         return self.server
 
     def close(self) -> None:
@@ -538,7 +545,8 @@ class ProcessMetrics:
     def watch_worker(self, worker: Worker | AsyncWorker) -> None:
         """Record the size of every non-empty claim of ``worker``, threaded or asyncio (wraps
         each of its queues' ``claim_op``, the one operation both workers claim through; the
-        workers' code is not touched)."""
+        workers' code is not touched); and its loops for ``/healthz``."""
+        self.liveness.watch_worker(worker)
         for name, queue in worker.queues.items():
             claim_op, batch = queue.claim_op, self.batch.labels(name)
 
@@ -554,7 +562,9 @@ class ProcessMetrics:
 
     # -- Pump -----------------------------------------------------------------------------
     def watch_pump(self, pump: Pump) -> Pump:
-        """Count what each tick of ``pump`` did and time it (wraps its ``tick``)."""
+        """Count what each tick of ``pump`` did and time it (wraps its ``tick``), and watch
+        its ticks for ``/healthz``."""
+        self.liveness.watch_pump(pump)
         tick = pump.tick
 
         def metered() -> TickStats:
@@ -613,13 +623,30 @@ class MeteredHooks:
 
 
 class MetricsServer:
-    """``registry`` served at ``http://host:port/metrics`` by prometheus-client's own HTTP
-    server, from a daemon thread, until :meth:`close`. Binds 127.0.0.1 unless told otherwise;
-    port 0 picks a free port (read it back from :attr:`port`)."""
+    """``registry`` served at ``http://host:port/metrics`` (prometheus-client's WSGI app) and,
+    with ``liveness``, ``/healthz`` (:mod:`echomq_core.liveness`), from a daemon thread, until
+    :meth:`close`. Binds 127.0.0.1 unless told otherwise; port 0 picks a free port (read it
+    back from :attr:`port`)."""
 
-    def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        port: int,
+        host: str = "127.0.0.1",
+        liveness: Liveness | None = None,
+    ) -> None:
         check_int("metrics port", port, 0, 65535)
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        app = make_wsgi_app(registry)
+        if liveness is not None:
+            app = health_app(liveness, app)
+
+        class Server(ThreadingMixIn, WSGIServer):
+            daemon_threads = True
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._server = make_server(host, port, app, Server, handler_class=_Quiet)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
         self.host = host
         self.port: int = self._server.server_port
 
@@ -630,6 +657,13 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5.0)
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log line per scrape or probe on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 __all__ = [

@@ -387,6 +387,10 @@ def test_worker_and_pump_serve_metrics_on_metrics_port(
         assert 'echomq_flows_released_total{queue="mx-cli-parents"} 1.0' in pump_text
         # the Pump also exports the server-side gauges of the queues it serves
         assert 'echomq_outbox_head_age_seconds{queue="mx-cli"}' in pump_text
+        # and each answers its liveness probe beside the metrics
+        for url in (worker_url, pump_url):
+            probe = urllib.request.urlopen(url.replace("/metrics", "/healthz"), timeout=5)
+            assert (probe.status, probe.read()) == (200, b"ok\n")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
