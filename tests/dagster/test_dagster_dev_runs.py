@@ -196,49 +196,10 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
         assert [f for f in mq.list_flows(PARENT) if ".plan_empty" in f.parent_id] == []
 
         # -- a fan-out step that fails after adding its flow, then re-executed -------------
-        launched = gql(
-            f"""mutation($params: ExecutionParams!) {{
-              launchRun(executionParams: $params) {{ {LAUNCHED} }}
-            }}""",
-            params={"selector": {**REPO, "jobName": "fan_job"}},
-        )["launchRun"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        first = launched["run"]["runId"]
-        poll("the fan-out run to fail", lambda: status(first) == "FAILURE", 240, logs)
-        (flow,) = [f for f in mq.list_flows(PARENT) if f.parent_id.endswith(".fan")]
-        assert first in flow.parent_id
-        poll(
-            "the cancel sensor to cancel the failed run's flow",
-            lambda: mq.snapshot(PARENT, flow.parent_id).outcome == "cancelled",
-            120,
-            logs,
+        later = [sys.executable, str(WORKER_PROC), url, prefix, LATER]
+        reexecuted_from_failure(
+            gql, mq, logs, marker, record, lambda: group_spawn(later, env, logs[2])
         )
-        assert mq.snapshot(PARENT, flow.parent_id).processed == 2  # kept through the repair
-
-        marker.touch()
-        group_spawn([sys.executable, str(WORKER_PROC), url, prefix, LATER], env, logs[2])
-        again = gql(
-            f"""mutation($params: ReexecutionParams!) {{
-              launchRunReexecution(reexecutionParams: $params) {{ {LAUNCHED} }}
-            }}""",
-            params={"parentRunId": first, "strategy": "FROM_FAILURE"},
-        )["launchRunReexecution"]
-        assert again["__typename"] == "LaunchRunSuccess", again
-        rerun = again["run"]["runId"]
-        poll("the re-executed run to succeed", lambda: status(rerun) == "SUCCESS", 240, logs)
-        tags = {t["key"]: t["value"] for t in gql(RUN, id=rerun)["runOrError"]["tags"]}
-        assert tags["dagster/root_run_id"] == first != rerun
-        assert [f.parent_id for f in mq.list_flows(PARENT) if ".fan" in f.parent_id] == [
-            flow.parent_id
-        ]  # the same flow, no second one
-        snap = mq.snapshot(PARENT, flow.parent_id)
-        assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", 1, 4)
-        ran = Counter(record.read_text().split("\n")[:-1])
-        assert ran == Counter({f"{DONE} 0": 1, f"{DONE} 1": 1, f"{LATER} 2": 1, f"{LATER} 3": 1})
-        fan_events = gql(ASSET_EVENTS, path=["fan"])["assetOrError"]
-        assert [(o["runId"], o["stepKey"]) for o in fan_events["assetObservations"]] == [
-            (rerun, "fan_sum")
-        ]
 
         # -- backfills of a range (one run each: single-run backfill policy) ---------------
         def backfill(tags: list[dict[str, str]]) -> str:
@@ -347,3 +308,66 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
         assert mq.snapshot(PARENT, barrier.parent_id).parent_state == "closed"
     finally:
         mq.close()
+
+
+def reexecuted_from_failure(
+    gql: GraphQL,
+    mq: EchoMQ,
+    logs: list[Path],
+    marker: Path,
+    record: Path,
+    start_later_worker: Callable[[], Any],
+) -> None:
+    """``fan_job``'s step fails after adding its flow (no ``marker``); the daemon's cancel
+    sensor cancels the flow; with the marker made and a worker for the later children
+    started, re-executing the run from failure (a new run id, the root run in its tag)
+    repairs that same flow: the completed children do not run again (``record``)."""
+    from run_jobs import DONE, LATER, PARENT
+
+    def status(run_id: str) -> str:
+        found: str = gql(RUN, id=run_id)["runOrError"]["status"]
+        return found
+
+    launched = gql(
+        f"""mutation($params: ExecutionParams!) {{
+          launchRun(executionParams: $params) {{ {LAUNCHED} }}
+        }}""",
+        params={"selector": {**REPO, "jobName": "fan_job"}},
+    )["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    first = launched["run"]["runId"]
+    poll("the fan-out run to fail", lambda: status(first) == "FAILURE", 240, logs)
+    (flow,) = [f for f in mq.list_flows(PARENT) if f.parent_id.endswith(".fan")]
+    assert first in flow.parent_id
+    poll(
+        "the cancel sensor to cancel the failed run's flow",
+        lambda: mq.snapshot(PARENT, flow.parent_id).outcome == "cancelled",
+        120,
+        logs,
+    )
+    assert mq.snapshot(PARENT, flow.parent_id).processed == 2  # kept through the repair
+
+    marker.touch()
+    start_later_worker()
+    again = gql(
+        f"""mutation($params: ReexecutionParams!) {{
+          launchRunReexecution(reexecutionParams: $params) {{ {LAUNCHED} }}
+        }}""",
+        params={"parentRunId": first, "strategy": "FROM_FAILURE"},
+    )["launchRunReexecution"]
+    assert again["__typename"] == "LaunchRunSuccess", again
+    rerun = again["run"]["runId"]
+    poll("the re-executed run to succeed", lambda: status(rerun) == "SUCCESS", 240, logs)
+    tags = {t["key"]: t["value"] for t in gql(RUN, id=rerun)["runOrError"]["tags"]}
+    assert tags["dagster/root_run_id"] == first != rerun
+    assert [f.parent_id for f in mq.list_flows(PARENT) if ".fan" in f.parent_id] == [
+        flow.parent_id
+    ]  # the same flow, no second one
+    snap = mq.snapshot(PARENT, flow.parent_id)
+    assert (snap.parent_state, snap.repairs, snap.processed) == ("closed", 1, 4)
+    ran = Counter(record.read_text().split("\n")[:-1])
+    assert ran == Counter({f"{DONE} 0": 1, f"{DONE} 1": 1, f"{LATER} 2": 1, f"{LATER} 3": 1})
+    fan_events = gql(ASSET_EVENTS, path=["fan"])["assetOrError"]
+    assert [(o["runId"], o["stepKey"]) for o in fan_events["assetObservations"]] == [
+        (rerun, "fan_sum")
+    ]

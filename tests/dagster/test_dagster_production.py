@@ -10,14 +10,17 @@ Stories, driven through the GraphQL API as the UI is:
   queued by the coordinator and dequeued by the daemon), each reads and closes its flow; a run
   terminated while it waits ends CANCELED and the daemon's run-status sensor cancels its flow
   (the same stories as the ``dagster dev`` test, :mod:`test_dagster_deployment`);
+* a second code location (``run_jobs.py``, a code server of its own): a run whose fan-out step
+  fails after adding its flow; the daemon's cancel sensor cancels the flow; re-executed from
+  failure (a new run id, the root run in its tag), the run repairs that same flow and the
+  completed children do not run again (as :mod:`test_dagster_dev_runs` does under
+  ``dagster dev``);
 * a backfill of 10 daily partitions (single-run policy: one run) is launched while no EchoMQ
   worker runs, so its run holds its 10 flows open; the daemon is killed (SIGKILL, its whole
   group) and started again, then the workers: the backfill completes with one run, one flow
   per day, each read and closed - none added twice (a second run would add its own
   run-scoped flows).
 
-Not here (covered under ``dagster dev`` by :mod:`test_dagster_dev_runs`): re-execution from
-failure repairing a flow.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster_support import EXAMPLE_DIR, client_url
+from dagster_support import EXAMPLE_DIR, ROOT, WORKER_PROC, client_url
 from deploy_support import GraphQL, free_port, location_loaded, poll, signal_group
 from test_dagster_deployment import LOCATION, REPORTS, backfill, sensor_and_terminate
+from test_dagster_dev_runs import reexecuted_from_failure
 
 from echomq_core import EchoMQ
 from tests.airflow.postgres import Postgres, available
@@ -48,6 +52,18 @@ pytestmark = [
 ]
 
 BIN = Path(sys.executable).parent
+RUNS_DEFS = ROOT / "tests" / "dagster" / "run_jobs.py"
+RUNS_LOCATION = "run_jobs.py"  # as test_dagster_dev_runs's selectors name it
+DONE, LATER = "rj-done", "rj-later"  # run_jobs.py's child queues
+LOCATIONS = """{ repositoriesOrError { ... on RepositoryConnection {
+  nodes { location { name } } } } }"""
+
+
+def locations(gql: GraphQL) -> set[str]:
+    nodes = gql(LOCATIONS)["repositoriesOrError"].get("nodes") or []
+    return {n["location"]["name"] for n in nodes}
+
+
 DAYS = [f"2026-11-{d:02d}" for d in range(1, 11)]
 BACKFILL_RUNS = """query($id: String!) {
   runsOrError(filter: {tags: [{key: "dagster/backfill", value: $id}]}) {
@@ -82,12 +98,17 @@ def test_dagster_on_postgres_with_its_daemon_and_a_code_server(
         home = tmp_path / "dagster_home"
         home.mkdir()
         (home / "dagster.yaml").write_text(instance_yaml(pg))
-        code_port, web_port = free_port(), free_port()
+        code_port, runs_port, web_port = free_port(), free_port(), free_port()
         workspace = tmp_path / "workspace.yaml"
         workspace.write_text(
-            "load_from:\n  - grpc_server:\n      host: 127.0.0.1\n"
-            f"      port: {code_port}\n      location_name: {LOCATION}\n"
+            "load_from:\n"
+            + "".join(
+                f"  - grpc_server:\n      host: 127.0.0.1\n      port: {port}\n"
+                f"      location_name: {name}\n"
+                for port, name in ((code_port, LOCATION), (runs_port, RUNS_LOCATION))
+            )
         )
+        marker, record = tmp_path / "fixed", tmp_path / "ran.txt"
         env = {
             **proc_env,
             "ECHOMQ_URL": url,
@@ -95,8 +116,13 @@ def test_dagster_on_postgres_with_its_daemon_and_a_code_server(
             "ECHOMQ_EXAMPLE_N": "5",
             "ECHOMQ_SENSOR_INTERVAL": "5",
             "DAGSTER_HOME": str(home),
+            "ECHOMQ_RUNS_URL": url,  # run_jobs.py's settings
+            "ECHOMQ_RUNS_PREFIX": prefix,
+            "ECHOMQ_RUNS_MARKER": str(marker),
+            "ECHOMQ_RUNS_RECORD": str(record),
         }
-        names = ("code-server", "webserver", "daemon", "workers", "pump", "daemon-2", "workers-2")
+        names = ("code-server", "webserver", "daemon", "workers", "pump", "daemon-2", "workers-2",
+                 "runs-code-server", "done-worker", "later-worker")  # fmt: skip
         logs = [tmp_path / f"{n}.log" for n in names]
         workers = [sys.executable, str(EXAMPLE_DIR / "workers.py")]
         daemon = [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)]
@@ -107,6 +133,12 @@ def test_dagster_on_postgres_with_its_daemon_and_a_code_server(
             env, logs[0],
         )  # fmt: skip
         group_spawn(
+            [str(BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p",
+             str(runs_port), "-f", str(RUNS_DEFS), "--location-name", RUNS_LOCATION],
+            env, logs[7],
+        )  # fmt: skip
+        group_spawn([sys.executable, str(WORKER_PROC), url, prefix, DONE], env, logs[8])
+        group_spawn(
             [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(web_port), "-w",
              str(workspace)],
             env, logs[1],
@@ -115,12 +147,20 @@ def test_dagster_on_postgres_with_its_daemon_and_a_code_server(
         first_workers = group_spawn(workers, env, logs[3])
         group_spawn([str(BIN / "echomq"), "pump", "--url", url, "--prefix", prefix], env, logs[4])
         gql = GraphQL(web_port)
-        poll("the webserver and the code server's location", lambda: location_loaded(gql), 240,
-             logs)  # fmt: skip
+        poll(
+            "the webserver and both code servers' locations",
+            lambda: location_loaded(gql) and locations(gql) >= {LOCATION, RUNS_LOCATION},
+            240,
+            logs,
+        )
 
         mq = EchoMQ(url, prefix=prefix)
         try:
             sensor_and_terminate(gql, mq, logs)
+            later = [sys.executable, str(WORKER_PROC), url, prefix, LATER]
+            reexecuted_from_failure(
+                gql, mq, logs, marker, record, lambda: group_spawn(later, env, logs[9])
+            )
 
             # -- the backfill's run holds its flows; the daemon dies and comes back -------
             signal_group(first_workers, signal.SIGTERM)  # no child runs until the restart
