@@ -38,9 +38,11 @@ case "$mode" in
     # PostgreSQL's drivers (psycopg2; asyncpg for Airflow's async engine); celery 5.7 moved
     # what the provider's worker imports (celery.backends.database.retry), so below it.
     # The Dagster production test (tests/dagster/test_dagster_production.py) stores on
-    # PostgreSQL: dagster-postgres, resolved with dagster (it pins its release).
+    # PostgreSQL: dagster-postgres, which pins its dagster release. Unbounded, the resolver
+    # kept the newest dagster and fell back to dagster-postgres 0.11 and psycopg2 2.8, which
+    # does not import on Python 3.11: hence the lower bounds.
     pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration dagster-webserver \
-      apache-airflow-providers-celery "celery<5.7" psycopg2-binary asyncpg dagster-postgres
+      apache-airflow-providers-celery "celery<5.7" "psycopg2-binary>=2.9" asyncpg "dagster-postgres>=0.29"
     ;;
   floor)
     pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration \
