@@ -22,6 +22,7 @@ Every process started here is in its own session, killed with its whole group at
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from collections import Counter
@@ -120,9 +121,7 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
         )["startSensor"]
         assert started["__typename"] == "Sensor", started
 
-        def status(run_id: str) -> str:
-            found: str = gql(RUN, id=run_id)["runOrError"]["status"]
-            return found
+        status = functools.partial(run_status, gql)
 
         # -- a fan-out over an empty plan: nothing added, the reader skipped ---------------
         launched = gql(
@@ -310,6 +309,11 @@ def test_dagster_dev_reexecution_range_refusal_and_a_fixed_flow_sensor(
         mq.close()
 
 
+def run_status(gql: GraphQL, run_id: str) -> str:
+    found: str = gql(RUN, id=run_id)["runOrError"]["status"]
+    return found
+
+
 def reexecuted_from_failure(
     gql: GraphQL,
     mq: EchoMQ,
@@ -324,9 +328,7 @@ def reexecuted_from_failure(
     repairs that same flow: the completed children do not run again (``record``)."""
     from run_jobs import DONE, LATER, PARENT
 
-    def status(run_id: str) -> str:
-        found: str = gql(RUN, id=run_id)["runOrError"]["status"]
-        return found
+    status = functools.partial(run_status, gql)
 
     launched = gql(
         f"""mutation($params: ExecutionParams!) {{
