@@ -333,6 +333,17 @@ class EchoMQ(_Base):
         queue = self.home(queue, parent_id)
         return self.perform(flows.flow_cap(self.keys, queue, parent_id))
 
+    def note_epoch(self, queue: str, parent_id: str, epoch: int = 0) -> int | None:
+        """An orchestrator's attempt counter on a flow: record ``epoch`` if it is above the one
+        there (it never goes down) and return the flow's epoch after the call; ``0`` only reads
+        it; None when there is no such flow. The Airflow provider records the DAG run's clear
+        number from the adding and waiting tasks, and a failure callback of an older attempt,
+        delivered late, leaves a flow whose epoch is newer than its own. The field goes with
+        the flow."""
+        queue = self.home(queue, parent_id)
+        epoch = check_int("epoch", epoch, 0, 2**53)
+        return self.perform(lifecycle.note_epoch(self.keys, queue, parent_id, epoch))
+
     def close_flow(self, queue: str, parent_id: str) -> str:
         """The reader is done with a released barrier flow: its ``closed`` retention starts.
         Idempotent; closing a flow that already ended otherwise (failed, completed) changes
@@ -660,6 +671,14 @@ class AsyncEchoMQ(_Base):
         ks = self.keys
         op = release_watch.take_released(ks, queue, watcher, cursor, limit=limit, close=close)
         return await self.connection.perform(op)
+
+    async def note_epoch(self, queue: str, parent_id: str, epoch: int = 0) -> int | None:
+        """As :meth:`EchoMQ.note_epoch`."""
+        queue = await self.home(queue, parent_id)
+        epoch = check_int("epoch", epoch, 0, 2**53)
+        return await self.connection.perform(
+            lifecycle.note_epoch(self.keys, queue, parent_id, epoch)
+        )
 
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""

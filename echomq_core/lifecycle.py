@@ -329,14 +329,27 @@ class ReAdd:
         return self.snap.outcome in ("failed", "cancelled")
 
 
-def repair_on_readd(ks: Keyspace, queue: str, parent_id: str, *, repair: bool) -> Op[ReAdd]:
+def note_epoch(ks: Keyspace, queue: str, parent_id: str, epoch: int) -> Op[int | None]:
+    """Record ``epoch`` on the flow's root row if it is above the one there (``epoch.lua``);
+    the row's epoch after the call, None when there is no such flow. ``0`` only reads it."""
+    (found,) = yield [Call.lua("epoch", [ks.job(queue, parent_id)], [str(epoch)])]
+    return None if found is None else int(found)
+
+
+def repair_on_readd(
+    ks: Keyspace, queue: str, parent_id: str, *, repair: bool, epoch: int | None = None
+) -> Op[ReAdd]:
     """The rule after an add by a stable id (an Airflow retry or clear of the adding task, a
     Dagster step retry or re-execution), once the add converged to the flow already there:
     a flow found failed or cancelled - the earlier try's wait gave up on it - is repaired when
     ``repair`` (:func:`retry_flow`: dead and cancelled children run again, completed ones keep
     their values), so the new try's wait reads it to the end; a released or closed one is left
     as it is (its results are read again); a held one is the earlier try's, still running.
-    One round trip more than the add, plus the repair's when there is one."""
+    ``epoch`` (the orchestrator's attempt, :func:`note_epoch`) is recorded first, so a late
+    failure callback of an older attempt leaves the flow this one takes up. One round trip
+    more than the add (two with an epoch), plus the repair's when there is one."""
+    if epoch is not None:
+        yield from note_epoch(ks, queue, parent_id, epoch)
     snap = yield from snapshot(ks, queue, parent_id)
     if repair and snap.outcome in ("failed", "cancelled"):
         return ReAdd(snap, (yield from retry_flow(ks, queue, parent_id, ignored=False)))

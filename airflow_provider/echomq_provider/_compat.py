@@ -209,3 +209,18 @@ async def atask_state(dag_id: str, run_id: str, task_id: str, map_index: int | N
     except Exception as exc:
         log.debug("task state unreadable: %s: %s", type(exc).__name__, exc)
         return None
+
+
+def clear_number(context: Any) -> int | None:
+    """How many times the task's DAG run has been cleared (``dag_run.clear_number``, Airflow
+    3.0+), from a task's context or a callback's (the dag processor's context carries the run
+    as it was when the scheduler failed the task): the attempt a flow's epoch records
+    (:meth:`echomq_core.EchoMQ.note_epoch`). None when the context does not say."""
+    try:
+        run = context.get("dag_run")
+    except Exception:  # a context without mapping access
+        return None
+    number = getattr(run, "clear_number", None)
+    if isinstance(number, int) and not isinstance(number, bool) and number >= 0:
+        return number
+    return None

@@ -38,7 +38,13 @@ the same flow. The rule reads state, so running it twice, or after the task's ow
 the flow, changes nothing.
 
 The dag processor runs a callback when it gets to it, seconds or minutes later; a task cleared
-meanwhile waits on its flow again. So there (on Airflow 3.2 and 3.3, whose dag processor can
+meanwhile waits on its flow again. So every try of an adding or waiting task in a cleared run
+records the run's clear number on the flow (its epoch, :meth:`echomq_core.EchoMQ.note_epoch`:
+the adding task before it repairs the flow, a waiting task at its first read), and a callback
+run in the dag processor leaves a flow whose epoch is above the clear number its own context
+carries (the run as it was when the task failed): a newer attempt has taken the flow up. The
+rest of this paragraph is about a callback that comes after the clear but before the newer
+attempt started. So there (on Airflow 3.2 and 3.3, whose dag processor can
 read task states) a callback first reads the task instance's state and leaves the flow to a
 task that is no longer failed (queued, running, up for retry, ...). Airflow 3.1's dag processor
 cannot read it, and a failed run is often cleared at once: there the DAG's callback closes a
@@ -57,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from echomq_core import EchoMQError
 
-from ._compat import AIRFLOW_3_2, task_state
+from ._compat import AIRFLOW_3_2, clear_number, task_state
 from .hooks.echomq import EchoMQHook
 
 if TYPE_CHECKING:
@@ -141,6 +147,18 @@ def settle_flow(task: FlowWaiting, context: Any, why: str, *, run_failed: bool =
     hook = EchoMQHook(task.echomq_conn_id, prefix=task.prefix)
     try:
         client = hook.get_conn()
+        mine = clear_number(context) if task._ti_for_kill is None else None
+        epoch = client.note_epoch(queue, parent_id) if mine is not None else None
+        if mine is not None and epoch is not None and epoch > mine:
+            task.log.info(
+                "Flow %s left to a newer attempt of the run: %s when the run had been "
+                "cleared %d times; taken up since by the attempt after clear %d",
+                parent_id,
+                why,
+                mine,
+                epoch,
+            )
+            return
         snap = client.snapshot(queue, parent_id)
         action = settle_action(
             snap,

@@ -35,6 +35,7 @@ from ._compat import (
     AirflowFailException,
     AirflowSensorTimeout,
     AirflowSkipException,
+    clear_number,
     conf,
     listeners_registered,
     task_state,
@@ -141,6 +142,7 @@ class FlowWaiting(_Base):
         self._in_task: tuple[float, int] | None = None  # (time, settled) of the first read
         self._last_progress: float | None = None
         self._ti_for_kill: Any = None  # the running task instance, for on_kill
+        self._epoch_noted = False  # this process recorded the run's clear number on the flow
         self._settles = settles
         if settles:
             settle.install(self)
@@ -200,6 +202,11 @@ class FlowWaiting(_Base):
         client = self._client()
         if wait is None:  # a poke: one read, its pause and timeout are Airflow's
             wait = FlowWait(queue, parent_id, poll=max(self._poke_seconds(), 0.001))
+        if not self._epoch_noted:  # a cleared run's try takes the flow up (settle.py)
+            self._epoch_noted = True
+            cleared = clear_number(context)
+            if cleared:
+                client.note_epoch(queue, parent_id, cleared)
         verdict = client.perform(wait.read(client.keys))
         snap = verdict.snap
         if verdict.never_released:

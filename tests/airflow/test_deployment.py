@@ -17,6 +17,10 @@ One test, three stories on one deployment (starting it costs most of the time):
 6. a waiting ``@task.echo_flow`` whose supervisor stops heartbeating: the scheduler fails it
    and the dag processor runs its failure callback (the provider's), which cancels the flow;
 7. (the asset and release-watcher stories, each in its function's docstring);
+9. the scheduler fails a waiting task whose failure callback the dag processor only runs
+   after the run was cleared and the task's next try took the flow up (the dag processor
+   stopped meanwhile: a late callback, as Airflow's own races deliver them): the callback
+   leaves the flow to the newer try, which reads it to the end;
 8. mapped tasks over ``flow_slices`` and the results as data frames (``flow_frame``).
 
 The example runs also show what the metadata DB's ``xcom`` table holds per task (the return
@@ -242,6 +246,7 @@ def test_real_deployment(tmp_path: Path) -> None:
             marked_failed_cancels(deployment, mq)
             reschedule_marked_failed(deployment, mq, markers)
             lost_heartbeat(deployment, mq)
+            late_callback_after_clear(deployment, mq)
             release_watcher(deployment, mq)
             slices_and_frames(deployment)
         assert our_bad_lines(deployment.logs()) == []
@@ -471,6 +476,15 @@ def task_processes(ti_id: str) -> tuple[int, int]:
     raise AssertionError(f"no task process for {ti_id}")
 
 
+def gone(pid: int) -> bool:
+    """Process ``pid`` has ended (exited, or a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def lost_heartbeat(deployment: Deployment, mq: EchoMQ) -> None:
     """The scheduler fails a waiting task that stopped heartbeating and the dag processor runs
     its failure callback: the flow is cancelled while none of the task's code runs."""
@@ -516,3 +530,56 @@ def test_log_scan_flags_our_warnings_only(tmp_path: Path) -> None:
     assert len(bad) == 3
     assert "echomq_provider.hooks.echomq" in bad[0] and "echo_flow.py" in bad[1]
     assert "echomq_core.pump" in bad[2]
+
+
+def late_callback_after_clear(deployment: Deployment, mq: EchoMQ) -> None:
+    """Story 9. A waiting ``@task.echo_flow`` loses its heartbeat while the dag processor is
+    stopped, so the failure callback the scheduler sends waits; the run is cleared and the
+    task's second try takes the flow up (repairing it if the first try's kill cancelled it);
+    only then does the dag processor run the first try's callback. It must leave the flow:
+    Airflow 3.2+ reads the task's state (running again), 3.1 cannot and compares the flow's
+    epoch (the clear number the second try recorded) with the one in its context."""
+    dag_id = "echomq_deploy_zombie"
+    run_id = deployment.trigger(dag_id)
+    deployment.wait_task(dag_id, run_id, "fan_out", ["running"])
+    parent = parent_id_for(dag_id, run_id, "fan_out")
+    deployment.wait_for(
+        lambda: mq.snapshot("example.reports", parent).parent_state == "held",
+        60,
+        "the flow added",
+    )
+    processor = deployment.procs["dag-processor"]
+    supervisor, _task = task_processes(deployment.task_instance(dag_id, run_id, "fan_out")["id"])
+    os.killpg(processor.pid, signal.SIGSTOP)  # callbacks wait from now on
+    try:
+        os.kill(supervisor, signal.SIGSTOP)  # no more heartbeats
+        try:
+            assert deployment.wait_run(dag_id, run_id, timeout=180) == "failed"
+        finally:
+            os.kill(supervisor, signal.SIGCONT)  # it finds its task failed and ends it
+        # the first try's own end (its on_kill cancels the flow of a failed task) comes first
+        deployment.wait_for(lambda: gone(supervisor), 120, "the first try's supervisor gone")
+        deployment.clear(dag_id, run_id, ["fan_out"])
+        deployment.wait_for(
+            lambda: deployment.task_instance(dag_id, run_id, "fan_out")["try_number"] >= 2
+            and deployment.task_states(dag_id, run_id)["fan_out"] == "running"
+            and mq.note_epoch("example.reports", parent) == 1
+            and mq.snapshot("example.reports", parent).parent_state == "held",
+            120,
+            "the second try waiting on the flow, its epoch recorded",
+        )
+    finally:
+        os.killpg(processor.pid, signal.SIGCONT)
+    # the first try's callback, run now: it leaves the flow (3.1: by its epoch)
+    left = (
+        f"again: flow {parent} left to it"
+        if AIRFLOW_3_2
+        else f"Flow {parent} left to a newer attempt of the run"
+    )
+    deployment.wait_for(lambda: left in str(deployment.logs()), 120, "the late task callback")
+    assert mq.snapshot("example.reports", parent).parent_state == "held"
+    deployment.start_worker("nowhere-worker", ["example.nowhere"], concurrency=1)
+    state = deployment.wait_run(dag_id, run_id)
+    assert state == "success", why_not(deployment, mq, dag_id, run_id, parent, state)
+    snap = mq.snapshot("example.reports", parent)
+    assert (snap.parent_state, snap.processed) == ("closed", 1)

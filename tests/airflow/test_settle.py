@@ -104,3 +104,97 @@ def test_waiting_tasks_carry_the_callbacks_to_airflow(airflow_db: Path) -> None:
     assert scheduler_dag.get_task("wait").has_on_failure_callback
     assert scheduler_dag.get_task("both").has_on_failure_callback
     assert not scheduler_dag.get_task("add").has_on_failure_callback
+
+
+def callback_request(dag_file: Path, dag_id: str, run_id: str, task_id: str, cleared: int) -> Any:
+    """A ``TaskCallbackRequest`` as the scheduler sends one for a task it failed (a lost
+    heartbeat, an executor event that does not match): the task instance of the failed try and
+    its run as it was then, ``cleared`` times cleared."""
+    import uuid
+    from datetime import UTC
+
+    from airflow.api_fastapi.execution_api.datamodels.taskinstance import (
+        DagRun,
+        TaskInstance,
+        TIRunContext,
+    )
+    from airflow.callbacks.callback_requests import TaskCallbackRequest
+    from airflow.utils.state import TaskInstanceState
+
+    now, fields = datetime.now(UTC), DagRun.model_fields  # their fields vary by version
+    run = {
+        "dag_id": dag_id, "run_id": run_id, "logical_date": now, "data_interval_start": now,
+        "data_interval_end": now, "run_after": now, "start_date": now, "end_date": None,
+        "clear_number": cleared, "run_type": "manual", "state": "running", "conf": {},
+        "consumed_asset_events": [], "partition_key": None,
+    }  # fmt: skip
+    return TaskCallbackRequest(
+        filepath=dag_file.name,
+        bundle_name="dags-folder",
+        bundle_version=None,
+        msg="Task instance heartbeat timed out",
+        ti=TaskInstance(
+            id=uuid.uuid4(),
+            task_id=task_id,
+            dag_id=dag_id,
+            run_id=run_id,
+            try_number=cleared + 1,
+            dag_version_id=uuid.uuid4(),
+            map_index=-1,
+        ),
+        task_callback_type=TaskInstanceState.FAILED,
+        context_from_server=TIRunContext(
+            dag_run=DagRun.model_validate({k: v for k, v in run.items() if k in fields}),
+            max_tries=0,
+        ),
+    )
+
+
+def test_a_late_callback_leaves_the_flow_a_newer_attempt_took_up(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    """The dag processor runs the failure callback of a try the scheduler failed, through
+    Airflow's own code (``_execute_task_callbacks``), after the run was cleared and the next
+    try recorded its clear number on the flow (its epoch): the flow is left to that try. The
+    callback of the newest attempt still cancels (Airflow 3.1 settles there; 3.2+ reads the
+    task's state first, which a test outside a deployment cannot, so it goes on as 3.1)."""
+    import structlog
+    from airflow.dag_processing import processor
+    from echomq_provider.flow_specs import parent_id_for
+
+    _execute_task_callbacks = processor._execute_task_callbacks
+
+    dag_id, task_id = "echomq_deploy_zombie", "fan_out"
+    dag_file = airflow_db / "echomq_deploy_zombie.py"
+    bag = processor.DagBag(dag_folder=str(dag_file))  # what the dag processor parses with
+    assert dag_id in bag.dags, bag.import_errors
+    log = structlog.get_logger()
+
+    def failed(n: int, cleared: int) -> None:  # the scheduler failed a try of run n
+        run_id = f"manual__2026-12-03T00:00:0{n}+00:00"
+        request = callback_request(dag_file, dag_id, run_id, task_id, cleared)
+        _execute_task_callbacks(bag, request, log)
+
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        parents = {}
+        for n in range(3):
+            run_id = f"manual__2026-12-03T00:00:0{n}+00:00"
+            parents[n] = parent_id_for(dag_id, run_id, task_id, -1)  # holds '/'
+            mq.add_flow("example.reports", [Child({"n": n}, queue="example.nowhere")],
+                        parent_id=parents[n], barrier=True)  # fmt: skip
+        # run 0: cleared once since its first try failed; the second try took the flow up
+        assert mq.note_epoch("example.reports", parents[0], 1) == 1
+        failed(0, cleared=0)
+        assert mq.snapshot("example.reports", parents[0]).parent_state == "held"
+        # the second try's own failure, reported with the run cleared once: it cancels
+        failed(0, cleared=1)
+        snap = mq.snapshot("example.reports", parents[0])
+        assert snap.parent_state == "cancelled"
+        assert "operator fan_out: the task failed" in (snap.error or "")
+        # run 1: never cleared (no epoch recorded): the first try's callback cancels, as before
+        failed(1, cleared=0)
+        assert mq.snapshot("example.reports", parents[1]).parent_state == "cancelled"
+        # run 2: cleared twice; a callback of the attempt after the first clear arrives last
+        assert mq.note_epoch("example.reports", parents[2], 2) == 2
+        failed(2, cleared=1)
+        assert mq.snapshot("example.reports", parents[2]).parent_state == "held"

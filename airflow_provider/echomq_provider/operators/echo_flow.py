@@ -88,7 +88,7 @@ from echomq_core.lifecycle import repair_on_readd
 from echomq_core.ops import gc_paused
 from echomq_core.waiting import FlowWait
 
-from .._compat import AirflowFailException, AirflowSkipException
+from .._compat import AirflowFailException, AirflowSkipException, clear_number
 from ..errors import TooManyValues
 from ..flow_specs import parent_id_for, to_children
 from ..hooks.echomq import EchoMQHook
@@ -397,12 +397,20 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
             len(children),
             ti.try_number,
         )
-        self._repair_if_needed(ref)
+        self._repair_if_needed(ref, clear_number(context))
         return {"queue": ref.queue, "parent_id": ref.parent_id}
 
-    def _repair_if_needed(self, ref: FlowRef) -> None:
+    def _repair_if_needed(self, ref: FlowRef, cleared: int | None) -> None:
+        """Repair a flow an earlier try gave up on; a run cleared since (``cleared``, its
+        clear number) first records its epoch on the flow, so a failure callback of the earlier
+        try that Airflow delivers late leaves the flow this try takes up
+        (:mod:`echomq_provider.settle`)."""
         mq = self._client()
-        found = mq.perform(repair_on_readd(mq.keys, ref.queue, ref.parent_id, repair=self.repair))
+        epoch = cleared or None  # a run never cleared has nothing to record
+        self._epoch_noted = True  # the wait that may follow need not record it again
+        found = mq.perform(
+            repair_on_readd(mq.keys, ref.queue, ref.parent_id, repair=self.repair, epoch=epoch)
+        )
         snap = found.snap
         if snap.outcome == "released":
             self.log.info(
