@@ -549,7 +549,7 @@ def late_callback_after_clear(deployment: Deployment, mq: EchoMQ) -> None:
         "the flow added",
     )
     processor = deployment.procs["dag-processor"]
-    supervisor, _task = task_processes(deployment.task_instance(dag_id, run_id, "fan_out")["id"])
+    supervisor, task = task_processes(deployment.task_instance(dag_id, run_id, "fan_out")["id"])
     os.killpg(processor.pid, signal.SIGSTOP)  # callbacks wait from now on
     try:
         os.kill(supervisor, signal.SIGSTOP)  # no more heartbeats
@@ -558,7 +558,7 @@ def late_callback_after_clear(deployment: Deployment, mq: EchoMQ) -> None:
         finally:
             os.kill(supervisor, signal.SIGCONT)  # it finds its task failed and ends it
         # the first try's own end (its on_kill cancels the flow of a failed task) comes first
-        deployment.wait_for(lambda: gone(supervisor), 120, "the first try's supervisor gone")
+        deployment.wait_for(lambda: gone(task), 120, "the first try's task process gone")
         deployment.clear(dag_id, run_id, ["fan_out"])
         deployment.wait_for(
             lambda: deployment.task_instance(dag_id, run_id, "fan_out")["try_number"] >= 2

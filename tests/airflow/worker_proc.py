@@ -38,6 +38,7 @@ from echomq_core import EchoMQ, Job, Pump, Unrecoverable, Worker
 
 DELAY = float(os.environ.get("ECHOMQ_TEST_JOB_DELAY", "0"))
 LATER_QUEUE = "example.later"
+NOWHERE_QUEUE = "example.nowhere"
 
 
 def wait_for(marker: Path) -> None:
@@ -71,7 +72,12 @@ def slow(handler: Callable[[Job], Any]) -> Callable[[Job], Any]:
     return run
 
 
-HANDLERS = {SQUARE_QUEUE: slow(square), CUBE_QUEUE: slow(cube), LATER_QUEUE: slow(square)}
+HANDLERS = {
+    SQUARE_QUEUE: slow(square),
+    CUBE_QUEUE: slow(cube),
+    LATER_QUEUE: slow(square),
+    NOWHERE_QUEUE: slow(square),  # served only once a story starts a worker for it
+}
 
 
 def main() -> None:
