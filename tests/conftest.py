@@ -71,6 +71,35 @@ def cluster_servers() -> Iterator[EmbeddedCluster]:
     cluster.stop()
 
 
+#: Test files that run an orchestrator as users deploy it (Airflow's components as processes,
+#: ``dagster dev``, the production stacks, the W7 bench's deployment): each of their tests
+#: carries the ``deployment`` marker, and ``scripts/test.sh`` runs them in a stream of their own
+#: beside the rest of the suite (they spend most of their time waiting on the orchestrators'
+#: loops, heartbeats and timeouts, not on the CPU).
+DEPLOYMENTS = frozenset(
+    {
+        "test_deployment.py",
+        "test_production.py",
+        "test_stream_deployment.py",
+        "test_first_deferral.py",
+        "test_dagster_deployment.py",
+        "test_dagster_dev_automation.py",
+        "test_dagster_dev_checks.py",
+        "test_dagster_dev_runs.py",
+        "test_dagster_empty_plan.py",
+        "test_dagster_production.py",
+        "test_stream_dev.py",
+        "test_bench_w7.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in DEPLOYMENTS:
+            item.add_marker(pytest.mark.deployment)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         names = ["standalone", "cluster"]
