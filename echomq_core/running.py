@@ -377,6 +377,11 @@ class OptionAttributes:
         return self.options.max_batch
 
     @property
+    def batch(self) -> int:
+        """Jobs per handler call of the queues ``batch={queue: n}`` does not name."""
+        return self.options.batch
+
+    @property
     def lease(self) -> float:
         return self.options.lease
 

@@ -112,6 +112,9 @@ class Worker(OptionAttributes):
 
     * ``concurrency`` (1): runner threads, i.e. jobs run at once.
     * ``max_batch`` (500): the most jobs one claim takes (fast handlers only).
+    * ``batch`` (1): jobs per handler call. Above 1 the handler gets a list of up to that many
+      jobs of one queue and returns a list of their results; ``batch={queue: n}`` for some
+      queues only (the others keep one-job calls). See :mod:`echomq_core.batching`.
     * ``lease`` (30 s): lease per claim; heartbeats every lease / 3 keep long jobs leased.
     * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): an idle worker waits for work starting at
       ``poll`` and backing off to ``max_poll`` while every queue is empty. It waits *blocked*

@@ -476,3 +476,24 @@ def test_the_worker_command_takes_batch(
     assert "batch cli-b=10" in out + err
     sizes = [int(line) for line in (tmp_path / "calls").read_text().split()]
     assert sum(sizes) == 50 and max(sizes) <= 10 and len(sizes) < 50
+
+
+def test_a_sharded_queue_is_batched_per_shard(mq: EchoMQ) -> None:
+    """``batch={logical queue: n}`` covers every shard; a call holds jobs of one shard."""
+    mq.set_shards("bsh", 3)
+    q = mq.queue("bsh")
+    q.add_bulk(range(60))
+    calls: list[set[str]] = []
+
+    def batch(jobs: list[Job]) -> list[int]:
+        calls.append({j.shard for j in jobs})
+        assert {j.queue for j in jobs} == {"bsh"}
+        return [j.payload for j in jobs]
+
+    worker = Worker(mq, {"bsh": batch}, batch={"bsh": 8}).start()
+    try:
+        eventually(lambda: q.stats()["completed"] == 60, 30, lambda: q.stats())
+    finally:
+        worker.stop()
+    assert set(worker.batches.values()) == {8} and len(worker.batches) == 3
+    assert all(len(shards) == 1 for shards in calls) and len(calls) < 60
