@@ -497,3 +497,50 @@ def test_a_sharded_queue_is_batched_per_shard(mq: EchoMQ) -> None:
         worker.stop()
     assert set(worker.batches.values()) == {8} and len(worker.batches) == 3
     assert all(len(shards) == 1 for shards in calls) and len(calls) < 60
+
+
+def test_async_stop_mid_batch_finishes_the_call_and_gives_back_the_rest(
+    mq: EchoMQ, backend: Backend, prefix: str
+) -> None:
+    q = mq.queue("astop")
+    q.add_bulk(range(20))
+    calls: list[int] = []
+
+    async def main() -> None:
+        gate, entered = asyncio.Event(), asyncio.Event()
+
+        async def batch(jobs: list[Job]) -> list[int]:
+            calls.append(len(jobs))
+            entered.set()
+            await gate.wait()
+            return [j.payload for j in jobs]
+
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        worker = AsyncWorker(amq, {"astop": batch}, batch=8, pump=False)
+        await worker.start()
+        try:
+            await asyncio.wait_for(entered.wait(), 30)
+            stopping = asyncio.ensure_future(worker.stop())
+            await eventually_async(worker._stop.is_set, 30)
+            gate.set()
+            await asyncio.wait_for(stopping, 60)
+        finally:
+            gate.set()
+            await worker.stop()
+            await amq.close()
+
+    asyncio.run(main())
+    assert calls == [8]
+    stats = q.stats()
+    assert (stats["completed"], stats["pending"], stats["active"]) == (8, 12, 0)
+
+
+def test_the_batch_flag_takes_n_and_queue_n() -> None:
+    from echomq_core.cli import build_parser
+    from echomq_core.cli.common import UsageError
+
+    args = build_parser().parse_args(["worker", "--app", "m:o", "--batch", "256", "--batch", "q=4"])
+    assert args.batch_specs == [(None, 256), ("q", 4)]
+    for bad in ("0", "q=x", "=4", "5001"):
+        with pytest.raises(UsageError, match="--batch"):
+            build_parser().parse_args(["worker", "--app", "m:o", "--batch", bad])
