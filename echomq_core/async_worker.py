@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from . import ops, sharding, spawning
+from . import batching, ops, sharding, spawning
 from .async_queue import AsyncQueue
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
@@ -105,6 +105,8 @@ class AsyncWorker(OptionAttributes):
         pump: bool | PumpOptions = True,
         **settings: Any,
     ) -> None:
+        settings = dict(settings)
+        self._per_queue = batching.split_setting(settings)  # batch={queue: size}
         opts = self.options = build(WorkerOptions, options, settings)
         self.client = client
         self.connection = client.connection
@@ -119,7 +121,8 @@ class AsyncWorker(OptionAttributes):
         self.failed = 0
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         self.recheck = min(0.25, opts.lease / 3)
-        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
+        per_call = max(self.batches.values(), default=1)
+        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job, per_call)
         self._hand = InHand(opts, self._intake)
         self._windows = RateWindows()
         self._checked = 0.0
@@ -147,6 +150,13 @@ class AsyncWorker(OptionAttributes):
             self.client, handlers, opts, queue_options, AsyncQueue, logical
         )
         self.handlers = dict(handlers)
+        #: {queue: jobs per call} of the queues whose handler takes lists (size above 1)
+        self.batches = batching.sizes(
+            opts.batch,
+            self._per_queue,
+            {name: queue.logical for name, queue in self.queues.items()},
+            opts.max_batch,
+        )
         self.pump = worker_pump(self.client, list(self.handlers), pump, self.hooks)
         self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
         #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)
@@ -177,8 +187,9 @@ class AsyncWorker(OptionAttributes):
         # one spawner for the loop the handlers run on (a restarted worker's may be another)
         self._spawner = spawning.async_spawner(self.client, asyncio.get_running_loop())
         self._started = True
+        runner = self._batch_runner if self.batches else self._runner
         self._runners = [
-            asyncio.create_task(self._runner(i), name=f"echomq-runner-{i}")
+            asyncio.create_task(runner(i), name=f"echomq-runner-{i}")
             for i in range(self.options.concurrency)
         ]
         self._tasks = [
@@ -405,10 +416,105 @@ class AsyncWorker(OptionAttributes):
             now = time.monotonic()
             if now - claimed >= self.recheck and now - self._checked >= self.recheck:
                 self._checked = now
-                await self._check_leases(job)
+                await self._check_leases([job])
             if self._hand.drop_if_lost(job):
                 continue
             await self._run_one(job)
+
+    async def _batch_runner(self, index: int) -> None:
+        """:meth:`_runner` for a worker with batch handlers: each call takes the buffer's head
+        and the jobs of its queue behind it (:func:`~echomq_core.batching.take`)."""
+        while not self._stop.is_set():
+            if not self._hand.buffer:
+                self._want_jobs.set()
+                waiter = asyncio.get_running_loop().create_future()
+                self._idle_runners.append(waiter)
+                await waiter
+                continue
+            taken = batching.take(self._hand.buffer, self.batches)
+            self._want_jobs.set()
+            jobs = [job for job, _ in taken]
+            now = time.monotonic()
+            if now - taken[0][1] >= self.recheck and now - self._checked >= self.recheck:
+                self._checked = now
+                await self._check_leases(jobs)
+            if self._hand.lost:  # a cancelled flow's buffered children: not started
+                jobs = [job for job in jobs if not self._hand.drop_if_lost(job)]
+            if jobs:
+                await self._run_batch(jobs)
+
+    async def _run_batch(self, jobs: list[Job]) -> None:
+        """:meth:`_run_one` for one call of one or more jobs; its time limit is the smallest
+        of theirs, and past it every job of the call fails."""
+        queues = self.queues
+        limits = [job.timeout_ms or queues[job.shard].timeout_ms for job in jobs]
+        limit_ms = min((ms for ms in limits if ms), default=None)
+        started = time.monotonic()
+        self._hand.running += 1
+        try:
+            if not limit_ms:
+                done = await self._invoke_batch(jobs)
+            else:
+                call = asyncio.ensure_future(self._invoke_batch(jobs))
+                try:
+                    await asyncio.wait([call], timeout=limit_ms / 1000)
+                except asyncio.CancelledError:  # stopping past the grace: jobs given back
+                    call.cancel()
+                    raise
+                if not call.done():
+                    self._abandon(call, jobs, limit_ms / 1000)
+                    return
+                done = call.result()
+        finally:
+            self._hand.running -= 1
+        self._intake.observe(time.monotonic() - started)
+        for job, result in done:
+            self._add_result(job, result)
+
+    def _abandon(self, call: asyncio.Future[Any], jobs: list[Job], limit: float) -> None:
+        """A batch call ran past its time limit: cancel it (async) or leave its thread (sync)
+        and fail every job of it."""
+        self.abandoned += 1
+        if self._async[jobs[0].shard]:
+            call.cancel()
+        else:
+            self._pool_lost()
+        log.warning(
+            "a call of %d job(s) in %r ran past its time limit (%gs): failed the attempts (%d "
+            "call(s) abandoned so far)",
+            len(jobs),
+            jobs[0].shard,
+            limit,
+            self.abandoned,
+        )
+        error = f"TimeoutError: the handler ran longer than {limit:g}s"
+        for job in jobs:
+            self._add_result(job, (error, True, None))
+
+    async def _invoke_batch(self, jobs: list[Job]) -> list[batching.Done]:
+        """Run one call: a batch handler on ``jobs``, or a one-job handler on its job."""
+        shard = jobs[0].shard
+        if shard not in self.batches:
+            return [(jobs[0], await self._invoke(jobs[0]))]
+        run, out = batching.undecodable(jobs)
+        if not run:
+            return out
+        handler: Any = self.handlers[shard]  # takes a list
+        for job in run:
+            job.spawner = self._spawner
+        try:
+            if self._async[shard]:
+                value = await handler(run)
+            else:
+                loop = asyncio.get_running_loop()
+                value = await loop.run_in_executor(self._threads(), handler, run)
+                if inspect.isawaitable(value):
+                    value = await value
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # classified by failure()
+            return out + batching.raised(run, exc)
+        return out + batching.read(self.client.encode, jobs[0].queue, run, value)
 
     async def _run_one(self, job: Job) -> None:
         queue = self.queues[job.shard]
@@ -500,8 +606,8 @@ class AsyncWorker(OptionAttributes):
         """See :meth:`InHand.flush_now`."""
         return self._hand.flush_now(self._stop.is_set())
 
-    async def _check_leases(self, job: Job) -> None:
-        jobs = [job, *(j for j, _ in self._hand.buffer)]
+    async def _check_leases(self, taken: list[Job]) -> None:
+        jobs = [*taken, *(j for j, _ in self._hand.buffer)]
         routine = extend_leases(self._hand, self.queues, jobs, "lease check", _NO_LOCK)
         await adrive(routine, self.connection.perform)
 

@@ -69,6 +69,16 @@ class WorkerOptions(_Checked):
     max_batch: int = dataclasses.field(
         default=500, metadata=_int(1, 5000, "most jobs one thread claims at once")
     )
+    batch: int = dataclasses.field(
+        default=1,
+        metadata=_int(
+            1,
+            5000,
+            "jobs per handler call: above 1 the handler gets a list of up to this many jobs "
+            "of one queue and returns a list of their results (at most max_batch)",
+            flag=False,  # the CLI's --batch also takes QUEUE=N (cli/services.py)
+        ),
+    )
     lease: float = dataclasses.field(
         default=30.0,
         metadata=_seconds(0.05, "lease per claim; long jobs are heartbeated"),
@@ -109,6 +119,19 @@ class WorkerOptions(_Checked):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "max_poll", max(self.poll, self.max_poll))
+        check_batch("batch", self.batch, self.max_batch)
+
+
+def check_batch(name: str, value: Any, max_batch: int) -> int:
+    """A batch size: an int from 1 to ``max_batch`` (a claim takes at most ``max_batch`` jobs,
+    so a bigger batch could never fill), else :class:`InvalidArgument` naming it."""
+    size = check_int(name, value, 1, 5000)
+    if size > max_batch:
+        raise InvalidArgument(
+            f"{name} ({size}) exceeds max_batch ({max_batch}): a claim takes at most "
+            "max_batch jobs, so raise max_batch too"
+        )
+    return size
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -207,8 +207,13 @@ class Intake:
     long jobs): a worker does not sit on work that another worker could run, and a runner
     that finishes a job finds the next one waiting instead of waiting for a round trip."""
 
-    def __init__(self, concurrency: int, max_batch: int, fast_job: float) -> None:
+    def __init__(
+        self, concurrency: int, max_batch: int, fast_job: float, per_call: int = 1
+    ) -> None:
         self.concurrency = concurrency
+        #: jobs one runner takes per handler call: 1, or the largest batch size of a worker
+        #: with batch handlers (:mod:`echomq_core.batching`): a free runner wants that many
+        self.per_call = per_call
         self.max_batch = max_batch
         self.fast_job = fast_job
         self.batch = 1
@@ -224,7 +229,8 @@ class Intake:
         self.spread = True
 
     def observe(self, seconds: float, cpu: float | None = None) -> None:
-        """A handler call took ``seconds`` (``cpu`` of them on this thread's CPU)."""
+        """A handler call took ``seconds`` (``cpu`` of them on this thread's CPU; a batch
+        call's ``seconds`` are the whole call's, as ``running`` counts calls)."""
         self.average += SMOOTHING * (seconds - self.average)
         if cpu is not None:
             share = min(1.0, cpu / seconds) if seconds > 0 else 1.0
@@ -239,9 +245,10 @@ class Intake:
         if not self.fast:
             # (``fast_job=0`` makes every handler slow, before any has been timed)
             ahead = round(self.concurrency * self.claim_time / self.average) if self.average else 0
-            return max(0, min(self.max_batch, self.concurrency - running + ahead - buffered))
-        free = max(0, self.concurrency - running - buffered)
-        if buffered >= max(1, self.batch // 2):
+            calls = self.concurrency - running + ahead
+            return max(0, min(self.max_batch, calls * self.per_call - buffered))
+        free = max(0, (self.concurrency - running) * self.per_call - buffered)
+        if buffered >= max(1, self.batch // 2, self.per_call):
             return 0
         return min(self.max_batch, max(self.batch, free))
 
@@ -273,7 +280,7 @@ class InHand:
         self.first_result = 0.0  # when the oldest waiting result came in
         self.capped = False  # a waiting result holds a cap token (its child is gated)
         self.flushing = 0  # results in the batch call on its way
-        self.running = 0  # handlers running now
+        self.running = 0  # handler calls running now (a batch call counts once)
         self.lost: set[tuple[str, str, str]] = set()  # (queue, id, token) whose lease is gone
         self.dropped = 0  # claimed jobs not started: their lease was gone (a cancelled flow)
         self.full_until = 0.0  # the server was full: kept results wait for this moment
@@ -368,6 +375,11 @@ class OptionAttributes:
     @property
     def max_batch(self) -> int:
         return self.options.max_batch
+
+    @property
+    def batch(self) -> int:
+        """Jobs per handler call of the queues ``batch={queue: n}`` does not name."""
+        return self.options.batch
 
     @property
     def lease(self) -> float:

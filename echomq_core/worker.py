@@ -51,10 +51,10 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import sharding, spawning
+from . import batching, sharding, spawning
 from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
@@ -103,6 +103,8 @@ class _Slot:
     deadline: float = 0.0  # monotonic; 0: no limit
     limit: float = 0.0
     abandoned: bool = False
+    #: the jobs of the batch call running now (``job`` is the first); empty for one-job calls
+    jobs: list[Job] = field(default_factory=list)
 
 
 class Worker(OptionAttributes):
@@ -110,6 +112,9 @@ class Worker(OptionAttributes):
 
     * ``concurrency`` (1): runner threads, i.e. jobs run at once.
     * ``max_batch`` (500): the most jobs one claim takes (fast handlers only).
+    * ``batch`` (1): jobs per handler call. Above 1 the handler gets a list of up to that many
+      jobs of one queue and returns a list of their results; ``batch={queue: n}`` for some
+      queues only (the others keep one-job calls). See :mod:`echomq_core.batching`.
     * ``lease`` (30 s): lease per claim; heartbeats every lease / 3 keep long jobs leased.
     * ``poll`` (0.05 s) / ``max_poll`` (0.5 s): an idle worker waits for work starting at
       ``poll`` and backing off to ``max_poll`` while every queue is empty. It waits *blocked*
@@ -151,12 +156,17 @@ class Worker(OptionAttributes):
         **settings: Any,
     ) -> None:
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
-        (``concurrency=4, lease=60``), applied over ``options`` (or the defaults)."""
+        (``concurrency=4, lease=60``), applied over ``options`` (or the defaults);
+        ``batch`` may also be a ``{queue: size}`` mapping (:mod:`echomq_core.batching`)."""
+        settings = dict(settings)
+        per_queue = batching.split_setting(settings)
         opts = self.options = build(WorkerOptions, options, settings)
         make_queues(client, handlers, opts, queue_options, Queue)  # refuse bad input first
         # a sharded queue is served by serving every shard (one read, cached by the client)
         shards = client.perform(sharding.resolve(client.keys, client.shard_cache, handlers))
         logical = logical_names(handlers, shards)
+        #: {queue: jobs per call} of the queues whose handler takes lists (size above 1)
+        self.batches = batching.sizes(opts.batch, per_queue, logical, opts.max_batch)
         handlers = serving(handlers, shards)
         self.queues = make_queues(client, handlers, opts, queue_options, Queue, logical)
         self.pump = worker_pump(client, list(self.queues), pump, hooks)
@@ -183,7 +193,8 @@ class Worker(OptionAttributes):
         self._flusher_waits = False  # the flusher waits on _results_ready
         self._awake = 0  # runners not waiting for the buffer
         self._closing = False
-        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job)
+        per_call = max(self.batches.values(), default=1)
+        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job, per_call)
         self._hand = InHand(opts, self._intake)  # under self._lock
         self._runners: list[threading.Thread] = []
         self._slots: list[_Slot] = []
@@ -374,7 +385,10 @@ class Worker(OptionAttributes):
         with self._lock:
             self._awake += 1
         try:
-            self._run_jobs(slot)
+            if self.batches:
+                self._run_batches(slot)
+            else:  # the per-job loop, untouched by batch handlers
+                self._run_jobs(slot)
         finally:
             with self._lock:
                 if not slot.abandoned:  # an abandoned runner stopped counting at the time
@@ -431,7 +445,7 @@ class Worker(OptionAttributes):
                 return
             if not started:
                 if check:
-                    self._check_leases(job)
+                    self._check_leases([job])
                 if self._drop_if_lost(job):
                     continue
                 limit_ms = job.timeout_ms or queues[job.shard].timeout_ms
@@ -444,6 +458,85 @@ class Worker(OptionAttributes):
             cpu = time.thread_time() if sample else 0.0
             result = self._call(handlers[job.shard], job)
             finished = (job, result, time.thread_time() - cpu if sample else None)
+
+    def _run_batches(self, slot: _Slot) -> None:
+        """:meth:`_run_jobs` for a worker with batch handlers: each call takes the buffer's
+        head and the jobs of its queue behind it (:func:`~echomq_core.batching.take`; one job
+        for a queue of one-job handlers), its time limit the smallest of theirs."""
+        lock, queues, recheck = self._lock, self.queues, self.recheck
+        finished: list[batching.Done] | None = None
+        while True:
+            gone = check = False
+            with lock:
+                if finished is not None:
+                    gone = self._finish_batch(slot, finished)
+                    if not gone:
+                        finished = None
+                if not gone:
+                    while not self._stop.is_set() and not slot.abandoned and not self._hand.buffer:
+                        self._wake_fetcher()
+                        self._awake -= 1
+                        self._jobs_ready.wait(NAP)
+                        self._awake += 1
+                    if self._stop.is_set() or slot.abandoned:
+                        return
+                    taken = batching.take(self._hand.buffer, self.batches)
+                    if self._hand.buffer:
+                        self._wake_fetcher()
+                    now = time.monotonic()
+                    check = (
+                        now - taken[0][1] >= recheck
+                        and now - self._checked >= recheck
+                        and not self._checking
+                    )
+                    if check:
+                        self._checking, self._checked = True, now
+            if gone:
+                assert finished is not None
+                log.warning(
+                    "runner %d: the call that ran %s past its time limit returned; the thread ends",
+                    slot.index,
+                    ", ".join(job.id for job, _ in finished[:3]),
+                )
+                return
+            jobs = [job for job, _ in taken]
+            if check:
+                self._check_leases(jobs)
+            if self._hand.lost:  # a cancelled flow's buffered children: not started
+                jobs = [job for job in jobs if not self._drop_if_lost(job)]
+                if not jobs:
+                    continue
+            limits = [job.timeout_ms or queues[job.shard].timeout_ms for job in jobs]
+            limit_ms = min((ms for ms in limits if ms), default=None)
+            with lock:
+                self._begin(slot, jobs[0], limit_ms, time.monotonic())
+                slot.jobs = jobs
+            finished = self._call_batch(jobs)
+
+    def _call_batch(self, jobs: list[Job]) -> list[batching.Done]:
+        """Run one call: a batch handler on ``jobs``, or a one-job handler on its job."""
+        shard = jobs[0].shard
+        handler = self.handlers[shard]
+        if shard not in self.batches:
+            return [(jobs[0], self._call(handler, jobs[0]))]
+        for job in jobs:
+            job.spawner = self._spawner
+        return batching.call(self._encode, jobs[0].queue, jobs, handler, self._settle)
+
+    def _finish_batch(self, slot: _Slot, done: list[batching.Done]) -> bool:
+        """:meth:`_finish` for a call of one or more jobs (under the lock)."""
+        took = time.monotonic() - slot.started
+        slot.job, slot.jobs, slot.deadline = None, [], 0.0
+        if slot.abandoned:  # the watchdog failed these jobs and freed the slot
+            for job, result in done:
+                if isinstance(result, bytes):  # presented with its gone token: refused
+                    self._add_result(job, result)
+            return True
+        self._hand.running -= 1
+        self._intake.observe(took)
+        for job, result in done:
+            self._add_result(job, result)
+        return False
 
     def _begin(self, slot: _Slot, job: Job, limit_ms: int | None, now: float) -> None:
         """Runner ``slot`` starts ``job`` now (under the lock)."""
@@ -514,11 +607,11 @@ class Worker(OptionAttributes):
         """Record the waiting results now (under the lock): see :meth:`InHand.flush_now`."""
         return self._hand.flush_now(self._stop.is_set())
 
-    def _check_leases(self, job: Job) -> None:
-        """Extend the leases of the buffered jobs (and ``job``), noting those that are gone."""
+    def _check_leases(self, taken: list[Job]) -> None:
+        """Extend the leases of the buffered jobs (and ``taken``), noting those that are gone."""
         try:
             with self._lock:
-                jobs = [job, *(j for j, _ in self._hand.buffer)]
+                jobs = [*taken, *(j for j, _ in self._hand.buffer)]
             routine = extend_leases(self._hand, self.queues, jobs, "lease check", self._lock)
             drive(routine, self.client.perform)
         finally:
@@ -625,7 +718,8 @@ class Worker(OptionAttributes):
                 self._hand.running -= 1
                 self._awake -= 1
                 error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
-                self._add_result(job, (error, True, None))
+                for each in slot.jobs or [job]:  # a batch call: every job of it
+                    self._add_result(each, (error, True, None))
                 self._results_ready.notify()
                 taken.append(slot)
         for slot in taken:

@@ -7,6 +7,7 @@
     echomq worker [QUEUE ...] --app MODULE:OBJECT      run handlers (or plugins' handlers)
     echomq pump [QUEUE ...]                            deliver cross-queue signals, recover
     echomq worker ... [--timeout S]                    a time limit per handler call
+    echomq worker ... [--batch N|QUEUE=N]              batch handlers: a list of N jobs a call
     echomq flow show QUEUE PARENT_ID [--watch]         a flow's state and counts, as a tree
     echomq flow ls [QUEUE] [--state S]                 root flows by state, paged
     echomq flow close QUEUE PARENT_ID                  a reader is done with a barrier flow

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import os
 import signal
@@ -102,6 +103,17 @@ def add_parsers(sub: Any) -> None:
         help="do not drain these queues' outboxes, recover their leases or sweep their "
         "retention in this process (leave it to `echomq pump`)",
     )
+    w.add_argument(
+        "--batch",
+        dest="batch_specs",
+        action="append",
+        default=[],
+        type=batch_spec,
+        metavar="N|QUEUE=N",
+        help="jobs per handler call: above 1 the handler gets a list of up to N jobs of one "
+        "queue and returns a list of their results; QUEUE=N for one queue, N for every other "
+        "(default 1: a job per call); repeatable",
+    )
     add_flags(w, WorkerOptions, types=FLAG_TYPES)
     add_metrics_option(w)
     _plugin_options(w)
@@ -128,6 +140,25 @@ def add_parsers(sub: Any) -> None:
 
 #: argparse converters for the settings' ranges (options.add_flags makes the flags).
 FLAG_TYPES = {"int": int_at_least, "seconds": seconds}
+
+
+def batch_spec(text: str) -> tuple[str | None, int]:
+    """``--batch N`` (every queue) or ``--batch QUEUE=N`` (one queue): (queue or None, N)."""
+    queue, _, size = text.rpartition("=")
+    if _ and not queue:
+        raise argparse.ArgumentTypeError(f"expected N or QUEUE=N, got {text!r}")
+    return (queue or None), int_at_least(1, 5000)(size)
+
+
+def _batches(
+    args: argparse.Namespace, options: WorkerOptions
+) -> tuple[WorkerOptions, dict[str, int]]:
+    """The worker's options with ``--batch N`` applied, and the ``--batch QUEUE=N`` sizes."""
+    per_queue = {q: n for q, n in args.batch_specs if q is not None}
+    every = [n for q, n in args.batch_specs if q is None]
+    if every:
+        options = dataclasses.replace(options, batch=every[-1])
+    return options, per_queue
 
 
 def _plugin_options(parser: argparse.ArgumentParser) -> None:
@@ -269,9 +300,11 @@ def run_worker(args: argparse.Namespace) -> int:
         names = hooks.plugin_names()
         lifecycle: LifecycleHooks | None = hooks if names else None
         metrics = start_metrics(args)
-        options = from_namespace(WorkerOptions, args)
-        if metrics:
-            chosen = metrics.wrap_handlers(chosen)
+        options, per_queue = _batches(args, from_namespace(WorkerOptions, args))
+        batched = {q for q in chosen if per_queue.get(q, options.batch) > 1}
+        if metrics:  # its handler timing takes one job per call: batch calls go untimed
+            timed = metrics.wrap_handlers({q: f for q, f in chosen.items() if q not in batched})
+            chosen = {q: timed.get(q, f) for q, f in chosen.items()}
         lifecycle = metrics.hooks(lifecycle) if metrics else lifecycle
         # the worker is made (its handlers and options checked) before anything is said
         worker: Worker | AsyncWorker
@@ -282,14 +315,19 @@ def run_worker(args: argparse.Namespace) -> int:
                 socket_connect_timeout=args.connect_timeout,
                 socket_timeout=60.0,
             )
-            worker = AsyncWorker(amq, chosen, options=options, hooks=lifecycle, pump=args.pump)
+            worker = AsyncWorker(
+                amq, chosen, options=options, hooks=lifecycle, pump=args.pump, batch=per_queue
+            )
         else:
-            worker = Worker(mq, chosen, options=options, hooks=lifecycle, pump=args.pump)
+            worker = Worker(
+                mq, chosen, options=options, hooks=lifecycle, pump=args.pump, batch=per_queue
+            )
         if metrics:
             metrics.watch_worker(worker)
         _say(
             f"worker: queues {', '.join(chosen)}; concurrency {args.concurrency}"
             f"{' (asyncio)' if args.use_async else ''}; "
+            f"{_batch_text(chosen, per_queue, options.batch)}"
             f"{mq.connection.where} prefix {mq.keys.prefix}; plugins: "
             f"{', '.join(names) or 'none'}"
         )
@@ -306,6 +344,13 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         mq.close()
     return 0
+
+
+def _batch_text(chosen: Mapping[str, Any], per_queue: Mapping[str, int], every: int) -> str:
+    """``batch score=256; `` (the queues whose handler takes lists), or nothing."""
+    sizes = {q: per_queue.get(q, every) for q in chosen}
+    shown = ", ".join(f"{q}={n}" for q, n in sizes.items() if n > 1)
+    return f"batch {shown}; " if shown else ""
 
 
 async def _run_async(worker: AsyncWorker) -> None:

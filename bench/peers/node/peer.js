@@ -8,14 +8,17 @@
 //
 // Both print BENCH-READY once connected (Node's start-up and the connections stay outside the
 // timed window: the harness opens it just before it sends a command). Processors: "noop"
-// returns null, "child" returns 2 * i, "io" waits 50 ms (setTimeout), "parent" reads
-// getChildrenValues() and returns {count, sum} - BullMQ's own fan-in.
+// returns null, "child" returns 2 * i, "io" waits 50 ms (setTimeout), "cost" waits 2 ms (W8),
+// "parent" reads getChildrenValues() and returns {count, sum} - BullMQ's own fan-in.
 'use strict';
 const { Queue, Worker, FlowProducer } = require('bullmq');
 const readline = require('readline');
 
 const READY = 'BENCH-READY';
 const IO_WAIT_MS = 50;
+// W8: Node's timers run at whole milliseconds (2.01 is 2), and fire no earlier than asked
+const COST_CALL_MS = 2;
+const COST_ITEM_MS = 0.01;
 const [mode, url, queueList, concurrency] = process.argv.slice(2);
 const parsed = new URL(url);
 const connection = {
@@ -32,6 +35,9 @@ async function processor(job) {
       return null;
     case 'io':
       await new Promise((resolve) => setTimeout(resolve, IO_WAIT_MS));
+      return null;
+    case 'cost': // W8 (bench/w8_batch.py): a call's cost, 2 ms + 10 us per item, per job here
+      await new Promise((resolve) => setTimeout(resolve, COST_CALL_MS + COST_ITEM_MS));
       return null;
     case 'parent': {
       const values = await job.getChildrenValues();
