@@ -465,7 +465,7 @@ class ProcessMetrics:
         )
         self.duration = Histogram(
             "echomq_handler_duration_seconds",
-            "Time a handler took for one job",
+            "Time a handler call took (one job, or one batch handler's call of many)",
             q,
             buckets=DURATION_BUCKETS,
             registry=r,
@@ -510,25 +510,34 @@ class ProcessMetrics:
         duration = self.duration.labels(queue)
         failed, retried = self.failed.labels(queue), self.retried.labels(queue)
 
-        def note(job: Job, exc: BaseException) -> None:
-            failed.inc()
-            if not isinstance(exc, Unrecoverable) and job.attempts + 1 < job.max_attempts:
-                retried.inc()
+        def note(job: Job | list[Job], exc: BaseException) -> None:
+            for each in job if isinstance(job, list) else (job,):  # a batch call: every job
+                failed.inc()
+                if not isinstance(exc, Unrecoverable) and each.attempts + 1 < each.max_attempts:
+                    retried.inc()
 
-        async def awaited(job: Job, pending: Awaitable[Any], started: float) -> Any:
+        def entries(job: Job | list[Job], result: Any) -> Any:
+            # a batch call's per-job exceptions (echomq_core.batching): each a failed attempt
+            if isinstance(job, list) and isinstance(result, list | tuple):
+                for each, entry in zip(job, result, strict=False):
+                    if isinstance(entry, BaseException):
+                        note(each, entry)
+            return result
+
+        async def awaited(job: Job | list[Job], pending: Awaitable[Any], started: float) -> Any:
             # an async handler: the worker awaits what it returns; time and count that
             try:
-                return await pending
+                return entries(job, await pending)
             except BaseException as exc:
                 note(job, exc)
                 raise
             finally:
                 duration.observe(time.perf_counter() - started)
 
-        def timed(job: Job) -> Any:
+        def timed(job: Job | list[Job]) -> Any:
             started = time.perf_counter()
             try:
-                result = fn(job)
+                result = fn(job)  # type: ignore[arg-type]
             except BaseException as exc:
                 note(job, exc)
                 duration.observe(time.perf_counter() - started)
@@ -536,7 +545,7 @@ class ProcessMetrics:
             if inspect.isawaitable(result):
                 return awaited(job, result, started)
             duration.observe(time.perf_counter() - started)
-            return result
+            return entries(job, result)
 
         timed.__name__ = getattr(fn, "__name__", "handler")
         timed.__wrapped__ = fn  # type: ignore[attr-defined]

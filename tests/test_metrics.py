@@ -540,3 +540,39 @@ def test_every_metric_the_dashboard_and_alerts_query_is_in_a_real_scrape(
     missing = sorted(wanted - scraped)
     assert not missing, f"queried by deploy/ but in no scrape: {missing}"
     assert len(wanted) >= 20
+
+
+def test_batch_calls_are_timed_once_and_their_failed_jobs_counted_each(
+    backend: Backend, mq: EchoMQ
+) -> None:
+    """A batch handler (``Worker(batch=...)``, ``echomq worker --batch``) wrapped for metrics:
+    one duration per call, a failed attempt per exception in its list and per job of a call
+    that raised."""
+    metrics = ProcessMetrics()
+    calls: list[int] = []
+
+    def handle(jobs: list[Any]) -> list[Any]:
+        calls.append(len(jobs))
+        if any(job.payload == "boom" for job in jobs):
+            raise RuntimeError("the whole call fails")
+        return [ValueError("bad one") if job.payload == "bad" else job.payload for job in jobs]
+
+    q = mq.queue("mx-b", max_attempts=1)
+    q.add_bulk([JobSpec("ok") for _ in range(10)] + [JobSpec("bad"), JobSpec("bad")])
+    worker = Worker(
+        mq, metrics.wrap_handlers({"mx-b": handle}), hooks=metrics.hooks(), batch=8, poll=0.01
+    )
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] + q.stats()["dead"] >= 12, 30, every=0.05)
+        q.add_bulk([JobSpec("boom")])  # alone or with others: that call's jobs all fail
+        eventually(lambda: q.stats()["dead"] >= 3, 30, every=0.05)
+    finally:
+        worker.stop()
+    found = samples(metrics.registry)
+    dead = q.stats()["dead"]
+    assert q.stats()["completed"] + dead == 13
+    assert value(found, "echomq_handler_duration_seconds_count", queue="mx-b") == len(calls)
+    assert len(calls) < 13  # calls of several jobs happened
+    assert value(found, "echomq_job_attempts_failed_total", queue="mx-b") == dead
+    assert value(found, "echomq_jobs_dead_total", queue="mx-b") == dead

@@ -301,10 +301,8 @@ def run_worker(args: argparse.Namespace) -> int:
         lifecycle: LifecycleHooks | None = hooks if names else None
         metrics = start_metrics(args)
         options, per_queue = _batches(args, from_namespace(WorkerOptions, args))
-        batched = {q for q in chosen if per_queue.get(q, options.batch) > 1}
-        if metrics:  # its handler timing takes one job per call: batch calls go untimed
-            timed = metrics.wrap_handlers({q: f for q, f in chosen.items() if q not in batched})
-            chosen = {q: timed.get(q, f) for q, f in chosen.items()}
+        if metrics:  # a batch handler's call is timed once, its failed jobs counted each
+            chosen = metrics.wrap_handlers(chosen)
         lifecycle = metrics.hooks(lifecycle) if metrics else lifecycle
         # the worker is made (its handlers and options checked) before anything is said
         worker: Worker | AsyncWorker
