@@ -18,8 +18,19 @@
 -- redelivered or stale report records nothing and logs nothing). Values stay in :processed;
 -- the reader (log_read.lua) fetches them, so an entry costs the same whatever the result's
 -- size. A flow without `log` pays one HMGET field here and nothing else.
--- Each child is recorded with HSETNX: only a first record counts, so settling the same child
--- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
+-- Each child is recorded set-if-absent: only a first record counts, so settling the same child
+-- any number of times changes nothing beyond the first. Completions ('c', most of every settle)
+-- are recorded in bulk: ONE HMGET of :processed for all of them tells which are recorded
+-- already, and ONE HSET (in slices of ROOM_SLICE, unpack's bound) writes the first records,
+-- right after the loop and before anything reads :processed again; within the items a child
+-- given twice counts once, as it would have one by one. A `redis.call` per child (an HSETNX
+-- each) cost about 5,500 instructions before its arguments; the bulk pair costs about 650 per
+-- value (bench/cpu_per_job.md). Deaths ('i', 'f': rare, each with its epoch check) keep
+-- their HSETNX. A bulk of more than ROOMY completions first makes :processed a hashtable
+-- (the '~roomy' field, as claim.lua does for leases; deleted again in this step, and '~'
+-- never starts a job id): in a listpack (up to hash-max-listpack-entries fields) every field
+-- read or written scans the whole list, which made the first 512 records of a flow cost
+-- about 50,000 instructions each. 'c' and 'i' decrement the counter
 -- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
 -- A parent that fails and has a parent of its own emits a signal into its own queue's outbox,
 -- kind chosen by ITS policy token, so failure climbs the tree one Pump hop per level.
@@ -60,6 +71,9 @@
 -- trimmed by the Pump, and the outbox:wake member set with it is popped by an idle Pump.
 -- Returns: statuses, event, as settle.lua.
 local PARK_AT_TIP = 5000  -- ids parked in the tipping step (park.lua: two ZMSCOREs per 1,000)
+local ROOMY = 32  -- completions in one settle above which :processed is made a hashtable first
+local ROOM = string.rep('-', 65)  -- longer than hash-max-listpack-value (64): see above
+local ROOM_SLICE = 1000  -- fields per HMGET / HSET (unpack is bounded by the Lua stack)
 
 local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   local statuses = {}
@@ -69,6 +83,20 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   local first_failure = nil
   local allow = tonumber(row[6])  -- nil: no success threshold
   local failures, tolerated = nil, 0
+  -- the completions' records: which exist already (one HMGET), the first ones to write (fresh)
+  local done, had, fresh = {}, {}, {}
+  for i = 1, #items do
+    if items[i][1] == 'c' then done[#done + 1] = items[i][2] end
+  end
+  local roomy = #done > ROOMY
+  if roomy then redis.call('HSET', pk[3], '~roomy', ROOM) end
+  for j = 1, #done, ROOM_SLICE do
+    local last = math.min(j + ROOM_SLICE - 1, #done)
+    local got = redis.call('HMGET', pk[3], unpack(done, j, last))
+    for k = 1, last - j + 1 do
+      if got[k] then had[done[j + k - 1]] = true end
+    end
+  end
   for i = 1, #items do
     local kind, child, value = items[i][1], items[i][2], items[i][3]
     local target = pk[3]
@@ -86,9 +114,19 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
         stale = epoch < current
       end
     end
+    local first = false
     if stale then
-      statuses[i] = 0
-    elseif redis.call('HSETNX', target, child, value) == 1 then
+      first = false
+    elseif kind == 'c' then
+      first = not had[child]
+      if first then
+        had[child] = true
+        fresh[#fresh + 1] = child; fresh[#fresh + 1] = value
+      end
+    else
+      first = redis.call('HSETNX', target, child, value) == 1
+    end
+    if first then
       statuses[i] = 1
       if row[7] then
         local logged = child
@@ -113,6 +151,10 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
       statuses[i] = 0
     end
   end
+  for j = 1, #fresh, 2 * ROOM_SLICE do
+    redis.call('HSET', pk[3], unpack(fresh, j, math.min(j + 2 * ROOM_SLICE - 1, #fresh)))
+  end
+  if roomy then redis.call('HDEL', pk[3], '~roomy') end
   if tolerated > 0 then redis.call('HINCRBY', pk[1], 'tolerated', tolerated) end
   if settled > 0 then
     local left = redis.call('DECRBY', pk[2], settled)
