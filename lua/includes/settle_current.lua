@@ -21,16 +21,16 @@
 -- Each child is recorded set-if-absent: only a first record counts, so settling the same child
 -- any number of times changes nothing beyond the first. Completions ('c', most of every settle)
 -- are recorded in bulk: ONE HMGET of :processed for all of them tells which are recorded
--- already, and ONE HSET (in slices of ROOM_SLICE, unpack's bound) writes the first records,
--- right after the loop and before anything reads :processed again; within the items a child
--- given twice counts once, as it would have one by one. A `redis.call` per child (an HSETNX
--- each) cost about 5,500 instructions before its arguments; the bulk pair costs about 650 per
--- value (bench/cpu_per_job.md). Deaths ('i', 'f': rare, each with its epoch check) keep
--- their HSETNX. A bulk of more than ROOMY completions first makes :processed a hashtable
--- (the '~roomy' field, as claim.lua does for leases; deleted again in this step, and '~'
--- never starts a job id): in a listpack (up to hash-max-listpack-entries fields) every field
--- read or written scans the whole list, which made the first 512 records of a flow cost
--- about 50,000 instructions each. 'c' and 'i' decrement the counter
+-- already, and ONE HSET (slices of ROOM_SLICE: unpack's bound) writes the first records, right
+-- after the loop and before anything reads :processed again; a child given twice in the items
+-- counts once, as it did one by one. A `redis.call` per child (an HSETNX each) cost about 5,500
+-- instructions before its arguments, the bulk pair about 650 per value (bench/cpu_per_job.md).
+-- A lone completion and the deaths ('i', 'f': rare, each with its epoch check) keep their
+-- HSETNX. A bulk of more than ROOMY completions first makes :processed a hashtable (the
+-- '~roomy' field, as claim.lua does for leases; deleted again in this step, and '~' never
+-- starts a job id): in a listpack (up to hash-max-listpack-entries fields) every field read or
+-- written scans the whole list, which made each of a flow's first 512 records cost tens of
+-- thousands of instructions. 'c' and 'i' decrement the counter
 -- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
 -- A parent that fails and has a parent of its own emits a signal into its own queue's outbox,
 -- kind chosen by ITS policy token, so failure climbs the tree one Pump hop per level.
@@ -88,6 +88,8 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   for i = 1, #items do
     if items[i][1] == 'c' then done[#done + 1] = items[i][2] end
   end
+  local bulk = #done > 1  -- a lone completion: its HSETNX is one call, the bulk pair two
+  if not bulk then done = {} end
   local roomy = #done > ROOMY
   if roomy then redis.call('HSET', pk[3], '~roomy', ROOM) end
   for j = 1, #done, ROOM_SLICE do
@@ -117,7 +119,7 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
     local first = false
     if stale then
       first = false
-    elseif kind == 'c' then
+    elseif kind == 'c' and bulk then
       first = not had[child]
       if first then
         had[child] = true
