@@ -1,7 +1,8 @@
 """The settle's bulk record of completions (lua/includes/settle_current.lua): one HMGET and one
 HSET of the parent's :processed per settle instead of an HSETNX per child, the hash made a
-hashtable first for a bulk of more than 32. Only a first record counts, also when one call
-carries the same child twice, and the '~roomy' field never outlives the step."""
+hashtable first for a bulk of more than 32 in a flow of more than 128 children (a smaller flow
+keeps its listpack). Only a first record counts, also when one call carries the same child
+twice, and the '~roomy' field never outlives the step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 from echomq_core import Child, EchoMQ
 from echomq_core.calls import Call
+
+from .conftest import Backend
 
 
 def _deliver(mq: EchoMQ, queue: str, parent: str, signals: list[tuple[str, str, bytes]]) -> Any:
@@ -28,27 +31,37 @@ def _fields(mq: EchoMQ, key: str) -> dict[bytes, bytes]:
     return {bytes(raw[i]): bytes(raw[i + 1]) for i in range(0, len(raw), 2)}
 
 
-def test_a_bulk_of_completions_records_each_child_once(mq: EchoMQ) -> None:
-    ref = mq.add_flow("st-p", [Child(i, queue="st-c") for i in range(40)])
-    kids = [j.id for j in mq.queue("st-c").claim(40)]
-    assert len(kids) == 40
+def _encoding(mq: EchoMQ, backend: Backend, key: str, expected: str) -> bool:
+    """Whether ``key`` has the ``expected`` encoding (not asked on a Cluster, whose router does
+    not route OBJECT by its key)."""
+    if backend.cluster:
+        return True
+    (raw,) = mq.connection.execute([Call.cmd("OBJECT", "ENCODING", key)])
+    return (raw.decode() if isinstance(raw, bytes) else str(raw)) == expected
+
+
+def test_a_bulk_of_completions_records_each_child_once(mq: EchoMQ, backend: Backend) -> None:
+    ref = mq.add_flow("st-p", [Child(i, queue="st-c") for i in range(140)])
+    kids = [j.id for j in mq.queue("st-c").claim(140)]
+    assert len(kids) == 140
     pid = ref.parent_id
     # one child recorded before the bulk: its first record stays
     (st, _) = _deliver(mq, "st-p", pid, [("c", kids[0], b"first")])
     assert st == [1]
-    # 39 new ones, the early one again, and one child twice in the same call
+    # 139 new ones, the early one again, and one child twice in the same call
     signals = [("c", kids[0], b"again")] + [("c", k, k.encode()) for k in kids[1:]]
     signals.append(("c", kids[5], b"twice"))
     (st, events) = _deliver(mq, "st-p", pid, signals)
-    assert st == [0] + [1] * 39 + [0]
+    assert st == [0] + [1] * 139 + [0]
     assert events[0] in (b"r", "r")
     assert mq.dependencies("st-p", pid) == 0
     stored = _fields(mq, mq.keys.processed("st-p", pid))
-    assert b"~roomy" not in stored and len(stored) == 40
+    assert b"~roomy" not in stored and len(stored) == 140
+    assert _encoding(mq, backend, mq.keys.processed("st-p", pid), "hashtable")
     assert stored[kids[0].encode()] == b"first" and stored[kids[5].encode()] == kids[5].encode()
     # a redelivery of the whole bulk changes nothing
     (st, events) = _deliver(mq, "st-p", pid, signals)
-    assert st == [0] * 41 and events == []
+    assert st == [0] * 141 and events == []
     assert _fields(mq, mq.keys.processed("st-p", pid)) == stored
 
 
@@ -69,13 +82,19 @@ def test_a_small_settle_and_a_mixed_one_keep_their_order_and_counts(mq: EchoMQ) 
     assert b"~roomy" not in _fields(mq, mq.keys.processed("sm-p", pid))
 
 
-def test_a_same_queue_batch_over_the_bound_settles_every_child(mq: EchoMQ) -> None:
-    ref = mq.add_flow("sq", [Child(i) for i in range(120)])
-    q = mq.queue("sq")
-    jobs = list(q.claim(120))
-    assert len(jobs) == 120
-    assert q.complete_many([(j, j.payload * 2) for j in jobs]) == [True] * 120
-    assert mq.dependencies("sq", ref.parent_id) == 0
-    values = mq.children_values("sq", ref.parent_id)
-    assert sorted(values.values()) == sorted(2 * i for i in range(120))
-    assert b"~roomy" not in _fields(mq, mq.keys.processed("sq", ref.parent_id))
+def test_same_queue_batches_settle_every_child_small_flows_keep_their_listpack(
+    mq: EchoMQ, backend: Backend
+) -> None:
+    for n, encoding in ((100, "listpack"), (200, "hashtable")):
+        queue = f"sq{n}"
+        ref = mq.add_flow(queue, [Child(i) for i in range(n)])
+        q = mq.queue(queue)
+        jobs = list(q.claim(n))
+        assert len(jobs) == n
+        assert q.complete_many([(j, j.payload * 2) for j in jobs]) == [True] * n
+        assert mq.dependencies(queue, ref.parent_id) == 0
+        values = mq.children_values(queue, ref.parent_id)
+        assert sorted(values.values()) == sorted(2 * i for i in range(n))
+        processed = mq.keys.processed(queue, ref.parent_id)
+        assert b"~roomy" not in _fields(mq, processed)
+        assert _encoding(mq, backend, processed, encoding)

@@ -26,12 +26,15 @@
 -- counts once, as it did one by one. A `redis.call` per child (an HSETNX each) cost about 5,500
 -- instructions before its arguments, the bulk pair about 650 per value (bench/cpu_per_job.md).
 -- A lone completion and the deaths ('i', 'f': rare, each with its epoch check) keep their
--- HSETNX. A bulk of more than ROOMY completions first makes :processed a hashtable (the
--- '~roomy' field, as claim.lua does for leases; deleted again in this step, and '~' never
--- starts a job id): in a listpack (up to hash-max-listpack-entries fields) every field read or
--- written scans the whole list, which made each of a flow's first 512 records cost tens of
--- thousands of instructions. 'c' and 'i' decrement the counter
--- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
+-- HSETNX. A bulk of more than ROOMY completions of a flow of more than ROOMY_FLOW children
+-- first makes :processed a hashtable (the '~roomy' field, as claim.lua does for leases; deleted
+-- again in this step, and '~' never starts a job id): in a listpack (up to
+-- hash-max-listpack-entries fields, 512 by default) every field read or written scans the
+-- whole list, which made each of a big flow's first 512 records cost tens of thousands of
+-- instructions. A flow of more than 512 children ends a hashtable anyway; one of 129 to 512
+-- holds its records in about 75 bytes each instead of 45; a smaller flow keeps its listpack.
+-- 'c' and 'i' decrement the counter (one DECRBY for the whole group) and release a held parent
+-- at 0; 'f' fails the parent.
 -- A parent that fails and has a parent of its own emits a signal into its own queue's outbox,
 -- kind chosen by ITS policy token, so failure climbs the tree one Pump hop per level.
 -- A released BARRIER root (a flow read from outside) is never made claimable: its state
@@ -71,7 +74,8 @@
 -- trimmed by the Pump, and the outbox:wake member set with it is popped by an idle Pump.
 -- Returns: statuses, event, as settle.lua.
 local PARK_AT_TIP = 5000  -- ids parked in the tipping step (park.lua: two ZMSCOREs per 1,000)
-local ROOMY = 32  -- completions in one settle above which :processed is made a hashtable first
+local ROOMY = 32  -- completions in one settle above which :processed is made a hashtable first,
+local ROOMY_FLOW = 128  -- when the flow has more children than this (see above)
 local ROOM = string.rep('-', 65)  -- longer than hash-max-listpack-value (64): see above
 local ROOM_SLICE = 1000  -- fields per HMGET / HSET (unpack is bounded by the Lua stack)
 
@@ -90,7 +94,8 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   end
   local bulk = #done > 1  -- a lone completion: its HSETNX is one call, the bulk pair two
   if not bulk then done = {} end
-  local roomy = #done > ROOMY
+  -- a big bulk of a big flow: its :processed made a hashtable now (see above)
+  local roomy = #done > ROOMY and (tonumber(redis.call('HGET', pk[1], 'total')) or 0) > ROOMY_FLOW
   if roomy then redis.call('HSET', pk[3], '~roomy', ROOM) end
   for j = 1, #done, ROOM_SLICE do
     local last = math.min(j + ROOM_SLICE - 1, #done)
