@@ -14,9 +14,10 @@
 -- ARGV[3..] per parent: its id, m (its number of signals), kinds (m bytes: the kind of each
 --   signal, 'c' | 'i' | 'f'), then m pairs: child id, value
 --
--- Steps: for each parent, settle its signals in one group (HSETNX per child, one DECRBY,
--- release at 0, fail on an 'f' - see settle). Redelivering any signal any number of times
--- changes nothing: only a first record decrements.
+-- Steps: for each parent, settle its signals in one group (its completions recorded by one
+-- HMGET and one HSET, a death by HSETNX, one DECRBY, release at 0, fail on an 'f' - see
+-- settle_current). Redelivering any signal any number of times changes nothing: only a first
+-- record decrements.
 -- Owner of what it writes: the parents' records and counters (and a released parent's index
 -- entry, a failed one's outbox signal upward) go with their flow's expiry; see settle.lua; the
 -- outbox:wake member is popped by an idle Pump.

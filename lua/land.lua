@@ -44,7 +44,11 @@
 -- The row's 'run' field is '<max_attempts> 0 0 <timeout | -> <created ms> <policy> <gate 0|1>
 -- <parent_queue, empty for this queue>': max_attempts and created live only there; the parent
 -- fields also have their own (which every other script reads), packed once more for the
--- claim's rows read (includes/run.lua, ops.ROW_FIELDS).
+-- claim's rows read (includes/run.lua, ops.ROW_FIELDS) - except the default policy: the
+-- field 'parent_policy' is written only for 'id', as 'parent_queue' only for another queue,
+-- since every reader, old and new, takes a child without it for 'fp' (fail.lua,
+-- recover.lua's host, settle_current.lua, models): two values fewer per child of the usual
+-- flow (bench/cpu_per_job.md); rows written with 'fp' spelt out read the same.
 -- Owner of what it writes: the rows are removed with their flow (the retention sweep); the
 -- gate's keys too (forget.lua), see includes/gate.lua.
 -- Returns: a list of 1 (landed) / 0 (existed), per child.
@@ -108,7 +112,8 @@ if check == '1' then
 end
 local seq = redis.call('INCRBY', q.seq, n) - n
 -- one HSET per child, the shared fields built once (`run`: see add.lua)
-local fields = {'payload', '', 'parent', parent, 'parent_policy', policy}
+local fields = {'payload', '', 'parent', parent}
+if policy ~= 'fp' then fields[#fields + 1] = 'parent_policy'; fields[#fields + 1] = policy end
 if up_queue ~= '' then fields[#fields + 1] = 'parent_queue'; fields[#fields + 1] = up_queue end
 if timeout ~= '' then fields[#fields + 1] = 'timeout'; fields[#fields + 1] = timeout end
 -- a repair re-scores a requeued child by its row (requeue.lua)

@@ -67,8 +67,9 @@ def test_echomq_smoke_runs_every_workload(tmp_path: Path) -> None:
         run = only_run(doc, workload, "echomq")
         assert run["n"] == n
         assert run["rate"] > 0 and run["seconds"] > 0
-        # deterministic, harness probes removed: every item cost at least one command
-        assert run["commands_per_item"] >= 1.0
+        # deterministic, harness probes removed: every item cost at least one command - but a
+        # Pump tick (W4) records a parent's signals in bulk, a few commands per page
+        assert run["commands_per_item"] >= (0.001 if workload == "W4" else 1.0)
         assert run["commands"] == pytest.approx(run["commands_per_item"] * n, abs=n * 0.001)
         assert "evalsha" in run["top_commands"]
         assert "info" not in run["top_commands"] and "config|resetstat" not in run["top_commands"]

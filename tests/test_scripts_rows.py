@@ -74,6 +74,10 @@ def test_rows_carry_run_and_the_read_asks_three_fields(mq: EchoMQ) -> None:
     assert _hget(mq, "rw-q", plain, "max_attempts") is None
     assert _hget(mq, "rw-c", kids[0], "created") is None
     assert _hget(mq, "rw-p", p, "max_attempts") == b"3"
+    # a leaf's policy field only when it is not the default (every reader takes absent as fp)
+    assert _hget(mq, "rw-c", kids[0], "parent_policy") is None
+    assert _hget(mq, "rw-c", kids[1], "parent_policy") == b"id"
+    assert _hget(mq, "rw-p", kids[2], "parent_policy") is None
     jobs = {j.id: j for j in q.claim(5)}
     assert (jobs[plain].max_attempts, jobs[plain].timeout_ms) == (4, None)
     assert (jobs[limited].payload, jobs[limited].timeout_ms) == ("b", 2500)
@@ -162,13 +166,16 @@ def test_rows_with_run_are_read_by_get_job_the_dashboard_and_the_children_list(
 def _as_written_before(mq: EchoMQ, queue: str, ids: list[str], layout: str) -> None:
     """The rows as today's code (``layout='up'``, row30's packed parent fields) or the code
     before it (``'separate'``) wrote them: max_attempts and created as fields of their own,
-    no ``run``."""
+    no ``run``, a child's ``parent_policy`` spelt out also when it is the default ``fp`` (land.lua
+    writes it only for ``id`` since cpu30)."""
     calls = []
     for i in ids:
         row = mq.keys.job(queue, i)
         run = (_hget(mq, queue, i, "run") or b"").split(b" ")
         calls.append(Call.cmd("HSET", row, "max_attempts", run[0], "created", run[4]))
         calls.append(Call.cmd("HDEL", row, "run"))
+        if _hget(mq, queue, i, "parent") is not None and not _hget(mq, queue, i, "parent_policy"):
+            calls.append(Call.cmd("HSET", row, "parent_policy", "fp"))
         if layout == "up" and _hget(mq, queue, i, "parent") is not None:
             policy = _hget(mq, queue, i, "parent_policy") or b"fp"
             gate = b"1" if _hget(mq, queue, i, "gate") else b"0"

@@ -18,9 +18,23 @@
 -- redelivered or stale report records nothing and logs nothing). Values stay in :processed;
 -- the reader (log_read.lua) fetches them, so an entry costs the same whatever the result's
 -- size. A flow without `log` pays one HMGET field here and nothing else.
--- Each child is recorded with HSETNX: only a first record counts, so settling the same child
--- any number of times changes nothing beyond the first. 'c' and 'i' decrement the counter
--- (one DECRBY for the whole group) and release a held parent at 0; 'f' fails the parent.
+-- Each child is recorded set-if-absent: only a first record counts, so settling the same child
+-- any number of times changes nothing beyond the first. Completions ('c', most of every settle)
+-- are recorded in bulk: ONE HMGET of :processed for all of them tells which are recorded
+-- already, and ONE HSET (slices of ROOM_SLICE: unpack's bound) writes the first records, right
+-- after the loop and before anything reads :processed again; a child given twice in the items
+-- counts once, as it did one by one. A `redis.call` per child (an HSETNX each) cost about 5,500
+-- instructions before its arguments, the bulk pair about 650 per value (bench/cpu_per_job.md).
+-- A lone completion and the deaths ('i', 'f': rare, each with its epoch check) keep their
+-- HSETNX. A bulk of more than ROOMY completions of a flow of more than ROOMY_FLOW children
+-- first makes :processed a hashtable (the '~roomy' field, as claim.lua does for leases; deleted
+-- again in this step, and '~' never starts a job id): in a listpack (up to
+-- hash-max-listpack-entries fields, 512 by default) every field read or written scans the
+-- whole list, which made each of a big flow's first 512 records cost tens of thousands of
+-- instructions. A flow of more than 512 children ends a hashtable anyway; one of 129 to 512
+-- holds its records in about 75 bytes each instead of 45; a smaller flow keeps its listpack.
+-- 'c' and 'i' decrement the counter (one DECRBY for the whole group) and release a held parent
+-- at 0; 'f' fails the parent.
 -- A parent that fails and has a parent of its own emits a signal into its own queue's outbox,
 -- kind chosen by ITS policy token, so failure climbs the tree one Pump hop per level.
 -- A released BARRIER root (a flow read from outside) is never made claimable: its state
@@ -60,6 +74,10 @@
 -- trimmed by the Pump, and the outbox:wake member set with it is popped by an idle Pump.
 -- Returns: statuses, event, as settle.lua.
 local PARK_AT_TIP = 5000  -- ids parked in the tipping step (park.lua: two ZMSCOREs per 1,000)
+local ROOMY = 32  -- completions in one settle above which :processed is made a hashtable first,
+local ROOMY_FLOW = 128  -- when the flow has more children than this (see above)
+local ROOM = string.rep('-', 65)  -- longer than hash-max-listpack-value (64): see above
+local ROOM_SLICE = 1000  -- fields per HMGET / HSET (unpack is bounded by the Lua stack)
 
 local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   local statuses = {}
@@ -69,6 +87,23 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
   local first_failure = nil
   local allow = tonumber(row[6])  -- nil: no success threshold
   local failures, tolerated = nil, 0
+  -- the completions' records: which exist already (one HMGET), the first ones to write (fresh)
+  local done, had, fresh = {}, {}, {}
+  for i = 1, #items do
+    if items[i][1] == 'c' then done[#done + 1] = items[i][2] end
+  end
+  local bulk = #done > 1  -- a lone completion: its HSETNX is one call, the bulk pair two
+  if not bulk then done = {} end
+  -- a big bulk of a big flow: its :processed made a hashtable now (see above)
+  local roomy = #done > ROOMY and (tonumber(redis.call('HGET', pk[1], 'total')) or 0) > ROOMY_FLOW
+  if roomy then redis.call('HSET', pk[3], '~roomy', ROOM) end
+  for j = 1, #done, ROOM_SLICE do
+    local last = math.min(j + ROOM_SLICE - 1, #done)
+    local got = redis.call('HMGET', pk[3], unpack(done, j, last))
+    for k = 1, last - j + 1 do
+      if got[k] then had[done[j + k - 1]] = true end
+    end
+  end
   for i = 1, #items do
     local kind, child, value = items[i][1], items[i][2], items[i][3]
     local target = pk[3]
@@ -86,9 +121,19 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
         stale = epoch < current
       end
     end
+    local first = false
     if stale then
-      statuses[i] = 0
-    elseif redis.call('HSETNX', target, child, value) == 1 then
+      first = false
+    elseif kind == 'c' and bulk then
+      first = not had[child]
+      if first then
+        had[child] = true
+        fresh[#fresh + 1] = child; fresh[#fresh + 1] = value
+      end
+    else
+      first = redis.call('HSETNX', target, child, value) == 1
+    end
+    if first then
       statuses[i] = 1
       if row[7] then
         local logged = child
@@ -113,6 +158,10 @@ local function settle_current(pk, parent_id, parent_queue, q, items, now, row)
       statuses[i] = 0
     end
   end
+  for j = 1, #fresh, 2 * ROOM_SLICE do
+    redis.call('HSET', pk[3], unpack(fresh, j, math.min(j + 2 * ROOM_SLICE - 1, #fresh)))
+  end
+  if roomy then redis.call('HDEL', pk[3], '~roomy') end
   if tolerated > 0 then redis.call('HINCRBY', pk[1], 'tolerated', tolerated) end
   if settled > 0 then
     local left = redis.call('DECRBY', pk[2], settled)
