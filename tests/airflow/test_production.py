@@ -51,8 +51,9 @@ pytestmark = [
     pytest.mark.timeout(1800),
 ]
 
-#: Deferred sensors at once: 12 in CI; ECHOMQ_PROD_SENSORS=100 for the figures (README).
-RUNS = int(os.environ.get("ECHOMQ_PROD_SENSORS", "12"))
+#: Deferred sensors at once: 100, as the issue asks (about 4 minutes more than 12 on 2 cores;
+#: ECHOMQ_PROD_SENSORS=12 for a quicker local run).
+RUNS = int(os.environ.get("ECHOMQ_PROD_SENSORS", "100"))
 
 
 def group_cpu(pid: int) -> float:
