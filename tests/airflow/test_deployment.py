@@ -485,9 +485,9 @@ def gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-def lost_heartbeat(deployment: Deployment, mq: EchoMQ) -> None:
-    """The scheduler fails a waiting task that stopped heartbeating and the dag processor runs
-    its failure callback: the flow is cancelled while none of the task's code runs."""
+def zombie_waiting(deployment: Deployment, mq: EchoMQ) -> tuple[str, str, int, int]:
+    """A run of ``echomq_deploy_zombie`` whose ``fan_out`` waits on the flow it added:
+    ``(run id, parent id, supervisor pid, task pid)``."""
     dag_id = "echomq_deploy_zombie"
     run_id = deployment.trigger(dag_id)
     deployment.wait_task(dag_id, run_id, "fan_out", ["running"])
@@ -497,7 +497,15 @@ def lost_heartbeat(deployment: Deployment, mq: EchoMQ) -> None:
         60,
         "the flow added",
     )
-    supervisor, _task = task_processes(deployment.task_instance(dag_id, run_id, "fan_out")["id"])
+    ti_id = deployment.task_instance(dag_id, run_id, "fan_out")["id"]
+    return (run_id, parent, *task_processes(ti_id))
+
+
+def lost_heartbeat(deployment: Deployment, mq: EchoMQ) -> None:
+    """The scheduler fails a waiting task that stopped heartbeating and the dag processor runs
+    its failure callback: the flow is cancelled while none of the task's code runs."""
+    dag_id = "echomq_deploy_zombie"
+    run_id, parent, supervisor, _task = zombie_waiting(deployment, mq)
     os.kill(supervisor, signal.SIGSTOP)  # no more heartbeats
     try:
         assert deployment.wait_run(dag_id, run_id, timeout=180) == "failed"
@@ -540,16 +548,8 @@ def late_callback_after_clear(deployment: Deployment, mq: EchoMQ) -> None:
     Airflow 3.2+ reads the task's state (running again), 3.1 cannot and compares the flow's
     epoch (the clear number the second try recorded) with the one in its context."""
     dag_id = "echomq_deploy_zombie"
-    run_id = deployment.trigger(dag_id)
-    deployment.wait_task(dag_id, run_id, "fan_out", ["running"])
-    parent = parent_id_for(dag_id, run_id, "fan_out")
-    deployment.wait_for(
-        lambda: mq.snapshot("example.reports", parent).parent_state == "held",
-        60,
-        "the flow added",
-    )
+    run_id, parent, supervisor, task = zombie_waiting(deployment, mq)
     processor = deployment.procs["dag-processor"]
-    supervisor, task = task_processes(deployment.task_instance(dag_id, run_id, "fan_out")["id"])
     os.killpg(processor.pid, signal.SIGSTOP)  # callbacks wait from now on
     try:
         os.kill(supervisor, signal.SIGSTOP)  # no more heartbeats
