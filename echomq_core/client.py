@@ -518,20 +518,23 @@ class EchoMQ(_Base):
         cursor: str | None = None,
         block: float = 1.0,
         page: int = 500,
+        timeout: float | None = None,
     ) -> streaming.Results:
         """``(child id, value)`` of each completed child in settle order, for a flow added with
         ``stream=True`` (see :mod:`echomq_core.streaming`). ``follow=True``: while the flow is
         held, wait for the next result (one blocking read of at most ``block`` seconds at a
         time) and end when it is released; ``follow=False``: end at the last result settled
         so far. The iterator's ``cursor`` names the last item handed out: passed back as
-        ``cursor=``, a new iterator resumes after it. Raises :class:`ParentFailed` /
+        ``cursor=``, a new iterator resumes after it. ``timeout``: the most seconds the follow
+        waits for the release in all, then :class:`FlowTimeout` (None: no bound; every result
+        settled by then is handed out first). Raises :class:`ParentFailed` /
         :class:`FlowCancelled` when the flow fails or is cancelled, :class:`JobNotFound` when
         there is no such flow, :class:`InvalidArgument` for a flow without a settle log, a
         malformed cursor or another flow's."""
         queue = self.home(queue, parent_id)
         f = streaming.Follow.start(
             self.keys, queue, parent_id, self.serializer,
-            follow=follow, cursor=cursor, block=block, page=page,
+            follow=follow, cursor=cursor, block=block, page=page, timeout=timeout,
         )
         return streaming.Results(self.perform, f)
 
@@ -769,6 +772,7 @@ class AsyncEchoMQ(_Base):
         cursor: str | None = None,
         block: float = 1.0,
         page: int = 500,
+        timeout: float | None = None,
     ) -> streaming.AsyncResults:
         """As :meth:`EchoMQ.iter_results`: ``async for child_id, value in await
         mq.iter_results(...)``; the blocking read holds one connection of the pool, never the
@@ -776,7 +780,7 @@ class AsyncEchoMQ(_Base):
         queue = await self.home(queue, parent_id)
         f = streaming.Follow.start(
             self.keys, queue, parent_id, self.serializer,
-            follow=follow, cursor=cursor, block=block, page=page,
+            follow=follow, cursor=cursor, block=block, page=page, timeout=timeout,
         )
         return streaming.AsyncResults(self.connection.perform, f)
 

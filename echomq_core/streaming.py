@@ -15,6 +15,8 @@ A follower (:class:`Follow`, driven by :meth:`EchoMQ.iter_results
 * while the parent is held and the log has nothing new: one ``XREAD BLOCK`` on the log for at
   most ``block`` seconds (bounded, so a follower whose client closes, or whose flow is
   cancelled - a cancel logs nothing - returns within that bound). It wakes on the next entry.
+  A follow with a ``timeout`` raises :class:`FlowTimeout` when it would wait past it (the
+  results before are all handed out; the cursor resumes after them).
 
 Only completed children are yielded (``(child id, value)``, as the Airflow hook's
 ``iter_results``); a child that died under ignore-dependency, or within a success threshold,
@@ -32,15 +34,16 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .calls import Call, Op
-from .checks import check_int
+from .checks import check_int, check_seconds
 from .checks import text as _s
-from .errors import InvalidArgument, JobNotFound, flow_error
+from .errors import FlowTimeout, InvalidArgument, JobNotFound, flow_error
 from .flows import pairs
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Serializer
@@ -91,6 +94,8 @@ class Follow:
     buffer: deque[tuple[str, str, bytes]] = field(default_factory=deque)
     last: str = _START  # the last entry of the pages read so far
     next: str = "more"  # what the loop does once the buffer is empty: more | wait | end
+    timeout: float | None = None  # seconds the follow may wait for the release, in all
+    deadline: float | None = None  # time.monotonic() when that runs out
 
     @classmethod
     def start(
@@ -104,6 +109,7 @@ class Follow:
         cursor: str | None,
         block: Any,
         page: Any,
+        timeout: Any = None,
     ) -> Follow:
         check_queue(queue)
         check_job_id(parent_id)
@@ -111,6 +117,7 @@ class Follow:
             raise InvalidArgument(f"follow must be True or False, got {follow!r}")
         if isinstance(block, bool) or not isinstance(block, int | float) or not 0.01 <= block <= 60:
             raise InvalidArgument(f"block must be a number of seconds in [0.01, 60], got {block!r}")
+        bound = None if timeout is None else check_seconds("timeout", timeout, 0.0, 366 * 86400)
         at = parse_cursor(queue, parent_id, cursor)
         return cls(
             ks,
@@ -122,6 +129,8 @@ class Follow:
             check_int("page", page, 1, MAX_PAGE),
             at,
             last=at,
+            timeout=bound,
+            deadline=None if bound is None else time.monotonic() + bound,
         )
 
     @property
@@ -178,9 +187,21 @@ class Follow:
 
     def wait(self) -> Op[None]:
         """Block until the log has an entry after the last one read, or ``block`` passes (one
-        XREAD: a wake-up only, the entries are read by :meth:`read`)."""
+        XREAD: a wake-up only, the entries are read by :meth:`read`); no longer than the
+        follow's timeout leaves, and :class:`FlowTimeout` once it has run out (the cursor
+        still names the last item handed out: a new follow resumes there)."""
+        seconds = self.block
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise FlowTimeout(
+                    f"flow {self.parent_id} in queue {self.queue!r} not released within "
+                    f"timeout={self.timeout:g}s of following its results (resume from the "
+                    "iterator's cursor)"
+                )
+            seconds = min(seconds, left)
         log = self.ks.settle_log(self.queue, self.parent_id)
-        ms = max(1, round(self.block * 1000))
+        ms = max(1, round(seconds * 1000))
         yield [Call.cmd("XREAD", "COUNT", 1, "BLOCK", ms, "STREAMS", log, self.last)]
 
 

@@ -16,6 +16,7 @@ from echomq_core import (
     EchoMQ,
     FlowCancelled,
     FlowConflict,
+    FlowTimeout,
     InvalidArgument,
     JobNotFound,
     ParentFailed,
@@ -298,4 +299,42 @@ def test_check_makes_the_first_read_up_front_and_consumes_nothing(
             await amq.close()
 
     assert sorted(asyncio.run(follow())) == [(f"{ref.parent_id}.{i}", i) for i in range(3)]
+    mq.close()
+
+
+def test_a_follow_with_a_timeout_hands_out_what_settled_then_raises(
+    backend: Backend, prefix: str
+) -> None:
+    """``timeout``: the follow waits at most that long for the release in all, then raises
+    FlowTimeout once every result settled by then is handed out; its cursor resumes there
+    (sync and asyncio; bad values refused by name)."""
+    mq = backend.client(prefix)
+    (queue,) = backend.queues_on_distinct_nodes(1, "sto")
+    ref = mq.add_flow(queue, [Child(i) for i in range(3)], barrier=True, stream=True)
+    ids = [c for _, c in ref.children]
+    jobs = {j.id: j for j in mq.queue(queue).claim(3)}
+    settle_in_order(mq, queue, jobs, ids[:1])  # nothing settles the other two meanwhile
+    it = mq.iter_results(queue, ref.parent_id, timeout=0.3, block=0.1)
+    assert next(it) == (ids[0], {"v": ids[0]})
+    with pytest.raises(FlowTimeout, match=r"not released within timeout=0\.3s"):
+        next(it)
+    for bad in (-1, float("nan"), "5", True):
+        with pytest.raises(InvalidArgument, match="timeout"):
+            mq.iter_results(queue, ref.parent_id, timeout=bad)  # type: ignore[arg-type]
+
+    async def follow_async() -> list[Any]:
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        got: list[Any] = []
+        try:
+            with pytest.raises(FlowTimeout):
+                async for item in await amq.iter_results(queue, ref.parent_id, timeout=0.2):
+                    got.append(item)
+        finally:
+            await amq.close()
+        return got
+
+    assert asyncio.run(follow_async()) == [(ids[0], {"v": ids[0]})]
+    settle_in_order(mq, queue, jobs, ids[1:])  # released: the rest comes, then the end
+    rest = list(mq.iter_results(queue, ref.parent_id, cursor=it.cursor, timeout=0.3))
+    assert rest == [(c, {"v": c}) for c in ids[1:]]
     mq.close()

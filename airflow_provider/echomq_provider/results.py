@@ -104,6 +104,7 @@ def flow_results(
     page: int = DEFAULT_PAGE,
     close_flow: bool = True,
     cancel_on_failure: bool = True,
+    timeout: float | None = None,
 ) -> Iterator[tuple[int | str, Any]]:
     """Every completed child's ``(index or key, value)``; see the module doc.
 
@@ -112,7 +113,8 @@ def flow_results(
     ``follow=True``: the results of a flow added with ``stream=True`` as its children settle,
     ending at the release (:meth:`~echomq_provider.hooks.echomq.EchoMQHook.follow_results`,
     which closes a barrier flow then unless ``close_flow=False``, and cancels a failed one
-    unless ``cancel_on_failure=False``).
+    unless ``cancel_on_failure=False``); ``timeout``: the most seconds it waits for the release
+    (then ``FlowTimeout``, the flow cancelled unless ``cancel_on_failure=False``).
     """
     flags = {"follow": follow, "close_flow": close_flow, "cancel_on_failure": cancel_on_failure}
     for name, flag in flags.items():
@@ -122,8 +124,14 @@ def flow_results(
     try:
         if follow:
             yield from hook.follow_results(
-                flow, page=page, close_flow=close_flow, cancel_on_failure=cancel_on_failure
+                flow,
+                page=page,
+                close_flow=close_flow,
+                cancel_on_failure=cancel_on_failure,
+                timeout=timeout,
             )
+        elif timeout is not None:
+            raise InvalidInput("timeout applies to follow=True (a released flow is read at once)")
         else:
             yield from hook.iter_results(flow, page=page)
     finally:

@@ -22,6 +22,7 @@ from echomq_core import (
     Child,
     EchoMQ,
     FlowCancelled,
+    FlowTimeout,
     InvalidArgument,
     InvalidInput,
     JobNotFound,
@@ -125,6 +126,36 @@ def test_a_failed_flow_fails_the_follower_and_is_cancelled(
         mq.cancel_flow("sf", cancelled.parent_id, reason="not needed")
         with pytest.raises(FlowCancelled, match="not needed"):
             list(flow_results(cancelled.to_dict(), follow=True))
+
+
+def test_a_follower_past_its_timeout_gives_up_and_cancels_the_flow(
+    echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    """``flow_results(..., follow=True, timeout=...)``: past it, FlowTimeout after the results
+    settled so far, and the flow cancelled as a sensor that times out cancels it (unless
+    ``cancel_on_failure=False``); a timeout without ``follow`` is refused."""
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        flows = [
+            mq.add_flow("st", [Child(i) for i in range(2)], barrier=True, stream=True,
+                        parent_id=f"JOB-af/d/follow/{n}")
+            for n in range(2)
+        ]  # fmt: skip
+        work = mq.queue("st")
+        for job in work.claim(4):
+            if job.id.endswith(".0"):
+                assert work.complete_many([(job, "ok")]) == [True]
+        for ref, cancel in zip(flows, (True, False), strict=True):
+            stream = flow_results(
+                ref.to_dict(), follow=True, timeout=0.3, cancel_on_failure=cancel
+            )
+            assert next(stream) == (0, "ok")
+            with pytest.raises(FlowTimeout, match=r"not released within timeout=0\.3s"):
+                next(stream)
+        assert mq.snapshot("st", flows[0].parent_id).parent_state == "cancelled"
+        assert "the follower gave up" in (mq.snapshot("st", flows[0].parent_id).error or "")
+        assert mq.snapshot("st", flows[1].parent_id).parent_state == "held"
+        with pytest.raises(InvalidInput, match="timeout applies to follow=True"):
+            list(flow_results(flows[1].to_dict(), timeout=1))
 
 
 def test_what_cannot_be_followed_is_refused_before_any_result(

@@ -33,6 +33,7 @@ from echomq_core import (
     AsyncEchoMQ,
     EchoMQ,
     FlowCancelled,
+    FlowTimeout,
     InvalidInput,
     JobNotFound,
     ParentFailed,
@@ -167,6 +168,7 @@ class EchoMQHook(BaseHook):
         block: float = 1.0,
         close_flow: bool = True,
         cancel_on_failure: bool = True,
+        timeout: float | None = None,
     ) -> Iterator[tuple[int | str, Any]]:
         """The results of a flow added with ``stream=True`` as its children settle: ``(index
         or key, value)`` in the order the parent counted them, labelled as
@@ -188,7 +190,9 @@ class EchoMQHook(BaseHook):
         :class:`~echomq_core.InvalidInput` for a slice of :meth:`slices` (a slice is read
         whole, once released). A failed flow is cancelled as it raises
         (``cancel_on_failure``), as the sensor does: its children that have not started never
-        start, and a clear of the operator repairs it."""
+        start, and a clear of the operator repairs it. ``timeout``: the most seconds to wait
+        for the release in all; past it :class:`~echomq_core.FlowTimeout` is raised and the flow
+        cancelled (``cancel_on_failure``), as a sensor that times out gives up on its flow."""
         if flow_span(flow) is not None:
             raise InvalidInput(
                 f"a slice of a flow cannot be followed, got {flow!r:.200}: follow the flow "
@@ -198,7 +202,12 @@ class EchoMQHook(BaseHook):
         page = check_int("page", page, 1)
         mq = self.get_conn()
         results = mq.iter_results(
-            queue, parent_id, follow=True, block=block, page=min(page, MAX_FOLLOW_PAGE)
+            queue,
+            parent_id,
+            follow=True,
+            block=block,
+            page=min(page, MAX_FOLLOW_PAGE),
+            timeout=timeout,
         ).check()
         label = labeller(parent_id)
         try:
@@ -207,6 +216,10 @@ class EchoMQHook(BaseHook):
         except ParentFailed as exc:
             if cancel_on_failure and not isinstance(exc, FlowCancelled):
                 mq.cancel_flow(queue, parent_id, reason=f"a child failed the flow: {exc}"[:500])
+            raise
+        except FlowTimeout as exc:
+            if cancel_on_failure:
+                mq.cancel_flow(queue, parent_id, reason=f"the follower gave up: {exc}"[:500])
             raise
         if close_flow and mq.snapshot(queue, parent_id).parent_state == "released":
             mq.close_flow(queue, parent_id)  # a barrier flow, read to its release
