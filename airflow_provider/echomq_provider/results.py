@@ -82,7 +82,10 @@ unstarted children never start; a clear of the operator repairs it; ``cancel_on_
 leaves it), :class:`~echomq_core.FlowCancelled` for a cancelled flow, and
 :class:`~echomq_core.InvalidArgument` for a flow added without ``stream=True``, before any
 result. A follower that fails in its own code leaves the flow to its children: it is released
-when they settle and kept for its ``unclosed`` retention, and a retry reads it again.
+when they settle, and a retry reads it again. When the run fails for good (the follower out of
+tries, killed, marked failed), the operator's failure callbacks - a ``stream=True`` operator
+carries them as a waiting task does (:mod:`echomq_provider.settle`) - cancel a flow still
+held and close a released one, so nothing waits for its ``unclosed`` retention.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from echomq_provider.settle import on_dag_run_failure, on_task_failure, settle_action
 
-from echomq_core import Child, EchoMQ
+from echomq_core import Child, EchoMQ, Pump
 
 pytestmark = pytest.mark.onlystandalone
 
@@ -94,7 +94,9 @@ def test_waiting_tasks_carry_the_callbacks_to_airflow(airflow_db: Path) -> None:
         both = EchoFlowOperator(
             task_id="both", parent_queue="q", children=[1], wait_for_completion=True
         )
+        streams = EchoFlowOperator(task_id="streams", parent_queue="q", children=[1], stream=True)
     assert add.on_failure_callback == []
+    assert streams.on_failure_callback == [on_task_failure]  # its follower reads the flow
     assert wait.on_failure_callback == [mine, on_task_failure]
     assert both.on_failure_callback == [on_task_failure]
     assert dag.on_failure_callback == [mine, on_dag_run_failure]  # once, for both tasks
@@ -198,3 +200,41 @@ def test_a_late_callback_leaves_the_flow_a_newer_attempt_took_up(
         assert mq.note_epoch("example.reports", parents[2], 2) == 2
         failed(2, cleared=1)
         assert mq.snapshot("example.reports", parents[2]).parent_state == "held"
+
+
+
+def test_a_failed_run_settles_the_flow_a_stream_operator_added(
+    airflow_db: Path, echomq_conn: str, standalone_server: Any, prefix: str
+) -> None:
+    """``EchoFlowOperator(stream=True)`` does not wait: its follower downstream reads the flow
+    (``flow_results(..., follow=True)``). A follower killed or marked failed runs none of its
+    code, so the run's failure callback settles the flow: held (children still running,
+    nobody will read them) cancelled, released closed (its ``closed`` retention starts)."""
+    from airflow.sdk import DAG
+    from echomq_provider._compat import AIRFLOW_3_2
+    from echomq_provider.flow_specs import parent_id_for
+    from echomq_provider.operators.echo_flow import EchoFlowOperator
+
+    with DAG("settle_stream", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+        EchoFlowOperator(task_id="fan_out", parent_queue="sq", children=[1, 2], stream=True)
+    assert dag.on_failure_callback == [on_dag_run_failure]
+    with EchoMQ(standalone_server.url, prefix=prefix) as mq:
+        parents = {}
+        for run_id in ("held_run", "released_run"):
+            parents[run_id] = parent_id_for("settle_stream", run_id, "fan_out")
+            mq.add_flow("sq", [Child(1, queue="sq.w"), Child(2, queue="sq.w")], barrier=True,
+                        stream=True, parent_id=parents[run_id])  # fmt: skip
+        work = mq.queue("sq.w")
+        for job in work.claim(4):
+            if job.id.startswith(parents["released_run"]):
+                assert work.complete_many([(job, 1)]) == [True]
+        Pump(mq, queues=["sq.w"]).tick()
+        assert mq.snapshot("sq", parents["released_run"]).parent_state == "released"
+        for run_id in parents:
+            on_dag_run_failure({"dag": dag, "run_id": run_id})
+        held = mq.snapshot("sq", parents["held_run"])
+        if AIRFLOW_3_2:
+            assert held.parent_state == "cancelled" and "the DAG run failed" in (held.error or "")
+        else:  # 3.1's dag processor cannot tell a clear since: a held flow is left to run
+            assert held.parent_state == "held"
+        assert mq.snapshot("sq", parents["released_run"]).parent_state == "closed"

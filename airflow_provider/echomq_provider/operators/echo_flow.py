@@ -88,6 +88,7 @@ from echomq_core.lifecycle import repair_on_readd
 from echomq_core.ops import gc_paused
 from echomq_core.waiting import FlowWait
 
+from .. import settle
 from .._compat import AirflowFailException, AirflowSkipException, clear_number
 from ..errors import TooManyValues
 from ..flow_specs import parent_id_for, to_children
@@ -260,6 +261,12 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
             if not isinstance(flag, bool):
                 raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {flag!r}")
         self.stream = stream
+        if stream and not wait_for_completion:
+            # its follower (flow_results(..., follow=True) downstream) may be failed or killed
+            # without running its code: Airflow's failure callbacks settle the flow as a
+            # waiting task's (a held flow nobody will read cancelled, a released one closed)
+            self._settles = True
+            settle.install(self)
         self.repair = repair
         self.on_conflict = on_conflict
         self.echomq_conn_id = echomq_conn_id
