@@ -8,12 +8,17 @@ from typing import Any
 import redis
 
 from echomq_core import EchoMQ, Job, Pump
-from echomq_core.connection import Op
+from echomq_core.connection import Call, Op
 from echomq_core.pump import TickStats, drain
 
 from .conftest import Backend
 
 Handler = Callable[[Job], Any]
+
+
+def cmd(mq: EchoMQ, *args: Any) -> Any:
+    """One server command through ``mq``'s connection (routed by its key on a Cluster)."""
+    return mq.connection.execute([Call.cmd(*args)])[0]
 
 
 def default_handler(job: Job) -> Any:

@@ -10,19 +10,9 @@ import asyncio
 import pytest
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, InvalidArgument
-from echomq_core.calls import Call, Op
 
 from .conftest import Backend
-
-
-def exists(key: str) -> Op[int]:
-    (found,) = yield [Call.cmd("EXISTS", key)]
-    return int(found)
-
-
-def hget(key: str, field: str) -> Op[bytes | None]:
-    (value,) = yield [Call.cmd("HGET", key, field)]
-    return value  # type: ignore[no-any-return]
+from .flowkit import cmd
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -45,10 +35,10 @@ def test_the_epoch_only_goes_up_and_goes_with_the_flow(
     assert mq.note_epoch("ep", "JOB-af/dag/fan_out/none", 5) is None
     assert mq.note_epoch("ep", "JOB-af/dag/fan_out/none") is None
     home = mq.home("ep", "JOB-af/dag/fan_out/none")
-    assert mq.perform(exists(mq.keys.job(home, "JOB-af/dag/fan_out/none"))) == 0
+    assert cmd(mq, "EXISTS", mq.keys.job(home, "JOB-af/dag/fan_out/none")) == 0
     # the field is on the row: what expires the flow deletes it
     row = mq.keys.job(mq.home("ep", parent), parent)
-    assert mq.perform(hget(row, "epoch")) == b"3"
+    assert cmd(mq, "HGET", row, "epoch") == b"3"
 
 
 def test_bad_epochs_are_refused_before_anything_is_written(mq: EchoMQ) -> None:

@@ -25,19 +25,16 @@ import pytest
 
 from echomq_core import AsyncEchoMQ, AsyncWorker, EchoMQ, InvalidArgument, Job, RateLimit, Worker
 from echomq_core.cli import main
-from echomq_core.connection import Call
 from echomq_core.rates import parse_rate
 from echomq_core.running import RATE_RECHECK
 
 from .conftest import Backend
+from .flowkit import cmd
 from .waiting import eventually, eventually_async
 
 PROC = str(Path(__file__).parent / "procs" / "rate_proc.py")
 LEASE = 60.0
 
-
-def cmd(mq: EchoMQ, *args: Any) -> Any:
-    return mq.connection.execute([Call.cmd(*args)])[0]
 
 
 def claimed_at(mq: EchoMQ, job: Job) -> int:
