@@ -32,7 +32,7 @@ from echomq_core import (
 from echomq_core.async_worker import is_async
 
 from .conftest import Backend
-from .waiting import eventually, eventually_async
+from .waiting import eventually, eventually_async, past_first_lease
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 
@@ -182,24 +182,29 @@ def test_a_base_exception_fails_the_attempt_and_the_worker_lives(
 def test_long_async_jobs_are_heartbeated(mq: EchoMQ, backend: Backend, prefix: str) -> None:
     q = mq.queue("aw-slow")
     job_id = q.add("x")
-    started = asyncio.Event()
+    started, gate = asyncio.Event(), asyncio.Event()
+    active, r, lease = mq.keys.active("aw-slow"), mq.connection.client, 3.0
 
     async def handle(job: Job) -> str:
         started.set()
-        await asyncio.sleep(0.8)  # four lease lengths: only heartbeats keep it leased
+        await asyncio.wait_for(gate.wait(), 60)  # held until heartbeats carried it on
         return "done"
 
     async def body(worker: AsyncWorker) -> None:
-        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.wait_for(started.wait(), 30)
+        first = {job_id: float(r.zscore(active, job_id))}
         pump = Pump(mq, ["aw-slow"], maintain_every=0)
-        for _ in range(8):
+        deadline = time.monotonic() + 60
+        while not past_first_lease(r, active, first, lease * 1000):
+            assert time.monotonic() < deadline, "no heartbeat past the claim's lease in 60 s"
             await asyncio.to_thread(pump.tick)  # would recover the job if its lease lapsed
             await asyncio.sleep(0.1)
+        gate.set()
         await eventually_async(
             lambda: q.get_job(job_id).state == "completed", what="the completion"
         )
 
-    _run(backend, prefix, {"aw-slow": handle}, body, lease=0.2)
+    _run(backend, prefix, {"aw-slow": handle}, body, lease=lease)
     assert q.get_job(job_id).stalls == 0
 
 

@@ -30,7 +30,7 @@ from echomq_core import (
 )
 
 from .conftest import Backend
-from .waiting import eventually, eventually_async
+from .waiting import eventually, eventually_async, past_first_lease
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 
@@ -267,17 +267,17 @@ def test_heartbeats_cover_every_job_of_a_running_batch(mq: EchoMQ) -> None:
 
     def batch(jobs: list[Job]) -> list[int]:
         entered.set()
-        gate.wait(30)
+        gate.wait(60)
         return [j.payload for j in jobs]
 
     active, r = mq.keys.active("bbeat"), mq.connection.client
-    worker = Worker(mq, {"bbeat": batch}, batch=6, lease=0.3).start()
+    worker = Worker(mq, {"bbeat": batch}, batch=6, lease=3.0).start()
     try:
         assert entered.wait(30)
         first = {i: float(r.zscore(active, i)) for i in ids}
-        # every lease now ends a whole lease after the claim's deadline: without the
+        # held until every lease ends a whole lease after the claim's deadline: without the
         # heartbeat extending each job of the call, they would have expired
-        eventually(lambda: all(float(r.zscore(active, i) or 0) > first[i] + 300 for i in ids), 30)
+        eventually(lambda: past_first_lease(r, active, first, 3000), 60, "the heartbeats")
         gate.set()
         eventually(lambda: q.stats()["completed"] == 6, 30)
     finally:
@@ -297,7 +297,7 @@ def test_children_of_a_cancelled_flow_buffered_for_a_batch_are_dropped(
     def batch(jobs: list[Job]) -> list[int]:
         calls.append(len(jobs))
         entered.set()
-        gate.wait(30)
+        gate.wait(60)
         return [j.payload for j in jobs]
 
     worker = Worker(mq, {kids: batch}, batch=4, fast_job=10.0, pump=False)
@@ -329,7 +329,7 @@ def test_a_stop_mid_batch_loses_nothing(mq: EchoMQ, wait: bool) -> None:
     def batch(jobs: list[Job]) -> list[int]:
         calls.append([j.id for j in jobs])
         entered.set()
-        gate.wait(30)
+        gate.wait(60)
         return [j.payload for j in jobs]
 
     worker = Worker(mq, {"bstop": batch}, batch=8, pump=False).start()

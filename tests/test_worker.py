@@ -16,7 +16,11 @@ from echomq_core import EchoMQ, Job, Unrecoverable, Worker
 from echomq_core.running import hint_groups
 
 from .conftest import Backend
-from .waiting import eventually
+from .waiting import eventually, past_first_lease
+
+#: The lease of the heartbeat tests: heartbeats every lease / 3 leave a late heartbeat thread
+#: two thirds of it (2 s) on a loaded machine before a job would expire.
+LEASE = 3.0
 
 PROC = str(Path(__file__).parent / "procs" / "worker_proc.py")
 
@@ -53,24 +57,31 @@ def test_worker_runs_handlers_and_fails_cleanly(mq: EchoMQ) -> None:
 def test_worker_heartbeats_long_jobs(mq: EchoMQ) -> None:
     q = mq.queue("slow")
     job_id = q.add("x")
-    started = threading.Event()
+    started, gate = threading.Event(), threading.Event()
 
     def handle(job: Job) -> str:
         started.set()
-        time.sleep(0.8)  # four lease lengths: only heartbeats keep it leased
+        assert gate.wait(60)  # held until heartbeats carried it past its first lease
         return "done"
 
-    worker = Worker(mq, {"slow": handle}, lease=0.2).start()
+    active, r = mq.keys.active("slow"), mq.connection.client
+    worker = Worker(mq, {"slow": handle}, lease=LEASE).start()
     try:
-        started.wait(5)
+        assert started.wait(30)
+        first = {job_id: float(r.zscore(active, job_id))}
         from echomq_core import Pump
 
         pump = Pump(mq, ["slow"], maintain_every=0)
-        for _ in range(8):
+
+        def extended() -> bool:
             pump.tick()  # would recover the job if its lease lapsed
-            time.sleep(0.1)
+            return past_first_lease(r, active, first, LEASE * 1000)
+
+        eventually(extended, 60, "a heartbeat past the claim's lease", every=0.1)
+        gate.set()
         eventually(lambda: q.get_job(job_id).state == "completed", 20)
     finally:
+        gate.set()
         worker.stop()
     assert q.get_job(job_id).stalls == 0
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 #: What a wait is for: a text, or a callable that describes the state when the wait gives up.
@@ -52,3 +52,14 @@ async def eventually_async(
             raise _failure(what, timeout)
         await asyncio.sleep(every)
     return value
+
+
+def past_first_lease(client: Any, active: str, first: dict[str, float], lease_ms: float) -> bool:
+    """Whether a heartbeat has moved every job's lease past its claim's deadline plus one lease:
+    one came after the claim's own lease had run out, so without heartbeats every job would
+    have expired by now. ``first`` holds each job's score in the ``active`` set at the claim.
+
+    A heartbeat test holds its handlers until this holds (a gate it controls), instead of
+    sleeping a few lease lengths and hoping the heartbeat thread was scheduled in time.
+    """
+    return all(float(client.zscore(active, i) or 0) > at + lease_ms for i, at in first.items())
