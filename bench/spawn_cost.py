@@ -40,7 +40,7 @@ def run(r: redis.Redis, url: str, k: int, variant: str) -> dict[str, Any]:
     else:
         ref = mq.add_flow("p", [Child("seed")], barrier=True)
         (seed,) = mq.queue("p").claim(1)
-        seed.spawner = spawning.sync_spawner(mq)
+        seed.spawner = spawning.SyncSpawner(mq)
         queue = "c" if variant == "spawned_cross" else None
         r.config_resetstat()
         seed.spawn([Child(i, queue=queue) for i in range(k)])

@@ -185,7 +185,7 @@ class AsyncWorker(OptionAttributes):
         await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
         await self.presence.abeat(self.connection.perform, 0)
         # one spawner for the loop the handlers run on (a restarted worker's may be another)
-        self._spawner = spawning.async_spawner(self.client, asyncio.get_running_loop())
+        self._spawner = spawning.AsyncSpawner(self.client, asyncio.get_running_loop())
         self._started = True
         runner = self._batch_runner if self.batches else self._runner
         self._runners = [

@@ -96,7 +96,8 @@ class LeaseLost(EchoMQError):
     """Raised when a completion, failure or heartbeat presents a token that is not the job's
     current lease (the lease expired and the job was recovered or re-claimed). The call changed
     nothing. Raised by the host: the scripts answer a stale token with a status, not an error
-    (a batch may hold current and stale tokens at once)."""
+    (a batch may hold current and stale tokens at once) - except ``job.spawn(..., own=True)``
+    from a handler whose job's lease is gone (script code ``EMQLEASE``): nothing spawned."""
 
 
 class FlowConflict(EchoMQError):
@@ -157,6 +158,7 @@ _CODES: dict[str, type[EchoMQError]] = {
     "EMQNOJOB": JobNotFound,
     "EMQFLOW": FlowConflict,
     "EMQARG": InvalidArgument,
+    "EMQLEASE": LeaseLost,
 }
 
 

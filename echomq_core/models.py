@@ -161,7 +161,11 @@ class Job:
     shard: str = ""
     #: set by the worker that runs the job: what :meth:`spawn` calls (echomq_core.spawning)
     spawner: Any = field(default=None, repr=False, compare=False)
-    spawned: int = 0  # children spawned by this run of the handler (the next id's index)
+    spawned: int = 0  # siblings spawned by this run of the handler (the next id's index)
+    adopted: int = 0  # children of its own spawned by this run (the next id's index)
+    #: True when this run is the job's run as a parent: a worker-run flow parent released, or
+    #: a job that spawned children of its own, run again once they settled (read at the claim)
+    resumed: bool = False
 
     def __post_init__(self) -> None:
         if not self.shard:
@@ -170,19 +174,38 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.queue!r}, {self.id!r}, attempts={self.attempts})"
 
-    def spawn(self, children: list[Child]) -> Any:
-        """Add ``children`` (leaves) to this job's flow as its siblings, counted by the parent
-        before any of them can run; their ids ``<id>.s<i>`` derive from this job's, so a re-run
-        of the handler spawns the same children once. Returns their ids - in an async handler
-        of an :class:`~echomq_core.AsyncWorker`, an awaitable of them. See
-        :mod:`echomq_core.spawning` (errors: :class:`InvalidArgument` for a job not in a flow,
-        bad children or a flow past its bound; :class:`FlowConflict` for a flow that is no
-        longer held)."""
+    def spawn(self, children: list[Child], *, own: bool = False) -> Any:
+        """Add ``children`` (leaves) to this job's flow, counted before any of them can run.
+
+        As its siblings (the default): under its parent, ids ``<id>.s<i>``. As its own
+        children (``own=True``): this job becomes their parent, ids ``<id>.k<i>``; when the
+        handler returns, its return value is not recorded: the job waits for them (held), and
+        once they have all settled it is claimed again and its handler runs a second time,
+        with :attr:`resumed` True, as a worker-run parent's does - it reads them with
+        :meth:`children_values` and returns the job's result. A child that dies under
+        fail-parent fails it (with its own policy toward its parent). Ids derive from this
+        job's, so a re-run of the handler (lease lost, worker killed) spawns the same children
+        once. Returns their ids - in an async handler of an :class:`~echomq_core.AsyncWorker`,
+        an awaitable of them. See :mod:`echomq_core.spawning` (errors:
+        :class:`InvalidArgument` for a job not in a flow, bad children, a flow past its bound,
+        own children asked for by a resumed run; :class:`FlowConflict` for a flow that is no
+        longer held; :class:`LeaseLost` for own children of a job whose lease is gone)."""
         if self.spawner is None:
             raise InvalidArgument(
                 f"job {self.id}: spawn() works inside a handler run by a Worker or AsyncWorker"
             )
-        return self.spawner(self, children)
+        return self.spawner(self, children, own)
+
+    def children_values(self) -> Any:
+        """The values of this job's own completed children (a flow parent's, or own children
+        it spawned), by child id: ``EchoMQ.children_values`` of this job, in a handler -
+        an awaitable in an async handler of an :class:`~echomq_core.AsyncWorker`."""
+        if self.spawner is None:
+            raise InvalidArgument(
+                f"job {self.id}: children_values() works inside a handler run by a Worker or "
+                "AsyncWorker (outside one: EchoMQ.children_values)"
+            )
+        return self.spawner.values(self)
 
 
 @dataclass(slots=True)

@@ -39,8 +39,9 @@ GC_PAUSE_AT = 5_000
 #: [<policy> <gate 0|1> <parent_queue>]' (lua/includes/run.lua; attempts, stalls, timeout and
 #: the parent fields keep their own fields too, for every other reader): the server's cost of
 #: a read is about the same per field asked, present or not, and a plain job has none of the
-#: rare ones (attempts, stalls, timeout, the parent fields).
-ROW_FIELDS = ("payload", "parent", "run")
+#: rare ones (attempts, stalls, timeout, the parent fields). ``state``: a leaf has none; a
+#: released worker-run parent's is 'pending' (:attr:`Job.resumed`: the handler runs as a parent).
+ROW_FIELDS = ("payload", "parent", "run", "state")
 #: What a row written before ``run`` existed (or by an older client) is read for instead: a
 #: second read, of those rows only, in the same claim (``up``: the parent fields packed by the
 #: layout before ``run``; a row without it has only the separate ones).
@@ -206,10 +207,10 @@ def leased(
         keys = [base + names[i] for i in old]
         (extra,) = yield [Call.lua("rows", keys, OLD_FIELDS)]
         for i, fields in zip(old, extra, strict=True):
-            rows[i] = [rows[i][0], rows[i][1], _packed(rows[i][1] is not None, fields)]
+            rows[i] = [rows[i][0], rows[i][1], _packed(rows[i][1] is not None, fields), rows[i][3]]
     facts: dict[Any, _Facts] = {}  # a claim's rows mostly share (parent, run): one parse each
     jobs = []
-    for job_id, (payload, parent, packed) in zip(names, rows, strict=True):
+    for job_id, (payload, parent, packed, state) in zip(names, rows, strict=True):
         key = (parent, packed)
         known = facts.get(key)
         if known is None:
@@ -218,6 +219,8 @@ def leased(
         job = Job(queue, job_id, token, None, attempts, max_attempts, ref, stalls)
         if limit:
             job.timeout_ms = limit
+        if state is not None:  # a leaf has none: a released parent's is 'pending'
+            job.resumed = state == b"pending" or state == "pending"
         _decode(job, payload, ser)
         jobs.append(job)
     return jobs

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from . import ops, sharding
+from . import ops, sharding, spawning
 from .calls import Op
 from .checks import (
     MAX_ATTEMPTS,
@@ -263,9 +263,29 @@ class QueueOps:
     ) -> Op[Settlement]:
         """Complete jobs whose results are already serialised (``encoded`` not empty); the
         statuses, and the parents the batch released or failed (the workers fire their hooks
-        from them). ``hand``: a worker's hand-off (:class:`~echomq_core.ops.Hand`)."""
+        from them). ``hand``: a worker's hand-off (:class:`~echomq_core.ops.Hand`). A job
+        whose run spawned children of its own is not completed: its run ends waiting for them
+        (:func:`~echomq_core.spawning.await_children`; status 0 when its lease was gone)."""
+        if any(job.adopted for job, _ in encoded):
+            return self._settle_waiting(encoded, hand)
         home = self._home([job for job, _ in encoded])
         return ops.complete(self.client.keys, home, encoded, keep=self.keep_completed, hand=hand)
+
+    def _settle_waiting(
+        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None
+    ) -> Op[Settlement]:
+        """:meth:`settle_completed_op` of a batch holding jobs that wait for their own
+        children: those in one call, the rest completed as usual, statuses in batch order."""
+        waiting = [job for job, _ in encoded if job.adopted]
+        rest = [(job, raw) for job, raw in encoded if not job.adopted]
+        replies = yield from spawning.await_children(self.client.keys, waiting)
+        settled = Settlement([])
+        if rest:
+            settled = yield from self.settle_completed_op(rest, hand)
+        ended = iter([1 if reply else 0 for reply in replies])
+        done = iter(settled.statuses)
+        settled.statuses = [next(ended) if job.adopted else next(done) for job, _ in encoded]
+        return settled
 
     def settle_failed_op(
         self, failed: Sequence[FailedAttempt], hand: ops.Hand | None = None

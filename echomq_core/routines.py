@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from . import ops, sharding
+from . import ops, sharding, spawning
 from .calls import Op
 from .errors import EchoMQError, ServerFull
 from .hooks import LifecycleHooks, fire
@@ -114,10 +114,18 @@ def record(
     jobs stay in hand - so a full server costs no completed work, only a delay. With
     ``offered`` (and its ``intake``), the capped children the batch's gates admit are leased
     to this worker at once: their rows are read in one more round trip and ``intake`` puts
-    them in the buffer (see :func:`take_handed`)."""
+    them in the buffer (see :func:`take_handed`). A job whose run spawned children of its
+    own (``job.adopted``) is not completed: its run ends waiting for them
+    (:func:`~echomq_core.spawning.await_children`), in one more call for all such jobs."""
     kept: set[str] = set()
     completed = settled = None
+    ran = done
     try:
+        if any(job.adopted for job, _ in done):
+            waiting = [job for job, _ in done if job.adopted]
+            done = [(job, raw) for job, raw in done if not job.adopted]
+            replies = yield spawning.await_children(queue.client.keys, waiting)
+            log_waiting(queue.name, waiting, replies)
         if done:
             completed = yield queue.settle_completed_op(done, offered)
             tally.completed += sum(completed.statuses)
@@ -156,7 +164,7 @@ def record(
         )
     finally:
         with lock:
-            for job in [j for j, _ in done] + [f[0] for f in failed]:
+            for job in [j for j, _ in ran] + [f[0] for f in failed]:
                 if job.id in kept:
                     continue
                 if hand.inflight.get((queue.name, job.id)) is job:  # not a later claim's
@@ -243,6 +251,18 @@ def extend_leases(
         if not all(held):  # the common case takes no lock
             with lock:
                 hand.note_lost(items, held)
+
+
+def log_waiting(queue: str, jobs: list[Job], replies: list[Any]) -> None:
+    """Log how the first runs of jobs that spawned children of their own ended."""
+    for job, reply in zip(jobs, replies, strict=True):
+        if reply == "f":
+            log.info("%s in %r failed: a child of its own died under fail-parent", job.id, queue)
+        elif not reply:
+            log.info("%s in %r: not recorded, its lease was gone (it runs again)", job.id, queue)
+        else:
+            what = "waits for" if reply == "h" else "is released: it runs again on"
+            log.debug("%s in %r %s its %d own children", job.id, queue, what, job.adopted)
 
 
 def log_lost(queue: str, done: list[tuple[Job, bytes]], statuses: list[int]) -> None:

@@ -26,8 +26,22 @@ cannot collide with a sibling's. Spawned children are recorded like children wit
 own, so cancel, repair, parking and the expiry reach them; their deaths count against the
 flow's success threshold (its allowance stays the count computed when the flow was added).
 A child spawned into a sharded queue goes to its id's shard, as an add places it. Only leaves
-are spawned (no sub-flows), and only siblings (a job growing children of its own is not
-offered).
+are spawned (no sub-flows).
+
+A job may also grow children of its OWN (``job.spawn(children, own=True)``, ids
+``<spawner id>.k<i>``): it becomes an inner node of its flow while its handler runs (its row
+gets the counter, ``total`` and the explicit record, and state 'active', on its own slot, under
+its lease), and when the handler returns it does not complete: lua/await.lua ends the run and
+the job waits for them as their parent - held, or released at once if they all settled while it
+ran. Released, it is claimed again and its handler runs a second time with ``job.resumed``
+True, reading them with ``job.children_values()``: its result is computed by the handler from
+its children's values, as every worker-run parent's is - not by a callback, which a process
+restart would lose, and not by a fixed merge, which cannot know what the job's result is
+(a count, a page, a merged file). A child that dies under fail-parent fails it (at its return if
+it is still running, else at once), with its own policy toward its parent; ignored deaths are
+counted. Its first run's return value is not recorded. Own children have no cap and no
+threshold; cancel, repair and the expiry reach them as they reach an inner node's. A job not in
+a flow cannot (its row would be deleted with its completion, and its children with nothing).
 """
 
 from __future__ import annotations
@@ -36,13 +50,13 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import sharding
+from . import flows, sharding
 from .calls import Call, Op
 from .checks import text as _s
 from .errors import InvalidArgument
 from .flows import plan
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id
-from .models import Child, Job
+from .models import Child, Job, ParentRef
 from .ops import chunks
 
 if TYPE_CHECKING:
@@ -55,15 +69,28 @@ MAX_SPAWN = 10_000
 
 
 def plan_spawn(
-    job: Job, children: Sequence[Child], *, dumps: Any, max_payload: int, start: int
+    job: Job,
+    children: Sequence[Child],
+    *,
+    dumps: Any,
+    max_payload: int,
+    start: int,
+    own: bool = False,
 ) -> list[Any]:
     """Validate the spawned children (as an add validates its leaves) and give each its id
-    ``<spawner>.s<start + i>``, its queue (default: the spawner's), payload and options.
-    :class:`InvalidArgument` for a job not in a flow, explicit ids, sub-flows, too many."""
+    ``<spawner>.s<start + i>`` (``own``: ``<spawner>.k<start + i>``), its queue (default: the
+    spawner's), payload and options. :class:`InvalidArgument` for a job not in a flow,
+    explicit ids, sub-flows, too many, own children asked for by a resumed run."""
     if job.parent is None:
+        what = "children of its own" if own else "siblings under"
         raise InvalidArgument(
-            f"job {job.id} is not in a flow: it has no parent to spawn siblings under "
+            f"job {job.id} is not in a flow: it has no parent to spawn {what} "
             "(add a flow instead)"
+        )
+    if own and job.resumed:
+        raise InvalidArgument(
+            f"job {job.id} runs as the parent of its own children (they have settled): "
+            "own children are spawned by its first run"
         )
     if not isinstance(children, list | tuple) or not children:
         raise InvalidArgument(f"job {job.id}: spawn takes a non-empty list of Child")
@@ -89,8 +116,9 @@ def plan_spawn(
         dumps=dumps,
         max_payload=max_payload,
     )
+    stem = f"{job.id}.k" if own else f"{job.id}.s"
     for i, node in enumerate(root.children):
-        node.id = f"{job.id}.s{start + i}"
+        node.id = f"{stem}{start + i}"
         if len(node.id) > MAX_ID_LENGTH:
             check_job_id(node.id)  # raises InvalidJobId, naming the id
     return root.children
@@ -102,13 +130,16 @@ def spawn(
     nodes: list[Any],
     bound: int = MAX_FLOW,
     shard_cache: dict[str, sharding.Shards] | None = None,
+    own: bool = False,
 ) -> Op[list[str]]:
     """Count the children on the parent's slot, land them, read the parent's state (see the
     module doc). Returns their ids. Three round trips (four when the flow has a cap: its gates'
     shares are read; one more when the flow was cancelled meanwhile; one more the first time a
     process spawns into a queue: its shard count is read, and a child of a sharded queue goes
-    to its id's shard, as an add places it). ``bound``: how many children the flow may have."""
-    up = job.parent
+    to its id's shard, as an add places it). ``bound``: how many children the flow may have.
+    ``own``: the children are the spawner's own - it is their parent, counted on its own slot
+    under its lease (lua/spawn.lua's own mode)."""
+    up = ParentRef(job.shard, job.id) if own else job.parent
     assert up is not None
     shards = yield from sharding.resolve(
         ks, {} if shard_cache is None else shard_cache, {n.queue for n in nodes}
@@ -117,8 +148,11 @@ def spawn(
         n.queue = sharding.shard_of(shards[n.queue], n.id)
     keys = [ks.job(up.queue, up.id), ks.dependencies(up.queue, up.id)]
     keys.append(ks.explicit(up.queue, up.id))
+    if own:
+        keys.append(ks.leases(job.shard))
     pairs = [x for n in nodes for x in (n.id, n.queue)]
-    ((flags, cap),) = yield [Call.lua("spawn", keys, [job.id, bound, *pairs])]
+    first: list[Any] = [job.id, bound, job.token if own else ""]
+    ((flags, cap),) = yield [Call.lua("spawn", keys, [*first, *pairs])]
     queues = list(dict.fromkeys(n.queue for n in nodes))
     shares: dict[str, Any] = {}
     if cap:  # each queue's share of the cap, as the add's split gave it (its gate's cap)
@@ -166,44 +200,90 @@ def spawn(
     return [n.id for n in nodes]
 
 
-def sync_spawner(client: EchoMQ) -> Callable[[Job, Sequence[Child]], list[str]]:
-    """What a threaded :class:`~echomq_core.Worker` gives its jobs as ``spawner``."""
+def await_children(ks: Keyspace, jobs: Sequence[Job]) -> Op[list[Any]]:
+    """End the first run of jobs that spawned children of their own (lua/await.lua): each
+    waits for them as their parent. One round trip for them all. Per job: 0 its lease was gone
+    (nothing written), ``"h"`` held, ``"r"`` released at once, ``"f"`` failed (a child died
+    under fail-parent while it ran)."""
+    calls = []
+    for job in jobs:
+        keys = [*ks.queue_keys(job.shard), ks.job(job.shard, job.id)]
+        keys += [ks.dependencies(job.shard, job.id), ks.failed(job.shard, job.id)]
+        calls.append(Call.lua("await", keys, [job.id, job.token, job.shard]))
+    replies = yield calls
+    return [_s(r) if isinstance(r, bytes | str) else r for r in replies]
 
-    def run(job: Job, children: Sequence[Child]) -> list[str]:
+
+class SyncSpawner:
+    """What a threaded :class:`~echomq_core.Worker` gives its jobs as ``spawner``: what
+    :meth:`Job.spawn` and :meth:`Job.children_values` call."""
+
+    def __init__(self, client: EchoMQ) -> None:
+        self.client = client
+
+    def __call__(self, job: Job, children: Sequence[Child], own: bool = False) -> list[str]:
+        client = self.client
         nodes = plan_spawn(
             job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
-            start=job.spawned,
+            start=job.adopted if own else job.spawned, own=own,
         )  # fmt: skip
-        ids = client.perform(spawn(client.keys, job, nodes, shard_cache=client.shard_cache))
-        job.spawned += len(ids)  # only once it is written: a retried call derives the same ids
+        op = spawn(client.keys, job, nodes, shard_cache=client.shard_cache, own=own)
+        ids = client.perform(op)
+        # counted only once it is written: a retried call derives the same ids
+        if own:
+            job.adopted += len(ids)
+        else:
+            job.spawned += len(ids)
         return ids
 
-    return run
+    def values(self, job: Job) -> dict[str, Any]:
+        client = self.client
+        op = flows.children_values(client.keys, job.shard, job.id, client.serializer)
+        values: dict[str, Any] = client.perform(op)
+        return values
 
 
-def async_spawner(client: AsyncEchoMQ, loop: asyncio.AbstractEventLoop) -> Callable[..., Any]:
-    """What an :class:`~echomq_core.AsyncWorker` gives its jobs as ``spawner``: an awaitable
-    in an async handler (on ``loop``), the ids themselves in a sync handler (run in a thread,
+class AsyncSpawner:
+    """What an :class:`~echomq_core.AsyncWorker` gives its jobs as ``spawner``: awaitables in
+    an async handler (on ``loop``), the values themselves in a sync handler (run in a thread,
     which waits for the loop to do it)."""
 
-    def run(job: Job, children: Sequence[Child]) -> Any:
-        nodes = plan_spawn(
-            job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
-            start=job.spawned,
-        )  # fmt: skip
+    def __init__(self, client: AsyncEchoMQ, loop: asyncio.AbstractEventLoop) -> None:
+        self.client, self.loop = client, loop
 
-        async def go() -> list[str]:
-            op = spawn(client.keys, job, nodes, shard_cache=client.shard_cache)
-            ids: list[str] = await client.connection.perform(op)
-            job.spawned += len(ids)
-            return ids
-
+    def _run(self, make: Callable[[], Any]) -> Any:
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is loop:
-            return go()
-        return asyncio.run_coroutine_threadsafe(go(), loop).result()
+        if running is self.loop:
+            return make()
+        return asyncio.run_coroutine_threadsafe(make(), self.loop).result()
 
-    return run
+    def __call__(self, job: Job, children: Sequence[Child], own: bool = False) -> Any:
+        client = self.client
+        nodes = plan_spawn(
+            job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
+            start=job.adopted if own else job.spawned, own=own,
+        )  # fmt: skip
+
+        async def go() -> list[str]:
+            op = spawn(client.keys, job, nodes, shard_cache=client.shard_cache, own=own)
+            ids: list[str] = await client.connection.perform(op)
+            if own:
+                job.adopted += len(ids)
+            else:
+                job.spawned += len(ids)
+            return ids
+
+        return self._run(go)
+
+    def values(self, job: Job) -> Any:
+        client = self.client
+
+        async def go() -> dict[str, Any]:
+            op = flows.children_values(client.keys, job.shard, job.id, client.serializer)
+            got: dict[str, Any] = await client.connection.perform(op)
+            return got
+
+        return self._run(go)

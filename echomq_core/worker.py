@@ -171,7 +171,7 @@ class Worker(OptionAttributes):
         self.queues = make_queues(client, handlers, opts, queue_options, Queue, logical)
         self.pump = worker_pump(client, list(self.queues), pump, hooks)
         self.client = client
-        self._spawner = spawning.sync_spawner(client)  # what job.spawn() calls
+        self._spawner = spawning.SyncSpawner(client)  # what job.spawn() calls
         self.handlers = dict(handlers)
         self.hooks = hooks
         #: this process's entry in the workers registry (:mod:`echomq_core.workers_registry`)

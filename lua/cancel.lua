@@ -11,8 +11,9 @@
 -- KEYS[17] explicit  the node's explicit-id record (child id -> queue)
 -- ARGV[1] id  ARGV[2] reason  ARGV[3] its parent ('' for a root: the caller names the root)
 --
--- Steps: a held, released or failed node (or a worker-run parent not yet run: it leaves
--- pending or delayed, or loses its lease if a worker holds it) becomes 'cancelled' with the
+-- Steps: a held, released or failed node (or a worker-run parent not yet run, or a job in the
+-- first run that spawned children of its own - 'active', spawn.lua: it leaves pending or
+-- delayed, or loses its lease if a worker holds it) becomes 'cancelled' with the
 -- reason and the time; a root moves to flows:cancelled (its `cancelled` retention).
 -- Cancelling again changes nothing, and a flow that already ended otherwise (closed,
 -- completed, dead) is left as it is. Its children are reached by the host, queue by queue
@@ -26,9 +27,10 @@ if refused then return refused end
 local state = row[1]
 local before = state
 if state == 'pending' and redis.call('ZSCORE', q.completed, ARGV[1]) then state = 'completed' end
-if state == 'held' or state == 'released' or state == 'failed' or state == 'pending' then
+if state == 'held' or state == 'released' or state == 'failed' or state == 'pending' or
+    state == 'active' then
   local now = now_ms()
-  if state == 'pending' then
+  if state == 'pending' or state == 'active' then
     -- pending, or in delayed: retrying its own run, or parked by a threshold tip (park.lua)
     redis.call('ZREM', q.pending, ARGV[1])
     redis.call('ZREM', q.delayed, ARGV[1])

@@ -1,19 +1,22 @@
--- spawn: grow a held flow by children a running child spawns (its siblings), on the parent's
--- slot, before any of them lands.
+-- spawn: grow a flow by children a running child spawns - its siblings, on the parent's slot,
+-- or (own mode) its own children, on its own slot - before any of them lands.
 -- @include check_id
 -- @include allowance
 --
--- KEYS[1] row           hash    the parent's row (state, total, cap, cq, grown, need)
--- KEYS[2] dependencies  string  the parent's outstanding-child counter
+-- KEYS[1] row           hash    the parent's row (state, total, cap, cq, grown, need); in own
+--                               mode the spawner's own row
+-- KEYS[2] dependencies  string  that node's outstanding-child counter
 -- KEYS[3] explicit      hash    child id -> queue: the spawned children are recorded here, so
 --                               cancel, park, repair and the expiry reach them as they reach
 --                               children with ids of their own
+-- KEYS[4] leases        hash    own mode only: the spawner queue's leases (its token is checked)
 -- ARGV[1] spawner       the id of the child that spawns (for the error texts)
 -- ARGV[2] bound         how many children the flow may have in all (N + everything spawned)
--- ARGV[3..] pairs: child id, queue - the spawned children
+-- ARGV[3] own           '' siblings; else the spawner's lease token: own mode
+-- ARGV[4..] pairs: child id, queue - the spawned children
 --
--- Steps: refuse (nothing written) a parent that is not held (released, failed, cancelled: a
--- flow that no longer waits cannot grow), a capped parent asked to grow into a queue its cap
+-- Steps (siblings): refuse (nothing written) a parent that is not held (released, failed,
+-- cancelled: a flow that no longer waits cannot grow), a capped parent asked to grow into a queue its cap
 -- has no share in, and a growth past the bound. Then each child not recorded yet is recorded
 -- with HSETNX, and the counter and the row's `total` grow by the number recorded now - in this
 -- one script, before the host lands them (land.lua) on their own slots, so no spawned child
@@ -24,17 +27,47 @@
 -- A success threshold (`need`, as hold.lua kept it) is applied to the grown total: `allow`
 -- becomes allowance(need, total) (includes/allowance.lua); a parent with an `allow` but no
 -- `need` (written before it existed) keeps its allowance.
+-- Own mode: the spawner becomes an inner node of its flow while its handler runs - refused
+-- (nothing written) when the token is no longer its lease (EMQLEASE), and when the row is a
+-- node already past its first run (state 'pending' once its own children settled: a resumed
+-- run does not grow them again; any other state but 'active'). The first own spawn writes
+-- `state` = 'active', which settle.lua needs to count reports at all; a report of a child
+-- that settles while the spawner runs is counted and releases nothing (only a 'held' node is
+-- released): await.lua, when the handler returns, makes it 'held', or 'pending' (released)
+-- if they all settled meanwhile, or 'failed'. Own children have no cap and no threshold.
 -- Owner of what it writes: the row's fields, the counter and the explicit record go with the
--- flow's expiry (expire.lua / drop_node.lua), as hold.lua's.
+-- flow's expiry (expire.lua / drop_node.lua, which reach an inner node by its `total`), as
+-- hold.lua's.
 -- Returns: {flags, cap or false}: flags, per child, 1 recorded now (no earlier spawn counted it,
 -- so no earlier landing wrote its row: the host lands it with land.lua's check '0') or 0
 -- recorded before (a re-run: land.lua reads its row); cap is the parent's max_running (the
 -- host then lands the children through their queue's gate).
 -- Errors: EMQKIND bad id; EMQNOJOB no such parent; EMQFLOW the parent is not held, or not a
--- flow parent; EMQARG the bound, or a capped parent's queue without a share.
+-- flow parent (own mode: the spawner already ran as their parent); EMQARG the bound, or a
+-- capped parent's queue without a share; EMQLEASE (own mode) the spawner's lease is gone.
+local own = ARGV[3] ~= ''
+local first = 4  -- the first pair's index in ARGV
+if own then
+  if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[3] then
+    return redis.error_reply('EMQLEASE job ' .. ARGV[1] ..
+      ' no longer holds its lease: nothing spawned')
+  end
+  local state = redis.call('HGET', KEYS[1], 'state')
+  if state and state ~= 'active' then
+    local what = 'its own children have settled and it runs as their parent'
+    if state ~= 'pending' then what = 'it is ' .. state end
+    return redis.error_reply('EMQFLOW job ' .. ARGV[1] .. ': ' .. what ..
+      ': nothing spawned (own children are spawned by its first run)')
+  end
+end
 local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'cap', 'cq', 'grown', 'need')
-if not row[1] then
+if not row[1] and not own then
   return redis.error_reply('EMQNOJOB no flow parent for ' .. ARGV[1] .. ' to spawn under')
+end
+local fresh_node = false  -- own mode: its first own spawn (written below, after every check)
+if own then
+  fresh_node = row[1] ~= 'active'
+  row[1], row[2] = 'held', row[2] or '0'  -- checked above: its first run ('active' or no state)
 end
 if not row[2] then
   return redis.error_reply('EMQFLOW the parent of ' .. ARGV[1] .. ' is not a flow parent')
@@ -48,7 +81,7 @@ end
 local queues, cq = {}, row[4] or ''
 for name in string.gmatch(cq, '%S+') do queues[name] = true end
 local ids = {}
-for i = 3, #ARGV, 2 do
+for i = first, #ARGV, 2 do
   local bad = check_id(ARGV[i])
   if bad then return bad end
   ids[#ids + 1] = ARGV[i]
@@ -60,7 +93,7 @@ for i = 1, #ids, 1000 do
 end
 local fresh, flags, grown_cq = {}, {}, {}
 for j = 1, #ids do
-  local i = 1 + 2 * j
+  local i = first - 2 + 2 * j
   flags[j] = 0
   if not known[j] then
     flags[j] = 1
@@ -87,6 +120,7 @@ if n > 0 then
   end
   redis.call('INCRBY', KEYS[2], n)
   local fields = {'total', total, 'grown', (tonumber(row[5]) or 0) + n}
+  if fresh_node then fields[#fields + 1] = 'state'; fields[#fields + 1] = 'active' end
   if row[6] then
     fields[#fields + 1] = 'allow'; fields[#fields + 1] = allowance(row[6], total)
   end

@@ -1,7 +1,8 @@
 """The claim's rows read (ops.ROW_FIELDS): every row carries, beside the fields every other
 reader reads, ``run`` = '<max_attempts> <attempts> <stalls> <timeout | -> [<policy> <gate>
-<parent_queue>]' (lua/includes/run.lua), so the read asks three fields of every row, not
-seven. fail.lua, recover.lua, requeue.lua and revive.lua keep the copy in step with the
+<parent_queue>]' (lua/includes/run.lua), so the read asks four fields of every row (with
+``state``: a leaf has none, a released parent's tells its handler it runs as a parent), not
+eight. fail.lua, recover.lua, requeue.lua and revive.lua keep the copy in step with the
 separate fields, which stay the truth. Rows written before ``run`` existed - today's plain
 rows, children with row30's ``up``, children with only the separate fields (an upgrade in
 place with jobs waiting) - are read for their separate fields instead, and are claimed,
@@ -44,8 +45,8 @@ def _due(mq: EchoMQ, queue: str, job_id: str) -> None:
     mq.connection.execute([Call.cmd("ZADD", mq.keys.delayed(queue), "XX", 0, job_id)])
 
 
-def test_rows_carry_run_and_the_read_asks_three_fields(mq: EchoMQ) -> None:
-    assert ops.ROW_FIELDS == ("payload", "parent", "run")
+def test_rows_carry_run_and_the_read_asks_four_fields(mq: EchoMQ) -> None:
+    assert ops.ROW_FIELDS == ("payload", "parent", "run", "state")
     q = mq.queue("rw-q", max_attempts=4)
     plain = q.add("a")
     limited = q.add("b", timeout=2.5)

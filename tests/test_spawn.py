@@ -38,7 +38,7 @@ def invariant(mq: EchoMQ, queue: str, parent_id: str) -> Any:
 
 def claim_one(mq: EchoMQ, queue: str) -> Job:
     (job,) = mq.queue(queue).claim(1)
-    job.spawner = spawning.sync_spawner(mq)  # what a Worker sets before it calls the handler
+    job.spawner = spawning.SyncSpawner(mq)  # what a Worker sets before it calls the handler
     return job
 
 
@@ -90,7 +90,7 @@ def test_a_rerun_spawns_the_same_children_once(backend: Backend, prefix: str) ->
     kids = [Child(i) for i in range(5)]
     first.spawn(kids[:3])
     rerun = Job(work, first.id, first.token, first.payload, 1, first.max_attempts, first.parent)
-    rerun.spawner = spawning.sync_spawner(mq)
+    rerun.spawner = spawning.SyncSpawner(mq)
     assert rerun.spawn(kids) == [f"{first.id}.s{i}" for i in range(5)]
     snap = invariant(mq, parents, ref.parent_id)
     assert (snap.total, snap.dependencies) == (7, 7)
@@ -103,7 +103,7 @@ def test_spawn_refusals_write_nothing(backend: Backend, prefix: str) -> None:
     parents, work = backend.queues_on_distinct_nodes(2, "rf")
     mq.queue(work).add("plain")
     (plain,) = mq.queue(work).claim(1)
-    plain.spawner = spawning.sync_spawner(mq)
+    plain.spawner = spawning.SyncSpawner(mq)
     with pytest.raises(InvalidArgument, match="not in a flow"):
         plain.spawn([Child(1)])
     ref = mq.add_flow(parents, [Child("seed", queue=work), Child("b", queue=work)])
@@ -304,7 +304,7 @@ def test_a_spawn_cut_after_its_count_is_completed_by_the_rerun(
     assert mq.snapshot(parents, ref.parent_id).dependencies == 5
     assert mq.queue(work).stats()["pending"] == 0  # nothing landed
     rerun = Job(work, seed.id, seed.token, seed.payload, 1, seed.max_attempts, seed.parent)
-    rerun.spawner = spawning.sync_spawner(mq)
+    rerun.spawner = spawning.SyncSpawner(mq)
     rerun.spawn(kids)
     assert mq.queue(work).complete_many([(seed, "ok")]) == [True]
     work_off(mq, [parents, work])
@@ -326,7 +326,7 @@ def test_a_released_or_failed_flow_does_not_grow(
     seeds = {j.parent.id: j for j in mq.queue(work).claim(2)}  # type: ignore[union-attr]
     stale = {pid: Job(work, j.id, j.token, j.payload, 0, 1, j.parent) for pid, j in seeds.items()}
     for job in stale.values():
-        job.spawner = spawning.sync_spawner(mq)
+        job.spawner = spawning.SyncSpawner(mq)
     assert mq.queue(work).complete_many([(seeds[done.parent_id], "ok")]) == [True]
     work_off(mq, [work], die=lambda job: job.payload == "x")
     pump = Pump(mq, [parents, work])
