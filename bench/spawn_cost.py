@@ -4,7 +4,9 @@ script calls the client made, deterministic counts, no timings.
 
 * ``added``: a flow of 1 + K children added whole;
 * ``spawned``: a flow of 1 child whose handler spawns K siblings in one ``job.spawn`` call;
-* ``spawned_cross``: the same, the siblings in another queue than the parent's.
+* ``spawned_cross``: the same, the siblings in another queue than the parent's;
+* ``own``: the same child spawns K children of its own (``own=True``), then its return ends the
+  run waiting for them (``lua/await.lua``: counted here too).
 
     python -m bench.spawn_cost [--k 1000]
 """
@@ -43,9 +45,14 @@ def run(r: redis.Redis, url: str, k: int, variant: str) -> dict[str, Any]:
         seed.spawner = spawning.SyncSpawner(mq)
         queue = "c" if variant == "spawned_cross" else None
         r.config_resetstat()
-        seed.spawn([Child(i, queue=queue) for i in range(k)])
+        seed.spawn([Child(i, queue=queue) for i in range(k)], own=variant == "own")
+        if variant == "own":
+            assert mq.queue("p").complete_many([(seed, None)]) == [True]
     total, calls = _stats(r)
-    if variant != "added":
+    if variant == "own":
+        node = mq.snapshot("p", seed.id)
+        assert (node.total, node.parent_state) == (k, "held"), node
+    elif variant != "added":
         assert mq.snapshot("p", ref.parent_id).total == 1 + k
     mq.close()
     return {
@@ -64,7 +71,7 @@ def main() -> None:
     server = EmbeddedServer(appendonly=False).start()
     try:
         r = redis.Redis(host=server.host, port=server.port)
-        out = [run(r, server.url, args.k, v) for v in ("added", "spawned", "spawned_cross")]
+        out = [run(r, server.url, args.k, v) for v in ("added", "spawned", "spawned_cross", "own")]
         print(json.dumps(out, indent=2))
         r.close()
     finally:
