@@ -121,18 +121,30 @@ def record(
     completed = settled = None
     ran = done
     try:
+        recorded: list[Job] = []  # runs of jobs in a flow that ran before, recorded now
         if any(job.adopted for job, _ in done):
             waiting = [job for job, _ in done if job.adopted]
             done = [(job, raw) for job, raw in done if not job.adopted]
             replies = yield spawning.await_children(queue.client.keys, waiting)
             log_waiting(queue.name, waiting, replies)
+            recorded += [j for j, r in zip(waiting, replies, strict=True) if r and again_run(j)]
         if done:
             completed = yield queue.settle_completed_op(done, offered)
             tally.completed += sum(completed.statuses)
             log_lost(queue.name, done, completed.statuses)
+            recorded += [
+                job
+                for (job, _), status in zip(done, completed.statuses, strict=True)
+                if status and job.parent is not None and again_run(job)
+            ]
             if offered is not None and completed.handed:
                 room = offered.room - len(completed.handed)
                 offered = ops.Hand(offered.token, offered.lease_ms, room)
+        if recorded:  # a re-run that spawned fewer than an earlier run counted: the rest
+            voided = yield spawning.reconcile(queue.client.keys, recorded)
+            if voided:
+                log.info("%d spawned child(ren) that an earlier run counted and never landed "
+                         "settled as never landed in %r", voided, queue.name)  # fmt: skip
         if failed:
             settled = yield queue.settle_failed_op(failed, offered)
             tally.failed += len(failed)
@@ -251,6 +263,11 @@ def extend_leases(
         if not all(held):  # the common case takes no lock
             with lock:
                 hand.note_lost(items, held)
+
+
+def again_run(job: Job) -> bool:
+    """Whether ``job`` ran before this run (a failed attempt, a lost lease)."""
+    return bool(job.attempts or job.stalls)
 
 
 def log_waiting(queue: str, jobs: list[Job], replies: list[Any]) -> None:

@@ -68,6 +68,15 @@ MAX_FLOW = 1_000_000
 MAX_SPAWN = 10_000
 
 
+def stem_of(job: Job, own: bool) -> str:
+    """The stem of the ids a run of ``job`` spawns: ``<id>.k`` its own children, ``<id>.s``
+    siblings, ``<id>.r`` siblings spawned by its run as a parent (``job.resumed``: a first run
+    may have spawned ``.s`` ids of its own, which a second run's must not meet)."""
+    if own:
+        return f"{job.id}.k"
+    return f"{job.id}.r" if job.resumed else f"{job.id}.s"
+
+
 def plan_spawn(
     job: Job,
     children: Sequence[Child],
@@ -116,7 +125,7 @@ def plan_spawn(
         dumps=dumps,
         max_payload=max_payload,
     )
-    stem = f"{job.id}.k" if own else f"{job.id}.s"
+    stem = stem_of(job, own)
     for i, node in enumerate(root.children):
         node.id = f"{stem}{start + i}"
         if len(node.id) > MAX_ID_LENGTH:
@@ -151,7 +160,9 @@ def spawn(
     if own:
         keys.append(ks.leases(job.shard))
     pairs = [x for n in nodes for x in (n.id, n.queue)]
-    first: list[Any] = [job.id, bound, job.token if own else ""]
+    stem = stem_of(job, own)
+    upto = int(nodes[-1].id[len(stem) :]) + 1
+    first: list[Any] = [job.id, bound, job.token if own else "", f"{stem} {upto}"]
     ((flags, cap),) = yield [Call.lua("spawn", keys, [*first, *pairs])]
     queues = list(dict.fromkeys(n.queue for n in nodes))
     shares: dict[str, Any] = {}
@@ -198,6 +209,63 @@ def spawn(
                 late.append(Call.lua("cancel_children", keys, [up.id, *part]))
         yield late
     return [n.id for n in nodes]
+
+
+def reconcile(ks: Keyspace, jobs: Sequence[Job]) -> Op[int]:
+    """After runs of jobs that ran before (a retry, a lost lease) were recorded - completed, or
+    (own children) ended waiting for them: settle as never landed what an earlier run counted
+    and never landed beyond what the recorded run spawned (lua/unspawn.lua), so a handler that
+    spawns fewer children on its re-run does not leave its flow held for ever. Only jobs in a
+    flow that ran before are looked at: one round trip for them all when no earlier run
+    counted more (the counting nodes' ``n:<stem>`` marks read), three more when one did (the
+    ids' queues, whether their rows exist, the unspawn). Returns how many were settled so."""
+    probes: list[tuple[Job, str, str, str, int]] = []  # job, node queue, node id, stem, spawned
+    for job in jobs:
+        if job.parent is None or not (job.attempts or job.stalls):
+            continue
+        up = job.parent
+        probes.append((job, up.queue, up.id, stem_of(job, False), job.spawned))
+        if not job.resumed:
+            probes.append((job, job.shard, job.id, stem_of(job, True), job.adopted))
+    if not probes:
+        return 0
+    marks = yield [Call.cmd("HGET", ks.job(q, node), "n:" + stem) for _, q, node, stem, _ in probes]
+    todo = [
+        (job, q, node, [f"{stem}{i}" for i in range(now, int(mark))])
+        for (job, q, node, stem, now), mark in zip(probes, marks, strict=True)
+        if mark is not None and int(mark) > now
+    ]
+    if not todo:
+        return 0
+    got = yield [
+        Call.cmd("HMGET", ks.explicit(q, node), *part)
+        for _, q, node, ids in todo
+        for part in chunks(ids)
+    ]
+    where = iter(got)
+    found: list[tuple[Job, str, str, list[str], list[Any]]] = []
+    for job, q, node, ids in todo:
+        queues: list[Any] = []
+        for _ in chunks(ids):
+            queues += next(where)
+        found.append((job, q, node, ids, queues))
+    probe = [
+        Call.cmd("EXISTS", ks.job(_s(queue), i))
+        for *_, ids, queues in found
+        for i, queue in zip(ids, queues, strict=True)
+        if queue is not None
+    ]
+    rows = iter((yield probe) if probe else [])
+    calls = []
+    for job, q, node, ids, queues in found:
+        rowless = [i for i, queue in zip(ids, queues, strict=True) if queue and not next(rows)]
+        if rowless:
+            keys = [*ks.queue_keys(q), *ks.settle_keys(q, node)]
+            calls.append(Call.lua("unspawn", keys, [node, q, job.id, *rowless]))
+    if not calls:
+        return 0
+    replies = yield calls
+    return sum(int(reply[0]) for reply in replies)
 
 
 def await_children(ks: Keyspace, jobs: Sequence[Job]) -> Op[list[Any]]:

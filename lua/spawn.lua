@@ -13,7 +13,12 @@
 -- ARGV[1] spawner       the id of the child that spawns (for the error texts)
 -- ARGV[2] bound         how many children the flow may have in all (N + everything spawned)
 -- ARGV[3] own           '' siblings; else the spawner's lease token: own mode
--- ARGV[4..] pairs: child id, queue - the spawned children
+-- ARGV[4] stem upto     the ids' stem ('<spawner>.s', '.r' or '.k') and the index after this
+--                       call's last id: the row keeps the largest as 'n:<stem>', so the run
+--                       that settles, having spawned fewer than an earlier run counted, can
+--                       settle the rest as never landed (unspawn.lua). An id voided so (a
+--                       'v:<id>' field) is recorded already: spawning it again counts nothing
+-- ARGV[5..] pairs: child id, queue - the spawned children
 --
 -- Steps (siblings): refuse (nothing written) a parent that is not held (released, failed,
 -- cancelled: a flow that no longer waits cannot grow), a capped parent asked to grow into a queue its cap
@@ -46,7 +51,8 @@
 -- flow parent (own mode: the spawner already ran as their parent); EMQARG the bound, or a
 -- capped parent's queue without a share; EMQLEASE (own mode) the spawner's lease is gone.
 local own = ARGV[3] ~= ''
-local first = 4  -- the first pair's index in ARGV
+local first = 5  -- the first pair's index in ARGV
+local stem, upto = string.match(ARGV[4], '^(%S+) (%d+)$')
 if own then
   if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[3] then
     return redis.error_reply('EMQLEASE job ' .. ARGV[1] ..
@@ -60,7 +66,8 @@ if own then
       ': nothing spawned (own children are spawned by its first run)')
   end
 end
-local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'cap', 'cq', 'grown', 'need')
+local row = redis.call('HMGET', KEYS[1], 'state', 'total', 'cap', 'cq', 'grown', 'need',
+  'n:' .. stem)
 if not row[1] and not own then
   return redis.error_reply('EMQNOJOB no flow parent for ' .. ARGV[1] .. ' to spawn under')
 end
@@ -130,4 +137,5 @@ if n > 0 then
   end
   redis.call('HSET', KEYS[1], unpack(fields))
 end
+if tonumber(upto) > tonumber(row[7] or '0') then redis.call('HSET', KEYS[1], 'n:' .. stem, upto) end
 return {flags, row[3] or false}

@@ -16,24 +16,32 @@
 -- parent row does not exist (nothing written). event: 'r' the parent was released by this
 -- call, 'f' it failed by this call, nil otherwise (the host fires lifecycle hooks from it).
 -- A parent with a success threshold (the row's `allow`, written by hold.lua) tolerates that
--- many fail-parent deaths: see settle_current.lua.
+-- many fail-parent deaths: see settle_current.lua. A node whose row has `voids` (unspawn.lua
+-- uncounted ids that an earlier run of a spawner recorded and never landed) drops reports of
+-- those ids (a row field 'v:<id>'; one HEXISTS per item, only in such a flow): a zombie run
+-- that lands one later cannot count it twice.
 local function settle(pk, parent_id, parent_queue, q, items, now)
   local statuses = {}
   local row = redis.call('HMGET', pk[1], 'state', 'barrier', 'parent', 'gen', 'repairs', 'allow',
-    'log')
+    'log', 'voids')
   local state = row[1]
   if not state then
     for i = 1, #items do statuses[i] = -1 end
     return statuses, nil
   end
-  if row[4] then  -- a replaced flow: drop reports of older generations' children
-    local prefix = parent_id .. '.g' .. row[4] .. '.'
+  if row[4] or row[8] then
+    -- a replaced flow: drop reports of older generations' children; a flow with voided spawns
+    -- (unspawn.lua: ids an earlier run of a spawner counted and never landed): drop theirs
+    local prefix = row[4] and (parent_id .. '.g' .. row[4] .. '.')
     local current = {}
     for i = 1, #items do
       local child = items[i][2]
-      if string.sub(child, 1, #prefix) == prefix or redis.call('HEXISTS', pk[6], child) == 1 then
-        current[#current + 1] = items[i]
+      local ok = true
+      if prefix then
+        ok = string.sub(child, 1, #prefix) == prefix or redis.call('HEXISTS', pk[6], child) == 1
       end
+      if ok and row[8] then ok = redis.call('HEXISTS', pk[1], 'v:' .. child) == 0 end
+      if ok then current[#current + 1] = items[i] end
     end
     if #current < #items then
       local kept = {}
