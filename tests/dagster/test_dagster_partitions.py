@@ -19,7 +19,7 @@ from dagster import (
     asset,
     materialize,
 )
-from dagster_echomq import EchoMQIOManager, EchoMQResource, echomq_flow_sensor
+from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowFollow, echomq_flow_sensor
 from dagster_echomq.reading import read_handle
 from dagster_support import client_url, evaluate_sensor
 
@@ -194,3 +194,41 @@ def test_sensor_requests_one_run_per_partition_flow_with_its_partition_key(
     assert read.success
     fresh, _ = run_until_requests(None)
     assert [(r.partition_key, r.run_key) for r in fresh] == [(DAYS[1], flows[DAYS[1]].parent_id)]
+
+
+@pytest.mark.onlystandalone
+def test_a_range_step_follows_one_flow_per_partition(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """An input annotated ``dict[str, FlowFollow]`` over a range: one follower per partition's
+    flow, each read to its release (and its barrier closed)."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    seen: list[dict[str, Any]] = []
+
+    @asset(io_manager_key="echomq_io", partitions_def=daily,
+           backfill_policy=BackfillPolicy.single_run())  # fmt: skip
+    def day_stream(context: AssetExecutionContext, echomq: EchoMQResource) -> dict[str, FlowRef]:
+        flows = {}
+        for day in context.partition_keys:
+            children = [Child({"n": n}, queue=CHILD) for n in numbers(day)]
+            parent_id = echomq.run_scoped_id(context, partition_key=day)
+            flows[day] = echomq.add_flow(PARENT, children, parent_id=parent_id, stream=True)
+        return flows
+
+    @asset(partitions_def=daily, backfill_policy=BackfillPolicy.single_run())
+    def day_follow(day_stream: dict[str, FlowFollow]) -> None:
+        seen.append({
+            day: (type(f).__name__, f.total, sorted(v["value"] for _, v in f))
+            for day, f in day_stream.items()
+        })  # fmt: skip
+
+    ranged = materialize([day_stream, day_follow], tags=RANGE, resources=resources(url, prefix),
+                         instance=instance)  # fmt: skip
+    assert ranged.success
+    (got,) = seen
+    assert got == {day: ("FlowFollow", 3, squares(day)) for day in DAYS}
+    flows: dict[str, FlowRef] = ranged.output_for_node("day_stream")
+    with EchoMQ(url, prefix=prefix) as mq:
+        for day in DAYS:
+            assert mq.snapshot(PARENT, flows[day].parent_id).parent_state == "closed"
