@@ -549,12 +549,13 @@ def late_callback_after_clear(deployment: Deployment, mq: EchoMQ) -> None:
     epoch (the clear number the second try recorded) with the one in its context."""
     dag_id = "echomq_deploy_zombie"
     run_id, parent, supervisor, task = zombie_waiting(deployment, mq)
-    processor = deployment.procs["dag-processor"]
-    os.killpg(processor.pid, signal.SIGSTOP)  # callbacks wait from now on
+    # callbacks wait from now on (stopped holding no lock on the metadata DB: a processor
+    # stopped mid-write would hold the scheduler's writes up, and the run would never fail)
+    deployment.pause("dag-processor")
     try:
         os.kill(supervisor, signal.SIGSTOP)  # no more heartbeats
         try:
-            assert deployment.wait_run(dag_id, run_id, timeout=180) == "failed"
+            assert deployment.wait_run(dag_id, run_id, timeout=300) == "failed"
         finally:
             os.kill(supervisor, signal.SIGCONT)  # it finds its task failed and ends it
         # the first try's own end (its on_kill cancels the flow of a failed task) comes first
@@ -569,7 +570,7 @@ def late_callback_after_clear(deployment: Deployment, mq: EchoMQ) -> None:
             "the second try waiting on the flow, its epoch recorded",
         )
     finally:
-        os.killpg(processor.pid, signal.SIGCONT)
+        deployment.resume("dag-processor")
     # the first try's callback, run now: it leaves the flow (3.1: by its epoch)
     left = (
         f"again: flow {parent} left to it"
