@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import flows, sharding
 from .calls import Call, Op
@@ -58,9 +58,6 @@ from .flows import plan
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id
 from .models import Child, Job, ParentRef
 from .ops import chunks
-
-if TYPE_CHECKING:
-    from .client import AsyncEchoMQ, EchoMQ
 
 #: How many children one flow may have in all, those it was added with and every spawn's.
 MAX_FLOW = 1_000_000
@@ -286,7 +283,8 @@ class SyncSpawner:
     """What a threaded :class:`~echomq_core.Worker` gives its jobs as ``spawner``: what
     :meth:`Job.spawn` and :meth:`Job.children_values` call."""
 
-    def __init__(self, client: EchoMQ) -> None:
+    def __init__(self, client: Any) -> None:
+        #: the EchoMQ (typed Any: the client's modules import this one's users, queue.py)
         self.client = client
 
     def __call__(self, job: Job, children: Sequence[Child], own: bool = False) -> list[str]:
@@ -296,7 +294,7 @@ class SyncSpawner:
             start=job.adopted if own else job.spawned, own=own,
         )  # fmt: skip
         op = spawn(client.keys, job, nodes, shard_cache=client.shard_cache, own=own)
-        ids = client.perform(op)
+        ids: list[str] = client.perform(op)
         # counted only once it is written: a retried call derives the same ids
         if own:
             job.adopted += len(ids)
@@ -316,8 +314,8 @@ class AsyncSpawner:
     an async handler (on ``loop``), the values themselves in a sync handler (run in a thread,
     which waits for the loop to do it)."""
 
-    def __init__(self, client: AsyncEchoMQ, loop: asyncio.AbstractEventLoop) -> None:
-        self.client, self.loop = client, loop
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.client, self.loop = client, loop  # an AsyncEchoMQ (typed Any: see SyncSpawner)
 
     def _run(self, make: Callable[[], Any]) -> Any:
         try:
