@@ -1,7 +1,7 @@
 """Hostile and malformed input at every public entry point, table-driven.
 
 Each table row is (label, call, expected error). A row passes when the call raises exactly its
-documented EchoMQ error (README, "Errors"); each test then asserts that the server's keyspace
+documented EchoMQ error (docs/troubleshooting.md, "Errors"); each test then asserts that the server's keyspace
 under the test's prefix is byte-for-byte what it was before the table ran (``keys_of`` reads
 every key with its type and value on every node). Where a refusal can only come from the
 server after part of a multi-step add has landed (a fail-closed add), the test instead shows
