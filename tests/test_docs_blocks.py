@@ -1,12 +1,13 @@
-"""Every Python block of the README and of the getting-started page runs as written.
+"""Every Python block of the README and of the documentation runs as written.
 
-A newcomer copies these blocks first, so each one is run here, in a fresh interpreter, against
-a server the suite started (standalone and the 3-master Cluster). The one change made to a
-block is its server: the documented ``"redis://localhost:6379/0"`` (what ``echomq server
---port 6379`` serves) becomes the test server's URL with a prefix of the test's own, so runs do
-not meet. A block that is only a fragment (it names things defined elsewhere) is marked
-``<!-- fragment -->`` on the line before its fence and is not run; a block whose page says
-"It prints `...`" right after it must print exactly that.
+Each block is run here, in a fresh interpreter, against a server the suite started (standalone
+and the 3-master Cluster). The one change made to a block is its server: the documented
+``EchoMQ("redis://localhost:6379/0")`` (what ``echomq server --port 6379`` serves) becomes the
+test server's URL with a prefix of the test's own, so runs do not meet. A block that is only a
+fragment (it names things defined elsewhere) says so where the reader sees it - its fence reads
+```` ```python title="Fragment: ..." ```` - and is not run; a block whose page says
+"It prints `...`" right after it must print exactly that. Blocks that need Airflow or Dagster
+run where those are installed (the suite's venvs).
 
 Also here, as it concerns the README as the packages' long description on an index page: its
 links are absolute (a relative link or image breaks there).
@@ -25,10 +26,10 @@ import pytest
 from .conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The pages whose Python blocks must run as written.
-PAGES = ["README.md", "docs/getting-started.md"]
-DOCUMENTED_URL = '"redis://localhost:6379/0"'
-FRAGMENT = "<!-- fragment -->"
+#: The pages whose Python blocks must run as written: the README and every page of the site.
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+DOCUMENTED_URL = re.compile(r'"redis://localhost:6379/0"(, prefix="[^"]*")?')
+FRAGMENT = re.compile(r'^```python title="Fragment\b')
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,16 @@ def blocks(page: str) -> list[Block]:
     found: list[Block] = []
     i = 0
     while i < len(lines):
-        if lines[i].strip() == "```python":
-            start = i
+        fence = lines[i].strip()
+        if fence.startswith("```python"):
+            start, indent = i, len(lines[i]) - len(lines[i].lstrip())
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
-            before = next((ln.strip() for ln in reversed(lines[:start]) if ln.strip()), "")
             after = " ".join(lines[end + 1 : end + 4])
             said = re.match(r"\s*It prints `([^`]*)`", after)
-            found.append(
-                Block(page, start + 1, "\n".join(lines[start + 1 : end]) + "\n",
-                      before == FRAGMENT, said.group(1) if said else None)
-            )
+            code = "\n".join(ln[indent:] for ln in lines[start + 1 : end]) + "\n"
+            fragment = FRAGMENT.match(fence) is not None
+            assert fragment or fence == "```python", f"{page}:{i + 1}: unknown fence {fence!r}"
+            found.append(Block(page, start + 1, code, fragment, said.group(1) if said else None))
             i = end
         i += 1
     return found
@@ -80,11 +81,12 @@ def test_a_block_runs_as_written(
     if "airflow" in code:
         pytest.importorskip("airflow.sdk")
         proc_env = dict(proc_env, AIRFLOW_HOME=str(tmp_path / "airflow"))
+    if "dagster" in code:
+        pytest.importorskip("dagster")
     if "EchoMQ(" in code:
-        assert DOCUMENTED_URL in code, f"{block}: connects elsewhere than the documented server"
-    code = code.replace(
-        DOCUMENTED_URL, f"{backend.url!r}, cluster={backend.cluster!r}, prefix={prefix!r}"
-    )
+        assert DOCUMENTED_URL.search(code), f"{block}: connects elsewhere than the documented URL"
+    server = f"{backend.url!r}, cluster={backend.cluster!r}, prefix={prefix!r}"
+    code = DOCUMENTED_URL.sub(lambda _: server, code)
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
