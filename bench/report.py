@@ -361,7 +361,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def matrix(doc: dict[str, Any]) -> list[str]:
     """With several concurrency levels: one table of rates (median, min-max) and commands per
-    item, a row per library and workload, a column per level (what the README shows)."""
+    item, a row per library and workload, a column per level (what docs/benchmarks.md shows)."""
     levels = doc["meta"].get("concurrency", [1])
     if len(levels) < 2:
         return []

@@ -27,7 +27,7 @@ no replicas), started once; every run flushes it. One run, for one K:
 Every master shares this machine's cores with the others, the workers and the adder, so
 the throughput shows no speed-up with K here; the per-master CPU per child is what scales:
 with one core per master, one fan-out's ceiling is about ``1 / max(CPU per child of the
-busiest master)`` children per second (see the README's sharding section for the model).
+busiest master)`` children per second (see docs/concepts/sharding.md for the model).
 
 Prints one JSON object (runs and medians per K) and writes it to ``--out``.
 """

@@ -1,7 +1,7 @@
 """EchoMQ: durable fan-out / fan-in for data pipelines on Redis-protocol servers.
 
 What this package exports (``__all__``) is the public API: the clients, the queue and flow
-models, the worker, the Pump, and every error of the README's Errors table.
+models, the worker, the Pump, and every error of the Errors table in docs/troubleshooting.md.
 
 The asyncio side (:class:`AsyncQueue`, :class:`AsyncWorker`) is imported on first use
 (:func:`__getattr__`): a synchronous user - an Airflow task, a Dagster step, a script - pays

@@ -65,9 +65,9 @@ def gc_paused(items: Any) -> Iterator[None]:
 
     Building a flow of hundreds of thousands of children allocates enough objects to set off
     many collections, and each older-generation one walks every tracked object of the process:
-    the bigger the heap (an Airflow task's), the more each costs (the README's performance
-    notes give the figures). What the call allocates is freed by reference counting, or by the
-    first collection after it. The pause is process-wide: a collector that was already off
+    the bigger the heap (an Airflow task's), the more each costs (docs/benchmarks.md gives the
+    figures). What the call allocates is freed by reference counting, or by the first
+    collection after it. The pause is process-wide: a collector that was already off
     (the caller's choice) stays off; one paused by another thread's bulk call comes back when
     that call ends.
     """

@@ -87,7 +87,7 @@ local ids, act, lease = {wait}, {}, {}
 -- Leases of a big batch as a hashtable, not a listpack: the server keeps a hash of up to
 -- hash-max-listpack-entries fields (512 by default in Valkey 9) in a listpack, where every
 -- field written, read or deleted scans the whole list - writing a batch of 500 tokens costs
--- many times what a hashtable costs (README), and complete's HMGET / HDEL of them pay again. One
+-- many times what a hashtable costs (docs/benchmarks.md), and complete's HMGET / HDEL of them pay again. One
 -- value longer than hash-max-listpack-value (64) in the same HSET makes the server build a
 -- hashtable; that field ('~' never starts a job id) is deleted again at once.
 local roomy = n > 32

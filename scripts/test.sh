@@ -11,7 +11,7 @@
 #      (the `deployment` marker: tests/conftest.py DEPLOYMENTS), then the adapter suites at the
 #      oldest versions, less theirs;
 #   2. those deployments at the newest versions, then at the oldest (the production stack runs
-#      at the newest only: its cost, README).
+#      at the newest only: its cost: docs/airflow.md).
 # The deployments spend much of their time waiting on the orchestrators' loops, so beside the
 # rest they cost less than after it (2026-12-03 on the 2 cores: the two newest parts 28 and 27
 # minutes side by side). Each part's output is printed when both streams have ended.

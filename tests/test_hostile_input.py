@@ -1,11 +1,11 @@
 """Hostile and malformed input at every public entry point, table-driven.
 
 Each table row is (label, call, expected error). A row passes when the call raises exactly its
-documented EchoMQ error (README, "Errors"); each test then asserts that the server's keyspace
-under the test's prefix is byte-for-byte what it was before the table ran (``keys_of`` reads
-every key with its type and value on every node). Where a refusal can only come from the
-server after part of a multi-step add has landed (a fail-closed add), the test instead shows
-that the retry converges to the flow a clean add makes.
+documented EchoMQ error (docs/troubleshooting.md, "Errors"); each test then asserts that the
+server's keyspace under the test's prefix is byte-for-byte what it was before the table ran
+(``keys_of`` reads every key with its type and value on every node). Where a refusal can only
+come from the server after part of a multi-step add has landed (a fail-closed add), the test
+instead shows that the retry converges to the flow a clean add makes.
 
 Entry points covered: the core API (``EchoMQ``, ``AsyncEchoMQ``, ``Queue``, ``Worker``,
 ``Pump``, ``Child``, ``Backoff``, ``FlowRef``), the ``echomq`` command line, the Airflow

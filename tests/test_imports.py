@@ -94,8 +94,9 @@ def test_the_cycle_finder_finds_one() -> None:
 
 
 def test_the_package_exports_its_public_api() -> None:
-    """``__all__`` is what ``from echomq_core import *`` gives; every name in it resolves, and
-    every error of the README's Errors table is among them."""
+    """``__all__`` is what ``from echomq_core import *`` gives; every name in it resolves; every
+    error of the Errors table (docs/troubleshooting.md) is among them, and every error class
+    of echomq_core/errors.py is in that table."""
     import re
 
     import echomq_core
@@ -104,11 +105,13 @@ def test_the_package_exports_its_public_api() -> None:
     star: dict[str, object] = {}
     exec("from echomq_core import *", star)
     assert sorted(k for k in star if k != "__builtins__") == echomq_core.__all__
-    readme = (CORE.parent / "README.md").read_text()
-    table = readme.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    page = (CORE.parent / "docs" / "troubleshooting.md").read_text()
+    table = page.split("\n## Errors", 1)[1].split("\n## ", 1)[0]
     errors = re.findall(r"^\| `([A-Za-z]+)` \|", table, re.MULTILINE)
     assert "ServerStartError" in errors
     assert set(errors) <= set(echomq_core.__all__), set(errors) - set(echomq_core.__all__)
+    defined = re.findall(r"^class (\w+)\(", (CORE / "errors.py").read_text(), re.MULTILINE)
+    assert set(defined) <= set(errors), f"not in the Errors table: {set(defined) - set(errors)}"
 
 
 def fresh_modules(code: str) -> set[str]:

@@ -28,8 +28,9 @@ FAST = PumpOptions(interval=0.05, maintain_every=0.05)
 
 
 def test_the_readme_program_settles_with_workers_alone(backend: Backend, prefix: str) -> None:
-    """The README's "Using it" flow: children in two queues on other slots than the parent,
-    one ignored failure, a sub-flow; no Pump anywhere. The parent runs once, on its values."""
+    """The "Using it" flow (docs/concepts/using-it.md): children in two queues on other slots
+    than the parent, one ignored failure, a sub-flow; no Pump anywhere. The parent runs once,
+    on its values."""
     mq = backend.client(prefix)
     reports, extract, transform = backend.queues_on_distinct_nodes(3, "rd")
     ran: list[Any] = []

@@ -3,7 +3,7 @@ for released flows.
 
 Install with ``pip install dagster-echomq``. See ``examples/dagster/`` for Definitions that
 fan out across two queues (also per daily partition) and summarise the children's results
-downstream, and the README's Dagster section for how to deploy it.
+downstream, and the documentation's Dagster page (docs/dagster.md) for how to deploy it.
 
 ``__version__`` is echomq's: the two are released in step (this distribution pins ``echomq``
 to its own version; see hatch_build.py). Importing the package registers it in Dagster's

@@ -27,7 +27,7 @@ row, ``EchoMQ.child_queues``), for as long as it waits, and no other queue of th
 Extra Pumps are harmless (outbox leases make them take turns). ``pump_queues`` instead runs
 one Pump for the whole run on the queues it names. A flow released while no run waits for it
 (the sensor path) is pumped by the sensor itself, or by a long-lived ``echomq pump`` (see the
-README's deploying note).
+docs/dagster.md, the deploying note).
 
 Why the Pump is shared per process: two waits of one process on flows with the same child
 queues (two inputs, two partitions) would otherwise start two Pumps on the same outboxes.

@@ -2,7 +2,7 @@
 
 ::
 
-    echomq demo [--children N] [--json] [--url URL]   the README's "run it": a flow end to end
+    echomq demo [--children N] [--json] [--url URL]   one flow end to end (docs/getting-started.md)
     echomq server [--port P] [--data-dir DIR]          the bundled Valkey, in the foreground
     echomq worker [QUEUE ...] --app MODULE:OBJECT      run handlers (or plugins' handlers)
     echomq pump [QUEUE ...]                            deliver cross-queue signals, recover

@@ -4,7 +4,7 @@
 
     python examples/airflow/deployment.py            # start everything, run the example DAG, stop
 
-What runs where (the README's "Deploying with Airflow" says the same):
+What runs where (docs/airflow.md, "Deploying with Airflow", says the same):
 
 ==================  =========================================================================
 process             does

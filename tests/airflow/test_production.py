@@ -12,7 +12,7 @@ flows are released, and the other triggerer takes its triggers over: every senso
 each flow read and closed once; then, both triggerers up, the asset watcher's trigger fires one
 asset event per flow released from outside, and when the triggerer running it is killed the
 other takes it over: the flows released meanwhile fire once each, none twice. What the test
-measured is printed (release to sensor success, the takeover) and reported in the README.
+measured is printed (release to sensor success, the takeover) and reported in docs/airflow.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ poison - checks what it shows and that no script or policy error was raised, wat
 progress without a reload, and with actions on signs in, cancels and repairs a flow by clicking.
 
 Screenshots: each test writes its pages' PNGs to a temporary folder; with
-``ECHOMQ_SCREENSHOTS=docs/dashboard`` they go there instead (how the README's are made).
+``ECHOMQ_SCREENSHOTS=docs/dashboard`` they go there instead (how the documentation's are made).
 """
 
 from __future__ import annotations

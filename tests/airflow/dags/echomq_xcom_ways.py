@@ -7,7 +7,7 @@ Two ways side by side, N from the run's conf (``{"n": 200}``):
 * ``one_task (@task.echo_flow, wait_for_completion) -> collect_one``: the plan stays inside
   the task.
 
-Used to measure the ``xcom`` and ``rendered_task_instance_fields`` rows per task (README,
+Used to measure the ``xcom`` and ``rendered_task_instance_fields`` rows per task (docs/airflow.md,
 "Results that scale"); children go to ``example.square``.
 """
 

@@ -1,0 +1,108 @@
+"""Every Python block of the README and of the documentation runs as written.
+
+Each block is run here, in a fresh interpreter, against a server the suite started (standalone
+and the 3-master Cluster). The one change made to a block is its server: the documented
+``EchoMQ("redis://localhost:6379/0")`` (what ``echomq server --port 6379`` serves) becomes the
+test server's URL with a prefix of the test's own, so runs do not meet. A block that is only a
+fragment (it names things defined elsewhere) says so where the reader sees it - its fence reads
+```` ```python title="Fragment: ..." ```` - and is not run; a block whose page says
+"It prints `...`" right after it must print exactly that. Blocks that need Airflow or Dagster
+run where those are installed (the suite's venvs).
+
+Also here, as it concerns the README as the packages' long description on an index page: its
+links are absolute (a relative link or image breaks there).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .conftest import Backend
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The pages whose Python blocks must run as written: the README and every page of the site.
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+DOCUMENTED_URL = re.compile(r'"redis://localhost:6379/0"(, prefix="[^"]*")?')
+FRAGMENT = re.compile(r'^```python title="Fragment\b')
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int  # of the opening fence, 1-based
+    code: str
+    fragment: bool
+    prints: str | None  # what the text after the block says it prints
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(page: str) -> list[Block]:
+    """The fenced blocks of ``page`` whose info string is ``python``."""
+    lines = (ROOT / page).read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        fence = lines[i].strip()
+        if fence.startswith("```python"):
+            start, indent = i, len(lines[i]) - len(lines[i].lstrip())
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            after = " ".join(lines[end + 1 : end + 4])
+            said = re.match(r"\s*It prints `([^`]*)`", after)
+            code = "\n".join(ln[indent:] for ln in lines[start + 1 : end]) + "\n"
+            fragment = FRAGMENT.match(fence) is not None
+            assert fragment or fence == "```python", f"{page}:{i + 1}: unknown fence {fence!r}"
+            found.append(Block(page, start + 1, code, fragment, said.group(1) if said else None))
+            i = end
+        i += 1
+    return found
+
+
+ALL = [b for page in PAGES for b in blocks(page)]
+
+
+def test_the_pages_have_blocks_to_run() -> None:
+    assert [b for b in ALL if b.page == "README.md" and not b.fragment]
+    assert [b for b in ALL if b.page == "docs/getting-started.md" and not b.fragment]
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if not b.fragment], ids=str)
+def test_a_block_runs_as_written(
+    block: Block, backend: Backend, prefix: str, proc_env: dict[str, str], tmp_path: Path
+) -> None:
+    code = block.code
+    if "airflow" in code:
+        pytest.importorskip("airflow.sdk")
+        proc_env = dict(proc_env, AIRFLOW_HOME=str(tmp_path / "airflow"))
+    if "dagster" in code:
+        pytest.importorskip("dagster")
+    if "EchoMQ(" in code:
+        assert DOCUMENTED_URL.search(code), f"{block}: connects elsewhere than the documented URL"
+    server = f"{backend.url!r}, cluster={backend.cluster!r}, prefix={prefix!r}"
+    code = DOCUMENTED_URL.sub(lambda _: server, code)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=proc_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, f"{block} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    if block.prints is not None:
+        assert done.stdout.strip() == block.prints, f"{block} printed {done.stdout!r}"
+
+
+def test_the_readme_links_are_absolute() -> None:
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    relative = [link for link in links if not re.match(r"https?://", link)]
+    assert not relative, f"relative links break on a package index page: {relative}"
