@@ -69,7 +69,7 @@ def trigger(**options: Any) -> EchoFlowReleasedTrigger:
     return EchoFlowReleasedTrigger(queue=QUEUE, watcher="to-dwh", poll_interval=0.05, **options)
 
 
-async def until(condition: Any, seconds: float = 20) -> None:
+async def until(condition: Any, seconds: float = 90) -> None:
     for _ in range(int(seconds / 0.05)):
         if condition():
             return
