@@ -101,4 +101,8 @@ def test_a_code_server_reports_the_library(tmp_path: Path) -> None:
         assert libraries is not None and libraries["dagster-echomq"] == echomq_core.__version__
     finally:
         signal_group(server, signal.SIGTERM)
-        server.wait(timeout=120)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a loaded machine: its shutdown is not under test
+            signal_group(server, signal.SIGKILL)
+            server.wait(timeout=60)
