@@ -30,9 +30,10 @@ Four ways to do the same thing - ``plan`` makes N integers, each is doubled (the
 Two baselines for each EchoMQ way (:mod:`bench.w7_report` computes both): its **plain twin**
 ``plain_<way>``, the same DAG or job shape without EchoMQ with every task run and the
 doubling done in process, at the same N (interleaved run by run with the way); and the same
-DAG or job with **0 items** (Airflow: an empty plan skips the fan-out; Dagster, while an
-empty plan fails there, the plain job at 0 items, recorded as ``baseline``). Airflow's
-``baseline`` is ``plan -> collect`` with 0 items, the measure of the earlier results.
+DAG or job with **0 items** (Airflow: an empty plan skips the fan-out; Dagster: the resource's
+``fan_out(on_empty="empty")`` adds no flow and ``fan_in`` gets ``{}``; results from before it
+used the plain job at 0 items, marked *). ``baseline`` is Airflow's ``plan -> collect`` and
+the plain Dagster job, both with 0 items, the measure of the earlier results.
 
 Figures per run: Airflow - the DAG run's ``end_date - start_date`` (the scheduler's clock) and
 trigger-to-end (the REST POST to ``end_date``); Dagster - CLI start to exit, and the run's
@@ -271,7 +272,7 @@ from dagster import (DynamicOut, DynamicOutput, Definitions, EnvVar, asset,
                      define_asset_job, job, op)
 from dagster_echomq import EchoMQIOManager, EchoMQResource
 
-from echomq_core import Child, FlowRef
+from echomq_core import Child
 
 
 def n() -> int:
@@ -300,9 +301,11 @@ def w7_native():
 
 
 @asset(io_manager_key="echomq_io")
-def fan_out(context, echomq: EchoMQResource) -> FlowRef:
+def fan_out(context, echomq: EchoMQResource):
+    """An empty plan (N = 0) adds no flow: fan_in gets {{}} (on_empty="empty")."""
     children = [Child(i, queue="{WORK_QUEUE}") for i in range(n())]
-    return echomq.add_flow("{PARENT_QUEUE}", children, parent_id=echomq.run_scoped_id(context))
+    yield from echomq.fan_out("{PARENT_QUEUE}", children, on_empty="empty",
+                              parent_id=echomq.run_scoped_id(context))
 
 
 @asset
