@@ -95,8 +95,10 @@ class _Packer:
     def __init__(self, pack_command: Any) -> None:
         from redis.connection import HiredisRespSerializer
 
+        # typed Any: redis-py 8.2 left its __init__ unannotated (an untyped call to mypy)
+        serializer: Any = HiredisRespSerializer
         self._fast = pack_command
-        self._slow = HiredisRespSerializer()
+        self._slow = serializer()
 
     def pack(self, *args: Any) -> list[bytes]:
         first = args[0]
