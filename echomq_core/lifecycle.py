@@ -103,10 +103,18 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
         [(queue, parent_id, info)],
         children_of,
         lambda q, inner_id, up: _cancel_call(ks, q, inner_id, reason, up),
-        lambda inner_info: _s(inner_info[0]) == "cancelled",
+        _below,
     )
     result.nodes += visited
     return result
+
+
+def _below(info: Sequence[Any]) -> bool:
+    """Whether a cancel's walk goes below an inner node, from its ``cancel.lua`` reply: one it
+    cancelled, and one that died (a job whose run spawned children of its own and then failed
+    for good: its death stays recorded, and its children, which run on without it, are
+    cancelled). A node that completed or was closed has nothing unsettled below it."""
+    return _s(info[0]) in ("cancelled", "dead")
 
 
 #: The reason a threshold flow's unstarted children are cancelled with (their sub-flows' rows).
@@ -164,7 +172,7 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
         [(queue, node_id, info)],
         children_of,
         lambda q, inner_id, up: _cancel_call(ks, q, inner_id, STOP_REASON, up),
-        lambda inner_info: _s(inner_info[0]) == "cancelled",
+        _below,
     )
     yield [Call.lua("stopped", [row], [_s(tipped)])]
     return cancelled

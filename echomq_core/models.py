@@ -213,12 +213,18 @@ class Settlement:
     """What a batch of completions or failures did: a status per job, and the flow parents
     (queue, id) the batch released or failed on the way (for lifecycle hooks), and the ids
     of the capped children its gates admitted straight into the caller's lease (``handed``:
-    see :class:`~echomq_core.ops.Hand`)."""
+    see :class:`~echomq_core.ops.Hand`). Of a batch of completions also: ``waits``, the
+    server's answer for each job of the batch whose run spawned children of its own, in batch
+    order (see :func:`~echomq_core.spawning.await_children`), and ``voided``, how many children
+    that an earlier run of a job counted and never landed it settled as never landed (see
+    :func:`~echomq_core.spawning.reconcile`)."""
 
     statuses: list[int]
     released: list[tuple[str, str]] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
     handed: list[str] = field(default_factory=list)
+    waits: list[Any] = field(default_factory=list)
+    voided: int = 0
 
     def absorb(self, queue: str, reply: Any) -> None:
         """Add one script reply ``{statuses, events}`` or ``{statuses, events, handed ids}``."""

@@ -265,9 +265,29 @@ class QueueOps:
         statuses, and the parents the batch released or failed (the workers fire their hooks
         from them). ``hand``: a worker's hand-off (:class:`~echomq_core.ops.Hand`). A job
         whose run spawned children of its own is not completed: its run ends waiting for them
-        (:func:`~echomq_core.spawning.await_children`; status 0 when its lease was gone)."""
+        (:func:`~echomq_core.spawning.await_children`; status 0 when its lease was gone, the
+        server's answers in ``waits``). A job recorded now that ran before (a failed attempt,
+        a lost lease) has what an earlier run of it counted and never landed settled as never
+        landed, in one more round trip for them all (:func:`~echomq_core.spawning.reconcile`;
+        how many in ``voided``): a Worker's batch and :meth:`Queue.complete_many` alike."""
         if any(job.adopted for job, _ in encoded):
-            return self._settle_waiting(encoded, hand)
+            settled = yield from self._settle_waiting(encoded, hand)
+        else:
+            settled = yield from self._complete(encoded, hand)
+        again = [
+            job
+            for (job, _), status in zip(encoded, settled.statuses, strict=True)
+            if status and (job.attempts or job.stalls)
+        ]
+        if again:
+            settled.voided, events = yield from spawning.reconcile(self.client.keys, again)
+            for event, node_queue, node_id in events:  # for the hooks, as the batch's own
+                (settled.released if event == "r" else settled.failed).append((node_queue, node_id))
+        return settled
+
+    def _complete(
+        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None
+    ) -> Op[Settlement]:
         home = self._home([job for job, _ in encoded])
         return ops.complete(self.client.keys, home, encoded, keep=self.keep_completed, hand=hand)
 
@@ -281,10 +301,11 @@ class QueueOps:
         replies = yield from spawning.await_children(self.client.keys, waiting)
         settled = Settlement([])
         if rest:
-            settled = yield from self.settle_completed_op(rest, hand)
+            settled = yield from self._complete(rest, hand)
         ended = iter([1 if reply else 0 for reply in replies])
         done = iter(settled.statuses)
         settled.statuses = [next(ended) if job.adopted else next(done) for job, _ in encoded]
+        settled.waits = list(replies)
         return settled
 
     def settle_failed_op(

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from . import ops, sharding, spawning
+from . import ops, sharding
 from .calls import Op
 from .errors import EchoMQError, ServerFull
 from .hooks import LifecycleHooks, fire
@@ -121,30 +121,23 @@ def record(
     completed = settled = None
     ran = done
     try:
-        recorded: list[Job] = []  # runs of jobs in a flow that ran before, recorded now
-        if any(job.adopted for job, _ in done):
-            waiting = [job for job, _ in done if job.adopted]
-            done = [(job, raw) for job, raw in done if not job.adopted]
-            replies = yield spawning.await_children(queue.client.keys, waiting)
-            log_waiting(queue.name, waiting, replies)
-            recorded += [j for j, r in zip(waiting, replies, strict=True) if r and again_run(j)]
         if done:
             completed = yield queue.settle_completed_op(done, offered)
+            if completed.waits:  # the jobs whose runs spawned children of their own
+                waiting = [job for job, _ in done if job.adopted]
+                log_waiting(queue.name, waiting, completed.waits)
+                # only the others were completed (counted, logged, their hooks fired)
+                pairs = zip(done, completed.statuses, strict=True)
+                completed.statuses = [s for (job, _), s in pairs if not job.adopted]
+                done = [(job, raw) for job, raw in done if not job.adopted]
             tally.completed += sum(completed.statuses)
             log_lost(queue.name, done, completed.statuses)
-            recorded += [
-                job
-                for (job, _), status in zip(done, completed.statuses, strict=True)
-                if status and job.parent is not None and again_run(job)
-            ]
+            if completed.voided:  # a re-run that spawned fewer than an earlier run counted
+                log.info("%d spawned child(ren) that an earlier run counted and never landed "
+                         "settled as never landed in %r", completed.voided, queue.name)  # fmt: skip
             if offered is not None and completed.handed:
                 room = offered.room - len(completed.handed)
                 offered = ops.Hand(offered.token, offered.lease_ms, room)
-        if recorded:  # a re-run that spawned fewer than an earlier run counted: the rest
-            voided = yield spawning.reconcile(queue.client.keys, recorded)
-            if voided:
-                log.info("%d spawned child(ren) that an earlier run counted and never landed "
-                         "settled as never landed in %r", voided, queue.name)  # fmt: skip
         if failed:
             settled = yield queue.settle_failed_op(failed, offered)
             tally.failed += len(failed)
@@ -156,7 +149,9 @@ def record(
         fire_hooks(hooks, done, completed, failed, settled, queue.client.shard_cache)
     except ServerFull as exc:
         # nothing of the refused call was written: what it carried waits for the next one
-        left_done = done if completed is None else []
+        # (a job that waits for children of its own may have been recorded before the refusal:
+        # not kept, its lease expires and it runs again, as any lost completion)
+        left_done = [(j, raw) for j, raw in done if not j.adopted] if completed is None else []
         with lock:
             if keep is not None and keep(left_done, failed):
                 kept = {j.id for j, _ in left_done} | {f[0].id for f in failed}
@@ -263,11 +258,6 @@ def extend_leases(
         if not all(held):  # the common case takes no lock
             with lock:
                 hand.note_lost(items, held)
-
-
-def again_run(job: Job) -> bool:
-    """Whether ``job`` ran before this run (a failed attempt, a lost lease)."""
-    return bool(job.attempts or job.stalls)
 
 
 def log_waiting(queue: str, jobs: list[Job], replies: list[Any]) -> None:

@@ -208,14 +208,20 @@ def spawn(
     return [n.id for n in nodes]
 
 
-def reconcile(ks: Keyspace, jobs: Sequence[Job]) -> Op[int]:
+#: What :func:`reconcile` did: how many ids it settled as never landed, and the nodes those
+#: settlements released or failed (``(event 'r' | 'f', node queue, node id)``).
+Reconciled = tuple[int, list[tuple[str, str, str]]]
+
+
+def reconcile(ks: Keyspace, jobs: Sequence[Job]) -> Op[Reconciled]:
     """After runs of jobs that ran before (a retry, a lost lease) were recorded - completed, or
     (own children) ended waiting for them: settle as never landed what an earlier run counted
     and never landed beyond what the recorded run spawned (lua/unspawn.lua), so a handler that
     spawns fewer children on its re-run does not leave its flow held for ever. Only jobs in a
     flow that ran before are looked at: one round trip for them all when no earlier run
     counted more (the counting nodes' ``n:<stem>`` marks read), three more when one did (the
-    ids' queues, whether their rows exist, the unspawn). Returns how many were settled so."""
+    ids' queues, whether their rows exist, the unspawn). Returns how many were settled so, and
+    the nodes that settling released or failed (for the lifecycle hooks)."""
     probes: list[tuple[Job, str, str, str, int]] = []  # job, node queue, node id, stem, spawned
     for job in jobs:
         if job.parent is None or not (job.attempts or job.stalls):
@@ -225,7 +231,7 @@ def reconcile(ks: Keyspace, jobs: Sequence[Job]) -> Op[int]:
         if not job.resumed:
             probes.append((job, job.shard, job.id, stem_of(job, True), job.adopted))
     if not probes:
-        return 0
+        return 0, []
     marks = yield [Call.cmd("HGET", ks.job(q, node), "n:" + stem) for _, q, node, stem, _ in probes]
     todo = [
         (job, q, node, [f"{stem}{i}" for i in range(now, int(mark))])
@@ -233,7 +239,7 @@ def reconcile(ks: Keyspace, jobs: Sequence[Job]) -> Op[int]:
         if mark is not None and int(mark) > now
     ]
     if not todo:
-        return 0
+        return 0, []
     got = yield [
         Call.cmd("HMGET", ks.explicit(q, node), *part)
         for _, q, node, ids in todo
@@ -253,16 +259,18 @@ def reconcile(ks: Keyspace, jobs: Sequence[Job]) -> Op[int]:
         if queue is not None
     ]
     rows = iter((yield probe) if probe else [])
-    calls = []
+    calls, nodes = [], []
     for job, q, node, ids, queues in found:
         rowless = [i for i, queue in zip(ids, queues, strict=True) if queue and not next(rows)]
         if rowless:
             keys = [*ks.queue_keys(q), *ks.settle_keys(q, node)]
             calls.append(Call.lua("unspawn", keys, [node, q, job.id, *rowless]))
+            nodes.append((q, node))
     if not calls:
-        return 0
+        return 0, []
     replies = yield calls
-    return sum(int(reply[0]) for reply in replies)
+    events = [(_s(r[1]), q, node) for r, (q, node) in zip(replies, nodes, strict=True) if r[1]]
+    return sum(int(reply[0]) for reply in replies), events
 
 
 def await_children(ks: Keyspace, jobs: Sequence[Job]) -> Op[list[Any]]:
@@ -288,25 +296,33 @@ class SyncSpawner:
         self.client = client
 
     def __call__(self, job: Job, children: Sequence[Child], own: bool = False) -> list[str]:
-        client = self.client
-        nodes = plan_spawn(
-            job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
-            start=job.adopted if own else job.spawned, own=own,
-        )  # fmt: skip
-        op = spawn(client.keys, job, nodes, shard_cache=client.shard_cache, own=own)
-        ids: list[str] = client.perform(op)
-        # counted only once it is written: a retried call derives the same ids
-        if own:
-            job.adopted += len(ids)
-        else:
-            job.spawned += len(ids)
-        return ids
+        ids: list[str] = self.client.perform(_spawn_op(self.client, job, children, own))
+        return _counted(job, ids, own)
 
     def values(self, job: Job) -> dict[str, Any]:
         client = self.client
         op = flows.children_values(client.keys, job.shard, job.id, client.serializer)
         values: dict[str, Any] = client.perform(op)
         return values
+
+
+def _spawn_op(client: Any, job: Job, children: Sequence[Child], own: bool) -> Op[list[str]]:
+    """The spawn's op, its children planned (and refused, if bad) at once, in the caller."""
+    nodes = plan_spawn(
+        job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
+        start=job.adopted if own else job.spawned, own=own,
+    )  # fmt: skip
+    return spawn(client.keys, job, nodes, shard_cache=client.shard_cache, own=own)
+
+
+def _counted(job: Job, ids: list[str], own: bool) -> list[str]:
+    """Count the spawned ids on the job only once they are written: a retried call derives
+    the same ids."""
+    if own:
+        job.adopted += len(ids)
+    else:
+        job.spawned += len(ids)
+    return ids
 
 
 class AsyncSpawner:
@@ -327,20 +343,11 @@ class AsyncSpawner:
         return asyncio.run_coroutine_threadsafe(make(), self.loop).result()
 
     def __call__(self, job: Job, children: Sequence[Child], own: bool = False) -> Any:
-        client = self.client
-        nodes = plan_spawn(
-            job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
-            start=job.adopted if own else job.spawned, own=own,
-        )  # fmt: skip
+        op = _spawn_op(self.client, job, children, own)
 
         async def go() -> list[str]:
-            op = spawn(client.keys, job, nodes, shard_cache=client.shard_cache, own=own)
-            ids: list[str] = await client.connection.perform(op)
-            if own:
-                job.adopted += len(ids)
-            else:
-                job.spawned += len(ids)
-            return ids
+            ids: list[str] = await self.client.connection.perform(op)
+            return _counted(job, ids, own)
 
         return self._run(go)
 

@@ -17,7 +17,8 @@
 -- reason and the time; a root moves to flows:cancelled (its `cancelled` retention).
 -- Cancelling again changes nothing, and a flow that already ended otherwise (closed,
 -- completed, dead) is left as it is. Its children are reached by the host, queue by queue
--- (cancel_children.lua).
+-- (cancel_children.lua): those of a cancelled node, and those of a dead one (a job that
+-- spawned children of its own and died: they run on without it until a cancel reaches them).
 -- Owner of what it writes: the row and the flows:cancelled entry go with the flow's expiry.
 -- Returns: {state after, total, child queues, {explicit id, queue, ...}, state before, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, or a node that is not the root named.

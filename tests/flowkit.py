@@ -21,6 +21,14 @@ def cmd(mq: EchoMQ, *args: Any) -> Any:
     return mq.connection.execute([Call.cmd(*args)])[0]
 
 
+def invariant(mq: EchoMQ, queue: str, node_id: str) -> Any:
+    """The flow's snapshot, once its three record hashes and its counter are checked to add up
+    to its total (processed + ignored + failed + dependencies = total)."""
+    snap = mq.snapshot(queue, node_id)
+    assert snap.processed + snap.ignored + snap.failed + snap.dependencies == snap.total, snap
+    return snap
+
+
 def default_handler(job: Job) -> Any:
     return {"id": job.id, "payload": job.payload}
 

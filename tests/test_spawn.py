@@ -26,14 +26,8 @@ from echomq_core import (
 )
 
 from .conftest import Backend
-from .flowkit import keys_of, run_steps, work_off
+from .flowkit import invariant, keys_of, run_steps, work_off
 from .waiting import eventually
-
-
-def invariant(mq: EchoMQ, queue: str, parent_id: str) -> Any:
-    snap = mq.snapshot(queue, parent_id)
-    assert snap.processed + snap.ignored + snap.failed + snap.dependencies == snap.total, snap
-    return snap
 
 
 def claim_one(mq: EchoMQ, queue: str) -> Job:

@@ -247,6 +247,32 @@ def test_cancel_reaches_the_children_of_a_waiting_spawner(backend: Backend, pref
     mq.close()
 
 
+def test_cancel_reaches_the_children_of_a_spawner_that_died(backend: Backend, prefix: str) -> None:
+    """A spawner whose run died after spawning (its last attempt) leaves its own children to
+    run on; a cancel of the flow still reaches them through it (cancel.lua leaves the dead
+    node as it is, the walk goes below it)."""
+    mq = backend.client(prefix)
+    parents, work, other = backend.queues_on_distinct_nodes(3, "od")
+    ref = mq.add_flow(parents, [Child("seed", queue=work, max_attempts=1)], barrier=True)
+    seed_id = ref.children[0][1]
+
+    def handle(job: Job) -> Any:
+        job.spawn([Child(i, queue=other) for i in range(4)], own=True)
+        raise RuntimeError("the spawner fails after spawning")
+
+    worker = Worker(mq, {work: handle}).start()  # no worker serves `other`
+    try:
+        eventually(lambda: mq.queue(work).stats()["dead"] == 1, 30, "the spawner's death")
+    finally:
+        worker.stop()
+    assert mq.queue(other).stats()["pending"] == 4
+    result = mq.cancel_flow(parents, ref.parent_id, reason="enough")
+    assert result.children == 4, result
+    assert mq.queue(other).claim(10) == []  # its own children were cancelled
+    assert mq.snapshot(work, seed_id).parent_state == "dead"  # the death stays recorded
+    mq.close()
+
+
 def test_asyncio_workers_spawn_own_children(backend: Backend, prefix: str) -> None:
     mq = backend.client(prefix)
     parents, work = backend.queues_on_distinct_nodes(2, "oa")

@@ -15,14 +15,8 @@ from echomq_core import Child, EchoMQ, FlowConflict, Job, LeaseLost, Pump, Worke
 from echomq_core.calls import Call
 
 from .conftest import Backend
-from .flowkit import cmd, run_steps, work_off
+from .flowkit import cmd, invariant, run_steps, work_off
 from .waiting import eventually
-
-
-def invariant(mq: EchoMQ, queue: str, node_id: str) -> Any:
-    snap = mq.snapshot(queue, node_id)
-    assert snap.processed + snap.ignored + snap.failed + snap.dependencies == snap.total, snap
-    return snap
 
 
 def count_only(mq: EchoMQ, job: Job, n: int, own: bool) -> None:
@@ -132,4 +126,68 @@ def test_a_rerun_that_spawns_as_many_settles_nothing_as_never_landed(
     serve(mq, work, handle, lambda: mq.snapshot(parents, ref.parent_id).released)
     snap = invariant(mq, parents, ref.parent_id)
     assert (snap.total, snap.processed, snap.ignored) == (4, 4, 0), snap
+    mq.close()
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["siblings", "own"])
+def test_complete_many_settles_what_an_earlier_run_counted_and_never_landed(
+    backend: Backend, prefix: str, own: bool
+) -> None:
+    """Outside a Worker (a job claimed and completed by hand) the re-run's completion settles
+    the rest as never landed too, in the same call (``Settlement.voided``)."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "rm")
+    ref = mq.add_flow(parents, [Child("seed", queue=work)], barrier=True)
+    (first,) = mq.queue(work).claim(1)
+    count_only(mq, first, 4, own)
+    lose_lease(mq, work, first.id)
+    (again,) = mq.queue(work).claim(1)
+    assert (again.id, again.stalls) == (first.id, 1)
+    again.spawner = spawning.SyncSpawner(mq)
+    again.spawn([Child("again-0")], own=own)
+    settled = mq.queue(work).settle_completed(mq.queue(work).encode_results([(again, "seeded")]))
+    assert (settled.statuses, settled.voided) == ([1], 3)
+    node_queue, node_id = (work, first.id) if own else (parents, ref.parent_id)
+    snap = invariant(mq, node_queue, node_id)
+    # again-0 still to run (and, in the root's count, the seed's report: no Pump ran yet)
+    assert (snap.ignored, snap.dependencies) == (3, 1 if own else 2), snap
+    assert set(mq.ignored_failures(node_queue, node_id)) == {
+        f"{first.id}.{'k' if own else 's'}{i}" for i in range(1, 4)
+    }
+    work_off(mq, [parents, work])
+    assert mq.snapshot(parents, ref.parent_id).released
+    mq.close()
+
+
+class Released:
+    """Hooks that note the flows released (any thread)."""
+
+    def __init__(self) -> None:
+        self.released: list[tuple[str, str]] = []
+
+    def flow_released(self, *, queue: str, parent_id: str) -> None:
+        self.released.append((queue, parent_id))
+
+
+def test_a_release_by_the_never_landed_fires_the_flow_released_hook(
+    backend: Backend, prefix: str
+) -> None:
+    """The seed shares its root's queue, so its completion leaves the root waiting only for
+    what its first run counted: the settling of those releases the root, and the Worker fires
+    ``flow_released`` for it as for a release by a child's report."""
+    mq = backend.client(prefix)
+    (parents,) = backend.queues_on_distinct_nodes(1, "rh")
+    ref = mq.add_flow(parents, [Child("seed")], barrier=True)
+    (first,) = mq.queue(parents).claim(1)
+    count_only(mq, first, 3, False)
+    lose_lease(mq, parents, first.id)
+    hooks = Released()
+    worker = Worker(mq, {parents: lambda job: "seeded"}, hooks=hooks).start()  # spawns nothing
+    try:
+        eventually(lambda: (parents, ref.parent_id) in hooks.released, 30, "the hook")
+    finally:
+        worker.stop()
+    snap = invariant(mq, parents, ref.parent_id)
+    assert (snap.released, snap.processed, snap.ignored) == (True, 1, 3), snap
+    assert hooks.released == [(parents, ref.parent_id)]
     mq.close()
