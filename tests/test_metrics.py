@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -346,6 +347,16 @@ def _metrics_url(proc: subprocess.Popen[str]) -> Iterator[str]:
     raise AssertionError("the process never printed its metrics URL")
 
 
+def _healthz(metrics_url: str) -> tuple[int, str]:
+    """The status and body of the ``/healthz`` beside ``metrics_url`` (a 503 names what is
+    wrong in its body)."""
+    try:
+        probe = urllib.request.urlopen(metrics_url.replace("/metrics", "/healthz"), timeout=5)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    return probe.status, probe.read().decode()
+
+
 def test_worker_and_pump_serve_metrics_on_metrics_port(
     standalone_server: EmbeddedServer, prefix: str, app_dir: Path, proc_env: dict[str, str]
 ) -> None:
@@ -389,8 +400,7 @@ def test_worker_and_pump_serve_metrics_on_metrics_port(
         assert 'echomq_outbox_head_age_seconds{queue="mx-cli"}' in pump_text
         # and each answers its liveness probe beside the metrics
         for url in (worker_url, pump_url):
-            probe = urllib.request.urlopen(url.replace("/metrics", "/healthz"), timeout=5)
-            assert (probe.status, probe.read()) == (200, b"ok\n")
+            assert _healthz(url) == (200, "ok\n")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
