@@ -9,8 +9,10 @@ fragment (it names things defined elsewhere) says so where the reader sees it - 
 "It prints `...`" right after it must print exactly that. Blocks that need Airflow or Dagster
 run where those are installed (the suite's venvs).
 
-Also here, as it concerns the README as the packages' long description on an index page: its
-links are absolute (a relative link or image breaks there).
+Also here, as it concerns the READMEs as the packages' long descriptions on an index page (the
+main one, and the Airflow provider's and the Dagster integration's): their links are absolute (a
+relative link or image breaks there). And a Dagster block runs without Dagster's BetaWarning or
+PreviewWarning on stderr: an example that warns teaches a newcomer an API that may change.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ import pytest
 from .conftest import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The pages whose Python blocks must run as written: the README and every page of the site.
-PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+#: The READMEs that are the distributions' long descriptions on the package index.
+READMES = ["README.md", "airflow_provider/README.md", "dagster_integration/README.md"]
+#: The pages whose Python blocks must run as written: the READMEs and every page of the site.
+PAGES = [*READMES, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+#: Dagster's warnings of an API that may change (``dagster._annotations``).
+DAGSTER_API_WARNING = re.compile(r"\b(BetaWarning|PreviewWarning|SupersessionWarning)\b")
 DOCUMENTED_URL = re.compile(r'"redis://localhost:6379/0"(, prefix="[^"]*")?')
 FRAGMENT = re.compile(r'^```python title="Fragment\b')
 
@@ -98,11 +104,23 @@ def test_a_block_runs_as_written(
     assert done.returncode == 0, f"{block} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
     if block.prints is not None:
         assert done.stdout.strip() == block.prints, f"{block} printed {done.stdout!r}"
+    if "dagster" in code:
+        warned = [ln for ln in done.stderr.splitlines() if DAGSTER_API_WARNING.search(ln)]
+        assert not warned, f"{block} printed Dagster's warnings of an API that may change: {warned}"
 
 
-def test_the_readme_links_are_absolute() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_dagster_pages_have_blocks_to_run() -> None:
+    """The no-warning check above has something to check."""
+    assert [b for b in ALL if b.page == "docs/dagster.md" and not b.fragment]
+    assert [b for b in ALL if b.page == "dagster_integration/README.md" and not b.fragment]
+
+
+@pytest.mark.parametrize("readme", READMES)
+def test_the_readme_links_are_absolute(readme: str) -> None:
+    text = (ROOT / readme).read_text()
     links = re.findall(r"\]\(([^)\s]+)\)", text)
     assert links
     relative = [link for link in links if not re.match(r"https?://", link)]
-    assert not relative, f"relative links break on a package index page: {relative}"
+    assert not relative, f"{readme}: relative links break on a package index page: {relative}"
+    images = re.findall(r"<img[^>]*src=\"([^\"]+)\"", text)
+    assert all(re.match(r"https?://", src) for src in images), f"{readme}: relative image {images}"
