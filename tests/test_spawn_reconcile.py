@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from echomq_core import Child, EchoMQ, FlowConflict, Job, LeaseLost, Pump, Worker, spawning
+from echomq_core import (
+    Child,
+    EchoMQ,
+    FlowConflict,
+    FlowRef,
+    Job,
+    LeaseLost,
+    Pump,
+    Worker,
+    spawning,
+)
 from echomq_core.calls import Call
 
 from .conftest import Backend
@@ -36,6 +46,20 @@ def lose_lease(mq: EchoMQ, queue: str, job_id: str) -> None:
         eventually(lambda: pump.tick() and mq.queue(queue).stats()["pending"] == 1, 10, "recover")
     finally:
         pump.release_leases()
+
+
+def died_after_counting(
+    backend: Backend, mq: EchoMQ, stem: str, n: int, own: bool
+) -> tuple[str, str, FlowRef, Job]:
+    """A flow of one seed child in another queue whose first run counted ``n`` children and
+    died before any landed, its lease then lost: (parent queue, child queue, flow, first
+    run)."""
+    parents, work = backend.queues_on_distinct_nodes(2, stem)
+    ref = mq.add_flow(parents, [Child("seed", queue=work)], barrier=True)
+    (first,) = mq.queue(work).claim(1)
+    count_only(mq, first, n, own)
+    lose_lease(mq, work, first.id)
+    return parents, work, ref, first
 
 
 def serve(mq: EchoMQ, queue: str, handler: Any, until: Any) -> None:
@@ -112,11 +136,7 @@ def test_a_rerun_that_spawns_as_many_settles_nothing_as_never_landed(
 ) -> None:
     """The usual re-run (the same children): nothing is settled as never landed."""
     mq = backend.client(prefix)
-    parents, work = backend.queues_on_distinct_nodes(2, "rs")
-    ref = mq.add_flow(parents, [Child("seed", queue=work)], barrier=True)
-    (first,) = mq.queue(work).claim(1)
-    count_only(mq, first, 3, False)
-    lose_lease(mq, work, first.id)
+    parents, work, ref, _ = died_after_counting(backend, mq, "rs", 3, False)
 
     def handle(job: Job) -> Any:
         if job.payload == "seed":
@@ -136,11 +156,7 @@ def test_complete_many_settles_what_an_earlier_run_counted_and_never_landed(
     """Outside a Worker (a job claimed and completed by hand) the re-run's completion settles
     the rest as never landed too, in the same call (``Settlement.voided``)."""
     mq = backend.client(prefix)
-    parents, work = backend.queues_on_distinct_nodes(2, "rm")
-    ref = mq.add_flow(parents, [Child("seed", queue=work)], barrier=True)
-    (first,) = mq.queue(work).claim(1)
-    count_only(mq, first, 4, own)
-    lose_lease(mq, work, first.id)
+    parents, work, ref, first = died_after_counting(backend, mq, "rm", 4, own)
     (again,) = mq.queue(work).claim(1)
     assert (again.id, again.stalls) == (first.id, 1)
     again.spawner = spawning.SyncSpawner(mq)
