@@ -187,7 +187,10 @@ def test_the_window_opens_again_and_its_key_deletes_itself(mq: EchoMQ) -> None:
     window_key = mq.keys.rate_window("api")
     got = list(q.claim(5))
     assert len(got) == 2
-    assert 0 < cmd(mq, "PTTL", window_key) <= 200  # it expires with its window
+    # it expires with its window: a TTL of at most the window, or gone already (-2) when the
+    # claim came at the window's very end on a loaded machine (never -1: no expiry)
+    ttl = cmd(mq, "PTTL", window_key)
+    assert ttl == -2 or 0 <= ttl <= 200, ttl
     eventually(lambda: len(got) >= 6 or got.extend(q.claim(5)), 10, "three windows")
     per_window = Counter(claimed_at(mq, j) // 200 for j in got)
     assert max(per_window.values()) <= 2
