@@ -164,7 +164,9 @@ def test_workers_started_before_and_after_the_add_side_by_side(tmp_path: Path) -
         for key in (f"{name}@c4", f"{name}+after@c4"):
             run = only_run(doc, "W1", key)
             assert run["n"] == 400 and run["rate"] > 0
-            assert run["cpu_us_per_item"]["workers"] > 0
+            # measured, but at 400 items a worker's CPU can be under the clock tick that
+            # process CPU times count in (10 ms): 0.0 is a reading, not a missing figure
+            assert run["cpu_us_per_item"]["workers"] >= 0
             assert only_run(doc, "W2", key)["rate"] > 0
         if name.startswith("echomq"):  # the window opened at the add's start
             assert only_run(doc, "W1", f"{name}+after@c4")["splits"]["added"] > 0
