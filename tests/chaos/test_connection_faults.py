@@ -177,7 +177,7 @@ def test_complete_takes_effect_once_or_raises(backend: Backend, prefix: str) -> 
     mq = victim(backend, prefix)
     started = time.monotonic()
     refs = []
-    batches: list[tuple[Any, list[Any]]] = []
+    batches: list[tuple[Any, Any]] = []
     outcome: list[tuple[int, bool]] = []  # per batch: the attempt that returned, its status
     raised = 0
     with ConnectionKiller(backend.servers, VICTIM, 0.0, 0.003) as killer:
