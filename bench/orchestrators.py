@@ -746,7 +746,20 @@ def bench_dagster(args: argparse.Namespace, rec: Recorder) -> None:
     with serve(args.cluster, args.shards) as server:
         pump = "one echomq pump (the Procfile's)" if args.cluster else "none (the workers' own)"
         rec.setup = setup(server, args, pump=pump)
+        if args.dagster_python != sys.executable:
+            rec.setup["python"] = python_env(args.dagster_python)
         dagster_bench(args, rec, server)
+
+
+def python_env(python: str) -> str:
+    """What a Dagster run's interpreter has that its step processes' start-up depends on."""
+    probe = (
+        "import importlib.util as u; print(','.join(m for m in ('airflow', 'opentelemetry.sdk')"
+        " if u.find_spec(m.split('.')[0]) and u.find_spec(m)))"
+    )
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True)
+    has = found.stdout.strip()
+    return f"{python} (with {has})" if has else f"{python} (no Airflow, no OpenTelemetry SDK)"
 
 
 def dagster_bench(args: argparse.Namespace, rec: Recorder, server: W7Server) -> None:
@@ -756,6 +769,7 @@ def dagster_bench(args: argparse.Namespace, rec: Recorder, server: W7Server) -> 
     defs.write_text(DAGSTER_DEFS)
     env = dict(
         os.environ,
+        W7_DAGSTER_PYTHON=args.dagster_python,
         DAGSTER_HOME=str(home),
         ECHOMQ_URL=server.url,
         ECHOMQ_PREFIX=PREFIX,
@@ -851,7 +865,8 @@ def dagster_run(
     home: Path, defs: Path, env: dict[str, str], rec: Recorder, way: str, n: int, budget: float
 ) -> dict[str, Any]:
     job = {"baseline": "w7_plain_echomq"}.get(way, f"w7_{way}")
-    command = [sys.executable, "-m", "dagster", "job", "execute", "-f", str(defs), "-j", job]
+    python = env.get("W7_DAGSTER_PYTHON", sys.executable)
+    command = [python, "-m", "dagster", "job", "execute", "-f", str(defs), "-j", job]
     counted = way == "echomq" and n > 0
     cpu_before = masters_cpu(env["ECHOMQ_URL"]) if counted else {}
     started = time.time()
@@ -944,6 +959,8 @@ print(json.dumps({'dagster_run_id': r.run_id, 'dagster_status': r.status.value,
 #: A Dagster step's marks: (label, event type, first or last of that type).
 STEP_MARKS = (
     ("launched", "STEP_WORKER_STARTING", 0),
+    ("resources", "RESOURCE_INIT_STARTED", 0),
+    ("resources ready", "RESOURCE_INIT_SUCCESS", 1),
     ("start", "STEP_START", 0),
     ("inputs loaded", "LOADED_INPUT", 1),
     ("output handled", "HANDLED_OUTPUT", 1),
@@ -987,7 +1004,11 @@ def dagster_timeline(
 
 def run_stats(env: dict[str, str]) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-c", RUN_STATS], env=env, capture_output=True, text=True, check=False
+        [env.get("W7_DAGSTER_PYTHON", sys.executable), "-c", RUN_STATS],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         return {"run_stats_error": done.stderr[-500:]}
@@ -1050,6 +1071,12 @@ def main() -> None:
         default=None,
         help="Airflow: seconds per mapped task measured before; with --max-map-length, an "
         "N whose estimate exceeds the budget is not run",
+    )
+    parser.add_argument(
+        "--dagster-python",
+        default=sys.executable,
+        help="Dagster: the interpreter of `dagster job execute` and so of its step processes "
+        "(bench/dagster_only_venv.sh makes one without Airflow; default: this one)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, default=None, help="write results.json/.md here")

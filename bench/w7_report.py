@@ -27,7 +27,15 @@ from typing import Any
 #: The column order of the timelines: Airflow task instances, Dagster steps, EchoMQ rows.
 MARKS = {
     "airflow": ("scheduled", "queued", "start", "parsed", "executing", "returned", "end"),
-    "dagster": ("launched", "start", "inputs loaded", "output handled", "end"),
+    "dagster": (
+        "launched",
+        "resources",
+        "resources ready",
+        "start",
+        "inputs loaded",
+        "output handled",
+        "end",
+    ),
 }
 ORDER = {"baseline": 0, "native": 1}
 
@@ -57,7 +65,8 @@ def setup_label(run: dict[str, Any]) -> str:
     if not setup:
         return "standalone, 1 shard, 1 worker"
     k, w = setup.get("shards", 1), setup.get("worker_processes", 1)
-    return f"{setup['server']}, {k} shard{'s' * (k != 1)}, {w} worker{'s' * (w != 1)}"
+    label = f"{setup['server']}, {k} shard{'s' * (k != 1)}, {w} worker{'s' * (w != 1)}"
+    return label + (", own venv" if setup.get("python") else "")
 
 
 def walls(
@@ -235,6 +244,7 @@ def setups(runs: list[dict[str, Any]]) -> list[str]:
             f"* {system}, {label}: child queue {homes}; {setup['worker_processes']} "
             f"`echomq worker` process(es) at concurrency {setup['worker_concurrency']}; "
             f"Pump: {setup['pump']}"
+            + (f"; Dagster's interpreter: {setup['python']}" if setup.get("python") else "")
         )
     return lines
 
@@ -246,7 +256,10 @@ TIMELINE_HEADER = (
     "the first of each and the last end over its instances), and from the task's own log: "
     "`parsed` the DAG file parsed in its process, `executing` its execute begins, `returned` "
     "it returned (the XCom push and the state report follow). Dagster: `launched` the step's "
-    "first event (STEP_WORKER_STARTING: its process is being started), `start` STEP_START, "
+    "first event (STEP_WORKER_STARTING: its process is being started), `resources` / "
+    "`resources ready` the step's RESOURCE_INIT_STARTED / RESOURCE_INIT_SUCCESS (in its own "
+    "process: EchoMQResource and EchoMQIOManager open their client there, which imports "
+    "redis-py), `start` STEP_START, "
     "`inputs loaded` the last LOADED_INPUT (EchoMQIOManager: the wait and the read), `output "
     "handled` the last HANDLED_OUTPUT, `end` STEP_SUCCESS. EchoMQ rows, from the server: the "
     "flow's parent row (`created` by the add, `released` when its last child settled, "

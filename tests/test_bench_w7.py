@@ -124,6 +124,34 @@ def test_runs_of_each_setup_are_compared_within_it_and_the_report_names_the_setu
     ) in md
 
 
+def test_runs_in_another_interpreter_are_a_setup_of_their_own() -> None:
+    """--dagster-python: a Dagster-only venv's runs are compared with their own plain twin,
+    and the Setups list names the interpreter and what it lacks."""
+    own = {
+        "server": "standalone",
+        "shards": 1,
+        "shard_names": ["w7.work"],
+        "shard_masters": ["127.0.0.1:7001"],
+        "worker_processes": 1,
+        "worker_concurrency": 4,
+        "pump": "none",
+        "python": "/v/bin/python (no Airflow, no OpenTelemetry SDK)",
+    }
+    runs = [
+        run("plain_echomq", 100, 4.0, system="dagster"),
+        run("echomq", 100, 4.6, system="dagster"),
+        run("plain_echomq", 100, 3.0, system="dagster", setup=own),
+        run("echomq", 100, 3.2, system="dagster", setup=own),
+    ]
+    rows = {(r["setup"], r["way"]): r for r in table(runs)}
+    label = "standalone, 1 shard, 1 worker, own venv"
+    assert rows[(label, "echomq")]["over_plain"]["median"] == 0.2
+    assert rows[("standalone, 1 shard, 1 worker", "echomq")]["over_plain"]["median"] == 0.6
+    md = markdown({"started": "now", "machine": "2 cores", "runs": runs, "notes": [],
+                   "table": table(runs)})  # fmt: skip
+    assert "Dagster's interpreter: /v/bin/python (no Airflow, no OpenTelemetry SDK)" in md
+
+
 def run_cluster_bench(out: Path, only: str, n: int, timeout: float) -> dict[str, Any]:
     """``python -m bench.orchestrators --cluster --shards 3`` at ``n`` items: the EchoMQ way
     and the plain twin once each, nothing else counted; its results.json."""
