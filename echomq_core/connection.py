@@ -23,7 +23,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors
+from . import collector, errors
 from .calls import Call, Durable, Lenient, Op
 from .targets import MAX_MIGRATION_WAIT, MIGRATION_WAIT, Target, migration_wait, parse_url, wait_for
 
@@ -170,14 +170,16 @@ def connect(
     :data:`MIGRATION_WAIT`): how long a call of a Cluster slot being moved waits for it."""
     target = parse_url(url, cluster=cluster)
     wait = wait_for(target, migration_wait)
-    # redis-py and the driver load with the first client, not with this module (see _LAZY).
-    import redis
-    import redis.cluster
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    # redis-py and the driver load with the first client, not with this module (see _LAZY),
+    # with the collector paused (a full collection in the middle of the import: .collector)
+    with collector.paused():
+        import redis
+        import redis.cluster
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
-    from .drivers import Connection
-    from .replies import TRANSPORT_ERRORS
+        from .drivers import Connection
+        from .replies import TRANSPORT_ERRORS
 
     options.setdefault("retry", Retry(NoBackoff(), 0))  # no blind re-sends (docs/CLUSTER.md)
     packer = _packer()
@@ -210,13 +212,14 @@ def connect_async(
     :func:`connect`."""
     target = parse_url(url, cluster=cluster)
     wait = wait_for(target, migration_wait)
-    import redis
-    import redis.asyncio
-    import redis.asyncio.cluster
-    from redis.asyncio.retry import Retry as AsyncRetry
-    from redis.backoff import NoBackoff
+    with collector.paused():  # as in connect()
+        import redis
+        import redis.asyncio
+        import redis.asyncio.cluster
+        from redis.asyncio.retry import Retry as AsyncRetry
+        from redis.backoff import NoBackoff
 
-    from .drivers import AsyncConnection
+        from .drivers import AsyncConnection
 
     options.setdefault("retry", AsyncRetry(NoBackoff(), 0))  # no blind re-sends (docs/CLUSTER.md)
     client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
@@ -240,4 +243,3 @@ def _check_options(pool: Any) -> None:
     option or a bad TLS flag in the URL is a :class:`ConfigurationError` now, not a
     ``TypeError`` on the first call."""
     pool.connection_class(**pool.connection_kwargs)
-

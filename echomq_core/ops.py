@@ -9,12 +9,12 @@ not one per job.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from . import collector
 from .calls import Call, Op
 from .checks import text
 from .keyspace import Keyspace
@@ -71,14 +71,11 @@ def gc_paused(items: Any) -> Iterator[None]:
     (the caller's choice) stays off; one paused by another thread's bulk call comes back when
     that call ends.
     """
-    if not isinstance(items, Sized) or len(items) < GC_PAUSE_AT or not gc.isenabled():
+    if not isinstance(items, Sized) or len(items) < GC_PAUSE_AT:
         yield
         return
-    gc.disable()
-    try:
+    with collector.paused():
         yield
-    finally:
-        gc.enable()
 
 
 def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:

@@ -373,6 +373,53 @@ def test_big_adds_build_without_garbage_collections(
         gc.enable()
 
 
+#: Run in a fresh interpreter: the collections that start while the first client of the
+#: process is made (connect() imports redis-py and the driver then; it does no I/O).
+FIRST_CLIENT = """
+import gc, json, sys
+import echomq_core
+from echomq_core.connection import connect, connect_async
+started = []
+gc.callbacks.append(lambda phase, info: phase == "start" and started.append(info["generation"]))
+assert "redis" not in sys.modules
+make = connect_async if sys.argv[1] == "async" else connect
+if sys.argv[2] == "unpaused":
+    import contextlib
+    from echomq_core import collector
+    collector.paused = contextlib.nullcontext
+gc.collect()
+started.clear()
+make("redis://127.0.0.1:1")
+print(json.dumps({"collections": len(started), "enabled": gc.isenabled()}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_the_first_client_imports_redis_py_without_garbage_collections(kind: str) -> None:
+    """In a task or step process (Airflow's, Dagster's: a few hundred thousand objects) a
+    collection set off by importing redis-py walks them all, in the middle of the step; the
+    import runs with the collector paused (echomq_core.collector). Without the pause the same
+    import sets off collections."""
+    import json
+    import subprocess
+    import sys
+
+    def run(mode: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", FIRST_CLIENT, kind, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    paused, unpaused = run("paused"), run("unpaused")
+    assert paused["enabled"] and unpaused["enabled"]
+    # paused: at most the collections due when the pause ends (the first allocations after)
+    assert paused["collections"] <= 2 and unpaused["collections"] > 10, (paused, unpaused)
+
+
 def test_named_refs_and_pump_gives_up_leases_on_stop(mq: EchoMQ) -> None:
     from echomq_core import InvalidArgument
 
