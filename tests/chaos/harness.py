@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,12 @@ class Fleet:
                 lambda m=m: f"{m.role} to be ready:\n{m.log.read_text()}",
             )
 
-    def kill_one(self, rng: random.Random) -> str:
-        """SIGKILL a random live member and start a replacement of the same role."""
+    def kill_one(self, rng: random.Random, role: str | None = None) -> str:
+        """SIGKILL a random live member (of ``role``, if given) and start a replacement of
+        the same role."""
         live = [m for m in self.members if m.proc.poll() is None]
+        if role is not None:
+            live = [m for m in live if m.role == role]
         victim = rng.choice(live)
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
@@ -130,19 +134,25 @@ class Fleet:
 
 
 class Killer(threading.Thread):
-    """Kills a random fleet member every ``low``..``high`` seconds until stopped."""
+    """Kills a random fleet member every ``low``..``high`` seconds until stopped; the first
+    kills take the roles of ``first`` in turn (a test that needs both kinds killed gets them
+    from its first kills, not from the luck of a random pick among 3 workers and 1 Pump)."""
 
-    def __init__(self, fleet: Fleet, low: float, high: float, seed: int) -> None:
+    def __init__(
+        self, fleet: Fleet, low: float, high: float, seed: int, first: Sequence[str] = ()
+    ) -> None:
         super().__init__(daemon=True, name="chaos-killer")
         self.fleet, self.low, self.high = fleet, low, high
         self.rng = random.Random(seed)
+        self.first = list(first)
         self.halt = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             while not self.halt.wait(self.rng.uniform(self.low, self.high)):
-                self.fleet.kill_one(self.rng)
+                role = self.first.pop(0) if self.first else None
+                self.fleet.kill_one(self.rng, role)
         except BaseException as exc:  # surfaced by the test, not swallowed
             self.error = exc
 
