@@ -98,8 +98,8 @@ class Fleet:
         """SIGKILL a random live member (of ``role``, if given) and start a replacement of
         the same role."""
         live = [m for m in self.members if m.proc.poll() is None]
-        if role is not None:
-            live = [m for m in live if m.role == role]
+        if role is not None:  # none of that role (a fleet without Pumps): any member
+            live = [m for m in live if m.role == role] or live
         victim = rng.choice(live)
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()

@@ -81,7 +81,7 @@ def run_under_chaos(
     """Run the fleet with the killer until ``done()``; stop it gracefully; return it."""
     config = {"url": backend.url, "cluster": True, "prefix": prefix, "queues": queues, **CONFIG}
     fleet = Fleet(config, proc_env, logdir).start()
-    killer = Killer(fleet, *KILL_EVERY, seed=seed)
+    killer = Killer(fleet, *KILL_EVERY, seed=seed, first=("pump", "worker"))  # both kinds hit
     try:
         fleet.wait_ready()
         started = time.monotonic()

@@ -82,7 +82,7 @@ def run_fleet(
     it (counted nothing twice: the counter check below would show it)."""
     config = {"url": backend.url, "cluster": backend.cluster, "prefix": prefix, "queues": queues}
     fleet = Fleet({**config, **CONFIG}, env, logdir).start()
-    killer = Killer(fleet, *KILL_EVERY, seed=17)
+    killer = Killer(fleet, *KILL_EVERY, seed=17, first=("pump", "worker"))  # both kinds hit
     try:
         fleet.wait_ready()
         started = time.monotonic()
