@@ -303,7 +303,7 @@ def w7_native():
 @asset(io_manager_key="echomq_io")
 def fan_out(context, echomq: EchoMQResource):
     """An empty plan (N = 0) adds no flow: fan_in gets {{}} (on_empty="empty")."""
-    children = [Child(i, queue="{WORK_QUEUE}") for i in range(n())]
+    children = (Child(i, queue="{WORK_QUEUE}") for i in range(n()))  # as docs/dagster.md says
     yield from echomq.fan_out("{PARENT_QUEUE}", children, on_empty="empty",
                               parent_id=echomq.run_scoped_id(context))
 

