@@ -133,6 +133,8 @@ class _Base:
             queues = new_queues(flows.queues_of(root) if sharded else logical)
             registered.extend(queues)
 
+            planned = [root]
+
             def plan(gen: str) -> Any:
                 if not gen:
                     return root
@@ -141,13 +143,21 @@ class _Base:
                 )
                 again.stream = stream
                 sharding.place(again, shards)
+                planned.append(again)
                 return again
 
-            if not replace:
+            try:
+                if not replace:
+                    return (
+                        yield from flows.add_flow(
+                            self.keys, root, queues, barrier=barrier, replan=plan
+                        )
+                    )
                 return (
-                    yield from flows.add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
+                    yield from lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier)
                 )
-            return (yield from lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier))
+            finally:
+                flows.unlink(planned)
 
         return registered, add()
 

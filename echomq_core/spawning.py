@@ -127,7 +127,7 @@ def plan_spawn(
         node.id = f"{stem}{start + i}"
         if len(node.id) > MAX_ID_LENGTH:
             check_job_id(node.id)  # raises InvalidJobId, naming the id
-    return root.children
+    return list(root.children)
 
 
 def spawn(
