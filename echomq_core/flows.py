@@ -79,6 +79,9 @@ class _Node:
     allow: int | None = None  # a success threshold: how many fail-parent children may die
     need: str = ""  # the threshold as given: a count "<c>" or an exact fraction "<p>/<q>"
     stream: bool = False  # a root that keeps a settle log (add_flow(stream=True))
+    # its children are all leaves with derived ids, of one queue, with the same options: one
+    # run of land calls, which add_flow() forms without looking at each child
+    uniform: bool = False
 
 
 def new_parent_id() -> str:
@@ -170,6 +173,7 @@ def plan(
         stem = root_stem if parent is root else child_stem(parent.id)
         kids: list[_Node] = []
         parent.children = kids
+        uniform, first = True, None  # see _Node.uniform; first: the first child's options
         for index, spec in enumerate(specs):
             if not isinstance(spec, Child):
                 raise InvalidFlow(
@@ -234,6 +238,19 @@ def plan(
                 if node.cap is not None:
                     capped.append(node)
             kids.append(node)
+            if uniform:
+                if spec.id is not None or spec.children:
+                    uniform = False
+                elif first is None:
+                    first = node
+                elif (
+                    child_queue != first.queue
+                    or attempts != first.max_attempts
+                    or policy != first.policy
+                    or limit != first.timeout_ms
+                    or node.priority != first.priority
+                ):
+                    uniform = False
             if spec.children:
                 build(node, spec.children, child_id, depth + 1)  # noqa: F821 (del: below)
             if spec.min_success is not None:
@@ -244,6 +261,7 @@ def plan(
                     )
                 node.allow = allowance(f"child {child_id}", spec.min_success, len(node.children))
                 node.need = requirement(spec.min_success)
+        parent.uniform = uniform
 
     try:
         build(root, children, parent_id, 1)
@@ -344,7 +362,10 @@ def queues_of(root: _Node) -> set[str]:
     while todo:
         node = todo.pop()
         out.add(node.queue)
-        todo.extend(node.children)
+        if node.uniform:  # leaves of one queue
+            out.add(node.children[0].queue)
+        else:
+            todo.extend(node.children)
     return out
 
 
@@ -383,7 +404,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "
     up_id = parent.id if parent else ""
     up_queue = parent.queue if parent and parent.queue != node.queue else ""
     explicit: list[str] = []
-    for child in node.children:
+    for child in () if node.uniform else node.children:  # uniform: derived ids only
         if not child.derived:
             explicit += [child.id, child.queue]
     return Call.lua(
@@ -405,7 +426,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "
             fingerprint(node),
             "" if node.timeout_ms is None else node.timeout_ms,
             "1" if barrier else "",
-            " ".join(sorted({c.queue for c in node.children})),
+            " ".join(sorted({c.queue for c in node.children[:1 if node.uniform else None]})),
             node.gen,
             "" if node.allow is None else f"{node.allow} {node.need}",
             "" if node.cap is None else node.cap,
@@ -433,12 +454,16 @@ def child_candidates(
 
 def _explicit(root: _Node) -> list[_Node]:
     """The nodes below the root whose ids were given by the caller (not derived)."""
-    out, todo = [], list(root.children)
+    out, todo = [], [root]
     while todo:
         node = todo.pop()
-        if not node.derived:
-            out.append(node)
-        todo.extend(node.children)
+        if node.uniform:  # derived leaves only
+            continue
+        for child in node.children:
+            if not child.derived:
+                out.append(child)
+            if child.children:
+                todo.append(child)
     return out
 
 
@@ -524,10 +549,10 @@ def add_flow(
     if isinstance(held, Exception):
         raise held
     fresh = {root.id} if int(held) == 1 else set()
-    level = root.children
+    parents = [root]  # the nodes whose children land in this step (each has at least one)
     registry = register(ks, new_queues)  # after the hold: a refused add registers nothing
-    while level:
-        holds = [n for n in level if n.children]
+    while parents:
+        holds = [n for up in parents if not up.uniform for n in up.children if n.children]
         owners: list[_Node] = [n.parent for n in holds]  # type: ignore[misc]
         calls = Lenient([*registry, *(_hold_call(ks, n) for n in holds)])
         # consecutive leaves of one queue that share their parent and options share a land
@@ -535,15 +560,30 @@ def add_flow(
         # order given whatever their options (a run breaks where the options change)
         runs: list[tuple[tuple[str, str, str, str, int, int | None, int], list[_Node]]] = []
         last: dict[str, int] = {}  # queue -> its current run
-        for node in level:
-            if not node.children:
-                up = node.parent
-                assert up is not None
-                check = "0" if node.derived and up.id in fresh else "1"
+        for top in parents:
+            if top.uniform:  # the run the loop below would form, without a look at each child
+                one = top.children[0]
+                check = "0" if top.id in fresh else "1"
+                last[one.queue] = len(runs)
+                key = (
+                    one.queue,
+                    check,
+                    top.id,
+                    one.policy,
+                    one.max_attempts,
+                    one.timeout_ms,
+                    one.priority,
+                )
+                runs.append((key, list(top.children)))
+                continue
+            for node in top.children:
+                if node.children:
+                    continue
+                check = "0" if node.derived and top.id in fresh else "1"
                 key = (
                     node.queue,
                     check,
-                    up.id,
+                    top.id,
                     node.policy,
                     node.max_attempts,
                     node.timeout_ms,
@@ -573,7 +613,7 @@ def add_flow(
                 else:  # the stem and the first index, then the payloads (land.lua)
                     argv += derived
                     argv += [n.payload for n in part]
-                keys = [*fixed, *(rows + n.id for n in part), *gate]
+                keys = [*fixed, *[rows + n.id for n in part], *gate]
                 calls.append(Call.lua("land", keys, argv))
                 owners.append(up)
         replies = yield calls
@@ -582,7 +622,7 @@ def add_flow(
             registry = []  # else it rides again with the next step (SADD is idempotent)
         yield from _settle_errors(ks, owners, replies)
         fresh = {n.id for n, r in zip(holds, replies, strict=False) if int(r) == 1}
-        level = [c for n in level for c in n.children]
+        parents = holds
     if registry:
         # the registry's write failed with every step (on a Cluster it may live on a node the
         # rest never touched): raise, so the caller's retry, which converges, registers again

@@ -276,6 +276,7 @@ def place(root: Any, shards: Mapping[str, Shards]) -> bool:
         names = sharded.get(node.queue)
         if names is not None:
             node.queue = shard_of(names, node.id)
+        node.uniform = False  # its children may now be in several shards (flows._Node)
         if node.shares is not None:
             capped.append(node)
         todo.extend(node.children)

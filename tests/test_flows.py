@@ -375,6 +375,75 @@ def test_big_adds_build_without_garbage_collections(
         gc.enable()
 
 
+def _land_steps(root: Any, fresh: bool) -> list[list[Any]]:
+    """The calls of every step of add_flow(root), as (args, script name), the server's replies
+    made up: no explicit id taken, each hold answered ``1`` (held fresh) or ``0``."""
+    from echomq_core.keyspace import Keyspace
+
+    def replies(step: list[Any]) -> list[Any]:
+        # the explicit ids' rows read (none taken), else each call's "held fresh" or not
+        if step[0].script is not None and step[0].script.name == "rows":
+            return [[[None] * 4 for _ in range(int(c.args[2]))] for c in step]
+        return [1 if fresh else 0] * len(step)
+
+    op = flow_ops.add_flow(Keyspace("t"), root, ["p"])
+    step = next(op)
+    steps: list[list[Any]] = []
+    try:
+        while True:
+            steps.append([(c.args, c.script and c.script.name) for c in step])
+            step = op.send(replies(step))
+    except StopIteration:
+        return steps
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool) -> None:
+    """A parent whose children are derived leaves of one queue with the same options is marked
+    uniform by plan(), and add_flow() forms its run of land calls without looking at each
+    child: the calls are the same as the per-child grouping's, in every mix of options."""
+
+    def tree() -> list[Child]:
+        return [
+            *[Child(i, queue="c") for i in range(1_200)],  # uniform
+            Child("s", queue="c", children=[Child(j, queue="d") for j in range(700)]),
+            Child("m", children=[Child(1, queue="c"), Child(2, queue="d"), Child(3)]),
+            Child("o", children=[Child(1, priority=3), Child(2, priority=3)]),
+            Child("t", children=[Child(1, timeout=5), Child(2, id="JOB-named")]),
+            Child("a", children=[Child(1, max_attempts=2), Child(2, max_attempts=2)]),
+            Child("i", children=[Child(1, ignore_dependency_on_failure=True), Child(2)]),
+            Child("r", children=[Child(1, priority=3), Child(2)]),
+        ]
+
+    def planned() -> Any:
+        return flow_ops.plan(
+            "p", "JOB-u/1", b"{}", tree(), default_attempts=3, dumps=lambda v: b"%r" % v,
+            max_payload=1000,
+        )  # fmt: skip
+
+    root = planned()
+    assert not root.uniform  # a sub-flow among its children
+    marked = {n.id: n.uniform for n in flow_ops._explicit(root) + root.children if n.children}
+    assert marked == {
+        "JOB-u/1.1200": True,
+        "JOB-u/1.1201": False,  # two queues
+        "JOB-u/1.1202": True,  # one priority, in one queue
+        "JOB-u/1.1203": False,  # a named child
+        "JOB-u/1.1204": True,
+        "JOB-u/1.1205": False,  # two policies
+        "JOB-u/1.1206": False,  # two priorities
+    }
+    fast = _land_steps(root, fresh)
+    slow_root = planned()
+    todo = [slow_root]
+    while todo:  # the same tree, every node looked at child by child
+        node = todo.pop()
+        node.uniform = False
+        todo.extend(node.children)
+    assert fast == _land_steps(slow_root, fresh)
+    assert sum(len(s) for s in fast) > 10
+
+
 def _cyclic_nodes(call: Any) -> list[Any]:
     """The planned nodes (flows._Node) that only the cyclic collector would free after
     ``call``, run with the collector off."""
