@@ -70,11 +70,24 @@ def encode_checked(serializer: Any, value: Any, limit: int) -> bytes:
     except InvalidPayload:
         raise
     except Exception as exc:
-        raise InvalidPayload(f"value cannot be serialised: {type(exc).__name__}: {exc}") from None
-    if isinstance(data, str):
-        data = data.encode()
-    if not isinstance(data, bytes):
-        raise InvalidPayload(f"serializer returned {type(data).__name__}, not bytes")
+        raise unserialisable(exc) from None
+    if type(data) is not bytes:
+        data = as_bytes(data)
     if len(data) > limit:
         raise InvalidPayload(f"serialised value is {len(data)} bytes; the limit is {limit}")
+    return data
+
+
+def unserialisable(exc: Exception) -> InvalidPayload:
+    """The error for a value the serializer raised ``exc`` on."""
+    return InvalidPayload(f"value cannot be serialised: {type(exc).__name__}: {exc}")
+
+
+def as_bytes(data: Any) -> bytes:
+    """A serializer's output as bytes: a str encoded, bytes as they are (a subclass too), anything
+    else :class:`InvalidPayload`."""
+    if isinstance(data, str):
+        return data.encode()
+    if not isinstance(data, bytes):
+        raise InvalidPayload(f"serializer returned {type(data).__name__}, not bytes")
     return data

@@ -87,7 +87,7 @@ class _Base:
             self.encode(payload),
             children,
             default_attempts=check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS),
-            dumps=self.encode,
+            dumps=self.serializer.dumps,  # plan() checks what it returns, as encode() does
             max_payload=self.max_payload_bytes,
             gen=gen,
             max_running=max_running,

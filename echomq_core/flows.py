@@ -39,9 +39,9 @@ from fractions import Fraction
 from typing import Any
 
 from .calls import Call, Lenient, Op, scored
-from .checks import MAX_ATTEMPTS, check_int, timeout_ms
+from .checks import MAX_ATTEMPTS, as_bytes, check_int, timeout_ms, unserialisable
 from .checks import text as _s
-from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput
+from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput, InvalidPayload
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue, child_stem
 from .models import (
     FAIL_PARENT,
@@ -146,8 +146,10 @@ def plan(
     a node reached twice, a child that neither fails its parent nor is ignored, a policy flag
     that is not a bool, a tree deeper than :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
     ``min_success``, of the root or of a ``Child``; see :func:`allowance`; a bad
-    ``max_running`` or ``priority``) and the keyspace errors for bad queues and ids - all before
-    anything is sent.
+    ``max_running`` or ``priority``), :class:`~echomq_core.errors.InvalidPayload` (a payload
+    ``dumps`` raises on, returns neither bytes nor str for, or makes longer than
+    ``max_payload``) and the keyspace errors for bad queues and ids - all before anything is
+    sent.
     """
     check_queue(queue)
     check_job_id(parent_id)
@@ -198,17 +200,17 @@ def plan(
             child_queue = parent.queue if spec.queue is None else spec.queue
             if child_queue not in good_queues:
                 good_queues.add(check_queue(child_queue))
-            if spec.id is None:
+            if spec.id is None:  # unique among derived ids (a path): see _check_unique()
                 child_id = f"{stem}{index}"
                 if len(child_id) > MAX_ID_LENGTH:
                     check_job_id(child_id)  # raises InvalidJobId, naming the id
             else:
                 child_id = check_job_id(spec.id)
-            if child_id == parent.id:
-                raise InvalidFlow(f"child {index} of {path} has its parent's id {child_id!r}")
-            if child_id in seen_ids:
-                raise InvalidFlow(f"duplicate job id {child_id!r} in flow {parent_id!r}")
-            seen_ids.add(child_id)
+                if child_id == parent.id:
+                    raise InvalidFlow(f"child {index} of {path} has its parent's id {child_id!r}")
+                if child_id in seen_ids:
+                    raise InvalidFlow(f"duplicate job id {child_id!r} in flow {parent_id!r}")
+                seen_ids.add(child_id)
             attempts = spec.max_attempts
             if attempts is None:
                 attempts = default_attempts
@@ -222,10 +224,15 @@ def plan(
                 if spec.timeout is None
                 else timeout_ms(f"child {child_id} timeout", spec.timeout)
             )
-            body = dumps(spec.payload)
+            try:
+                body = dumps(spec.payload)
+            except InvalidPayload:
+                raise
+            except Exception as exc:
+                raise unserialisable(exc) from None
+            if type(body) is not bytes:
+                body = as_bytes(body)
             if len(body) > max_payload:
-                from .errors import InvalidPayload
-
                 raise InvalidPayload(
                     f"payload of {child_id} is {len(body)} bytes; the limit is {max_payload}"
                 )
@@ -269,12 +276,28 @@ def plan(
         # build() is recursive: its closure holds itself, a cycle that would keep the whole
         # tree (through root, in the same closure) for the cyclic collector; see unlink()
         del build
+    if len(seen_ids) > 1:  # ids given: a derived id may be one of them
+        _check_unique(root, parent_id)
     for node in capped:
         node.shares = split_cap(node)
     root.allow = allowance(f"flow {parent_id}", min_success, len(root.children))
     if root.allow is not None:
         root.need = requirement(min_success)
     return root
+
+
+def _check_unique(root: _Node, flow_id: str) -> None:
+    """:class:`InvalidFlow` naming the first id (in the order plan() meets them) that a node of
+    the tree shares with one before it. Derived ids alone cannot collide (each is a path of
+    indexes below the root), so plan() checks them in this walk only when ids were given."""
+    seen: set[str] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node.id in seen:
+            raise InvalidFlow(f"duplicate job id {node.id!r} in flow {flow_id!r}")
+        seen.add(node.id)
+        todo.extend(reversed(node.children))
 
 
 def unlink(roots: Sequence[_Node]) -> None:

@@ -17,6 +17,7 @@ from echomq_core import (
     FlowConflict,
     InvalidFlow,
     InvalidJobId,
+    InvalidPayload,
     InvalidQueueName,
     Job,
     Pump,
@@ -442,6 +443,60 @@ def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool) -> N
         todo.extend(node.children)
     assert fast == _land_steps(slow_root, fresh)
     assert sum(len(s) for s in fast) > 10
+
+
+@pytest.mark.parametrize(
+    ("children", "gen", "taken"),
+    [
+        ([Child(1, id="JOB-r.1"), Child(2)], "", "JOB-r.1"),  # a later derived id
+        ([Child(1, children=[Child(2)]), Child(3, id="JOB-r.0.0")], "", "JOB-r.0.0"),
+        # a replaced flow's children derive <root>.g<n>.<i>: a node named <root>.g<n> derives
+        # the same ids below it
+        ([Child(1), Child(2, id="JOB-r.g1", children=[Child(3)])], "1", "JOB-r.g1.0"),
+        ([Child(1, id="JOB-r.g1.1"), Child(2)], "1", "JOB-r.g1.1"),
+    ],
+)
+def test_a_derived_id_that_a_named_node_takes_is_refused(
+    children: list[Child], gen: str, taken: str
+) -> None:
+    """plan() checks derived ids (unique among themselves: paths of indexes) against the ids
+    given, wherever they are in the tree, and names the id."""
+    with pytest.raises(InvalidFlow, match=f"duplicate job id '{taken}' in flow 'JOB-r'"):
+        flow_ops.plan(
+            "p", "JOB-r", b"1", children, default_attempts=1, dumps=repr, max_payload=99, gen=gen
+        )
+
+
+def test_a_payload_the_serializer_cannot_write_is_refused_naming_the_child(
+    backend: Backend, mq: EchoMQ, prefix: str
+) -> None:
+    """plan() calls the serializer itself and checks what it gives, as encode() does."""
+    with pytest.raises(InvalidPayload, match="not JSON-serialisable"):
+        mq.add_flow("p", [Child(1), Child(object())], parent_id="JOB-bad/1")
+    with pytest.raises(InvalidPayload, match=r"payload of JOB-bad/2\.1 is 600002 bytes"):
+        mq.add_flow("p", [Child(1), Child("x" * 600_000)], parent_id="JOB-bad/2")
+    bytes_out = EchoMQ(
+        backend.url, cluster=backend.cluster, prefix=prefix, serializer=_Raw(), max_payload_bytes=99
+    )
+    try:
+        bytes_out.add_flow("p", [Child("ab"), Child(b"cd")], payload=b"", parent_id="JOB-ok/3")
+        with pytest.raises(InvalidPayload, match="serializer returned int, not bytes"):
+            bytes_out.add_flow("p", [Child("ab"), Child(5)], payload=b"", parent_id="JOB-bad/4")
+    finally:
+        bytes_out.close()
+    assert mq.snapshot("p", "JOB-ok/3").total == 2
+    for n in (1, 2, 4):
+        assert mq.snapshot("p", f"JOB-bad/{n}").parent_state is None  # nothing written
+
+
+class _Raw:
+    """A serializer that passes str and bytes through (and anything else too)."""
+
+    def dumps(self, value: Any) -> Any:
+        return value
+
+    def loads(self, data: bytes) -> Any:
+        return data
 
 
 def _cyclic_nodes(call: Any) -> list[Any]:

@@ -455,6 +455,12 @@ def test_malformed_flows(stage: Stage) -> None:
             InvalidFlow,
         ),
         ("explicit id = derived id", [Child(1), Child(2, id="JOB-shape.0")], InvalidFlow),
+        ("explicit id = a later derived id", [Child(1, id="JOB-shape.1"), Child(2)], InvalidFlow),
+        (
+            "explicit id = a derived grandchild's",
+            [Child(1, children=[Child(2)]), Child(3, id="JOB-shape.0.0")],
+            InvalidFlow,
+        ),
         ("child with the parent's id", [Child(1, id="JOB-shape")], InvalidFlow),
         ("same Child twice", [twice, Child(2, children=[twice])], InvalidFlow),
         ("self cycle", [selfish], InvalidFlow),
