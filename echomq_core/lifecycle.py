@@ -85,18 +85,19 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
     if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
         return result
 
-    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> list[_Visit]:
         _, total, cq, explicit, _before, gen = info
         kids = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
-        return {
-            q: (
+        return [
+            (
+                q,
                 "cancel_children",
                 [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)],
                 [],
                 ids,
             )
             for q, ids in kids.items()
-        }
+        ]
 
     result.children, visited = yield from _walk(
         ks,
@@ -161,11 +162,11 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     if parks:
         yield parks
 
-    def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> list[_Visit]:
         _, n, queues, ids, _before, generation = node_info
         kids = child_candidates(node, int(n), _s(queues), ids, _s(generation))
         fixed = {q: [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node)] for q in kids}
-        return {q: ("cancel_children", fixed[q], [], part) for q, part in kids.items()}
+        return [(q, "cancel_children", fixed[q], [], part) for q, part in kids.items()]
 
     cancelled, _ = yield from _walk(
         ks,
@@ -215,13 +216,14 @@ def _park_calls(
 
 #: How a walk visits one child queue of a node: (script, fixed keys, argv after the node id,
 #: candidate child ids); the script gets the candidates' rows after the fixed keys.
-_Visit = tuple[str, list[str], list[Any], list[str]]
+#: (child queue, script, its fixed keys, its arguments before the ids, the child ids)
+_Visit = tuple[str, str, list[str], list[Any], list[str]]
 
 
 def _walk(
     ks: Keyspace,
     nodes: list[tuple[str, str, Sequence[Any]]],
-    children_of: Callable[[str, str, Sequence[Any]], dict[str, _Visit]],
+    children_of: Callable[[str, str, Sequence[Any]], list[_Visit]],
     node_call: Callable[[str, str, str], Call],
     go_below: Callable[[Sequence[Any]], bool],
     on_node: Callable[[str, str, Sequence[Any]], None] = lambda q, i, info: None,
@@ -238,7 +240,7 @@ def _walk(
         calls, asked = [], []
         for node_queue, node_id, info in nodes:
             visits = children_of(node_queue, node_id, info)
-            for child_queue, (script, fixed, extra, ids) in visits.items():
+            for child_queue, script, fixed, extra, ids in visits:
                 base = ks.job_prefix(child_queue)
                 for part in chunks(ids):
                     keys = [*fixed, *(base + i for i in part)]
@@ -296,16 +298,24 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         ]
         done.append(Call.lua("repair_done", keys, [node_id]))
 
-    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> dict[str, _Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> list[_Visit]:
         _, total, cq, explicit, listed, rerun, _n, gen = info
-        listed_ids = [_s(i) for i in listed]
+        listed_ids = {_s(i) for i in listed}
         everything = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
-        visits: dict[str, _Visit] = {}
+        visits: list[_Visit] = []
         for q, candidates in everything.items():
-            ids = candidates if _s(rerun) else listed_ids
-            if ids:
-                fixed = [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)]
-                visits[q] = ("requeue", fixed, [_s(rerun)], ids)
+            fixed = [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)]
+            # the deaths the parent recorded (moved to :repair, their epochs raised) run again;
+            # with a rerun (a cancelled or tipped node) so do the cancelled children - but not
+            # a child that died without its death recorded yet: its report is on its way and
+            # is counted when it arrives, as for any child that ended before the repair (run
+            # again, it would be counted twice)
+            if listed_ids:
+                visits.append((q, "requeue", fixed, ["1"], sorted(listed_ids)))
+            if _s(rerun):
+                cancelled = [i for i in candidates if i not in listed_ids]
+                if cancelled:
+                    visits.append((q, "requeue", fixed, ["c"], cancelled))
         return visits
 
     result.requeued, visited = yield from _walk(

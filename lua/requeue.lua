@@ -10,9 +10,12 @@
 --             (includes/gate.lua; absent keys when the node has no cap)
 -- KEYS[17+j]  the row of candidate child j (ARGV[2+j])
 -- ARGV[1] parent  the repaired node's id
--- ARGV[2] rerun   '1': also re-run children that were cancelled (a repaired cancelled flow)
--- then the candidate child ids (the node's :repair entries, and with `rerun` its derived and
--- explicit ids; one without a row here, or with another parent, is skipped)
+-- ARGV[2] which   '': re-run dead children; '1': dead and cancelled ones; 'c': cancelled ones
+--         only (the host names its :repair entries with '1', and for a repaired cancelled or
+--         tipped node the rest of its derived and explicit ids with 'c': a dead child that is not
+--         in :repair died without its report recorded yet - the report is on its way and counts
+--         when it arrives, so running it again would count it twice)
+-- then the candidate child ids (one without a row here, or with another parent, is skipped)
 --
 -- Steps: a dead child (or, with rerun, a cancelled one) of `parent` gets fresh attempts
 -- (attempts and stalls 0, its state and error cleared), leaves the morgue and becomes
@@ -42,7 +45,7 @@ for j = 1, n do
       if r[3] == 'failed' or r[3] == 'cancelled' or r[3] == 'held' then
         inner[#inner + 1] = id
       end
-    elseif r[3] == 'dead' or (r[3] == 'cancelled' and ARGV[2] == '1') then
+    elseif (r[3] == 'dead' and ARGV[2] ~= 'c') or (r[3] == 'cancelled' and ARGV[2] ~= '') then
       local packed = run(r[6], 0, 0)  -- the claim's copy (includes/run.lua), if the row has one
       if packed then
         redis.call('HSET', row, 'attempts', 0, 'stalls', 0, 'run', packed)

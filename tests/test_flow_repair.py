@@ -418,3 +418,60 @@ def test_async_cancel_and_retry(backend: Backend, prefix: str) -> None:
     assert asyncio.run(scenario()) == ["cancelled", "held", "3"]
     work_off(mq, [parents, work])
     mq.close()
+
+
+@pytest.mark.parametrize("how", ["tipped", "cancelled"])
+def test_a_death_on_its_way_at_the_repair_is_counted_once(
+    backend: Backend, prefix: str, how: str
+) -> None:
+    """A repaired tipped or cancelled flow runs its cancelled children again, and the deaths it
+    recorded; a child in another queue that died before the repair, whose report was still in
+    that queue's outbox, is not run again: its report counts when the Pump delivers it (run
+    again, its death and its new result were both counted - the model test found it: the
+    counter went one below what was left to run)."""
+    mq = backend.client(prefix)
+    parents, other = backend.queues_on_distinct_nodes(2, "rq")
+    kids = [
+        Child(0, queue=parents, max_attempts=1),
+        Child(1, queue=other, max_attempts=1),
+        Child(2, queue=parents, max_attempts=1),
+        Child(3, queue=other, max_attempts=1, ignore_dependency_on_failure=True),
+        Child(4, queue=other, max_attempts=1),
+    ]
+    pid = "JOB-rq/1"
+    mq.add_flow(parents, kids, parent_id=pid, min_success=4 if how == "tipped" else None)
+    pump = Pump(mq, [parents, other], page=10_000, sweep_every=None)
+    qp, qo = mq.queue(parents), mq.queue(other)
+    # 1 and 3 die in the other queue: their reports wait in its outbox (no Pump tick yet)
+    dying = qo.claim(2)
+    assert sorted(j.id for j in dying) == [f"{pid}.1", f"{pid}.3"]
+    assert qo.fail_many([(j, f"err {j.id}", False) for j in dying]) == [2, 2]
+    if how == "tipped":  # 0 and 2 die in the parent's queue: the second one tips the flow
+        assert qp.fail_many([(j, f"err {j.id}", False) for j in qp.claim(2)]) == [2, 2]
+        assert mq.snapshot(parents, pid).parent_state == "failed"
+    else:
+        mq.cancel_flow(parents, pid, reason="stop")
+    repaired = mq.retry_flow(parents, pid)
+    # tipped: 0 and 2 (recorded deaths) and 4 (cancelled by the tip's follow-up); cancelled: 0,
+    # 2 and 4 (cancelled). Never 1 or 3.
+    assert repaired.requeued == 3, repaired
+    pump.tick()  # the reports of 1 (fail-parent) and 3 (ignored) arrive
+    assert mq.failed_children(parents, pid) == {f"{pid}.1": f"err {pid}.1"}
+    assert mq.ignored_failures(parents, pid) == {f"{pid}.3": f"err {pid}.3"}
+    snap = mq.snapshot(parents, pid)
+    if how == "cancelled":  # no threshold: 1's death fails the repaired flow again
+        assert snap.parent_state == "failed"
+        return
+    # 1's death tolerated (1 of 5 may die); 0, 2 and 4 run again
+    assert (snap.parent_state, snap.failed, snap.ignored, snap.dependencies) == (
+        "held", 1, 1, 3
+    ), snap
+    again = [*qp.claim(10), *qo.claim(10)]
+    assert sorted(j.id for j in again) == [f"{pid}.0", f"{pid}.2", f"{pid}.4"]
+    for j in again:
+        mq.queue(j.queue).complete(j, j.payload)
+    pump.tick()
+    snap = mq.snapshot(parents, pid)
+    assert (snap.parent_state, snap.processed, snap.dependencies) == ("pending", 3, 0), snap
+    assert mq.children_values(parents, pid) == {f"{pid}.{i}": i for i in (0, 2, 4)}
+    mq.close()
