@@ -214,9 +214,9 @@ def _park_calls(
     return calls
 
 
-#: How a walk visits one child queue of a node: (script, fixed keys, argv after the node id,
-#: candidate child ids); the script gets the candidates' rows after the fixed keys.
-#: (child queue, script, its fixed keys, its arguments before the ids, the child ids)
+#: How a walk visits one child queue of a node: (child queue, script, fixed keys, argv after
+#: the node id, candidate child ids); the script gets the candidates' rows after the fixed keys.
+#: A node may visit one queue more than once (a repair: its recorded deaths, then the rest).
 _Visit = tuple[str, str, list[str], list[Any], list[str]]
 
 
