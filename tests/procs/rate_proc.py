@@ -1,7 +1,10 @@
 """A real worker process for the rate-limit tests: ``python rate_proc.py URL CLUSTER PREFIX
 QUEUE``. Its handler records each job's claim time on the server's clock (the job's lease
-deadline in ``active`` less the 60 s lease) in the list ``<PREFIX>:test:claimed``, and this
-process's pid in the set ``<PREFIX>:test:pids``. Stops on SIGTERM/SIGINT like any worker."""
+deadline in ``active`` less the 600 s lease) in the list ``<PREFIX>:test:claimed``, and this
+process's pid in the set ``<PREFIX>:test:pids``. Stops on SIGTERM/SIGINT like any worker.
+Nothing extends a lease before its handler reads it: no heartbeat falls within a test (every
+lease / 3), and the worker's lease check of jobs that waited in its buffer is switched off
+(it would re-stamp their deadlines: tests/test_rate_limit.py, ``unextended``)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import sys
 from echomq_core import EchoMQ, Job, Worker
 from echomq_core.connection import Call
 
-LEASE = 60.0
+LEASE = 600.0
 
 
 def main() -> None:
@@ -31,6 +34,7 @@ def main() -> None:
         return at
 
     worker = Worker(mq, {queue: handle}, concurrency=4, lease=LEASE, pump=False)
+    worker.recheck = float("inf")
     print("ready", flush=True)
     worker.run()
 
