@@ -449,7 +449,7 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "
             fingerprint(node),
             "" if node.timeout_ms is None else node.timeout_ms,
             "1" if barrier else "",
-            " ".join(sorted({c.queue for c in node.children[:1 if node.uniform else None]})),
+            " ".join(sorted({c.queue for c in node.children[: 1 if node.uniform else None]})),
             node.gen,
             "" if node.allow is None else f"{node.allow} {node.need}",
             "" if node.cap is None else node.cap,
@@ -639,7 +639,11 @@ def add_flow(
                 keys = [*fixed, *[rows + n.id for n in part], *gate]
                 calls.append(Call.lua("land", keys, argv))
                 owners.append(up)
+        calls, owners, rest, rest_owners = _first_landings(calls, owners, len(registry))
         replies = yield calls
+        if rest:  # the first land call of each queue is claimable already
+            replies = [*replies, *(yield rest)]
+            owners += rest_owners
         registered, replies = replies[: len(registry)], replies[len(registry) :]
         if not any(isinstance(r, Exception) for r in registered):
             registry = []  # else it rides again with the next step (SADD is idempotent)
@@ -651,6 +655,40 @@ def add_flow(
         # rest never touched): raise, so the caller's retry, which converges, registers again
         yield registry
     return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
+
+
+#: A depth with more land calls than one per queue plus this many lands in two steps (below).
+EARLY_AFTER = 3
+
+
+def _first_landings(
+    calls: Lenient, owners: list[_Node], skip: int
+) -> tuple[Lenient, list[_Node], Lenient, list[_Node]]:
+    """Split one depth's step so its first children are claimable before the rest is formed
+    and sent: the step's first ``skip`` calls (the registry), its holds and the first land
+    call of each queue, then - in a second step, when it holds more than
+    :data:`EARLY_AFTER` calls - every other land call, in order (so each queue's calls keep
+    theirs). A 1,000,000-child depth is 2,000 land calls: forming and packing them takes the
+    client about a second, which the workers can now spend on the first 500 children of each
+    queue. One round trip more; a small depth stays one step. ``owners`` follows the calls
+    after ``skip``. Returns the first step, its owners, the second step, its owners."""
+    first, rest = Lenient(calls[:skip]), Lenient()
+    first_owners: list[_Node] = []
+    rest_owners: list[_Node] = []
+    seen: set[str] = set()  # the queues with a land call in the first step
+    for call, owner in zip(calls[skip:], owners, strict=True):
+        if call.script is not None and call.script.name == "land":
+            queue = call.args[3]  # the first of its queue's keys
+            if queue in seen:
+                rest.append(call)
+                rest_owners.append(owner)
+                continue
+            seen.add(queue)
+        first.append(call)
+        first_owners.append(owner)
+    if len(rest) <= EARLY_AFTER:
+        return calls, owners, Lenient(), []
+    return first, first_owners, rest, rest_owners
 
 
 def _derived(part: Sequence[_Node]) -> tuple[str, int] | None:
@@ -856,7 +894,14 @@ def list_flows(
     for _, pid, _ in found:
         calls.append(
             Call.cmd(
-                "HMGET", ks.job(queue, pid), "state", "total", "created", "error", "cap", "allow",
+                "HMGET",
+                ks.job(queue, pid),
+                "state",
+                "total",
+                "created",
+                "error",
+                "cap",
+                "allow",
                 "tolerated",
             )
         )

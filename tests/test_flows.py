@@ -24,7 +24,7 @@ from echomq_core import (
     Worker,
 )
 from echomq_core import flows as flow_ops
-from echomq_core.ops import GC_PAUSE_AT, gc_paused
+from echomq_core.ops import CHUNK, GC_PAUSE_AT, gc_paused
 
 from .conftest import Backend
 from .flowkit import keys_of, run_steps, work_off
@@ -325,6 +325,43 @@ def test_add_costs_two_round_trips(backend: Backend, prefix: str) -> None:
     mq.add_flow("p", [Child(i, queue="c" if i % 2 else "p") for i in range(1000)])
     assert len(calls) == 2, calls  # hold, then every landing (+ registry) in one pipeline
     assert calls == [1, 3]  # the registry, then 500 children per script call, per queue
+    mq.close()
+
+
+def test_a_big_depth_lands_the_first_call_of_each_queue_first(
+    backend: Backend, prefix: str
+) -> None:
+    """A depth with more land calls than one per queue plus EARLY_AFTER lands in two steps:
+    the first land call of each queue (with the holds and the registry), then the rest in
+    order, so the first children are claimable before the rest is formed and sent. Claims
+    still follow the given order in every queue, and a depth just at the bound stays one
+    step."""
+    mq = backend.client(prefix)
+    steps: list[list[tuple[str, int]]] = []
+    execute = mq.connection.execute
+
+    def recording(step):  # type: ignore[no-untyped-def]
+        steps.append([(c.script.name if c.script else c.args[0], len(c.args)) for c in step])
+        return execute(step)
+
+    mq.shards("p"), mq.shards("c"), mq.shards("d")
+    mq.connection.execute = recording  # type: ignore[method-assign]
+    per = CHUNK * (flow_ops.EARLY_AFTER + 2) + 7  # 6 calls in "c": 1 first, 5 after
+    kids = [Child(i, queue="c") for i in range(per)] + [Child(-i, queue="d") for i in range(3)]
+    ref = mq.add_flow("p", kids, parent_id="JOB-af/dag/run/early")
+    names = [[name for name, _ in step] for step in steps]
+    assert names == [["hold"], ["SADD", "land", "land"], ["land"] * 5], names
+    small = [Child(i, queue="c") for i in range(CHUNK * (flow_ops.EARLY_AFTER + 1))]
+    steps.clear()
+    mq.add_flow("p", small, parent_id="JOB-af/dag/run/small")
+    assert [[name for name, _ in step] for step in steps] == [["hold"], ["land"] * 4]
+    mq.connection.execute = execute  # type: ignore[method-assign]
+    got = []
+    while jobs := mq.queue("c").claim(CHUNK):
+        got += [j.payload for j in jobs if j.parent and j.parent.id == ref.parent_id]
+    assert got == list(range(per))
+    assert [j.payload for j in mq.queue("d").claim(10)] == [0, -1, -2]
+    assert mq.dependencies("p", ref.parent_id) == per + 3
     mq.close()
 
 
@@ -635,10 +672,7 @@ def test_child_queues_names_the_direct_children_queues(mq: EchoMQ) -> None:
     assert mq.child_queues(ref.queue, "JOB-no-such-flow") == []
 
 
-
-def test_every_push_to_an_outbox_sets_the_pumps_wake_up_hint(
-    backend: Backend, prefix: str
-) -> None:
+def test_every_push_to_an_outbox_sets_the_pumps_wake_up_hint(backend: Backend, prefix: str) -> None:
     """complete, fail and recover (cross-queue children), deliver (a failed nested parent
     signalling upward) and replay_poison each set ``flow:outbox:wake`` with the signals they
     push (the idle Pump's BZPOPMIN pops it)."""
