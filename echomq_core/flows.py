@@ -82,6 +82,9 @@ class _Node:
     # its children are all leaves with derived ids, of one queue, with the same options: one
     # run of land calls, which add_flow() forms without looking at each child
     uniform: bool = False
+    # a uniform node whose children's queue is sharded: its children by shard, each in their
+    # order (sharding.place), one run of land calls per shard
+    spread: dict[str, list[_Node]] | None = None
 
 
 def new_parent_id() -> str:
@@ -308,7 +311,7 @@ def unlink(roots: Sequence[_Node]) -> None:
     todo = list(roots)
     while todo:
         node = todo.pop()
-        node.parent = None
+        node.parent = node.spread = None
         if node.children:
             todo.extend(node.children)
 
@@ -385,8 +388,8 @@ def queues_of(root: _Node) -> set[str]:
     while todo:
         node = todo.pop()
         out.add(node.queue)
-        if node.uniform:  # leaves of one queue
-            out.add(node.children[0].queue)
+        if node.uniform:  # leaves of one queue (of its shards, when spread)
+            out.update(node.spread or (node.children[0].queue,))
         else:
             todo.extend(node.children)
     return out
@@ -449,7 +452,11 @@ def _hold_call(ks: Keyspace, node: _Node, barrier: bool = False, digest: str = "
             fingerprint(node),
             "" if node.timeout_ms is None else node.timeout_ms,
             "1" if barrier else "",
-            " ".join(sorted({c.queue for c in node.children[: 1 if node.uniform else None]})),
+            " ".join(
+                sorted(
+                    node.spread or {c.queue for c in node.children[: 1 if node.uniform else None]}
+                )
+            ),
             node.gen,
             "" if node.allow is None else f"{node.allow} {node.need}",
             "" if node.cap is None else node.cap,
@@ -584,20 +591,21 @@ def add_flow(
         runs: list[tuple[tuple[str, str, str, str, int, int | None, int], list[_Node]]] = []
         last: dict[str, int] = {}  # queue -> its current run
         for top in parents:
-            if top.uniform:  # the run the loop below would form, without a look at each child
+            if top.uniform:  # the runs the loop below would form, without a look at each child
                 one = top.children[0]
                 check = "0" if top.id in fresh else "1"
-                last[one.queue] = len(runs)
-                key = (
-                    one.queue,
-                    check,
-                    top.id,
-                    one.policy,
-                    one.max_attempts,
-                    one.timeout_ms,
-                    one.priority,
-                )
-                runs.append((key, list(top.children)))
+                for queue, kids in (top.spread or {one.queue: list(top.children)}).items():
+                    last[queue] = len(runs)
+                    key = (
+                        queue,
+                        check,
+                        top.id,
+                        one.policy,
+                        one.max_attempts,
+                        one.timeout_ms,
+                        one.priority,
+                    )
+                    runs.append((key, kids))
                 continue
             for node in top.children:
                 if node.children:

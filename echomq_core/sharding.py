@@ -276,10 +276,29 @@ def place(root: Any, shards: Mapping[str, Shards]) -> bool:
         names = sharded.get(node.queue)
         if names is not None:
             node.queue = shard_of(names, node.id)
-        node.uniform = False  # its children may now be in several shards (flows._Node)
         if node.shares is not None:
             capped.append(node)
+        if node.uniform:  # leaves of one queue below: placed here, without the stack
+            names = sharded.get(node.children[0].queue)
+            if names is not None:
+                node.spread = _spread(node.children, names)
+            continue
         todo.extend(node.children)
     for node in capped:
         node.shares = split_cap(node)
     return True
+
+
+def _spread(children: Sequence[Any], names: Shards) -> dict[str, list[Any]]:
+    """Place the leaf ``children`` of one queue on its shards (:func:`shard_of`): each child's
+    queue set to its shard's, and the children of each shard in their order, the shards in the
+    order of their first child (the land runs flows.add_flow forms, one per shard)."""
+    out: dict[str, list[Any]] = {}
+    k, crc = len(names), zlib.crc32
+    for child in children:
+        queue = child.queue = names[crc(child.id.encode()) % k]
+        kids = out.get(queue)
+        if kids is None:
+            kids = out[queue] = []
+        kids.append(child)
+    return out

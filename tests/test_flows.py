@@ -22,6 +22,7 @@ from echomq_core import (
     Job,
     Pump,
     Worker,
+    sharding,
 )
 from echomq_core import flows as flow_ops
 from echomq_core.ops import CHUNK, GC_PAUSE_AT, gc_paused
@@ -435,11 +436,15 @@ def _land_steps(root: Any, fresh: bool) -> list[list[Any]]:
         return steps
 
 
+@pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("fresh", [True, False])
-def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool) -> None:
+def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool, sharded: bool) -> None:
     """A parent whose children are derived leaves of one queue with the same options is marked
     uniform by plan(), and add_flow() forms its run of land calls without looking at each
-    child: the calls are the same as the per-child grouping's, in every mix of options."""
+    child: the calls are the same as the per-child grouping's, in every mix of options. With
+    the children's queue sharded, sharding.place() spreads a uniform parent's children over
+    the shards in one pass, and add_flow() forms one run per shard from that."""
+    shards = {"c": ("c", "c+s1.7", "c+s2.9"), "d": ("d", "d+s1.3")} if sharded else {}
 
     def tree() -> list[Child]:
         return [
@@ -460,6 +465,7 @@ def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool) -> N
         )  # fmt: skip
 
     root = planned()
+    sharding.place(root, shards)
     assert not root.uniform  # a sub-flow among its children
     marked = {n.id: n.uniform for n in flow_ops._explicit(root) + root.children if n.children}
     assert marked == {
@@ -471,6 +477,8 @@ def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool) -> N
         "JOB-u/1.1205": False,  # two policies
         "JOB-u/1.1206": False,  # two priorities
     }
+    spread = {n.id: sorted(n.spread) for n in root.children if n.spread}
+    assert spread == ({"JOB-u/1.1200": ["d", "d+s1.3"]} if sharded else {})
     fast = _land_steps(root, fresh)
     slow_root = planned()
     todo = [slow_root]
@@ -478,8 +486,13 @@ def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool) -> N
         node = todo.pop()
         node.uniform = False
         todo.extend(node.children)
+    sharding.place(slow_root, shards)  # each child placed on its own
     assert fast == _land_steps(slow_root, fresh)
     assert sum(len(s) for s in fast) > 10
+    if sharded:  # the sub-flow's uniform children land in a run per shard of "d"
+        lands = [args for step in fast for args, name in step if name == "land"]
+        firsts = {args[3] for args in lands if "JOB-u/1.1200" in args}
+        assert len(firsts) == 2, firsts
 
 
 @pytest.mark.parametrize(
