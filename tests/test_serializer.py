@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from echomq_core.errors import InvalidPayload
 from echomq_core.models import JsonSerializer
 
+from .test_hostile_input import _deep
+
 SER = JsonSerializer()
 
 JSON = st.recursive(
@@ -73,13 +75,6 @@ def _contains_itself() -> list[Any]:
     loop: list[Any] = []
     loop.append({"again": loop})
     return loop
-
-
-def _deep(levels: int) -> Any:
-    value: Any = 0
-    for _ in range(levels):
-        value = [value]
-    return value
 
 
 @pytest.mark.parametrize(
