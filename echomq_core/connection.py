@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import collector, errors
@@ -110,6 +111,36 @@ class _Packer:
             except TypeError:
                 pass  # a bytearray or memoryview (or a bad value: redis-py raises DataError)
         return self._slow.pack(*args)  # type: ignore[no-any-return]
+
+
+def pack_commands(conn: Any, commands: Sequence[Sequence[Any]]) -> list[bytes]:
+    """``conn.pack_commands(commands)`` with the process's :class:`_Packer`: a Cluster node's
+    connection packs in Python otherwise (RedisCluster takes no ``command_packer``), argument
+    by argument - about 0.7 s of a 1,000,000-child add's land calls in an Airflow task on a
+    3-master Cluster. Small commands are joined into buffers of about 6,000 bytes, as redis-py
+    does, so a step of many small calls is not one send per call."""
+    packer = _packer()
+    if packer is None:  # pragma: no cover - hiredis is optional
+        return conn.pack_commands(commands)  # type: ignore[no-any-return]
+    out: list[bytes] = []
+    pieces: list[bytes] = []
+    size = 0
+    for args in commands:
+        for chunk in packer.pack(*args):
+            if len(chunk) > 6000:
+                if pieces:
+                    out.append(b"".join(pieces))
+                    pieces, size = [], 0
+                out.append(chunk)
+                continue
+            pieces.append(chunk)
+            size += len(chunk)
+            if size > 6000:
+                out.append(b"".join(pieces))
+                pieces, size = [], 0
+    if pieces:
+        out.append(b"".join(pieces))
+    return out
 
 
 #: The fast-packing subclass of each asyncio connection class (:func:`_fast_packing`).

@@ -39,6 +39,7 @@ from redis.exceptions import MovedError, RedisClusterException, RedisError, Resp
 from . import errors
 from .calls import Call, Durable, Lenient, Op
 from .cluster import REFRESH_EVERY, Batch, Step
+from .connection import pack_commands
 from .replies import REPLY_ERRORS, TRANSPORT_ERRORS, finish, is_noscript
 from .scripts import Script
 from .targets import MIGRATION_WAIT
@@ -277,7 +278,7 @@ class Connection(_Driver):
                     continue
                 opened.append((batch, node_client, conn))
                 try:
-                    conn.send_packed_command(conn.pack_commands(batch.wire))  # type: ignore[no-untyped-call]
+                    conn.send_packed_command(pack_commands(conn, batch.wire))  # type: ignore[no-untyped-call]
                 except TRANSPORT_ERRORS as exc:  # part of it may have gone out
                     opened.pop()
                     conn.disconnect()  # type: ignore[no-untyped-call]
