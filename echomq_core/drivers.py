@@ -443,7 +443,7 @@ class AsyncConnection(_Driver):
             if not conn.is_connected:
                 await conn.connect()
             written = True
-            await conn.send_packed_command(conn.pack_commands(batch.wire))
+            await conn.send_packed_command(pack_commands(conn, batch.wire))
             for name in batch.names:
                 try:
                     replies.append(await node.parse_response(conn, name))
