@@ -53,7 +53,7 @@ from .models import (
     FlowSummary,
     Serializer,
 )
-from .ops import chunks, register
+from .ops import CHUNK, chunks, register
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
 MAX_DEPTH = 100
@@ -588,7 +588,7 @@ def add_flow(
         # consecutive leaves of one queue that share their parent and options share a land
         # call; calls of one queue keep the given order, so children are claimable in the
         # order given whatever their options (a run breaks where the options change)
-        runs: list[tuple[tuple[str, str, str, str, int, int | None, int], list[_Node]]] = []
+        runs: list[tuple[_RunKey, list[_Node]]] = []
         last: dict[str, int] = {}  # queue -> its current run
         for top in parents:
             if top.uniform:  # the runs the loop below would form, without a look at each child
@@ -625,33 +625,14 @@ def add_flow(
                     last[node.queue] = at = len(runs)
                     runs.append((key, []))
                 runs[at][1].append(node)
-        for (queue, check, _, policy, attempts, limit, priority), nodes in runs:
-            up = nodes[0].parent
-            assert up is not None
-            fixed = ks.queue_keys(queue)
-            rows = ks.job_prefix(queue)  # ids were checked by plan()
-            up_queue = up.queue if up.queue != queue else ""
-            share = up.shares.get(queue) if up.shares else None
-            gate = [] if share is None else ks.gate_keys(queue, up.queue, up.id)
-            for part in chunks(nodes):
-                argv: list[Any] = [check, up.id, up_queue, policy, attempts]
-                argv += ["" if limit is None else limit, priority, "" if share is None else share]
-                derived = _derived(part)
-                if derived is None:
-                    argv += ("", "")
-                    for n in part:
-                        argv += [n.id, n.payload]
-                else:  # the stem and the first index, then the payloads (land.lua)
-                    argv += derived
-                    argv += [n.payload for n in part]
-                keys = [*fixed, *[rows + n.id for n in part], *gate]
-                calls.append(Call.lua("land", keys, argv))
-                owners.append(up)
-        calls, owners, rest, rest_owners = _first_landings(calls, owners, len(registry))
-        replies = yield calls
-        if rest:  # the first land call of each queue is claimable already
-            replies = [*replies, *(yield rest)]
-            owners += rest_owners
+        first, rest = _first_landings(runs)
+        lands, land_owners = _land_calls(ks, first)
+        replies = yield Lenient([*calls, *lands])
+        owners += land_owners
+        if rest:  # formed while the first land call of each queue is claimable already
+            lands, land_owners = _land_calls(ks, rest)
+            replies = [*replies, *(yield Lenient(lands))]
+            owners += land_owners
         registered, replies = replies[: len(registry)], replies[len(registry) :]
         if not any(isinstance(r, Exception) for r in registered):
             registry = []  # else it rides again with the next step (SADD is idempotent)
@@ -665,38 +646,69 @@ def add_flow(
     return FlowRef(root.queue, root.id, tuple((c.queue, c.id) for c in root.children))
 
 
+#: What leaves share to share a land call: queue, check, parent id, policy, attempts, time
+#: limit, priority.
+_RunKey = tuple[str, str, str, str, int, int | None, int]
+#: A land run: its key and its leaves, in order.
+_Run = tuple[_RunKey, Sequence[_Node]]
+
 #: A depth with more land calls than one per queue plus this many lands in two steps (below).
 EARLY_AFTER = 3
 
 
-def _first_landings(
-    calls: Lenient, owners: list[_Node], skip: int
-) -> tuple[Lenient, list[_Node], Lenient, list[_Node]]:
-    """Split one depth's step so its first children are claimable before the rest is formed
-    and sent: the step's first ``skip`` calls (the registry), its holds and the first land
-    call of each queue, then - in a second step, when it holds more than
-    :data:`EARLY_AFTER` calls - every other land call, in order (so each queue's calls keep
-    theirs). A 1,000,000-child depth is 2,000 land calls: forming and packing them takes the
-    client about a second, which the workers can now spend on the first 500 children of each
-    queue. One round trip more; a small depth stays one step. ``owners`` follows the calls
-    after ``skip``. Returns the first step, its owners, the second step, its owners."""
-    first, rest = Lenient(calls[:skip]), Lenient()
-    first_owners: list[_Node] = []
-    rest_owners: list[_Node] = []
+def _first_landings(runs: Sequence[_Run]) -> tuple[Sequence[_Run], list[_Run]]:
+    """Split one depth's land runs so its first children are claimable before the rest is
+    formed and sent: the first land call of each queue (its first :data:`CHUNK` children) goes
+    in the step with the holds and the registry; every other call - when there are more than
+    :data:`EARLY_AFTER` of them - in a second step, in order (so each queue's calls keep
+    theirs), formed only once the first step is on its way. A 1,000,000-child depth is 2,000
+    land calls: forming and packing them takes the client about a second, which the workers
+    can now spend on the first 500 children of each queue. One round trip more; a small depth
+    stays one step. Returns the runs of the first step and those of the second (none)."""
+    calls = sum(-(-len(nodes) // CHUNK) for _, nodes in runs)
+    if calls - len({key[0] for key, _ in runs}) <= EARLY_AFTER:
+        return runs, []
+    first: list[_Run] = []
+    rest: list[_Run] = []
     seen: set[str] = set()  # the queues with a land call in the first step
-    for call, owner in zip(calls[skip:], owners, strict=True):
-        if call.script is not None and call.script.name == "land":
-            queue = call.args[3]  # the first of its queue's keys
-            if queue in seen:
-                rest.append(call)
-                rest_owners.append(owner)
-                continue
-            seen.add(queue)
-        first.append(call)
-        first_owners.append(owner)
-    if len(rest) <= EARLY_AFTER:
-        return calls, owners, Lenient(), []
-    return first, first_owners, rest, rest_owners
+    for key, nodes in runs:
+        if key[0] in seen:
+            rest.append((key, nodes))
+            continue
+        seen.add(key[0])
+        first.append((key, nodes[:CHUNK]))
+        if len(nodes) > CHUNK:
+            rest.append((key, nodes[CHUNK:]))
+    return first, rest
+
+
+def _land_calls(ks: Keyspace, runs: Sequence[_Run]) -> tuple[list[Call], list[_Node]]:
+    """The ``land`` calls of ``runs`` (at most :data:`CHUNK` leaves each) and their parents."""
+    calls: list[Call] = []
+    owners: list[_Node] = []
+    for (queue, check, _, policy, attempts, limit, priority), nodes in runs:
+        up = nodes[0].parent
+        assert up is not None
+        fixed = ks.queue_keys(queue)
+        rows = ks.job_prefix(queue)  # ids were checked by plan()
+        up_queue = up.queue if up.queue != queue else ""
+        share = up.shares.get(queue) if up.shares else None
+        gate = [] if share is None else ks.gate_keys(queue, up.queue, up.id)
+        for part in chunks(nodes):
+            argv: list[Any] = [check, up.id, up_queue, policy, attempts]
+            argv += ["" if limit is None else limit, priority, "" if share is None else share]
+            derived = _derived(part)
+            if derived is None:
+                argv += ("", "")
+                for n in part:
+                    argv += [n.id, n.payload]
+            else:  # the stem and the first index, then the payloads (land.lua)
+                argv += derived
+                argv += [n.payload for n in part]
+            keys = [*fixed, *[rows + n.id for n in part], *gate]
+            calls.append(Call.lua("land", keys, argv))
+            owners.append(up)
+    return calls, owners
 
 
 def _derived(part: Sequence[_Node]) -> tuple[str, int] | None:
