@@ -770,3 +770,19 @@ def test_an_idle_pump_is_woken_by_a_signal_not_by_its_interval(
         )
         assert mq.dependencies(parents, second.parent_id) == 0
     mq.close()
+
+
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096, 4097, 9000])
+def test_the_fingerprint_is_the_digest_of_the_whole_list(n: int) -> None:
+    """The fingerprint a parent keeps is the digest of its children's ``queue<TAB>id`` lines
+    joined by newlines, whatever the pieces it is hashed in: a re-add by a client that hashed
+    the whole text at once (or will) compares equal. Ids and queues with non-ASCII text."""
+    import hashlib
+
+    leaves = [
+        flow_ops._Node("wörk" if i % 3 else "w", f"p/run.{i}☃", b"", 1, None, "fp", ())
+        for i in range(n)
+    ]
+    root = flow_ops._Node("p", "p/run", b"", 1, None, "fp", tuple(leaves))
+    text = "\n".join(f"{c.queue}\t{c.id}" for c in leaves)
+    assert flow_ops.fingerprint(root) == hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
