@@ -146,10 +146,11 @@ def to_children(
     children = []
     keyed: list[int] = []
     checked_queues: set[str] = set()
+    leaf: list[Child] = []  # shared by the bare payloads' children: a leaf's, only ever read
     for index, item in enumerate(items):
         if type(item) in _BARE:
             child = Child(
-                item, default_queue, None, False, True, default_max_attempts, [], default_timeout
+                item, default_queue, None, False, True, default_max_attempts, leaf, default_timeout
             )
         elif isinstance(item, Child):
             child = item
