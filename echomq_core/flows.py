@@ -146,7 +146,7 @@ def plan(
     """Validate a flow and give every node its queue, id and serialised payload.
 
     Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
-    a node reached twice, a child that neither fails its parent nor is ignored, a policy flag
+    a sub-flow reached twice, a child that neither fails its parent nor is ignored, a policy flag
     that is not a bool, a tree deeper than :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
     ``min_success``, of the root or of a ``Child``; see :func:`allowance`; a bad
     ``max_running`` or ``priority``), :class:`~echomq_core.errors.InvalidPayload` (a payload
@@ -162,7 +162,7 @@ def plan(
     capped = [root] if root.cap is not None else []
     root_stem = child_stem(parent_id, gen)
     seen_ids = {parent_id}
-    seen_nodes: set[int] = set()
+    seen_nodes: set[int] = set()  # the sub-flows met (by object): a leaf may come twice
     good_queues = {queue}
 
     # The loop below runs once per child of flows of 100,000s: the checks are ordered so that
@@ -184,9 +184,6 @@ def plan(
                 raise InvalidFlow(
                     f"child {index} of {path} is a {type(spec).__name__}, not echomq_core.Child"
                 )
-            if id(spec) in seen_nodes:
-                raise InvalidFlow(f"child {index} of {path} appears twice in the tree (a cycle)")
-            seen_nodes.add(id(spec))
             fail_parent, ignore = spec.fail_parent_on_failure, spec.ignore_dependency_on_failure
             if fail_parent is not True or ignore is not False:  # the default: fp, checked
                 if type(fail_parent) is not bool or type(ignore) is not bool:
@@ -262,6 +259,14 @@ def plan(
                 ):
                     uniform = False
             if spec.children:
+                # a sub-flow met twice would be planned twice, or for ever (a cycle); a leaf
+                # Child met twice is two children with the same payload ([Child(x)] * 3)
+                if id(spec) in seen_nodes:
+                    raise InvalidFlow(
+                        f"child {index} of {path} is a sub-flow that appears twice in the tree "
+                        "(a cycle, or one Child with children given twice)"
+                    )
+                seen_nodes.add(id(spec))
                 build(node, spec.children, child_id, depth + 1)  # noqa: F821 (del: below)
             if spec.min_success is not None:
                 if not spec.children:

@@ -280,10 +280,22 @@ def test_failed_add_then_retry_converges(
     mq.close()
 
 
+def test_a_leaf_child_given_twice_is_two_children(mq: EchoMQ) -> None:
+    """``[Child(x)] * 3`` is three children with x's payload (a leaf has nothing to plan
+    twice); the same sub-flow given twice is refused (test_add_refusals_write_nothing)."""
+    leaf = Child({"n": 1})
+    ref = mq.add_flow("p", [leaf] * 3 + [Child(2, children=[leaf, leaf])])
+    assert [c[1] for c in ref.children] == [f"{ref.parent_id}.{i}" for i in range(4)]
+    assert mq.dependencies("p", ref.parent_id) == 4
+    assert mq.dependencies("p", f"{ref.parent_id}.3") == 2
+    got = [job.payload for job in mq.queue("p").claim(10)]
+    assert got == [{"n": 1}] * 5, got
+
+
 def test_add_refusals_write_nothing(backend: Backend, prefix: str) -> None:
     mq = backend.client(prefix)
     before = keys_of(backend, prefix)
-    twice = Child(1)
+    twice = Child(1, children=[Child(9)])  # a sub-flow: given twice, refused
     cases: list[tuple[type[Exception], list[Child], dict[str, Any]]] = [
         (InvalidFlow, [], {}),
         (InvalidFlow, [Child(1, id="JOB-a"), Child(2, id="JOB-a")], {}),

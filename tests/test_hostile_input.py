@@ -431,7 +431,7 @@ def test_bad_payloads_and_results(stage: Stage) -> None:
 
 def test_malformed_flows(stage: Stage) -> None:
     mq = stage.mq
-    twice = Child(1)
+    twice = Child(1, children=[Child(9)])  # a sub-flow: given twice, refused
     selfish = Child(1)
     selfish.children = [selfish]
     a, b = Child("a"), Child("b")
@@ -462,7 +462,7 @@ def test_malformed_flows(stage: Stage) -> None:
             InvalidFlow,
         ),
         ("child with the parent's id", [Child(1, id="JOB-shape")], InvalidFlow),
-        ("same Child twice", [twice, Child(2, children=[twice])], InvalidFlow),
+        ("same sub-flow twice", [twice, Child(2, children=[twice])], InvalidFlow),
         ("self cycle", [selfish], InvalidFlow),
         ("two-node cycle", [a], InvalidFlow),
         ("3000 levels deep", [top], InvalidFlow),
