@@ -39,7 +39,7 @@ from redis.exceptions import MovedError, RedisClusterException, RedisError, Resp
 from . import errors
 from .calls import Call, Durable, Lenient, Op
 from .cluster import REFRESH_EVERY, Batch, Step
-from .connection import pack_commands
+from .packing import pack_commands
 from .replies import REPLY_ERRORS, TRANSPORT_ERRORS, finish, is_noscript
 from .scripts import Script
 from .targets import MIGRATION_WAIT
