@@ -228,12 +228,18 @@ class Intake:
         #: the threaded worker then keeps one runner busy and lets the others rest.
         self.spread = True
 
-    def observe(self, seconds: float, cpu: float | None = None) -> None:
-        """A handler call took ``seconds`` (``cpu`` of them on this thread's CPU; a batch
-        call's ``seconds`` are the whole call's, as ``running`` counts calls)."""
+    def observe(self, seconds: float, cpu: tuple[float, float] | None = None) -> None:
+        """A handler call took ``seconds`` (a batch call's ``seconds`` are the whole call's,
+        as ``running`` counts calls). ``cpu``: (this thread's CPU time, wall time) over the
+        call alone, both read around it and nothing else - not ``seconds``, which also holds
+        the runner's lock and any wait for the GIL between its calls: a no-op job (about a
+        microsecond) measured against those read as mostly waiting (a CPU share near 0.4),
+        so fast CPU-bound jobs were spread over every runner, each claim woke all of them,
+        and they took turns on the GIL for nothing."""
         self.average += SMOOTHING * (seconds - self.average)
         if cpu is not None:
-            share = min(1.0, cpu / seconds) if seconds > 0 else 1.0
+            used, wall = cpu
+            share = min(1.0, used / wall) if wall > 0 else 1.0
             self.cpu_share += SMOOTHING * (share - self.cpu_share)
         self.fast = fast = self.average < self.fast_job
         self.spread = not fast or self.cpu_share < 0.5

@@ -398,7 +398,7 @@ class Worker(OptionAttributes):
         """Take jobs from the buffer and run them. The hot path takes the lock once per job:
         recording one job's result, waiting for the next, taking it and starting it."""
         lock, handlers, queues, recheck = self._lock, self.handlers, self.queues, self.recheck
-        finished: tuple[Job, Outcome, float | None] | None = None
+        finished: tuple[Job, Outcome, tuple[float, float] | None] | None = None
         calls = 0
         while True:
             gone = started = check = False
@@ -455,9 +455,13 @@ class Worker(OptionAttributes):
             # system call (0.6 us on the 2-core benchmark VM, 13 times time.monotonic)
             sample = not calls & 7
             calls += 1
-            cpu = time.thread_time() if sample else 0.0
-            result = self._call(handlers[job.shard], job)
-            finished = (job, result, time.thread_time() - cpu if sample else None)
+            if sample:
+                cpu, wall = time.thread_time(), time.perf_counter()
+                result = self._call(handlers[job.shard], job)
+                spent = (time.thread_time() - cpu, time.perf_counter() - wall)
+                finished = (job, result, spent)
+            else:
+                finished = (job, self._call(handlers[job.shard], job), None)
 
     def _run_batches(self, slot: _Slot) -> None:
         """:meth:`_run_jobs` for a worker with batch handlers: each call takes the buffer's
@@ -544,7 +548,9 @@ class Worker(OptionAttributes):
         slot.deadline = now + slot.limit if limit_ms else 0.0
         self._hand.running += 1
 
-    def _finish(self, slot: _Slot, job: Job, result: Outcome, cpu: float | None) -> bool:
+    def _finish(
+        self, slot: _Slot, job: Job, result: Outcome, cpu: tuple[float, float] | None
+    ) -> bool:
         """Runner ``slot``'s call of ``job`` returned ``result`` (under the lock). True when
         the watchdog abandoned the call meanwhile: the runner's thread ends."""
         took = time.monotonic() - slot.started

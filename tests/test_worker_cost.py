@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -64,6 +65,68 @@ def test_fast_jobs_do_not_wake_the_fetcher_per_job(mq: EchoMQ) -> None:
     assert worker.completed == JOBS
     # claims ramp 1, 2, 4 ... 500 then take 500 each: about 15 claims for 3,000 jobs
     assert counted.notifies <= JOBS // 30, counted.notifies
+
+
+class WakeCountingCondition(CountingCondition):
+    """A condition that also counts the threads its notifies ask to wake."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.woken = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.woken += n
+        super().notify(n)
+
+
+def test_no_op_jobs_keep_one_runner_of_many(mq: EchoMQ) -> None:
+    """No-op jobs at concurrency 50 are fast and CPU-bound: one runner takes them and the
+    others rest (under the GIL a second thread could only take turns with the first). A
+    claim wakes one runner, not one per job: the CPU share of a call is read over the call
+    alone, where it once was read against the runner's whole turn (its lock, its waits for
+    the GIL) and a no-op looked like waiting - every claim then woke all 50 runners."""
+    jobs = 2 * JOBS
+    q = mq.queue("cost3")
+    q.add_bulk(range(jobs))
+    worker = Worker(mq, {"cost3": lambda job: None}, concurrency=50)
+    counted = WakeCountingCondition(worker._lock)
+    worker._jobs_ready = counted
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == jobs, 60, lambda: q.stats())
+        woken = counted.woken  # before the stop wakes every runner
+    finally:
+        worker.stop()
+    assert worker.completed == jobs
+    # one per claim (about 20) and the rests' own; a claim that woke a runner per job would
+    # alone make it the number of jobs
+    assert woken <= jobs // 3, woken
+
+
+def test_short_waiting_jobs_are_spread_over_the_runners(mq: EchoMQ) -> None:
+    """Jobs that are fast (under ``fast_job``) but wait rather than compute (a 1 ms sleep,
+    as a small network call) still run on several runners at once."""
+    q = mq.queue("cost4")
+    q.add_bulk(range(400))
+    running, peak = [0], [0]
+    guard = threading.Lock()
+
+    def handle(job: Job) -> None:
+        with guard:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.001)
+        with guard:
+            running[0] -= 1
+
+    worker = Worker(mq, {"cost4": handle}, concurrency=8)
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == 400, 60, lambda: q.stats())
+    finally:
+        worker.stop()
+    assert worker._intake.spread
+    assert peak[0] > 1, peak
 
 
 def test_a_woken_flusher_is_notified_once(mq: EchoMQ) -> None:
