@@ -58,11 +58,14 @@ class AsyncQueue(QueueOps):
         return await self.client.perform(op)
 
     async def claim(
-        self, count: int = 1, *, lease: float | None = None, promote: int = 100
+        self, count: int = 1, *, lease: float | None = None, promote: int = 100,
+        ahead: bool = False,
     ) -> Claimed:
         """Lease up to ``count`` jobs within the queue's rate limit; as
-        :meth:`Queue.claim <echomq_core.Queue.claim>`. Two round trips."""
-        return await self.client.perform(self.claim_op(count, lease=lease, promote=promote))
+        :meth:`Queue.claim <echomq_core.Queue.claim>` (``ahead`` included). Two round trips."""
+        return await self.client.perform(
+            self.claim_op(count, lease=lease, promote=promote, ahead=ahead)
+        )
 
     async def complete(self, job: Job, result: Any = None) -> None:
         """Complete one job; raises :class:`LeaseLost` if its lease is no longer current."""

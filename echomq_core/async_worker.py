@@ -58,6 +58,7 @@ from .pump import worker_pump
 from .routines import adrive, extend_leases, give_back, offer, record
 from .running import (
     BLOCK_SLICE,
+    HOLD,
     Failed,
     InHand,
     Intake,
@@ -288,23 +289,38 @@ class AsyncWorker(OptionAttributes):
 
     # -- the fetcher ----------------------------------------------------------------------
     async def _fetcher(self) -> None:
+        try:
+            await self._fetch()
+        finally:  # a stopping worker gives back what it claimed ahead
+            await self._read_ahead()
+
+    async def _fetch(self) -> None:
+        """Claim while there is room; claims ahead while handlers are fast, as the threaded
+        worker's fetcher does (:meth:`Worker._fetch <echomq_core.worker.Worker._fetch>`)."""
         names = list(self.handlers)
         idle, turn = self.options.poll, 0
+        hold = min(HOLD, self.options.lease / 4)
         while not self._stop.is_set():
             want = self._hand.want()
+            ahead = self._intake.fast and self._intake.batch >= self.options.max_batch
             if want <= 0:
+                held = any(q.ahead for q in self.queues.values())
                 self._want_jobs.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._want_jobs.wait(), 0.2)
+                    await asyncio.wait_for(self._want_jobs.wait(), hold if held else 0.2)
+                if held and self._hand.want() <= 0:  # no room within HOLD
+                    await self._read_ahead()
                 continue
             took = False
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
-                if self._windows.closed(name):  # its rate window is spent: not before it opens
+                queue = self.queues[name]
+                spent = self._windows.closed(name)
+                if spent and queue.ahead is None:  # its rate window is spent: not before it opens
                     continue
                 try:
                     sent = time.monotonic()
-                    jobs = await self.queues[name].claim(want)
+                    jobs = await queue.claim(want, ahead=ahead and not spent)
                 except EchoMQError as exc:
                     if not self._stop.is_set():
                         log.warning("claim from %r failed: %s", name, exc)
@@ -321,6 +337,20 @@ class AsyncWorker(OptionAttributes):
             else:
                 await self._idle(idle)
                 idle = min(self.options.max_poll, idle * 2)
+
+    async def _read_ahead(self) -> None:
+        """Read the jobs claimed ahead into the buffer, or give them back when stopping (as
+        :meth:`Worker._read_ahead <echomq_core.worker.Worker._read_ahead>`)."""
+        for name, queue in self.queues.items():
+            if queue.ahead is None:
+                continue
+            try:
+                sent = time.monotonic()
+                jobs = await queue.claim(1)  # returns the held jobs, claims nothing
+            except EchoMQError as exc:
+                log.warning("reading the jobs claimed ahead from %r failed: %s", name, exc)
+                continue
+            await self._take(jobs, time.monotonic() - sent)
 
     async def _take(self, jobs: list[Job], seconds: float) -> None:
         self._intake.claimed(len(jobs), seconds)

@@ -182,13 +182,47 @@ def claim(
     """Lease up to ``count`` jobs within the queue's rate limit (:mod:`echomq_core.rates`):
     the ``claim`` script, then the ``rows`` script reading every claimed row in one reply
     (two round trips; one when nothing is claimed)."""
-    keys = ks.claim_keys(queue)
-    (reply,) = yield [Call.lua("claim", keys, [count, lease_ms, token, promote])]
-    opens_in = int(reply[0]) / 1000
-    if len(reply) == 1:
+    (reply,) = yield [claim_call(ks, queue, count, lease_ms, token, promote)]
+    opens_in, names = claimed_ids(reply)
+    if not names:
         return Claimed([], opens_in)
-    names = [i.decode() if type(i) is bytes else _s(i) for i in reply[1:]]
     return Claimed((yield from leased(ks, queue, names, token, ser)), opens_in)
+
+
+def claim_call(
+    ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int
+) -> Call:
+    """The ``claim`` script's call (its reply: :func:`claimed_ids`)."""
+    return Call.lua("claim", ks.claim_keys(queue), [count, lease_ms, token, promote])
+
+
+def claimed_ids(reply: Sequence[Any]) -> tuple[float, list[str]]:
+    """What a ``claim`` call replied: the seconds until the rate window opens (0.0: it is
+    open), and the ids leased, in claim order."""
+    return int(reply[0]) / 1000, [i.decode() if type(i) is bytes else _s(i) for i in reply[1:]]
+
+
+def claim_ahead(
+    ks: Keyspace,
+    queue: str,
+    held: Sequence[str],
+    held_token: str,
+    count: int,
+    lease_ms: int,
+    token: str,
+    promote: int,
+    ser: Serializer,
+) -> Op[tuple[list[Job], float, list[str]]]:
+    """The jobs of ``held`` (ids leased under ``held_token`` by the claim before) and the next
+    claim, in one round trip: the rows of the first and the ``claim`` script of the second
+    travel in one step (same queue, same slot), so a worker claiming batch after batch pays
+    one round trip per batch instead of two. Returns the jobs, and the next claim's
+    ``opens_in`` and ids (leased under ``token``, their rows not read yet)."""
+    jobs, (reply,) = yield from _leased(
+        ks, queue, held, held_token, ser, [claim_call(ks, queue, count, lease_ms, token, promote)]
+    )
+    opens_in, names = claimed_ids(reply)
+    return jobs, opens_in, names
 
 
 def leased(
@@ -197,8 +231,22 @@ def leased(
     """The :class:`Job` of each id leased under ``token`` (by a claim or a hand-off): every
     row read by the ``rows`` script in one round trip; a row without ``run`` (written before
     it existed) has its separate fields read in a second one."""
+    jobs, _ = yield from _leased(ks, queue, names, token, ser, [])
+    return jobs
+
+
+def _leased(
+    ks: Keyspace,
+    queue: str,
+    names: Sequence[str],
+    token: str,
+    ser: Serializer,
+    also: list[Call],
+) -> Op[tuple[list[Job], list[Any]]]:
+    """:func:`leased`, with the calls ``also`` (of the same slot) in the rows' step: the jobs
+    and their replies."""
     base = ks.job_prefix(queue)
-    (rows,) = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS)]
+    rows, *more = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS), *also]
     old = [i for i, row in enumerate(rows) if row[2] is None and row[0] is not None]
     if old:
         keys = [base + names[i] for i in old]
@@ -220,7 +268,7 @@ def leased(
             job.resumed = state == b"pending" or state == "pending"
         _decode(job, payload, ser)
         jobs.append(job)
-    return jobs
+    return jobs, more
 
 
 #: What a claim takes of a row's ``run`` and ``parent``: max_attempts, attempts, stalls, the

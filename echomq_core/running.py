@@ -41,6 +41,15 @@ Failed = tuple[Job, str, bool, str | None]
 Batch = tuple[list[tuple[Job, bytes]], list[Failed]]
 #: Weight of the newest handler duration in the running average that decides fast or slow.
 SMOOTHING = 0.3
+#: Results waiting or on their way, in batches of ``max_batch``, beyond which a worker claims
+#: nothing more until the flusher catches up (back-pressure). Four: a flusher that gets the
+#: GIL late (a runner busy on no-op jobs keeps it up to the 5 ms switch interval) does not
+#: stall the claims too.
+BEHIND = 4
+#: The longest a fetcher waits for room while it holds jobs claimed ahead, unread (s; at
+#: most a quarter of the lease): then it reads them into the buffer, where heartbeats extend
+#: their leases. Runners free room within milliseconds while handlers are fast.
+HOLD = 0.02
 
 
 #: The longest single BZPOPMIN of an idle fetcher or Pump (s): well inside redis-py's default socket
@@ -199,13 +208,15 @@ class Intake:
     """How many jobs the fetcher claims next, from how fast handlers are.
 
     While handlers are *fast* (their running average below ``fast_job`` seconds) a claim
-    doubles in size up to ``max_batch`` and the next one is made when the buffer is half
-    empty, so no-op jobs cost one claim and one completion per batch and the runners never
-    wait for a round trip. As soon as handlers are slow, a claim takes only as many jobs as
-    there are free runners, plus the few that runners will finish while the claim is on its
-    way (concurrency x claim time / handler time, rounded: none for a handful of runners on
-    long jobs): a worker does not sit on work that another worker could run, and a runner
-    that finishes a job finds the next one waiting instead of waiting for a round trip."""
+    doubles in size up to ``max_batch`` and the next one is made as soon as less than a batch
+    is left (so a claim's round trip, and the GIL the fetcher may wait for after it, are
+    covered by a whole batch of work), so no-op jobs cost one claim and one completion per
+    batch and the runners never wait for a round trip. As soon as handlers are slow, a claim
+    takes only as many jobs as there are free runners, plus the few that runners will finish
+    while the claim is on its way (concurrency x claim time / handler time, rounded: none for
+    a handful of runners on long jobs): a worker does not sit on work that another worker
+    could run, and a runner that finishes a job finds the next one waiting instead of waiting
+    for a round trip."""
 
     def __init__(
         self, concurrency: int, max_batch: int, fast_job: float, per_call: int = 1
@@ -254,7 +265,7 @@ class Intake:
             calls = self.concurrency - running + ahead
             return max(0, min(self.max_batch, calls * self.per_call - buffered))
         free = max(0, (self.concurrency - running) * self.per_call - buffered)
-        if buffered >= max(1, self.batch // 2, self.per_call):
+        if buffered >= max(1, self.batch, self.per_call):
             return 0
         return min(self.max_batch, max(self.batch, free))
 
@@ -294,7 +305,7 @@ class InHand:
 
     def want(self) -> int:
         """How many jobs to claim now (0 while the flusher is behind: back-pressure)."""
-        if len(self.results) + self.flushing >= 2 * self.options.max_batch:
+        if len(self.results) + self.flushing >= BEHIND * self.options.max_batch:
             return 0
         return self.intake.want(self.running, len(self.buffer))
 

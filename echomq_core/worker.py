@@ -22,8 +22,9 @@ whatever it returns later is refused by its lease token and changes nothing.
 Design (shared with :class:`~echomq_core.async_worker.AsyncWorker`, see
 :mod:`echomq_core.running`): one *fetcher* thread claims jobs into a local buffer, and
 ``concurrency`` runner threads take them from it one at a time. While handlers are fast, a
-claim doubles in size up to ``max_batch`` and the next is made when the buffer is half empty,
-so no-op jobs cost one claim per batch whatever the concurrency; as soon as handlers are slow,
+claim doubles in size up to ``max_batch`` and the next is made when less than a batch is left
+(each claim leasing the next batch ahead in the round trip that reads its rows), so no-op jobs
+cost one claim per batch whatever the concurrency; as soon as handlers are slow,
 a claim takes only as many jobs as there are free runners (a worker never sits on work other
 workers could take). One *flusher* thread records the results of every runner as one
 pipelined ``complete`` / ``fail`` when the oldest result is ``flush_after`` old, when
@@ -63,6 +64,7 @@ from .pump import worker_pump
 from .queue import Queue
 from .routines import drive, extend_leases, give_back, offer, record
 from .running import (
+    HOLD,
     Failed,
     HintWatch,
     InHand,
@@ -311,24 +313,45 @@ class Worker(OptionAttributes):
 
     # -- the fetcher ----------------------------------------------------------------------
     def _fetcher(self) -> None:
+        try:
+            self._fetch()
+        finally:  # a stopping worker gives back what it claimed ahead
+            self._read_ahead()
+
+    def _fetch(self) -> None:
+        """Claim while there is room. While handlers are fast, each claim leases the next
+        batch ahead in the round trip that reads its rows (:meth:`Queue.claim_op
+        <echomq_core.Queue.claim_op>`'s ``ahead``): those are read before the fetcher waits,
+        so no lease is held unread through a wait."""
         names = list(self.handlers)
         idle, turn = self.options.poll, 0
+        hold = min(HOLD, self.options.lease / 4)
         while not self._stop.is_set():
             with self._lock:
                 want = self._hand.want()
+                # claims ahead once fast handlers ramped the batch up (each claim then asks
+                # the same max_batch): the ramp's claims each take what the last one earned
+                ahead = self._intake.fast and self._intake.batch >= self.options.max_batch
                 if want <= 0:
+                    held = any(q.ahead for q in self.queues.values())
                     self._fetcher_waits = True
-                    self._want_jobs.wait(NAP)
+                    self._want_jobs.wait(hold if held else NAP)
                     self._fetcher_waits = False
-                    continue
+                    if not held or self._hand.want() > 0:
+                        continue
+            if want <= 0:  # no room within HOLD: the held jobs join the buffer
+                self._read_ahead()
+                continue
             took = False
             for step in range(len(names)):
                 name = names[(turn + step) % len(names)]
-                if self._windows.closed(name):  # its rate window is spent: not before it opens
+                queue = self.queues[name]
+                spent = self._windows.closed(name)
+                if spent and queue.ahead is None:  # its rate window is spent: not before it opens
                     continue
                 try:
                     sent = time.monotonic()
-                    jobs = self.queues[name].claim(want)
+                    jobs = queue.claim(want, ahead=ahead and not spent)
                 except EchoMQError as exc:
                     if not self._stop.is_set():
                         log.warning("claim from %r failed: %s", name, exc)
@@ -345,6 +368,21 @@ class Worker(OptionAttributes):
             else:
                 self._idle(idle)
                 idle = min(self.options.max_poll, idle * 2)
+
+    def _read_ahead(self) -> None:
+        """Read the jobs claimed ahead (the rows of the leases held unread) into the buffer,
+        or give them back when the worker is stopping. A failed read leaves their leases to
+        expire (logged)."""
+        for name, queue in self.queues.items():
+            if queue.ahead is None:
+                continue
+            try:
+                sent = time.monotonic()
+                jobs = queue.claim(1)  # returns the held jobs, claims nothing
+            except EchoMQError as exc:
+                log.warning("reading the jobs claimed ahead from %r failed: %s", name, exc)
+                continue
+            self._take(jobs, time.monotonic() - sent)
 
     def _take(self, jobs: list[Job], seconds: float) -> None:
         """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""
@@ -421,7 +459,7 @@ class Worker(OptionAttributes):
                         return
                     job, claimed = self._hand.buffer.popleft()
                     if self._hand.buffer:
-                        self._wake_fetcher()  # maybe half empty: the next claim may start
+                        self._wake_fetcher()  # maybe under a batch: the next claim may start
                     now = time.monotonic()
                     # buffered jobs claimed long ago have their leases re-checked (one
                     # runner at a time) before the next starts
@@ -567,7 +605,7 @@ class Worker(OptionAttributes):
     def _wake_fetcher(self) -> None:
         """Wake the fetcher if it waits for free slots and would claim now (under the lock).
         Runners call this on every job; a notify costs even with no thread waiting, and a
-        fetcher woken to find the buffer still more than half full (fast handlers) is a thread
+        fetcher woken to find a batch or more still in the buffer (fast handlers) is a thread
         switch per job for nothing. ``want()`` only grows when a runner takes a job, finishes
         one or the flusher empties a batch, and each of those calls this: no wake is missed.
         The flag is cleared with the notify: until the woken fetcher gets the GIL, runners

@@ -22,6 +22,7 @@ from echomq_core import (
     Pump,
 )
 
+from .test_rate_limit import fresh_window
 from .waiting import eventually
 
 
@@ -340,3 +341,81 @@ def test_retry_dead_revives_plain_jobs_only(mq: EchoMQ) -> None:
     with pytest.raises(InvalidArgument):
         q.retry_dead(plain)  # a string, not a list of ids
     assert mq.dependencies("revive", flow.parent_id) == 1
+
+
+def _counting_steps(mq: EchoMQ) -> list[int]:
+    """Record the number of calls of each step (round trip) ``mq`` makes from now on."""
+    steps: list[int] = []
+    execute = mq.connection.execute
+
+    def counting(calls: Any) -> Any:
+        steps.append(len(calls))
+        return execute(calls)
+
+    mq.connection.execute = counting  # type: ignore[method-assign]
+    return steps
+
+
+def test_a_claim_ahead_leases_the_next_batch_in_the_rows_round_trip(mq: EchoMQ) -> None:
+    """``claim(ahead=True)``: a full claim leases the next batch in the round trip that reads
+    its rows, and holds it unread; the next call returns it (in claim order, under its own
+    token) and leases the one after in one round trip. A short claim ahead is held too, an
+    empty one ends it; every job comes back once and each lease is the one the server
+    holds."""
+    q = mq.queue("ahead")
+    q.add_bulk(range(1200))
+    q.stats()  # the shard count: read once per process, then cached
+    steps = _counting_steps(mq)
+    first = q.claim(500, ahead=True)
+    assert steps == [1, 2]  # the claim; then its rows and the next claim together
+    assert [j.payload for j in first] == list(range(500))
+    assert q.ahead is not None and len(q.ahead[0]) == 500
+    assert q.stats()["active"] == 1000
+    del steps[:]
+    second = q.claim(500, ahead=True)
+    assert steps == [2]  # one round trip for a whole batch
+    assert [j.payload for j in second] == list(range(500, 1000))
+    assert q.ahead is not None and len(q.ahead[0]) == 200  # a short claim ahead, held too
+    third = q.claim(500, ahead=True)
+    assert [j.payload for j in third] == list(range(1000, 1200))
+    assert q.ahead is None  # the claim ahead of it found nothing
+    assert q.claim(500, ahead=True) == []
+    jobs = [*first, *second, *third]
+    assert len({j.token for j in jobs}) == 3  # a token per claim
+    assert all(q.complete_many([(j, None) for j in jobs]))
+    assert q.stats()["completed"] == 1200 and q.stats()["active"] == 0
+
+
+def test_a_claim_without_ahead_returns_the_held_jobs_and_claims_nothing(mq: EchoMQ) -> None:
+    q = mq.queue("ahead2")
+    q.add_bulk(range(1500))
+    q.claim(500, ahead=True)
+    held = q.claim(1)  # what a worker calls before it waits or stops
+    assert [j.payload for j in held] == list(range(500, 1000))
+    assert q.ahead is None
+    assert q.stats()["active"] == 1000 and q.stats()["pending"] == 500
+
+
+def test_a_claim_ahead_keeps_within_the_rate_limit(mq: EchoMQ) -> None:
+    """The claim made ahead is counted by the rate window like any claim: it takes what the
+    window has left, and its reply's ``opens_in`` says the window is spent."""
+    q = mq.queue("ahead3")
+    mq.set_rate_limit("ahead3", "700/h")
+    fresh_window(mq, "ahead3", 60)  # both claims in one window
+    q.add_bulk(range(2000))
+    first = q.claim(500, ahead=True)
+    assert len(first) == 500 and first.opens_in > 0  # the claim ahead spent the window
+    assert q.ahead is not None and len(q.ahead[0]) == 200
+    rest = q.claim(500)  # held: returned, nothing claimed
+    assert len(rest) == 200
+    later = q.claim(500)
+    assert later == [] and later.opens_in > 0
+    assert q.stats()["active"] == 700
+
+
+def test_a_sharded_queue_s_logical_handle_claims_nothing_ahead(mq: EchoMQ) -> None:
+    mq.set_shards("ahead4", 3)
+    q = mq.queue("ahead4")
+    q.add_bulk(range(3000))
+    jobs = q.claim(500, ahead=True)
+    assert len(jobs) == 500 and q.ahead is None

@@ -50,7 +50,7 @@ class CountingEncoder:
 
 def test_fast_jobs_do_not_wake_the_fetcher_per_job(mq: EchoMQ) -> None:
     """No-op jobs at concurrency 1: the fetcher is woken about once per claim (when the
-    buffer runs half empty), not on every job a runner takes - each wake is a thread switch
+    buffer holds less than a batch), not on every job a runner takes - each wake is a thread switch
     that finds nothing to claim. The results are all recorded, every job once."""
     q = mq.queue("cost")
     q.add_bulk(range(JOBS))
@@ -127,6 +127,53 @@ def test_short_waiting_jobs_are_spread_over_the_runners(mq: EchoMQ) -> None:
         worker.stop()
     assert worker._intake.spread
     assert peak[0] > 1, peak
+
+
+def test_fast_jobs_are_claimed_in_one_round_trip_per_batch(mq: EchoMQ) -> None:
+    """Once no-op jobs ramped the claims up to ``max_batch``, each round trip that reads a
+    batch's rows also claims the next batch (``claim(ahead=True)``): the rows steps without a
+    claim are the ramp's and a few around waits, not one per batch."""
+    jobs = 4 * JOBS
+    q = mq.queue("cost5")
+    q.add_bulk(range(jobs))
+    worker = Worker(mq, {"cost5": lambda job: None}, concurrency=50)
+    steps: list[tuple[str, ...]] = []
+    execute = mq.connection.execute
+
+    def recorded(calls: Any) -> Any:
+        steps.append(tuple(c.script.name for c in calls if c.script is not None))
+        return execute(calls)
+
+    mq.connection.execute = recorded  # type: ignore[method-assign]
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] == jobs, 60, lambda: q.stats())
+    finally:
+        worker.stop()
+    assert worker.completed == jobs
+    rows = [s for s in steps if "rows" in s]
+    alone = [s for s in rows if "claim" not in s]
+    # 24 batches of 500: without claims ahead every one of them reads its rows alone
+    assert len(rows) - len(alone) >= 12, (len(rows), len(alone))
+
+
+@pytest.mark.parametrize("after", [300, 2000, 7000])
+def test_a_stopped_worker_leaves_nothing_leased(mq: EchoMQ, after: int) -> None:
+    """Stopped while it claims batch after batch (jobs claimed ahead, unread, included),
+    a worker leaves no job leased: everything it did not finish is pending again."""
+    jobs = 4 * JOBS
+    q = mq.queue(f"cost6-{after}")
+    q.add_bulk(range(jobs))
+    worker = Worker(mq, {q.name: lambda job: None}, concurrency=50)
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] >= after, 60, lambda: q.stats())
+    finally:
+        worker.stop()
+    stats = q.stats()
+    assert stats["active"] == 0, stats
+    assert stats["completed"] + stats["pending"] == jobs, stats
+    assert all(queue.ahead is None for queue in worker.queues.values())
 
 
 def test_a_woken_flusher_is_notified_once(mq: EchoMQ) -> None:
@@ -254,3 +301,44 @@ def test_a_backlog_is_claimed_in_batches_that_double_from_the_first(
     while ramp[-1] < 500:
         ramp.append(min(500, ramp[-1] * 2))
     assert sizes[: len(ramp)] == ramp, sizes
+
+
+def test_an_asyncio_worker_claims_ahead_and_leaves_nothing_leased(
+    backend: Backend, prefix: str
+) -> None:
+    """The asyncio worker claims ahead as the threaded one does, and a stop in the middle
+    of it leaves no job leased."""
+    jobs = 4 * JOBS
+    mq = EchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+    q = mq.queue("cost7")
+    q.add_bulk(range(jobs))
+    steps: list[tuple[str, ...]] = []
+
+    async def main() -> None:
+        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
+        execute = amq.connection.execute
+
+        async def recorded(calls: Any) -> Any:
+            steps.append(tuple(c.script.name for c in calls if c.script is not None))
+            return await execute(calls)
+
+        amq.connection.execute = recorded  # type: ignore[method-assign]
+        worker = AsyncWorker(amq, {"cost7": lambda job: None}, concurrency=50)
+        await worker.start()
+        try:
+            await eventually_async(
+                lambda: worker.completed >= jobs // 2, 60, "half the jobs completed"
+            )
+        finally:
+            await worker.stop()
+            await amq.close()
+        assert all(queue.ahead is None for queue in worker.queues.values())
+
+    try:
+        asyncio.run(main())
+        stats = q.stats()
+    finally:
+        mq.close()
+    assert stats["active"] == 0, stats
+    assert stats["completed"] + stats["pending"] == jobs, stats
+    assert any("rows" in s and "claim" in s for s in steps), steps[:10]
