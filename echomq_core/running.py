@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
 import time
 import traceback
@@ -208,10 +209,11 @@ class Intake:
     """How many jobs the fetcher claims next, from how fast handlers are.
 
     While handlers are *fast* (their running average below ``fast_job`` seconds) a claim
-    doubles in size up to ``max_batch`` and the next one is made as soon as less than a batch
-    is left (so a claim's round trip, and the GIL the fetcher may wait for after it, are
-    covered by a whole batch of work), so no-op jobs cost one claim and one completion per
-    batch and the runners never wait for a round trip. As soon as handlers are slow, a claim
+    doubles in size up to ``max_batch`` and the next one is made as soon as fewer jobs are
+    buffered than the runners finish while it is on its way and its reply waits for the GIL
+    (one switch interval at most; never fewer than half a batch, never more than two), so
+    no-op jobs cost one claim and one completion per batch and the runners never wait for a
+    round trip. As soon as handlers are slow, a claim
     takes only as many jobs as there are free runners, plus the few that runners will finish
     while the claim is on its way (concurrency x claim time / handler time, rounded: none for
     a handful of runners on long jobs): a worker does not sit on work that another worker
@@ -228,6 +230,8 @@ class Intake:
         self.max_batch = max_batch
         self.fast_job = fast_job
         self.batch = 1
+        #: claim again once fewer than this many jobs are buffered (:meth:`claimed`)
+        self.depth = 0
         self.average = 0.0
         self.cpu_share = 0.0
         self.claim_time = 0.0
@@ -265,7 +269,7 @@ class Intake:
             calls = self.concurrency - running + ahead
             return max(0, min(self.max_batch, calls * self.per_call - buffered))
         free = max(0, (self.concurrency - running) * self.per_call - buffered)
-        if buffered >= max(1, self.batch, self.per_call):
+        if buffered >= max(1, self.depth, self.per_call):
             return 0
         return min(self.max_batch, max(self.batch, free))
 
@@ -279,6 +283,11 @@ class Intake:
         self.claim_time += SMOOTHING * (seconds - self.claim_time)
         if count and self.fast:
             self.batch = min(self.max_batch, max(self.batch, count) * 2)
+        # the jobs the runners finish while the next claim is on its way and its reply waits
+        # for the GIL (up to one switch interval), between half a batch and two batches
+        runners = self.concurrency if self.spread else 1
+        needed = (self.claim_time + sys.getswitchinterval()) * runners / max(self.average, 1e-6)
+        self.depth = int(min(2 * self.batch, max(self.batch // 2, needed)))
 
 
 class InHand:

@@ -6,6 +6,7 @@ the CPU time they stand for is measured by ``bench/worker_cpu.py``."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from echomq_core import AsyncEchoMQ, AsyncWorker, EchoMQ, Job, Worker
 from echomq_core.connection import connect_async
+from echomq_core.running import Intake
 
 from .conftest import Backend
 from .waiting import eventually, eventually_async
@@ -342,3 +344,24 @@ def test_an_asyncio_worker_claims_ahead_and_leaves_nothing_leased(
     assert stats["active"] == 0, stats
     assert stats["completed"] + stats["pending"] == jobs, stats
     assert any("rows" in s and "claim" in s for s in steps), steps[:10]
+
+
+def test_a_claim_is_made_as_deep_as_a_round_trip_needs() -> None:
+    """The fetcher claims again once fewer jobs are buffered than the runners finish while a
+    claim is on its way and its reply waits for the GIL: two batches for no-op jobs, half a
+    batch (as ever) for jobs of a millisecond on one runner, in between for jobs of a
+    millisecond that wait, spread over 50 runners."""
+    switch = sys.getswitchinterval()
+
+    def depth(seconds: float, cpu: float) -> int:
+        intake = Intake(concurrency=50, max_batch=500, fast_job=0.005)
+        for _ in range(30):
+            intake.observe(seconds, (cpu, seconds))
+            intake.claimed(500, 0.003)
+        return intake.depth
+
+    assert depth(1e-6, 1e-6) == 1000  # no-op: two batches
+    assert depth(0.001, 0.001) == 250  # CPU-bound, one runner: half a batch
+    waiting = depth(0.001, 0.0)  # 50 runners wait side by side
+    assert waiting == int((0.003 + switch) * 50 / 0.001) or waiting == 1000, waiting
+    assert 250 < waiting <= 1000
