@@ -9,11 +9,12 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from echomq_core import AsyncEchoMQ, AsyncWorker, EchoMQ, Job, Worker
+from echomq_core import AsyncEchoMQ, AsyncWorker, EchoMQ, Job, Queue, Worker
 from echomq_core.connection import connect_async
 from echomq_core.running import Intake
 
@@ -21,6 +22,20 @@ from .conftest import Backend
 from .waiting import eventually, eventually_async
 
 JOBS = 3000
+
+
+def run_until(
+    worker: Worker, q: Queue, completed: int, then: Callable[[], Any] = lambda: None
+) -> Any:
+    """Start ``worker``, wait (bounded) until ``q`` has ``completed`` jobs completed, call
+    ``then`` (before the stop, which wakes every thread) and stop the worker; what ``then``
+    returned."""
+    worker.start()
+    try:
+        eventually(lambda: q.stats()["completed"] >= completed, 60, lambda: q.stats())
+        return then()
+    finally:
+        worker.stop()
 
 
 class CountingCondition(threading.Condition):
@@ -59,11 +74,7 @@ def test_fast_jobs_do_not_wake_the_fetcher_per_job(mq: EchoMQ) -> None:
     worker = Worker(mq, {"cost": lambda job: None}, concurrency=1)
     counted = CountingCondition(worker._lock)
     worker._want_jobs = counted
-    worker.start()
-    try:
-        eventually(lambda: q.stats()["completed"] == JOBS, 60, lambda: q.stats())
-    finally:
-        worker.stop()
+    run_until(worker, q, JOBS)
     assert worker.completed == JOBS
     # claims ramp 1, 2, 4 ... 500 then take 500 each: about 15 claims for 3,000 jobs
     assert counted.notifies <= JOBS // 30, counted.notifies
@@ -93,12 +104,7 @@ def test_no_op_jobs_keep_one_runner_of_many(mq: EchoMQ) -> None:
     worker = Worker(mq, {"cost3": lambda job: None}, concurrency=50)
     counted = WakeCountingCondition(worker._lock)
     worker._jobs_ready = counted
-    worker.start()
-    try:
-        eventually(lambda: q.stats()["completed"] == jobs, 60, lambda: q.stats())
-        woken = counted.woken  # before the stop wakes every runner
-    finally:
-        worker.stop()
+    woken = run_until(worker, q, jobs, lambda: counted.woken)  # before the stop wakes all
     assert worker.completed == jobs
     # one per claim (about 20) and the rests' own; a claim that woke a runner per job would
     # alone make it the number of jobs
@@ -122,11 +128,7 @@ def test_short_waiting_jobs_are_spread_over_the_runners(mq: EchoMQ) -> None:
             running[0] -= 1
 
     worker = Worker(mq, {"cost4": handle}, concurrency=8)
-    worker.start()
-    try:
-        eventually(lambda: q.stats()["completed"] == 400, 60, lambda: q.stats())
-    finally:
-        worker.stop()
+    run_until(worker, q, 400)
     assert worker._intake.spread
     assert peak[0] > 1, peak
 
@@ -147,11 +149,7 @@ def test_fast_jobs_are_claimed_in_one_round_trip_per_batch(mq: EchoMQ) -> None:
         return execute(calls)
 
     mq.connection.execute = recorded  # type: ignore[method-assign]
-    worker.start()
-    try:
-        eventually(lambda: q.stats()["completed"] == jobs, 60, lambda: q.stats())
-    finally:
-        worker.stop()
+    run_until(worker, q, jobs)
     assert worker.completed == jobs
     rows = [s for s in steps if "rows" in s]
     alone = [s for s in rows if "claim" not in s]
@@ -167,11 +165,7 @@ def test_a_stopped_worker_leaves_nothing_leased(mq: EchoMQ, after: int) -> None:
     q = mq.queue(f"cost6-{after}")
     q.add_bulk(range(jobs))
     worker = Worker(mq, {q.name: lambda job: None}, concurrency=50)
-    worker.start()
-    try:
-        eventually(lambda: q.stats()["completed"] >= after, 60, lambda: q.stats())
-    finally:
-        worker.stop()
+    run_until(worker, q, after)
     stats = q.stats()
     assert stats["active"] == 0, stats
     assert stats["completed"] + stats["pending"] == jobs, stats
@@ -187,11 +181,7 @@ def test_a_woken_flusher_is_notified_once(mq: EchoMQ) -> None:
     worker = Worker(mq, {"cost2": lambda job: None}, concurrency=1, flush_after=0.001)
     counted = CountingCondition(worker._lock)
     worker._results_ready = counted
-    worker.start()
-    try:
-        eventually(lambda: q.stats()["completed"] == JOBS, 60, lambda: q.stats())
-    finally:
-        worker.stop()
+    run_until(worker, q, JOBS)
     assert worker.completed == JOBS
     assert counted.notifies <= JOBS // 10, counted.notifies
 
@@ -215,9 +205,9 @@ def test_the_asyncio_client_packs_commands_in_c() -> None:
     plain = redis.asyncio.connection.Connection.pack_command(conn, *args)
     assert b"".join(packed) == b"".join(plain)
     odd = conn.pack_command("SET", "k", bytearray(b"v"))
-    assert b"".join(odd) == b"".join(redis.asyncio.connection.Connection.pack_command(
-        conn, "SET", "k", b"v"
-    ))
+    assert b"".join(odd) == b"".join(
+        redis.asyncio.connection.Connection.pack_command(conn, "SET", "k", b"v")
+    )
     tls_client: Any = connect_async("rediss://127.0.0.1:1/0").client
     tls = tls_client.connection_pool.connection_class
     assert issubclass(tls, redis.asyncio.SSLConnection)
