@@ -213,12 +213,11 @@ class Intake:
     buffered than the runners finish while it is on its way and its reply waits for the GIL
     (one switch interval at most; never fewer than half a batch, never more than two), so
     no-op jobs cost one claim and one completion per batch and the runners never wait for a
-    round trip. As soon as handlers are slow, a claim
-    takes only as many jobs as there are free runners, plus the few that runners will finish
-    while the claim is on its way (concurrency x claim time / handler time, rounded: none for
-    a handful of runners on long jobs): a worker does not sit on work that another worker
-    could run, and a runner that finishes a job finds the next one waiting instead of waiting
-    for a round trip."""
+    round trip. As soon as handlers are slow, a claim takes only as many jobs as there are
+    free runners, plus the few that runners will finish while the claim is on its way
+    (concurrency x claim time / handler time, rounded: none for a handful of runners on long
+    jobs): a worker does not sit on work that another worker could run, and a runner that
+    finishes a job finds the next one waiting instead of waiting for a round trip."""
 
     def __init__(
         self, concurrency: int, max_batch: int, fast_job: float, per_call: int = 1

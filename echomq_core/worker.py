@@ -22,11 +22,12 @@ whatever it returns later is refused by its lease token and changes nothing.
 Design (shared with :class:`~echomq_core.async_worker.AsyncWorker`, see
 :mod:`echomq_core.running`): one *fetcher* thread claims jobs into a local buffer, and
 ``concurrency`` runner threads take them from it one at a time. While handlers are fast, a
-claim doubles in size up to ``max_batch`` and the next is made when less than a batch is left
-(each claim leasing the next batch ahead in the round trip that reads its rows), so no-op jobs
-cost one claim per batch whatever the concurrency; as soon as handlers are slow,
-a claim takes only as many jobs as there are free runners (a worker never sits on work other
-workers could take). One *flusher* thread records the results of every runner as one
+claim doubles in size up to ``max_batch`` and the next is made while the buffer still holds
+what the runners finish during its round trip (:class:`~echomq_core.running.Intake`), each
+claim leasing the next batch ahead in the round trip that reads its rows, so no-op jobs cost
+one round trip per batch whatever the concurrency; as soon as handlers are slow, a claim
+takes only as many jobs as there are free runners (a worker never sits on work other workers
+could take). One *flusher* thread records the results of every runner as one
 pipelined ``complete`` / ``fail`` when the oldest result is ``flush_after`` old, when
 ``max_batch`` results are waiting, or at once when the worker has nothing else in hand (so the
 fan-in of a finished child is not held back); the server's work on one batch overlaps the
@@ -459,7 +460,7 @@ class Worker(OptionAttributes):
                         return
                     job, claimed = self._hand.buffer.popleft()
                     if self._hand.buffer:
-                        self._wake_fetcher()  # maybe under a batch: the next claim may start
+                        self._wake_fetcher()  # maybe below the depth: the next claim may start
                     now = time.monotonic()
                     # buffered jobs claimed long ago have their leases re-checked (one
                     # runner at a time) before the next starts
