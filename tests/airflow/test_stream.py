@@ -75,7 +75,7 @@ def test_a_downstream_task_consumes_the_results_while_the_children_run(
     with EchoMQ(standalone_server.url, prefix=prefix) as mq:
         finished = _finished_ms(mq, parent, 6)
         # load had its first value before the last child completed: it streamed
-        assert records[0]["at"] * 1000 < finished[5]
+        assert int(records[0]["at"] * 1000) <= finished[5]  # whole ms: the same ms counts
         # read to the release, the follower closed the barrier flow (no sensor here)
         assert mq.snapshot("test.stream", parent).parent_state == "closed"
 

@@ -70,7 +70,7 @@ def test_a_follower_task_ends_with_the_fan_out_in_a_real_deployment(tmp_path: Pa
                 lags.append((end_ms - last_ms) / 1000)
                 records = [json.loads(line) for line in record.read_text().splitlines()]
                 got_at = min(r["at"] for r in records if r["run"] == f"r{n}")
-                assert got_at * 1000 < last_ms  # load had a value before the last child ended
+                assert int(got_at * 1000) <= last_ms  # load had a value first (whole ms)
             print(f"load ended after the last child by {lags} s, median {statistics.median(lags)}")
             assert all(0 < lag < 5 for lag in lags) and statistics.median(lags) < 1.0, lags
     finally:

@@ -74,5 +74,5 @@ def test_a_followed_input_streams_under_dagster_dev(
         ids = [f"{flow.parent_id}.{i}" for i in range(N)]
         assert sorted(r["child"] for r in records) == ids and records[-1]["child"] == ids[-1]
         last = mq.get_job(CHILD, ids[-1]).finished_ms or 0
-        assert records[0]["at"] * 1000 < last  # the first value came before the last child
+        assert int(records[0]["at"] * 1000) <= last  # the first value came first (whole ms)
         assert mq.snapshot(PARENT, flow.parent_id).parent_state == "closed"
