@@ -24,7 +24,8 @@ for is the release. So:
   asset stored is released, with the flow's queue, parent id and counts as its metadata.
 * :func:`after_release` is ``eager()`` with an update of the fan-out asset itself not counted:
   the downstream is requested when the marker updates (the flow released), and not when the
-  flow is added. ``eager``'s other parts stay: nothing missing upstream, nothing in progress.
+  flow is added. ``eager``'s other parts stay: nothing missing upstream, nothing in progress;
+  a release later than the downstream's last materialization or request is never dropped.
 
 The sensor follows the flows the way :func:`~dagster_echomq.echomq_flow_sensor` does (the
 fan-out asset's materializations after its cursor; a bounded Pump pass so a cross-queue flow
@@ -95,13 +96,25 @@ def echomq_released(
 
 def after_release(released: AssetSpec) -> AutomationCondition[Any]:
     """``eager()`` on the marker: requested when the marker updates (its fan-out's flow was
-    released), not when the fan-out asset itself does (its flow was added)."""
+    released), not when the fan-out asset itself does (its flow was added).
+
+    ``eager()``'s ``since_last_handled()`` resets on ``newly_requested | newly_updated``; an
+    ``OR`` carries no timestamps, so when the downstream's own materialization (the previous
+    flow's run) and the marker's next update fall in one evaluation, the reset wins and that
+    release is never handled (Dagster 1.13, dagster-io/dagster#24650). Here each reset has a
+    ``since`` of its own: an update and a request are both timestamped, so a release later than
+    the downstream's materialization or request stays pending."""
     upstream = _released_of(released)
+    # the marker is external (never requested, never in a run): its update is the release;
+    # any_deps_updated() wraps newly_updated() in an AND and an OR, which drop its timestamps
+    release = AutomationCondition.any_deps_match(AutomationCondition.newly_updated()).ignore(
+        AssetSelection.assets(upstream)
+    )
     return (
         AutomationCondition.in_latest_time_window()
-        & AutomationCondition.any_deps_updated()
-        .ignore(AssetSelection.assets(upstream))
-        .since_last_handled()
+        & release.since(AutomationCondition.newly_requested())
+        & release.since(AutomationCondition.newly_updated())
+        & release.since(AutomationCondition.initial_evaluation())
         & ~AutomationCondition.any_deps_missing()
         & ~AutomationCondition.any_deps_in_progress()
         & ~AutomationCondition.in_progress()

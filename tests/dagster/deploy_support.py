@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -46,17 +47,31 @@ class GraphQL:
         return data
 
 
+#: Lines of a deployment's log that say what Dagster decided (kept whole in a timeout's
+#: message: the tail alone is the daemon's idle ticks by then).
+DECISIONS = re.compile(
+    r"evaluation result|Submitted run|RUN_FAILURE|STEP_FAILURE|RUN_CANCELED|ASSET_MATERIALIZATION"
+    r"|Traceback|Error"
+)
+
+
 def poll(what: str, check: Callable[[], Any], timeout: float, logs: list[Path]) -> Any:
     """Call ``check`` until it returns something truthy; fail after ``timeout`` seconds with
-    the tail of the deployment's logs."""
+    the deployment's decisions (:data:`DECISIONS`, the last 40 lines of each log) and the tail
+    of each log."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)
-            raise AssertionError(f"timed out waiting for {what}\n{tails}")
+            parts = []
+            for path in logs:
+                text = path.read_text(errors="replace")
+                decided = [line for line in text.splitlines() if DECISIONS.search(line)]
+                parts.append(f"--- {path.name}: decisions\n" + "\n".join(decided[-40:]))
+                parts.append(f"--- {path.name}: tail\n{text[-3000:]}")
+            raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(parts))
         time.sleep(0.5)
 
 
