@@ -52,10 +52,14 @@ case "$mode" in
       apache-airflow-providers-celery "celery<5.7" "psycopg2-binary>=2.9" asyncpg "dagster-postgres>=0.29"
     ;;
   floor)
+    # Airflow 3.1's models/crypto.py sets an is_encrypted attribute on a MultiFernet, which
+    # cryptography 51's MultiFernet no longer accepts (Airflow's constraints files pin
+    # cryptography; pip alone takes the newest): with 51 the dag-processor exits 1 at
+    # start-up. Newer Airflow (3.3) runs with 51.
     pip_install -e ".[server,dashboard,pandas,polars,arrow]" -r requirements-dev.txt \
       -e ./airflow_provider -e ./dagster_integration \
       "apache-airflow~=${FLOOR_AIRFLOW}" "dagster~=${FLOOR_DAGSTER}" \
-      "dagster-webserver~=${FLOOR_DAGSTER}"
+      "dagster-webserver~=${FLOOR_DAGSTER}" "cryptography<51"
     ;;
   *)
     echo "usage: bash scripts/setup.sh [all|floor]" >&2
