@@ -102,17 +102,17 @@ def _spy_claims(queue: Any, claims: dict[str, float], lock: threading.Lock) -> N
     """Note, per child a worker's claim took, when that claim was sent (the claim ran on the
     server after that): a child claimed by a claim sent after the death was not leased at
     the death, so the goal says it must not start."""
-    claim = queue.claim
+    claim_op = queue.claim_op  # the fetcher's claims (routines.claim_turn)
 
     def spied(count: int, *args: Any, **kwargs: Any) -> Any:
         sent = time.time()
-        jobs = claim(count, *args, **kwargs)
+        jobs = yield from claim_op(count, *args, **kwargs)
         with lock:
             for job in jobs:
                 claims[job.id] = sent
         return jobs
 
-    queue.claim = spied
+    queue.claim_op = spied
 
 
 def _hmget(key: str, *fields: str) -> Any:

@@ -55,7 +55,15 @@ from .hooks import LifecycleHooks
 from .models import Job
 from .options import PumpOptions, WorkerOptions, build
 from .pump import worker_pump
-from .routines import adrive, extend_leases, give_back, offer, record
+from .routines import (
+    adrive,
+    claim_turn,
+    extend_leases,
+    give_back,
+    offer,
+    read_ahead,
+    record,
+)
 from .running import (
     BLOCK_SLICE,
     HOLD,
@@ -311,46 +319,24 @@ class AsyncWorker(OptionAttributes):
                 if held and self._hand.want() <= 0:  # no room within HOLD
                     await self._read_ahead()
                 continue
-            took = False
-            for step in range(len(names)):
-                name = names[(turn + step) % len(names)]
-                queue = self.queues[name]
-                spent = self._windows.closed(name)
-                if spent and queue.ahead is None:  # its rate window is spent: not before it opens
-                    continue
-                try:
-                    sent = time.monotonic()
-                    jobs = await queue.claim(want, ahead=ahead and not spent)
-                except EchoMQError as exc:
-                    if not self._stop.is_set():
-                        log.warning("claim from %r failed: %s", name, exc)
-                        await self._sleep(idle)
-                    continue
-                self._windows.note(name, jobs)
-                if jobs:
-                    took = True
-                    turn += 1
-                    await self._take(jobs, time.monotonic() - sent)
-                    break
-            if took:
+            turn_of = claim_turn(
+                self.queues, names, turn, want, ahead, self._windows, self._stop.is_set
+            )
+            jobs, seconds, failed = await adrive(turn_of, self.connection.perform)
+            if failed:  # a claim failed: not again at once
+                await self._sleep(idle)
+            if jobs:
+                turn += 1
+                await self._take(jobs, seconds)
                 idle = self.options.poll
             else:
                 await self._idle(idle)
                 idle = min(self.options.max_poll, idle * 2)
 
     async def _read_ahead(self) -> None:
-        """Read the jobs claimed ahead into the buffer, or give them back when stopping (as
-        :meth:`Worker._read_ahead <echomq_core.worker.Worker._read_ahead>`)."""
-        for name, queue in self.queues.items():
-            if queue.ahead is None:
-                continue
-            try:
-                sent = time.monotonic()
-                jobs = await queue.claim(1)  # returns the held jobs, claims nothing
-            except EchoMQError as exc:
-                log.warning("reading the jobs claimed ahead from %r failed: %s", name, exc)
-                continue
-            await self._take(jobs, time.monotonic() - sent)
+        """:func:`~echomq_core.routines.read_ahead`, as the threaded worker's."""
+        for jobs, seconds in await adrive(read_ahead(self.queues), self.connection.perform):
+            await self._take(jobs, seconds)
 
     async def _take(self, jobs: list[Job], seconds: float) -> None:
         self._intake.claimed(len(jobs), seconds)

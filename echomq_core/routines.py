@@ -1,6 +1,7 @@
 """The exchanges of a worker with the server between its handlers, written once for the
-threaded and the asyncio worker: record a batch of results (:func:`record`), give jobs back
-(:func:`give_back`), extend leases (:func:`extend_leases`).
+threaded and the asyncio worker: claim from its queues in turn (:func:`claim_turn`), read
+the jobs claimed ahead (:func:`read_ahead`), record a batch of results (:func:`record`),
+give jobs back (:func:`give_back`), extend leases (:func:`extend_leases`).
 
 Each is a :data:`Routine`: a generator that yields the operations to run (each a
 :class:`~echomq_core.queue.QueueOps` operation, so keys, arguments and replies exist once)
@@ -15,7 +16,8 @@ order as a hand-written loop would: the commands per job do not change with the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Generator, Mapping
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
@@ -25,12 +27,16 @@ from .errors import EchoMQError, ServerFull
 from .hooks import LifecycleHooks, fire
 from .models import Job, Settlement
 from .queue import QueueOps
-from .running import Failed, InHand
+from .running import Failed, InHand, RateWindows
 from .sharding import logical_of
 from .workers_registry import lease_token
 
 T = TypeVar("T")
 log = logging.getLogger("echomq_core.worker")
+
+#: The warnings of a failed claim (its queue, the error), as logged on ``echomq_core.worker``.
+CLAIM_FAILED = "claim from %r failed: %s"
+AHEAD_FAILED = "reading the jobs claimed ahead from %r failed: %s"
 
 
 #: A worker's exchange with the server: yields operations, receives each one's result (or its
@@ -84,6 +90,63 @@ Intake = Callable[[list[Job]], list[Job]]
 #: Takes back results the server refused for lack of memory, to record them in a later batch
 #: call (True), or refuses them (False: a stopping worker; their leases expire).
 Keep = Callable[[list[tuple[Job, bytes]], list[Failed]], bool]
+
+
+def claim_turn(
+    queues: Mapping[str, QueueOps],
+    names: Sequence[str],
+    turn: int,
+    want: int,
+    ahead: bool,
+    windows: RateWindows,
+    stopping: Callable[[], bool],
+) -> Routine[tuple[list[Job], float, bool]]:
+    """One turn of a worker's fetcher: claim up to ``want`` jobs from the first of its queues
+    that has any, starting at ``names[turn % len(names)]`` (the caller moves ``turn`` on after
+    a take, so no queue starves). A queue whose rate window is spent (``windows``) is skipped
+    unless it holds jobs claimed ahead, and claims nothing ahead while spent; ``ahead`` (fast
+    handlers): see :meth:`QueueOps.claim_op <echomq_core.queue.QueueOps.claim_op>`. A claim
+    that fails is logged (unless ``stopping()``) and the next queue tried. Returns the jobs
+    (empty: none anywhere), the seconds their claim took, and whether a claim failed (the
+    caller then waits before the next turn)."""
+    failed = False
+    for step in range(len(names)):
+        name = names[(turn + step) % len(names)]
+        queue = queues[name]
+        spent = windows.closed(name)
+        if spent and queue.ahead is None:  # its rate window is spent: not before it opens
+            continue
+        sent = time.monotonic()
+        try:
+            jobs = yield queue.claim_op(want, ahead=ahead and not spent)
+        except EchoMQError as exc:
+            if not stopping():
+                log.warning(CLAIM_FAILED, name, exc)
+            failed = True
+            continue
+        windows.note(name, jobs)
+        if jobs:
+            return jobs, time.monotonic() - sent, failed
+    return [], 0.0, failed
+
+
+def read_ahead(queues: Mapping[str, QueueOps]) -> Routine[list[tuple[list[Job], float]]]:
+    """Read the jobs claimed ahead (the rows of the leases each queue holds unread, claiming
+    nothing more): each queue's jobs and the seconds their read took, for the caller's buffer
+    (or to give back: the worker is stopping). A failed read leaves their leases to expire
+    (logged)."""
+    read: list[tuple[list[Job], float]] = []
+    for name, queue in queues.items():
+        if queue.ahead is None:
+            continue
+        sent = time.monotonic()
+        try:
+            jobs = yield queue.claim_op(1)  # returns the held jobs, claims nothing
+        except EchoMQError as exc:
+            log.warning(AHEAD_FAILED, name, exc)
+            continue
+        read.append((jobs, time.monotonic() - sent))
+    return read
 
 
 def offer(queue: QueueOps, room: int) -> ops.Hand | None:

@@ -57,13 +57,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import batching, sharding, spawning
-from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
 from .options import PumpOptions, WorkerOptions, build
 from .pump import worker_pump
 from .queue import Queue
-from .routines import drive, extend_leases, give_back, offer, record
+from .routines import (
+    claim_turn,
+    drive,
+    extend_leases,
+    give_back,
+    offer,
+    read_ahead,
+    record,
+)
 from .running import (
     HOLD,
     Failed,
@@ -343,47 +350,25 @@ class Worker(OptionAttributes):
             if want <= 0:  # no room within HOLD: the held jobs join the buffer
                 self._read_ahead()
                 continue
-            took = False
-            for step in range(len(names)):
-                name = names[(turn + step) % len(names)]
-                queue = self.queues[name]
-                spent = self._windows.closed(name)
-                if spent and queue.ahead is None:  # its rate window is spent: not before it opens
-                    continue
-                try:
-                    sent = time.monotonic()
-                    jobs = queue.claim(want, ahead=ahead and not spent)
-                except EchoMQError as exc:
-                    if not self._stop.is_set():
-                        log.warning("claim from %r failed: %s", name, exc)
-                        self._stop.wait(idle)
-                    continue
-                self._windows.note(name, jobs)
-                if jobs:
-                    took = True
-                    turn += 1
-                    self._take(jobs, time.monotonic() - sent)
-                    break
-            if took:
+            turn_of = claim_turn(
+                self.queues, names, turn, want, ahead, self._windows, self._stop.is_set
+            )
+            jobs, seconds, failed = drive(turn_of, self.client.perform)
+            if failed:  # a claim failed: not again at once
+                self._stop.wait(idle)
+            if jobs:
+                turn += 1
+                self._take(jobs, seconds)
                 idle = self.options.poll
             else:
                 self._idle(idle)
                 idle = min(self.options.max_poll, idle * 2)
 
     def _read_ahead(self) -> None:
-        """Read the jobs claimed ahead (the rows of the leases held unread) into the buffer,
-        or give them back when the worker is stopping. A failed read leaves their leases to
-        expire (logged)."""
-        for name, queue in self.queues.items():
-            if queue.ahead is None:
-                continue
-            try:
-                sent = time.monotonic()
-                jobs = queue.claim(1)  # returns the held jobs, claims nothing
-            except EchoMQError as exc:
-                log.warning("reading the jobs claimed ahead from %r failed: %s", name, exc)
-                continue
-            self._take(jobs, time.monotonic() - sent)
+        """:func:`~echomq_core.routines.read_ahead`: the jobs claimed ahead join the buffer
+        (or are given back: the worker is stopping)."""
+        for jobs, seconds in drive(read_ahead(self.queues), self.client.perform):
+            self._take(jobs, seconds)
 
     def _take(self, jobs: list[Job], seconds: float) -> None:
         """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""

@@ -118,6 +118,31 @@ def test_async_and_sync_handlers_run_and_fail_cleanly(
     assert q.stats()["active"] == 0 and s.stats()["active"] == 0
 
 
+def test_a_queue_whose_claims_fail_starves_no_other(
+    mq: EchoMQ, backend: Backend, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the threaded worker's test: every claim from ``broken`` fails and is logged, the
+    other queue is served."""
+    caplog.set_level("WARNING", logger="echomq_core.worker")
+    raw = mq.connection.client
+    raw.set(mq.keys.pending("broken"), "not a sorted set")
+    good = mq.queue("good")
+    good.add_bulk(range(300))
+
+    async def handle(job: Job) -> int:
+        return int(job.payload) * 2
+
+    async def body(worker: AsyncWorker) -> None:
+        await eventually_async(lambda: good.stats()["completed"] == 300, what="every job")
+
+    try:
+        _run(backend, prefix, {"broken": handle, "good": handle}, body, concurrency=4)
+    finally:
+        raw.delete(mq.keys.pending("broken"))
+    assert "claim from 'broken' failed" in caplog.text
+    assert good.stats()["active"] == 0
+
+
 def test_async_handlers_run_concurrently_on_one_loop(
     mq: EchoMQ, backend: Backend, prefix: str
 ) -> None:

@@ -461,14 +461,14 @@ def test_a_worker_runs_handed_off_children_within_the_cap(backend: Backend, pref
 
     worker = Worker(mq, {work: handle}, concurrency=4, pump=False)
     claimed: list[str] = []
-    claim = worker.queues[work].claim
+    claim_op = worker.queues[work].claim_op  # the fetcher's claims (routines.claim_turn)
 
     def counting_claim(count: int, **kw: Any) -> Any:
-        jobs = claim(count, **kw)
+        jobs = yield from claim_op(count, **kw)
         claimed.extend(j.id for j in jobs)
         return jobs
 
-    worker.queues[work].claim = counting_claim  # type: ignore[method-assign]
+    worker.queues[work].claim_op = counting_claim  # type: ignore[method-assign,assignment]
     pump = Pump(mq, [parents, work], sweep_every=None)
     worker.start()
     try:

@@ -362,13 +362,13 @@ def test_an_idle_rate_limited_worker_does_not_spin(backend: Backend, prefix: str
         j.queue)}, concurrency=1, lease=LEASE, pump=False)  # fmt: skip
     claims = Counter[str]()
     for name, queue in worker.queues.items():
-        real = queue.claim
+        real = queue.claim_op  # the fetcher's claims (routines.claim_turn)
 
         def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
             claims[_name] += 1
             return _real(*args, **kw)
 
-        queue.claim = counted  # type: ignore[method-assign]
+        queue.claim_op = counted  # type: ignore[method-assign]
     worker.start()
     try:
         eventually(lambda: done.count(limited) == 1, 20, "the window's one start")
@@ -407,13 +407,13 @@ def test_an_idle_rate_limited_async_worker_does_not_spin(backend: Backend, prefi
         worker = AsyncWorker(amq, {limited: handle, free: handle}, lease=LEASE, pump=False)
         claims = Counter[str]()
         for name, queue in worker.queues.items():
-            real = queue.claim
+            real = queue.claim_op  # the fetcher's claims (routines.claim_turn)
 
-            async def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
                 claims[_name] += 1
-                return await _real(*args, **kw)
+                return _real(*args, **kw)
 
-            queue.claim = counted  # type: ignore[method-assign]
+            queue.claim_op = counted  # type: ignore[method-assign]
         await worker.start()
         try:
             await eventually_async(lambda: done.count(limited) == 1, 20, "the one start")

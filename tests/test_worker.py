@@ -54,6 +54,27 @@ def test_worker_runs_handlers_and_fails_cleanly(mq: EchoMQ) -> None:
     assert q.stats()["active"] == 0
 
 
+def test_a_queue_whose_claims_fail_starves_no_other(
+    mq: EchoMQ, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every claim from ``broken`` fails (its pending set is a string: the script raises);
+    the failure is logged and the worker's other queue is served batch after batch."""
+    caplog.set_level("WARNING", logger="echomq_core.worker")
+    raw = mq.connection.client
+    raw.set(mq.keys.pending("broken"), "not a sorted set")
+    good = mq.queue("good")
+    good.add_bulk(range(300))
+    handlers = {"broken": lambda job: None, "good": lambda job: job.payload * 2}
+    worker = Worker(mq, handlers, concurrency=4).start()
+    try:
+        eventually(lambda: good.stats()["completed"] == 300, 30)
+    finally:
+        worker.stop()
+        raw.delete(mq.keys.pending("broken"))
+    assert "claim from 'broken' failed" in caplog.text
+    assert good.stats()["active"] == 0
+
+
 def test_worker_heartbeats_long_jobs(mq: EchoMQ) -> None:
     q = mq.queue("slow")
     job_id = q.add("x")

@@ -275,15 +275,15 @@ def test_a_backlog_is_claimed_in_batches_that_double_from_the_first(
     worker = Worker(mq, {"ramp": lambda job: None}, concurrency=concurrency, fast_job=1.0)
     queue = worker.queues["ramp"]
     sizes: list[int] = []
-    claim = queue.claim
+    claim_op = queue.claim_op  # the fetcher's claims (routines.claim_turn)
 
     def recorded(count: int = 1, **options: Any) -> Any:
-        jobs = claim(count, **options)
+        jobs = yield from claim_op(count, **options)
         if jobs:
             sizes.append(len(jobs))
         return jobs
 
-    queue.claim = recorded  # type: ignore[method-assign]
+    queue.claim_op = recorded  # type: ignore[method-assign]
     worker.start()
     try:
         eventually(lambda: q.stats()["completed"] == 2000, 60, lambda: (q.stats(), sizes))

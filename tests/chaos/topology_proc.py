@@ -37,6 +37,7 @@ import time
 from typing import Any
 
 from echomq_core import Backoff, EchoMQ, EchoMQError, Job, Pump, Worker
+from echomq_core.routines import AHEAD_FAILED, CLAIM_FAILED
 
 OK_EVERY = 0.25
 _OUT = threading.Lock()
@@ -90,20 +91,31 @@ class ReportingPump(Pump):
         return stats
 
 
-def report_claims(worker: Worker) -> None:
-    for queue in worker.queues.values():
-        claim, what = queue.claim, f"claim:{queue.name}"
+class ClaimFailures(logging.Handler):
+    """Reports each claim the worker's fetcher logs as failed (routines.claim_turn and
+    read_ahead: a claim's operation fails in the connection's driver, outside it, where no
+    wrapper of the operation sees the error) as ``down claim:<queue>``."""
 
-        def reported(*args: Any, _claim: Any = claim, _what: str = what, **kwargs: Any) -> Any:
-            try:
-                jobs = _claim(*args, **kwargs)
-            except EchoMQError as exc:
-                REPORT.failed(_what, exc)
-                raise
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg in (CLAIM_FAILED, AHEAD_FAILED) and isinstance(record.args, tuple):
+            name, exc = record.args
+            if isinstance(exc, BaseException):
+                REPORT.failed(f"claim:{name}", exc)
+
+
+def report_claims(worker: Worker) -> None:
+    """Report the fetcher's claims: ``ok`` (or ``up``) when one returns, ``down`` when one
+    fails (:class:`ClaimFailures`)."""
+    logging.getLogger("echomq_core.worker").addHandler(ClaimFailures())
+    for queue in worker.queues.values():
+        claim_op, what = queue.claim_op, f"claim:{queue.name}"
+
+        def reported(*args: Any, _claim_op: Any = claim_op, _what: str = what, **kw: Any) -> Any:
+            jobs = yield from _claim_op(*args, **kw)
             REPORT.ok(_what)
             return jobs
 
-        queue.claim = reported  # type: ignore[method-assign]
+        queue.claim_op = reported  # type: ignore[method-assign]
 
 
 def make_handler(mq: EchoMQ, config: dict[str, Any]) -> Any:
