@@ -29,7 +29,6 @@ from .models import (
     row_fact,
     split_done,
 )
-from .rates import Claimed
 
 CHUNK = 500
 #: A bulk call of at least this many items pauses the cyclic garbage collector (gc_paused).
@@ -176,23 +175,12 @@ class Hand:
         return f"{self.token} {self.lease_ms} {self.room}" if gates and self.room > 0 else ""
 
 
-def claim(
-    ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int, ser: Serializer
-) -> Op[Claimed]:
-    """Lease up to ``count`` jobs within the queue's rate limit (:mod:`echomq_core.rates`):
-    the ``claim`` script, then the ``rows`` script reading every claimed row in one reply
-    (two round trips; one when nothing is claimed)."""
-    (reply,) = yield [claim_call(ks, queue, count, lease_ms, token, promote)]
-    opens_in, names = claimed_ids(reply)
-    if not names:
-        return Claimed([], opens_in)
-    return Claimed((yield from leased(ks, queue, names, token, ser)), opens_in)
-
-
 def claim_call(
     ks: Keyspace, queue: str, count: int, lease_ms: int, token: str, promote: int
 ) -> Call:
-    """The ``claim`` script's call (its reply: :func:`claimed_ids`)."""
+    """The ``claim`` script's call (its reply: :func:`claimed_ids`): it leases up to ``count``
+    jobs within the queue's rate limit (:mod:`echomq_core.rates`); their rows are read by
+    :func:`leased` (or :func:`claim_ahead`) in the next round trip."""
     return Call.lua("claim", ks.claim_keys(queue), [count, lease_ms, token, promote])
 
 

@@ -249,46 +249,44 @@ class QueueOps:
     def _claim(self, count: int, lease_ms: int, promote: int, ahead: bool) -> Op[Claimed]:
         held, self.ahead = self.ahead, None
         if held is not None:
-            claimed = yield from self._claim_on(held, count if ahead else 0, lease_ms, promote)
+            more = count if ahead else 0
+            claimed = yield from self._claim_on(self.name, held, more, lease_ms, promote)
             self.label(claimed)
             return claimed
         shards = (self.name,) if self.physical else (yield from self._shards())
-        token, claimed = lease_token(self.holder), Claimed()
-        if ahead and len(shards) == 1:
-            ks = self.client.keys
-            (reply,) = yield [ops.claim_call(ks, self.name, count, lease_ms, token, promote)]
-            opens_in, ids = ops.claimed_ids(reply)
-            if ids:
-                more = count if len(ids) == count and not opens_in else 0  # full: claim ahead
-                claimed = yield from self._claim_on((ids, token), more, lease_ms, promote)
-            claimed.opens_in = max(claimed.opens_in, opens_in)
-            self.label(claimed)
-            return claimed
+        ks, token, claimed = self.client.keys, lease_token(self.holder), Claimed()
         # a sharded queue: shards in turn, the first tried rotating, so none starves
         self._turn = turn = (self._turn + 1) % len(shards)
         for step in range(len(shards)):
-            name = shards[(turn + step) % len(shards)]
-            claimed = yield from ops.claim(
-                self.client.keys, name, count, lease_ms, token, promote, self.client.serializer
-            )
-            if claimed:
-                break
+            shard = shards[(turn + step) % len(shards)]
+            (reply,) = yield [ops.claim_call(ks, shard, count, lease_ms, token, promote)]
+            opens_in, ids = ops.claimed_ids(reply)
+            if not ids:
+                claimed = Claimed([], opens_in)
+                continue
+            # a full claim of a queue of one slot claims ahead (not a sharded logical handle)
+            full = len(ids) == count and not opens_in and len(shards) == 1
+            more = count if ahead and full else 0
+            claimed = yield from self._claim_on(shard, (ids, token), more, lease_ms, promote)
+            claimed.opens_in = max(claimed.opens_in, opens_in)
+            break
         self.label(claimed)
         return claimed
 
     def _claim_on(
-        self, held: tuple[list[str], str], count: int, lease_ms: int, promote: int
+        self, shard: str, held: tuple[list[str], str], count: int, lease_ms: int, promote: int
     ) -> Op[Claimed]:
-        """The jobs of ``held`` (ids leased, their rows unread) and, when ``count``, the next
-        claim of ``count`` in the same round trip (:func:`~echomq_core.ops.claim_ahead`),
-        held in :attr:`ahead` (the window it found spent is in the reply's ``opens_in``)."""
+        """The jobs of ``held`` (ids leased in ``shard``, their rows unread) and, when
+        ``count``, the next claim of ``count`` in the same round trip
+        (:func:`~echomq_core.ops.claim_ahead`), held in :attr:`ahead` (the window it found
+        spent is in the reply's ``opens_in``)."""
         ks, ser = self.client.keys, self.client.serializer
         ids, token = held
         if not count:
-            return Claimed((yield from ops.leased(ks, self.name, ids, token, ser)))
+            return Claimed((yield from ops.leased(ks, shard, ids, token, ser)))
         after = lease_token(self.holder)
         jobs, opens_in, nxt = yield from ops.claim_ahead(
-            ks, self.name, ids, token, count, lease_ms, after, promote, ser
+            ks, shard, ids, token, count, lease_ms, after, promote, ser
         )
         if nxt:
             self.ahead = (nxt, after)

@@ -159,8 +159,9 @@ def test_an_older_workers_token_shows_as_unknown_and_still_completes(
     q = mq.queue("at-old")
     job_id = q.add({"n": 1})
     old = uuid.uuid4().hex
-    claimed = mq.perform(ops.claim(mq.keys, "at-old", 1, 30_000, old, 0, mq.serializer))
-    (job,) = claimed
+    (reply,) = mq.connection.execute([ops.claim_call(mq.keys, "at-old", 1, 30_000, old, 0)])
+    _, ids = ops.claimed_ids(reply)
+    (job,) = mq.perform(ops.leased(mq.keys, "at-old", ids, old, mq.serializer))
     assert job.token == old
     got = api_job(dashboard, "at-old", job_id)
     assert got["lease"] == old and got["holder"] is None and got["started_ms"] is None

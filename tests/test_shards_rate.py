@@ -3,7 +3,8 @@ logical queue never starts more than the limit in a window; set before or after 
 
 Starts are measured independently of the claim script's counter, as in test_rate_limit: a
 claim scores each job in its shard's ``active`` at (server time of the claim + lease), and the
-handler reads that score back (lease 60 s: no heartbeat has moved it yet)."""
+handler reads that score back: the workers' lease is 600 s and their buffer's lease check is
+off (test_rate_limit.unextended), so nothing has moved it since."""
 
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ from echomq_core.metrics import QueueCollector
 from echomq_core.rates import shares
 
 from .conftest import Backend
+from .test_rate_limit import WORKER_LEASE, unextended
 from .waiting import eventually
-
-LEASE = 60.0
 
 
 def _config(mq: EchoMQ, queue: str, field: str) -> str | None:
@@ -104,7 +104,7 @@ def _recorder(mq: EchoMQ, seen: list[tuple[int, str]], lock: threading.Lock) -> 
     def handle(job: Job) -> None:
         (score,) = mq.connection.execute([Call.cmd("ZSCORE", mq.keys.active(job.shard), job.id)])
         with lock:
-            seen.append((int(float(score)) - int(LEASE * 1000), job.shard))
+            seen.append((int(float(score)) - int(WORKER_LEASE * 1000), job.shard))
 
     return handle
 
@@ -121,9 +121,13 @@ def test_workers_never_exceed_the_limit_over_the_shards(backend: Backend, prefix
     lock = threading.Lock()
     clients = [backend.client(prefix) for _ in range(3)]
     workers = [
-        Worker(c, {"rapi": _recorder(c, seen, lock)}, concurrency=4, lease=LEASE, pump=False)
+        Worker(
+            c, {"rapi": _recorder(c, seen, lock)}, concurrency=4, lease=WORKER_LEASE, pump=False
+        )
         for c in clients[:2]
     ]
+    for w in workers:
+        unextended(w)
     stop = threading.Event()
 
     def run_async() -> None:
@@ -134,7 +138,10 @@ def test_workers_never_exceed_the_limit_over_the_shards(backend: Backend, prefix
             async def call(job: Job) -> None:
                 await asyncio.to_thread(handle, job)
 
-            worker = AsyncWorker(amq, {"rapi": call}, concurrency=3, lease=LEASE, pump=False)
+            worker = AsyncWorker(
+                amq, {"rapi": call}, concurrency=3, lease=WORKER_LEASE, pump=False
+            )
+            unextended(worker)
             await worker.start()
             while not stop.is_set():
                 await asyncio.sleep(0.05)
