@@ -47,7 +47,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from echomq_core.server import EmbeddedServer, free_port
 from echomq_core.targets import parse_url
@@ -470,6 +470,14 @@ class Deployment:
             "GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}"
         )
         return dict(ti)
+
+    def event_log(self, dag_id: str, run_id: str, task_id: str, event: str) -> list[str]:
+        """The ``extra`` text of each entry of Airflow's audit log (the UI's Audit Log) for a
+        task of a run whose event is ``event`` (e.g. ``state mismatch``: the scheduler failed
+        the task from an executor report, without running its code)."""
+        query = urlencode({"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "event": event})
+        entries = self.api("GET", f"/api/v2/eventLogs?{query}")["event_logs"]
+        return [str(e.get("extra") or "") for e in entries]
 
     def xcom_rows(self, dag_id: str, run_id: str) -> dict[tuple[str, str], int]:
         """Every row the metadata DB's ``xcom`` table holds for a run: ``(task id, key)`` ->

@@ -336,6 +336,20 @@ def one_task(deployment: Deployment, mq: EchoMQ) -> None:
     assert rows[("fan_out", "return_value")] < 600 and rows[("fan_out", LINK_KEY)] < 300
 
 
+def raced_on_resume(deployment: Deployment, dag_id: str, run_id: str, task_id: str) -> bool:
+    """True if Airflow's scheduler failed the task without its code: the trigger fired and
+    the task was resumed before the scheduler read the executor's report of the deferring
+    process (exit: success), which it then took for a task killed externally ("state
+    mismatch" in the audit log; apache/airflow#71580, 3.3 handles it only while the task is
+    still scheduled). The resumed run's lines never reach the log then: seen once in CI under
+    load (3.3.2; at the 3.1 floor before). What EchoMQ owns still holds (the flow is
+    cancelled by its failure policy, which the caller checks)."""
+    found = deployment.event_log(dag_id, run_id, task_id, "state mismatch")
+    for extra in found:
+        print(f"Airflow failed {task_id} of {run_id} on resume (apache/airflow#71580): {extra}")
+    return bool(found)
+
+
 def failure_cancels(
     deployment: Deployment, mq: EchoMQ, runs: Path, markers: Path
 ) -> tuple[str, str]:
@@ -361,11 +375,14 @@ def failure_cancels(
             60,
             "the sensor's failure in its log",
         )
-    except DeploymentError as exc:  # once at the 3.1 floor in CI: say what the logs held
-        raise AssertionError(f"{exc}\n{log_tails(deployment, dag_id, run_id, 'wait')}") from None
-    log = task_log(deployment, dag_id, run_id, "wait")
-    assert f"First failed child {parent}.1 (queue 'example.cube')" in log
-    assert "raise Unrecoverable(" in log  # its traceback, raised in the echomq worker
+    except DeploymentError as exc:
+        if not raced_on_resume(deployment, dag_id, run_id, "wait"):
+            tails = log_tails(deployment, dag_id, run_id, "wait")
+            raise AssertionError(f"{exc}\n{tails}") from None
+    else:
+        log = task_log(deployment, dag_id, run_id, "wait")
+        assert f"First failed child {parent}.1 (queue 'example.cube')" in log
+        assert "raise Unrecoverable(" in log  # its traceback, raised in the echomq worker
     snap = mq.snapshot("example.reports", parent)
     assert snap.parent_state == "cancelled" and "corrupt input" in (snap.error or "")
     assert mq.get_job("example.cube", f"{parent}.1").state == "dead"
