@@ -101,7 +101,9 @@ def test_no_op_jobs_keep_one_runner_of_many(mq: EchoMQ) -> None:
     jobs = 2 * JOBS
     q = mq.queue("cost3")
     q.add_bulk(range(jobs))
-    worker = Worker(mq, {"cost3": lambda job: None}, concurrency=50)
+    # fast_job=1.0: the no-ops count as fast however loaded the machine (a loaded machine
+    # stretches their wall time past the default 5 ms, and slow handlers are spread)
+    worker = Worker(mq, {"cost3": lambda job: None}, concurrency=50, fast_job=1.0)
     counted = WakeCountingCondition(worker._lock)
     worker._jobs_ready = counted
     woken = run_until(worker, q, jobs, lambda: counted.woken)  # before the stop wakes all
@@ -140,7 +142,9 @@ def test_fast_jobs_are_claimed_in_one_round_trip_per_batch(mq: EchoMQ) -> None:
     jobs = 4 * JOBS
     q = mq.queue("cost5")
     q.add_bulk(range(jobs))
-    worker = Worker(mq, {"cost5": lambda job: None}, concurrency=50)
+    # fast_job=1.0: the no-ops count as fast however loaded the machine (their wall time,
+    # not their work, is what a loaded machine stretches past the default)
+    worker = Worker(mq, {"cost5": lambda job: None}, concurrency=50, fast_job=1.0)
     steps: list[tuple[str, ...]] = []
     execute = mq.connection.execute
 
@@ -164,7 +168,7 @@ def test_a_stopped_worker_leaves_nothing_leased(mq: EchoMQ, after: int) -> None:
     jobs = 4 * JOBS
     q = mq.queue(f"cost6-{after}")
     q.add_bulk(range(jobs))
-    worker = Worker(mq, {q.name: lambda job: None}, concurrency=50)
+    worker = Worker(mq, {q.name: lambda job: None}, concurrency=50, fast_job=1.0)  # claims ahead
     run_until(worker, q, after)
     stats = q.stats()
     assert stats["active"] == 0, stats
@@ -315,7 +319,7 @@ def test_an_asyncio_worker_claims_ahead_and_leaves_nothing_leased(
             return await execute(calls)
 
         amq.connection.execute = recorded  # type: ignore[method-assign]
-        worker = AsyncWorker(amq, {"cost7": lambda job: None}, concurrency=50)
+        worker = AsyncWorker(amq, {"cost7": lambda job: None}, concurrency=50, fast_job=1.0)
         await worker.start()
         try:
             await eventually_async(
