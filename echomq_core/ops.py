@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import collector
-from .calls import Call, Op
+from .calls import Call, Lenient, Op
 from .checks import text
+from .errors import EchoMQError, PartlyWritten, ServerFull
 from .keyspace import Keyspace
 from .models import (
     FAIL_PARENT,
@@ -438,23 +439,27 @@ def complete(
 ) -> Op[Settlement]:
     """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current.
     With ``hand``, the first call with gated children hands what its gates admit to the
-    caller (their ids in ``Settlement.handed``, at most ``hand.room``)."""
-    calls = []
+    caller (their ids in ``Settlement.handed``, at most ``hand.room``). Each call (up to
+    :data:`CHUNK` jobs) also counts its completions in the minute's tally, in the same script:
+    a full server refuses the call whole (:class:`~echomq_core.errors.ServerFull`), or it is
+    written whole; calls cut between them raise :class:`~echomq_core.errors.PartlyWritten`."""
+    calls = Lenient()
     fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
-    for part in chunks(done):
+    minutes = ks.minutes(queue)
+    parts = list(chunks(done))
+    for part in parts:
         batch, groups, plain, gates, gate_keys = _batch(ks, queue, part)
         keys = [*fixed, *(rows + j.id for j in plain), *_group_keys(ks, queue, groups)]
         keys += gate_keys
         spec = _hand_spec(ks, queue, hand, gates, keys)
         if spec:
             hand = None
+        keys.append(minutes)  # the tally's: always the last key (complete.lua)
         argv = [queue, "1" if keep else "0", gates, spec, *batch]
         calls.append(Call.lua("complete", keys, argv))
-    if calls:  # the minute's tally rides along: one more command per batch, not per job
-        calls.append(tally(ks, queue, "c", len(done)))
     replies = yield calls
-    return _settled(queue, replies[:-1] if calls else replies)
+    return _outcome(queue, parts, replies)
 
 
 def fail(
@@ -465,9 +470,12 @@ def fail(
     hand: Hand | None = None,
 ) -> Op[Settlement]:
     """Fail ``(job, error, traceback, delay_ms)`` records (traceback '' for none; delay -1: bury
-    now). Per job: 0 lease lost, 1 retry scheduled, 2 dead. ``hand`` as :func:`complete`."""
-    calls = []
-    for part in chunks(failed):
+    now). Per job: 0 lease lost, 1 retry scheduled, 2 dead. ``hand`` and the tally as
+    :func:`complete` (failed attempts, deaths among them)."""
+    calls = Lenient()
+    minutes = ks.minutes(queue)
+    parts = list(chunks(failed))
+    for part in parts:
         batch, groups, _, gates, gate_keys = _batch(ks, queue, part)
         keys = [
             *ks.queue_keys(queue),
@@ -478,20 +486,37 @@ def fail(
         spec = _hand_spec(ks, queue, hand, gates, keys)
         if spec:
             hand = None
+        keys.append(minutes)
         calls.append(Call.lua("fail", keys, [queue, gates, spec, *batch]))
-    if calls:  # a death: buried now, or the attempt the row's max_attempts allows last
-        deaths = sum(1 for j, _, _, d in failed if d < 0 or j.attempts + 1 >= j.max_attempts)
-        calls.append(tally(ks, queue, "f", len(failed), deaths))
     replies = yield calls
-    return _settled(queue, replies[:-1] if calls else replies)
+    return _outcome(queue, parts, replies)
 
 
-def tally(ks: Keyspace, queue: str, kind: str, n: int, deaths: int = 0) -> Call:
-    """The call adding ``n`` to this minute's ``kind`` tally of ``queue`` (tally.lua; 'c'
-    completed, 'f' failed attempts, ``deaths`` of them the job's last). Counted as sent: a
-    completion whose lease was lost is tallied too (the script runs beside the batch's, not
-    after reading its statuses), and a death is what the claimed row's attempts foretell."""
-    return Call.lua("tally", [ks.minutes(queue)], [kind, n, deaths])
+def _outcome(queue: str, parts: Sequence[Sequence[Any]], replies: list[Any]) -> Settlement:
+    """What a complete or fail step did, one reply per part of the batch (a lenient step):
+    an error raises the first one - except a full server's refusal of some parts after others
+    were written, which raises :class:`~echomq_core.errors.PartlyWritten` saying which."""
+    refused = [r for r in replies if isinstance(r, EchoMQError)]
+    if not refused:
+        return _settled(queue, replies)
+    if len(refused) == len(replies) or not all(isinstance(r, ServerFull) for r in refused):
+        raise refused[0]
+    written: list[Any] = []
+    left: list[Any] = []
+    settled = Settlement([])
+    for part, reply in zip(parts, replies, strict=True):
+        if isinstance(reply, EchoMQError):
+            left += part
+        else:
+            written += part
+            settled.absorb(queue, reply)
+    raise PartlyWritten(
+        f"{refused[0]} ({len(written)} of {len(written) + len(left)} written, in "
+        f"{len(replies) - len(refused)} of {len(replies)} calls)",
+        written,
+        settled,
+        left,
+    )
 
 
 def _settled(queue: str, replies: list[Any]) -> Settlement:

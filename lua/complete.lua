@@ -1,3 +1,4 @@
+#!lua
 -- complete: record the results of a batch of leased jobs of one queue, with the fan-in.
 -- @include now_ms
 -- @include queue_keys
@@ -6,6 +7,7 @@
 -- @include signal
 -- @include push_signals
 -- @include free_tokens
+-- @include tally
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), completed, and for the fan-in: pending and wake (a same-queue parent
@@ -18,8 +20,11 @@
 --             claimed it)
 -- then 2 keys per gated ref of ARGV[3], in that order: the gate (waiting, cap) of that parent's
 --             children in this queue (includes/gate.lua)
--- last key    the queue's config (keyspace.config), only when ARGV[4] is not '': read for its
+-- then        the queue's config (keyspace.config), only when ARGV[4] is not '': read for its
 --             rate limit (includes/hand.lua)
+-- KEYS[#KEYS] the queue's minute tallies (keyspace.minutes, always the last key): the jobs
+--             completed here are counted in this minute's field (includes/tally.lua), in this
+--             script, so a batch and its count are written together or not at all
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
 --                   (never a flow parent's row: see below)
@@ -50,6 +55,8 @@
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed. A gated child
 -- that completes returns its token: its gate admits the next waiting child in this step;
 -- handed = the ids of admitted children leased to the caller (ARGV[4]), in admission order.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
 -- their flow's expiry ('done' goes with the row); :processed records and
@@ -119,4 +126,5 @@ push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
 local at = 15 + p + 7 * #b.parents
 local handed = free_tokens(q, KEYS, at, #b.parents, freed, refs, ARGV[4], now)
+tally(KEYS[#KEYS], now, #done, 0, 0)
 return {out, events, handed}
