@@ -65,8 +65,9 @@ class PartlyWritten(ServerFull):
     """Raised by a completion or failure of more than 500 jobs (one script call per 500, sent
     in one round trip) when a full server refused some of its calls after others ran.
 
-    ``written`` holds the items (``(job, result)`` pairs, or the failure records) whose calls
-    were written, in the order given, ``settled`` what those calls did (a
+    ``written`` holds the items whose calls were written, as the calls carried them - a
+    completion's ``(job, serialised result)`` pairs, a failure's ``(job, error, traceback,
+    delay_ms)`` records - in the order given, ``settled`` what those calls did (a
     :class:`~echomq_core.models.Settlement`, a status per item of ``written``), ``refused``
     the items of the refused calls: nothing of them was written, so they can be sent again
     once memory is freed (their leases are still theirs). A :class:`ServerFull`, so code that

@@ -206,10 +206,18 @@ def claim_ahead(
     claim, in one round trip: the rows of the first and the ``claim`` script of the second
     travel in one step (same queue, same slot), so a worker claiming batch after batch pays
     one round trip per batch instead of two. Returns the jobs, and the next claim's
-    ``opens_in`` and ids (leased under ``token``, their rows not read yet)."""
+    ``opens_in`` and ids (leased under ``token``, their rows not read yet).
+
+    The claim is the step's only write: a full server that refuses it
+    (:class:`~echomq_core.errors.ServerFull`) still hands over the held jobs, with nothing
+    claimed next (before, the refusal dropped them: their leases expired unrun)."""
     jobs, (reply,) = yield from _leased(
         ks, queue, held, held_token, ser, [claim_call(ks, queue, count, lease_ms, token, promote)]
     )
+    if isinstance(reply, ServerFull):  # refused before it ran: it leased nothing
+        return jobs, 0.0, []
+    if isinstance(reply, EchoMQError):
+        raise reply
     opens_in, names = claimed_ids(reply)
     return jobs, opens_in, names
 
@@ -235,7 +243,10 @@ def _leased(
     """:func:`leased`, with the calls ``also`` (of the same slot) in the rows' step: the jobs
     and their replies."""
     base = ks.job_prefix(queue)
-    rows, *more = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS), *also]
+    # lenient: the rows (a read) are the held jobs' whatever ``also`` met (claim_ahead)
+    rows, *more = yield Lenient([Call.lua("rows", [base + n for n in names], ROW_FIELDS), *also])
+    if isinstance(rows, EchoMQError):
+        raise rows
     old = [i for i, row in enumerate(rows) if row[2] is None and row[0] is not None]
     if old:
         keys = [base + names[i] for i in old]

@@ -1,0 +1,262 @@
+"""A step on a server at ``maxmemory`` (``noeviction``) is written whole or refused whole, on
+standalone and on a Cluster.
+
+Before, ``complete.lua`` and the minute's ``tally.lua`` went in one pipeline: a cross-queue
+child's completion ran in full (its first write, a ``ZREM``, is not refused on a full server)
+and the tally's ``HSET`` was refused, so the step raised :class:`~echomq_core.ServerFull`
+("nothing written") after completing the jobs - the retry met lost leases, the
+``job_completed`` hooks never fired, and memory kept climbing past ``maxmemory`` while full.
+Every script now declares its flags (``#!lua``): a full server refuses one that may grow
+memory before it runs, the tally is written inside the batch's own script, and a step of
+several calls cut between them raises :class:`~echomq_core.PartlyWritten`, saying what it
+wrote. The full state is set by the tests (``maxmemory`` measured against what a batch
+grows), never waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from echomq_core import (
+    Child,
+    EchoMQ,
+    Job,
+    PartlyWritten,
+    Pump,
+    ServerFull,
+    Worker,
+)
+from echomq_core.throughput import read_minutes
+
+from ..conftest import Backend
+from ..waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+#: A realistic long flow id: a cross-queue child's signal carries it (and its queue) whole, so
+#: a batch's completions grow the server by much more than the batch's own arguments.
+PARENT = "JOB-af/etl/warehouse_events/fan_out/" + "2026-12-01T00.00.00/" * 8
+#: The children's own short ids (explicit), so that a batch's arguments stay small.
+CHILD = "JOB-c{}"
+
+
+@pytest.fixture
+def admin(backend: Backend) -> Iterator[dict[str, redis.Redis]]:
+    """A client per server node (by URL); every node's maxmemory is lifted again afterwards
+    (the servers are shared by the session)."""
+    nodes = {s.url: redis.Redis.from_url(s.url) for s in backend.servers}
+    try:
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.config_set("maxmemory", 0)
+            node.close()
+
+
+def _node(backend: Backend, admin: dict[str, redis.Redis], queue: str) -> redis.Redis:
+    """The client of the node that owns ``queue``'s slot (the only one on standalone)."""
+    return admin[backend.servers[backend.node_of_queue(queue)].url]
+
+
+def _used(node: redis.Redis) -> int:
+    return int(node.info("memory")["used_memory"])
+
+
+def _fill_at(node: redis.Redis, limit: int) -> None:
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", limit)
+
+
+def _completed(mq: EchoMQ, queue: str) -> int:
+    return sum(m.completed for m in mq.perform(read_minutes(mq.keys, queue, 3)))
+
+
+def _flow(mq: EchoMQ, parents: str, work: str, n: int) -> None:
+    ref = mq.add_flow(
+        parents, [Child({"n": i}, queue=work, id=CHILD.format(i)) for i in range(n)], parent_id=PARENT, barrier=True
+    )
+    assert len(ref.children) == n
+
+
+def _limit_halfway(node: redis.Redis, mq: EchoMQ, work: str, rehearsal: list[Job]) -> int:
+    """Complete a rehearsal batch (jobs claimed, as every job of the test, before) to learn
+    how much such a batch grows the server, then set ``maxmemory`` half that above what it
+    holds: the next batch of that size starts below the limit and ends above it."""
+    q = mq.queue(work)
+    before = _used(node)
+    assert all(q.complete_many([(j, 1) for j in rehearsal]))
+    grew = _used(node) - before
+    # the batch's arguments (short ids, results '1') are far less than what it writes: the
+    # signals carry the long flow id; half the growth leaves room for the arguments' buffer
+    assert grew > 40_000, grew
+    limit = _used(node) + grew // 2
+    _fill_at(node, limit)
+    return limit
+
+
+def test_a_cross_queue_batch_is_completed_whole_or_refused_whole(
+    backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis]
+) -> None:
+    """A batch of cross-queue children that starts below ``maxmemory`` and ends above it is
+    written whole, tally included, and reported completed (before: ServerFull, and its retry
+    got lost leases). The next batch, on the now full server, is refused before it runs:
+    nothing written, its leases intact, and recorded in full once memory is freed."""
+    parents, work = "fs-parents", "fs-work"
+    _flow(mq, parents, work, 1500)
+    node = _node(backend, admin, work)
+    q = mq.queue(work)
+    rehearsal, a, b = q.claim(500), q.claim(500), q.claim(500)
+    assert len(a) == len(b) == 500  # all claimed before the server is full
+    limit = _limit_halfway(node, mq, work, rehearsal)
+
+    assert all(q.complete_many([(j, 1) for j in a]))  # written whole: reported so
+    assert _used(node) > limit  # the gate: the server is full now
+    assert _completed(mq, work) == 1000  # the tally went with the batch
+    held = q.stats()
+    with pytest.raises(ServerFull) as refused:
+        q.complete_many([(j, 1) for j in b])
+    assert not isinstance(refused.value, PartlyWritten)  # one call: refused whole
+    assert q.stats() == held and held["active"] == 500  # nothing written, leases intact
+    assert _completed(mq, work) == 1000
+
+    node.config_set("maxmemory", 0)  # memory freed
+    assert all(q.complete_many([(j, 1) for j in b]))  # no lost lease: it was not written
+    assert _completed(mq, work) == 1500
+    assert q.stats()["completed"] == 1500 and q.stats()["outbox"] == 1500
+
+
+def test_a_bulk_completion_cut_between_its_calls_says_what_it_wrote(
+    backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis]
+) -> None:
+    """1,000 completions are two script calls of 500 in one round trip: one fills the server,
+    the other is refused. PartlyWritten (a ServerFull) names the 500 written, with
+    their statuses, and the 500 refused, whose leases are intact and which complete once
+    memory is freed (before: a bare ServerFull, and the written half came back as lost
+    leases)."""
+    parents, work = "fs-cut-parents", "fs-cut-work"
+    _flow(mq, parents, work, 1500)
+    node = _node(backend, admin, work)
+    q = mq.queue(work)
+    rehearsal, jobs = q.claim(500), q.claim(1000)
+    assert len(jobs) == 1000
+    _limit_halfway(node, mq, work, rehearsal)
+    pairs = [(j, 1) for j in jobs]
+    with pytest.raises(PartlyWritten) as cut:
+        q.complete_many(pairs)
+    part = cut.value
+    assert isinstance(part, ServerFull)
+    # one call of the two was written, whole (which one: the first may be refused for the
+    # second's arguments still buffered, the second for what the first wrote)
+    halves = [[j.id for j in jobs[:500]], [j.id for j in jobs[500:]]]
+    written, left = [j.id for j, _ in part.written], [j.id for j, _ in part.refused]
+    assert [written, left] in (halves, halves[::-1])
+    assert part.settled.statuses == [1] * 500
+    assert q.stats()["active"] == 500 and _completed(mq, work) == 1000
+
+    node.config_set("maxmemory", 0)
+    assert all(q.complete_many([(j, 1) for j, _ in part.refused]))
+    assert q.stats()["completed"] == 1500 and _completed(mq, work) == 1500
+
+
+class _Hooks:
+    """Counts ``job_completed`` per job id (the worker fires it from its own threads)."""
+
+    def __init__(self) -> None:
+        self.completed: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def job_completed(self, *, job: Job, result: bytes) -> None:
+        with self.lock:
+            self.completed[job.id] = self.completed.get(job.id, 0) + 1
+
+
+class _Sampler(threading.Thread):
+    """Samples the node's ``used_memory`` as fast as it answers, until stopped: the most it
+    held while full."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.client = redis.Redis.from_url(url)
+        self.stop = threading.Event()
+        self.peak = 0
+        self.samples = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, _used(self.client))
+            self.samples += 1
+
+
+def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
+    backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two workers complete 8,000 cross-queue children into a server that fills up a third of
+    the way through (no Pump: the outbox grows). While full, their completions are refused
+    whole and kept, claims are refused, heartbeats still run; memory stays within 1 % of
+    ``maxmemory``. Freed, every job completes: one ``job_completed`` hook per job, the
+    server's completed count and the minute tallies all 8,000, no lease lost, and the flow is
+    released with every child counted once."""
+    n = 8000
+    parents, work = "fs-w-parents", "fs-w-work"
+    _flow(mq, parents, work, n)
+    node = _node(backend, admin, work)
+    url = backend.servers[backend.node_of_queue(work)].url
+    hooks = _Hooks()
+    caplog.set_level(logging.INFO, logger="echomq_core")
+    go = threading.Event()
+    running: set[str] = set()
+
+    def handle(job: Job) -> str:
+        running.add(job.id)
+        go.wait(60)  # the first ones wait here until the limit is set
+        return "r" * 20
+
+    workers = [
+        Worker(mq, {work: handle}, hooks=hooks, pump=False, concurrency=4, lease=60.0,
+               max_batch=100)
+        for _ in range(2)
+    ]  # fmt: skip
+    sampler = _Sampler(url)
+    for w in workers:
+        w.start()
+    try:
+        # the limit is set once the workers run (their connections hold memory too)
+        eventually(lambda: len(running) == 8, 30, "eight handlers running")
+        limit = _used(node) + 300_000  # about a third of what the 8,000 signals need
+        _fill_at(node, limit)
+        sampler.start()
+        go.set()
+        eventually(lambda: _used(node) >= limit, 60, "the server full")
+
+        def refused() -> int:  # claims or completions (kept), whichever met the limit
+            return sum("maxmemory" in r.getMessage() for r in caplog.records)
+
+        eventually(lambda: refused() >= 6, 60, "calls refused while full")
+        full = mq.queue(work).stats()
+        assert 0 < full["completed"] < n, full
+        sampler.stop.set()
+        sampler.join()
+        node.config_set("maxmemory", 0)  # memory freed
+        eventually(
+            lambda: mq.queue(work).stats()["completed"] == n, 120, mq.queue(work).stats
+        )
+    finally:
+        go.set()
+        sampler.stop.set()
+        for w in workers:
+            w.stop()
+    assert sampler.samples > 10
+    assert sampler.peak <= limit * 1.01, (sampler.peak, limit, sampler.peak / limit)
+    assert len(hooks.completed) == n and set(hooks.completed.values()) == {1}
+    assert _completed(mq, work) == n
+    assert not [r.getMessage() for r in caplog.records if "lease was gone" in r.getMessage()]
+    pump = Pump(mq, [parents, work], sweep_every=None)
+    while pump.tick().delivered:
+        pass
+    snap = mq.snapshot(parents, PARENT)
+    assert (snap.parent_state, snap.processed, snap.total) == ("released", n, n)
