@@ -76,10 +76,10 @@ def _completed(mq: EchoMQ, queue: str) -> int:
     return sum(m.completed for m in mq.perform(read_minutes(mq.keys, queue, 3)))
 
 
-def _flow(mq: EchoMQ, parents: str, work: str, n: int) -> None:
-    ref = mq.add_flow(
-        parents, [Child({"n": i}, queue=work, id=CHILD.format(i)) for i in range(n)], parent_id=PARENT, barrier=True
-    )
+def _flow(mq: EchoMQ, parents: str, work: str, n: int, pad: int = 0) -> None:
+    """A flow of ``n`` children in ``work``, each payload ``pad`` bytes more."""
+    children = [Child({"n": i, "pad": "x" * pad}, queue=work, id=CHILD.format(i)) for i in range(n)]
+    ref = mq.add_flow(parents, children, parent_id=PARENT, barrier=True)
     assert len(ref.children) == n
 
 
@@ -195,15 +195,17 @@ class _Sampler(threading.Thread):
 def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
     backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Two workers complete 8,000 cross-queue children into a server that fills up a third of
-    the way through (no Pump: the outbox grows). While full, their completions are refused
+    """Two workers complete 8,000 cross-queue children into a server given 300 KB of room once
+    they run, which fills up early (no Pump: the outbox grows). While full, their completions are refused
     whole and kept, claims are refused, heartbeats still run; memory stays within 1 % of
     ``maxmemory``. Freed, every job completes: one ``job_completed`` hook per job, the
     server's completed count and the minute tallies all 8,000, no lease lost, and the flow is
     released with every child counted once."""
     n = 8000
     parents, work = "fs-w-parents", "fs-w-work"
-    _flow(mq, parents, work, n)
+    # the children's rows (1 KB payloads, about 9 MB) make the limit a realistic size beside
+    # what is not data (each connection's buffers, some KB): 1 % of it is about 100 KB
+    _flow(mq, parents, work, n, pad=1000)
     node = _node(backend, admin, work)
     url = backend.servers[backend.node_of_queue(work)].url
     hooks = _Hooks()
@@ -227,7 +229,7 @@ def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
     try:
         # the limit is set once the workers run (their connections hold memory too)
         eventually(lambda: len(running) == 8, 30, "eight handlers running")
-        limit = _used(node) + 300_000  # about a third of what the 8,000 signals need
+        limit = _used(node) + 300_000  # far less than the 8,000 signals and leases need
         _fill_at(node, limit)
         sampler.start()
         go.set()
