@@ -196,9 +196,9 @@ def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
     backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two workers complete 8,000 cross-queue children into a server given 300 KB of room once
-    they run, which fills up early (no Pump: the outbox grows). While full, their completions are refused
-    whole and kept, claims are refused, heartbeats still run; memory stays within 1 % of
-    ``maxmemory``. Freed, every job completes: one ``job_completed`` hook per job, the
+    they run, which fills up early (no Pump: the outbox grows). While full, their completions
+    are refused whole and kept, claims are refused, heartbeats still run; memory stays within
+    1 % of ``maxmemory``. Freed, every job completes: one ``job_completed`` hook per job, the
     server's completed count and the minute tallies all 8,000, no lease lost, and the flow is
     released with every child counted once."""
     n = 8000
