@@ -174,7 +174,9 @@ def record(
     another :class:`Job` and stays. Except for a server that refused them for lack of memory
     (:class:`~echomq_core.ServerFull`: nothing of the call was written): those results are
     given to ``keep`` (under ``lock``), which puts them back for a later batch call, and the
-    jobs stay in hand - so a full server costs no completed work, only a delay. With
+    jobs stay in hand - so a full server costs no completed work, only a delay. A batch of
+    several calls cut between them (:class:`~echomq_core.PartlyWritten`) has its written part
+    recorded (counted, logged, hooks fired) and only the refused part kept. With
     ``offered`` (and its ``intake``), the capped children the batch's gates admit are leased
     to this worker at once: their rows are read in one more round trip and ``intake`` puts
     them in the buffer (see :func:`take_handed`). A job whose run spawned children of its
