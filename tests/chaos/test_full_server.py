@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -28,9 +28,11 @@ from echomq_core import (
     Job,
     PartlyWritten,
     Pump,
+    Queue,
     ServerFull,
     Worker,
 )
+from echomq_core.routines import drive, record
 from echomq_core.throughput import read_minutes
 
 from ..conftest import Backend
@@ -83,20 +85,27 @@ def _flow(mq: EchoMQ, parents: str, work: str, n: int, pad: int = 0) -> None:
     assert len(ref.children) == n
 
 
-def _limit_halfway(node: redis.Redis, mq: EchoMQ, work: str, rehearsal: list[Job]) -> int:
-    """Complete a rehearsal batch (jobs claimed, as every job of the test, before) to learn
-    how much such a batch grows the server, then set ``maxmemory`` half that above what it
-    holds: the next batch of that size starts below the limit and ends above it."""
-    q = mq.queue(work)
+def _limit_halfway(node: redis.Redis, rehearse: Callable[[], object], part: float = 0.5) -> int:
+    """Run a rehearsal batch call (of jobs claimed before, as every job of the test) to learn
+    how much such a batch grows the server, then set ``maxmemory`` ``part`` of that above what
+    it holds: the next batch of that size starts below the limit and ends above it."""
     before = _used(node)
-    assert all(q.complete_many([(j, 1) for j in rehearsal]))
+    rehearse()
     grew = _used(node) - before
-    # the batch's arguments (short ids, results '1') are far less than what it writes: the
+    # the batch's arguments (short ids, small values) are far less than what it writes: the
     # signals carry the long flow id; half the growth leaves room for the arguments' buffer
     assert grew > 40_000, grew
-    limit = _used(node) + grew // 2
+    limit = _used(node) + int(grew * part)
     _fill_at(node, limit)
     return limit
+
+
+def _completes(q: Queue, jobs: list[Job]) -> Callable[[], object]:
+    def call() -> object:
+        assert all(q.complete_many([(j, 1) for j in jobs]))
+        return None
+
+    return call
 
 
 def test_a_cross_queue_batch_is_completed_whole_or_refused_whole(
@@ -112,7 +121,7 @@ def test_a_cross_queue_batch_is_completed_whole_or_refused_whole(
     q = mq.queue(work)
     rehearsal, a, b = q.claim(500), q.claim(500), q.claim(500)
     assert len(a) == len(b) == 500  # all claimed before the server is full
-    limit = _limit_halfway(node, mq, work, rehearsal)
+    limit = _limit_halfway(node, _completes(q, rehearsal))
 
     assert all(q.complete_many([(j, 1) for j in a]))  # written whole: reported so
     assert _used(node) > limit  # the gate: the server is full now
@@ -144,7 +153,7 @@ def test_a_bulk_completion_cut_between_its_calls_says_what_it_wrote(
     q = mq.queue(work)
     rehearsal, jobs = q.claim(500), q.claim(1000)
     assert len(jobs) == 1000
-    _limit_halfway(node, mq, work, rehearsal)
+    _limit_halfway(node, _completes(q, rehearsal))
     pairs = [(j, 1) for j in jobs]
     with pytest.raises(PartlyWritten) as cut:
         q.complete_many(pairs)
@@ -161,6 +170,74 @@ def test_a_bulk_completion_cut_between_its_calls_says_what_it_wrote(
     node.config_set("maxmemory", 0)
     assert all(q.complete_many([(j, 1) for j, _ in part.refused]))
     assert q.stats()["completed"] == 1500 and _completed(mq, work) == 1500
+
+
+def test_a_bulk_failure_cut_between_its_calls_says_what_it_wrote(
+    backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis]
+) -> None:
+    """The same for 1,000 failed attempts (retried: each row gets its error and history): the
+    written half's statuses and tally, the refused half intact and failed once freed."""
+    parents, work = "fs-f-parents", "fs-f-work"
+    _flow(mq, parents, work, 1500)
+    node = _node(backend, admin, work)
+    q = mq.queue(work, max_attempts=3)
+    rehearsal, jobs = q.claim(500), q.claim(1000)
+    assert len(jobs) == 1000
+    error = "RuntimeError: not there yet"  # short: the arguments stay far below the growth
+
+    def rehearse() -> None:
+        assert q.fail_many([(j, error, True) for j in rehearsal]) == [1] * 500
+
+    # a failure's call carries each job's row key too: more room for the arguments' buffer
+    _limit_halfway(node, rehearse, 0.75)
+    with pytest.raises(PartlyWritten) as cut:
+        q.fail_many([(j, error, True) for j in jobs])
+    part = cut.value
+    halves = [[j.id for j in jobs[:500]], [j.id for j in jobs[500:]]]
+    written, left = [r[0].id for r in part.written], [r[0].id for r in part.refused]
+    assert [written, left] in (halves, halves[::-1])
+    assert part.settled.statuses == [1] * 500
+    found = mq.perform(read_minutes(mq.keys, work, 3))
+    assert sum(m.failed for m in found) == 1000  # the rehearsal's and the written half's
+    assert q.stats()["active"] == 500 and q.stats()["delayed"] == 1000
+
+    node.config_set("maxmemory", 0)
+    assert q.fail_many([(r[0], error, True) for r in part.refused]) == [1] * 500
+    assert q.stats()["delayed"] == 1500
+
+
+def test_a_worker_records_the_written_part_of_a_cut_batch_and_keeps_the_rest(
+    backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis]
+) -> None:
+    """A worker's batch call of 1,000 results cut by a full server (results pile up past 500
+    while the flusher is behind): the 500 written are counted and get their hooks, only the
+    500 refused are kept, and those complete once memory is freed - none is re-sent and met
+    as a lost lease (before: all 1,000 were kept, no hook fired, and 500 of them came back
+    as lost leases)."""
+    parents, work = "fs-r-parents", "fs-r-work"
+    _flow(mq, parents, work, 1500)
+    node = _node(backend, admin, work)
+    hooks = _Hooks()
+    # not started: its recording routine is driven here, with its own hand, lock and counts
+    worker = Worker(mq, {work: lambda job: 1}, hooks=hooks, pump=False)
+    queue = worker.queues[work]
+    rehearsal, jobs = queue.claim(500), queue.claim(1000)
+    assert len(jobs) == 1000
+    for job in jobs:
+        worker._hand.inflight[(work, job.id)] = job
+    _limit_halfway(node, _completes(queue, rehearsal))
+    done = queue.encode_results([(j, 1) for j in jobs])
+    routine = record(worker._hand, queue, done, [], hooks, worker, worker._lock, keep=worker._keep)
+    drive(routine, mq.perform)
+    kept = [job for job, _ in worker._hand.results]
+    assert len(hooks.completed) == 500 and worker.completed == 500
+    assert len(kept) == 500 and not {j.id for j in kept} & set(hooks.completed)
+    assert {j.id for j in kept} | set(hooks.completed) == {j.id for j in jobs}
+    assert len(worker._hand.inflight) == 500  # the kept ones stay in hand
+
+    node.config_set("maxmemory", 0)
+    assert all(queue.complete_many([(j, 1) for j in kept]))
+    assert queue.stats()["completed"] == 1500
 
 
 class _Hooks:
