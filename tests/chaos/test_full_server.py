@@ -33,8 +33,10 @@ from echomq_core import (
     Worker,
 )
 from echomq_core.routines import drive, record
+from echomq_core.server import EmbeddedServer
 from echomq_core.throughput import read_minutes
 
+from ..clusterkit import EmbeddedCluster
 from ..conftest import Backend
 from ..waiting import eventually
 
@@ -43,14 +45,36 @@ pytestmark = pytest.mark.slow
 #: A realistic long flow id: a cross-queue child's signal carries it (and its queue) whole, so
 #: a batch's completions grow the server by much more than the batch's own arguments.
 PARENT = "JOB-af/etl/warehouse_events/fan_out/" + "2026-12-01T00.00.00/" * 8
+#: A long parent queue name (at most 128), carried whole by every signal too.
+LONG = "/warehouse-events" * 6
+
+
 #: The children's own short ids (explicit), so that a batch's arguments stay small.
 CHILD = "JOB-c{}"
 
 
 @pytest.fixture
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """A server (or a 3-master Cluster) of this test's own, unlike the session's shared ones:
+    what it holds is only this test's, so its memory moves only with what the test does (no
+    other test's keys whose tables a rehash could grow or shrink by some 100 KB meanwhile)."""
+    if request.param == "cluster":
+        cluster = EmbeddedCluster(3).start()
+        try:
+            yield Backend("cluster", cluster.url, True, list(cluster.servers), cluster)
+        finally:
+            cluster.stop()
+    else:
+        server = EmbeddedServer().start()
+        try:
+            yield Backend("standalone", server.url, False, [server], server)
+        finally:
+            server.stop()
+
+
+@pytest.fixture
 def admin(backend: Backend) -> Iterator[dict[str, redis.Redis]]:
-    """A client per server node (by URL); every node's maxmemory is lifted again afterwards
-    (the servers are shared by the session)."""
+    """A client per server node (by URL); every node's maxmemory is lifted again afterwards."""
     nodes = {s.url: redis.Redis.from_url(s.url) for s in backend.servers}
     try:
         yield nodes
@@ -115,7 +139,7 @@ def test_a_cross_queue_batch_is_completed_whole_or_refused_whole(
     written whole, tally included, and reported completed (before: ServerFull, and its retry
     got lost leases). The next batch, on the now full server, is refused before it runs:
     nothing written, its leases intact, and recorded in full once memory is freed."""
-    parents, work = "fs-parents", "fs-work"
+    parents, work = "fs-parents" + LONG, "fs-work"
     _flow(mq, parents, work, 1500)
     node = _node(backend, admin, work)
     q = mq.queue(work)
@@ -147,7 +171,7 @@ def test_a_bulk_completion_cut_between_its_calls_says_what_it_wrote(
     their statuses, and the 500 refused, whose leases are intact and which complete once
     memory is freed (before: a bare ServerFull, and the written half came back as lost
     leases)."""
-    parents, work = "fs-cut-parents", "fs-cut-work"
+    parents, work = "fs-cut-parents" + LONG, "fs-cut-work"
     _flow(mq, parents, work, 1500)
     node = _node(backend, admin, work)
     q = mq.queue(work)
@@ -177,7 +201,7 @@ def test_a_bulk_failure_cut_between_its_calls_says_what_it_wrote(
 ) -> None:
     """The same for 1,000 failed attempts (retried: each row gets its error and history): the
     written half's statuses and tally, the refused half intact and failed once freed."""
-    parents, work = "fs-f-parents", "fs-f-work"
+    parents, work = "fs-f-parents" + LONG, "fs-f-work"
     _flow(mq, parents, work, 1500)
     node = _node(backend, admin, work)
     q = mq.queue(work, max_attempts=3)
@@ -214,7 +238,7 @@ def test_a_worker_records_the_written_part_of_a_cut_batch_and_keeps_the_rest(
     500 refused are kept, and those complete once memory is freed - none is re-sent and met
     as a lost lease (before: all 1,000 were kept, no hook fired, and 500 of them came back
     as lost leases)."""
-    parents, work = "fs-r-parents", "fs-r-work"
+    parents, work = "fs-r-parents" + LONG, "fs-r-work"
     _flow(mq, parents, work, 1500)
     node = _node(backend, admin, work)
     hooks = _Hooks()
