@@ -565,16 +565,34 @@ def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
 
 
 def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
-    """Move due delayed jobs to pending in every queue; the number moved."""
-    replies = yield [Call.lua("promote", ks.queue_keys(q), [limit]) for q in queues]
-    return sum(int(r) for r in replies)
+    """Move due delayed jobs to pending in every queue; the number moved. A queue whose call a
+    full server refused (nothing of it written) is left for the next pass, as
+    :func:`_maintained` says."""
+    replies = yield Lenient([Call.lua("promote", ks.queue_keys(q), [limit]) for q in queues])
+    return sum(int(r) for r in _maintained(replies))
+
+
+def _maintained(replies: list[Any]) -> list[Any]:
+    """The replies of a maintenance pass over several queues (one call each, a lenient step)
+    that were written. A pass bounds its work anyway (``limit``): a queue whose call a full
+    server refused before it ran is left as it was for the next pass, and the pass reports
+    what the others did - raising would lose it (the jobs it buried, their hooks). Every call
+    refused raises that :class:`~echomq_core.errors.ServerFull`; any other error raises the
+    first (a call cut by a lost connection may or may not have run)."""
+    refused = [r for r in replies if isinstance(r, EchoMQError)]
+    if not refused:
+        return replies
+    if len(refused) == len(replies) or not all(isinstance(r, ServerFull) for r in refused):
+        raise refused[0]
+    return [r for r in replies if not isinstance(r, EchoMQError)]
 
 
 def recover(
     ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int, ser: Serializer
 ) -> Op[tuple[int, list[tuple[Job, str]]]]:
     """Return expired leases to pending, bury those past ``max_stalls``: (how many were
-    recovered, [(job, error)] of the buried - their token is '', the lease is gone)."""
+    recovered, [(job, error)] of the buried - their token is '', the lease is gone). A queue
+    whose call a full server refused is left for the next pass (:func:`_maintained`)."""
     due = yield [Call.lua("due", ks.queue_keys(q), [limit]) for q in queues]
     found = [(q, [_s(i) for i in ids]) for q, ids in zip(queues, due, strict=True) if ids]
     if not found:
@@ -602,13 +620,16 @@ def recover(
             refs.append(gates[up])
         spec = " ".join(map(str, refs)) if gates else ""
         calls.append(Call.lua("recover", keys, [queue, max_stalls, spec, *names]))
-    replies = yield calls
+    replies = yield Lenient(calls)
+    _maintained(replies)  # a queue a full server refused: its leases wait for the next pass
+    done = [(q, r) for q, r in zip(recovered_queues, replies, strict=True)
+            if not isinstance(r, EchoMQError)]  # fmt: skip
     dead = [
         (_job(_s(queue), _s(job_id), "", row, ser), _s(error))
-        for queue, reply in zip(recovered_queues, replies, strict=True)
+        for queue, reply in done
         for job_id, error, *row in reply[2]
     ]
-    return (sum(int(r[0]) for r in replies), dead)
+    return (sum(int(r[0]) for _, r in done), dead)
 
 
 # -- reads ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from echomq_core import (
     Queue,
     ServerFull,
     Worker,
+    ops,
 )
 from echomq_core.routines import drive, record
 from echomq_core.server import EmbeddedServer
@@ -368,3 +369,39 @@ def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
         pass
     snap = mq.snapshot(parents, PARENT)
     assert (snap.parent_state, snap.processed, snap.total) == ("released", n, n)
+
+
+@pytest.mark.onlycluster
+def test_a_recovery_pass_reports_what_it_did_where_one_node_is_full(
+    backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis]
+) -> None:
+    """The Pump's recovery pass sends one call per queue in one step: with one queue's node
+    full, the other queue's expired leases are recovered (buried here: ``max_stalls`` 0) and
+    reported, with the jobs buried for their hooks; the full node's queue is left as it was
+    for the next pass, which recovers it once memory is freed (before: the pass raised
+    ServerFull and the jobs it had buried were never reported)."""
+    a, b = backend.queues_on_distinct_nodes(2, stem="fs-rec")
+    deadlines = []
+    for name in (a, b):
+        q = mq.queue(name)
+        q.add_bulk([{"n": i} for i in range(50)])
+        assert len(q.claim(50, lease=0.01)) == 50
+        node = _node(backend, admin, name)
+        deadlines.append((node, max(s for _, s in node.zrange(mq.keys.active(name), 0, -1,
+                                                               withscores=True))))  # fmt: skip
+
+    def expired() -> bool:  # by the servers' clocks, which stamp the leases
+        return all(int(n.time()[0]) * 1000 + int(n.time()[1]) // 1000 > d for n, d in deadlines)
+
+    eventually(expired, 10, "the leases expired")
+    _fill_at(_node(backend, admin, b), 1)  # b's node full: every write refused
+    recovered, dead = mq.perform(ops.recover(mq.keys, [a, b], 100, 0, mq.serializer))
+    assert recovered == 0  # every one buried (stalled once, max_stalls 0), none re-queued
+    assert {j.queue for j, _ in dead} == {a} and len(dead) == 50
+    assert mq.queue(a).stats()["dead"] == 50
+    assert mq.queue(b).stats()["active"] == 50  # refused: as it was
+    with pytest.raises(ServerFull):  # a pass whose every call is refused says so
+        mq.perform(ops.recover(mq.keys, [b], 100, 0, mq.serializer))
+    _node(backend, admin, b).config_set("maxmemory", 0)
+    recovered, dead = mq.perform(ops.recover(mq.keys, [a, b], 100, 0, mq.serializer))
+    assert recovered == 0 and {j.queue for j, _ in dead} == {b} and len(dead) == 50
