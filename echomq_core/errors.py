@@ -56,9 +56,12 @@ class ServerFull(ServerError):
     full server: readers, and those that only free memory). A completion or failure of at most
     500 jobs is one call: raised, none of it was recorded. A call of more that was cut between
     its calls raises :class:`PartlyWritten`, which says what was. An add cut by it (a bulk
-    add of more than 500 jobs, a flow's levels) keeps what its earlier calls wrote: the same
-    add retried (same ids) completes it. Retry once memory is freed (a retention sweep, a
-    bigger ``maxmemory``); workers keep their results and record them then."""
+    add of more than 500 jobs, a flow's levels, a new queue's registration sent with it)
+    keeps what its earlier calls wrote: the same add retried (same ids) completes it. The
+    Pump's promote and recovery passes raise it only when every queue's call was refused
+    (otherwise they report what ran and leave the rest for the next pass). Retry once memory
+    is freed (a retention sweep, a bigger ``maxmemory``); workers keep their results and
+    record them then."""
 
 
 class PartlyWritten(ServerFull):
