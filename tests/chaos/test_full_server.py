@@ -33,6 +33,7 @@ from echomq_core import (
     Worker,
     ops,
 )
+from echomq_core.retention import sweep
 from echomq_core.routines import drive, record
 from echomq_core.server import EmbeddedServer
 from echomq_core.throughput import read_minutes
@@ -405,3 +406,34 @@ def test_a_recovery_pass_reports_what_it_did_where_one_node_is_full(
     _node(backend, admin, b).config_set("maxmemory", 0)
     recovered, dead = mq.perform(ops.recover(mq.keys, [a, b], 100, 0, mq.serializer))
     assert recovered == 0 and {j.queue for j, _ in dead} == {b} and len(dead) == 50
+
+
+def test_what_only_frees_memory_still_runs_on_a_full_server(
+    backend: Backend, mq: EchoMQ, admin: dict[str, redis.Redis]
+) -> None:
+    """On a server refusing every write that may grow memory (``maxmemory`` 1): heartbeats
+    extend leases (so no job runs twice while full), a release gives jobs back, and the
+    retention sweep forgets finished jobs and frees their memory - how a full server is
+    freed. A claim is refused (before: the heartbeat and the sweep were refused, while a
+    claim, whose first write frees memory, ran and grew it)."""
+    name = "fs-free"
+    q = mq.queue(name)
+    q.add_bulk([{"n": i, "path": PARENT} for i in range(3000)])
+    done = q.claim(2000)
+    assert all(q.complete_many([(j, {"rows": j.payload["n"]}) for j in done]))
+    held = q.claim(100)
+    mq.set_retention(name, completed_count=0)
+    node = _node(backend, admin, name)
+    _fill_at(node, 1)
+
+    with pytest.raises(ServerFull):
+        q.claim(10)
+    assert all(q.heartbeat(held, lease=120.0))
+    assert all(q.release(held[:50]))
+    before = _used(node)
+    swept = mq.perform(sweep(mq.keys, [name], "pump-fs", lease_ms=5000, limit=5000))
+    assert swept.swept == 2000  # the completed entries, their rows with them
+    assert q.stats()["completed"] == 0
+    assert _used(node) < before - 200_000, (before, _used(node))  # the rows' memory is free
+    node.config_set("maxmemory", 0)
+    assert all(q.complete_many([(j, 1) for j in held[50:]]))  # leases kept while full
