@@ -17,7 +17,7 @@ from . import children as child_reads
 from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding, streaming
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
-from .errors import FlowTimeout, InvalidArgument, flow_error
+from .errors import InvalidArgument, flow_error
 from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import (
     Child,
@@ -813,11 +813,7 @@ def _released(verdict: Verdict, timeout: float) -> FlowSnapshot:
     with what holds the flow up where that shows."""
     if verdict.ready:
         return verdict.snap
-    snap, why = verdict.snap, f": {verdict.hint}" if verdict.hint else ""
-    raise FlowTimeout(
-        f"flow {snap.parent_id} in {snap.queue!r} not released after {timeout}s "
-        f"({snap.dependencies} outstanding){why}"
-    )
+    raise verdict.timeout_error(timeout)
 
 
 def _flag(name: str, value: Any) -> bool:

@@ -336,6 +336,9 @@ def test_flow_show_prints_the_dead_children_and_a_traceback(
 
 
 def test_queue_config_shows_and_sets_every_setting(mq_standalone: EchoMQ, cli: Cli) -> None:
+    assert cli("queue", "config", "cfg-q")[0] == 1  # shown, not set: an unknown queue...
+    assert "cfg-q" not in mq_standalone.queues()  # ...is refused, and showing writes nothing
+    mq_standalone.register_queue("cfg-q")
     shown = cli.json("queue", "config", "cfg-q")
     assert shown == {"queue": "cfg-q", "changed": [], "retention": SETTINGS}
     status, out, _ = cli("queue", "config", "cfg-q")
@@ -354,7 +357,6 @@ def test_queue_config_shows_and_sets_every_setting(mq_standalone: EchoMQ, cli: C
         "closed",
         "unclosed",
     ]
-    assert "cfg-q" not in mq_standalone.queues()  # showing writes nothing
 
     status, out, err = cli(
         "queue", "config", "cfg-q",

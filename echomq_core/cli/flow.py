@@ -219,11 +219,8 @@ def _watch(mq: EchoMQ, args: argparse.Namespace) -> str | None:
                 "" if snap.parent_state == "held" else f"parent {snap.parent_state}",
                 final=verdict.done and not verdict.gave_up,
             )
-            if verdict.gave_up:
-                raise CommandFailed(
-                    f"flow {args.parent_id} not settled after {args.timeout}s "
-                    f"({snap.dependencies:,} outstanding)"
-                )
+            if verdict.gave_up:  # what EchoMQ.wait says: the text names what holds it up
+                raise verdict.timeout_error(args.timeout)
             if verdict.done:
                 return verdict.kind if verdict.never_released else None
             time.sleep(verdict.pause)
