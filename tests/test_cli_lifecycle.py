@@ -30,7 +30,7 @@ from echomq_core.cli.common import (
 )
 from echomq_core.connection import Call
 from echomq_core.inspection import flow_memory
-from echomq_core.keyspace import FLOW_INDEXES
+from echomq_core.keyspace import FLOW_INDEXES, FLOW_LISTS
 from echomq_core.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from echomq_core.server import EmbeddedServer
 
@@ -155,8 +155,9 @@ def test_flow_ls_lists_every_state_as_a_table_and_as_json(mq_standalone: EchoMQ,
     assert set(doc) == {"queues", "state", "limit", "offset", "counts", "more", "flows"}
     assert doc["queues"] == ["lc-bad", "lc-kids", "lc-parents"]
     assert (doc["state"], doc["limit"], doc["offset"], doc["more"]) == (None, 100, 0, 0)
-    assert doc["counts"]["lc-parents"] == LIFECYCLE
-    assert doc["counts"]["lc-kids"] == dict.fromkeys(FLOW_INDEXES, 0)
+    # flow ls counts completed worker-run flows too (none here)
+    assert doc["counts"]["lc-parents"] == {**LIFECYCLE, "completed": 0}
+    assert doc["counts"]["lc-kids"] == dict.fromkeys(FLOW_LISTS, 0)
     flows = {f["parent_id"]: f for f in doc["flows"]}
     assert set(flows) == set(ids.values())
     for f in doc["flows"]:

@@ -13,13 +13,16 @@ from collections.abc import Iterator
 import pytest
 
 from echomq_core import Child, EchoMQ
+from echomq_core.calls import Call, Op
 from echomq_core.cli.common import READER_GONE
 from echomq_core.errors import FlowTimeout
 from echomq_core.server import EmbeddedServer
 
+from .conftest import Backend
 from .flowkit import work_off
 from .test_cli import CLI
 from .test_cli_lifecycle import Cli
+from .test_flow_lifecycle import sweep
 
 
 @pytest.fixture
@@ -125,3 +128,61 @@ def test_watch_timeout_names_what_holds_the_flow_up_as_wait_does(
     assert hint in str(waited.value)
     assert line == f"echomq: error: {waited.value}"
     assert out == ""
+
+
+# -- flow ls --state completed -------------------------------------------------------------
+
+
+def test_flow_ls_lists_completed_worker_run_flows_while_retention_keeps_them(
+    backend: Backend, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker-run root leaves flows:held when released, and its job then completes: before,
+    no index held it, so ``flow ls`` never listed it and ``--state completed`` was refused.
+    flows:completed holds it from its completion until its flow goes (retention, replace)."""
+    mq = backend.client(prefix)
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    cli = Cli(url, prefix, capsys)
+    done = [
+        mq.add_flow("wr-p", [Child(i, queue="wr-k") for i in range(3)], parent_id=f"JOB-d{n}")
+        .parent_id
+        for n in range(3)
+    ]
+    mq.add_flow("wr-p", [Child(9, queue="wr-k")], parent_id="JOB-bar", barrier=True)
+    work_off(mq, ["wr-k", "wr-p"])  # the children, then the released parents run
+    mq.add_flow("wr-p", [Child(1, queue="wr-k")], parent_id="JOB-held")
+
+    def completed() -> list[str]:
+        doc = cli.json("flow", "ls", "wr-p", "--state", "completed")
+        assert doc["counts"] == {"wr-p": {"completed": len(doc["flows"])}}
+        assert all((f["state"], f["total"], f["settled"]) == ("completed", 3, 3)
+                   for f in doc["flows"])  # fmt: skip
+        return [f["parent_id"] for f in doc["flows"]]
+
+    assert completed() == done  # oldest first
+    every = cli.json("flow", "ls", "wr-p")
+    assert {f["parent_id"]: f["state"] for f in every["flows"]} == {
+        **dict.fromkeys(done, "completed"),
+        "JOB-bar": "released",
+        "JOB-held": "held",
+    }
+    status, out, _ = cli("flow", "ls", "wr-p", "--state", "completed")
+    assert status == 0 and sum(" completed " in line for line in out.splitlines()) == 3
+    # a replace takes the old flow away: its entry goes with it (reset.lua)
+    mq.add_flow("wr-p", [Child(7, queue="wr-k")], parent_id=done[0], replace=True)
+    assert completed() == done[1:]
+    # bounded by the queue's completed retention (expire.lua): the newest one kept...
+    mq.set_retention("wr-p", completed_count=1)
+    sweep(mq, ["wr-p", "wr-k"])
+    assert completed() == done[2:]
+    # ...then none, and no key is left behind
+    mq.set_retention("wr-p", completed_count=0)
+    sweep(mq, ["wr-p", "wr-k"])
+    assert completed() == []
+    index = mq.keys.flows("wr-p", "completed")
+    assert mq.perform(_exists(index)) == 0
+    mq.close()
+
+
+def _exists(key: str) -> Op[int]:
+    (n,) = yield [Call.cmd("EXISTS", key)]
+    return int(n)
