@@ -107,7 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _run(argv)
         finally:
-            sys.stdout.flush()  # argparse's --help and --version exit through here too
+            # argparse's --help and --version exit through here too; no stdout at all (a
+            # worker started with fd 1 closed) has nothing to flush
+            if sys.stdout is not None and not sys.stdout.closed:
+                sys.stdout.flush()
     except BrokenPipeError:
         return reader_gone()
 
@@ -117,8 +120,12 @@ def reader_gone() -> int:
     /dev/null so that the interpreter's last flush of what is still buffered does not fail
     again, and exit with :data:`READER_GONE`, saying nothing - the reader left on purpose."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout replaced by an object without a descriptor
+        pass
+    finally:
+        os.close(devnull)
     return READER_GONE
 
 
