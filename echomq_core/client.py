@@ -17,8 +17,8 @@ from . import children as child_reads
 from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding, streaming
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
-from .errors import FlowTimeout, InvalidArgument, flow_error
-from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
+from .errors import InvalidArgument, flow_error
+from .keyspace import FLOW_LISTS, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import (
     Child,
     ChildFailure,
@@ -179,9 +179,9 @@ class _Base:
         queue: str, state: str | None, limit: int, offset: int
     ) -> tuple[list[str], int, int]:
         check_queue(queue)
-        if state is not None and state not in FLOW_INDEXES:
-            raise InvalidArgument(f"state must be one of {', '.join(FLOW_INDEXES)}, got {state!r}")
-        states = list(FLOW_INDEXES) if state is None else [state]
+        if state is not None and state not in FLOW_LISTS:
+            raise InvalidArgument(f"state must be one of {', '.join(FLOW_LISTS)}, got {state!r}")
+        states = list(FLOW_LISTS) if state is None else [state]
         return states, check_int("limit", limit, 1, 10_000), check_int("offset", offset, 0)
 
 
@@ -391,8 +391,10 @@ class EchoMQ(_Base):
     def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
     ) -> list[FlowSummary]:
-        """Root flows of ``queue`` (held, released, closed, failed; or one ``state``), oldest
-        first in each state: a page of ``limit`` per state from ``offset``."""
+        """Root flows of ``queue`` (held, released, closed, failed, cancelled, completed: a
+        worker-run flow whose parent job completed, kept as long as the queue's ``completed``
+        retention keeps it; or one ``state``), oldest first in each state: a page of ``limit``
+        per state from ``offset``."""
         states, limit, offset = self._list_args(queue, state, limit, offset)
         return self.perform(flows.list_flows(self.keys, queue, states, offset=offset, limit=limit))
 
@@ -813,11 +815,7 @@ def _released(verdict: Verdict, timeout: float) -> FlowSnapshot:
     with what holds the flow up where that shows."""
     if verdict.ready:
         return verdict.snap
-    snap, why = verdict.snap, f": {verdict.hint}" if verdict.hint else ""
-    raise FlowTimeout(
-        f"flow {snap.parent_id} in {snap.queue!r} not released after {timeout}s "
-        f"({snap.dependencies} outstanding){why}"
-    )
+    raise verdict.timeout_error(timeout)
 
 
 def _flag(name: str, value: Any) -> bool:

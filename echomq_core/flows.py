@@ -956,7 +956,9 @@ def list_flows(
             FlowSummary(
                 queue,
                 pid,
-                _s(state) if state else index,
+                # a completed root's row still says 'pending' (membership of `completed`
+                # says it finished, complete.lua): its index says what it is
+                _s(state) if state and index != "completed" else index,
                 n,
                 n - (max(0, int(deps)) if deps is not None else 0),
                 (now_ms - int(created)) / 1000 if created else None,

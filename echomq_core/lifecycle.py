@@ -429,7 +429,7 @@ def add_or_replace(
     (info,) = yield [_cancel_call(ks, queue, parent_id, "", "")]
     node = [parent_id, info[1], info[2], info[3], "", gen_s]
     yield from forget_tree(ks, [(queue, node)], SweepStats())
-    keys = [*ks.queue_keys(queue), *ks.node_keys(queue, parent_id)]
+    keys = [*ks.queue_keys(queue), *ks.node_keys(queue, parent_id), ks.flows(queue, "completed")]
     (next_gen,) = yield [Call.lua("reset", keys, [parent_id])]
     return (
         yield from add_flow(

@@ -465,7 +465,7 @@ class FlowSummary:
 
     queue: str
     parent_id: str
-    state: str  # held | released | closed | failed
+    state: str  # held | released | closed | failed | cancelled | completed
     total: int
     settled: int  # children completed or ignored (N - outstanding)
     age: float | None  # seconds since the flow was added

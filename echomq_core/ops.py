@@ -449,7 +449,15 @@ def complete(
         spec = _hand_spec(ks, queue, hand, gates, keys)
         if spec:
             hand = None
-        argv = [queue, "1" if keep else "0", gates, spec, *batch]
+        keeps = "1" if keep else "0"
+        # released root parents (a worker-run flow's own run) enter flows:completed, so a
+        # finished flow is listed (echomq flow ls); found here from the claim's read, so a
+        # batch without one costs the script nothing
+        roots = [str(j) for j, job in enumerate(plain, 1) if job.resumed]
+        if roots:
+            keeps += " " + " ".join(roots)
+            keys.append(ks.flows(queue, "completed"))
+        argv = [queue, keeps, gates, spec, *batch]
         calls.append(Call.lua("complete", keys, argv))
     if calls:  # the minute's tally rides along: one more command per batch, not per job
         calls.append(tally(ks, queue, "c", len(done)))

@@ -33,6 +33,10 @@ from ..errors import (
 from ..server import find_server_binary
 
 USAGE, RUNTIME, INTERRUPTED = 2, 1, 130
+#: The exit status when stdout's reader stops early (``| head``): 128 + SIGPIPE, what a shell
+#: reports for a Unix tool that SIGPIPE ended (``seq 100000 | head -1`` leaves 141 in
+#: PIPESTATUS), so ``set -o pipefail`` scripts see the same as with any other tool.
+READER_GONE = 141
 #: How to get the server ``echomq demo`` and ``echomq server`` run (a plain ``pip install
 #: echomq`` has none: workers and Pumps talk to a server over the network).
 SERVER_EXTRA = "pip install 'echomq[server]'"
