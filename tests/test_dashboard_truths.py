@@ -69,7 +69,8 @@ def flow_path(queue: str, pid: str) -> str:
 
 
 def row_cells(body: str, job_id: str) -> list[str]:
-    found = re.search(rf'<tr data-job="{re.escape(html.escape(job_id))}"[^>]*>(.*?)</tr>', body, re.S)
+    row = rf'<tr data-job="{re.escape(html.escape(job_id))}"[^>]*>(.*?)</tr>'
+    found = re.search(row, body, re.S)
     assert found, f"no row of {job_id}"
     cells = re.findall(r"<td[^>]*>(.*?)</td>", found.group(1), re.S)
     return [" ".join(html.unescape(re.sub(r"<[^>]+>", "", c)).split()) for c in cells]
@@ -129,9 +130,7 @@ def test_a_completed_flow_childs_page_shows_its_value_and_says_what_is_not_recor
     assert element(body, "job-finished") != "-"
 
 
-def test_a_failed_flows_dead_children_are_not_outstanding(
-    mq: EchoMQ, dashboard: Dashboard
-) -> None:
+def test_a_failed_flows_dead_children_are_not_outstanding(mq: EchoMQ, dashboard: Dashboard) -> None:
     """A flow failed by 2 dead children, its third completed: nothing is outstanding (the
     page said ``outstanding 2``: the snapshot's dependencies still count the dead)."""
     ref = mq.add_flow(
@@ -213,8 +212,9 @@ def test_an_active_job_whose_lease_expired_is_flagged(
     rows = api(dashboard, "/queue/tr-lease?state=active")["jobs"]
     assert isinstance(rows, list)
     assert {r["id"]: r["lease_expired"] for r in rows} == {stale_id: True, fresh_id: False}
-    assert "lease expired" in element(page(dashboard, job_path("tr-lease", stale_id)),
-                                      "job-lease-expired")
+    assert "lease expired" in element(
+        page(dashboard, job_path("tr-lease", stale_id)), "job-lease-expired"
+    )
     assert 'id="job-lease-expired"' not in page(dashboard, job_path("tr-lease", fresh_id))
 
 
@@ -232,16 +232,30 @@ def test_a_queue_page_opens_on_a_state_that_holds_jobs(mq: EchoMQ, dashboard: Da
 
 
 #: What the pages' footers said of the storage (now in docs/operations/metrics-dashboard.md).
-INTERNALS = ("ZRANGE", "HMGET", "HSCAN", "Lua", ".lua", "lease token", "copy them onto the row",
-             "lease / 3")
+INTERNALS = (
+    "ZRANGE",
+    "HMGET",
+    "HSCAN",
+    "Lua",
+    ".lua",
+    "lease token",
+    "copy them onto the row",
+    "lease / 3",
+)
 
 
 def test_page_footers_hold_no_internals(mq: EchoMQ, dashboard: Dashboard) -> None:
     q = mq.queue("tr-foot")
     job_id = q.add({"n": 1})
     q.complete(q.claim(1)[0], 1)
-    for path in ("/", "/queue/tr-foot", "/queue/tr-foot?state=active", job_path("tr-foot", job_id),
-                 "/workers", "/flows"):
+    for path in (
+        "/",
+        "/queue/tr-foot",
+        "/queue/tr-foot?state=active",
+        job_path("tr-foot", job_id),
+        "/workers",
+        "/flows",
+    ):
         text = re.sub(r"<[^>]+>", " ", page(dashboard, path))
         said = [word for word in INTERNALS if word in text]
         assert not said, f"{path} says {said}"
