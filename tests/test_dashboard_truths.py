@@ -259,3 +259,21 @@ def test_page_footers_hold_no_internals(mq: EchoMQ, dashboard: Dashboard) -> Non
         text = re.sub(r"<[^>]+>", " ", page(dashboard, path))
         said = [word for word in INTERNALS if word in text]
         assert not said, f"{path} says {said}"
+
+
+def test_a_completed_jobs_earlier_error_is_not_shown_as_its_error(
+    mq: EchoMQ, dashboard: Dashboard
+) -> None:
+    """A job that failed once, then completed: its row keeps the failed attempt's error, which
+    the page headed "Error" (with the traceback open) above its result."""
+    from echomq_core import Backoff
+
+    q = mq.queue("tr-earlier", max_attempts=3, backoff=Backoff(0, 0))
+    job_id = q.add({"n": 1}, job_id=AF_ID)
+    q.fail(q.claim(1)[0], "ConnectionError: timed out", retry=True)
+    (job,) = eventually(lambda: list(q.claim(1)), 10, "the retry to be claimable")
+    q.complete(job, "ok")
+    body = page(dashboard, job_path("tr-earlier", job_id))
+    assert re.search(r"<h2>Error of an earlier attempt</h2>", body)
+    assert "<h2>Error</h2>" not in body
+    assert element(body, "job-attempts") == "2 of 3"
