@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -32,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from echomq_core import Backoff, Child, EchoMQ, Job, JobSpec, Pump, Worker  # noqa: E402
+from echomq_core.browse import JobRow, queue_page  # noqa: E402
+from echomq_core.calls import Op  # noqa: E402
 from echomq_core.server import EmbeddedServer  # noqa: E402
 from echomq_core.throughput import DAY  # noqa: E402
 from tests.browser.cdp import Browser  # noqa: E402
@@ -77,7 +80,7 @@ def build(mq: EchoMQ, url: str) -> dict[str, str]:
          for i in range(20_000)]
     )
     minute = int(raw.time()[0]) // 60
-    day = {}
+    day: dict[Any, Any] = {}  # redis-py's mapping type is invariant in its key union
     for m in range(minute - DAY + 1, minute):
         hour = (m // 60) % 24
         done = 900 + 2_400 * (7 <= hour <= 19) + (m * 37) % 211
@@ -220,9 +223,7 @@ def _q(name: str) -> str:
     return quote(name, safe="")
 
 
-def _active(mq: EchoMQ, queue: str):  # type: ignore[no-untyped-def]
-    from echomq_core.browse import queue_page
-
+def _active(mq: EchoMQ, queue: str) -> Op[list[JobRow]]:
     page = yield from queue_page(mq.keys, queue, "active")
     return page.rows
 
