@@ -12,14 +12,15 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import pytest
-import redis
 
 from echomq_core import Child, EchoMQ, Job, Pump, Worker
-from echomq_core.server import EmbeddedServer
+from echomq_core.calls import Call, Op
 
+from .conftest import Backend
 from .dashkit import Dashboard, env_for
 from .waiting import eventually
 
@@ -27,19 +28,22 @@ AF_ID = "JOB-af/warehouse_etl/load_orders/scheduled__2026-12-07T00.00.00+00.00/0
 
 
 @pytest.fixture
-def mq(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    client = EchoMQ(standalone_server.url, prefix=prefix)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def dashboard(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env))
+def dashboard(backend: Backend, mq: EchoMQ, proc_env: dict[str, str]) -> Iterator[Dashboard]:
+    """The dashboard process on the test's server: standalone, or the 3-master Cluster."""
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    d = Dashboard(url, mq.keys.prefix, env_for(proc_env))
     yield d
     d.stop()
+
+
+def sent(mq: EchoMQ, *command: object) -> Any:
+    """One command through the client's own connection (routed by its key in a Cluster)."""
+
+    def op() -> Op[Any]:
+        (reply,) = yield [Call.cmd(*command)]
+        return reply
+
+    return mq.perform(op())
 
 
 def page(d: Dashboard, path: str) -> str:
@@ -189,9 +193,7 @@ def test_a_capped_flow_whose_queue_no_worker_serves_is_not_said_to_run(
         worker.stop()
 
 
-def test_an_active_job_whose_lease_expired_is_flagged(
-    mq: EchoMQ, dashboard: Dashboard, standalone_server: EmbeddedServer
-) -> None:
+def test_an_active_job_whose_lease_expired_is_flagged(mq: EchoMQ, dashboard: Dashboard) -> None:
     """Two leased jobs; one's lease deadline is set 5 minutes back (as a worker killed 5
     minutes ago leaves it when nothing recovers it): the active page, its JSON and the job's
     page flag that one, not the other."""
@@ -199,10 +201,8 @@ def test_an_active_job_whose_lease_expired_is_flagged(
     stale_id = q.add({"n": 1}, job_id=AF_ID)
     fresh_id = q.add({"n": 2})
     assert len(q.claim(2, lease=600)) == 2
-    raw = redis.Redis.from_url(standalone_server.url)
-    now_ms = int(raw.time()[0]) * 1000
-    raw.zadd(mq.keys.active("tr-lease"), {stale_id: now_ms - 300_000}, xx=True)
-    raw.close()
+    now_ms = int(sent(mq, "TIME")[0]) * 1000
+    sent(mq, "ZADD", mq.keys.active("tr-lease"), "XX", now_ms - 300_000, stale_id)
     listed = page(dashboard, "/queue/tr-lease?state=active")
     stale_row = re.search(rf'<tr data-job="{re.escape(html.escape(stale_id))}"[^>]*>', listed)
     fresh_row = re.search(rf'<tr data-job="{fresh_id}"[^>]*>', listed)
