@@ -154,6 +154,20 @@ def test_a_failed_flows_dead_children_are_not_outstanding(mq: EchoMQ, dashboard:
     parent_job = page(dashboard, job_path("tr-fail", ref.parent_id))
     assert "0 outstanding" in " ".join(re.sub(r"<[^>]+>", "", parent_job).split())
 
+    # a min_success death that was tolerated settles: it is not among the outstanding either,
+    # and the 3 children still to run are
+    held = mq.add_flow(
+        "tr-allow", [Child({"n": i}, max_attempts=1) for i in range(4)], min_success=3
+    )
+    q = mq.queue("tr-allow")
+    first = next(j for j in q.claim(10) if j.parent is not None)
+    q.fail(first, "RuntimeError: one bad row", retry=False)
+    snap = mq.snapshot("tr-allow", held.parent_id)
+    assert (snap.parent_state, snap.dependencies, snap.failed) == ("held", 3, 1)
+    assert (
+        element(page(dashboard, flow_path("tr-allow", held.parent_id)), "flow-outstanding") == "3"
+    )
+
 
 def test_a_capped_flow_whose_queue_no_worker_serves_is_not_said_to_run(
     mq: EchoMQ, dashboard: Dashboard
