@@ -114,6 +114,8 @@ class Dashboard(Monitoring, Browsing):
             v, indent=indent, ensure_ascii=False, default=repr
         )
         self.env.filters["q"] = lambda s: quote(str(s), safe="")
+        self.env.filters["outstanding"] = reads.outstanding
+        self.env.globals["made"] = reads.attempts_made
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
