@@ -22,6 +22,7 @@ from echomq_core.calls import Call, Op
 
 from .conftest import Backend
 from .dashkit import Dashboard, env_for
+from .flowkit import work_off
 from .waiting import eventually
 
 AF_ID = "JOB-af/warehouse_etl/load_orders/scheduled__2026-12-07T00.00.00+00.00/0f3c9a1e"
@@ -291,3 +292,18 @@ def test_a_completed_jobs_earlier_error_is_not_shown_as_its_error(
     assert re.search(r"<h2>Error of an earlier attempt</h2>", body)
     assert "<h2>Error</h2>" not in body
     assert element(body, "job-attempts") == "2 of 3"
+
+
+def test_the_flows_page_lists_completed_worker_run_flows(mq: EchoMQ, dashboard: Dashboard) -> None:
+    """A worker-run root whose parent job completed was on no flow index: the Flows page never
+    listed it and ``?state=completed`` was refused (400). It is listed, counted and filtered."""
+    done = mq.add_flow("tc-p", [Child(i, queue="tc-k") for i in range(2)], parent_id=AF_ID)
+    work_off(mq, ["tc-k", "tc-p"])  # the children, then the released parent runs
+    mq.add_flow("tc-p", [Child(9, queue="tc-k")], parent_id="JOB-held")
+    listed = api(dashboard, "/flows?queue=tc-p&state=completed")
+    assert listed["counts"] == {"tc-p": {**listed["counts"]["tc-p"], "completed": 1}}  # type: ignore[index]
+    assert list(listed["flows"]["tc-p"]) == [done.parent_id]  # type: ignore[index]
+    assert listed["flows"]["tc-p"][done.parent_id]["state"] == "completed"  # type: ignore[index]
+    body = page(dashboard, "/flows?queue=tc-p&state=completed")
+    assert html.escape(done.parent_id) in body and "JOB-held" not in body
+    assert re.search(r"completed\s*\(1\)", body), "the completed tab counts the flow"

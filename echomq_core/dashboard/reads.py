@@ -19,7 +19,7 @@ from ..errors import JobNotFound
 from ..failures import stall_reading
 from ..flows import scan_page
 from ..inspection import FlowNode, flow_counts, read_tree
-from ..keyspace import FLOW_INDEXES, check_job_id, check_queue, derived_index
+from ..keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue, derived_index
 from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
 from ..pump import parse_signal, poison_list
 
@@ -53,7 +53,7 @@ def list_flows(
     flows: list[FlowSummary] = []
     counts = {}
     for name in names:
-        counts[name] = mq.perform(flow_counts(mq.keys, name))
+        counts[name] = mq.perform(flow_counts(mq.keys, name, FLOW_LISTS))
         flows += mq.list_flows(name, state, limit=limit, offset=offset)
     return FlowList(names, counts, flows)
 
