@@ -28,6 +28,7 @@ Another flow is never merged into this one:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -36,12 +37,19 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from .calls import Call, Lenient, Op, scored
 from .checks import MAX_ATTEMPTS, as_bytes, check_int, timeout_ms, unserialisable
 from .checks import text as _s
-from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput, InvalidPayload
+from .errors import (
+    FlowConflict,
+    InvalidArgument,
+    InvalidFlow,
+    InvalidInput,
+    InvalidPayload,
+    JobNotFound,
+)
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue, child_stem
 from .models import (
     FAIL_PARENT,
@@ -54,6 +62,8 @@ from .models import (
     Serializer,
 )
 from .ops import CHUNK, chunks, register
+
+T = TypeVar("T")
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
 MAX_DEPTH = 100
@@ -781,30 +791,127 @@ def pairs(flat: Any) -> dict[str, bytes]:
     return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
+#: How many known queue names a missing flow's error lists.
+SHOWN_QUEUES = 20
+
+
+def missing_flow(prefix: str, queue: str, parent_id: str, names: Sequence[str]) -> JobNotFound:
+    """The error of a read of flow ``parent_id`` in ``queue`` that is not there, given the
+    keyspace's registered queue names: when ``queue`` is not one of them, the closest ones
+    are suggested (as ``echomq queue stats`` does), since a typo'd queue or prefix is the
+    likeliest cause; else the id is wrong, the flow was never added, or its retention ended."""
+    why = "never added (a wrong id?), or expired with its retention"
+    known = sorted(set(names))
+    if queue in known:
+        return JobNotFound(f"no flow {parent_id!r} in queue {queue!r}: {why}")
+    if not known:
+        return JobNotFound(
+            f"no flow {parent_id!r} in queue {queue!r}: there are no queues under prefix "
+            f"{prefix!r} (wrong prefix?)"
+        )
+    close = difflib.get_close_matches(queue, known, n=3, cutoff=0.6)
+    listed = [*close, *(n for n in known if n not in close)][:SHOWN_QUEUES]
+    more = f" and {len(known) - len(listed):,} more" if len(known) > len(listed) else ""
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return JobNotFound(
+        f"no flow {parent_id!r} in queue {queue!r}: no queue {queue!r} under prefix "
+        f"{prefix!r}{hint} (known: {', '.join(listed)}{more})"
+    )
+
+
+def not_found(ks: Keyspace, queue: str, parent_id: str) -> Op[JobNotFound]:
+    """:func:`missing_flow` with the registry read (one round trip, on the error path only)."""
+    (members,) = yield [Call.cmd("SMEMBERS", ks.queues())]
+    return missing_flow(ks.prefix, queue, parent_id, [_s(m) for m in members])
+
+
+def explained(ks: Keyspace, queue: str, parent_id: str, op: Op[T]) -> Op[T]:
+    """``op``, a read of flow ``parent_id`` (of logical queue ``queue``) that raises
+    :class:`JobNotFound` when there is no such flow; that error is replaced by
+    :func:`not_found`'s, which names the queue and suggests the closest registered ones."""
+    try:
+        return (yield from op)
+    except JobNotFound:
+        pass
+    raise (yield from not_found(ks, queue, parent_id)) from None
+
+
+def _absent(queue: str, parent_id: str) -> JobNotFound:
+    # the bare error of the reads below; the clients replace it through explained()
+    return JobNotFound(f"no flow {parent_id!r} in queue {queue!r}")
+
+
 def children_values(
     ks: Keyspace, queue: str, parent_id: str, ser: Serializer
 ) -> Op[dict[str, Any]]:
-    """{child id: result} of every child that completed so far (HGETALL of ``:processed``)."""
-    (flat,) = yield [Call.cmd("HGETALL", ks.processed(queue, parent_id))]
+    """{child id: result} of every child that completed so far (HGETALL of ``:processed``).
+    :class:`JobNotFound` when there is no such flow: its row is checked in the same round
+    trip (EXISTS beside the read, on the same slot), so a typo'd id is not an empty result."""
+    flat, exists = yield [
+        Call.cmd("HGETALL", ks.processed(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return {k: ser.loads(v) for k, v in pairs(flat).items()}
 
 
 def dependencies(ks: Keyspace, queue: str, parent_id: str) -> Op[int]:
-    """Outstanding children (GET of ``:dependencies``); 0 when there is no counter."""
-    (value,) = yield [Call.cmd("GET", ks.dependencies(queue, parent_id))]
+    """Outstanding children (GET of ``:dependencies``); 0 when there is no counter (a plain
+    job); :class:`JobNotFound` when there is no such row (checked in the same round trip)."""
+    value, exists = yield [
+        Call.cmd("GET", ks.dependencies(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return max(0, int(value)) if value is not None else 0
 
 
 def ignored_failures(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
-    """{child id: error} of children that died under ignore-dependency (``:unsuccessful``)."""
-    (flat,) = yield [Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id))]
+    """{child id: error} of children that died under ignore-dependency (``:unsuccessful``);
+    :class:`JobNotFound` when there is no such flow (checked in the same round trip)."""
+    flat, exists = yield [
+        Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return {k: _s(v) for k, v in pairs(flat).items()}
 
 
 def failed_children(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
-    """{child id: error} of children that died and failed the parent (``:failed``)."""
-    (flat,) = yield [Call.cmd("HGETALL", ks.failed(queue, parent_id))]
+    """{child id: error} of children that died and failed the parent (``:failed``);
+    :class:`JobNotFound` when there is no such flow (checked in the same round trip)."""
+    flat, exists = yield [
+        Call.cmd("HGETALL", ks.failed(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return {k: _s(v) for k, v in pairs(flat).items()}
+
+
+def check_exists(ks: Keyspace, queue: str, parent_id: str) -> Op[None]:
+    """:class:`JobNotFound` when there is no row ``parent_id`` in ``queue`` (one EXISTS): for
+    a read whose own reply cannot tell an empty flow from no flow, asked only when empty."""
+    (exists,) = yield [Call.cmd("EXISTS", ks.job(queue, parent_id))]
+    if not exists:
+        raise _absent(queue, parent_id)
+
+
+def first_page(
+    ks: Keyspace, queue: str, parent_id: str, count: int
+) -> Op[tuple[int, dict[str, bytes]]]:
+    """The first HSCAN page of ``:processed`` (as :func:`scan_page`), with the flow's row
+    checked in the same round trip: :class:`JobNotFound` when there is no such flow."""
+    (nxt, flat), exists = yield [
+        Call.cmd("HSCAN", ks.processed(queue, parent_id), 0, "COUNT", count),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
+    return int(nxt), pairs(flat)
 
 
 def child_queues(ks: Keyspace, queue: str, parent_id: str) -> Op[list[str]]:
