@@ -10,11 +10,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import children as child_reads
-from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding, streaming
+from . import (
+    collector,
+    failures,
+    flows,
+    lifecycle,
+    ops,
+    rates,
+    release_watch,
+    retention,
+    sharding,
+    streaming,
+)
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
 from .errors import FlowTimeout, InvalidArgument, flow_error
@@ -73,7 +84,7 @@ class _Base:
     def _plan_flow(
         self,
         queue: str,
-        children: list[Child],
+        children: Sequence[Child],
         payload: Any,
         parent_id: str | None,
         max_attempts: int,
@@ -97,7 +108,7 @@ class _Base:
     def _add_op(
         self,
         queue: str,
-        children: list[Child],
+        children: Sequence[Child],
         payload: Any,
         parent_id: str | None,
         max_attempts: int,
@@ -274,7 +285,7 @@ class EchoMQ(_Base):
     def add_flow(
         self,
         queue: str,
-        children: list[Child],
+        children: Iterable[Child],
         *,
         payload: Any = None,
         parent_id: str | None = None,
@@ -318,7 +329,11 @@ class EchoMQ(_Base):
         ``stream=True``: the root keeps a settle log, so :meth:`iter_results` can follow its
         results as they settle (see :mod:`echomq_core.streaming`); a re-add with the other
         setting is :class:`FlowConflict`.
+
+        ``children``: a list, or any iterable of :class:`Child` - a generator is read once
+        (with the cyclic collector paused), as is a ``Child``'s ``children`` generator.
         """
+        children = _children(children)
         with ops.gc_paused(children):
             new, op = self._add_op(
                 queue,
@@ -668,7 +683,7 @@ class AsyncEchoMQ(_Base):
     async def add_flow(
         self,
         queue: str,
-        children: list[Child],
+        children: Iterable[Child],
         *,
         payload: Any = None,
         parent_id: str | None = None,
@@ -680,6 +695,7 @@ class AsyncEchoMQ(_Base):
         stream: bool = False,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
+        children = _children(children)
         with ops.gc_paused(children):
             # the planning only: a pause across the await would hold for the loop's other tasks
             _, op = self._add_op(
@@ -859,6 +875,16 @@ def _released(verdict: Verdict, timeout: float) -> FlowSnapshot:
         f"flow {snap.parent_id} in {snap.queue!r} not released after {timeout}s "
         f"({snap.dependencies} outstanding){why}"
     )
+
+
+def _children(children: Iterable[Child]) -> Sequence[Child]:
+    """An add's children as a sequence, read once: a list or tuple as it is; a generator (any
+    other iterable) into a list, with the cyclic collector paused while it builds its
+    ``Child`` objects (an add re-plans from it when it meets a replaced generation)."""
+    if isinstance(children, list | tuple):
+        return children
+    with collector.paused():
+        return flows.child_list(children, "add_flow")
 
 
 def _flag(name: str, value: Any) -> bool:

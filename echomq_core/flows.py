@@ -34,7 +34,7 @@ import json
 import math
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -140,11 +140,25 @@ def requirement(min_success: Any) -> str:
     return f"{exact.numerator}/{exact.denominator}"
 
 
+def child_list(children: Any, where: str) -> list[Child] | tuple[Child, ...]:
+    """``children`` as a sequence: a list or tuple as it is (no copy), any other iterable of
+    :class:`Child` (a generator) read once into a list. :class:`InvalidFlow` naming ``where``
+    for what is not an iterable of children (a single ``Child``, a string, a mapping)."""
+    if isinstance(children, list | tuple):
+        return children
+    if isinstance(children, Child | str | bytes | Mapping) or not isinstance(children, Iterable):
+        raise InvalidFlow(
+            f"{where}: children must be an iterable of echomq_core.Child (a list, a generator), "
+            f"got {type(children).__name__}"
+        )
+    return list(children)
+
+
 def plan(
     queue: str,
     parent_id: str,
     payload: bytes,
-    children: list[Child],
+    children: Iterable[Child],
     *,
     default_attempts: int,
     dumps: Any,
@@ -155,9 +169,14 @@ def plan(
 ) -> _Node:
     """Validate a flow and give every node its queue, id and serialised payload.
 
-    Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
-    a sub-flow reached twice, a child that neither fails its parent nor is ignored, a policy flag
-    that is not a bool, a tree deeper than :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
+    ``children`` and a ``Child``'s ``children``: any iterable of :class:`Child`; each is read
+    once (:func:`child_list`: a list is used as it is; a sub-flow's generator is kept on its
+    ``Child`` as the list read, for a re-plan).
+
+    Raises :class:`InvalidFlow` (no children, not an iterable of ``Child``, duplicate ids, a
+    child with its parent's id, a sub-flow reached twice, a child that neither fails its
+    parent nor is ignored, a policy flag that is not a bool, a tree deeper than
+    :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
     ``min_success``, of the root or of a ``Child``; see :func:`allowance`; a bad
     ``max_running`` or ``priority``), :class:`~echomq_core.errors.InvalidPayload` (a payload
     ``dumps`` raises on, returns neither bytes nor str for, or makes longer than
@@ -179,10 +198,10 @@ def plan(
     # the common child (no id, no queue, default options) costs set lookups, not regexes. A
     # derived id is its (checked) parent's id plus ".<index>": only its length can be wrong.
 
-    def build(parent: _Node, specs: list[Child], path: str, depth: int) -> None:
+    def build(parent: _Node, specs: Sequence[Child], path: str, depth: int) -> None:
         if depth > MAX_DEPTH:
             raise InvalidFlow(f"flow {parent_id!r} is deeper than {MAX_DEPTH} levels")
-        if not isinstance(specs, list | tuple) or not specs:
+        if not specs:
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
         # a replaced flow's generation n derives <root>.g<n>.<i>: never an old child's id
         stem = root_stem if parent is root else child_stem(parent.id)
@@ -194,6 +213,9 @@ def plan(
                 raise InvalidFlow(
                     f"child {index} of {path} is a {type(spec).__name__}, not echomq_core.Child"
                 )
+            sub: Any = spec.children  # a leaf's is an empty list: one falsy test
+            if sub and type(sub) is not list:  # a generator is read once and kept, for re-plans
+                sub = spec.children = child_list(sub, f"child {index} of {path}")
             fail_parent, ignore = spec.fail_parent_on_failure, spec.ignore_dependency_on_failure
             if fail_parent is not True or ignore is not False:  # the default: fp, checked
                 if type(fail_parent) is not bool or type(ignore) is not bool:
@@ -251,12 +273,12 @@ def plan(
                 child_queue, child_id, body, attempts, parent, policy, (), spec.id is None, limit
             )
             if spec.priority != 0 or spec.max_running is not None:
-                _options(node, spec, bool(spec.children))
+                _options(node, spec, bool(sub))
                 if node.cap is not None:
                     capped.append(node)
             kids.append(node)
             if uniform:
-                if spec.id is not None or spec.children:
+                if spec.id is not None or sub:
                     uniform = False
                 elif first is None:
                     first = node
@@ -268,7 +290,7 @@ def plan(
                     or node.priority != first.priority
                 ):
                     uniform = False
-            if spec.children:
+            if sub:
                 # a sub-flow met twice would be planned twice, or for ever (a cycle); a leaf
                 # Child met twice is two children with the same payload ([Child(x)] * 3)
                 if id(spec) in seen_nodes:
@@ -277,9 +299,9 @@ def plan(
                         "(a cycle, or one Child with children given twice)"
                     )
                 seen_nodes.add(id(spec))
-                build(node, spec.children, child_id, depth + 1)  # noqa: F821 (del: below)
+                build(node, sub, child_id, depth + 1)  # noqa: F821 (del: below)
             if spec.min_success is not None:
-                if not spec.children:
+                if not sub:
                     raise InvalidArgument(
                         f"child {child_id}: min_success={spec.min_success!r} is for a child "
                         "with children (a sub-flow)"
@@ -289,7 +311,7 @@ def plan(
         parent.uniform = uniform
 
     try:
-        build(root, children, parent_id, 1)
+        build(root, child_list(children, f"flow {parent_id}"), parent_id, 1)
     finally:
         # build() is recursive: its closure holds itself, a cycle that would keep the whole
         # tree (through root, in the same closure) for the cyclic collector; see unlink()
