@@ -37,7 +37,7 @@ from dagster_echomq.pumps import _PumpShare
 from dagster_echomq.reading import TRACEBACK_SHOWN, read_handle
 from dagster_support import client_url, pump_threads
 
-from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
+from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, JobNotFound, ParentFailed
 from echomq_core.keyspace import check_job_id
 from tests.waiting import eventually
 
@@ -231,6 +231,40 @@ def test_external_flow_feeds_an_asset(
     assert result.output_for_node("scores_report") == sum(i * i for i in range(5))
     (observed,) = result.asset_observations_for_node("scores_report")
     assert observed.metadata["processed"].value == 5
+
+
+@pytest.mark.onlystandalone
+@pytest.mark.parametrize(
+    ("queue", "parent_id", "says"),
+    [
+        ("ext-parent", "JOB-nightly-24", "no flow 'JOB-nightly-24' in queue 'ext-parent': never"),
+        ("ext-prent", "JOB-nightly-42", "in queue 'ext-prent': .*did you mean 'ext-parent'\\?"),
+    ],
+)
+def test_a_flow_that_is_not_there_fails_the_load_at_once(
+    backend: Any, prefix: str, instance: DagsterInstance, queue: str, parent_id: str, says: str
+) -> None:
+    """A typo'd reference (id or queue) fails the input's load with the core's JobNotFound,
+    naming the queue and id (and the closest queue), not after wait_timeout (issue 48)."""
+    url = client_url(backend)
+    with EchoMQ(url, prefix=prefix) as mq:
+        mq.add_flow("ext-parent", [Child(1, queue="ext-child")], parent_id="JOB-nightly-42",
+                    barrier=True)  # fmt: skip
+    external = AssetSpec("nightly_typo", metadata=flow_metadata(queue, parent_id))
+    external = external.with_io_manager_key("echomq_io")
+
+    @asset
+    def typo_report(nightly_typo: dict[str, Any]) -> int:
+        return len(nightly_typo)
+
+    started = time.monotonic()
+    with pytest.raises(JobNotFound, match=says):
+        materialize(
+            [external, typo_report],
+            resources=resources(url, prefix, wait_timeout=120.0),
+            instance=instance,
+        )
+    assert time.monotonic() - started < 60
 
 
 @pytest.mark.onlystandalone
