@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from echomq_core import AsyncEchoMQ, Child, EchoMQ, JobNotFound
+from echomq_core import AsyncEchoMQ, Child, EchoMQ, JobNotFound, flows
 
 from .conftest import Backend
 from .flowkit import work_off
@@ -88,6 +88,35 @@ def test_reads_of_a_flow_that_is_there_are_unchanged(backend: Backend, prefix: s
     assert sorted(v for _, v in mq.iter_children_values("reports", PID, page=1)) == [0, 10, 20]
     assert mq.children_values_range("reports", PID, 0, 3) == [(0, 0), (1, 10), (2, 20)]
     assert sorted(v for _, v in mq.iter_results("reports", PID)) == [0, 10, 20]
+    mq.close()
+
+
+def _round_trips(mq: EchoMQ, op: Any) -> int:
+    """How many round trips ``op`` takes (each step is one pipeline), driven by hand."""
+    trips, step = 0, next(op)
+    while True:
+        trips += 1
+        try:
+            step = op.send(mq.connection.execute(step))
+        except StopIteration:
+            return trips
+
+
+def test_reads_of_a_flow_that_is_there_take_no_more_round_trips(
+    backend: Backend, prefix: str
+) -> None:
+    """The existence check rides in the read's own pipeline: one round trip, as before."""
+    mq = backend.client(prefix)
+    _flow(mq)
+    ks, q = mq.keys, "reports"
+    reads = [
+        flows.children_values(ks, q, PID, mq.serializer),
+        flows.dependencies(ks, q, PID),
+        flows.failed_children(ks, q, PID),
+        flows.ignored_failures(ks, q, PID),
+        flows.first_page(ks, q, PID, 10),
+    ]
+    assert [_round_trips(mq, flows.explained(ks, q, PID, op)) for op in reads] == [1] * 5
     mq.close()
 
 

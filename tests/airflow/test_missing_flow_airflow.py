@@ -14,7 +14,7 @@ from echomq_provider.results import flow_results, flow_slices
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
 from echomq_provider.triggers.echo_flow import EchoFlowTrigger
 
-from echomq_core import Child, EchoMQ, JobNotFound
+from echomq_core import Child, EchoMQ, InvalidInput, JobNotFound
 
 from .test_results import _NoXCom
 
@@ -75,3 +75,25 @@ def test_the_results_readers_raise_at_once(
         list(flow_results(flow, follow=True))
     with pytest.raises(JobNotFound, match=says):
         flow_slices(flow, size=10)
+
+
+def test_the_operators_specs_may_be_a_generator() -> None:
+    """Issue 48, item 7: what ``@task.echo_flow`` returns (or ``children=``) may be a generator
+    of specs, keyed ones too; it is read once. A mapping or a string is still refused."""
+    from echomq_provider.flow_specs import to_children
+
+    taken = []
+
+    def specs() -> Any:
+        for n in range(3):
+            taken.append(n)
+            yield {"payload": n, "key": f"k{n}"}
+
+    children = to_children(specs(), default_queue="work", parent_id="JOB-gen")
+    assert taken == [0, 1, 2]
+    assert [(c.payload, c.queue) for c in children] == [(0, "work"), (1, "work"), (2, "work")]
+    assert len({c.id for c in children}) == 3
+    assert [c.payload for c in to_children(n * n for n in range(4))] == [0, 1, 4, 9]
+    for bad in ({"payload": 1}, "[1, 2]", 7):
+        with pytest.raises(InvalidInput, match="must be a list"):
+            to_children(bad)

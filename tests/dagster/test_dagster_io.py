@@ -234,6 +234,38 @@ def test_external_flow_feeds_an_asset(
 
 
 @pytest.mark.onlystandalone
+def test_fan_out_takes_generators_down_the_tree(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """Issue 48, item 7: the resource's add takes a generator of children whose own children
+    are generators (read once each), and the flow runs to its release."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+
+    @asset(io_manager_key="echomq_io")
+    def tree(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        groups = (
+            Child({"n": 100 + g}, queue=CHILD,
+                  children=(Child({"n": 3 * g + i}, queue=CHILD) for i in range(3)))
+            for g in range(2)
+        )  # fmt: skip
+        return echomq.add_flow(PARENT, groups, parent_id=echomq.run_scoped_id(context))
+
+    @asset
+    def tree_values(tree: dict[str, Any]) -> int:
+        return len(tree)
+
+    result = materialize([tree, tree_values], resources=resources(url, prefix), instance=instance)
+    assert result.success
+    assert result.output_for_node("tree_values") == 2
+    flow: FlowRef = result.output_for_node("tree")
+    with EchoMQ(url, prefix=prefix) as mq:
+        for _, sub in flow.children:
+            assert mq.snapshot(CHILD, sub).total == 3
+            assert len(mq.children_values(CHILD, sub)) == 3
+
+
+@pytest.mark.onlystandalone
 @pytest.mark.parametrize(
     ("queue", "parent_id", "says"),
     [
