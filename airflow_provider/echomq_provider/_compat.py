@@ -38,14 +38,16 @@ if AIRFLOW_3_2:
     from airflow.sdk import conf
     from airflow.sdk.exceptions import (
         AirflowFailException,
+        AirflowNotFoundException,
         AirflowSensorTimeout,
         AirflowSkipException,
     )
 else:  # Airflow 3.1
     # the ignores are for the newest Airflow's types; at the floor they are unused
     from airflow.configuration import conf  # type: ignore[assignment,unused-ignore]
-    from airflow.exceptions import (  # type: ignore[no-redef,unused-ignore]
+    from airflow.exceptions import (  # type: ignore[no-redef,attr-defined,unused-ignore]
         AirflowFailException,
+        AirflowNotFoundException,
         AirflowSensorTimeout,
         AirflowSkipException,
     )
@@ -65,6 +67,7 @@ __all__ = [
     "AIRFLOW_3_2",
     "FORM_FROM_HOOK",
     "AirflowFailException",
+    "AirflowNotFoundException",
     "AirflowSensorTimeout",
     "AirflowSkipException",
     "Asset",
