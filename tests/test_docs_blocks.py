@@ -109,6 +109,39 @@ def test_a_block_runs_as_written(
         assert not warned, f"{block} printed Dagster's warnings of an API that may change: {warned}"
 
 
+def run_block(block: Block, backend: Backend, prefix: str, env: dict[str, str], cwd: Path) -> str:
+    """Run ``block`` as :func:`test_a_block_runs_as_written` does; its stdout."""
+    server = f"{backend.url!r}, cluster={backend.cluster!r}, prefix={prefix!r}"
+    code = DOCUMENTED_URL.sub(lambda _: server, block.code)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{block} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+#: The core blocks that use a server: a reader runs an example again (after an edit, or to see
+#: it once more) against the same server, and it must work as it did the first time.
+AGAIN = [
+    b
+    for b in ALL
+    if not b.fragment and "EchoMQ(" in b.code and "airflow" not in b.code
+    and "dagster" not in b.code
+]  # fmt: skip
+
+
+@pytest.mark.onlystandalone
+@pytest.mark.parametrize("block", AGAIN, ids=str)
+def test_a_block_runs_again_on_the_same_server(
+    block: Block, backend: Backend, prefix: str, proc_env: dict[str, str], tmp_path: Path
+) -> None:
+    first = run_block(block, backend, prefix, proc_env, tmp_path)
+    second = run_block(block, backend, prefix, proc_env, tmp_path)
+    if block.prints is not None:
+        assert (first.strip(), second.strip()) == (block.prints, block.prints)
+
+
 def test_the_dagster_pages_have_blocks_to_run() -> None:
     """The no-warning check above has something to check."""
     assert [b for b in ALL if b.page == "docs/dagster.md" and not b.fragment]
