@@ -157,3 +157,57 @@ def test_the_readme_links_are_absolute(readme: str) -> None:
     assert not relative, f"{readme}: relative links break on a package index page: {relative}"
     images = re.findall(r"<img[^>]*src=\"([^\"]+)\"", text)
     assert all(re.match(r"https?://", src) for src in images), f"{readme}: relative image {images}"
+
+
+#: Our distributions, which the package index does not have yet.
+OURS = re.compile(r"^'?(echomq|airflow-provider-echomq|dagster-echomq)(\[[^\]]*\])?'?$")
+#: The pages that tell a reader how to install.
+INSTALL_PAGES = [*READMES, "docs/getting-started.md", "docs/airflow.md", "docs/dagster.md"]
+
+
+def pip_install_lines(page: str) -> list[list[str]]:
+    """The arguments of each ``pip install`` line in the page's shell blocks."""
+    text = (ROOT / page).read_text()
+    found = []
+    for block in re.findall(r"^```(?:bash|sh|console)\n(.*?)^```", text, re.M | re.S):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("pip install "):
+                found.append(line.split()[2:])
+    return found
+
+
+@pytest.mark.parametrize("page", INSTALL_PAGES)
+def test_the_install_lines_name_no_distribution_the_index_lacks(page: str) -> None:
+    """Until the packages are published, every install block installs from the checkout (a
+    directory with a pyproject, or a wheel built from one), the page says so, and the pages
+    that give the site's and the repository's addresses say they are not live yet."""
+    lines = pip_install_lines(page)
+    assert lines, f"{page}: no pip install line"
+    for args in lines:
+        named = [a for a in args if OURS.match(a)]
+        assert not named, f"{page}: {named} are not on the package index yet"
+        for arg in args:
+            path = arg.strip("'").split("[", 1)[0]
+            if arg.startswith("-") or "*" in path or path.startswith("dist/"):
+                continue
+            assert (ROOT / path / "pyproject.toml").exists(), f"{page}: {arg} is no project"
+    said = " ".join((ROOT / page).read_text().lower().split())
+    if page in (*READMES, "docs/getting-started.md"):  # the pages that give the addresses
+        assert "not live yet" in said, f"{page}: its addresses are not called placeholders"
+    assert "not on the package index yet" in said, page
+
+
+def test_the_documented_install_command_installs_the_three(tmp_path: Path) -> None:
+    """The README's one command, run from the checkout (into a target directory, without
+    dependencies or the index: what it installs is what is checked)."""
+    (args,) = pip_install_lines("README.md")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         "--no-deps", "--no-build-isolation", "--no-index", "--target", str(tmp_path),
+         *(a.strip("'") for a in args)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    tops = {p.name for p in tmp_path.iterdir()}
+    assert {"echomq_core", "echomq_provider", "dagster_echomq"} <= tops, tops
