@@ -7,7 +7,10 @@ test server's URL with a prefix of the test's own, so runs do not meet. A block 
 fragment (it names things defined elsewhere) says so where the reader sees it - its fence reads
 ```` ```python title="Fragment: ..." ```` - and is not run; a block whose page says
 "It prints `...`" right after it must print exactly that. Blocks that need Airflow or Dagster
-run where those are installed (the suite's venvs).
+run where those are installed (the suite's venvs). A block titled with a file's path
+(```` ```python title="dags/reports.py" ````) is a file of an example: it runs here as any
+block does, and the example's own test deploys it as that file (the README's DAG in a real
+Airflow deployment: tests/airflow/test_readme_dag.py).
 
 Also here, as it concerns the READMEs as the packages' long descriptions on an index page (the
 main one, and the Airflow provider's and the Dagster integration's): their links are absolute (a
@@ -36,6 +39,9 @@ PAGES = [*READMES, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rgl
 DAGSTER_API_WARNING = re.compile(r"\b(BetaWarning|PreviewWarning|SupersessionWarning)\b")
 DOCUMENTED_URL = re.compile(r'"redis://localhost:6379/0"(, prefix="[^"]*")?')
 FRAGMENT = re.compile(r'^```python title="Fragment\b')
+#: A block that is a file of an example (``title="dags/reports.py"``): run here as any block
+#: is, and deployed as that file by the test of its example (tests/airflow/test_readme_dag.py).
+FILE = re.compile(r'^```python title="(?P<path>[\w./-]+\.py)"$')
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class Block:
     code: str
     fragment: bool
     prints: str | None  # what the text after the block says it prints
+    file: str | None = None  # the file it is, for a block titled with a path (FILE)
 
     def __str__(self) -> str:
         return f"{self.page}:{self.line}"
@@ -64,8 +71,11 @@ def blocks(page: str) -> list[Block]:
             said = re.match(r"\s*It prints `([^`]*)`", after)
             code = "\n".join(ln[indent:] for ln in lines[start + 1 : end]) + "\n"
             fragment = FRAGMENT.match(fence) is not None
-            assert fragment or fence == "```python", f"{page}:{i + 1}: unknown fence {fence!r}"
-            found.append(Block(page, start + 1, code, fragment, said.group(1) if said else None))
+            known = fragment or fence == "```python" or FILE.match(fence) is not None
+            assert known, f"{page}:{i + 1}: unknown fence {fence!r}"
+            named = FILE.match(fence)
+            path = named["path"] if named else None
+            found.append(Block(page, start + 1, code, fragment, said[1] if said else None, path))
             i = end
         i += 1
     return found
