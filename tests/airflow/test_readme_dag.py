@@ -1,12 +1,12 @@
-"""The README's Airflow example, deployed as the README says (issue 48, item 4).
+"""The READMEs' Airflow examples, deployed as the READMEs say (issue 48, item 4).
 
-Its three pieces are taken from the README as written: the DAG file (``dags/reports.py``), the
-handlers module (``my_handlers.py``) and the shell lines (the ``echomq_default`` connection and
-the ``echomq worker`` command). They run in a real deployment (``examples/airflow/deployment.py``:
-api-server, scheduler, dag-processor, triggerer, an EchoMQ server, the worker and a Pump as
-processes); the one change is the server's address, the deployment's own. The run is
-triggered through the REST API as a user would, and ``summarise`` must return what the README
-says it returns.
+Each example's three pieces are taken from its README as written: the DAG file
+(``dags/<name>.py``), the handlers module (``my_handlers.py``) and the shell lines (the
+``echomq_default`` connection and the ``echomq worker`` command). They run in a real deployment
+(``examples/airflow/deployment.py``: api-server, scheduler, dag-processor, triggerer, an EchoMQ
+server, the worker and a Pump as processes); the one change is the server's address, the
+deployment's own. The run is triggered through the REST API as a user would, and
+``summarise`` must return what the README says it returns.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-README = (ROOT / "README.md").read_text()
+#: The READMEs with an Airflow example: the main one and the provider's.
+PAGES = ["README.md", "airflow_provider/README.md"]
 
 
-def shell_lines() -> list[str]:
-    """The lines of the README's shell block that follows its handlers module."""
-    after = README[README.index('```python title="my_handlers.py"') :]
+def shell_lines(text: str) -> list[str]:
+    """The lines of the page's shell block that follows its handlers module."""
+    after = text[text.index('```python title="my_handlers.py"') :]
     block = re.search(r"```bash\n(.*?)```", after, re.S)
     assert block is not None
     return [line for line in block[1].splitlines() if line.strip()]
@@ -57,16 +58,21 @@ class ReadmeDeployment(Deployment):
         return self.documented.replace("localhost:6379", where)
 
 
-def test_the_readme_dag_runs_as_written(tmp_path: Path) -> None:
-    files = {b.file: b.code for b in blocks("README.md") if b.file is not None}
-    assert set(files) == {"dags/reports.py", "my_handlers.py"}
+@pytest.mark.parametrize("page", PAGES)
+def test_the_readme_dag_runs_as_written(page: str, tmp_path: Path) -> None:
+    text = (ROOT / page).read_text()
+    files = {b.file: b.code for b in blocks(page) if b.file is not None}
+    (dag_file,) = [f for f in files if f.startswith("dags/")]
+    assert set(files) == {dag_file, "my_handlers.py"}
     app_dir = tmp_path / "app"
     app_dir.mkdir()
     (app_dir / "my_handlers.py").write_text(files["my_handlers.py"])
-    dag = tmp_path / "reports.py"
-    dag.write_text(files["dags/reports.py"])
+    dag = tmp_path / Path(dag_file).name
+    dag.write_text(files[dag_file])
+    dag_id = re.search(r"@dag\(.*\)\ndef (\w+)\(", files[dag_file])
+    assert dag_id is not None
 
-    export, worker = shell_lines()
+    export, worker = shell_lines(text)
     name, value = export.removeprefix("export ").split("=", 1)
     assert name == "AIRFLOW_CONN_ECHOMQ_DEFAULT"
     connection = shlex.split(value)[0]
@@ -78,7 +84,7 @@ def test_the_readme_dag_runs_as_written(tmp_path: Path) -> None:
     # the worker's server is the connection's (the prefix too: neither names one)
     assert connection.replace("echomq://", "redis://") == url
 
-    said = re.search(r"`summarise` returns (\d+)", README)
+    said = re.search(r"`summarise` returns (\d+)", text)
     assert said is not None
     deployment = ReadmeDeployment(
         connection,
@@ -90,9 +96,9 @@ def test_the_readme_dag_runs_as_written(tmp_path: Path) -> None:
     )
     try:
         deployment.start()
-        run_id = deployment.trigger("reports")
-        assert deployment.wait_run("reports", run_id, timeout=300) == "success"
-        assert deployment.xcom("reports", run_id, "summarise") == int(said[1])
+        run_id = deployment.trigger(dag_id[1])
+        assert deployment.wait_run(dag_id[1], run_id, timeout=300) == "success"
+        assert deployment.xcom(dag_id[1], run_id, "summarise") == int(said[1])
     finally:
         deployment.stop()
         deployment.cleanup()
