@@ -102,3 +102,44 @@ def test_the_readme_dag_runs_as_written(page: str, tmp_path: Path) -> None:
     finally:
         deployment.stop()
         deployment.cleanup()
+
+
+def test_a_task_without_its_connection_fails_fast_saying_how_to_define_it(
+    tmp_path: Path,
+) -> None:
+    """The first try a new user makes: the connection is not defined (here the DAG names one
+    that is not). The task fails on its first read of the connection, not after retries or
+    timeouts, its log says how to define it, and no failure callback claims a flow."""
+    dag = tmp_path / "echomq_no_connection.py"
+    dag.write_text(
+        "from airflow.sdk import dag, task\n\n\n"
+        "@dag(schedule=None)\n"
+        "def echomq_no_connection():\n"
+        "    @task.echo_flow(parent_queue='reports', child_queue='work',"
+        " wait_for_completion=True, echomq_conn_id='echomq_first')\n"
+        "    def fan_out() -> list[dict]:\n"
+        "        return [{'payload': n} for n in range(3)]\n\n"
+        "    fan_out()\n\n\n"
+        "echomq_no_connection()\n"
+    )
+    deployment = Deployment(dags=[dag], prefix="emq")
+    try:
+        deployment.start()
+        run_id = deployment.trigger("echomq_no_connection")
+        assert deployment.wait_run("echomq_no_connection", run_id, timeout=300) == "failed"
+        ti = deployment.task_instance("echomq_no_connection", run_id, "fan_out")
+        assert ti["try_number"] == 1, ti
+        seconds = float(ti["duration"])
+        log = task_log_text(deployment)
+        assert "ConnectionNotDefined" in log and "AIRFLOW_CONN_ECHOMQ_FIRST=" in log, log[-3000:]
+        assert "left to it" not in log
+        assert seconds < 30, seconds
+        print(f"the task failed after {seconds:.2f} s of its own")
+    finally:
+        deployment.stop()
+        deployment.cleanup()
+
+
+def task_log_text(deployment: Deployment) -> str:
+    """Every log file of the deployment (components and tasks), joined."""
+    return "\n".join(deployment.logs().values())
