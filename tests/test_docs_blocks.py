@@ -221,3 +221,22 @@ def test_the_documented_install_command_installs_the_three(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr[-3000:]
     tops = {p.name for p in tmp_path.iterdir()}
     assert {"echomq_core", "echomq_provider", "dagster_echomq"} <= tops, tops
+
+
+#: What a concept page leaves to docs/reference/internals.md: a bench's name or results, a
+#: per-child cost in microseconds, a key's field encoding (``done: <token length>:...``).
+INTERNALS = re.compile(r"\bbench[/.]|\b\d+(?:\.\d+)? us\b|`\w+: <")
+CONCEPTS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "concepts").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", CONCEPTS)
+def test_a_concept_page_leaves_internals_to_the_reference(page: str) -> None:
+    """A concept page is what a user does and sees; encodings and the derivations of measured
+    figures are on the internals page, which the site lists (issue 48, item 12)."""
+    found = [ln for ln in (ROOT / page).read_text().splitlines() if INTERNALS.search(ln)]
+    assert not found, f"{page}: move to docs/reference/internals.md: {found}"
+
+
+def test_the_internals_page_is_in_the_site() -> None:
+    assert "reference/internals.md" in (ROOT / "mkdocs.yml").read_text()
+    assert (ROOT / "docs" / "reference" / "internals.md").exists()
