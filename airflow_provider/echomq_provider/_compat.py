@@ -52,6 +52,13 @@ else:  # Airflow 3.1
         AirflowSkipException,
     )
 
+try:  # the Task SDK's own not-found error, which Airflow 3.1 may keep apart from the above
+    from airflow.sdk.exceptions import AirflowNotFoundException as _SdkNotFound
+except ImportError:  # pragma: no cover - an Airflow without it
+    _SdkNotFound = AirflowNotFoundException  # type: ignore[misc,unused-ignore]
+#: What looking up a connection that is not defined raises, on every supported Airflow.
+CONNECTION_NOT_FOUND: tuple[type[Exception], ...] = tuple({AirflowNotFoundException, _SdkNotFound})
+
 try:  # the keyword arguments a TaskFlow callable takes from the context (3.2+: the Task SDK)
     from airflow.sdk.bases.decorator import determine_kwargs
 except ImportError:  # Airflow 3.1
@@ -65,6 +72,7 @@ FORM_FROM_HOOK = not AIRFLOW_3_2
 
 __all__ = [
     "AIRFLOW_3_2",
+    "CONNECTION_NOT_FOUND",
     "FORM_FROM_HOOK",
     "AirflowFailException",
     "AirflowNotFoundException",

@@ -44,8 +44,8 @@ from echomq_core.errors import flow_error
 from echomq_core.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 
 from .._compat import (
+    CONNECTION_NOT_FOUND,
     FORM_FROM_HOOK,
-    AirflowNotFoundException,
     aextra_dejson,
     field_behaviour,
     form_widgets,
@@ -99,7 +99,7 @@ class EchoMQHook(BaseHook):
         :class:`~echomq_provider.errors.ConnectionNotDefined` when it is not defined."""
         try:
             conn = self.get_connection(self.echomq_conn_id)
-        except AirflowNotFoundException as exc:
+        except CONNECTION_NOT_FOUND as exc:
             raise ConnectionNotDefined(self.echomq_conn_id) from exc
         return EchoMQConnectionSettings.from_connection(conn, conn.extra_dejson, prefix=self.prefix)
 
@@ -107,7 +107,7 @@ class EchoMQHook(BaseHook):
         """Read the connection without blocking the event loop (triggers); as :meth:`settings`."""
         try:
             conn = await self.aget_connection(self.echomq_conn_id)
-        except AirflowNotFoundException as exc:
+        except CONNECTION_NOT_FOUND as exc:
             raise ConnectionNotDefined(self.echomq_conn_id) from exc
         extra = await aextra_dejson(conn)
         return EchoMQConnectionSettings.from_connection(conn, extra, prefix=self.prefix)
