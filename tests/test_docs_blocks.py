@@ -240,3 +240,33 @@ def test_a_concept_page_leaves_internals_to_the_reference(page: str) -> None:
 def test_the_internals_page_is_in_the_site() -> None:
     assert "reference/internals.md" in (ROOT / "mkdocs.yml").read_text()
     assert (ROOT / "docs" / "reference" / "internals.md").exists()
+
+
+def test_the_documented_wheels_build_and_install(tmp_path: Path) -> None:
+    """Getting started's other way: wheels built from the checkout, then installed from
+    ``dist/`` (into a target directory, without dependencies or the index)."""
+    import glob
+    import shlex
+
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    block = re.search(r"```bash\n(pip wheel .*?)```", text, re.S)
+    assert block is not None
+    build, install = [shlex.split(line) for line in block[1].splitlines() if line.strip()]
+    assert build[:2] == ["pip", "wheel"] and install[:2] == ["pip", "install"]
+    dist = build[build.index("-w") + 1]
+    options = ["--quiet", "--disable-pip-version-check", "--no-build-isolation", "--no-index"]
+    args = [a if a != dist else str(tmp_path / dist) for a in build[2:]]
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", *options, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheels = [w for a in install[2:] for w in (sorted(glob.glob(a, root_dir=tmp_path)) or [a])]
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", *options, "--no-deps",
+         "--target", str(tmp_path / "site"), *wheels],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    tops = {p.name for p in (tmp_path / "site").iterdir()}
+    assert {"echomq_core", "echomq_provider", "dagster_echomq"} <= tops, tops
