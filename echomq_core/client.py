@@ -385,8 +385,9 @@ class EchoMQ(_Base):
         ones lose their lease (their worker drops them before they start) - and what running
         children report changes nothing. The parent's state is ``cancelled`` with ``reason``;
         the reads still work; the ``cancelled`` retention applies. Idempotent: a cancel cut
-        short is completed by calling it again. A flow that already ended (closed, completed)
-        is left as it is. See :mod:`echomq_core.lifecycle`."""
+        short is completed by calling it again. A closed flow is refused
+        (:class:`~echomq_core.FlowConflict`); a worker-run parent that completed is left as it
+        is. See :mod:`echomq_core.lifecycle`."""
         queue = self.home(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
         return self.perform(op)

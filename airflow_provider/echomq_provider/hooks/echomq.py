@@ -44,8 +44,14 @@ from echomq_core.errors import flow_error
 from echomq_core.flows import not_found
 from echomq_core.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 
-from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
-from ..errors import FlowNotReleased
+from .._compat import (
+    CONNECTION_NOT_FOUND,
+    FORM_FROM_HOOK,
+    aextra_dejson,
+    field_behaviour,
+    form_widgets,
+)
+from ..errors import ConnectionNotDefined, FlowNotReleased
 from ..flow_specs import flow_span, flow_target, labeller
 from .settings import EchoMQConnectionSettings
 
@@ -90,13 +96,20 @@ class EchoMQHook(BaseHook):
 
     # -- settings -------------------------------------------------------------------------
     def settings(self) -> EchoMQConnectionSettings:
-        """Read the connection (sync: tasks only, never inside a trigger)."""
-        conn = self.get_connection(self.echomq_conn_id)
+        """Read the connection (sync: tasks only, never inside a trigger). Raises
+        :class:`~echomq_provider.errors.ConnectionNotDefined` when it is not defined."""
+        try:
+            conn = self.get_connection(self.echomq_conn_id)
+        except CONNECTION_NOT_FOUND as exc:
+            raise ConnectionNotDefined(self.echomq_conn_id) from exc
         return EchoMQConnectionSettings.from_connection(conn, conn.extra_dejson, prefix=self.prefix)
 
     async def asettings(self) -> EchoMQConnectionSettings:
-        """Read the connection without blocking the event loop (triggers)."""
-        conn = await self.aget_connection(self.echomq_conn_id)
+        """Read the connection without blocking the event loop (triggers); as :meth:`settings`."""
+        try:
+            conn = await self.aget_connection(self.echomq_conn_id)
+        except CONNECTION_NOT_FOUND as exc:
+            raise ConnectionNotDefined(self.echomq_conn_id) from exc
         extra = await aextra_dejson(conn)
         return EchoMQConnectionSettings.from_connection(conn, extra, prefix=self.prefix)
 
