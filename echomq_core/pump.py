@@ -53,7 +53,7 @@ from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
-from .running import BLOCK_SLICE, HintWatch, hint_groups, wake_queues
+from .running import BLOCK_SLICE, HintWatch, Outage, hint_groups, wake_queues
 from .sharding import logical_of
 
 if TYPE_CHECKING:
@@ -344,6 +344,8 @@ class Pump:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hints: HintWatch | None = None  # the sync idle wait's, made on first use
+        #: its warnings while the server is down, backed off (and its return said)
+        self._outage = Outage(log, f"pump {self.id}")
 
     def __repr__(self) -> str:
         return f"Pump({self.id}, queues={self.fixed or 'discovered'})"
@@ -464,10 +466,11 @@ class Pump:
             try:
                 busy = self.tick().busy
                 failures = 0
+                self._outage.up()
             except EchoMQError as exc:
                 failures += 1
                 wait = _backoff(failures)
-                log.warning("pump %s tick failed (%s); retrying in %.1fs", self.id, exc, wait)
+                self._outage.warning("tick failed (%s); retrying in %.1fs", exc, wait)
                 self._stop.wait(wait)
                 continue
             if not busy:
@@ -482,10 +485,11 @@ class Pump:
                 try:
                     busy = (await self.atick()).busy
                     failures = 0
+                    self._outage.up()
                 except EchoMQError as exc:
                     failures += 1
                     wait = _backoff(failures)
-                    log.warning("pump %s tick failed (%s); retrying in %.1fs", self.id, exc, wait)
+                    self._outage.warning("tick failed (%s); retrying in %.1fs", exc, wait)
                     await _sleep(stop, wait)
                     continue
                 if not busy:
@@ -506,7 +510,7 @@ class Pump:
             return False
         if self._hints is None:  # one waiter per slot (HintWatch), for the Pump's life
             what = f"pump {self.id}: waiting for signals"
-            self._hints = HintWatch(self._sync().perform, self._stop, what)
+            self._hints = HintWatch(self._sync().perform, self._stop, what, self._outage.warning)
         hints = [self.client.keys.outbox_wake(q) for q in queues]
         return self._hints.wait(hint_groups(hints, self.client.connection.is_cluster), seconds)
 
@@ -527,7 +531,7 @@ class Pump:
                     return True
             except EchoMQError as exc:
                 if not stop.is_set():
-                    log.warning("pump %s: waiting for signals failed: %s", self.id, exc)
+                    self._outage.warning("waiting for signals failed: %s", exc)
                     await _sleep(stop, left)
                 return False
         return False
