@@ -509,7 +509,7 @@ class Pump:
             self._stop.wait(seconds)
             return False
         if self._hints is None:  # one waiter per slot (HintWatch), for the Pump's life
-            what = f"pump {self.id}: waiting for signals"
+            what = "waiting for signals"
             self._hints = HintWatch(self._sync().perform, self._stop, what, self._outage.warning)
         hints = [self.client.keys.outbox_wake(q) for q in queues]
         return self._hints.wait(hint_groups(hints, self.client.connection.is_cluster), seconds)
