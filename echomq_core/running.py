@@ -752,7 +752,7 @@ class Outage:
             hidden, self._hidden = self._hidden, 0
         if since:
             self.logger.warning(
-                "%s: reconnected: the server answers again after %.1fs (%d failure(s) not "
+                "%s: reconnected: calls go through again after %.1fs of failures (%d not "
                 "shown)", self.who, time.monotonic() - since, hidden,
             )
 
