@@ -140,6 +140,8 @@ class AsyncWorker(OptionAttributes):
         self.failed = 0
         #: the signal that stopped :meth:`run` (SIGINT or SIGTERM), None until one came
         self.signalled: int | None = None
+        #: a second signal ended the drain: sync handlers may still run in the pool's threads
+        self.halted = False
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         self.recheck = min(0.25, opts.lease / 3)
         per_call = max(self.batches.values(), default=1)
@@ -269,6 +271,7 @@ class AsyncWorker(OptionAttributes):
         a second one gives back the running jobs at once."""
         if self._stop.is_set():
             log.warning("second signal: giving back the running jobs now")
+            self.halted = True
             self._halt.set()
         else:
             self.signalled = signum

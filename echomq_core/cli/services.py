@@ -387,6 +387,12 @@ def run_worker(args: argparse.Namespace) -> int:
         _say(f"worker: stopped ({done[0]} completed, {done[1]} failed attempts)")
     finally:
         mq.close()
+    if isinstance(worker, AsyncWorker) and worker.halted:
+        # the sync handlers given back still run in the pool's threads, which the interpreter
+        # joins at exit: a second Ctrl-C must not wait for them (their jobs are given back)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
     return _status(worker.signalled)
 
 
