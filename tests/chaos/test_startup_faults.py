@@ -272,6 +272,8 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
         thread.join(120)
         assert "value" in out, out
         worker = out["value"]
+        mq.close()  # its slot map predates the restarts
+        mq = EchoMQ(seed_url, prefix=prefix)
         q = mq.queue(QUEUE)
         ids = q.add_bulk(range(10))
         worker.start()
