@@ -104,7 +104,7 @@ def test_worker_made_before_its_server_answers_waits_then_runs(lines: Lines) -> 
     mq = EchoMQ(server.url, prefix="sf-c", socket_connect_timeout=0.5)
     try:
         thread, out = _make_in_thread(
-            lambda: Worker(mq, {QUEUE: lambda job: job.payload * 2}, wait_for_server=120)
+            lambda: Worker(mq, {QUEUE: lambda job: job.payload * 2})  # the default bound
         )
         eventually(lambda: lines.having("does not answer") or "error" in out, 30)
         assert "error" not in out, out.get("error")
@@ -137,7 +137,7 @@ def test_worker_and_cli_on_a_full_server_wait_then_run(
         admin.config_set("maxmemory", 1)  # every write refused: the server is full
         fresh = EchoMQ(server.url, prefix="sf-b")  # registers its queues itself
         thread, out = _make_in_thread(
-            lambda: Worker(fresh, {QUEUE: lambda job: job.payload * 2}, wait_for_server=120)
+            lambda: Worker(fresh, {QUEUE: lambda job: job.payload * 2})  # the default bound
         )
         (tmp_path / "sf_app.py").write_text(textwrap.dedent(APP))
         conn = ["--url", server.url, "--prefix", "sf-b2", "--wait-for-server", "120"]
@@ -246,7 +246,6 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
             lambda: Worker(
                 EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5),
                 {QUEUE: lambda job: job.payload * 2},
-                wait_for_server=300,
             )
         )
         conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5"]
