@@ -10,6 +10,7 @@ itself (starts the server, frees memory, restarts the nodes), then observes the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 
-from echomq_core import EchoMQ, Pump, Worker
+from echomq_core import AsyncEchoMQ, AsyncWorker, Child, EchoMQ, Job, Pump, Worker
 from echomq_core.server import EmbeddedServer
 from echomq_core.slots import key_slot
 
@@ -41,6 +42,35 @@ def double(job):
 HANDLERS = {"sf-work": double}
 """
 QUEUE = "sf-work"
+
+
+def double(job: Job) -> int:
+    return int(job.payload) * 2
+
+
+class InLoop:
+    """An :class:`AsyncWorker` of :data:`QUEUE` started on its own event loop in a thread
+    (``started``: its :meth:`~AsyncWorker.start`, which waits for the server as it must)."""
+
+    def __init__(self, url: str, prefix: str, **settings: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.client = AsyncEchoMQ(url, prefix=prefix, socket_connect_timeout=0.5, socket_timeout=2)
+        self.worker = AsyncWorker(self.client, {QUEUE: double}, **settings)
+        self.started = asyncio.run_coroutine_threadsafe(self.worker.start(), self.loop)
+
+    def close(self) -> None:
+        async def down() -> None:
+            if self.started.done() and self.started.exception() is None:
+                await self.worker.stop()
+            await self.client.close()
+
+        if not self.started.done():
+            self.started.cancel()
+        asyncio.run_coroutine_threadsafe(down(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
 
 class Lines(logging.Handler):
@@ -98,23 +128,34 @@ def _runs_jobs(mq: EchoMQ, worker: Worker, n: int = 10) -> None:
 
 
 def test_worker_made_before_its_server_answers_waits_then_runs(lines: Lines) -> None:
-    """(c) unreachable: ``Worker(...)`` made while nothing listens waits (today it raises
-    ConnectionLost at once), logs what it waits for, and runs jobs once the server is up."""
+    """(c) unreachable: ``Worker(...)`` made and ``AsyncWorker.start()`` called while nothing
+    listens wait (today they raise ConnectionLost at once), log what they wait for, and run
+    jobs once the server is up; a Pump started meanwhile delivers once it is up."""
     server = EmbeddedServer()  # a port picked, nothing listening yet
     mq = EchoMQ(server.url, prefix="sf-c", socket_connect_timeout=0.5)
+    in_loop = InLoop(server.url, "sf-c", pump=False)
+    pump = Pump(mq, [QUEUE]).start()
     try:
-        thread, out = _make_in_thread(
-            lambda: Worker(mq, {QUEUE: lambda job: job.payload * 2})  # the default bound
-        )
-        eventually(lambda: lines.having("does not answer") or "error" in out, 30)
+        thread, out = _make_in_thread(lambda: Worker(mq, {QUEUE: double}))  # the default bound
+        eventually(lambda: len(lines.having("does not answer")) >= 2 or "error" in out, 30)
         assert "error" not in out, out.get("error")
-        assert thread.is_alive()
+        assert thread.is_alive() and not in_loop.started.done()
         server.start()  # the fault cleared, by the test
         thread.join(60)
         assert "value" in out, out
-        assert lines.having("going on")  # said at INFO once through
-        _runs_jobs(mq, out["value"])
+        in_loop.started.result(60)
+        assert len(lines.having("going on")) >= 2  # said at INFO once through
+        worker = out["value"].start()
+        try:  # both workers run the children; the Pump started before the server delivers
+            ref = mq.add_flow("sf-parents", [Child(i, queue=QUEUE) for i in range(20)])
+            assert mq.wait(ref.queue, ref.parent_id, timeout=60).processed == 20
+            values = mq.children_values(ref.queue, ref.parent_id).values()
+            assert sorted(values) == [2 * i for i in range(20)]
+        finally:
+            worker.stop()
     finally:
+        in_loop.close()
+        pump.stop()
         mq.close()
         server.stop()
 
@@ -136,9 +177,7 @@ def test_worker_and_cli_on_a_full_server_wait_then_run(
         admin.config_set("maxmemory-policy", "noeviction")
         admin.config_set("maxmemory", 1)  # every write refused: the server is full
         fresh = EchoMQ(server.url, prefix="sf-b")  # registers its queues itself
-        thread, out = _make_in_thread(
-            lambda: Worker(fresh, {QUEUE: lambda job: job.payload * 2})  # the default bound
-        )
+        thread, out = _make_in_thread(lambda: Worker(fresh, {QUEUE: double}))  # default bound
         (tmp_path / "sf_app.py").write_text(textwrap.dedent(APP))
         conn = ["--url", server.url, "--prefix", "sf-b2", "--wait-for-server", "120"]
         procs = [
@@ -182,29 +221,36 @@ def test_warnings_of_a_lost_server_back_off_and_its_return_is_said(lines: Lines)
     about three lines a second from the worker) and say when it answers again."""
     server = EmbeddedServer().start()
     mq = EchoMQ(server.url, prefix="sf-r", socket_connect_timeout=0.5, socket_timeout=2)
-    worker = Worker(mq, {QUEUE: lambda job: job.payload * 2}, pump=False, max_poll=0.5)
+    worker = Worker(mq, {QUEUE: double}, pump=False, max_poll=0.5)
     pump = Pump(mq, [QUEUE])
+    in_loop = InLoop(server.url, "sf-r", pump=False, max_poll=0.5)
+    in_loop.started.result(30)
     worker.start()
     pump.start()
+    who = {
+        f"worker {worker.presence.entry.id}",
+        f"worker {in_loop.worker.presence.entry.id}",
+        f"pump {pump.id}",
+    }
     try:
         server.stop()
         began = time.monotonic()
         window = 8.0  # the measuring window: 1 s doubling -> at most 4 warnings each
         eventually(lambda: time.monotonic() - began >= window, window + 5, every=0.5)
-        seen = [(t, m) for t, lv, m in lines.seen if lv >= logging.WARNING and t >= began]
-        by_worker = [m for t, m in seen if m.startswith("worker ") and t < began + window]
-        by_pump = [m for t, m in seen if m.startswith("pump ") and t < began + window]
-        assert 1 <= len(by_worker) <= 5, by_worker
-        assert 1 <= len(by_pump) <= 5, by_pump
+        seen = [
+            m for t, lv, m in list(lines.seen)
+            if lv >= logging.WARNING and began <= t < began + window
+        ]  # fmt: skip
+        for name in who:
+            said = [m for m in seen if m.startswith(name + ":")]
+            assert 1 <= len(said) <= 5, (name, said)
         server.start()  # same port: the test brings it back
-        eventually(lambda: len(lines.having("reconnected")) >= 2, 60)
-        back = lines.having("reconnected")
-        assert any(m.startswith("worker ") for m in back)
-        assert any(m.startswith("pump ") for m in back)
+        eventually(lambda: {m.split(":")[0] for m in lines.having("reconnected")} == who, 60)
         q = mq.queue(QUEUE)
         ids = q.add_bulk(range(5))
         eventually(lambda: all(q.get_job(i).state == "completed" for i in ids), 60)
     finally:
+        in_loop.close()
         worker.stop()
         pump.stop()
         mq.close()
@@ -245,7 +291,7 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
         thread, out = _make_in_thread(
             lambda: Worker(
                 EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5),
-                {QUEUE: lambda job: job.payload * 2},
+                {QUEUE: double},
             )
         )
         conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5"]
