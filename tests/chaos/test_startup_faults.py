@@ -74,17 +74,18 @@ class InLoop:
 
 
 class Lines(logging.Handler):
-    """The WARNING (and higher) messages logged on ``echomq_core``, with when (monotonic)."""
+    """The INFO (and higher) messages logged on ``echomq_core``: (when (monotonic), level,
+    text, logger name)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
-        self.seen: list[tuple[float, int, str]] = []
+        self.seen: list[tuple[float, int, str, str]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.seen.append((time.monotonic(), record.levelno, record.getMessage()))
+        self.seen.append((time.monotonic(), record.levelno, record.getMessage(), record.name))
 
     def having(self, text: str) -> list[str]:
-        return [m for _, _, m in list(self.seen) if text in m]
+        return [m for _, _, m, _ in list(self.seen) if text in m]
 
 
 @pytest.fixture
@@ -238,12 +239,17 @@ def test_warnings_of_a_lost_server_back_off_and_its_return_is_said(lines: Lines)
         window = 8.0  # the measuring window: 1 s doubling -> at most 4 warnings each
         eventually(lambda: time.monotonic() - began >= window, window + 5, every=0.5)
         seen = [
-            m for t, lv, m in list(lines.seen)
+            (m, name) for t, lv, m, name in list(lines.seen)
             if lv >= logging.WARNING and began <= t < began + window
         ]  # fmt: skip
-        for name in who:
-            said = [m for m in seen if m.startswith(name + ":")]
-            assert 1 <= len(said) <= 5, (name, said)
+        # today: a claim and a hint wait fail about every 0.5 s, each warned: ~30 lines a
+        # worker; now at most 4 each (at 0, 1, 3, 7 s), a heartbeat's warning besides
+        by_worker = [m for m, name in seen if name == "echomq_core.worker"]
+        by_pump = [m for m, name in seen if name == "echomq_core.pump"]
+        assert 2 <= len(by_worker) <= 2 * 4 + 2, by_worker
+        assert 1 <= len(by_pump) <= 4, by_pump
+        for name in who:  # each one warned, and at most 4 times
+            assert 1 <= sum(m.startswith(name + ":") for m, _ in seen) <= 4, (name, seen)
         server.start()  # same port: the test brings it back
         eventually(lambda: {m.split(":")[0] for m in lines.having("reconnected")} == who, 60)
         q = mq.queue(QUEUE)
