@@ -190,11 +190,16 @@ def test_worker_and_cli_on_a_full_server_wait_then_run(
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for args in (["worker", "--app", "sf_app:HANDLERS", "--no-pump"], ["pump", QUEUE])
+            for args in (
+                ["worker", "--app", "sf_app:HANDLERS", "--no-pump"],
+                ["worker", "--app", "sf_app:HANDLERS", "--no-pump", "--async"],
+                ["pump", QUEUE],
+            )
         ]
+        for proc in procs[:2]:  # each worker process waits, and says why
+            _read_until(proc, "the server is full")
         eventually(lambda: lines.having("the server is full") or "error" in out, 30)
         assert "error" not in out, out.get("error")
-        _read_until(procs[0], "the server is full")  # each process waits, and says why
         assert all(p.poll() is None for p in procs)
         admin.config_set("maxmemory", 0)  # memory freed, by the test
         thread.join(60)
@@ -312,10 +317,10 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
             )
             for args in (["worker", "--app", "sf_app:HANDLERS", "--no-pump"], ["pump", QUEUE])
         ]
-        eventually(lambda: lines.having("Cluster") or "error" in out, 60)
-        assert "error" not in out, out.get("error")
         for proc in procs:
             _read_until(proc, "Cluster", 90)
+        eventually(lambda: lines.having("Cluster") or "error" in out, 60)
+        assert "error" not in out, out.get("error")
         assert all(p.poll() is None for p in procs)
         for node in (master, *replicas):  # the fault cleared, by the test
             node.start()
