@@ -96,3 +96,22 @@ def test_sigterm_drain_exits_0(
             proc.kill()
         proc.wait()
         mq.close()
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_pump_exit_status_after_a_signal(
+    standalone_server: EmbeddedServer, proc_env: dict[str, str], sig: int, status: int
+) -> None:
+    """``echomq pump``: 130 after Ctrl-C, 0 after SIGTERM (today 0 for both)."""
+    proc = subprocess.Popen(
+        [*CLI, "pump", "ci-hold", "--url", standalone_server.url, "--prefix", "ci-pump"],
+        env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _read_until(proc, "pump: queues", 60)  # said once its signal handlers are installed
+        proc.send_signal(sig)
+        assert proc.wait(30) == status
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
