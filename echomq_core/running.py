@@ -577,15 +577,16 @@ def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | No
 WAIT_FOR_SERVER = 300.0
 #: The first and the longest pause (s) between two start-up tries.
 FIRST_PAUSE, LONGEST_PAUSE = 0.5, 5.0
+#: The errors a start-up step waits out: time (a failover, freed memory, a server that comes
+#: up) cures them; any other error (a bad name, a refused argument) is raised at once.
+PASSING = (ConnectionLost, ServerFull)
 
 
-def waiting_for(exc: BaseException, is_cluster: bool) -> str | None:
-    """What a start-up step that raised ``exc`` waits for, in words for the log - or None: the
-    error is not one that time cures (a bad name, a refused argument), so it is raised."""
+def waiting_for(exc: BaseException, is_cluster: bool) -> str:
+    """What a start-up step that raised ``exc`` (one of :data:`PASSING`) waits for, in words
+    for the log."""
     if isinstance(exc, ServerFull):
         return "the server is full (maxmemory): waiting for memory to be freed"
-    if not isinstance(exc, ConnectionLost):
-        return None
     text = str(exc)
     if any(word in text for word in ("CLUSTERDOWN", "MASTERDOWN", "failover", "no known owner")):
         return "a Cluster master in failover"
@@ -594,61 +595,68 @@ def waiting_for(exc: BaseException, is_cluster: bool) -> str | None:
     return "the server, which does not answer"
 
 
+class Patience:
+    """The bound and the log of one start-up step that waits out :data:`PASSING` errors (see
+    :func:`patiently`); shared by the sync and the asyncio loop."""
+
+    def __init__(self, what: str, bound: float, is_cluster: bool, logger: logging.Logger):
+        self.what, self.bound, self.is_cluster, self.logger = what, bound, is_cluster, logger
+        self.began = time.monotonic()
+        self.tries = 0
+        self.pause = FIRST_PAUSE
+
+    def retry_in(self, exc: BaseException) -> float:
+        """The step failed with ``exc``: the seconds to wait before the next try, logged at
+        WARNING with what it waits for; raises once the bound is spent."""
+        self.tries += 1
+        left = self.began + self.bound - time.monotonic()
+        if left <= 0:
+            if self.tries > 1:
+                raise type(exc)(
+                    f"{exc} ({self.what}: gave up after {self.tries} tries in "
+                    f"{time.monotonic() - self.began:.0f}s; the bound is {self.bound:g}s)"
+                ) from exc
+            raise exc
+        wait = min(self.pause, left)
+        self.pause = min(LONGEST_PAUSE, self.pause * 2)
+        self.logger.warning(
+            "%s: %s (try %d: %s); trying again in %.1fs, for up to %.0fs more",
+            self.what,
+            waiting_for(exc, self.is_cluster),
+            self.tries,
+            exc,
+            wait,
+            left,
+        )
+        return wait
+
+    def done(self) -> None:
+        """The step went through: said at INFO if it had to wait."""
+        if self.tries:
+            took = time.monotonic() - self.began
+            self.logger.info("%s: done after %d tries in %.1fs; going on", self.what,
+                             self.tries + 1, took)  # fmt: skip
+
+
 def patiently(
-    step: Callable[[], T],
-    *,
-    what: str,
-    bound: float,
-    is_cluster: bool,
-    logger: logging.Logger,
-    stop: threading.Event | None = None,
+    step: Callable[[], T], *, what: str, bound: float, is_cluster: bool, logger: logging.Logger
 ) -> T:
     """Run the start-up ``step`` (``what`` it does, for the log), trying again while the server
-    cannot take it yet (:func:`waiting_for`: unreachable, a Cluster master failing over, a
-    full server), for up to ``bound`` seconds: the pause between tries doubles from
+    cannot take it yet (:data:`PASSING`: unreachable, a Cluster master failing over, a full
+    server), for up to ``bound`` seconds: the pause between tries doubles from
     :data:`FIRST_PAUSE` to :data:`LONGEST_PAUSE`, each wait logged at WARNING with what it waits
-    for, and the step that went through after waiting at INFO. The last error is raised once
-    the bound is spent (``bound`` 0: at once) - every start-up step is bounded the same way as
-    an unreachable server (``--wait-for-server``). A set ``stop`` ends the wait too (raising
-    the last error): a worker stopped while it starts does not wait on."""
-    give_up = time.monotonic() + bound
-    tries, pause, began = 0, FIRST_PAUSE, time.monotonic()
+    for (:func:`waiting_for`), the step that went through after waiting at INFO. The last
+    error is raised once the bound is spent (``bound`` 0: at once) - every start-up step is
+    bounded as an unreachable server is (``--wait-for-server``), so a fleet restarted during a
+    failover waits it out instead of exiting."""
+    patience = Patience(what, bound, is_cluster, logger)
     while True:
-        tries += 1
         try:
             result = step()
-        except (ConnectionLost, ServerFull) as exc:
-            reason = waiting_for(exc, is_cluster)
-            left = give_up - time.monotonic()
-            if reason is None or left <= 0 or (stop is not None and stop.is_set()):
-                if tries > 1:
-                    raise type(exc)(
-                        f"{exc} ({what}: gave up after {tries} tries in "
-                        f"{time.monotonic() - began:.0f}s; the bound is {bound:g}s)"
-                    ) from exc
-                raise
-            wait = min(pause, left)
-            logger.warning(
-                "%s: %s (try %d: %s); trying again in %.1fs, for up to %.0fs more",
-                what,
-                reason,
-                tries,
-                exc,
-                wait,
-                left,
-            )
-            if stop is not None:
-                if stop.wait(wait):
-                    raise
-            else:
-                time.sleep(wait)
-            pause = min(LONGEST_PAUSE, pause * 2)
+        except PASSING as exc:
+            time.sleep(patience.retry_in(exc))
         else:
-            if tries > 1:
-                logger.info(
-                    "%s: done after %d tries in %.1fs; going on", what, tries,
-                    time.monotonic() - began,
-                )
+            patience.done()
             return result
 
 
@@ -662,42 +670,16 @@ async def apatiently(
 ) -> T:
     """:func:`patiently` for an asyncio ``step`` (an :class:`~echomq_core.AsyncWorker`'s
     start)."""
-    import asyncio
+    import asyncio  # only the asyncio worker's start needs it
 
-    give_up = time.monotonic() + bound
-    tries, pause, began = 0, FIRST_PAUSE, time.monotonic()
+    patience = Patience(what, bound, is_cluster, logger)
     while True:
-        tries += 1
         try:
             result = await step()
-        except (ConnectionLost, ServerFull) as exc:
-            reason = waiting_for(exc, is_cluster)
-            left = give_up - time.monotonic()
-            if reason is None or left <= 0:
-                if tries > 1:
-                    raise type(exc)(
-                        f"{exc} ({what}: gave up after {tries} tries in "
-                        f"{time.monotonic() - began:.0f}s; the bound is {bound:g}s)"
-                    ) from exc
-                raise
-            wait = min(pause, left)
-            logger.warning(
-                "%s: %s (try %d: %s); trying again in %.1fs, for up to %.0fs more",
-                what,
-                reason,
-                tries,
-                exc,
-                wait,
-                left,
-            )
-            await asyncio.sleep(wait)
-            pause = min(LONGEST_PAUSE, pause * 2)
+        except PASSING as exc:
+            await asyncio.sleep(patience.retry_in(exc))
         else:
-            if tries > 1:
-                logger.info(
-                    "%s: done after %d tries in %.1fs; going on", what, tries,
-                    time.monotonic() - began,
-                )
+            patience.done()
             return result
 
 
