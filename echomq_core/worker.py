@@ -352,7 +352,10 @@ class Worker(OptionAttributes):
             self._stop.wait(0.2)
         if self.signalled is not None and not self._halt.is_set():
             with self._lock:
-                running = [j for s in self._slots if s.job for j in (s.jobs or [s.job])]
+                # an abandoned runner's job was failed already: not in flight
+                running = [
+                    j for s in self._slots if s.job and not s.abandoned for j in s.jobs or [s.job]
+                ]
             log.warning(draining_text(self.signalled, running, self.options.grace))
         self.stop(wait=not self._halt.is_set())
 
