@@ -333,6 +333,8 @@ class Pump:
         self._maintained_at = self._swept_at = float("-inf")
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
         self.totals = TickStats()
+        #: ticks that failed and were retried (their warnings are backed off: :class:`Outage`)
+        self.failed_ticks = 0
         self._queues: list[str] = list(self.fixed or [])
         #: the given names are taken as logical ones: each sharded queue's shards replace it,
         #: read once, at the first tick (construction makes no round trip)
@@ -469,6 +471,7 @@ class Pump:
                 self._outage.up()
             except EchoMQError as exc:
                 failures += 1
+                self.failed_ticks += 1
                 wait = _backoff(failures)
                 self._outage.warning("tick failed (%s); retrying in %.1fs", exc, wait)
                 self._stop.wait(wait)
@@ -488,6 +491,7 @@ class Pump:
                     self._outage.up()
                 except EchoMQError as exc:
                     failures += 1
+                    self.failed_ticks += 1
                     wait = _backoff(failures)
                     self._outage.warning("tick failed (%s); retrying in %.1fs", exc, wait)
                     await _sleep(stop, wait)
