@@ -389,7 +389,10 @@ def open_client(
 
     Commands that run for good (``worker``, ``pump``) take ``--wait-for-server S``: a server
     that does not answer yet (it is starting, or restarting) is tried again with a backoff
-    (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once.
+    (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once. What is
+    left of S then bounds their other start-up steps (the queues' shard configuration, their
+    registration: :func:`~echomq_core.running.patiently`), which also wait out a Cluster
+    master in failover and a full server.
     """
     from redis.backoff import NoBackoff  # with the first client, not with `echomq --help`
     from redis.retry import Retry
@@ -447,8 +450,9 @@ def add_wait_for_server(parser: argparse.ArgumentParser, default: float = 300.0)
         type=seconds(0.0),
         default=default,
         metavar="S",
-        help="at start, keep trying a server that does not answer yet for up to S seconds, "
-        "with a backoff, logging each try (default %(default)s; 0: fail at once)",
+        help="at start, keep trying for up to S seconds in all while the server does not "
+        "answer yet, a Cluster master is failing over or the server is full (maxmemory), "
+        "with a backoff, logging what it waits for (default %(default)s; 0: fail at once)",
     )
 
 
