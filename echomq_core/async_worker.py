@@ -67,12 +67,16 @@ from .routines import (
 from .running import (
     BLOCK_SLICE,
     HOLD,
+    WAIT_FOR_SERVER,
     Failed,
     InHand,
     Intake,
     OptionAttributes,
+    Outage,
     Outcome,
     RateWindows,
+    apatiently,
+    draining_text,
     failure,
     hint_groups,
     logical_names,
@@ -112,9 +116,15 @@ class AsyncWorker(OptionAttributes):
         queue_options: Mapping[str, Any] | None = None,
         hooks: LifecycleHooks | None = None,
         pump: bool | PumpOptions = True,
+        wait_for_server: float = WAIT_FOR_SERVER,
         **settings: Any,
     ) -> None:
+        """Options as :class:`~echomq_core.worker.Worker`'s. Construction makes no round trip;
+        :meth:`start` reads the queues' shard configuration and registers them, waiting up to
+        ``wait_for_server`` seconds while the server cannot take that yet (unreachable, a
+        Cluster master failing over, full), logging what it waits for; 0 raises at once."""
         settings = dict(settings)
+        self.wait_for_server = wait_for_server
         self._per_queue = batching.split_setting(settings)  # batch={queue: size}
         opts = self.options = build(WorkerOptions, options, settings)
         self.client = client
@@ -128,6 +138,10 @@ class AsyncWorker(OptionAttributes):
         self._slot_waits: dict[tuple[str, ...], asyncio.Future[Any]] = {}
         self.completed = 0
         self.failed = 0
+        #: the signal that stopped :meth:`run` (SIGINT or SIGTERM), None until one came
+        self.signalled: int | None = None
+        #: a second signal ended the drain: sync handlers may still run in the pool's threads
+        self.halted = False
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         self.recheck = min(0.25, opts.lease / 3)
         per_call = max(self.batches.values(), default=1)
@@ -175,6 +189,8 @@ class AsyncWorker(OptionAttributes):
         for queue in self.queues.values():  # its lease tokens name this worker
             queue.holder = self.presence.entry.id
         self._wake = list(self.handlers)  # one blocked wait per slot: _idle_slots
+        #: the fetcher's warnings while the server is down, backed off
+        self._outage = Outage(log, f"worker {self.presence.entry.id}")
 
     def __repr__(self) -> str:
         return f"AsyncWorker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
@@ -185,13 +201,26 @@ class AsyncWorker(OptionAttributes):
         if self._started:
             return self
         given = self._given[0]
-        shards = await self.connection.perform(
-            sharding.resolve(self.client.keys, self.client.shard_cache, given)
+        bound, is_cluster = self.wait_for_server, self.connection.is_cluster
+        shards = await apatiently(
+            lambda: self.connection.perform(
+                sharding.resolve(self.client.keys, self.client.shard_cache, given)
+            ),
+            what=f"worker: reading the shard configuration of {', '.join(map(repr, given))}",
+            bound=bound,
+            is_cluster=is_cluster,
+            logger=log,
         )
         served = serving(given, shards)
         if served.keys() != self.handlers.keys():  # a sharded queue: serve every shard
             self._serve(served, logical_names(given, shards))
-        await self.connection.execute(ops.register(self.client.keys, list(self.handlers)))
+        await apatiently(
+            lambda: self.connection.execute(ops.register(self.client.keys, list(self.handlers))),
+            what="worker: registering its queues",
+            bound=bound,
+            is_cluster=is_cluster,
+            logger=log,
+        )
         await self.presence.abeat(self.connection.perform, 0)
         # one spawner for the loop the handlers run on (a restarted worker's may be another)
         self._spawner = spawning.AsyncSpawner(self.client, asyncio.get_running_loop())
@@ -225,17 +254,27 @@ class AsyncWorker(OptionAttributes):
         try:
             await self.start()
             await self._stop.wait()
+            if self.signalled is not None and not self._halt.is_set():
+                log.warning(draining_text(self.signalled, self._in_flight(), self.options.grace))
             await self.stop(wait=not self._halt.is_set())
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
+    def _in_flight(self) -> list[Job]:
+        """The jobs whose handlers run now: leased, not waiting in the buffer."""
+        buffered = {id(job) for job, _ in self._hand.buffer}
+        return [job for job in self._hand.inflight.values() if id(job) not in buffered]
+
     def _on_signal(self, signum: int) -> None:
+        """SIGTERM / SIGINT: stop claiming and drain (:meth:`run` says what it waits for);
+        a second one gives back the running jobs at once."""
         if self._stop.is_set():
-            log.warning("second signal: giving back running jobs now")
+            log.warning("second signal: giving back the running jobs now")
+            self.halted = True
             self._halt.set()
         else:
-            log.info("signal %d: finishing running jobs, then stopping", signum)
+            self.signalled = signum
         self._stop.set()
         self._wake_all()
 
@@ -271,7 +310,19 @@ class AsyncWorker(OptionAttributes):
         runners = [t for t in self._runners if not t.done()]
         if runners:
             grace = self.options.grace if wait else 0.0
-            _, pending = await asyncio.wait(runners, timeout=grace)
+            # a second signal (``_halt``) ends the wait at once
+            halted = asyncio.ensure_future(self._halt.wait())
+            deadline = time.monotonic() + grace
+            pending = set(runners)
+            while pending and not self._halt.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                _, pending = await asyncio.wait(
+                    [*pending, halted], timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(halted)
+            halted.cancel()
             if pending:  # past the grace: their jobs go back, their handlers are cancelled
                 for task in pending:
                     task.cancel()
@@ -320,11 +371,14 @@ class AsyncWorker(OptionAttributes):
                     await self._read_ahead()
                 continue
             turn_of = claim_turn(
-                self.queues, names, turn, want, ahead, self._windows, self._stop.is_set
+                self.queues, names, turn, want, ahead, self._windows, self._stop.is_set,
+                self._outage.warning,
             )
             jobs, seconds, failed = await adrive(turn_of, self.connection.perform)
             if failed:  # a claim failed: not again at once
                 await self._sleep(idle)
+            else:
+                self._outage.up()  # one attribute read while the server answers
             if jobs:
                 turn += 1
                 await self._take(jobs, seconds)
@@ -383,7 +437,7 @@ class AsyncWorker(OptionAttributes):
                     return
             except EchoMQError as exc:
                 if not self._stop.is_set():
-                    log.warning("waiting for work failed: %s", exc)
+                    self._outage.warning("waiting for work failed: %s", exc)
                     await self._sleep(left)
                 return
 
@@ -414,7 +468,7 @@ class AsyncWorker(OptionAttributes):
                 if exc is None:
                     woken = woken or bool(task.result())
                 elif not self._stop.is_set():
-                    log.warning("waiting for work failed: %s", exc)
+                    self._outage.warning("waiting for work failed: %s", exc)
             if woken:
                 return
 

@@ -10,15 +10,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import children as child_reads
-from . import failures, flows, lifecycle, ops, rates, release_watch, retention, sharding, streaming
+from . import (
+    collector,
+    failures,
+    flows,
+    lifecycle,
+    ops,
+    rates,
+    release_watch,
+    retention,
+    sharding,
+    streaming,
+)
 from .checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from .connection import Call, Op, connect, connect_async
-from .errors import FlowTimeout, InvalidArgument, flow_error
-from .keyspace import FLOW_INDEXES, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
+from .errors import InvalidArgument, flow_error
+from .keyspace import FLOW_LISTS, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
 from .models import (
     Child,
     ChildFailure,
@@ -32,7 +43,7 @@ from .models import (
 )
 from .queue import Queue
 from .rates import RateLimit
-from .waiting import FlowWait, Verdict
+from .waiting import MISSING, FlowWait, Verdict
 
 if TYPE_CHECKING:  # imported where used: a synchronous user does not load the asyncio queue
     from .async_queue import AsyncQueue
@@ -73,7 +84,7 @@ class _Base:
     def _plan_flow(
         self,
         queue: str,
-        children: list[Child],
+        children: Sequence[Child],
         payload: Any,
         parent_id: str | None,
         max_attempts: int,
@@ -97,7 +108,7 @@ class _Base:
     def _add_op(
         self,
         queue: str,
-        children: list[Child],
+        children: Sequence[Child],
         payload: Any,
         parent_id: str | None,
         max_attempts: int,
@@ -179,9 +190,9 @@ class _Base:
         queue: str, state: str | None, limit: int, offset: int
     ) -> tuple[list[str], int, int]:
         check_queue(queue)
-        if state is not None and state not in FLOW_INDEXES:
-            raise InvalidArgument(f"state must be one of {', '.join(FLOW_INDEXES)}, got {state!r}")
-        states = list(FLOW_INDEXES) if state is None else [state]
+        if state is not None and state not in FLOW_LISTS:
+            raise InvalidArgument(f"state must be one of {', '.join(FLOW_LISTS)}, got {state!r}")
+        states = list(FLOW_LISTS) if state is None else [state]
         return states, check_int("limit", limit, 1, 10_000), check_int("offset", offset, 0)
 
 
@@ -274,7 +285,7 @@ class EchoMQ(_Base):
     def add_flow(
         self,
         queue: str,
-        children: list[Child],
+        children: Iterable[Child],
         *,
         payload: Any = None,
         parent_id: str | None = None,
@@ -318,7 +329,11 @@ class EchoMQ(_Base):
         ``stream=True``: the root keeps a settle log, so :meth:`iter_results` can follow its
         results as they settle (see :mod:`echomq_core.streaming`); a re-add with the other
         setting is :class:`FlowConflict`.
+
+        ``children``: a list, or any iterable of :class:`Child` - a generator is read once
+        (with the cyclic collector paused), as is a ``Child``'s ``children`` generator.
         """
+        children = _children(children)
         with ops.gc_paused(children):
             new, op = self._add_op(
                 queue,
@@ -370,8 +385,9 @@ class EchoMQ(_Base):
         ones lose their lease (their worker drops them before they start) - and what running
         children report changes nothing. The parent's state is ``cancelled`` with ``reason``;
         the reads still work; the ``cancelled`` retention applies. Idempotent: a cancel cut
-        short is completed by calling it again. A flow that already ended (closed, completed)
-        is left as it is. See :mod:`echomq_core.lifecycle`."""
+        short is completed by calling it again. A closed flow is refused
+        (:class:`~echomq_core.FlowConflict`); a worker-run parent that completed is left as it
+        is. See :mod:`echomq_core.lifecycle`."""
         queue = self.home(queue, parent_id)
         op = lifecycle.cancel_flow(self.keys, queue, parent_id, self._reason(reason))
         return self.perform(op)
@@ -391,8 +407,10 @@ class EchoMQ(_Base):
     def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
     ) -> list[FlowSummary]:
-        """Root flows of ``queue`` (held, released, closed, failed; or one ``state``), oldest
-        first in each state: a page of ``limit`` per state from ``offset``."""
+        """Root flows of ``queue`` (held, released, closed, failed, cancelled, completed: a
+        worker-run flow whose parent job completed, kept as long as the queue's ``completed``
+        retention keeps it; or one ``state``), oldest first in each state: a page of ``limit``
+        per state from ``offset``."""
         states, limit, offset = self._list_args(queue, state, limit, offset)
         return self.perform(flows.list_flows(self.keys, queue, states, offset=offset, limit=limit))
 
@@ -462,20 +480,31 @@ class EchoMQ(_Base):
         self.mark_registered([queue])
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
-        queue = self.home(queue, parent_id)
-        return self.perform(flows.children_values(self.keys, queue, parent_id, self.serializer))
+        """{child id: result} of every child that completed so far. This read and the ones
+        below raise :class:`JobNotFound` at once when there is no such flow (naming the queue
+        and id, with the closest registered queues when ``queue`` is not one); the check rides
+        in the read's own round trip."""
+        home = self.home(queue, parent_id)
+        op = flows.children_values(self.keys, home, parent_id, self.serializer)
+        return self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     def dependencies(self, queue: str, parent_id: str) -> int:
-        queue = self.home(queue, parent_id)
-        return self.perform(flows.dependencies(self.keys, queue, parent_id))
+        """The flow's outstanding children (0 for a plain job)."""
+        home = self.home(queue, parent_id)
+        op = flows.dependencies(self.keys, home, parent_id)
+        return self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = self.home(queue, parent_id)
-        return self.perform(flows.ignored_failures(self.keys, queue, parent_id))
+        """{child id: error} of the children that died under ignore-dependency."""
+        home = self.home(queue, parent_id)
+        op = flows.ignored_failures(self.keys, home, parent_id)
+        return self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = self.home(queue, parent_id)
-        return self.perform(flows.failed_children(self.keys, queue, parent_id))
+        """{child id: error} of the children that died and failed the parent."""
+        home = self.home(queue, parent_id)
+        op = flows.failed_children(self.keys, home, parent_id)
+        return self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     def child_failures(
         self, queue: str, parent_id: str, *, limit: int = 10
@@ -483,9 +512,13 @@ class EchoMQ(_Base):
         """The flow's dead children with their errors and last tracebacks, fail-parent ones
         first, then ignored ones, at most ``limit`` (a failed sub-flow stands for its own
         failures); see :mod:`echomq_core.failures`."""
-        queue = self.home(queue, parent_id)
+        home = self.home(queue, parent_id)
         limit = check_int("limit", limit, 1, 10_000)
-        return self.perform(failures.child_failures(self.keys, queue, parent_id, limit))
+        found = self.perform(failures.child_failures(self.keys, home, parent_id, limit))
+        if not found:  # none, or no such flow: only then is the row looked at
+            check = flows.check_exists(self.keys, home, parent_id)
+            self.perform(flows.explained(self.keys, queue, parent_id, check))
+        return found
 
     def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         queue = self.home(queue, parent_id)
@@ -508,16 +541,25 @@ class EchoMQ(_Base):
     def iter_children_values(
         self, queue: str, parent_id: str, *, page: int = 1000
     ) -> Iterator[tuple[str, Any]]:
-        """Every (child id, result), read in HSCAN pages: memory stays flat for any N."""
-        queue = self.home(queue, parent_id)
-        key, cursor = self.keys.processed(queue, parent_id), 0
+        """Every (child id, result), read in HSCAN pages: memory stays flat for any N. The
+        first page is read by this call, so a flow that is not there raises
+        :class:`JobNotFound` here (checked in that page's round trip), not at the first
+        ``next()``."""
+        home = self.home(queue, parent_id)
         check_int("page", page, 1, 100_000)
+        first = flows.first_page(self.keys, home, parent_id, page)
+        cursor, items = self.perform(flows.explained(self.keys, queue, parent_id, first))
+        return self._values(self.keys.processed(home, parent_id), cursor, items, page)
+
+    def _values(
+        self, key: str, cursor: int, items: dict[str, bytes], page: int
+    ) -> Iterator[tuple[str, Any]]:
         while True:
-            cursor, items = self.perform(flows.scan_page(key, cursor, page))
             for child_id, raw in items.items():
                 yield child_id, self.serializer.loads(raw)
             if cursor == 0:
                 return
+            cursor, items = self.perform(flows.scan_page(key, cursor, page))
 
     def iter_results(
         self,
@@ -540,13 +582,14 @@ class EchoMQ(_Base):
         settled by then is handed out first). Raises :class:`ParentFailed` /
         :class:`FlowCancelled` when the flow fails or is cancelled, :class:`JobNotFound` when
         there is no such flow, :class:`InvalidArgument` for a flow without a settle log, a
-        malformed cursor or another flow's."""
-        queue = self.home(queue, parent_id)
+        malformed cursor or another flow's - at this call: it makes the first read (which
+        the first ``next()`` would make)."""
+        home = self.home(queue, parent_id)
         f = streaming.Follow.start(
-            self.keys, queue, parent_id, self.serializer,
-            follow=follow, cursor=cursor, block=block, page=page, timeout=timeout,
+            self.keys, home, parent_id, self.serializer,
+            follow=follow, cursor=cursor, block=block, page=page, timeout=timeout, name=queue,
         )
-        return streaming.Results(self.perform, f)
+        return streaming.Results(self.perform, f).check()
 
     def children_values_range(
         self, queue: str, parent_id: str, start: int, stop: int
@@ -555,9 +598,9 @@ class EchoMQ(_Base):
         ``stop - 1``, in order: one slice of a flow's results (each of many readers reads its
         own; two round trips). :class:`InvalidArgument` for a flow whose children have ids of
         their own (explicit or keyed)."""
-        queue = self.home(queue, parent_id)
-        op = child_reads.values_in_range(self.keys, queue, parent_id, self.serializer, start, stop)
-        return self.perform(op)
+        home = self.home(queue, parent_id)
+        op = child_reads.values_in_range(self.keys, home, parent_id, self.serializer, start, stop)
+        return self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     def save_ref(self, name: str, ref: FlowRef) -> None:
         """Store a flow reference under ``name`` for another process to find (adapters)."""
@@ -574,11 +617,17 @@ class EchoMQ(_Base):
         :class:`ParentFailed` at once if it failed (:class:`FlowCancelled` if it was
         cancelled), :class:`FlowTimeout` after ``timeout`` (naming what holds the flow up,
         where that shows). Reads come at most ``poll`` seconds apart, the first ones sooner
-        (see :mod:`echomq_core.waiting`)."""
+        (see :mod:`echomq_core.waiting`). :class:`JobNotFound` at the first read when there
+        is no such flow (a wrong id, queue or prefix, or expired): an add is parent-first, so a
+        flow being added is there from its first step on; a wait for a flow another process
+        has yet to add starts after that add, or polls :meth:`snapshot` (outcome
+        ``missing``)."""
         bound = check_seconds("timeout", timeout)  # bounded: None is not "no timeout" here
-        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound)
+        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound, missing_ok=False)
         while not (verdict := self.perform(wait.read(self.keys))).done:
             time.sleep(verdict.pause)
+        if verdict.kind == MISSING:
+            raise self.perform(flows.not_found(self.keys, queue, parent_id))
         if verdict.never_released:
             failed = self.failed_children(queue, parent_id)
             raise flow_error(queue, parent_id, verdict.kind, failed, verdict.snap.error)
@@ -637,7 +686,7 @@ class AsyncEchoMQ(_Base):
     async def add_flow(
         self,
         queue: str,
-        children: list[Child],
+        children: Iterable[Child],
         *,
         payload: Any = None,
         parent_id: str | None = None,
@@ -649,6 +698,7 @@ class AsyncEchoMQ(_Base):
         stream: bool = False,
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
+        children = _children(children)
         with ops.gc_paused(children):
             # the planning only: a pause across the await would hold for the loop's other tasks
             _, op = self._add_op(
@@ -734,32 +784,40 @@ class AsyncEchoMQ(_Base):
         self.mark_registered([queue])
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
-        queue = await self.home(queue, parent_id)
-        return await self.connection.perform(
-            flows.children_values(self.keys, queue, parent_id, self.serializer)
-        )
+        """As :meth:`EchoMQ.children_values` (:class:`JobNotFound` for no such flow)."""
+        home = await self.home(queue, parent_id)
+        op = flows.children_values(self.keys, home, parent_id, self.serializer)
+        return await self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     async def dependencies(self, queue: str, parent_id: str) -> int:
-        queue = await self.home(queue, parent_id)
-        return await self.connection.perform(flows.dependencies(self.keys, queue, parent_id))
+        """As :meth:`EchoMQ.dependencies`."""
+        home = await self.home(queue, parent_id)
+        op = flows.dependencies(self.keys, home, parent_id)
+        return await self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     async def ignored_failures(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = await self.home(queue, parent_id)
-        return await self.connection.perform(flows.ignored_failures(self.keys, queue, parent_id))
+        """As :meth:`EchoMQ.ignored_failures`."""
+        home = await self.home(queue, parent_id)
+        op = flows.ignored_failures(self.keys, home, parent_id)
+        return await self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     async def failed_children(self, queue: str, parent_id: str) -> dict[str, str]:
-        queue = await self.home(queue, parent_id)
-        return await self.connection.perform(flows.failed_children(self.keys, queue, parent_id))
+        """As :meth:`EchoMQ.failed_children`."""
+        home = await self.home(queue, parent_id)
+        op = flows.failed_children(self.keys, home, parent_id)
+        return await self.perform(flows.explained(self.keys, queue, parent_id, op))
 
     async def child_failures(
         self, queue: str, parent_id: str, *, limit: int = 10
     ) -> list[ChildFailure]:
         """As :meth:`EchoMQ.child_failures`."""
-        queue = await self.home(queue, parent_id)
+        home = await self.home(queue, parent_id)
         limit = check_int("limit", limit, 1, 10_000)
-        return await self.connection.perform(
-            failures.child_failures(self.keys, queue, parent_id, limit)
-        )
+        found = await self.perform(failures.child_failures(self.keys, home, parent_id, limit))
+        if not found:  # none, or no such flow: only then is the row looked at
+            check = flows.check_exists(self.keys, home, parent_id)
+            await self.perform(flows.explained(self.keys, queue, parent_id, check))
+        return found
 
     async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
         queue = await self.home(queue, parent_id)
@@ -787,21 +845,23 @@ class AsyncEchoMQ(_Base):
         """As :meth:`EchoMQ.iter_results`: ``async for child_id, value in await
         mq.iter_results(...)``; the blocking read holds one connection of the pool, never the
         event loop."""
-        queue = await self.home(queue, parent_id)
+        home = await self.home(queue, parent_id)
         f = streaming.Follow.start(
-            self.keys, queue, parent_id, self.serializer,
-            follow=follow, cursor=cursor, block=block, page=page, timeout=timeout,
+            self.keys, home, parent_id, self.serializer,
+            follow=follow, cursor=cursor, block=block, page=page, timeout=timeout, name=queue,
         )
-        return streaming.AsyncResults(self.connection.perform, f)
+        return await streaming.AsyncResults(self.connection.perform, f).check()
 
     async def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
     ) -> FlowSnapshot:
         """As :meth:`EchoMQ.wait`, without blocking the event loop."""
         bound = check_seconds("timeout", timeout)
-        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound)
+        wait = FlowWait(queue, parent_id, poll=poll, timeout=bound, missing_ok=False)
         while not (verdict := await self.connection.perform(wait.read(self.keys))).done:
             await asyncio.sleep(verdict.pause)
+        if verdict.kind == MISSING:
+            raise await self.perform(flows.not_found(self.keys, queue, parent_id))
         if verdict.never_released:
             failed = await self.failed_children(queue, parent_id)
             raise flow_error(queue, parent_id, verdict.kind, failed, verdict.snap.error)
@@ -813,11 +873,17 @@ def _released(verdict: Verdict, timeout: float) -> FlowSnapshot:
     with what holds the flow up where that shows."""
     if verdict.ready:
         return verdict.snap
-    snap, why = verdict.snap, f": {verdict.hint}" if verdict.hint else ""
-    raise FlowTimeout(
-        f"flow {snap.parent_id} in {snap.queue!r} not released after {timeout}s "
-        f"({snap.dependencies} outstanding){why}"
-    )
+    raise verdict.timeout_error(timeout)
+
+
+def _children(children: Iterable[Child]) -> Sequence[Child]:
+    """An add's children as a sequence, read once: a list or tuple as it is; a generator (any
+    other iterable) into a list, with the cyclic collector paused while it builds its
+    ``Child`` objects (an add re-plans from it when it meets a replaced generation)."""
+    if isinstance(children, list | tuple):
+        return children
+    with collector.paused():
+        return flows.child_list(children, "add_flow")
 
 
 def _flag(name: str, value: Any) -> bool:

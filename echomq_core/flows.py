@@ -28,20 +28,28 @@ Another flow is never merged into this one:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from .calls import Call, Lenient, Op, scored
 from .checks import MAX_ATTEMPTS, as_bytes, check_int, timeout_ms, unserialisable
 from .checks import text as _s
-from .errors import FlowConflict, InvalidArgument, InvalidFlow, InvalidInput, InvalidPayload
+from .errors import (
+    FlowConflict,
+    InvalidArgument,
+    InvalidFlow,
+    InvalidInput,
+    InvalidPayload,
+    JobNotFound,
+)
 from .keyspace import MAX_ID_LENGTH, Keyspace, check_job_id, check_queue, child_stem
 from .models import (
     FAIL_PARENT,
@@ -54,6 +62,8 @@ from .models import (
     Serializer,
 )
 from .ops import CHUNK, chunks, register
+
+T = TypeVar("T")
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
 MAX_DEPTH = 100
@@ -130,11 +140,25 @@ def requirement(min_success: Any) -> str:
     return f"{exact.numerator}/{exact.denominator}"
 
 
+def child_list(children: Any, where: str) -> list[Child] | tuple[Child, ...]:
+    """``children`` as a sequence: a list or tuple as it is (no copy), any other iterable of
+    :class:`Child` (a generator) read once into a list. :class:`InvalidFlow` naming ``where``
+    for what is not an iterable of children (a single ``Child``, a string, a mapping)."""
+    if isinstance(children, list | tuple):
+        return children
+    if isinstance(children, Child | str | bytes | Mapping) or not isinstance(children, Iterable):
+        raise InvalidFlow(
+            f"{where}: children must be an iterable of echomq_core.Child (a list, a generator), "
+            f"got {type(children).__name__}"
+        )
+    return list(children)
+
+
 def plan(
     queue: str,
     parent_id: str,
     payload: bytes,
-    children: list[Child],
+    children: Iterable[Child],
     *,
     default_attempts: int,
     dumps: Any,
@@ -145,9 +169,14 @@ def plan(
 ) -> _Node:
     """Validate a flow and give every node its queue, id and serialised payload.
 
-    Raises :class:`InvalidFlow` (no children, duplicate ids, a child with its parent's id,
-    a sub-flow reached twice, a child that neither fails its parent nor is ignored, a policy flag
-    that is not a bool, a tree deeper than :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
+    ``children`` and a ``Child``'s ``children``: any iterable of :class:`Child`; each is read
+    once (:func:`child_list`: a list is used as it is; a sub-flow's generator is kept on its
+    ``Child`` as the list read, for a re-plan).
+
+    Raises :class:`InvalidFlow` (no children, not an iterable of ``Child``, duplicate ids, a
+    child with its parent's id, a sub-flow reached twice, a child that neither fails its
+    parent nor is ignored, a policy flag that is not a bool, a tree deeper than
+    :data:`MAX_DEPTH`), :class:`InvalidArgument` (a bad
     ``min_success``, of the root or of a ``Child``; see :func:`allowance`; a bad
     ``max_running`` or ``priority``), :class:`~echomq_core.errors.InvalidPayload` (a payload
     ``dumps`` raises on, returns neither bytes nor str for, or makes longer than
@@ -169,10 +198,10 @@ def plan(
     # the common child (no id, no queue, default options) costs set lookups, not regexes. A
     # derived id is its (checked) parent's id plus ".<index>": only its length can be wrong.
 
-    def build(parent: _Node, specs: list[Child], path: str, depth: int) -> None:
+    def build(parent: _Node, specs: Sequence[Child], path: str, depth: int) -> None:
         if depth > MAX_DEPTH:
             raise InvalidFlow(f"flow {parent_id!r} is deeper than {MAX_DEPTH} levels")
-        if not isinstance(specs, list | tuple) or not specs:
+        if not specs:
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
         # a replaced flow's generation n derives <root>.g<n>.<i>: never an old child's id
         stem = root_stem if parent is root else child_stem(parent.id)
@@ -184,6 +213,9 @@ def plan(
                 raise InvalidFlow(
                     f"child {index} of {path} is a {type(spec).__name__}, not echomq_core.Child"
                 )
+            sub: Any = spec.children  # a leaf's is an empty list: one falsy test
+            if sub and type(sub) is not list:  # a generator is read once and kept, for re-plans
+                sub = spec.children = child_list(sub, f"child {index} of {path}")
             fail_parent, ignore = spec.fail_parent_on_failure, spec.ignore_dependency_on_failure
             if fail_parent is not True or ignore is not False:  # the default: fp, checked
                 if type(fail_parent) is not bool or type(ignore) is not bool:
@@ -241,12 +273,12 @@ def plan(
                 child_queue, child_id, body, attempts, parent, policy, (), spec.id is None, limit
             )
             if spec.priority != 0 or spec.max_running is not None:
-                _options(node, spec, bool(spec.children))
+                _options(node, spec, bool(sub))
                 if node.cap is not None:
                     capped.append(node)
             kids.append(node)
             if uniform:
-                if spec.id is not None or spec.children:
+                if spec.id is not None or sub:
                     uniform = False
                 elif first is None:
                     first = node
@@ -258,7 +290,7 @@ def plan(
                     or node.priority != first.priority
                 ):
                     uniform = False
-            if spec.children:
+            if sub:
                 # a sub-flow met twice would be planned twice, or for ever (a cycle); a leaf
                 # Child met twice is two children with the same payload ([Child(x)] * 3)
                 if id(spec) in seen_nodes:
@@ -267,9 +299,9 @@ def plan(
                         "(a cycle, or one Child with children given twice)"
                     )
                 seen_nodes.add(id(spec))
-                build(node, spec.children, child_id, depth + 1)  # noqa: F821 (del: below)
+                build(node, sub, child_id, depth + 1)  # noqa: F821 (del: below)
             if spec.min_success is not None:
-                if not spec.children:
+                if not sub:
                     raise InvalidArgument(
                         f"child {child_id}: min_success={spec.min_success!r} is for a child "
                         "with children (a sub-flow)"
@@ -279,7 +311,7 @@ def plan(
         parent.uniform = uniform
 
     try:
-        build(root, children, parent_id, 1)
+        build(root, child_list(children, f"flow {parent_id}"), parent_id, 1)
     finally:
         # build() is recursive: its closure holds itself, a cycle that would keep the whole
         # tree (through root, in the same closure) for the cyclic collector; see unlink()
@@ -781,30 +813,127 @@ def pairs(flat: Any) -> dict[str, bytes]:
     return {_s(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
+#: How many known queue names a missing flow's error lists.
+SHOWN_QUEUES = 20
+
+
+def missing_flow(prefix: str, queue: str, parent_id: str, names: Sequence[str]) -> JobNotFound:
+    """The error of a read of flow ``parent_id`` in ``queue`` that is not there, given the
+    keyspace's registered queue names: when ``queue`` is not one of them, the closest ones
+    are suggested (as ``echomq queue stats`` does), since a typo'd queue or prefix is the
+    likeliest cause; else the id is wrong, the flow was never added, or its retention ended."""
+    why = "never added (a wrong id?), or expired with its retention"
+    known = sorted(set(names))
+    if queue in known:
+        return JobNotFound(f"no flow {parent_id!r} in queue {queue!r}: {why}")
+    if not known:
+        return JobNotFound(
+            f"no flow {parent_id!r} in queue {queue!r}: there are no queues under prefix "
+            f"{prefix!r} (wrong prefix?)"
+        )
+    close = difflib.get_close_matches(queue, known, n=3, cutoff=0.6)
+    listed = [*close, *(n for n in known if n not in close)][:SHOWN_QUEUES]
+    more = f" and {len(known) - len(listed):,} more" if len(known) > len(listed) else ""
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return JobNotFound(
+        f"no flow {parent_id!r} in queue {queue!r}: no queue {queue!r} under prefix "
+        f"{prefix!r}{hint} (known: {', '.join(listed)}{more})"
+    )
+
+
+def not_found(ks: Keyspace, queue: str, parent_id: str) -> Op[JobNotFound]:
+    """:func:`missing_flow` with the registry read (one round trip, on the error path only)."""
+    (members,) = yield [Call.cmd("SMEMBERS", ks.queues())]
+    return missing_flow(ks.prefix, queue, parent_id, [_s(m) for m in members])
+
+
+def explained(ks: Keyspace, queue: str, parent_id: str, op: Op[T]) -> Op[T]:
+    """``op``, a read of flow ``parent_id`` (of logical queue ``queue``) that raises
+    :class:`JobNotFound` when there is no such flow; that error is replaced by
+    :func:`not_found`'s, which names the queue and suggests the closest registered ones."""
+    try:
+        return (yield from op)
+    except JobNotFound:
+        pass
+    raise (yield from not_found(ks, queue, parent_id)) from None
+
+
+def _absent(queue: str, parent_id: str) -> JobNotFound:
+    # the bare error of the reads below; the clients replace it through explained()
+    return JobNotFound(f"no flow {parent_id!r} in queue {queue!r}")
+
+
 def children_values(
     ks: Keyspace, queue: str, parent_id: str, ser: Serializer
 ) -> Op[dict[str, Any]]:
-    """{child id: result} of every child that completed so far (HGETALL of ``:processed``)."""
-    (flat,) = yield [Call.cmd("HGETALL", ks.processed(queue, parent_id))]
+    """{child id: result} of every child that completed so far (HGETALL of ``:processed``).
+    :class:`JobNotFound` when there is no such flow: its row is checked in the same round
+    trip (EXISTS beside the read, on the same slot), so a typo'd id is not an empty result."""
+    flat, exists = yield [
+        Call.cmd("HGETALL", ks.processed(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return {k: ser.loads(v) for k, v in pairs(flat).items()}
 
 
 def dependencies(ks: Keyspace, queue: str, parent_id: str) -> Op[int]:
-    """Outstanding children (GET of ``:dependencies``); 0 when there is no counter."""
-    (value,) = yield [Call.cmd("GET", ks.dependencies(queue, parent_id))]
+    """Outstanding children (GET of ``:dependencies``); 0 when there is no counter (a plain
+    job); :class:`JobNotFound` when there is no such row (checked in the same round trip)."""
+    value, exists = yield [
+        Call.cmd("GET", ks.dependencies(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return max(0, int(value)) if value is not None else 0
 
 
 def ignored_failures(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
-    """{child id: error} of children that died under ignore-dependency (``:unsuccessful``)."""
-    (flat,) = yield [Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id))]
+    """{child id: error} of children that died under ignore-dependency (``:unsuccessful``);
+    :class:`JobNotFound` when there is no such flow (checked in the same round trip)."""
+    flat, exists = yield [
+        Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return {k: _s(v) for k, v in pairs(flat).items()}
 
 
 def failed_children(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
-    """{child id: error} of children that died and failed the parent (``:failed``)."""
-    (flat,) = yield [Call.cmd("HGETALL", ks.failed(queue, parent_id))]
+    """{child id: error} of children that died and failed the parent (``:failed``);
+    :class:`JobNotFound` when there is no such flow (checked in the same round trip)."""
+    flat, exists = yield [
+        Call.cmd("HGETALL", ks.failed(queue, parent_id)),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
     return {k: _s(v) for k, v in pairs(flat).items()}
+
+
+def check_exists(ks: Keyspace, queue: str, parent_id: str) -> Op[None]:
+    """:class:`JobNotFound` when there is no row ``parent_id`` in ``queue`` (one EXISTS): for
+    a read whose own reply cannot tell an empty flow from no flow, asked only when empty."""
+    (exists,) = yield [Call.cmd("EXISTS", ks.job(queue, parent_id))]
+    if not exists:
+        raise _absent(queue, parent_id)
+
+
+def first_page(
+    ks: Keyspace, queue: str, parent_id: str, count: int
+) -> Op[tuple[int, dict[str, bytes]]]:
+    """The first HSCAN page of ``:processed`` (as :func:`scan_page`), with the flow's row
+    checked in the same round trip: :class:`JobNotFound` when there is no such flow."""
+    (nxt, flat), exists = yield [
+        Call.cmd("HSCAN", ks.processed(queue, parent_id), 0, "COUNT", count),
+        Call.cmd("EXISTS", ks.job(queue, parent_id)),
+    ]
+    if not exists:
+        raise _absent(queue, parent_id)
+    return int(nxt), pairs(flat)
 
 
 def child_queues(ks: Keyspace, queue: str, parent_id: str) -> Op[list[str]]:
@@ -956,7 +1085,9 @@ def list_flows(
             FlowSummary(
                 queue,
                 pid,
-                _s(state) if state else index,
+                # a completed root's row still says 'pending' (membership of `completed`
+                # says it finished, complete.lua): its index says what it is
+                _s(state) if state and index != "completed" else index,
                 n,
                 n - (max(0, int(deps)) if deps is not None else 0),
                 (now_ms - int(created)) / 1000 if created else None,

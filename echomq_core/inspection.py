@@ -25,6 +25,7 @@ with their counts only.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,10 +200,13 @@ class FlowMemory:
         }
 
 
-def flow_counts(ks: Keyspace, queue: str) -> Op[dict[str, int]]:
-    """The number of root flows of ``queue`` in each state (one round trip)."""
-    cards = yield [Call.cmd("ZCARD", ks.flows(queue, state)) for state in FLOW_INDEXES]
-    return {state: int(n) for state, n in zip(FLOW_INDEXES, cards, strict=True)}
+def flow_counts(
+    ks: Keyspace, queue: str, states: Sequence[str] = FLOW_INDEXES
+) -> Op[dict[str, int]]:
+    """The number of root flows of ``queue`` in each of ``states`` (one round trip; the five
+    flow indexes by default, :data:`~echomq_core.keyspace.FLOW_LISTS` adds ``completed``)."""
+    cards = yield [Call.cmd("ZCARD", ks.flows(queue, state)) for state in states]
+    return {state: int(n) for state, n in zip(states, cards, strict=True)}
 
 
 def flow_memory(

@@ -68,6 +68,13 @@ key                       type    holds
 ``flows:failed``          zset    failed root flows, by failure time: the ``failed`` retention
 ``flows:cancelled``       zset    cancelled root flows, by cancel time: the ``cancelled``
                                   retention
+``flows:completed``       zset    worker-run root flows whose parent job completed, by finish
+                                  time (complete.lua, told by the claim's read of the row);
+                                  what ``flow ls --state completed`` pages. Not one of the
+                                  :data:`QUEUE_KEYS`: only complete.lua, expire.lua and
+                                  reset.lua take it. An entry goes with its flow: when the
+                                  ``completed`` retention expires the parent (expire.lua) or a
+                                  replace resets it (reset.lua)
 ``watch:<name>``          string  release watcher ``<name>``'s cursor, ``<release ms>:<id>`` of
                                   the last flow it took (:mod:`echomq_core.release_watch`);
                                   expires a week after its last poll
@@ -93,7 +100,7 @@ key                       type    holds
                                   something is due)
 ``minutes``               hash    completed and failed attempts per minute of the last 24 h:
                                   field minute mod 1440, value ``<minute> <done> <failed>``
-                                  (tally.lua, one call per completion or failure batch of a
+                                  (includes/tally.lua, in each completion or failure call of a
                                   worker, :mod:`echomq_core.throughput`); overwritten a day
                                   later, expires 25 h after the last batch
 ========================  ======  ===========================================================
@@ -138,6 +145,10 @@ PREFIX_RE = re.compile(r"[A-Za-z0-9._\-]{1,32}")
 #: The per-queue indexes of root flows, by state (``flows:<state>``), in the order every
 #: script that moves a flow between them takes their keys.
 FLOW_INDEXES = ("held", "released", "closed", "failed", "cancelled")
+#: The states root flows are listed by (``flow ls``, :meth:`EchoMQ.list_flows`): the five
+#: :data:`FLOW_INDEXES` and ``completed``, worker-run roots whose parent job completed
+#: (``flows:completed``, which only the scripts that finish or delete such a root take).
+FLOW_LISTS = (*FLOW_INDEXES, "completed")
 #: A stored reference's name: printable, no whitespace or braces (adapters key them by asset).
 REF_NAME_RE = re.compile(r"[!-z|~]{1,512}")
 #: The shared keys of a queue, in the ONE order every script that touches a queue's sets takes
@@ -331,9 +342,9 @@ class Keyspace:
 
     def flows(self, queue: str, state: str) -> str:
         """The index of root flows in ``state``: held | released | closed | failed |
-        cancelled."""
-        if state not in FLOW_INDEXES:
-            raise InvalidArgument(f"no flow index {state!r}: one of {', '.join(FLOW_INDEXES)}")
+        cancelled | completed."""
+        if state not in FLOW_LISTS:
+            raise InvalidArgument(f"no flow index {state!r}: one of {', '.join(FLOW_LISTS)}")
         return self.base(queue) + "flows:" + state
 
     def flow_indexes(self, queue: str) -> list[str]:
@@ -356,7 +367,7 @@ class Keyspace:
         return self.base(queue) + "rate:window"
 
     def minutes(self, queue: str) -> str:
-        """The queue's per-minute tallies of completed and failed attempts (tally.lua)."""
+        """The queue's per-minute tallies of completed and failed attempts (includes/tally.lua)."""
         return self.base(queue) + "minutes"
 
     def workers(self) -> str:

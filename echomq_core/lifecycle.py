@@ -79,9 +79,19 @@ def _cancel_call(ks: Keyspace, queue: str, node_id: str, reason: str, parent: st
 
 
 def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[CancelResult]:
-    """Cancel the flow rooted at ``parent_id`` in ``queue`` and every child below it."""
+    """Cancel the flow rooted at ``parent_id`` in ``queue`` and every child below it.
+
+    A closed flow is refused with :class:`~echomq_core.FlowConflict`: its reader has read it
+    and its ``closed`` retention runs, so there is nothing left to stop, and a cancel that
+    returned quietly would let the caller believe the flow's work was stopped. Nothing is
+    written (``cancel.lua`` leaves an ended flow as it is)."""
     (info,) = yield [_cancel_call(ks, queue, parent_id, reason, "")]
     result = CancelResult(_s(info[0]))
+    if result.state == "closed":
+        raise FlowConflict(
+            f"flow {parent_id} in queue {queue!r} is closed (read by its reader; its closed "
+            "retention runs): a closed flow cannot be cancelled, nothing of it is left to stop"
+        )
     if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
         return result
 
@@ -429,7 +439,7 @@ def add_or_replace(
     (info,) = yield [_cancel_call(ks, queue, parent_id, "", "")]
     node = [parent_id, info[1], info[2], info[3], "", gen_s]
     yield from forget_tree(ks, [(queue, node)], SweepStats())
-    keys = [*ks.queue_keys(queue), *ks.node_keys(queue, parent_id)]
+    keys = [*ks.queue_keys(queue), *ks.node_keys(queue, parent_id), ks.flows(queue, "completed")]
     (next_gen,) = yield [Call.lua("reset", keys, [parent_id])]
     return (
         yield from add_flow(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -206,8 +207,11 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.queue!r}, {self.id!r}, attempts={self.attempts})"
 
-    def spawn(self, children: list[Child], *, own: bool = False) -> Any:
-        """Add ``children`` (leaves) to this job's flow, counted before any of them can run.
+    def spawn(self, children: Iterable[Child], *, own: bool = False) -> Any:
+        """Add ``children`` (leaves: a list, a generator, any iterable of :class:`Child`) to
+        this job's flow, counted before any of them can run. None (``[]``: a page without
+        links, an empty directory) is a no-op that reaches no server and returns ``[]``; with
+        ``own=True`` the job then completes as a plain one, with its handler's return value.
 
         As its siblings (the default): under its parent, ids ``<id>.s<i>``. As its own
         children (``own=True``): this job becomes their parent, ids ``<id>.k<i>``; when the
@@ -322,7 +326,9 @@ class Child:
     ignore_dependency_on_failure: bool = False
     fail_parent_on_failure: bool = True
     max_attempts: int | None = None
-    children: list[Child] = field(default_factory=list)
+    #: The children of a sub-flow: a list, or any iterable of Child (a generator is read once,
+    #: when the flow is first planned, and kept here as a list, so a re-plan reads the same).
+    children: Iterable[Child] = field(default_factory=list)
     #: The handler's time limit in seconds (None: the worker's queue setting); past it the
     #: worker records a failed attempt (``TimeoutError``) and frees the slot.
     timeout: float | None = None
@@ -465,7 +471,7 @@ class FlowSummary:
 
     queue: str
     parent_id: str
-    state: str  # held | released | closed | failed
+    state: str  # held | released | closed | failed | cancelled | completed
     total: int
     settled: int  # children completed or ignored (N - outstanding)
     age: float | None  # seconds since the flow was added

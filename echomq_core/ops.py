@@ -466,8 +466,16 @@ def complete(
         spec = _hand_spec(ks, queue, hand, gates, keys)
         if spec:
             hand = None
+        keeps = "1" if keep else "0"
+        # released root parents (a worker-run flow's own run) enter flows:completed, so a
+        # finished flow is listed (echomq flow ls); found here from the claim's read, so a
+        # batch without one costs the script nothing
+        roots = [str(j) for j, job in enumerate(plain, 1) if job.resumed]
+        if roots:
+            keeps += " " + " ".join(roots)
+            keys.append(ks.flows(queue, "completed"))
         keys.append(minutes)  # the tally's: always the last key (complete.lua)
-        argv = [queue, "1" if keep else "0", gates, spec, *batch]
+        argv = [queue, keeps, gates, spec, *batch]
         calls.append(Call.lua("complete", keys, argv))
     replies = yield calls
     return _outcome(queue, parts, replies)

@@ -53,7 +53,7 @@ from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
-from .running import BLOCK_SLICE, HintWatch, hint_groups, wake_queues
+from .running import BLOCK_SLICE, HintWatch, Outage, hint_groups, wake_queues
 from .sharding import logical_of
 
 if TYPE_CHECKING:
@@ -333,6 +333,8 @@ class Pump:
         self._maintained_at = self._swept_at = float("-inf")
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
         self.totals = TickStats()
+        #: ticks that failed and were retried (their warnings are backed off: :class:`Outage`)
+        self.failed_ticks = 0
         self._queues: list[str] = list(self.fixed or [])
         #: the given names are taken as logical ones: each sharded queue's shards replace it,
         #: read once, at the first tick (construction makes no round trip)
@@ -344,6 +346,8 @@ class Pump:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hints: HintWatch | None = None  # the sync idle wait's, made on first use
+        #: its warnings while the server is down, backed off (and its return said)
+        self._outage = Outage(log, f"pump {self.id}")
 
     def __repr__(self) -> str:
         return f"Pump({self.id}, queues={self.fixed or 'discovered'})"
@@ -464,10 +468,12 @@ class Pump:
             try:
                 busy = self.tick().busy
                 failures = 0
+                self._outage.up()
             except EchoMQError as exc:
                 failures += 1
+                self.failed_ticks += 1
                 wait = _backoff(failures)
-                log.warning("pump %s tick failed (%s); retrying in %.1fs", self.id, exc, wait)
+                self._outage.warning("tick failed (%s); retrying in %.1fs", exc, wait)
                 self._stop.wait(wait)
                 continue
             if not busy:
@@ -482,10 +488,12 @@ class Pump:
                 try:
                     busy = (await self.atick()).busy
                     failures = 0
+                    self._outage.up()
                 except EchoMQError as exc:
                     failures += 1
+                    self.failed_ticks += 1
                     wait = _backoff(failures)
-                    log.warning("pump %s tick failed (%s); retrying in %.1fs", self.id, exc, wait)
+                    self._outage.warning("tick failed (%s); retrying in %.1fs", exc, wait)
                     await _sleep(stop, wait)
                     continue
                 if not busy:
@@ -505,8 +513,8 @@ class Pump:
             self._stop.wait(seconds)
             return False
         if self._hints is None:  # one waiter per slot (HintWatch), for the Pump's life
-            what = f"pump {self.id}: waiting for signals"
-            self._hints = HintWatch(self._sync().perform, self._stop, what)
+            what = "waiting for signals"
+            self._hints = HintWatch(self._sync().perform, self._stop, what, self._outage.warning)
         hints = [self.client.keys.outbox_wake(q) for q in queues]
         return self._hints.wait(hint_groups(hints, self.client.connection.is_cluster), seconds)
 
@@ -527,7 +535,7 @@ class Pump:
                     return True
             except EchoMQError as exc:
                 if not stop.is_set():
-                    log.warning("pump %s: waiting for signals failed: %s", self.id, exc)
+                    self._outage.warning("waiting for signals failed: %s", exc)
                     await _sleep(stop, left)
                 return False
         return False

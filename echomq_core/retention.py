@@ -161,6 +161,7 @@ def sweep(
                 keys += ks.node_keys(queue, job_id)
                 argv += [code, job_id]
         if len(argv) > 1 + len(defaults):
+            keys.append(ks.flows(queue, "completed"))  # last: an expiring root's entry goes
             calls.append(Call.lua("expire", keys, argv))
             where.append(queue)
     if not calls:

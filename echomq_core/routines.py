@@ -100,13 +100,15 @@ def claim_turn(
     ahead: bool,
     windows: RateWindows,
     stopping: Callable[[], bool],
+    warn: Callable[..., None] = log.warning,
 ) -> Routine[tuple[list[Job], float, bool]]:
     """One turn of a worker's fetcher: claim up to ``want`` jobs from the first of its queues
     that has any, starting at ``names[turn % len(names)]`` (the caller moves ``turn`` on after
     a take, so no queue starves). A queue whose rate window is spent (``windows``) is skipped
     unless it holds jobs claimed ahead, and claims nothing ahead while spent; ``ahead`` (fast
     handlers): see :meth:`QueueOps.claim_op <echomq_core.queue.QueueOps.claim_op>`. A claim
-    that fails is logged (unless ``stopping()``) and the next queue tried. Returns the jobs
+    that fails is logged by ``warn`` (a worker's :class:`~echomq_core.running.Outage`: backed
+    off while the server is down; unless ``stopping()``) and the next queue tried. Returns the jobs
     (empty: none anywhere), the seconds their claim took, and whether a claim failed (the
     caller then waits before the next turn)."""
     failed = False
@@ -121,7 +123,7 @@ def claim_turn(
             jobs = yield queue.claim_op(want, ahead=ahead and not spent)
         except EchoMQError as exc:
             if not stopping():
-                log.warning(CLAIM_FAILED, name, exc)
+                warn(CLAIM_FAILED, name, exc)
             failed = True
             continue
         windows.note(name, jobs)

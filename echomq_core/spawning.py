@@ -47,7 +47,8 @@ a flow cannot (its row would be deleted with its completion, and its children wi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import flows, sharding
@@ -76,7 +77,7 @@ def stem_of(job: Job, own: bool) -> str:
 
 def plan_spawn(
     job: Job,
-    children: Sequence[Child],
+    children: Iterable[Child],
     *,
     dumps: Any,
     max_payload: int,
@@ -85,24 +86,37 @@ def plan_spawn(
 ) -> list[Any]:
     """Validate the spawned children (as an add validates its leaves) and give each its id
     ``<spawner>.s<start + i>`` (``own``: ``<spawner>.k<start + i>``), its queue (default: the
-    spawner's), payload and options. :class:`InvalidArgument` for a job not in a flow,
-    explicit ids, sub-flows, too many, own children asked for by a resumed run."""
+    spawner's), payload and options. ``children``: any iterable of :class:`Child` (a
+    generator is read once, at most :data:`MAX_SPAWN` + 1 of it); none is a no-op (``[]``:
+    nothing to count or land). :class:`InvalidArgument` for a job not in a flow, something
+    that is not an iterable of ``Child``, explicit ids, sub-flows, too many, own children
+    asked for by a resumed run."""
     if job.parent is None:
         what = "children of its own" if own else "siblings under"
         raise InvalidArgument(
             f"job {job.id} is not in a flow: it has no parent to spawn {what} "
             "(add a flow instead)"
         )
+    if isinstance(children, Child | str | bytes | Mapping) or not isinstance(children, Iterable):
+        raise InvalidArgument(
+            f"job {job.id}: spawn takes an iterable of Child (a list, a generator), got "
+            f"{type(children).__name__}"
+        )
+    if not isinstance(children, list | tuple):  # read once; a bound on what is read
+        children = list(itertools.islice(children, MAX_SPAWN + 1))
+    if not children:
+        # nothing found (a page without links, an empty directory): nothing to count, and the
+        # job goes on as if it had not called - with own=True it completes as a plain job
+        return []
     if own and job.resumed:
         raise InvalidArgument(
             f"job {job.id} runs as the parent of its own children (they have settled): "
             "own children are spawned by its first run"
         )
-    if not isinstance(children, list | tuple) or not children:
-        raise InvalidArgument(f"job {job.id}: spawn takes a non-empty list of Child")
     if len(children) > MAX_SPAWN:
         raise InvalidArgument(
-            f"job {job.id}: {len(children)} children in one spawn; at most {MAX_SPAWN} a call"
+            f"job {job.id}: more than {MAX_SPAWN} children in one spawn "
+            f"({len(children)} given or read); at most {MAX_SPAWN} a call"
         )
     for i, spec in enumerate(children):
         if isinstance(spec, Child) and (spec.id is not None or spec.children):
@@ -117,7 +131,7 @@ def plan_spawn(
         job.queue,
         job.id,
         b"",
-        list(children),
+        children,
         default_attempts=job.max_attempts,
         dumps=dumps,
         max_payload=max_payload,
@@ -295,8 +309,11 @@ class SyncSpawner:
         #: the EchoMQ (typed Any: the client's modules import this one's users, queue.py)
         self.client = client
 
-    def __call__(self, job: Job, children: Sequence[Child], own: bool = False) -> list[str]:
-        ids: list[str] = self.client.perform(_spawn_op(self.client, job, children, own))
+    def __call__(self, job: Job, children: Iterable[Child], own: bool = False) -> list[str]:
+        op = _spawn_op(self.client, job, children, own)
+        if op is None:
+            return []
+        ids: list[str] = self.client.perform(op)
         return _counted(job, ids, own)
 
     def values(self, job: Job) -> dict[str, Any]:
@@ -306,12 +323,17 @@ class SyncSpawner:
         return values
 
 
-def _spawn_op(client: Any, job: Job, children: Sequence[Child], own: bool) -> Op[list[str]]:
-    """The spawn's op, its children planned (and refused, if bad) at once, in the caller."""
+def _spawn_op(
+    client: Any, job: Job, children: Iterable[Child], own: bool
+) -> Op[list[str]] | None:
+    """The spawn's op, its children planned (and refused, if bad) at once, in the caller;
+    None for a spawn of nothing (no round trip)."""
     nodes = plan_spawn(
         job, children, dumps=client.encode, max_payload=client.max_payload_bytes,
         start=job.adopted if own else job.spawned, own=own,
     )  # fmt: skip
+    if not nodes:
+        return None
     return spawn(client.keys, job, nodes, shard_cache=client.shard_cache, own=own)
 
 
@@ -342,10 +364,12 @@ class AsyncSpawner:
             return make()
         return asyncio.run_coroutine_threadsafe(make(), self.loop).result()
 
-    def __call__(self, job: Job, children: Sequence[Child], own: bool = False) -> Any:
+    def __call__(self, job: Job, children: Iterable[Child], own: bool = False) -> Any:
         op = _spawn_op(self.client, job, children, own)
 
         async def go() -> list[str]:
+            if op is None:  # a spawn of nothing: still an awaitable in an async handler
+                return []
             ids: list[str] = await self.client.connection.perform(op)
             return _counted(job, ids, own)
 

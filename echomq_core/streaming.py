@@ -43,8 +43,8 @@ from typing import Any
 from .calls import Call, Op
 from .checks import check_int, check_seconds
 from .checks import text as _s
-from .errors import FlowTimeout, InvalidArgument, JobNotFound, flow_error
-from .flows import pairs
+from .errors import FlowTimeout, InvalidArgument, flow_error
+from .flows import not_found, pairs
 from .keyspace import Keyspace, check_job_id, check_queue
 from .models import Serializer
 
@@ -96,6 +96,7 @@ class Follow:
     next: str = "more"  # what the loop does once the buffer is empty: more | wait | end
     timeout: float | None = None  # seconds the follow may wait for the release, in all
     deadline: float | None = None  # time.monotonic() when that runs out
+    name: str = ""  # the queue as the caller named it (logical, when sharded): for errors
 
     @classmethod
     def start(
@@ -110,6 +111,7 @@ class Follow:
         block: Any,
         page: Any,
         timeout: Any = None,
+        name: str | None = None,
     ) -> Follow:
         check_queue(queue)
         check_job_id(parent_id)
@@ -131,6 +133,7 @@ class Follow:
             last=at,
             timeout=bound,
             deadline=None if bound is None else time.monotonic() + bound,
+            name=queue if name is None else name,
         )
 
     @property
@@ -159,10 +162,8 @@ class Follow:
             Call.lua("log_read", keys, [self.last, self.page, self.parent_id])
         ]
         state = _s(state) if state else None
-        if state is None:
-            raise JobNotFound(
-                f"no flow {self.parent_id} in queue {self.queue!r}: never added, or expired"
-            )
+        if state is None:  # named as the caller named it, with the closest queues
+            raise (yield from not_found(self.ks, self.name or self.queue, self.parent_id))
         if not logged:
             raise InvalidArgument(
                 f"flow {self.parent_id} in queue {self.queue!r} keeps no settle log: add it with "

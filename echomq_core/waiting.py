@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from .calls import Op
 from .checks import check_seconds
+from .errors import FlowTimeout
 from .failures import Stall, stall_reading
 from .flows import snapshot
 from .keyspace import Keyspace, check_job_id, check_queue
@@ -104,6 +105,17 @@ class Verdict:
     def gave_up(self) -> bool:
         """The wait itself ended: timed out or stalled."""
         return self.kind in (TIMED_OUT, STALLED)
+
+    def timeout_error(self, timeout: float) -> FlowTimeout:
+        """The error of a wait that gave up after ``timeout`` seconds, naming what holds the
+        flow up where the stall reading showed it (``hint``). One text for every caller that
+        reports a timeout as an exception (``EchoMQ.wait``, ``echomq flow show --watch``), so
+        they say the same."""
+        snap, why = self.snap, f": {self.hint}" if self.hint else ""
+        return FlowTimeout(
+            f"flow {snap.parent_id} in {snap.queue!r} not released after {timeout}s "
+            f"({snap.dependencies} outstanding){why}"
+        )
 
 
 def kind_of(snap: FlowSnapshot) -> str:

@@ -73,17 +73,21 @@ from .routines import (
 )
 from .running import (
     HOLD,
+    WAIT_FOR_SERVER,
     Failed,
     HintWatch,
     InHand,
     Intake,
     OptionAttributes,
+    Outage,
     Outcome,
     RateWindows,
+    draining_text,
     hint_groups,
     logical_names,
     make_queues,
     outcome,
+    patiently,
     serving,
     split,
 )
@@ -163,17 +167,32 @@ class Worker(OptionAttributes):
         queue_options: Mapping[str, Any] | None = None,
         hooks: LifecycleHooks | None = None,
         pump: bool | PumpOptions = True,
+        wait_for_server: float = WAIT_FOR_SERVER,
         **settings: Any,
     ) -> None:
         """``settings`` are :class:`~echomq_core.options.WorkerOptions` fields by name
         (``concurrency=4, lease=60``), applied over ``options`` (or the defaults);
-        ``batch`` may also be a ``{queue: size}`` mapping (:mod:`echomq_core.batching`)."""
+        ``batch`` may also be a ``{queue: size}`` mapping (:mod:`echomq_core.batching`).
+
+        Construction reads the queues' shard configuration and registers them: while the
+        server cannot take that yet (unreachable, a Cluster master failing over, full) it
+        waits, logging what it waits for, for up to ``wait_for_server`` seconds (default
+        :data:`~echomq_core.running.WAIT_FOR_SERVER`, as ``echomq worker --wait-for-server``;
+        0 raises at once), then raises the last :class:`~echomq_core.ConnectionLost` or
+        :class:`~echomq_core.ServerFull` - a fleet restarted during a failover waits it out."""
         settings = dict(settings)
         per_queue = batching.split_setting(settings)
         opts = self.options = build(WorkerOptions, options, settings)
         make_queues(client, handlers, opts, queue_options, Queue)  # refuse bad input first
+        is_cluster = client.connection.is_cluster
         # a sharded queue is served by serving every shard (one read, cached by the client)
-        shards = client.perform(sharding.resolve(client.keys, client.shard_cache, handlers))
+        shards = patiently(
+            lambda: client.perform(sharding.resolve(client.keys, client.shard_cache, handlers)),
+            what=f"worker: reading the shard configuration of {', '.join(map(repr, handlers))}",
+            bound=wait_for_server,
+            is_cluster=is_cluster,
+            logger=log,
+        )
         logical = logical_names(handlers, shards)
         #: {queue: jobs per call} of the queues whose handler takes lists (size above 1)
         self.batches = batching.sizes(opts.batch, per_queue, logical, opts.max_batch)
@@ -192,6 +211,8 @@ class Worker(OptionAttributes):
             queue.holder = self.presence.entry.id
         self.completed = 0
         self.failed = 0
+        #: the signal that stopped :meth:`run` (SIGINT or SIGTERM), None until one came
+        self.signalled: int | None = None
         self._stop = threading.Event()
         self._halt = threading.Event()  # second signal: do not wait for handlers
         self._beat_stop = threading.Event()
@@ -218,11 +239,25 @@ class Worker(OptionAttributes):
         self._wake = self._wake_queues(client, list(self.handlers))
         self._windows = RateWindows()
         self._beater: threading.Thread | None = None
-        self._hints = HintWatch(client.perform, self._stop, "waiting for work")
         self._loops = threading.local()  # each runner's event loop for async handlers
         self._encode = client.encode
-        for name in self.handlers:
-            client.register_queue(name)
+        #: the fetcher's and hint waits' warnings while the server is down, backed off
+        self._outage = Outage(log, f"worker {self.presence.entry.id}")
+        self._hints = HintWatch(
+            client.perform, self._stop, "waiting for work", self._outage.warning
+        )
+
+        def register() -> None:
+            for name in self.handlers:  # once per name: a retry does not write them again
+                client.register_queue(name)
+
+        patiently(
+            register,
+            what="worker: registering its queues",
+            bound=wait_for_server,
+            is_cluster=is_cluster,
+            logger=log,
+        )
 
     def __repr__(self) -> str:
         return f"Worker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
@@ -242,7 +277,9 @@ class Worker(OptionAttributes):
         self._beat_stop.clear()
         self._closing = False
         self._runners, self._slots = [], []
-        self._hints = HintWatch(self.client.perform, self._stop, "waiting for work")
+        self._hints = HintWatch(
+            self.client.perform, self._stop, "waiting for work", self._outage.warning
+        )
         for i in range(self.options.concurrency):
             self._spawn(i)
         self._helpers = [
@@ -286,13 +323,17 @@ class Worker(OptionAttributes):
             # abandoned runners are not waited for: their calls hang
             live = [t for t, s in zip(self._runners, self._slots, strict=True) if not s.abandoned]
         self._give_back(unstarted)
-        for thread in live:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for thread in live:  # in slices: a second signal (``_halt``) ends the wait at once
+            while thread.is_alive() and not self._halt.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                thread.join(min(left, NAP))
         with self._lock:
             self._closing = True
             self._results_ready.notify_all()
         for thread in self._helpers:  # the fetcher gives back a claim made during the stop
-            thread.join(max(1.0, deadline - time.monotonic()))
+            thread.join(1.0 if self._halt.is_set() else max(1.0, deadline - time.monotonic()))
         self._give_back(list(self._hand.inflight.values()))
         self._beat_stop.set()
         if self._beater is not None:
@@ -309,14 +350,24 @@ class Worker(OptionAttributes):
         self.start()
         while not self._stop.is_set():
             self._stop.wait(0.2)
+        if self.signalled is not None and not self._halt.is_set():
+            with self._lock:
+                # an abandoned runner's job was failed already: not in flight
+                running = [
+                    j for s in self._slots if s.job and not s.abandoned for j in s.jobs or [s.job]
+                ]
+            log.warning(draining_text(self.signalled, running, self.options.grace))
         self.stop(wait=not self._halt.is_set())
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        """SIGTERM / SIGINT: stop claiming and drain (:meth:`run` says what it waits for);
+        a second one gives back the running jobs at once."""
+        # no lock here: the main thread may hold it (a second signal during stop())
         if self._stop.is_set():
-            log.warning("second signal: giving back running jobs now")
+            log.warning("second signal: giving back the running jobs now")
             self._halt.set()
         else:
-            log.info("signal %d: finishing running jobs, then stopping", signum)
+            self.signalled = signum
         self._stop.set()
 
     # -- the fetcher ----------------------------------------------------------------------
@@ -351,11 +402,14 @@ class Worker(OptionAttributes):
                 self._read_ahead()
                 continue
             turn_of = claim_turn(
-                self.queues, names, turn, want, ahead, self._windows, self._stop.is_set
+                self.queues, names, turn, want, ahead, self._windows, self._stop.is_set,
+                self._outage.warning,
             )
             jobs, seconds, failed = drive(turn_of, self.client.perform)
             if failed:  # a claim failed: not again at once
                 self._stop.wait(idle)
+            else:
+                self._outage.up()  # one attribute read while the server answers
             if jobs:
                 turn += 1
                 self._take(jobs, seconds)

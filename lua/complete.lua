@@ -22,12 +22,18 @@
 --             children in this queue (includes/gate.lua)
 -- then        the queue's config (keyspace.config), only when ARGV[4] is not '': read for its
 --             rate limit (includes/hand.lua)
+-- then        flows_completed  zset  worker-run root flows whose parent job completed, by
+--             finish time; only when ARGV[2] names root parents (KEYS[#KEYS - 1])
 -- KEYS[#KEYS] the queue's minute tallies (keyspace.minutes, always the last key): the jobs
 --             completed here are counted in this minute's field (includes/tally.lua), in this
 --             script, so a batch and its count are written together or not at all
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
---                   (never a flow parent's row: see below)
+--                   (never a flow parent's row: see below); then, space-separated, the
+--                   numbers j (as in KEYS[15+j]) of the plain jobs that are released root
+--                   flow parents (the host read their state 'pending' when it claimed them):
+--                   those enter flows_completed, so `flow ls` finds a finished worker-run flow
+--                   without scanning `completed` (a batch without one pays nothing)
 -- ARGV[3] gates     the refs (see below) whose children are gated by a max_running cap,
 --                   space-separated ('' = none): the host read each child's gate mark with
 --                   its row when it claimed it
@@ -59,12 +65,20 @@
 --  nothing.
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
--- their flow's expiry ('done' goes with the row); :processed records and
+-- their flow's expiry ('done' goes with the row); a root's flows_completed entry goes with its
+-- flow, when the `completed` retention expires it (expire.lua) or a replace resets it
+-- (reset.lua); :processed records and
 -- counters go with the flow; outbox signals are trimmed by the Pump (trim_outbox.lua); the
 -- wake member is popped by idle workers, the outbox:wake member by an idle Pump.
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 local q = queue_keys(KEYS)
-local queue, keep = ARGV[1], ARGV[2]
+local queue, keep = ARGV[1], string.sub(ARGV[2], 1, 1)
+local roots = nil  -- plain job number -> true for released root parents (ARGV[2])
+if #ARGV[2] > 1 then
+  roots = {}
+  for j in string.gmatch(string.sub(ARGV[2], 3), '%d+') do roots[tonumber(j)] = true end
+end
+local finished_roots = {}  -- score, id pairs for flows_completed
 local b = batch(q.leases, ARGV, 5, 4)
 local gated, freed = {}, {}
 local refs = {}  -- the ref of each gate
@@ -107,6 +121,9 @@ for i = 1, n do
       else
         redis.call('DEL', row)
       end
+      if roots and roots[p] then
+        finished_roots[#finished_roots + 1] = stamp; finished_roots[#finished_roots + 1] = id
+      end
     elseif ref > 0 then
       local items = groups[ref]
       if not items then items = {}; groups[ref] = items end
@@ -122,6 +139,7 @@ if #done > 0 then
   redis.call('HDEL', q.leases, unpack(done))
   redis.call('ZADD', q.completed, unpack(fin))
 end
+if #finished_roots > 0 then redis.call('ZADD', KEYS[#KEYS - 1], unpack(finished_roots)) end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
 local at = 15 + p + 7 * #b.parents

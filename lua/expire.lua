@@ -5,10 +5,12 @@
 -- @include queue_keys
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: completed, dead and the
---             five flows_* indexes (the swept entries go)
+--             five flows_* indexes (the swept entries go), and flows_completed (last key)
 -- KEYS[16] config  hash  this queue's retention settings  KEYS[17] sweep:lease  string
 -- KEYS[17+8(i-1)+1 .. +8]  candidate i: row, dependencies, processed, unsuccessful, failed,
 --                         explicit, repair, log (a flow node's keys; a plain job has only the row)
+-- last key flows_completed  zset  worker-run roots that completed (an expiring root's entry
+--          goes; see complete.lua)
 -- ARGV[1] pump  ARGV[2..15] the defaults, as in retain.lua
 -- ARGV[14+2i] ARGV[15+2i]  candidate i: its index ('c' completed, 'd' dead, 'f' flows:failed,
 --   'x' flows:closed, 'u' flows:released past the unclosed retention, 'k' flows:cancelled),
@@ -41,7 +43,7 @@ local now = now_ms()
 local index = {c = {q.completed, 1}, d = {q.dead, 3}, f = {q.flows_failed, 5},
   x = {q.flows_closed, 7}, u = {q.flows_released, 9}, k = {q.flows_cancelled, 11}}
 local all = {q.completed, q.dead, q.flows_held, q.flows_released, q.flows_closed, q.flows_failed,
-  q.flows_cancelled}
+  q.flows_cancelled, KEYS[#KEYS]}
 local function setting(i)
   local v = conf[i] or ARGV[1 + i]
   if v == '-1' or v == '' then return nil end

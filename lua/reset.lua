@@ -9,6 +9,8 @@
 --             five flows_* indexes (the root's entries go)
 -- KEYS[16..23] the root's row, dependencies, processed, unsuccessful, failed, explicit, repair,
 --               log
+-- KEYS[24] flows_completed  zset  worker-run roots that completed (a completed root's entry
+--          goes; see complete.lua)
 -- ARGV[1] id
 -- Steps: a cancelled root's keys (or an ended one's: closed, completed, dead) go, as when a
 -- flow expires, and its row is left holding only state 'replaced' and the next generation
@@ -31,7 +33,7 @@ if state ~= 'cancelled' and state ~= 'closed' and state ~= 'completed' and state
 end
 local gen = tostring(tonumber(row[2] or '0') + 1)
 local idx = {q.completed, q.dead, q.flows_held, q.flows_released, q.flows_closed, q.flows_failed,
-  q.flows_cancelled}
+  q.flows_cancelled, KEYS[24]}
 drop_node({unpack(KEYS, 16, 23)}, idx, ARGV[1])
 redis.call('HSET', KEYS[16], 'state', 'replaced', 'gen', gen)
 redis.call('PEXPIRE', KEYS[16], 7 * 86400000)  -- a replace nobody finishes leaves no key for ever

@@ -411,7 +411,7 @@ def test_flow_show_tree_and_failures(env: dict[str, str], mq_standalone: EchoMQ)
     assert "parent state  failed" in watched_fail.stdout
     assert "broken on purpose" in watched_fail.stdout
     assert_one_line_error(watched_held, 1)
-    assert "not settled after 0.3s" in watched_held.stderr
+    assert "not released after 0.3s" in watched_held.stderr
     assert_one_line_error(missing, 1)
     assert "no flow JOB-nope" in missing.stderr
     # Once it settled, a sub-flow with an explicit id is found through the parent's records.

@@ -30,7 +30,7 @@ from echomq_core.cli.common import (
 )
 from echomq_core.connection import Call
 from echomq_core.inspection import flow_memory
-from echomq_core.keyspace import FLOW_INDEXES
+from echomq_core.keyspace import FLOW_INDEXES, FLOW_LISTS
 from echomq_core.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from echomq_core.server import EmbeddedServer
 
@@ -155,8 +155,9 @@ def test_flow_ls_lists_every_state_as_a_table_and_as_json(mq_standalone: EchoMQ,
     assert set(doc) == {"queues", "state", "limit", "offset", "counts", "more", "flows"}
     assert doc["queues"] == ["lc-bad", "lc-kids", "lc-parents"]
     assert (doc["state"], doc["limit"], doc["offset"], doc["more"]) == (None, 100, 0, 0)
-    assert doc["counts"]["lc-parents"] == LIFECYCLE
-    assert doc["counts"]["lc-kids"] == dict.fromkeys(FLOW_INDEXES, 0)
+    # flow ls counts completed worker-run flows too (none here)
+    assert doc["counts"]["lc-parents"] == {**LIFECYCLE, "completed": 0}
+    assert doc["counts"]["lc-kids"] == dict.fromkeys(FLOW_LISTS, 0)
     flows = {f["parent_id"]: f for f in doc["flows"]}
     assert set(flows) == set(ids.values())
     for f in doc["flows"]:
@@ -336,6 +337,9 @@ def test_flow_show_prints_the_dead_children_and_a_traceback(
 
 
 def test_queue_config_shows_and_sets_every_setting(mq_standalone: EchoMQ, cli: Cli) -> None:
+    assert cli("queue", "config", "cfg-q")[0] == 1  # shown, not set: an unknown queue...
+    assert "cfg-q" not in mq_standalone.queues()  # ...is refused, and showing writes nothing
+    mq_standalone.register_queue("cfg-q")
     shown = cli.json("queue", "config", "cfg-q")
     assert shown == {"queue": "cfg-q", "changed": [], "retention": SETTINGS}
     status, out, _ = cli("queue", "config", "cfg-q")
@@ -354,7 +358,6 @@ def test_queue_config_shows_and_sets_every_setting(mq_standalone: EchoMQ, cli: C
         "closed",
         "unclosed",
     ]
-    assert "cfg-q" not in mq_standalone.queues()  # showing writes nothing
 
     status, out, err = cli(
         "queue", "config", "cfg-q",

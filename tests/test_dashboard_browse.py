@@ -81,7 +81,7 @@ def test_a_dead_childs_job_page_and_every_link_to_it(client: EchoMQ, readonly: D
     page = readonly.get(job_page("", bad.queue, bad.job_id))
     assert page.status == 200 and job_heading(page.body) == bad.job_id
     body = page.body
-    assert 'id="job-state">dead<' in body and 'id="job-attempts">1 / 1<' in body
+    assert 'id="job-state">dead<' in body and 'id="job-attempts">1 of 1<' in body
     # the payload, error and traceback hold markup: shown as text, never as a tag
     assert "&lt;script&gt;alert(" in body and "<script>alert" not in body
     assert "in _to_int" in body and 'id="job-traceback"' in body

@@ -337,7 +337,7 @@ def test_flow_show_prints_failed_so_far_and_allowed(
     work_off(mq, ["tv"], lambda j: j.payload, die=_dies)
     assert main(["flow", "show", "tv", ref.parent_id, *conn]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "  parent state  released (released), 1 failed of 10, 2 allowed" in lines
+    assert "  parent state  released, 1 failed of 10, 2 allowed" in lines
     assert "  threshold     1 failed so far / 2 allowed" in lines
     assert any(line.startswith(f"  failed child  {ref.parent_id}.4") for line in lines)
     mq.close()

@@ -446,7 +446,9 @@ def test_malformed_flows(stage: Stage) -> None:
         ("children None", None, InvalidFlow),
         ("children a string", "abc", InvalidFlow),
         ("children a dict", {"a": Child(1)}, InvalidFlow),
-        ("children a generator", (Child(i) for i in range(2)), InvalidFlow),
+        # a generator of Child is a flow (issue 48); one of something else is not
+        ("children a generator of ints", (i for i in range(2)), InvalidFlow),
+        ("children a single Child", Child(1), InvalidFlow),
         ("not a Child", [Child(1), {"payload": 2}], InvalidFlow),
         ("duplicate ids", [Child(1, id="JOB-dup"), Child(2, id="JOB-dup")], InvalidFlow),
         (

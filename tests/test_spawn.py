@@ -108,8 +108,8 @@ def test_spawn_refusals_write_nothing(backend: Backend, prefix: str) -> None:
         seed.spawn([Child(1, id="JOB-mine")])
     with pytest.raises(InvalidArgument, match="children"):
         seed.spawn([Child(1, children=[Child(2)])])
-    with pytest.raises(InvalidArgument, match="non-empty"):
-        seed.spawn([])
+    with pytest.raises(InvalidArgument, match="an iterable of Child"):
+        seed.spawn(Child(1))  # type: ignore[arg-type]
     before = keys_of(backend, prefix)
     # the bound: a flow of 2 may grow to 4, not 5
     nodes = spawning.plan_spawn(seed, [Child(i) for i in range(3)], dumps=mq.encode,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from echomq_core import Child, EchoMQ
+from echomq_core import Child, ConnectionLost, EchoMQ, Worker
 from echomq_core.server import EmbeddedServer
 
 from .waiting import eventually
@@ -116,3 +116,17 @@ def test_wait_for_server_zero_fails_at_once(
     assert done.returncode == 1, done.stderr
     assert "does not answer" not in done.stderr  # no retry was made
     assert time.monotonic() - started < 30
+
+
+def test_in_process_worker_gives_up_after_wait_for_server() -> None:
+    """``Worker(..., wait_for_server=S)`` on a server that never answers raises ConnectionLost
+    after about S seconds, saying it gave up and the bound (0 would raise at once)."""
+    port = EmbeddedServer().port  # nothing listens there
+    mq = EchoMQ(f"redis://127.0.0.1:{port}/0", prefix="st", socket_connect_timeout=0.5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConnectionLost, match=r"gave up after \d+ tries .*the bound is 1.5s"):
+            Worker(mq, {"st-kids": lambda job: None}, wait_for_server=1.5)
+    finally:
+        mq.close()
+    assert 1.5 <= time.monotonic() - started < 15

@@ -216,7 +216,8 @@ def test_worker_process_with_timeout_survives_its_handlers_and_stops_gracefully(
     finally:
         if worker.poll() is None:
             worker.kill()
-    assert worker.returncode == 0, err
+    # a drain after Ctrl-C exits 130 (interrupted, as the help says), after SIGTERM 0
+    assert worker.returncode == (130 if sig == signal.SIGINT else 0), err
     assert q.get_job(ids["interrupt"]).error == (
         "KeyboardInterrupt: a handler's own KeyboardInterrupt"
     )

@@ -38,17 +38,26 @@ if AIRFLOW_3_2:
     from airflow.sdk import conf
     from airflow.sdk.exceptions import (
         AirflowFailException,
+        AirflowNotFoundException,
         AirflowSensorTimeout,
         AirflowSkipException,
     )
 else:  # Airflow 3.1
     # the ignores are for the newest Airflow's types; at the floor they are unused
     from airflow.configuration import conf  # type: ignore[assignment,unused-ignore]
-    from airflow.exceptions import (  # type: ignore[no-redef,unused-ignore]
+    from airflow.exceptions import (  # type: ignore[no-redef,attr-defined,unused-ignore]
         AirflowFailException,
+        AirflowNotFoundException,
         AirflowSensorTimeout,
         AirflowSkipException,
     )
+
+try:  # the Task SDK's own not-found error, which Airflow 3.1 may keep apart from the above
+    from airflow.sdk.exceptions import AirflowNotFoundException as _SdkNotFound
+except ImportError:  # pragma: no cover - an Airflow without it
+    _SdkNotFound = AirflowNotFoundException  # type: ignore[misc,unused-ignore]
+#: What looking up a connection that is not defined raises, on every supported Airflow.
+CONNECTION_NOT_FOUND: tuple[type[Exception], ...] = tuple({AirflowNotFoundException, _SdkNotFound})
 
 try:  # the keyword arguments a TaskFlow callable takes from the context (3.2+: the Task SDK)
     from airflow.sdk.bases.decorator import determine_kwargs
@@ -63,8 +72,10 @@ FORM_FROM_HOOK = not AIRFLOW_3_2
 
 __all__ = [
     "AIRFLOW_3_2",
+    "CONNECTION_NOT_FOUND",
     "FORM_FROM_HOOK",
     "AirflowFailException",
+    "AirflowNotFoundException",
     "AirflowSensorTimeout",
     "AirflowSkipException",
     "Asset",

@@ -20,7 +20,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from echomq_core import Child, FlowRef, InvalidInput
@@ -134,13 +134,17 @@ def to_children(
     instead of its index (:func:`child_label`). Either every spec gives one or none does; keys
     are unique. Keyed children need ``parent_id`` (their ids derive from it).
 
+    ``items``: a list, or any iterable of them (a generator is read once).
+
     Raises :class:`~echomq_core.InvalidInput` naming the item at fault.
     """
-    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
         raise InvalidInput(
-            f"children must be a list, got {type(items).__name__}; "
-            "to pull it from an upstream task pass that task's output"
+            f"children must be a list (or another iterable of specs), got "
+            f"{type(items).__name__}; to pull it from an upstream task pass that task's output"
         )
+    if not isinstance(items, Sequence):  # a generator (a @task.echo_flow may yield its plan)
+        items = list(items)  # read once: the keys below index it
     # Runs once per child of flows of 100,000s: a bare payload of a JSON type costs a type
     # lookup and a Child, not the ABC checks (isinstance against Mapping) the other forms need.
     children = []

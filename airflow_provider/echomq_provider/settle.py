@@ -138,9 +138,7 @@ def settle_flow(task: FlowWaiting, context: Any, why: str, *, run_failed: bool =
             map_index = task._map_index(context)
             state = task_state(task.dag_id, context["run_id"], task.task_id, map_index)
             if state is not None and state not in DONE:
-                task.log.info(
-                    "Task %s is %s again: flow %s left to it", task.task_id, state, parent_id
-                )
+                task.log.info("%s", left_to_task(task, state, queue, parent_id))
                 return
         else:  # 3.1 cannot tell; a run that failed is often cleared at once: no cancel
             may_cancel = not run_failed
@@ -189,6 +187,29 @@ def settle_flow(task: FlowWaiting, context: Any, why: str, *, run_failed: bool =
         task.log.error("Could not settle flow %s: %s: %s", parent_id, type(exc).__name__, exc)
     finally:
         hook.close()
+
+
+def left_to_task(task: FlowWaiting, state: str, queue: str, parent_id: str) -> str:
+    """What a callback that leaves the flow to a task no longer failed logs. "Left to it" only
+    when the server holds the flow (an earlier try added it); the first try that failed before
+    adding anything (a connection not defined, a plan that raised) has no flow to leave, and
+    saying it had one sends the reader looking for a flow that never was."""
+    hook = EchoMQHook(task.echomq_conn_id, prefix=task.prefix)
+    try:
+        outcome = hook.get_conn().snapshot(queue, parent_id).outcome
+    except Exception as exc:  # the callback never raises; the log says what it could not read
+        return (
+            f"Task {task.task_id} is {state}; whether an earlier try added flow {parent_id} "
+            f"could not be read ({type(exc).__name__}: {exc}): nothing settled"
+        )
+    finally:
+        hook.close()
+    if outcome == "missing":
+        return (
+            f"Task {task.task_id} is {state}; no flow {parent_id} in queue {queue!r} (no "
+            "earlier try added it): nothing to settle"
+        )
+    return f"Task {task.task_id} is {state} again: flow {parent_id} ({outcome}) left to it"
 
 
 def install(task: Any) -> None:

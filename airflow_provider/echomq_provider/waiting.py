@@ -24,11 +24,13 @@ from echomq_core import (
     FlowCancelled,
     FlowSnapshot,
     InvalidInput,
+    JobNotFound,
     ParentFailed,
 )
 from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
-from echomq_core.waiting import FAILED, FlowWait, Verdict
+from echomq_core.flows import not_found
+from echomq_core.waiting import FAILED, MISSING, FlowWait, Verdict
 
 from . import settle
 from ._compat import (
@@ -197,7 +199,10 @@ class FlowWaiting(_Base):
         """One read of the flow, judged by ``wait`` (the operator's wait; a poke makes its own,
         Airflow keeping the time): ``(client, verdict)``, with a progress line at most every
         :data:`PROGRESS_EVERY` s while it goes on. A failed or cancelled flow raises
-        ``AirflowFailException`` naming the failed children."""
+        ``AirflowFailException`` naming the failed children; a flow that is not there raises
+        :class:`~echomq_core.JobNotFound` naming its queue and id (and the closest registered
+        queues when that queue is not one): a wrong reference, prefix or connection, or a flow
+        whose retention ended, is not waited on until the timeout."""
         queue, parent_id = self._target()
         client = self._client()
         if wait is None:  # a poke: one read, its pause and timeout are Airflow's
@@ -209,6 +214,8 @@ class FlowWaiting(_Base):
                 client.note_epoch(queue, parent_id, cleared)
         verdict = client.perform(wait.read(client.keys))
         snap = verdict.snap
+        if verdict.kind == MISSING:
+            raise client.perform(not_found(client.keys, queue, parent_id))
         if verdict.never_released:
             failed = client.failed_children(queue, parent_id) if verdict.kind == FAILED else {}
             error = flow_error(queue, parent_id, verdict.kind, failed, snap.error)
@@ -286,6 +293,8 @@ class FlowWaiting(_Base):
             raise AirflowFailException(message + first_failure(self._client(), queue, parent_id))
         if status == "timeout":
             raise AirflowSensorTimeout(f"Sensor has timed out: {event.get('message')}")
+        if status == "missing":  # the trigger found no such flow: the error the task raises
+            raise JobNotFound(str(event.get("message", f"no flow {parent_id!r} in {queue!r}")))
         # Not an AirflowException: as in poke mode, a lost server fails the try (retries
         # apply) and soft_fail does not turn it into a skip.
         raise EchoMQError(f"EchoMQ flow trigger: {event.get('message', event)}")

@@ -37,10 +37,10 @@ from echomq_core import (
     FlowTimeout,
     InvalidFlow,
     InvalidInput,
-    JobNotFound,
     ParentFailed,
 )
 from echomq_core.connection import Call
+from echomq_core.flows import not_found
 from echomq_core.waiting import MISSING, STALLED, TIMED_OUT, FlowWait
 
 #: Keys naming a flow: in an ``AssetSpec``'s definition metadata (an external flow, see
@@ -367,11 +367,8 @@ def wait_settled(
     while True:
         verdict = client.perform(wait.read(client.keys))
         snap = verdict.snap
-        if verdict.kind == MISSING:
-            raise JobNotFound(
-                f"no flow {flow.parent_id} in {flow.queue!r} under prefix "
-                f"{client.keys.prefix!r}: never added there, or expired"
-            )
+        if verdict.kind == MISSING:  # the core's error: queue and id, and the closest queues
+            raise client.perform(not_found(client.keys, flow.queue, flow.parent_id))
         if verdict.kind == STALLED:
             raise FlowTimeout(
                 f"flow {flow.parent_id} in {flow.queue!r}: no child settled for "

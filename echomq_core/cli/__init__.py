@@ -23,13 +23,15 @@ Connection: ``--url`` (default ``$ECHOMQ_URL``, else ``redis://127.0.0.1:6379/0`
 ``--prefix`` (``$ECHOMQ_PREFIX``, else ``emq``), ``--connect-timeout``; these and ``-v`` go
 before the command or after it (``echomq --url X flow ls``). Every failure is one
 line on stderr; exit status 2 for a bad command line (argument, URL, queue name, job id), 1
-for a runtime failure (unreachable server, failed flow), 130 for Ctrl-C. ``-vv`` adds the
-traceback. argparse only: the command adds no dependency.
+for a runtime failure (unreachable server, failed flow), 130 for Ctrl-C, 141 (nothing said)
+when stdout's reader stops early (``echomq flow ls | head``), as a tool killed by SIGPIPE.
+``-vv`` adds the traceback. argparse only: the command adds no dependency.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -37,6 +39,7 @@ from ..errors import EchoMQError, ServerStartError, is_redis_error
 from . import dashboard, demo, flow, poison, queue, services, workers
 from .common import (
     INTERRUPTED,
+    READER_GONE,
     SERVER_EXTRA,
     CommandFailed,
     Parser,
@@ -54,7 +57,8 @@ EPILOG = (
     "Connection options of every command that talks to a server: --url (default $ECHOMQ_URL, "
     "else redis://127.0.0.1:6379/0), --prefix ($ECHOMQ_PREFIX, else emq), --connect-timeout; "
     "before the command or after it. "
-    "Exit status: 0 success, 1 runtime failure, 2 bad command line, 130 interrupted."
+    "Exit status: 0 success, 1 runtime failure, 2 bad command line, 130 interrupted, "
+    "141 stdout's reader stopped early (| head)."
 )
 
 #: Failures we expect and explain in one line (redis-py's errors too: ``is_redis_error``, so
@@ -93,7 +97,39 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns the exit status (the ``echomq`` script exits with it)."""
+    """Run one command; returns the exit status (the ``echomq`` script exits with it).
+
+    A reader that stops early (``echomq flow ls | head``) ends the command quietly with
+    :data:`READER_GONE`, as a Unix tool killed by SIGPIPE does: the broken pipe is met at a
+    write, or at the flush here (stdout into a pipe is buffered), never later at interpreter
+    exit where Python would print "Exception ignored"."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # argparse's --help and --version exit through here too; no stdout at all (a
+            # worker started with fd 1 closed) has nothing to flush
+            if sys.stdout is not None and not sys.stdout.closed:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """The Python docs' recipe (library/signal.html, "Note on SIGPIPE"): point stdout at
+    /dev/null so that the interpreter's last flush of what is still buffered does not fail
+    again, and exit with :data:`READER_GONE`, saying nothing - the reader left on purpose."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout replaced by an object without a descriptor
+        pass
+    finally:
+        os.close(devnull)
+    return READER_GONE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     verbose = 0
     try:
         args = settle_global_options(build_parser().parse_args(argv))
@@ -104,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("echomq: interrupted", file=sys.stderr)
         return INTERRUPTED
+    except BrokenPipeError:
+        raise  # stdout's reader left (main): not an error to explain
     except Exception as exc:
         if verbose >= 2:
             log.exception("details")

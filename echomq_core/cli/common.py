@@ -33,6 +33,10 @@ from ..errors import (
 from ..server import find_server_binary
 
 USAGE, RUNTIME, INTERRUPTED = 2, 1, 130
+#: The exit status when stdout's reader stops early (``| head``): 128 + SIGPIPE, what a shell
+#: reports for a Unix tool that SIGPIPE ended (``seq 100000 | head -1`` leaves 141 in
+#: PIPESTATUS), so ``set -o pipefail`` scripts see the same as with any other tool.
+READER_GONE = 141
 #: How to get the server ``echomq demo`` and ``echomq server`` run (a plain ``pip install
 #: echomq`` has none: workers and Pumps talk to a server over the network).
 SERVER_EXTRA = "pip install 'echomq[server]'"
@@ -385,7 +389,10 @@ def open_client(
 
     Commands that run for good (``worker``, ``pump``) take ``--wait-for-server S``: a server
     that does not answer yet (it is starting, or restarting) is tried again with a backoff
-    (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once.
+    (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once. What is
+    left of S then bounds their other start-up steps (the queues' shard configuration, their
+    registration: :func:`~echomq_core.running.patiently`), which also wait out a Cluster
+    master in failover and a full server.
     """
     from redis.backoff import NoBackoff  # with the first client, not with `echomq --help`
     from redis.retry import Retry
@@ -443,8 +450,9 @@ def add_wait_for_server(parser: argparse.ArgumentParser, default: float = 300.0)
         type=seconds(0.0),
         default=default,
         metavar="S",
-        help="at start, keep trying a server that does not answer yet for up to S seconds, "
-        "with a backoff, logging each try (default %(default)s; 0: fail at once)",
+        help="at start, keep trying for up to S seconds in all while the server does not "
+        "answer yet, a Cluster master is failing over or the server is full (maxmemory), "
+        "with a backoff, logging what it waits for (default %(default)s; 0: fail at once)",
     )
 
 

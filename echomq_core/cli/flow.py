@@ -19,7 +19,7 @@ from typing import Any
 from ..client import EchoMQ
 from ..errors import JobNotFound
 from ..inspection import flow_counts, read_tree
-from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..keyspace import FLOW_LISTS, check_job_id, check_queue
 from ..models import FlowCap, FlowSummary
 from ..waiting import FlowWait
 from .common import (
@@ -87,11 +87,13 @@ def add_parsers(sub: Any) -> None:
         "ls",
         help="list root flows: parent id, state, N, settled, age, time in state",
         description="List the root flows of QUEUE, or of every registered queue: parent id, "
-        f"state ({', '.join(FLOW_INDEXES)}), N, settled children, age and time in its "
-        "state. Oldest first within each state; paged: --limit flows per state from --offset.",
+        f"state ({', '.join(FLOW_LISTS)}), N, settled children, age and time in its "
+        "state. Completed: worker-run flows whose parent job completed, as long as the "
+        "queue's completed retention keeps them. Oldest first within each state; paged: "
+        "--limit flows per state from --offset.",
     )
     ls.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
-    ls.add_argument("--state", choices=FLOW_INDEXES, default=None, help="only flows in this state")
+    ls.add_argument("--state", choices=FLOW_LISTS, default=None, help="only flows in this state")
     ls.add_argument(
         "--limit",
         type=int_at_least(1, 10_000),
@@ -219,11 +221,8 @@ def _watch(mq: EchoMQ, args: argparse.Namespace) -> str | None:
                 "" if snap.parent_state == "held" else f"parent {snap.parent_state}",
                 final=verdict.done and not verdict.gave_up,
             )
-            if verdict.gave_up:
-                raise CommandFailed(
-                    f"flow {args.parent_id} not settled after {args.timeout}s "
-                    f"({snap.dependencies:,} outstanding)"
-                )
+            if verdict.gave_up:  # what EchoMQ.wait says: the text names what holds it up
+                raise verdict.timeout_error(args.timeout)
             if verdict.done:
                 return verdict.kind if verdict.never_released else None
             time.sleep(verdict.pause)
@@ -238,7 +237,7 @@ def _watch(mq: EchoMQ, args: argparse.Namespace) -> str | None:
 def run_flow_ls(args: argparse.Namespace) -> int:
     if args.queue is not None:
         check_queue(args.queue)
-    states = [args.state] if args.state else list(FLOW_INDEXES)
+    states = [args.state] if args.state else list(FLOW_LISTS)
     mq = open_client(args)
     try:
         if args.queue is not None:
@@ -248,11 +247,7 @@ def run_flow_ls(args: argparse.Namespace) -> int:
         counts: dict[str, dict[str, int]] = {}
         for name in names:
             flows += mq.list_flows(name, args.state, limit=args.limit, offset=args.offset)
-            counts[name] = {
-                state: n
-                for state, n in mq.perform(flow_counts(mq.keys, name)).items()
-                if state in states
-            }
+            counts[name] = mq.perform(flow_counts(mq.keys, name, states))
     finally:
         mq.close()
     # flows of each (queue, state) beyond this page

@@ -8,15 +8,20 @@ from __future__ import annotations
 from ..inspection import FlowNode
 from ..models import ChildFailure
 
+#: Parent states that say by themselves that the flow was released (a barrier flow's).
+RELEASED_STATES = ("released", "closed")
+
 
 def render(node: FlowNode) -> list[str]:
     """The flow as text: the root's counts, then its sub-flows as a tree."""
     s = node.snap
     state = s.parent_state or "missing"
-    if s.released:
+    if s.released and state not in RELEASED_STATES:
+        # a worker-run parent: its job state (pending, active, completed ...) does not say
+        # that its children settled; a barrier flow's 'released' or 'closed' already does
         state += " (released)"
-        if s.allowed is not None and s.failed:
-            state += f", {s.failed:,} failed of {s.total:,}, {s.allowed:,} allowed"
+    if s.released and s.allowed is not None and s.failed:
+        state += f", {s.failed:,} failed of {s.total:,}, {s.allowed:,} allowed"
     lines = [
         f"flow {s.parent_id} in {node.queue!r}" + _shard(node),
         f"  parent state  {state}",

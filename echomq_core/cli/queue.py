@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import sys
 from typing import Any
 
 from .. import sharding
@@ -58,7 +59,9 @@ def add_parsers(sub: Any) -> None:
         "state has an age (seconds, or with a unit: 90s, 15m, 12h, 7d) and a count (the "
         "newest kept); 'none' means no limit. "
         + "; ".join(f"{state}: {what}" for state, what in _END_STATES.items())
-        + ".",
+        + ". A QUEUE no job was added to is refused when only shown (exit 1, as queue stats "
+        "does); with a setting it is configured ahead of its first job (a warning when its "
+        "name is close to a known queue's).",
     )
     config.add_argument("queue", metavar="QUEUE")
     config.add_argument(
@@ -165,22 +168,29 @@ SHOWN_QUEUES = 20
 
 def known_queue(mq: EchoMQ, queue: str, prefix: str) -> None:
     """Refuse ``queue`` unless this keyspace's registry holds it (a queue is registered when
-    the first job is added to it): a mistyped name or prefix would otherwise print zeros and
-    exit 0. The error names the known queues, the closest first."""
+    the first job is added to it): a mistyped name or prefix would otherwise print zeros (or
+    defaults) and exit 0. The error names the known queues, the closest first."""
+    unknown, _ = unknown_queue(mq, queue, prefix)
+    if unknown:
+        raise CommandFailed(unknown)
+
+
+def unknown_queue(mq: EchoMQ, queue: str, prefix: str) -> tuple[str, list[str]]:
+    """Why ``queue`` is not a queue of this keyspace - naming the known ones, the closest
+    first - and those closest names; ('', []) when the registry holds it. One read (the
+    registry)."""
     names = sorted(mq.queues())
     if queue in names:
-        return
+        return "", []
     if not names:
-        raise CommandFailed(
-            f"no queue {queue!r}: there are no queues under prefix {prefix!r} (wrong --prefix?)"
-        )
+        why = f"no queue {queue!r}: there are no queues under prefix {prefix!r} (wrong --prefix?)"
+        return why, []
     close = difflib.get_close_matches(queue, names, n=3, cutoff=0.6)
     listed = [*close, *(n for n in names if n not in close)][:SHOWN_QUEUES]
     more = f" and {len(names) - len(listed):,} more" if len(names) > len(listed) else ""
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise CommandFailed(
-        f"no queue {queue!r} under prefix {prefix!r}{hint} (known: {', '.join(listed)}{more})"
-    )
+    why = f"no queue {queue!r} under prefix {prefix!r}{hint} (known: {', '.join(listed)}{more})"
+    return why, close
 
 
 # -- queue stats ---------------------------------------------------------------------------
@@ -259,8 +269,20 @@ def run_queue_config(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     changes = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
     new_rate = getattr(args, "rate", None)
+    setting = bool(changes) or hasattr(args, "rate") or hasattr(args, "shards")
     mq = open_client(args)
     try:
+        unknown, close = unknown_queue(mq, args.queue, args.prefix)
+        if unknown and not setting:
+            # only showing: the defaults of a mistyped name would read as that queue's
+            raise CommandFailed(
+                f"{unknown}; to configure a queue before its first job, set a setting"
+            )
+        if close:
+            # configuring a queue before its first job is legitimate (the settings register
+            # it), so it goes on; but a name this close to a known one is likely a typo that
+            # leaves the real queue as it was: say so
+            print(f"echomq: warning: {unknown}; configuring it as a new queue", file=sys.stderr)
         if hasattr(args, "shards"):  # first: refused (nothing else set) while not empty
             mq.set_shards(args.queue, args.shards)
         if changes:

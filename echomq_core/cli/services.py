@@ -1,8 +1,15 @@
 """The long-running commands: ``echomq server``, ``echomq worker``, ``echomq pump``.
 
 Each runs in the foreground until SIGTERM or SIGINT. The worker then drains: it stops
-claiming, lets running handlers finish (up to ``--grace`` seconds), gives unstarted jobs back
-and exits 0; a second signal gives back running jobs at once.
+claiming, gives unstarted jobs back, says which jobs are in flight and lets their handlers
+finish (up to ``--grace`` seconds); a second signal gives back the running jobs at once (their
+leases released: another worker claims them at once). Exit status 0 after SIGTERM, 130 after
+Ctrl-C (SIGINT), as for every command.
+
+At start, every read and write (the server's answer, the queues' shard configuration, their
+registration) waits while the server cannot take it yet - unreachable, a Cluster master in
+failover, full (``maxmemory``) - for up to ``--wait-for-server`` seconds in all, logging what
+it waits for (:func:`~echomq_core.running.patiently`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,9 +33,11 @@ from ..errors import ConfigurationError
 from ..hooks import Handler, Hooks, LifecycleHooks, plugin_manager
 from ..options import PumpOptions, WorkerOptions, add_flags, from_namespace
 from ..pump import Pump
+from ..running import patiently
 from ..server import EmbeddedServer
 from ..worker import Worker
 from .common import (
+    INTERRUPTED,
     CommandFailed,
     UsageError,
     add_bind_options,
@@ -38,6 +48,7 @@ from .common import (
     env_prefix,
     env_url,
     int_at_least,
+    log,
     open_client,
     seconds,
 )
@@ -78,7 +89,9 @@ def add_parsers(sub: Any) -> None:
         help="run job handlers for queues",
         description="Run handlers for QUEUEs (default: every queue that has a "
         "handler). Handlers come from --app and from plugins "
-        "(the echomq_handlers hook). SIGTERM drains gracefully.",
+        "(the echomq_handlers hook). SIGTERM or Ctrl-C drains gracefully (running jobs get "
+        "--grace seconds); a second one gives the running jobs back at once. Exit status 0 "
+        "after SIGTERM, 130 after Ctrl-C.",
     )
     w.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to work on")
     w.add_argument(
@@ -126,7 +139,8 @@ def add_parsers(sub: Any) -> None:
         "pump",
         help="deliver cross-queue fan-in signals, promote, recover",
         description="Run the Pump for QUEUEs (default: every queue in the "
-        "registry, re-read every few seconds). Stops on SIGTERM.",
+        "registry, re-read every few seconds). Stops on SIGTERM (exit status 0) or "
+        "Ctrl-C (130).",
     )
     p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to serve")
     add_flags(p, PumpOptions, types=FLAG_TYPES)
@@ -177,11 +191,19 @@ def _plugin_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _stop_event() -> threading.Event:
-    """An event set by SIGTERM or SIGINT."""
-    stop = threading.Event()
+class _Stop(threading.Event):
+    """An event set by SIGTERM or SIGINT; ``signum`` is the first signal that set it."""
+
+    signum: int | None = None
+
+
+def _stop_event() -> _Stop:
+    """A :class:`_Stop` set by SIGTERM or SIGINT."""
+    stop = _Stop()
 
     def handler(signum: int, frame: Any) -> None:
+        if stop.signum is None:
+            stop.signum = signum
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -266,8 +288,20 @@ def _hooks(args: argparse.Namespace, mq: Any) -> Hooks:
     return Hooks(plugin_manager(*plugins, entry_points=not args.no_plugins), client=mq)
 
 
+def _status(signum: int | None) -> int:
+    """The exit status of a command stopped by ``signum``: 130 after Ctrl-C (SIGINT), as
+    :func:`~echomq_core.cli.common.exit_status` gives every interrupted command; else 0."""
+    return INTERRUPTED if signum == signal.SIGINT else 0
+
+
+def _left(args: argparse.Namespace, began: float) -> float:
+    """What is left of ``--wait-for-server`` (one bound for every start-up step)."""
+    return max(0.0, float(args.wait_for_server) - (time.monotonic() - began))
+
+
 def run_worker(args: argparse.Namespace) -> int:
     apps = [_app_handlers(spec) for spec in args.app]  # import errors before connecting
+    began = time.monotonic()
     mq = open_client(args, socket_timeout=60.0)
     try:
         hooks = _hooks(args, mq)
@@ -314,11 +348,23 @@ def run_worker(args: argparse.Namespace) -> int:
                 socket_timeout=60.0,
             )
             worker = AsyncWorker(
-                amq, chosen, options=options, hooks=lifecycle, pump=args.pump, batch=per_queue
+                amq,
+                chosen,
+                options=options,
+                hooks=lifecycle,
+                pump=args.pump,
+                batch=per_queue,
+                wait_for_server=_left(args, began),
             )
         else:
             worker = Worker(
-                mq, chosen, options=options, hooks=lifecycle, pump=args.pump, batch=per_queue
+                mq,
+                chosen,
+                options=options,
+                hooks=lifecycle,
+                pump=args.pump,
+                batch=per_queue,
+                wait_for_server=_left(args, began),
             )
         if metrics:
             metrics.watch_worker(worker)
@@ -341,7 +387,13 @@ def run_worker(args: argparse.Namespace) -> int:
         _say(f"worker: stopped ({done[0]} completed, {done[1]} failed attempts)")
     finally:
         mq.close()
-    return 0
+    if isinstance(worker, AsyncWorker) and worker.halted:
+        # the sync handlers given back still run in the pool's threads, which the interpreter
+        # joins at exit: a second Ctrl-C must not wait for them (their jobs are given back)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
+    return _status(worker.signalled)
 
 
 def _batch_text(chosen: Mapping[str, Any], per_queue: Mapping[str, int], every: int) -> str:
@@ -364,6 +416,7 @@ async def _run_async(worker: AsyncWorker) -> None:
 
 
 def run_pump(args: argparse.Namespace) -> int:
+    began = time.monotonic()
     mq = open_client(args, socket_timeout=60.0)
     try:
         hooks = _hooks(args, mq)
@@ -371,7 +424,17 @@ def run_pump(args: argparse.Namespace) -> int:
         lifecycle = hooks if names else None
         metrics = start_metrics(args, mq, args.queues or None)
         # a sharded queue is pumped on every shard (its outboxes are the shards')
-        served = [s for q in args.queues for s in mq.shards(q)] if args.queues else None
+        served = (
+            patiently(
+                lambda: [s for q in args.queues for s in mq.shards(q)],
+                what=f"pump: reading the shard configuration of {', '.join(args.queues)}",
+                bound=_left(args, began),
+                is_cluster=mq.connection.is_cluster,
+                logger=log,
+            )
+            if args.queues
+            else None
+        )
         pump = Pump(
             mq,
             served,
@@ -402,4 +465,4 @@ def run_pump(args: argparse.Namespace) -> int:
         )
     finally:
         mq.close()
-    return 0
+    return _status(stop.signum)

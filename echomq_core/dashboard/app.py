@@ -49,7 +49,7 @@ from starlette.staticfiles import StaticFiles
 from .. import sharding
 from ..client import EchoMQ
 from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
-from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue
 from ..metrics import QueueCollector
 from ..pump import poison_replay
 from ..urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page
@@ -114,6 +114,8 @@ class Dashboard(Monitoring, Browsing):
             v, indent=indent, ensure_ascii=False, default=repr
         )
         self.env.filters["q"] = lambda s: quote(str(s), safe="")
+        self.env.filters["outstanding"] = reads.outstanding
+        self.env.globals["made"] = reads.attempts_made
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -132,6 +134,7 @@ class Dashboard(Monitoring, Browsing):
             csrf=self.guard.csrf_for(sid) if sid else "",
             csrf_field=CSRF_FIELD,
             states=FLOW_INDEXES,
+            flow_lists=FLOW_LISTS,
             notice=request.query_params.get("done", ""),
         )
         return HTMLResponse(page, status_code=status)
@@ -170,8 +173,8 @@ class Dashboard(Monitoring, Browsing):
     def _flow_args(self, request: Request) -> tuple[str | None, str | None, int]:
         queue = request.query_params.get("queue") or None
         state = request.query_params.get("state") or None
-        if state is not None and state not in FLOW_INDEXES:
-            raise InvalidArgument(f"state must be one of {', '.join(FLOW_INDEXES)}, got {state!r}")
+        if state is not None and state not in FLOW_LISTS:
+            raise InvalidArgument(f"state must be one of {', '.join(FLOW_LISTS)}, got {state!r}")
         return queue, state, int_param(request, "offset", 0, 10_000_000)
 
     def flows(self, request: Request) -> Response:

@@ -85,12 +85,18 @@ class Browsing:
 
     def job(self, request: Request) -> Response:
         view = self._job(request, JOB_PATH)
-        return self.render(request, "job.html", v=view, j=view.detail.info, d=view.detail)
+        now = self.client.perform(reads.server_ms()) if view.detail.lease else None
+        return self.render(
+            request, "job.html", v=view, j=view.detail.info, d=view.detail, now_ms=now
+        )
 
     def api_job(self, request: Request) -> Response:
         view = self._job(request, "/api" + JOB_PATH)
         root = None if view.root is None else list(view.root)
-        return JSONResponse({**view.detail.to_dict(), "root": root})
+        doc = {**view.detail.to_dict(), "root": root, "attempts_made": view.attempts_made}
+        if view.value_found:  # a completed flow child: its value, read from its flow
+            doc["result"] = reads.jsonable(view.value)
+        return JSONResponse(doc)
 
     async def job_action(self, request: Request) -> Response:
         """``POST /job/<queue>/<id>/retry|cancel``: a dead plain job gets fresh attempts, a
@@ -138,8 +144,12 @@ class Browsing:
             return RedirectResponse(job_page(base, queue, find), 303)
         ranges = tuple(str(m) for m, _ in RANGES)
         minutes = int(_param(request, "minutes", ranges, ranges[0]))
-        found = self._page(queue, state, offset)
         counts = self.client.queue(queue).stats()
+        if "state" not in request.query_params and not counts.get(state):
+            # opened without a tab: the first state that holds jobs, not an empty pending list
+            state = next((st for st in STATES if counts.get(st)), state)
+        found = self._page(queue, state, offset)
+        now = self.client.perform(reads.server_ms()) if state == "active" else None
         return self.render(
             request,
             "queue.html",
@@ -150,14 +160,19 @@ class Browsing:
             t=self.throughput(queue, minutes),
             minutes=minutes,
             ranges=RANGES,
+            now_ms=now,
             live=f"api/throughput/{quote(queue, safe='')}?minutes={minutes}&chart=1",
         )
 
     def api_queue_jobs(self, request: Request) -> Response:
         queue, state, offset = self._queue_args(request)
-        return JSONResponse(
-            self._page(queue, state, offset).to_dict()
-        )
+        doc = self._page(queue, state, offset).to_dict()
+        now = self.client.perform(reads.server_ms()) if state == "active" else None
+        for row in doc["jobs"]:
+            row["attempts_made"] = reads.attempts_made(state, row["attempts"])
+            if now is not None:  # an active row's score is its lease deadline
+                row["lease_expired"] = row["score"] < now
+        return JSONResponse(doc)
 
     # -- a flow's children -----------------------------------------------------------------
     def _children(self, request: Request, queue: str, pid: str) -> dict[str, Any]:

@@ -32,6 +32,9 @@ from .shards import minutes_over, oldest_over
 
 #: The chart's size in SVG user units (it scales to the page's width).
 WIDTH, HEIGHT, PAD = 720, 150, 28
+#: The most width one character of a tick label takes (10 px system-ui digits and commas are
+#: about 5.6): the left margin grows with the top label.
+TICK_CHAR = 6.5
 #: The queue page's ranges (minutes, label); the first is the default.
 RANGES = ((60, "1 h"), (360, "6 h"), (1440, "24 h"))
 #: The most bars a chart draws: longer ranges add up consecutive minutes per bar (24 h: four),
@@ -70,19 +73,22 @@ def chart(minutes: Sequence[Minute]) -> Markup:
     span = f" ({per} min)" if per > 1 else ""
     minutes = bars(minutes)
     top = max([m.completed + m.failed for m in minutes] + [1])
+    # the axis leaves room for the top label, which is drawn right-aligned left of it: a
+    # fixed margin clipped a total of five digits or more (a busy 24 h bar) at the SVG's edge
+    pad = max(PAD, round(TICK_CHAR * len(f"{top:,}")) + 8)
     n = max(1, len(minutes))
-    step = (WIDTH - PAD) / n
+    step = (WIDTH - pad) / n
     inner = HEIGHT - 2 * 14
     parts = [
         f'<svg id="throughput-chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
         f'aria-label="completed, failed attempts and deaths per minute" data-bars="{n}" '
         f'data-per="{per}" xmlns="http://www.w3.org/2000/svg">',
-        f'<line x1="{PAD}" y1="{14 + inner}" x2="{WIDTH}" y2="{14 + inner}" class="axis"/>',
-        f'<text x="{PAD - 4}" y="18" text-anchor="end" class="tick">{top:,}</text>',
-        f'<text x="{PAD - 4}" y="{14 + inner}" text-anchor="end" class="tick">0</text>',
+        f'<line x1="{pad}" y1="{14 + inner}" x2="{WIDTH}" y2="{14 + inner}" class="axis"/>',
+        f'<text x="{pad - 4}" y="18" text-anchor="end" class="tick" id="chart-top">{top:,}</text>',
+        f'<text x="{pad - 4}" y="{14 + inner}" text-anchor="end" class="tick">0</text>',
     ]
     for i, m in enumerate(minutes):
-        x = PAD + i * step
+        x = pad + i * step
         w = max(1.0, step - 1)
         hc = inner * m.completed / top
         hf = inner * m.failed / top
@@ -109,7 +115,7 @@ def chart(minutes: Sequence[Minute]) -> Markup:
                 f'height="{hd:.1f}" data-n="{m.deaths}">{title}</rect>'
             )
     if minutes:
-        for m, x, anchor in ((minutes[0], PAD, "start"), (minutes[-1], WIDTH, "end")):
+        for m, x, anchor in ((minutes[0], pad, "start"), (minutes[-1], WIDTH, "end")):
             at = datetime.datetime.fromtimestamp(m.at / 1000, datetime.UTC).strftime("%H:%M")
             parts.append(
                 f'<text x="{x}" y="{HEIGHT - 2}" text-anchor="{anchor}" class="tick">{at}Z</text>'

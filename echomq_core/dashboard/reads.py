@@ -16,9 +16,10 @@ from ..browse import JobDetail
 from ..calls import Call, Op
 from ..client import EchoMQ
 from ..errors import JobNotFound
+from ..failures import stall_reading
 from ..flows import scan_page
 from ..inspection import FlowNode, flow_counts, read_tree
-from ..keyspace import FLOW_INDEXES, check_job_id, check_queue, derived_index
+from ..keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue, derived_index
 from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
 from ..pump import parse_signal, poison_list
 
@@ -52,7 +53,7 @@ def list_flows(
     flows: list[FlowSummary] = []
     counts = {}
     for name in names:
-        counts[name] = mq.perform(flow_counts(mq.keys, name))
+        counts[name] = mq.perform(flow_counts(mq.keys, name, FLOW_LISTS))
         flows += mq.list_flows(name, state, limit=limit, offset=offset)
     return FlowList(names, counts, flows)
 
@@ -69,6 +70,22 @@ class FlowPage:
     controls: dict[str, str] = field(default_factory=dict)  # see controls()
 
 
+def attempts_made(state: str | None, failed: int) -> int:
+    """How many attempts a job has made: the row counts failed ones only (fail.lua's
+    ``attempts``), so the one running now (active) or the one that succeeded (completed) is
+    added - a job completed at its first try made 1 attempt, not 0."""
+    return failed + (1 if state in ("active", "completed") else 0)
+
+
+def outstanding(snap: FlowSnapshot) -> int:
+    """A flow's children neither settled nor dead. The snapshot's ``dependencies`` still
+    counts fail-the-parent deaths (they are never settled: the flow failed) except those a
+    ``min_success`` threshold tolerated, which settle; so a failed flow whose only unsettled
+    children are dead has 0 outstanding, not the number of its dead."""
+    dead = snap.failed - min(snap.failed, snap.allowed or 0)
+    return max(0, snap.dependencies - dead)
+
+
 def flow_status(mq: EchoMQ, queue: str, parent_id: str) -> dict[str, Any] | None:
     """What a flow's page polls for live progress: its snapshot - ONE script call, whatever
     the flow's size (the tree and the values are read when the page loads, not per poll),
@@ -77,7 +94,7 @@ def flow_status(mq: EchoMQ, queue: str, parent_id: str) -> dict[str, Any] | None
     snap = mq.snapshot(check_queue(queue), check_job_id(parent_id))
     if snap.parent_state is None and snap.total == 0:
         return None
-    flow = {**snap.to_dict(), "released": snap.released}
+    flow = {**snap.to_dict(), "released": snap.released, "outstanding": outstanding(snap)}
     return {
         "flow": flow,
         "settled": snap.settled,
@@ -97,6 +114,16 @@ def controls(mq: EchoMQ, snap: FlowSnapshot) -> dict[str, str]:
             out["running"] = (
                 f"{use.admitted:,} / {use.cap:,} running, {use.waiting:,} waiting for a token"
             )
+            if use.admitted and snap.outcome == "waiting":
+                # admitted is not running: a token is held from admission, pending included;
+                # wait()'s own reading (failures.stall_reading) says whether any child queue
+                # runs a job, and names a queue whose jobs nothing claims
+                stall = mq.perform(stall_reading(mq.keys, snap.queue, snap.parent_id))
+                if not stall.busy and stall.hint:
+                    out["running"] = (
+                        f"{use.admitted:,} / {use.cap:,} admitted, none running: {stall.hint}; "
+                        f"{use.waiting:,} waiting for a token"
+                    )
     if snap.allowed is not None:
         out["threshold"] = f"{snap.failed:,} failed / {snap.allowed:,} allowed"
     return out
@@ -177,11 +204,52 @@ class JobView:
 
     detail: JobDetail
     root: tuple[str, str] | None = None
+    #: a completed flow child's value: its completion writes no row (complete.lua), the value
+    #: goes into its parent's ``:processed`` - read from there (one HGET); ``value_found``
+    #: False while it is not there (its signal still on the way, or the flow expired)
+    value: Any = None
+    value_found: bool = False
+
+    @property
+    def attempts_made(self) -> int:
+        return attempts_made(self.detail.info.state, self.detail.info.attempts)
+
+    @property
+    def unrecorded(self) -> bool:
+        """A completed flow child whose worker and start no record kept: complete.lua writes
+        a flow child's value into its flow and nothing on its row (one command per child)."""
+        info = self.detail.info
+        return (
+            info.state == "completed" and info.parent is not None and not self.detail.started_ms
+        )
 
 
 def job_view(mq: EchoMQ, detail: JobDetail) -> JobView:
     info = detail.info
-    return JobView(detail, root_of(mq, info) if info.parent is not None else None)
+    view = JobView(detail, root_of(mq, info) if info.parent is not None else None)
+    if info.state == "completed" and info.parent is not None and info.result is None:
+        key = mq.keys.processed(info.parent.queue, info.parent.id)
+        raw = mq.perform(_one(Call.cmd("HGET", key, info.id)))
+        if raw is not None:
+            view.value_found = True
+            try:
+                view.value = mq.serializer.loads(raw)
+            except Exception:  # shown as it is stored
+                view.value = _text(raw)
+    return view
+
+
+def server_ms() -> Op[int]:
+    """The server's clock in ms (TIME): lease deadlines are on it, so whether one has passed
+    is asked of it, not of this host's clock."""
+    (reply,) = yield [Call.cmd("TIME")]
+    sec, usec = reply
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def _one(call: Call) -> Op[Any]:
+    (reply,) = yield [call]
+    return reply
 
 
 @dataclass(slots=True)

@@ -174,7 +174,7 @@ def test_what_cannot_be_followed_is_refused_before_any_result(
             list(flow_results({**whole, "start": 0, "stop": 1}, follow=True))
         with pytest.raises(InvalidInput, match="follow must be True or False"):
             list(flow_results(whole, follow="yes"))  # type: ignore[arg-type]
-        with pytest.raises(JobNotFound, match="never added, or expired"):
+        with pytest.raises(JobNotFound, match="no flow 'JOB-none' in queue 'sb': never added"):
             list(EchoMQHook().follow_results({"queue": "sb", "parent_id": "JOB-none"}))
     with pytest.raises(InvalidInput, match="stream must be True or False"):
         EchoFlowOperator(task_id="t", parent_queue="q", children=[1], stream="yes")  # type: ignore[arg-type]

@@ -4,8 +4,8 @@ process (uvicorn) against real flows - held, released, failed, cancelled, nested
 poison - checks what it shows and that no script or policy error was raised, watches a flow
 progress without a reload, and with actions on signs in, cancels and repairs a flow by clicking.
 
-Screenshots: each test writes its pages' PNGs to a temporary folder; with
-``ECHOMQ_SCREENSHOTS=docs/dashboard`` they go there instead (how the documentation's are made).
+Screenshots: each test writes its pages' PNGs to a temporary folder, or to
+``$ECHOMQ_SCREENSHOTS``; the documentation's are made by scripts/dashboard-screenshots.py.
 """
 
 from __future__ import annotations

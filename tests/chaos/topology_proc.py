@@ -97,10 +97,16 @@ class ClaimFailures(logging.Handler):
     wrapper of the operation sees the error) as ``down claim:<queue>``."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg in (CLAIM_FAILED, AHEAD_FAILED) and isinstance(record.args, tuple):
+        if not isinstance(record.msg, str) or not isinstance(record.args, tuple):
+            return
+        if record.msg == AHEAD_FAILED:
             name, exc = record.args
-            if isinstance(exc, BaseException):
-                REPORT.failed(f"claim:{name}", exc)
+        elif CLAIM_FAILED in record.msg:  # the worker's Outage: (who, queue, error, ...)
+            name, exc = record.args[1:3]
+        else:
+            return
+        if isinstance(exc, BaseException):
+            REPORT.failed(f"claim:{name}", exc)
 
 
 def report_claims(worker: Worker) -> None:

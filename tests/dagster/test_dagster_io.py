@@ -37,7 +37,7 @@ from dagster_echomq.pumps import _PumpShare
 from dagster_echomq.reading import TRACEBACK_SHOWN, read_handle
 from dagster_support import client_url, pump_threads
 
-from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed
+from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, JobNotFound, ParentFailed
 from echomq_core.keyspace import check_job_id
 from tests.waiting import eventually
 
@@ -231,6 +231,72 @@ def test_external_flow_feeds_an_asset(
     assert result.output_for_node("scores_report") == sum(i * i for i in range(5))
     (observed,) = result.asset_observations_for_node("scores_report")
     assert observed.metadata["processed"].value == 5
+
+
+@pytest.mark.onlystandalone
+def test_fan_out_takes_generators_down_the_tree(
+    backend: Any, prefix: str, workers: Callable[..., Any], instance: DagsterInstance
+) -> None:
+    """Issue 48, item 7: the resource's add takes a generator of children whose own children
+    are generators (read once each), and the flow runs to its release."""
+    url = client_url(backend)
+    workers(url, prefix, CHILD)
+
+    @asset(io_manager_key="echomq_io")
+    def tree(context: AssetExecutionContext, echomq: EchoMQResource) -> FlowRef:
+        groups = (
+            Child({"n": 100 + g}, queue=CHILD,
+                  children=(Child({"n": 3 * g + i}, queue=CHILD) for i in range(3)))
+            for g in range(2)
+        )  # fmt: skip
+        return echomq.add_flow(PARENT, groups, parent_id=echomq.run_scoped_id(context))
+
+    @asset
+    def tree_values(tree: dict[str, Any]) -> int:
+        return len(tree)
+
+    result = materialize([tree, tree_values], resources=resources(url, prefix), instance=instance)
+    assert result.success
+    assert result.output_for_node("tree_values") == 2
+    flow: FlowRef = result.output_for_node("tree")
+    with EchoMQ(url, prefix=prefix) as mq:
+        for _, sub in flow.children:
+            assert mq.snapshot(CHILD, sub).total == 3
+            assert len(mq.children_values(CHILD, sub)) == 3
+
+
+@pytest.mark.onlystandalone
+@pytest.mark.parametrize(
+    ("queue", "parent_id", "says"),
+    [
+        ("ext-parent", "JOB-nightly-24", "no flow 'JOB-nightly-24' in queue 'ext-parent': never"),
+        ("ext-prent", "JOB-nightly-42", "in queue 'ext-prent': .*did you mean 'ext-parent'\\?"),
+    ],
+)
+def test_a_flow_that_is_not_there_fails_the_load_at_once(
+    backend: Any, prefix: str, instance: DagsterInstance, queue: str, parent_id: str, says: str
+) -> None:
+    """A typo'd reference (id or queue) fails the input's load with the core's JobNotFound,
+    naming the queue and id (and the closest queue), not after wait_timeout (issue 48)."""
+    url = client_url(backend)
+    with EchoMQ(url, prefix=prefix) as mq:
+        mq.add_flow("ext-parent", [Child(1, queue="ext-child")], parent_id="JOB-nightly-42",
+                    barrier=True)  # fmt: skip
+    external = AssetSpec("nightly_typo", metadata=flow_metadata(queue, parent_id))
+    external = external.with_io_manager_key("echomq_io")
+
+    @asset
+    def typo_report(nightly_typo: dict[str, Any]) -> int:
+        return len(nightly_typo)
+
+    started = time.monotonic()
+    with pytest.raises(JobNotFound, match=says):
+        materialize(
+            [external, typo_report],
+            resources=resources(url, prefix, wait_timeout=120.0),
+            instance=instance,
+        )
+    assert time.monotonic() - started < 60
 
 
 @pytest.mark.onlystandalone

@@ -41,10 +41,17 @@ from echomq_core import (
 from echomq_core.checks import check_int
 from echomq_core.children import MAX_RANGE
 from echomq_core.errors import flow_error
+from echomq_core.flows import not_found
 from echomq_core.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 
-from .._compat import FORM_FROM_HOOK, aextra_dejson, field_behaviour, form_widgets
-from ..errors import FlowNotReleased
+from .._compat import (
+    CONNECTION_NOT_FOUND,
+    FORM_FROM_HOOK,
+    aextra_dejson,
+    field_behaviour,
+    form_widgets,
+)
+from ..errors import ConnectionNotDefined, FlowNotReleased
 from ..flow_specs import flow_span, flow_target, labeller
 from .settings import EchoMQConnectionSettings
 
@@ -89,13 +96,20 @@ class EchoMQHook(BaseHook):
 
     # -- settings -------------------------------------------------------------------------
     def settings(self) -> EchoMQConnectionSettings:
-        """Read the connection (sync: tasks only, never inside a trigger)."""
-        conn = self.get_connection(self.echomq_conn_id)
+        """Read the connection (sync: tasks only, never inside a trigger). Raises
+        :class:`~echomq_provider.errors.ConnectionNotDefined` when it is not defined."""
+        try:
+            conn = self.get_connection(self.echomq_conn_id)
+        except CONNECTION_NOT_FOUND as exc:
+            raise ConnectionNotDefined(self.echomq_conn_id) from exc
         return EchoMQConnectionSettings.from_connection(conn, conn.extra_dejson, prefix=self.prefix)
 
     async def asettings(self) -> EchoMQConnectionSettings:
-        """Read the connection without blocking the event loop (triggers)."""
-        conn = await self.aget_connection(self.echomq_conn_id)
+        """Read the connection without blocking the event loop (triggers); as :meth:`settings`."""
+        try:
+            conn = await self.aget_connection(self.echomq_conn_id)
+        except CONNECTION_NOT_FOUND as exc:
+            raise ConnectionNotDefined(self.echomq_conn_id) from exc
         extra = await aextra_dejson(conn)
         return EchoMQConnectionSettings.from_connection(conn, extra, prefix=self.prefix)
 
@@ -136,11 +150,8 @@ class EchoMQHook(BaseHook):
         queue, parent_id = flow_target(flow)
         mq = self.get_conn()
         snap = mq.snapshot(queue, parent_id)
-        if snap.outcome == "missing":
-            raise JobNotFound(
-                f"no flow {parent_id} in queue {queue!r}: never added (wrong prefix?) or "
-                "expired (its closed retention ended)"
-            )
+        if snap.outcome == "missing":  # the core's error: the queue and id, and the closest queues
+            raise mq.perform(not_found(mq.keys, queue, parent_id))
         if snap.outcome in ("failed", "cancelled"):
             failed = mq.failed_children(queue, parent_id)
             raise flow_error(queue, parent_id, snap.outcome, failed, snap.error)
@@ -233,9 +244,12 @@ class EchoMQHook(BaseHook):
         size = check_int("size", size, 1, MAX_RANGE)
         queue, parent_id = flow_target(flow)
         mq = self.get_conn()
-        total = mq.snapshot(queue, parent_id).total
+        snap = mq.snapshot(queue, parent_id)
+        if snap.outcome == "missing":
+            raise mq.perform(not_found(mq.keys, queue, parent_id))
+        total = snap.total
         if not total:
-            raise JobNotFound(f"no flow {parent_id} in queue {queue!r} (or it has no children)")
+            raise JobNotFound(f"flow {parent_id} in queue {queue!r} has no children")
         mq.children_values_range(queue, parent_id, 0, 0)  # refuses explicit ids, reads nothing
         ref = {"queue": queue, "parent_id": parent_id}
         return [

@@ -70,9 +70,12 @@ parent marks it skipped instead. An unreachable server is neither: it fails the 
 EchoMQ error (so ``retries`` apply; that try cancels nothing) in every mode; after the last
 try the failure callback settles the flow, if the server answers by then.
 
-A flow that does not exist (wrong id or prefix) is waited on, with a warning on each progress
-line, until the timeout: a flow may be added by a system outside this DAG after the sensor
-starts.
+A flow that does not exist - a wrong id, queue, prefix or connection, or a flow whose retention
+ended - fails the sensor at its first read with :class:`~echomq_core.JobNotFound`, in every
+mode (deferred: the trigger's ``missing`` event), naming the queue and id and the closest
+registered queues; it is not waited on until the timeout. Not an Airflow exception, so
+``retries`` apply: a sensor on a flow that a system outside this DAG adds later runs after that
+add, or retries until it is there.
 """
 
 from __future__ import annotations

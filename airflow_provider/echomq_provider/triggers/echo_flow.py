@@ -20,6 +20,8 @@ when it resumes, not carried in the event.
 ``failed``      ``failed``: up to :data:`MAX_REPORTED` failed child ids -> error, and
                 ``failed_count``: a fail-parent child died, so the parent failed
 ``timeout``     ``message``: ``timeout_at`` passed before the flow settled
+``missing``     ``message``: there is no such flow (a wrong reference, prefix or connection, or
+                its retention ended); the task raises it as :class:`~echomq_core.JobNotFound`
 ``error``       ``message``: EchoMQ refused or could not reach the server
 ==============  ===========================================================================
 
@@ -52,7 +54,8 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
-from echomq_core.waiting import CANCELLED, FAST_POLL, FlowWait
+from echomq_core.flows import not_found
+from echomq_core.waiting import CANCELLED, FAST_POLL, MISSING, FlowWait
 
 from .._compat import aset_xcom, atask_state
 from ..hooks.echomq import EchoMQHook
@@ -284,6 +287,10 @@ class EchoFlowTrigger(BaseTrigger):
             while True:
                 verdict = await client.connection.perform(wait.read(client.keys))
                 snap = verdict.snap
+                if verdict.kind == MISSING:  # the task raises it as JobNotFound on resuming
+                    gone = not_found(client.keys, self.queue, self.parent_id)
+                    missing = await client.perform(gone)
+                    return {"status": "missing", "message": str(missing)}
                 if verdict.never_released:
                     failed = await client.failed_children(self.queue, self.parent_id)
                     reported = dict(sorted(failed.items())[:MAX_REPORTED])

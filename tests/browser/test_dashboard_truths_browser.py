@@ -1,0 +1,89 @@
+"""What only a browser shows of issue 48's dashboard items: the 24 h chart's y-axis label drawn
+inside the chart (its box measured in Chromium, not guessed from the markup), and a queue page
+opened without a tab showing rows, in headless Chromium against a real ``echomq dashboard``
+process on a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from echomq_core import EchoMQ, JobSpec, ops
+from echomq_core.calls import Call, Op
+from echomq_core.server import EmbeddedServer
+
+from ..dashkit import Dashboard, env_for
+from .cdp import Browser
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    b = Browser(width=1400, height=1000)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    yield mq
+    mq.close()
+
+
+@pytest.fixture
+def readonly(
+    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
+) -> Iterator[Dashboard]:
+    d = Dashboard(standalone_server.url, prefix, env_for(proc_env), poll=0.3)
+    yield d
+    d.stop()
+
+
+def _sent(call: Call) -> Op[object]:
+    (reply,) = yield [call]
+    return reply
+
+
+#: The chart's top label, its box in the SVG's own units, and the SVG's box on the page.
+LABEL_BOX = """(() => {
+  const svg = document.querySelector('#throughput-chart');
+  const top = svg.querySelector('text.tick');
+  const b = top.getBBox(), s = svg.getBoundingClientRect(), t = top.getBoundingClientRect();
+  return {text: top.textContent, x: b.x, svgLeft: s.left, labelLeft: t.left};
+})()"""
+
+
+def test_the_24h_charts_top_label_is_inside_the_chart(
+    browser: Browser, client: EchoMQ, readonly: Dashboard
+) -> None:
+    """A busy queue: 123,456 completions in this minute (tallied as the workers tally them).
+    Its top label (``123,456``) was drawn right-aligned at x = 24, so it began left of the
+    SVG's edge and was clipped; now its box starts inside the SVG."""
+    client.perform(_sent(ops.tally(client.keys, "tb-busy", "c", 123_456)))
+    client.perform(_sent(ops.tally(client.keys, "tb-busy", "f", 2_345, 120)))
+    client.queue("tb-busy").add({"n": 1})
+    browser.goto(f"{readonly.base}/queue/tb-busy?minutes=1440")
+    browser.wait_for("document.querySelector('#throughput-chart') !== null")
+    box = browser.js(LABEL_BOX)
+    assert box["text"] == "125,801"
+    assert box["x"] >= 0, box  # in the SVG's units: nothing of it left of the viewBox
+    assert box["labelLeft"] >= box["svgLeft"], box
+    assert browser.errors() == []
+
+
+def test_a_queue_page_opened_without_a_tab_shows_jobs(
+    browser: Browser, client: EchoMQ, readonly: Dashboard
+) -> None:
+    """A queue whose 60 jobs all completed, opened from the queues page's link (no tab named):
+    the page shows completed jobs, not an empty pending list."""
+    q = client.queue("tb-done")
+    q.add_bulk([JobSpec({"n": i}) for i in range(60)])
+    q.complete_many([(j, j.payload["n"]) for j in q.claim(60)])
+    browser.goto(f"{readonly.base}/")
+    href = browser.js("document.querySelector('tr[data-queue=\"tb-done\"] td a').href")
+    browser.goto(href)
+    browser.wait_for("document.querySelector('#states') !== null")
+    assert browser.js("document.querySelector('#states a.on').dataset.state") == "completed"
+    assert browser.js("document.querySelectorAll('#jobs tbody tr').length") == 50
+    assert browser.errors() == []

@@ -1,0 +1,346 @@
+"""Workers and Pumps started while the server cannot take their start-up reads and writes - a
+server not answering yet, a full one (``maxmemory`` under ``noeviction``), a Cluster slot
+whose master and replica are both down - wait for it, logging what they wait for, and run
+jobs once the fault is cleared (issue 48, item 1); while running, a server that goes away is
+warned about at a backed-off rate and its return is said (item 9).
+
+Every gate is one the test controls: it observes the waiting line, then clears the fault
+itself (starts the server, frees memory, restarts the nodes), then observes the jobs run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from echomq_core import AsyncEchoMQ, AsyncWorker, Child, EchoMQ, Job, Pump, Worker
+from echomq_core.server import EmbeddedServer
+from echomq_core.slots import key_slot
+
+from ..clusterkit import EmbeddedCluster
+from ..test_startup import _read_until
+from ..waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "echomq_core.cli"]
+APP = """
+def double(job):
+    return job.payload * 2
+
+HANDLERS = {"sf-work": double}
+"""
+QUEUE = "sf-work"
+
+
+def double(job: Job) -> int:
+    return int(job.payload) * 2
+
+
+class InLoop:
+    """An :class:`AsyncWorker` of :data:`QUEUE` started on its own event loop in a thread
+    (``started``: its :meth:`~AsyncWorker.start`, which waits for the server as it must)."""
+
+    def __init__(self, url: str, prefix: str, **settings: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.client = AsyncEchoMQ(url, prefix=prefix, socket_connect_timeout=0.5, socket_timeout=2)
+        self.worker = AsyncWorker(self.client, {QUEUE: double}, **settings)
+        self.started = asyncio.run_coroutine_threadsafe(self.worker.start(), self.loop)
+
+    def close(self) -> None:
+        async def down() -> None:
+            if self.started.done() and self.started.exception() is None:
+                await self.worker.stop()
+            await self.client.close()
+
+        if not self.started.done():
+            self.started.cancel()
+        asyncio.run_coroutine_threadsafe(down(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class Lines(logging.Handler):
+    """The INFO (and higher) messages logged on ``echomq_core``: (when (monotonic), level,
+    text, logger name)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen: list[tuple[float, int, str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append((time.monotonic(), record.levelno, record.getMessage(), record.name))
+
+    def having(self, text: str) -> list[str]:
+        return [m for _, _, m, _ in list(self.seen) if text in m]
+
+
+@pytest.fixture
+def lines() -> Iterator[Lines]:
+    handler = Lines()
+    logger = logging.getLogger("echomq_core")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+def _make_in_thread(make: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``make()`` (a Worker's construction, which waits) in a thread; its result or error."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = make()
+        except BaseException as exc:  # the test reads it
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _runs_jobs(mq: EchoMQ, worker: Worker, n: int = 10) -> None:
+    """``worker`` (started here) runs ``n`` jobs of :data:`QUEUE`."""
+    q = mq.queue(QUEUE)
+    ids = q.add_bulk(range(n))
+    worker.start()
+    try:
+        eventually(lambda: all(q.get_job(i).state == "completed" for i in ids), 60)
+    finally:
+        worker.stop()
+
+
+def test_worker_made_before_its_server_answers_waits_then_runs(lines: Lines) -> None:
+    """(c) unreachable: ``Worker(...)`` made and ``AsyncWorker.start()`` called while nothing
+    listens wait (today they raise ConnectionLost at once), log what they wait for, and run
+    jobs once the server is up; a Pump started meanwhile delivers once it is up."""
+    server = EmbeddedServer()  # a port picked, nothing listening yet
+    mq = EchoMQ(server.url, prefix="sf-c", socket_connect_timeout=0.5)
+    in_loop = InLoop(server.url, "sf-c", pump=False)
+    pump = Pump(mq, [QUEUE]).start()
+    try:
+        thread, out = _make_in_thread(lambda: Worker(mq, {QUEUE: double}))  # the default bound
+        eventually(lambda: len(lines.having("does not answer")) >= 2 or "error" in out, 30)
+        assert "error" not in out, out.get("error")
+        assert thread.is_alive() and not in_loop.started.done()
+        server.start()  # the fault cleared, by the test
+        thread.join(60)
+        assert "value" in out, out
+        in_loop.started.result(60)
+        assert len(lines.having("going on")) >= 2  # said at INFO once through
+        worker = out["value"].start()
+        try:  # both workers run the children; the Pump started before the server delivers
+            ref = mq.add_flow("sf-parents", [Child(i, queue=QUEUE) for i in range(20)])
+            assert mq.wait(ref.queue, ref.parent_id, timeout=60).processed == 20
+            values = mq.children_values(ref.queue, ref.parent_id).values()
+            assert sorted(values) == [2 * i for i in range(20)]
+        finally:
+            worker.stop()
+    finally:
+        in_loop.close()
+        pump.stop()
+        mq.close()
+        server.stop()
+
+
+def test_worker_and_cli_on_a_full_server_wait_then_run(
+    lines: Lines, proc_env: dict[str, str], tmp_path: Path
+) -> None:
+    """(b) full: on a server at ``maxmemory`` under ``noeviction`` the queue's registration is
+    refused (OOM); ``Worker(...)`` and ``echomq worker`` / ``echomq pump QUEUE`` wait, saying
+    the server is full (today: ServerFull at construction, exit 1), and run once memory is
+    freed."""
+    server = EmbeddedServer().start()
+    admin = redis.Redis.from_url(server.url)
+    mq = EchoMQ(server.url, prefix="sf-b")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        q = mq.queue(QUEUE)
+        ids = q.add_bulk(range(10))  # written before the server fills up
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)  # every write refused: the server is full
+        fresh = EchoMQ(server.url, prefix="sf-b")  # registers its queues itself
+        thread, out = _make_in_thread(lambda: Worker(fresh, {QUEUE: double}))  # default bound
+        (tmp_path / "sf_app.py").write_text(textwrap.dedent(APP))
+        conn = ["--url", server.url, "--prefix", "sf-b2", "--wait-for-server", "120"]
+        procs = [
+            subprocess.Popen(
+                [*CLI, *args, *conn],
+                env=proc_env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for args in (
+                ["worker", "--app", "sf_app:HANDLERS", "--no-pump"],
+                ["worker", "--app", "sf_app:HANDLERS", "--no-pump", "--async"],
+                ["pump", QUEUE],
+            )
+        ]
+        for proc in procs[:2]:  # each worker process waits, and says why
+            _read_until(proc, "the server is full")
+        eventually(lambda: lines.having("the server is full") or "error" in out, 30)
+        assert "error" not in out, out.get("error")
+        assert all(p.poll() is None for p in procs)
+        admin.config_set("maxmemory", 0)  # memory freed, by the test
+        thread.join(60)
+        assert "value" in out, out
+        _runs_jobs(mq, out["value"])
+        fresh.close()
+        assert all(q.get_job(i).result == 2 * n for n, i in enumerate(ids))
+        other = EchoMQ(server.url, prefix="sf-b2")
+        q2 = other.queue(QUEUE)
+        more = q2.add_bulk(range(5))
+        eventually(lambda: all(q2.get_job(i).state == "completed" for i in more), 60)
+        other.close()
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        admin.close()
+        mq.close()
+        server.stop()
+
+
+def test_warnings_of_a_lost_server_back_off_and_its_return_is_said(lines: Lines) -> None:
+    """A running worker and Pump whose server is stopped warn at a backed-off rate (today
+    about three lines a second from the worker) and say when it answers again."""
+    server = EmbeddedServer().start()
+    mq = EchoMQ(server.url, prefix="sf-r", socket_connect_timeout=0.5, socket_timeout=2)
+    worker = Worker(mq, {QUEUE: double}, pump=False, max_poll=0.5)
+    pump = Pump(mq, [QUEUE])
+    in_loop = InLoop(server.url, "sf-r", pump=False, max_poll=0.5)
+    in_loop.started.result(30)
+    worker.start()
+    pump.start()
+    who = {
+        f"worker {worker.presence.entry.id}",
+        f"worker {in_loop.worker.presence.entry.id}",
+        f"pump {pump.id}",
+    }
+    try:
+        server.stop()
+        began = time.monotonic()
+        window = 8.0  # the measuring window: 1 s doubling -> at most 4 warnings each
+        eventually(lambda: time.monotonic() - began >= window, window + 5, every=0.5)
+        seen = [
+            (m, name) for t, lv, m, name in list(lines.seen)
+            if lv >= logging.WARNING and began <= t < began + window
+        ]  # fmt: skip
+        # today: a claim and a hint wait fail about every 0.5 s, each warned: ~30 lines a
+        # worker; now at most 4 each (at 0, 1, 3, 7 s), a heartbeat's warning besides
+        by_worker = [m for m, name in seen if name == "echomq_core.worker"]
+        by_pump = [m for m, name in seen if name == "echomq_core.pump"]
+        assert 2 <= len(by_worker) <= 2 * 4 + 2, by_worker
+        assert 1 <= len(by_pump) <= 4, by_pump
+        for name in who:  # each one warned, and at most 4 times
+            assert 1 <= sum(m.startswith(name + ":") for m, _ in seen) <= 4, (name, seen)
+        server.start()  # same port: the test brings it back
+        eventually(lambda: {m.split(":")[0] for m in lines.having("reconnected")} == who, 60)
+        q = mq.queue(QUEUE)
+        ids = q.add_bulk(range(5))
+        eventually(lambda: all(q.get_job(i).state == "completed" for i in ids), 60)
+    finally:
+        in_loop.close()
+        worker.stop()
+        pump.stop()
+        mq.close()
+        server.stop()
+
+
+@pytest.fixture
+def cluster(replica_cluster: EmbeddedCluster) -> Iterator[EmbeddedCluster]:
+    replica_cluster.wait_healthy(60)
+    yield replica_cluster
+    for server in replica_cluster.servers:  # a failed test must not leave a node down
+        if not server.is_running():
+            server.start()
+    replica_cluster.wait_healthy(90)
+
+
+def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
+    cluster: EmbeddedCluster, lines: Lines, proc_env: dict[str, str], tmp_path: Path
+) -> None:
+    """(a) Cluster: the master of the queue's slot and its replica are down (no failover can
+    cure it before the test restarts them), the seed node answers. ``Worker(...)``, ``echomq
+    worker`` and ``echomq pump QUEUE`` wait, logging the Cluster node they wait for (today:
+    ConnectionLost at construction, exit 1), and run jobs once the test restarts the nodes.
+    The cluster is left healthy."""
+    url = cluster.url
+    prefix = f"sf-a{int(time.time())}"
+    mq = EchoMQ(url, prefix=prefix, socket_connect_timeout=0.5)
+    slot = key_slot(mq.keys.pending(QUEUE).encode())
+    master = cluster.server_for_slot(slot)
+    replicas = cluster.replicas_of(master)
+    (tmp_path / "sf_app.py").write_text(textwrap.dedent(APP))
+    procs: list[subprocess.Popen[str]] = []
+    seed = next(s for s in cluster.servers if s is not master and s not in replicas)
+    seed_url = f"redis+cluster://127.0.0.1:{seed.port}"
+    try:
+        for node in (master, *replicas):
+            node.kill()
+        thread, out = _make_in_thread(
+            lambda: Worker(
+                EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5),
+                {QUEUE: double},
+            )
+        )
+        conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5"]
+        procs = [
+            subprocess.Popen(
+                [*CLI, *args, *conn, "--wait-for-server", "300"],
+                env=proc_env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for args in (["worker", "--app", "sf_app:HANDLERS", "--no-pump"], ["pump", QUEUE])
+        ]
+        for proc in procs:
+            _read_until(proc, "Cluster", 90)
+        eventually(lambda: lines.having("Cluster") or "error" in out, 60)
+        assert "error" not in out, out.get("error")
+        assert all(p.poll() is None for p in procs)
+        for node in (master, *replicas):  # the fault cleared, by the test
+            node.start()
+        cluster.wait_healthy(90)
+        thread.join(120)
+        assert "value" in out, out
+        worker = out["value"]
+        mq.close()  # its slot map predates the restarts
+        mq = EchoMQ(seed_url, prefix=prefix)
+        q = mq.queue(QUEUE)
+        ids = q.add_bulk(range(10))
+        worker.start()
+        try:
+            eventually(lambda: all(q.get_job(i).state == "completed" for i in ids), 90)
+        finally:
+            worker.stop()
+            worker.client.close()
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        mq.close()
