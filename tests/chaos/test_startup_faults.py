@@ -288,7 +288,11 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
     The cluster is left healthy."""
     url = cluster.url
     prefix = f"sf-a{int(time.time())}"
-    mq = EchoMQ(url, prefix=prefix, socket_connect_timeout=0.5)
+    # a Cluster client made, and its slot map read, before the faults: it follows what they
+    # change (a redis:// URL here made a standalone client, whose MOVED was an error)
+    mq = EchoMQ(url, prefix=prefix, socket_connect_timeout=0.5, cluster=True)
+    q = mq.queue(QUEUE)
+    assert q.stats()["pending"] == 0
     slot = key_slot(mq.keys.pending(QUEUE).encode())
     master = cluster.server_for_slot(slot)
     replicas = cluster.replicas_of(master)
@@ -328,9 +332,6 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
         thread.join(120)
         assert "value" in out, out
         worker = out["value"]
-        mq.close()  # its slot map predates the restarts
-        mq = EchoMQ(seed_url, prefix=prefix)
-        q = mq.queue(QUEUE)
         ids = q.add_bulk(range(10))
         worker.start()
         try:
