@@ -359,6 +359,18 @@ def _waiting_warning(line: str) -> bool:
     return "WARNING" in line and any(text in line for text in FAILOVER_WAITS)
 
 
+def _fail_back(cluster: EmbeddedCluster, master: EmbeddedServer, slot: int) -> None:
+    """Make ``master`` (a replica since its failover) the slot's master again (a manual
+    FAILOVER, which waits for it to catch up), as the cluster was before the test."""
+    node = redis.Redis(host=master.host, port=master.port)
+    try:
+        node.execute_command("CLUSTER", "FAILOVER")
+        eventually(lambda: cluster.server_for_slot(slot) is master, 60, "the fail back")
+    finally:
+        node.close()
+    cluster.wait_healthy(90)
+
+
 class ByThread(logging.Handler):
     """The threads that logged a :func:`_waiting_warning` on ``echomq_core``."""
 
@@ -450,6 +462,17 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
         assert mq.snapshot(ref.queue, ref.parent_id).processed == n
         assert mq.queue(QUEUE).stats()["pending"] == 0
         assert all(p.poll() is None for p in procs)
+        # the old master rejoins (a replica of the promoted one) and the test fails back to it:
+        # the client's slot map is stale again, now answered by MOVED, which every read follows
+        cluster.restart_node(master, 90)
+        admin.config_set("cluster-replica-no-failover", "no")
+        _fail_back(cluster, master, slot)
+        moved = mq.connection.stats["moved"]
+        assert len(mq.children_values(ref.queue, ref.parent_id)) == n
+        assert mq.snapshot(ref.queue, ref.parent_id).processed == n
+        assert mq.queue(ref.queue).get_job(ref.parent_id).state == "pending"  # released
+        assert mq.queue(QUEUE).stats()["pending"] == 0
+        assert mq.connection.stats["moved"] > moved
     finally:
         logging.getLogger("echomq_core").removeHandler(caught)
         for proc in procs:
