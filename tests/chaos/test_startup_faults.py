@@ -464,10 +464,15 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
         assert all(p.poll() is None for p in procs)
         # the old master rejoins (a replica of the promoted one) and the test fails back to it:
         # the client's slot map is stale again, now answered by MOVED, which every read follows
+        side = in_loop.client  # its map learned after the kill: names the promoted replica
+        side_moved = side.connection.stats["moved"]  # it and its worker's, from here on
         cluster.restart_node(master, 90)
         admin.config_set("cluster-replica-no-failover", "no")
         _fail_back(cluster, master, slot)
         moved = mq.connection.stats["moved"]
+        read = side.children_values(ref.queue, ref.parent_id)
+        assert len(asyncio.run_coroutine_threadsafe(read, in_loop.loop).result(60)) == n
+        assert side.connection.stats["moved"] > side_moved
         assert len(mq.children_values(ref.queue, ref.parent_id)) == n
         assert mq.snapshot(ref.queue, ref.parent_id).processed == n
         assert mq.queue(ref.queue).get_job(ref.parent_id).state == "pending"  # released
