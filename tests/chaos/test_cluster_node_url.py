@@ -10,6 +10,9 @@ redirect (``"13647 127.0.0.1:39083"``), which read as a stale slot map that was 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +84,22 @@ def test_a_standalone_url_of_a_cluster_node_is_a_configuration_error_async(
             await mq.close()
 
     asyncio.run(main())
+
+
+def test_echomq_worker_on_a_standalone_url_of_a_cluster_node_says_so(
+    cluster_servers: EmbeddedCluster, prefix: str, proc_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``echomq worker --url redis://<a Cluster node>`` for queues on every master exits 2 at
+    once with the ConfigurationError's message (today: exit 1, ``echomq: error: 7450
+    127.0.0.1:39423``, the bare redirect)."""
+    (tmp_path / "cn_app.py").write_text(
+        "HANDLERS = {f'cn{i}': (lambda job: job.payload) for i in range(6)}\n"
+    )
+    url = cluster_servers.servers[0].url
+    done = subprocess.run(
+        [sys.executable, "-m", "echomq_core.cli", "worker", "--url", url, "--prefix", prefix,
+         "--app", "cn_app:HANDLERS", "--wait-for-server", "5"],
+        env=proc_env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "is a Redis Cluster node" in done.stderr and "redis+cluster://" in done.stderr
