@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,12 @@ class InLoop:
     """An :class:`AsyncWorker` of :data:`QUEUE` started on its own event loop in a thread
     (``started``: its :meth:`~AsyncWorker.start`, which waits for the server as it must)."""
 
-    def __init__(self, url: str, prefix: str, **settings: Any) -> None:
+    def __init__(self, url: str, prefix: str, handler: Any = double, **settings: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.client = AsyncEchoMQ(url, prefix=prefix, socket_connect_timeout=0.5, socket_timeout=2)
-        self.worker = AsyncWorker(self.client, {QUEUE: double}, **settings)
+        self.worker = AsyncWorker(self.client, {QUEUE: handler}, **settings)
         self.started = asyncio.run_coroutine_threadsafe(self.worker.start(), self.loop)
 
     def close(self) -> None:
@@ -348,6 +349,19 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
         mq.close()
 
 
+#: The failover test's handler, in its worker processes and in-process: each run appends the
+#: job's id to the file ``$SF_RUNS`` names (one short append: whole lines from any process).
+COUNTED_APP = """
+import os
+
+def double(job):
+    with open(os.environ["SF_RUNS"], "a") as runs:
+        runs.write(job.id + "\\n")
+    return job.payload * 2
+
+HANDLERS = {"sf-work": double}
+"""
+
 #: What a start-up step logs while the queue's slot has no master that answers: the master's
 #: connection is refused (down, and until a replica takes over the slot map still names it),
 #: or the Cluster answers CLUSTERDOWN.
@@ -406,7 +420,15 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
     seed_url = f"redis+cluster://127.0.0.1:{seed.port}"
     admin = redis.Redis(host=replica.host, port=replica.port)
     admin.config_set("cluster-replica-no-failover", "yes")  # the promotion is the test's
-    (tmp_path / "sf_app.py").write_text(textwrap.dedent(APP))
+    (tmp_path / "sf_counted.py").write_text(textwrap.dedent(COUNTED_APP))
+    runs = tmp_path / "runs"
+    env = {**proc_env, "SF_RUNS": str(runs)}
+
+    def counted(job: Job) -> int:  # the in-process workers' copy of the handler
+        with runs.open("a") as ran:
+            ran.write(job.id + "\n")
+        return int(job.payload) * 2
+
     caught = ByThread()
     logging.getLogger("echomq_core").addHandler(caught)
     procs: list[subprocess.Popen[str]] = []
@@ -416,23 +438,23 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
         master.kill()
         thread, out = _make_in_thread(
             lambda: Worker(
-                EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5), {QUEUE: double}
+                EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5), {QUEUE: counted}
             )
         )
-        in_loop = InLoop(seed_url, prefix, pump=False)
+        in_loop = InLoop(seed_url, prefix, counted, pump=False)
         conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5"]
         procs = [
             subprocess.Popen(
                 [*CLI, *args, *conn, "--wait-for-server", "300"],
-                env=proc_env,
+                env=env,
                 cwd=tmp_path,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
             for args in (
-                ["worker", "--app", "sf_app:HANDLERS", "--no-pump"],
-                ["worker", "--app", "sf_app:HANDLERS", "--no-pump", "--async"],
+                ["worker", "--app", "sf_counted:HANDLERS", "--no-pump"],
+                ["worker", "--app", "sf_counted:HANDLERS", "--no-pump", "--async"],
                 ["pump", QUEUE],
             )
         ]
@@ -457,8 +479,11 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
         ref = mq.add_flow("sf-parents", [Child(i, queue=QUEUE) for i in range(n)])
         assert mq.wait(ref.queue, ref.parent_id, timeout=120).processed == n
         values = mq.children_values(ref.queue, ref.parent_id)
-        assert len(values) == n  # none lost, none twice
+        assert len(values) == n  # none lost
         assert sorted(values.values()) == [2 * i for i in range(n)]
+        ran = Counter(runs.read_text().split())  # none twice: each child ran once, somewhere
+        assert sorted(ran) == sorted(cid for _, cid in ref.children), len(ran)
+        assert set(ran.values()) == {1}, [cid for cid, c in ran.items() if c > 1]
         assert mq.snapshot(ref.queue, ref.parent_id).processed == n
         assert mq.queue(QUEUE).stats()["pending"] == 0
         assert all(p.poll() is None for p in procs)
