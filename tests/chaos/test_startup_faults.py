@@ -442,7 +442,7 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
             )
         )
         in_loop = InLoop(seed_url, prefix, counted, pump=False)
-        conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5"]
+        conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5", "-v"]
         procs = [
             subprocess.Popen(
                 [*CLI, *args, *conn, "--wait-for-server", "300"],
@@ -475,6 +475,8 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
         thread.join(120)
         assert "value" in out, out
         in_loop.started.result(120)
+        for proc in procs:  # each process went on after waiting (-v: said at INFO)
+            _read_until(proc, "going on", 120)
         worker = out["value"].start()
         ref = mq.add_flow("sf-parents", [Child(i, queue=QUEUE) for i in range(n)])
         assert mq.wait(ref.queue, ref.parent_id, timeout=120).processed == n
