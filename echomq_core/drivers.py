@@ -198,10 +198,10 @@ class _Driver:
         return True
 
     def _not_standalone(self, reply: AskError) -> errors.ConfigurationError:
-        """A standalone client answered ``MOVED`` / ``ASK``: its URL names a node of a Redis
-        Cluster, which serves only its own slots. Following the redirect would need the whole
-        Cluster's slot map - the Cluster client's job - so the URL is what is wrong (the refused
-        calls did not run; those of the node's own slots in the same step did)."""
+        """A standalone client's server answered ``MOVED`` / ``ASK``: its URL names a node of a
+        Redis Cluster, which serves only its own slots. Following the redirect would need the
+        whole Cluster's slot map - the Cluster client's job - so the URL is what is wrong (the
+        refused calls did not run; those of the node's own slots in the same step did)."""
         kind = "MOVED" if isinstance(reply, MovedError) else "ASK"
         return errors.ConfigurationError(
             f"{self.where} is a Redis Cluster node: it answered {kind} {reply.slot_id} "
