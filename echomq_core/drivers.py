@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import redis.cluster
-from redis.exceptions import MovedError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from . import errors
 from .calls import Call, Durable, Lenient, Op
@@ -130,7 +136,11 @@ class _Driver:
             replies = yield from self._routed(calls, client)
         else:
             replies = yield from self._send(calls)
-            missing = [i for i, r in enumerate(replies) if is_noscript(r)]
+            refused = [r for r in replies if isinstance(r, ResponseError)]  # empty: most steps
+            for reply in refused:
+                if isinstance(reply, AskError):  # MOVED or ASK: a Cluster node, not a server
+                    raise self._not_standalone(reply)
+            missing = [i for i, r in enumerate(replies) if is_noscript(r)] if refused else []
             if missing:
                 for script_ in {calls[i].script for i in missing}:
                     if script_ is not None:
@@ -186,6 +196,19 @@ class _Driver:
             self._refreshed = now
         self.stats["refresh"] += 1
         return True
+
+    def _not_standalone(self, reply: AskError) -> errors.ConfigurationError:
+        """A standalone client's server answered ``MOVED`` / ``ASK``: its URL names a node of a
+        Redis Cluster, which serves only its own slots. Following the redirect would need the
+        whole Cluster's slot map - the Cluster client's job - so the URL is what is wrong (the
+        refused calls did not run; those of the node's own slots in the same step did)."""
+        kind = "MOVED" if isinstance(reply, MovedError) else "ASK"
+        return errors.ConfigurationError(
+            f"{self.where} is a Redis Cluster node: it answered {kind} {reply.slot_id} "
+            f"{reply.host}:{reply.port} (that slot is served by another node), and a "
+            "standalone client does not follow it; connect with a redis+cluster:// (or "
+            "rediss+cluster://) URL, ?cluster=true or cluster=True"
+        )
 
     def _lost(self, exc: BaseException) -> errors.ConnectionLost:
         return errors.ConnectionLost(f"cannot reach {self.where}: {type(exc).__name__}: {exc}")

@@ -85,13 +85,20 @@ def cancel_flow(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Can
     and its ``closed`` retention runs, so there is nothing left to stop, and a cancel that
     returned quietly would let the caller believe the flow's work was stopped. Nothing is
     written (``cancel.lua`` leaves an ended flow as it is)."""
-    (info,) = yield [_cancel_call(ks, queue, parent_id, reason, "")]
-    result = CancelResult(_s(info[0]))
+    result = yield from _cancel_tree(ks, queue, parent_id, reason)
     if result.state == "closed":
         raise FlowConflict(
             f"flow {parent_id} in queue {queue!r} is closed (read by its reader; its closed "
             "retention runs): a closed flow cannot be cancelled, nothing of it is left to stop"
         )
+    return result
+
+
+def _cancel_tree(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[CancelResult]:
+    """:func:`cancel_flow` without its refusal of a closed flow: a replace (:func:`add_or_replace`)
+    cancels whatever the id holds, a closed flow included, before it resets the root."""
+    (info,) = yield [_cancel_call(ks, queue, parent_id, reason, "")]
+    result = CancelResult(_s(info[0]))
     if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
         return result
 
@@ -435,7 +442,7 @@ def add_or_replace(
             if state is None or tfp is not None or exc.generation is not None:
                 raise
     # another flow under this id: cancel it, delete its tree, reset the root, add gen n + 1
-    yield from cancel_flow(ks, queue, parent_id, "replaced by a new flow under the same id")
+    yield from _cancel_tree(ks, queue, parent_id, "replaced by a new flow under the same id")
     (info,) = yield [_cancel_call(ks, queue, parent_id, "", "")]
     node = [parent_id, info[1], info[2], info[3], "", gen_s]
     yield from forget_tree(ks, [(queue, node)], SweepStats())

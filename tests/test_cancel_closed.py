@@ -43,3 +43,26 @@ def test_a_closed_flow_is_refused_by_cancel_and_left_closed(
     held = mq.add_flow(parents, [Child(1, queue=work)], barrier=True)
     assert mq.cancel_flow(parents, held.parent_id, reason="stop").state == "cancelled"
     mq.close()
+
+
+def test_a_replace_over_a_closed_flow_still_replaces_it(backend: Backend, prefix: str) -> None:
+    """A replace cancels whatever the id holds before it resets the root: a closed flow is
+    replaced by the new one (the refusal is cancel_flow's, not the replace's) - the Airflow
+    provider's re-run of a task whose plan changed takes this path."""
+    mq = backend.client(prefix)
+    parents, work = backend.queues_on_distinct_nodes(2, "cr")
+    ref = mq.add_flow(
+        parents, [Child(i, queue=work) for i in range(3)], parent_id="JOB-af/d/t/r/1", barrier=True
+    )
+    work_off(mq, [parents, work], lambda job: job.payload * 2)
+    assert mq.wait(parents, ref.parent_id, timeout=5).released
+    assert mq.close_flow(parents, ref.parent_id) == "closed"
+    again = mq.add_flow(
+        parents, [Child(10 + i, queue=work) for i in range(2)], parent_id=ref.parent_id,
+        barrier=True, replace=True,
+    )
+    assert again.parent_id == ref.parent_id
+    work_off(mq, [parents, work], lambda job: job.payload * 2)
+    assert mq.wait(parents, ref.parent_id, timeout=5).released
+    assert sorted(mq.children_values(parents, ref.parent_id).values()) == [20, 22]
+    mq.close()

@@ -657,7 +657,7 @@ def test_pump_and_async_client_outlive_their_default_node(
         name = f"{victim.host}:{victim.port}"
         client.set_default_node(client.get_node(node_name=name))
         assert client.get_default_node().port != seed.port
-        side.call(side.mq.dependencies(parents, "JOB-none"))
+        side.call(side.mq.snapshot(parents, "JOB-none"))  # a read that reaches the server
         side.set_default_node(name)
         ref = mq.add_flow(parents, [Child(i, queue=work) for i in range(50)], parent_id="JOB-r")
         pump = Pump(mq, [parents, work])

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from echomq_core import AsyncEchoMQ, AsyncWorker, Child, EchoMQ, Job, Pump, Work
 from echomq_core.server import EmbeddedServer
 from echomq_core.slots import key_slot
 
-from ..clusterkit import EmbeddedCluster
+from ..clusterkit import EmbeddedCluster, _cluster_info
 from ..test_startup import _read_until
 from ..waiting import eventually
 
@@ -52,17 +53,18 @@ class InLoop:
     """An :class:`AsyncWorker` of :data:`QUEUE` started on its own event loop in a thread
     (``started``: its :meth:`~AsyncWorker.start`, which waits for the server as it must)."""
 
-    def __init__(self, url: str, prefix: str, **settings: Any) -> None:
+    def __init__(self, url: str, prefix: str, handler: Any = double, **settings: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.client = AsyncEchoMQ(url, prefix=prefix, socket_connect_timeout=0.5, socket_timeout=2)
-        self.worker = AsyncWorker(self.client, {QUEUE: double}, **settings)
+        self.worker = AsyncWorker(self.client, {QUEUE: handler}, **settings)
         self.started = asyncio.run_coroutine_threadsafe(self.worker.start(), self.loop)
 
     def close(self) -> None:
         async def down() -> None:
-            if self.started.done() and self.started.exception() is None:
+            started = self.started  # a start cancelled below has no exception() to ask
+            if started.done() and not started.cancelled() and started.exception() is None:
                 await self.worker.stop()
             await self.client.close()
 
@@ -288,7 +290,11 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
     The cluster is left healthy."""
     url = cluster.url
     prefix = f"sf-a{int(time.time())}"
-    mq = EchoMQ(url, prefix=prefix, socket_connect_timeout=0.5)
+    # a Cluster client made, and its slot map read, before the faults: it follows what they
+    # change (a redis:// URL here made a standalone client, whose MOVED was an error)
+    mq = EchoMQ(url, prefix=prefix, socket_connect_timeout=0.5, cluster=True)
+    q = mq.queue(QUEUE)
+    assert q.stats()["pending"] == 0
     slot = key_slot(mq.keys.pending(QUEUE).encode())
     master = cluster.server_for_slot(slot)
     replicas = cluster.replicas_of(master)
@@ -328,9 +334,6 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
         thread.join(120)
         assert "value" in out, out
         worker = out["value"]
-        mq.close()  # its slot map predates the restarts
-        mq = EchoMQ(seed_url, prefix=prefix)
-        q = mq.queue(QUEUE)
         ids = q.add_bulk(range(10))
         worker.start()
         try:
@@ -344,3 +347,177 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
             proc.kill()
             proc.wait()
         mq.close()
+
+
+#: The failover test's handler, in its worker processes and in-process: each run appends the
+#: job's id to the file ``$SF_RUNS`` names (one short append: whole lines from any process).
+COUNTED_APP = """
+import os
+
+def double(job):
+    with open(os.environ["SF_RUNS"], "a") as runs:
+        runs.write(job.id + "\\n")
+    return job.payload * 2
+
+HANDLERS = {"sf-work": double}
+"""
+
+#: What a start-up step logs while the queue's slot has no master that answers: the master's
+#: connection is refused (down, and until a replica takes over the slot map still names it),
+#: or the Cluster answers CLUSTERDOWN.
+FAILOVER_WAITS = ("a Cluster node that does not answer", "a Cluster master in failover")
+
+
+def _waiting_warning(line: str) -> bool:
+    """Whether a log line is a WARNING of a start-up step that waits for the slot's master."""
+    return "WARNING" in line and any(text in line for text in FAILOVER_WAITS)
+
+
+def _fail_back(cluster: EmbeddedCluster, master: EmbeddedServer, slot: int) -> None:
+    """Make ``master`` (a replica since its failover) the slot's master again (a manual
+    FAILOVER, which waits for it to catch up), as the cluster was before the test."""
+    node = redis.Redis(host=master.host, port=master.port)
+    try:
+        node.execute_command("CLUSTER", "FAILOVER")
+        eventually(lambda: cluster.server_for_slot(slot) is master, 60, "the fail back")
+    finally:
+        node.close()
+    cluster.wait_healthy(90)
+
+
+class ByThread(logging.Handler):
+    """The threads that logged a :func:`_waiting_warning` on ``echomq_core``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.threads: set[int | None] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _waiting_warning(f"{record.levelname} {record.getMessage()}"):
+            self.threads.add(record.thread)
+
+
+def test_started_during_a_failover_waits_for_the_promotion_then_runs(
+    cluster: EmbeddedCluster, lines: Lines, proc_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A real failover at start-up: the master of the queue's slot is SIGKILLed and its
+    replica, told not to promote itself (``cluster-replica-no-failover yes``), is promoted by
+    the test (``CLUSTER FAILOVER TAKEOVER``) only once the other nodes have marked the master
+    failed and ``echomq worker`` (threaded and ``--async``), ``echomq pump QUEUE``, an
+    in-process ``Worker`` and an ``AsyncWorker.start()`` have each logged at WARNING that they
+    wait for the slot's master. Then a flow of N children, added through a client made before
+    the failover (its slot map names the dead master), settles on them: exactly N values, each
+    child's once. The old master is restarted (it rejoins as a replica of the promoted one),
+    ``cluster-replica-no-failover`` restored, the cluster left healthy."""
+    n = 300
+    prefix = f"sf-f{int(time.time())}"
+    mq = EchoMQ(cluster.url, prefix=prefix, cluster=True, socket_connect_timeout=0.5)
+    assert mq.queue(QUEUE).stats()["pending"] == 0  # its slot map read before the failover
+    slot = key_slot(mq.keys.pending(QUEUE).encode())
+    master = cluster.server_for_slot(slot)
+    (replica,) = cluster.replicas_of(master)
+    seed = next(s for s in cluster.current_masters() if s is not master)
+    seed_url = f"redis+cluster://127.0.0.1:{seed.port}"
+    admin = redis.Redis(host=replica.host, port=replica.port)
+    admin.config_set("cluster-replica-no-failover", "yes")  # the promotion is the test's
+    (tmp_path / "sf_counted.py").write_text(textwrap.dedent(COUNTED_APP))
+    runs = tmp_path / "runs"
+    env = {**proc_env, "SF_RUNS": str(runs)}
+
+    def counted(job: Job) -> int:  # the in-process workers' copy of the handler
+        with runs.open("a") as ran:
+            ran.write(job.id + "\n")
+        return int(job.payload) * 2
+
+    caught = ByThread()
+    logging.getLogger("echomq_core").addHandler(caught)
+    procs: list[subprocess.Popen[str]] = []
+    in_loop: InLoop | None = None
+    worker: Worker | None = None
+    try:
+        master.kill()
+        thread, out = _make_in_thread(
+            lambda: Worker(
+                EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5), {QUEUE: counted}
+            )
+        )
+        in_loop = InLoop(seed_url, prefix, counted, pump=False)
+        conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5", "-v"]
+        procs = [
+            subprocess.Popen(
+                [*CLI, *args, *conn, "--wait-for-server", "300"],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for args in (
+                ["worker", "--app", "sf_counted:HANDLERS", "--no-pump"],
+                ["worker", "--app", "sf_counted:HANDLERS", "--no-pump", "--async"],
+                ["pump", QUEUE],
+            )
+        ]
+        # the gate: the other nodes mark the master failed (node timeout), the state a replica
+        # takes over from; this one waits for the test
+        eventually(lambda: _cluster_info(seed).get("cluster_state") == "fail", 60, "FAIL")
+        for proc in procs:  # each process is caught waiting, and says for what
+            seen = _read_until(proc, "a Cluster ", 90)
+            assert _waiting_warning(seen[-1]), seen[-1]
+        workers = {thread.ident, in_loop.thread.ident}  # the in-process ones, by thread
+        eventually(lambda: workers <= caught.threads or "error" in out, 60, "both to warn")
+        assert "error" not in out, out.get("error")
+        assert thread.is_alive() and not in_loop.started.done()
+        assert all(p.poll() is None for p in procs)
+        assert admin.execute_command("ROLE")[0] == b"slave"  # not promoted by itself
+        admin.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")  # the promotion, by the test
+        cluster.wait_for_failover(master, 60)
+        thread.join(120)
+        assert "value" in out, out
+        in_loop.started.result(120)
+        for proc in procs:  # each process went on after waiting (-v: said at INFO)
+            _read_until(proc, "going on", 120)
+        worker = out["value"].start()
+        ref = mq.add_flow("sf-parents", [Child(i, queue=QUEUE) for i in range(n)])
+        assert mq.wait(ref.queue, ref.parent_id, timeout=120).processed == n
+        values = mq.children_values(ref.queue, ref.parent_id)
+        assert len(values) == n  # none lost
+        assert sorted(values.values()) == [2 * i for i in range(n)]
+        ran = Counter(runs.read_text().split())  # none twice: each child ran once, somewhere
+        assert sorted(ran) == sorted(cid for _, cid in ref.children), len(ran)
+        assert set(ran.values()) == {1}, [cid for cid, c in ran.items() if c > 1]
+        assert mq.snapshot(ref.queue, ref.parent_id).processed == n
+        assert mq.queue(QUEUE).stats()["pending"] == 0
+        assert all(p.poll() is None for p in procs)
+        # the old master rejoins (a replica of the promoted one) and the test fails back to it:
+        # the client's slot map is stale again, now answered by MOVED, which every read follows
+        side = in_loop.client  # its map learned after the kill: names the promoted replica
+        side_moved = side.connection.stats["moved"]  # it and its worker's, from here on
+        cluster.restart_node(master, 90)
+        admin.config_set("cluster-replica-no-failover", "no")
+        _fail_back(cluster, master, slot)
+        moved = mq.connection.stats["moved"]
+        read = side.children_values(ref.queue, ref.parent_id)
+        assert len(asyncio.run_coroutine_threadsafe(read, in_loop.loop).result(60)) == n
+        assert side.connection.stats["moved"] > side_moved
+        assert len(mq.children_values(ref.queue, ref.parent_id)) == n
+        assert mq.snapshot(ref.queue, ref.parent_id).processed == n
+        assert mq.queue(ref.queue).get_job(ref.parent_id).state == "pending"  # released
+        assert mq.queue(QUEUE).stats()["pending"] == 0
+        assert mq.connection.stats["moved"] > moved
+    finally:
+        logging.getLogger("echomq_core").removeHandler(caught)
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        if worker is not None:
+            worker.stop()
+            worker.client.close()
+        if in_loop is not None:
+            in_loop.close()
+        mq.close()
+        if not master.is_running():
+            master.start()  # it rejoins as a replica of the node that replaced it
+        admin.config_set("cluster-replica-no-failover", "no")
+        admin.close()
+        cluster.wait_healthy(90)

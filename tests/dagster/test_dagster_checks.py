@@ -133,7 +133,7 @@ def test_a_check_run_alone_judges_the_stored_flow_and_fails_on_an_expired_one(
         store_handle(mq, ["ck_fan"], FlowRef(PARENT, "JOB-expired"))
     gone = check_alone()
     assert (gone.passed, gone.severity) == (False, AssetCheckSeverity.ERROR)
-    assert gone.description is not None and "no flow JOB-expired" in gone.description
+    assert gone.description is not None and "no flow 'JOB-expired' in queue" in gone.description
 
 
 @pytest.mark.parametrize(
