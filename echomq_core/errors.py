@@ -18,6 +18,7 @@ an error reply without a known code becomes :class:`ServerError`.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 class EchoMQError(Exception):
@@ -47,10 +48,42 @@ class ServerError(EchoMQError):
 
 class ServerFull(ServerError):
     """Raised when the server refused a write because its memory reached ``maxmemory`` (under
-    ``noeviction``, the setting EchoMQ asks for; the reply starts ``OOM``). Nothing of that
-    call was written: a script is refused at its first write, before it changed anything. A
-    flow add cut by it leaves what a retry completes. Retry once memory is freed (a retention
-    sweep, a bigger ``maxmemory``); workers keep their results and record them then."""
+    ``noeviction``, the setting EchoMQ asks for; the reply starts ``OOM``).
+
+    Nothing of the refused call was written: every script declares its flags (a ``#!lua``
+    first line), and a full server refuses one that may grow memory before it runs, so a script
+    call is written whole or not at all (docs/RELIABILITY.md lists the few that still run on a
+    full server: readers, and those that only free memory). A completion or failure of at most
+    500 jobs is one call: raised, none of it was recorded. A call of more that was cut between
+    its calls raises :class:`PartlyWritten`, which says what was. An add cut by it (a bulk
+    add of more than 500 jobs, a flow's levels, a new queue's registration sent with it)
+    keeps what its earlier calls wrote: the same add retried (same ids) completes it. The
+    Pump's promote and recovery passes raise it only when every queue's call was refused
+    (otherwise they report what ran and leave the rest for the next pass). Retry once memory
+    is freed (a retention sweep, a bigger ``maxmemory``); workers keep their results and
+    record them then."""
+
+
+class PartlyWritten(ServerFull):
+    """Raised by a completion or failure of more than 500 jobs (one script call per 500, sent
+    in one round trip) when a full server refused some of its calls after others ran.
+
+    ``written`` holds the items whose calls were written, as the calls carried them - a
+    completion's ``(job, serialised result)`` pairs, a failure's ``(job, error, traceback,
+    delay_ms)`` records - in the order given, ``settled`` what those calls did (a
+    :class:`~echomq_core.models.Settlement`, a status per item of ``written``), ``refused``
+    the items of the refused calls: nothing of them was written, so they can be sent again
+    once memory is freed (their leases are still theirs). A :class:`ServerFull`, so code that
+    retries a refused call retries this too - it must then send only ``refused``: the others
+    would come back as lost leases."""
+
+    def __init__(
+        self, message: str, written: list[Any], settled: Any, refused: list[Any]
+    ) -> None:
+        super().__init__(message)
+        self.written = written
+        self.settled = settled
+        self.refused = refused
 
 
 class InvalidInput(EchoMQError, ValueError):

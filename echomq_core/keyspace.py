@@ -100,7 +100,7 @@ key                       type    holds
                                   something is due)
 ``minutes``               hash    completed and failed attempts per minute of the last 24 h:
                                   field minute mod 1440, value ``<minute> <done> <failed>``
-                                  (tally.lua, one call per completion or failure batch of a
+                                  (includes/tally.lua, in each completion or failure call of a
                                   worker, :mod:`echomq_core.throughput`); overwritten a day
                                   later, expires 25 h after the last batch
 ========================  ======  ===========================================================
@@ -367,7 +367,7 @@ class Keyspace:
         return self.base(queue) + "rate:window"
 
     def minutes(self, queue: str) -> str:
-        """The queue's per-minute tallies of completed and failed attempts (tally.lua)."""
+        """The queue's per-minute tallies of completed and failed attempts (includes/tally.lua)."""
         return self.base(queue) + "minutes"
 
     def workers(self) -> str:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import collector
-from .calls import Call, Op
+from .calls import Call, Lenient, Op
 from .checks import text
+from .errors import EchoMQError, PartlyWritten, ServerFull
 from .keyspace import Keyspace
 from .models import (
     FAIL_PARENT,
@@ -205,10 +206,18 @@ def claim_ahead(
     claim, in one round trip: the rows of the first and the ``claim`` script of the second
     travel in one step (same queue, same slot), so a worker claiming batch after batch pays
     one round trip per batch instead of two. Returns the jobs, and the next claim's
-    ``opens_in`` and ids (leased under ``token``, their rows not read yet)."""
+    ``opens_in`` and ids (leased under ``token``, their rows not read yet).
+
+    The claim is the step's only write: a full server that refuses it
+    (:class:`~echomq_core.errors.ServerFull`) still hands over the held jobs, with nothing
+    claimed next (before, the refusal dropped them: their leases expired unrun)."""
     jobs, (reply,) = yield from _leased(
         ks, queue, held, held_token, ser, [claim_call(ks, queue, count, lease_ms, token, promote)]
     )
+    if isinstance(reply, ServerFull):  # refused before it ran: it leased nothing
+        return jobs, 0.0, []
+    if isinstance(reply, EchoMQError):
+        raise reply
     opens_in, names = claimed_ids(reply)
     return jobs, opens_in, names
 
@@ -234,7 +243,10 @@ def _leased(
     """:func:`leased`, with the calls ``also`` (of the same slot) in the rows' step: the jobs
     and their replies."""
     base = ks.job_prefix(queue)
-    rows, *more = yield [Call.lua("rows", [base + n for n in names], ROW_FIELDS), *also]
+    # lenient: the rows (a read) are the held jobs' whatever ``also`` met (claim_ahead)
+    rows, *more = yield Lenient([Call.lua("rows", [base + n for n in names], ROW_FIELDS), *also])
+    if isinstance(rows, EchoMQError):
+        raise rows
     old = [i for i, row in enumerate(rows) if row[2] is None and row[0] is not None]
     if old:
         keys = [base + names[i] for i in old]
@@ -438,11 +450,16 @@ def complete(
 ) -> Op[Settlement]:
     """Complete ``(job, serialised result)`` pairs; status 1 where the lease was current.
     With ``hand``, the first call with gated children hands what its gates admit to the
-    caller (their ids in ``Settlement.handed``, at most ``hand.room``)."""
-    calls = []
+    caller (their ids in ``Settlement.handed``, at most ``hand.room``). Each call (up to
+    :data:`CHUNK` jobs) also counts its completions in the minute's tally, in the same script:
+    a full server refuses the call whole (:class:`~echomq_core.errors.ServerFull`), or it is
+    written whole; calls cut between them raise :class:`~echomq_core.errors.PartlyWritten`."""
+    calls = Lenient()
     fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
-    for part in chunks(done):
+    minutes = ks.minutes(queue)
+    parts = list(chunks(done))
+    for part in parts:
         batch, groups, plain, gates, gate_keys = _batch(ks, queue, part)
         keys = [*fixed, *(rows + j.id for j in plain), *_group_keys(ks, queue, groups)]
         keys += gate_keys
@@ -457,12 +474,11 @@ def complete(
         if roots:
             keeps += " " + " ".join(roots)
             keys.append(ks.flows(queue, "completed"))
+        keys.append(minutes)  # the tally's: always the last key (complete.lua)
         argv = [queue, keeps, gates, spec, *batch]
         calls.append(Call.lua("complete", keys, argv))
-    if calls:  # the minute's tally rides along: one more command per batch, not per job
-        calls.append(tally(ks, queue, "c", len(done)))
     replies = yield calls
-    return _settled(queue, replies[:-1] if calls else replies)
+    return _outcome(queue, parts, replies)
 
 
 def fail(
@@ -473,9 +489,12 @@ def fail(
     hand: Hand | None = None,
 ) -> Op[Settlement]:
     """Fail ``(job, error, traceback, delay_ms)`` records (traceback '' for none; delay -1: bury
-    now). Per job: 0 lease lost, 1 retry scheduled, 2 dead. ``hand`` as :func:`complete`."""
-    calls = []
-    for part in chunks(failed):
+    now). Per job: 0 lease lost, 1 retry scheduled, 2 dead. ``hand`` and the tally as
+    :func:`complete` (failed attempts, deaths among them)."""
+    calls = Lenient()
+    minutes = ks.minutes(queue)
+    parts = list(chunks(failed))
+    for part in parts:
         batch, groups, _, gates, gate_keys = _batch(ks, queue, part)
         keys = [
             *ks.queue_keys(queue),
@@ -486,20 +505,37 @@ def fail(
         spec = _hand_spec(ks, queue, hand, gates, keys)
         if spec:
             hand = None
+        keys.append(minutes)
         calls.append(Call.lua("fail", keys, [queue, gates, spec, *batch]))
-    if calls:  # a death: buried now, or the attempt the row's max_attempts allows last
-        deaths = sum(1 for j, _, _, d in failed if d < 0 or j.attempts + 1 >= j.max_attempts)
-        calls.append(tally(ks, queue, "f", len(failed), deaths))
     replies = yield calls
-    return _settled(queue, replies[:-1] if calls else replies)
+    return _outcome(queue, parts, replies)
 
 
-def tally(ks: Keyspace, queue: str, kind: str, n: int, deaths: int = 0) -> Call:
-    """The call adding ``n`` to this minute's ``kind`` tally of ``queue`` (tally.lua; 'c'
-    completed, 'f' failed attempts, ``deaths`` of them the job's last). Counted as sent: a
-    completion whose lease was lost is tallied too (the script runs beside the batch's, not
-    after reading its statuses), and a death is what the claimed row's attempts foretell."""
-    return Call.lua("tally", [ks.minutes(queue)], [kind, n, deaths])
+def _outcome(queue: str, parts: Sequence[Sequence[Any]], replies: list[Any]) -> Settlement:
+    """What a complete or fail step did, one reply per part of the batch (a lenient step):
+    an error raises the first one - except a full server's refusal of some parts after others
+    were written, which raises :class:`~echomq_core.errors.PartlyWritten` saying which."""
+    refused = [r for r in replies if isinstance(r, EchoMQError)]
+    if not refused:
+        return _settled(queue, replies)
+    if len(refused) == len(replies) or not all(isinstance(r, ServerFull) for r in refused):
+        raise refused[0]
+    written: list[Any] = []
+    left: list[Any] = []
+    settled = Settlement([])
+    for part, reply in zip(parts, replies, strict=True):
+        if isinstance(reply, EchoMQError):
+            left += part
+        else:
+            written += part
+            settled.absorb(queue, reply)
+    raise PartlyWritten(
+        f"{refused[0]} ({len(written)} of {len(written) + len(left)} written, in "
+        f"{len(replies) - len(refused)} of {len(replies)} calls)",
+        written,
+        settled,
+        left,
+    )
 
 
 def _settled(queue: str, replies: list[Any]) -> Settlement:
@@ -537,16 +573,34 @@ def release(ks: Keyspace, queue: str, jobs: Sequence[Job]) -> Op[list[bool]]:
 
 
 def promote(ks: Keyspace, queues: Sequence[str], limit: int) -> Op[int]:
-    """Move due delayed jobs to pending in every queue; the number moved."""
-    replies = yield [Call.lua("promote", ks.queue_keys(q), [limit]) for q in queues]
-    return sum(int(r) for r in replies)
+    """Move due delayed jobs to pending in every queue; the number moved. A queue whose call a
+    full server refused (nothing of it written) is left for the next pass, as
+    :func:`_maintained` says."""
+    replies = yield Lenient([Call.lua("promote", ks.queue_keys(q), [limit]) for q in queues])
+    return sum(int(r) for r in _maintained(replies))
+
+
+def _maintained(replies: list[Any]) -> list[Any]:
+    """The replies of a maintenance pass over several queues (one call each, a lenient step)
+    that were written. A pass bounds its work anyway (``limit``): a queue whose call a full
+    server refused before it ran is left as it was for the next pass, and the pass reports
+    what the others did - raising would lose it (the jobs it buried, their hooks). Every call
+    refused raises that :class:`~echomq_core.errors.ServerFull`; any other error raises the
+    first (a call cut by a lost connection may or may not have run)."""
+    refused = [r for r in replies if isinstance(r, EchoMQError)]
+    if not refused:
+        return replies
+    if len(refused) == len(replies) or not all(isinstance(r, ServerFull) for r in refused):
+        raise refused[0]
+    return [r for r in replies if not isinstance(r, EchoMQError)]
 
 
 def recover(
     ks: Keyspace, queues: Sequence[str], limit: int, max_stalls: int, ser: Serializer
 ) -> Op[tuple[int, list[tuple[Job, str]]]]:
     """Return expired leases to pending, bury those past ``max_stalls``: (how many were
-    recovered, [(job, error)] of the buried - their token is '', the lease is gone)."""
+    recovered, [(job, error)] of the buried - their token is '', the lease is gone). A queue
+    whose call a full server refused is left for the next pass (:func:`_maintained`)."""
     due = yield [Call.lua("due", ks.queue_keys(q), [limit]) for q in queues]
     found = [(q, [_s(i) for i in ids]) for q, ids in zip(queues, due, strict=True) if ids]
     if not found:
@@ -574,13 +628,16 @@ def recover(
             refs.append(gates[up])
         spec = " ".join(map(str, refs)) if gates else ""
         calls.append(Call.lua("recover", keys, [queue, max_stalls, spec, *names]))
-    replies = yield calls
+    replies = yield Lenient(calls)
+    _maintained(replies)  # a queue a full server refused: its leases wait for the next pass
+    done = [(q, r) for q, r in zip(recovered_queues, replies, strict=True)
+            if not isinstance(r, EchoMQError)]  # fmt: skip
     dead = [
         (_job(_s(queue), _s(job_id), "", row, ser), _s(error))
-        for queue, reply in zip(recovered_queues, replies, strict=True)
+        for queue, reply in done
         for job_id, error, *row in reply[2]
     ]
-    return (sum(int(r[0]) for r in replies), dead)
+    return (sum(int(r[0]) for _, r in done), dead)
 
 
 # -- reads ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from . import ops, sharding
 from .calls import Op
-from .errors import EchoMQError, ServerFull
+from .errors import EchoMQError, PartlyWritten, ServerFull
 from .hooks import LifecycleHooks, fire
 from .models import Job, Settlement
 from .queue import QueueOps
@@ -176,7 +176,9 @@ def record(
     another :class:`Job` and stays. Except for a server that refused them for lack of memory
     (:class:`~echomq_core.ServerFull`: nothing of the call was written): those results are
     given to ``keep`` (under ``lock``), which puts them back for a later batch call, and the
-    jobs stay in hand - so a full server costs no completed work, only a delay. With
+    jobs stay in hand - so a full server costs no completed work, only a delay. A batch of
+    several calls cut between them (:class:`~echomq_core.PartlyWritten`) has its written part
+    recorded (counted, logged, hooks fired) and only the refused part kept. With
     ``offered`` (and its ``intake``), the capped children the batch's gates admit are leased
     to this worker at once: their rows are read in one more round trip and ``intake`` puts
     them in the buffer (see :func:`take_handed`). A job whose run spawned children of its
@@ -215,15 +217,36 @@ def record(
     except ServerFull as exc:
         # nothing of the refused call was written: what it carried waits for the next one
         # (a job that waits for children of its own may have been recorded before the refusal:
-        # not kept, its lease expires and it runs again, as any lost completion)
-        left_done = [(j, raw) for j, raw in done if not j.adopted] if completed is None else []
+        # not kept, its lease expires and it runs again, as any lost completion). A step of
+        # several calls cut between them (PartlyWritten) says what it wrote: that is recorded
+        # as done (counted, hooks fired), only the rest is kept.
+        part = exc if isinstance(exc, PartlyWritten) else None
+        if completed is None:
+            left_done = [(j, raw) for j, raw in done if not j.adopted]
+            if part is not None:
+                done, completed, left_done = part.written, part.settled, part.refused
+                tally.completed += sum(completed.statuses)
+                log_lost(queue.name, done, completed.statuses)
+            left_failed = failed
+        else:
+            left_done = []
+            left_failed = failed
+            if part is not None:
+                # the calls carried the queue's rows of these records, in their order
+                ids = {row[0].id for row in part.written}
+                wrote = [f for f in failed if f[0].id in ids]
+                left_failed = [f for f in failed if f[0].id not in ids]
+                settled = part.settled
+                tally.failed += len(wrote)
+                log_failures(queue.name, wrote, settled)
+                fire_hooks(hooks, [], None, wrote, settled, queue.client.shard_cache)
         with lock:
-            if keep is not None and keep(left_done, failed):
-                kept = {j.id for j, _ in left_done} | {f[0].id for f in failed}
+            if keep is not None and keep(left_done, left_failed):
+                kept = {j.id for j, _ in left_done} | {f[0].id for f in left_failed}
         how = "kept for the next batch call" if kept else "their leases will expire"
         log.warning(
             "server full: %d result(s) in %r not recorded, %s: %s",
-            len(left_done) + len(failed),
+            len(left_done) + len(left_failed),
             queue.name,
             how,
             exc,

@@ -1,8 +1,9 @@
 """Completed jobs, failed attempts and deaths per minute per queue, over the last 24 hours.
 
-Workers write the tallies in the calls they already make: each completion or failure batch's
-pipeline carries one ``tally`` script call more (:func:`echomq_core.ops.tally`) with the
-batch's count - one command per batch, not per job, and no round trip of its own. The
+Workers write the tallies in the calls they already make: each completion or failure script
+call (up to 500 jobs) counts what it did in the same script (``lua/includes/tally.lua``) -
+one hash write per call, not per job, no command or round trip of its own, and written with
+the batch or not at all (a full server refuses the call whole). The
 server's clock (TIME inside the script) picks the minute, so workers with skewed clocks agree.
 
 Storage: one hash per queue (``minutes``, see :mod:`echomq_core.keyspace`), one field per
@@ -12,8 +13,8 @@ flow's child failed for good; a field without deaths, written before they were c
 as 0 deaths): at most
 1,440 fields, so the memory is bounded whatever the traffic, and a field whose minute number
 is not in the window asked for (yesterday's) is read as zero. The hash expires 25 h after the
-last batch. Counts are of what workers sent: a completion whose lease was lost meanwhile is
-counted too (rare; the job's state is the truth, this is a rate).
+last batch. Counts are of what the server recorded: a completion or failure whose lease was
+lost meanwhile is not counted, and a death is a job the call sent to dead.
 """
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+#!lua
 -- add: land a batch of plain jobs of one queue that share their options.
 -- @include check_id
 -- @include now_ms
@@ -30,6 +31,8 @@
 -- delayed) for the batch. Pending scores are priority * 2^40 + arrival number: FIFO within a
 -- priority (one INCRBY numbers the batch).
 -- Score 0 is the front: recovered leases, promoted retries and released parents go there.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: a row is removed by its completion (keep_completed off) or by the
 -- retention sweep of its end state.
 -- Returns: the number of jobs added (ids that existed are left untouched).

@@ -1,3 +1,4 @@
+#!lua
 -- await: a job that spawned children of its own (spawn.lua, own mode) returned from its first
 -- run: it leaves its lease and waits for them as their parent, on its own slot.
 -- @include now_ms
@@ -28,6 +29,8 @@
 -- parent's does (Job.resumed: it reads its children's values). Its attempts start again at 0
 -- for that run ('attempts' and the packed 'run' copy): the first run's attempts were spent on
 -- the spawning, not on the fan-in.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the row's fields go with the flow's expiry (drop_node.lua); the
 -- pending entry is claimed (its wake member popped by idle workers); the signal is trimmed by
 -- the Pump (trim_outbox.lua), its outbox:wake member popped by an idle Pump.

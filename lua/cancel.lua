@@ -1,3 +1,4 @@
+#!lua
 -- cancel: cancel one node of a flow (the root, or an inner node the host reached): no child
 -- of it that has not started will start; what running children report changes nothing.
 -- @include now_ms
@@ -19,6 +20,8 @@
 -- completed, dead) is left as it is. Its children are reached by the host, queue by queue
 -- (cancel_children.lua): those of a cancelled node, and those of a dead one (a job that
 -- spawned children of its own and died: they run on without it until a cancel reaches them).
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the row and the flows:cancelled entry go with the flow's expiry.
 -- Returns: {state after, total, child queues, {explicit id, queue, ...}, state before, gen}.
 -- Errors: EMQNOJOB no such node; EMQFLOW a plain job, or a node that is not the root named.

@@ -1,3 +1,4 @@
+#!lua
 -- cancel_children: on one child queue's slot, cancel the children of a cancelled node.
 -- @include now_ms
 -- @include queue_keys
@@ -20,6 +21,8 @@
 -- it is. A
 -- child that is a parent itself is named in the reply: the host cancels it (cancel.lua) and
 -- then its own children.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the children's rows (state 'cancelled') go with their flow's expiry
 -- (forget.lua); nothing else is created (entries are only removed from pending, delayed,
 -- active, leases, the gate; the gate's cap hash gets 'off' and its count, and goes with the

@@ -1,3 +1,4 @@
+#!lua
 -- cancel_job: cancel plain jobs that have not started (pending or delayed): they go to the
 -- morgue with the reason as their error, so a retry (revive.lua) can bring them back.
 -- @include now_ms
@@ -12,6 +13,8 @@
 -- a flow's child is cancelled with its flow, cancel.lua) leaves its set, gets state 'dead',
 -- the error and a finished time, and enters `dead` scored now. Any other id - leased,
 -- finished, dead, a flow's node, no row - is left as it is.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the rows and dead entries are removed by the dead retention sweep
 -- of the queue (retain.lua), or taken back out by revive.lua.
 -- Returns: {cancelled, {ids left as they are}}.

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- child_scan: a read; the next derived children of a flow node, in spec order, that have
 -- settled a given way (or not at all), walking at most a budget of positions.
 --
@@ -14,6 +15,7 @@
 -- one round trip), and the walk stops at `count` matches or `budget` positions, whichever is
 -- first - never a scan of the whole flow. Children whose ids were given explicitly are not
 -- derived positions and are not walked.
+-- Full server: runs (no-writes): it only reads (HEXISTS).
 -- Owner of what it writes: nothing; a read, it creates no key.
 -- Returns: {next, id, ...}: the matching ids in position order; next is the position to go on
 -- from, or -1 when the walk reached `stop`.

@@ -1,3 +1,4 @@
+#!lua
 -- claim: lease up to `count` jobs of one queue to one caller, in one step, within the queue's
 -- rate limit.
 -- @include now_ms
@@ -30,6 +31,8 @@
 -- Returns: {wait_ms, id, ...}: the ids in claim order (none when nothing is pending or the
 -- window is spent); wait_ms 0, or when the window's allowance is spent (by this claim or
 -- before it) the ms until the next window opens - the caller claims again no sooner.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the active entries and lease tokens are removed by complete, fail,
 -- release, recover or cancel_children; the '~roomy' lease field (written only to make the
 -- leases hash a hashtable) is deleted by this script before it returns; the wake member is

@@ -1,3 +1,4 @@
+#!lua
 -- close: a reader is done with a released barrier flow; from now on its retention runs.
 -- @include now_ms
 -- @include flow_node
@@ -12,6 +13,8 @@
 -- Steps: a released root moves to flows:closed (state 'closed', stamped); closing again, or
 -- closing a root that already ended otherwise (failed, completed by a worker, dead), changes
 -- nothing: retention for that end state is already running. Idempotent: safe to retry.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the flows:closed entry and the row go with the flow's expiry.
 -- Returns: the state after the call: 'closed' | 'failed' | 'completed' | 'dead' | 'cancelled'.
 -- Errors: EMQNOJOB no such parent; EMQFLOW a held flow (cancel it instead), a job that is not

@@ -1,3 +1,4 @@
+#!lua
 -- complete: record the results of a batch of leased jobs of one queue, with the fan-in.
 -- @include now_ms
 -- @include queue_keys
@@ -6,6 +7,7 @@
 -- @include signal
 -- @include push_signals
 -- @include free_tokens
+-- @include tally
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), completed, and for the fan-in: pending and wake (a same-queue parent
@@ -20,8 +22,11 @@
 --             children in this queue (includes/gate.lua)
 -- then        the queue's config (keyspace.config), only when ARGV[4] is not '': read for its
 --             rate limit (includes/hand.lua)
--- last key    flows_completed  zset  worker-run root flows whose parent job completed, by
---             finish time; only when ARGV[2] names root parents
+-- then        flows_completed  zset  worker-run root flows whose parent job completed, by
+--             finish time; only when ARGV[2] names root parents (KEYS[#KEYS - 1])
+-- KEYS[#KEYS] the queue's minute tallies (keyspace.minutes, always the last key): the jobs
+--             completed here are counted in this minute's field (includes/tally.lua), in this
+--             script, so a batch and its count are written together or not at all
 -- ARGV[1] queue     this queue's name (carried in signals)
 -- ARGV[2] keep      '1': a finished plain job keeps its row with the result; '0': delete it
 --                   (never a flow parent's row: see below); then, space-separated, the
@@ -56,6 +61,8 @@
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed. A gated child
 -- that completes returns its token: its gate admits the next waiting child in this step;
 -- handed = the ids of admitted children leased to the caller (ARGV[4]), in admission order.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the completed entries are dropped by the queue's retention sweep
 -- (expire.lua); a plain job's row goes with that entry, a flow child's and a parent's row with
 -- their flow's expiry ('done' goes with the row); a root's flows_completed entry goes with its
@@ -132,9 +139,10 @@ if #done > 0 then
   redis.call('HDEL', q.leases, unpack(done))
   redis.call('ZADD', q.completed, unpack(fin))
 end
-if #finished_roots > 0 then redis.call('ZADD', KEYS[#KEYS], unpack(finished_roots)) end
+if #finished_roots > 0 then redis.call('ZADD', KEYS[#KEYS - 1], unpack(finished_roots)) end
 push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + p, queue, q, now)
 local at = 15 + p + 7 * #b.parents
 local handed = free_tokens(q, KEYS, at, #b.parents, freed, refs, ARGV[4], now)
+tally(KEYS[#KEYS], now, #done, 0, 0)
 return {out, events, handed}

@@ -1,3 +1,4 @@
+#!lua
 -- deliver: the Pump's parent-slot half; settle outbox signals on their parents' slot.
 -- @include now_ms
 -- @include queue_keys
@@ -18,6 +19,8 @@
 -- HMGET and one HSET, a death by HSETNX, one DECRBY, release at 0, fail on an 'f' - see
 -- settle_current). Redelivering any signal any number of times changes nothing: only a first
 -- record decrements.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the parents' records and counters (and a released parent's index
 -- entry, a failed one's outbox signal upward) go with their flow's expiry; see settle.lua; the
 -- outbox:wake member is popped by an idle Pump.

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- expire: step 2 of a queue's retention sweep: forget what retain.lua picked, re-checked here.
 -- @include now_ms
 -- @include drop_node
@@ -27,6 +28,8 @@
 --   tipped threshold flow whose follow-up ran: its rows `stopped` = `tipped`, nothing runs);
 -- * a plain job: its row goes.
 -- Never touched: held roots (in no index swept here), pending or leased jobs (ditto).
+-- Full server: runs (allow-oom): it deletes rows and index entries; a re-scored flows:failed entry
+--  stays in place.
 -- Owner of what it writes: it creates nothing: it deletes (a failed root still running children
 -- only gets a later score in flows:failed).
 -- Returns: {swept, {dropped root: {id, total, child queues, {explicit id, queue, ...}, refs}}}.

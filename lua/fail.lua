@@ -1,3 +1,4 @@
+#!lua
 -- fail: record a failed attempt for a batch of leased jobs of one queue; retry or bury each,
 -- and apply the failure policy to the parents of the buried ones.
 -- @include now_ms
@@ -11,6 +12,7 @@
 -- @include holder
 -- @include attempt
 -- @include run
+-- @include tally
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: active and leases (the
 --             leases end), delayed (retries by due time), dead (the morgue by time of death),
@@ -21,7 +23,9 @@
 --             unsuccessful, failed, explicit, log
 -- then 2 keys per gated ref of ARGV[2], in that order: the gate (waiting, cap) of that parent's
 --             children in this queue (includes/gate.lua)
--- last key    the queue's config, only when ARGV[3] is not '' (as in complete.lua)
+-- then        the queue's config, only when ARGV[3] is not '' (as in complete.lua)
+-- KEYS[#KEYS] the queue's minute tallies (as in complete.lua): the attempts failed here and
+--             the deaths among them are counted in this minute's field (includes/tally.lua)
 -- ARGV[1] queue
 -- ARGV[2] gates  the refs whose children are gated by a max_running cap, space-separated
 --   ('' = none), as complete.lua takes them
@@ -46,6 +50,8 @@
 -- parent) - same-queue inside this script, cross-queue by a signal into this queue's outbox.
 -- A gated child that dies returns its token (its gate admits the next waiting child here); one
 -- that goes to delayed keeps it (it is still the flow's to run).
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: retries in delayed are moved by promote (or a claim); dead entries
 -- are dropped by the dead retention (expire.lua), a plain job's row with them, a flow child's
 -- row with its flow; the row fields it sets (attempts and its copy in 'run', error, traceback,
@@ -128,4 +134,5 @@ push_signals(q.outbox, q.outbox_wake, signals)
 local events = settle_groups(groups, b.parents, KEYS, 15 + n, queue, q, now)
 local at = 15 + n + 7 * #b.parents
 local handed = free_tokens(q, KEYS, at, #b.parents, freed, refs, ARGV[3], now)
+tally(KEYS[#KEYS], now, 0, #done, #dead / 2)
 return {out, events, handed}

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- flow_snapshot: a read; the counts of one flow parent, as one consistent snapshot.
 -- @include queue_keys
 --
@@ -6,6 +7,7 @@
 -- KEYS[16] row  KEYS[17] dependencies  KEYS[18] processed  KEYS[19] unsuccessful
 -- KEYS[20] failed  the parent's keys
 -- ARGV[1] the parent id
+-- Full server: runs (no-writes): it only reads.
 -- Owner of what it writes: nothing; a read, it creates no key.
 -- Returns: {state or false, total or false, dependencies or false, |processed|,
 --           |unsuccessful|, |failed|, error (a cancelled flow: its reason) or false, repairs,

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- forget: step 3 of a flow's expiry, on one child queue's slot: delete the rows of one
 -- expired node's children that live in this queue.
 -- @include queue_keys
@@ -16,6 +17,7 @@
 -- call) - unless it is a parent itself (an inner node): that one is named in the reply and
 -- the host drops it with all its keys (drop.lua), then visits ITS children. A row that
 -- belongs to anything else is never touched.
+-- Full server: runs (allow-oom): it deletes rows and index entries and creates none.
 -- Owner of what it writes: it creates no key; it deletes rows and their index entries, and the
 -- node's gate in this queue (its owner).
 -- Returns: {deleted, {inner node ids}}.

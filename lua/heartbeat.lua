@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- heartbeat: extend the leases of jobs still held by their callers.
 -- @include now_ms
 -- @include queue_keys
@@ -8,6 +9,8 @@
 -- ARGV[2..] id, token   pairs
 -- Steps: read every token with one HMGET; for each pair whose token is current, move its
 -- deadline to now + lease_ms (one ZADD XX for the batch).
+-- Full server: runs (allow-oom): it re-scores members active already holds (ZADD XX) and adds
+--  nothing, so leases survive a full server and no job runs twice.
 -- Owner of what it writes: it only moves deadlines of existing active entries (ZADD XX): it
 -- creates nothing.
 -- Returns: a list of 1 (extended) / 0 (lease lost: expired, recovered or re-claimed).

@@ -1,3 +1,4 @@
+#!lua
 -- hold: the first step of adding a flow; hold a parent on its own slot with its counter.
 -- @include check_id
 -- @include allowance
@@ -49,6 +50,8 @@
 -- 'held' and the counter set to N, in this one script, so the counter exists before any child
 -- can complete; a root enters flows:held. Two different adds racing on one id: one holds, the
 -- other is refused here.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the row (with `allow`, `need`, `tfp` and `log`), the counter, the explicit record and the index entry are
 -- removed when the flow expires (expire.lua / forget.lua, by the retention sweep).
 -- Returns: 1 held now, 0 already existed (the same flow).

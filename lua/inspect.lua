@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- inspect: a read; one job's row and where it stands, as one consistent snapshot.
 -- @include queue_keys
 --
@@ -5,6 +6,7 @@
 --             dead and completed (read, in that order: where the job stands)
 -- KEYS[16] row  the job's row
 -- ARGV[1] id
+-- Full server: runs (no-writes): it only reads.
 -- Owner of what it writes: nothing; a read, it creates no key.
 -- Returns: {where, score, row}: `where` is 'active' | 'pending' | 'delayed' | 'dead' |
 -- 'completed' | '' (a held or failed parent is in no set; its row says which), score is the

@@ -1,3 +1,4 @@
+#!lua
 -- land: land a batch of a flow's leaf children on their own queue's slot, claimable at once.
 -- @include check_id
 -- @include now_ms
@@ -49,6 +50,8 @@
 -- since every reader, old and new, takes a child without it for 'fp' (fail.lua,
 -- recover.lua's host, settle_current.lua, models): two values fewer per child of the usual
 -- flow (bench/cpu_per_job.md); rows written with 'fp' spelt out read the same.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the rows are removed with their flow (the retention sweep); the
 -- gate's keys too (forget.lua), see includes/gate.lua.
 -- Returns: a list of 1 (landed) / 0 (existed), per child.

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- log_read: one page of a flow's settle log after a cursor, with the values and the parent's
 -- state read in the same step (what iter_results follows).
 --
@@ -14,6 +15,7 @@
 -- one HMGET of the row - atomically, so a state that says released with no entry after the
 -- cursor means the reader has seen every child (the step that releases a parent logs the child
 -- that released it). Writes nothing.
+-- Full server: runs (no-writes): it only reads.
 -- Owner of what it writes: it creates no key (reads only).
 -- Returns: {state | false, error (a cancelled flow: its reason) | false, log flag | false,
 -- entries}, entries a flat list of

@@ -1,3 +1,4 @@
+#!lua
 -- outbox_lease: take or renew the right to drain one queue's outbox.
 -- @include queue_keys
 --
@@ -11,6 +12,8 @@
 -- so a Pump that paused past its lease trims nothing.) An empty outbox is left alone: an idle
 -- Pump takes or renews no lease, it writes nothing. (The page itself is read by an LRANGE
 -- pipelined behind this call: a plain read, cheaper than passing 1,000 entries through Lua.)
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the lease expires by itself (PX) and is given up by a stopping Pump
 -- (outbox_unlease.lua).
 -- Returns: 1 held by this Pump (taken or renewed), 2 held by another (whether or not there is

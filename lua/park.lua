@@ -1,3 +1,4 @@
+#!lua
 -- park: on one child queue's slot, the first step of a tipped threshold flow's follow-up
 -- (lifecycle.stop_unstarted): its children there that are pending or retrying can no longer
 -- be claimed (includes/park.lua), before the cancel walk marks them.
@@ -12,6 +13,8 @@
 -- ARGV[4..] explicit child ids of this queue (from the flow's :explicit record)
 -- The host sends derived ids only for a flow without explicit ids (see includes/park.lua) and
 -- at most lifecycle.PARK_CHUNK ids per call.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: see includes/park.lua (cancel_children.lua removes the parked
 -- entries in the same follow-up).
 -- Returns: how many children were parked.

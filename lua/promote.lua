@@ -1,3 +1,4 @@
+#!lua
 -- promote: move delayed jobs whose due time has come into pending.
 -- @include now_ms
 -- @include queue_keys
@@ -8,6 +9,8 @@
 -- ARGV[1] limit    how many at most
 -- Steps: one ZRANGEBYSCORE, one ZADD at the front of pending (score 0: a retry has waited
 -- its backoff already), one ZREM.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the pending entries are claimed (claim.lua); the wake member is
 -- popped by idle workers.
 -- Returns: the number promoted.

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- rate: a read; a queue's rate limit and how much of its current window is used.
 -- @include now_ms
 --
@@ -8,6 +9,7 @@
 -- (as claim decides it), so the read is made on the queue's slot, where claims count.
 -- Returns: false when the queue has no rate limit; else {'<limit> <window ms>', starts in
 -- the current window, ms until it ends (0 when no start was counted in it)}.
+-- Full server: runs (no-writes): it only reads.
 -- Owner of what it writes: nothing; a read, it creates no key.
 local rate = redis.call('HGET', KEYS[1], 'rate')
 if not rate then return false end

@@ -1,3 +1,4 @@
+#!lua
 -- recover: return jobs whose lease expired (their worker died or stalled) to pending.
 -- @include now_ms
 -- @include queue_keys
@@ -27,6 +28,8 @@
 -- dies instead; its parent, if any, is settled through this queue's outbox by its policy token
 -- (the Pump delivers, same-queue parents included: no parent key is derived here). A buried
 -- gated child returns its cap token here (its gate admits the next); a recovered one keeps it.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: pending entries are claimed; dead entries go with the dead retention
 -- (expire.lua), a plain job's row with them, a flow child's row with its flow; the stalls/state
 -- fields (and the claim's copy of stalls in 'run', includes/run.lua) go with the row; outbox

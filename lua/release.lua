@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- release: give leased jobs back to pending untouched (a worker shutting down gracefully).
 -- @include queue_keys
 -- @include claimable
@@ -8,6 +9,8 @@
 -- Steps: for each pair whose token is current: drop it from active and leases and put it at
 -- the FRONT of pending (score 0). No attempt or stall is counted: the job never ran, or its
 -- run was abandoned by a clean shutdown. Returns: a list of 1 (released) / 0 (lease lost).
+-- Full server: runs (allow-oom): each job moves from active to pending and its lease entry goes: it
+--  frees at least what it adds.
 -- Owner of what it writes: pending entries are claimed; the wake member is popped by idle
 -- workers.
 local q = queue_keys(KEYS)

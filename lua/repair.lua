@@ -1,3 +1,4 @@
+#!lua
 -- repair: put a failed or cancelled node of a flow back to work (step 1, on its slot): the
 -- children to re-run are recorded, the node is held again with the right counter.
 -- @include now_ms
@@ -27,6 +28,8 @@
 -- Completed children keep their values and never run again. If nothing is left outstanding,
 -- the node is released at once (as a settle would). The host then puts the children listed
 -- in :repair back to pending on their slots (requeue.lua) and clears :repair (repair_done.lua).
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: :repair is emptied by repair_done.lua (or goes with the flow).
 -- Returns: {state after, total, child queues, {explicit id, queue, ...}, {ids to re-run},
 --           rerun ('1' | ''), repairs, gen}.

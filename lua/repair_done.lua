@@ -1,3 +1,4 @@
+#!lua
 -- repair_done: the last step of a repair, on the node's slot: every child it listed is back
 -- at work (requeue.lua ran on every child queue), so the record of the repair goes; a node
 -- with nothing left outstanding (its children's reports arrived while it was cancelled) is
@@ -11,6 +12,8 @@
 --             worker-run parent)
 -- KEYS[16] row  KEYS[17] repair  KEYS[18] dependencies  the node's keys
 -- ARGV[1] id
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: it deletes :repair; a released root's flows:released entry is moved
 -- by close or dropped by the unclosed retention; a pending parent is claimed.
 -- Returns: the node's state after the call.

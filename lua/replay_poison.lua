@@ -1,3 +1,4 @@
+#!lua
 -- replay_poison: move poisoned signals back to the tail of their outbox for another try.
 -- @include queue_keys
 --
@@ -7,6 +8,8 @@
 -- KEYS[16] poison  list  entries 'reason\n' .. signal
 -- KEYS[17] head    hash  the ageing record (cleared, so replayed signals start at zero tries)
 -- ARGV[1] count   how many at most, oldest first
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the replayed signals are trimmed from the outbox by the Pump once
 -- delivered (or poisoned again, then dropped by the poison retention); the outbox:wake member
 -- is popped by an idle Pump.

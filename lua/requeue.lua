@@ -1,3 +1,4 @@
+#!lua
 -- requeue: on one child queue's slot, put the children a repair re-runs back to pending.
 -- @include queue_keys
 -- @include claimable
@@ -24,6 +25,8 @@
 -- other child is left as it is: one requeued already (a
 -- repair retried), one that completed (its value stays, it never runs again). A child that is
 -- a parent itself is named in the reply: the host repairs it (repair.lua) and its children.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: pending entries are claimed; the rows' fields (attempts, stalls,
 -- their copy in 'run', epoch) go
 -- with their flow's expiry; the seq counter is the queue's own (one per queue); the wake member

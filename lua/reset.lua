@@ -1,3 +1,4 @@
+#!lua
 -- reset: the last step of taking an old flow away so a new one can be held under the same id
 -- (add_flow replace=True), on the root's slot. The host has cancelled the old flow and deleted
 -- its children's rows in every queue (forget.lua) first, while this root still named them.
@@ -15,6 +16,8 @@
 -- flow expires, and its row is left holding only state 'replaced' and the next generation
 -- n+1, which hold.lua takes over (so a retried replace that was cut after this step still adds
 -- generation n+1). A root already 'replaced' is left as it is.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the 'replaced' row is overwritten by the new flow's hold (and
 -- expires by itself after 7 days if no add follows).
 -- Returns: the next generation.

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- retain: step 1 of a queue's retention sweep: pick what is due, trim the poison list.
 -- @include now_ms
 -- @include queue_keys
@@ -19,6 +20,8 @@
 -- `limit` each). When nothing is due, nothing is written (an idle Pump writes nothing). Else
 -- the sweep lease is taken (or renewed) - when another Pump holds it, nothing is returned
 -- and nothing changes - and the poison list is trimmed by age and count here.
+-- Full server: runs (allow-oom): it trims the poison list; its only write besides is the sweep
+--  lease (a few bytes), which lets the sweep free memory.
 -- Owner of what it writes: the lease expires by itself (PX).
 -- Returns: {{completed ids}, {dead ids}, {failed ids}, {closed ids}, {released ids},
 --           {cancelled ids}, poison entries removed}.

@@ -1,3 +1,4 @@
+#!lua
 -- revive: give dead plain jobs fresh attempts and make them claimable again ("retry" of a dead
 -- job in the dashboard and the CLI; a flow's dead children are repaired with their flow).
 -- @include queue_keys
@@ -12,6 +13,8 @@
 -- error and finished time cleared, leaves the morgue and is queued behind what is pending
 -- (priority 0, arrival order); its payload, max_attempts and timeout stay. Any other id - a
 -- job that is not dead, a flow's child or parent, no row - is left as it is.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the pending entries are claimed (claim.lua); the rows (and their
 -- fields reset here, 'run' among them) are the jobs' own, removed by retention when they finish
 -- again; the seq counter is the queue's (one per queue); the wake member is popped by idle

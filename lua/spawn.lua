@@ -1,3 +1,4 @@
+#!lua
 -- spawn: grow a flow by children a running child spawns - its siblings, on the parent's slot,
 -- or (own mode) its own children, on its own slot - before any of them lands.
 -- @include check_id
@@ -40,6 +41,8 @@
 -- that settles while the spawner runs is counted and releases nothing (only a 'held' node is
 -- released): await.lua, when the handler returns, makes it 'held', or 'pending' (released)
 -- if they all settled meanwhile, or 'failed'. Own children have no cap and no threshold.
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the row's fields, the counter and the explicit record go with the
 -- flow's expiry (expire.lua / drop_node.lua, which reach an inner node by its `total`), as
 -- hold.lua's.

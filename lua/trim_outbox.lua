@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- trim_outbox: remove exactly the delivered prefix of an outbox page, and age a head that
 -- does not deliver, moving it to the poison list after `max_tries`.
 -- @include now_ms
@@ -21,6 +22,8 @@
 -- the worst case is a redelivery, which is harmless). Then LTRIM the delivered prefix. If a
 -- blocked entry is now at the head, count a try; at max_tries move it to poison with its
 -- reason, so one bad signal cannot stall the queue behind it.
+-- Full server: runs (allow-oom): it trims delivered signals; a poisoned one moves to the poison
+--  list with a stamp, a few bytes less than the signals trimmed.
 -- Owner of what it writes: the head record is deleted when the head delivers or is poisoned;
 -- poison entries are dropped by the poison retention (retain.lua, by age and count).
 -- Returns: {trimmed, poisoned}; {-1, 0} when the lease or the head did not match.

@@ -1,3 +1,4 @@
+#!lua
 -- unspawn: settle, as never landed, children that an earlier run of a spawner counted and never
 -- landed, once a later run of it has settled having spawned fewer (a handler that does not
 -- spawn the same children every time: a crawl whose page changed between two runs). On the
@@ -23,6 +24,8 @@
 -- and counts nothing. The settled run is recorded before this is called (its lease was current
 -- then), so no later run of the spawner can spawn again (a zombie's spawn of a voided id finds
 -- it recorded: spawn.lua counts nothing).
+-- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
+--  nothing.
 -- Owner of what it writes: the records, the row's fields and the settle log go with the flow's
 -- expiry (drop_node.lua), as settle_current.lua's; what a release moves, as settle_current.lua.
 -- Returns: {how many were settled so, event ('r' | 'f' | false)}.

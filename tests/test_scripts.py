@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from echomq_core.keyspace import QUEUE_KEYS, Keyspace
-from echomq_core.scripts import _INCLUDE, all_scripts, lua_dir
+from echomq_core.scripts import _INCLUDE, FLAGS, all_scripts, lua_dir
 from echomq_core.server import EmbeddedServer
 
 
@@ -20,14 +20,19 @@ def test_every_script_loads_under_its_sha(standalone_server: EmbeddedServer) -> 
     assert len(scripts) == len(list(lua_dir().glob("*.lua")))
     for script in scripts:
         assert client.script_load(script.source) == script.sha, script.name
-        first = script.source.splitlines()[0]
+        # the flags first (the server reads only the first line), then the includes, then the
+        # script's header
+        flags, first = script.source.splitlines()[:2]
+        assert flags in FLAGS, f"{script.name}: no flags declared (a full server's refusal)"
         assert first.startswith("-- "), f"{script.name}: its includes come first, then a header"
     client.close()
 
 
 def test_every_script_file_opens_with_its_contract() -> None:
     for path in sorted(lua_dir().glob("*.lua")):
-        head = path.read_text().splitlines()[0]
+        flags, head = path.read_text().splitlines()[:2]
+        assert flags in FLAGS, f"{path.name} opens with {flags!r}, not its flags"
+        assert "Full server: " in _header(path), f"{path.name}: why it may run when full?"
         assert head.startswith(f"-- {path.stem}: "), f"{path.name} opens with {head!r}"
         assert "Owner of what it writes" in _header(path), f"{path.name}: who removes what?"
 
@@ -43,6 +48,8 @@ _LEAD = re.compile(r"(\d+)\s*\+")
 def _split(path: Path) -> tuple[list[str], list[str]]:
     """(header lines, code lines with comments cut): the header is the leading comment block."""
     lines = path.read_text().splitlines()
+    if lines and lines[0].startswith("#!"):  # the flags: a blank line for the line numbers
+        lines[0] = "--"
     n = next((i for i, line in enumerate(lines) if not line.startswith("--")), len(lines))
     return lines[:n], [line.split("--", 1)[0] for line in lines[n:]]
 

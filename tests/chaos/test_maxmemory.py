@@ -1,7 +1,7 @@
 """The server reaching ``maxmemory`` under ``noeviction`` in the middle of a flow.
 
 A server that is full refuses writes; EchoMQ's promise is that a refused call wrote nothing
-(scripts are refused at their first write) and says so with a typed, retryable error
+(a full server refuses a script before it runs) and says so with a typed, retryable error
 (:class:`~echomq_core.ServerFull`), that an add cut by it is completed by its retry, that the
 Pump neither loses nor poisons the signals it could not deliver meanwhile, and that
 everything resumes once memory is freed. Each test starts its own server (it changes the
