@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from echomq_core import Child, EchoMQ
+from echomq_core import Child, EchoMQ, JobNotFound
 from echomq_core.server import EmbeddedServer
 
 from ..waiting import eventually
@@ -132,8 +132,9 @@ def test_sigkill_with_the_servers_default_persistence_loses_the_flow(
         fleet.close()
     assert (snap.parent_state, snap.total, snap.processed) == (None, 0, 0), "the flow is gone"
     assert all(s["pending"] + s["completed"] + s["outbox"] == 0 for s in stats.values())
-    # a bare dependencies() read cannot tell "done" from "never existed": it reads 0
-    assert mq.dependencies(parents, "JOB-restart") == 0
+    # a read of the lost flow says it is not there (it read 0, as if done, before issue 48)
+    with pytest.raises(JobNotFound, match="JOB-restart"):
+        mq.dependencies(parents, "JOB-restart")
     record(
         {
             "scenario": "server restart: server defaults (no AOF, RDB save points) (standalone)",
