@@ -863,54 +863,51 @@ def _absent(queue: str, parent_id: str) -> JobNotFound:
     return JobNotFound(f"no flow {parent_id!r} in queue {queue!r}")
 
 
+def _of_flow(ks: Keyspace, queue: str, parent_id: str, read: Call) -> Op[Any]:
+    """The reply of ``read``, a read of flow ``parent_id``'s keys, with the flow's row checked
+    in the same round trip (EXISTS beside it, on the same slot): :class:`JobNotFound` when
+    there is no such flow, so a typo'd id is not an empty result."""
+    reply, exists = yield [read, Call.cmd("EXISTS", ks.job(queue, parent_id))]
+    if not exists:
+        raise _absent(queue, parent_id)
+    return reply
+
+
 def children_values(
     ks: Keyspace, queue: str, parent_id: str, ser: Serializer
 ) -> Op[dict[str, Any]]:
-    """{child id: result} of every child that completed so far (HGETALL of ``:processed``).
-    :class:`JobNotFound` when there is no such flow: its row is checked in the same round
-    trip (EXISTS beside the read, on the same slot), so a typo'd id is not an empty result."""
-    flat, exists = yield [
-        Call.cmd("HGETALL", ks.processed(queue, parent_id)),
-        Call.cmd("EXISTS", ks.job(queue, parent_id)),
-    ]
-    if not exists:
-        raise _absent(queue, parent_id)
+    """{child id: result} of every child that completed so far (HGETALL of ``:processed``);
+    :class:`JobNotFound` when there is no such flow."""
+    flat = yield from _of_flow(
+        ks, queue, parent_id, Call.cmd("HGETALL", ks.processed(queue, parent_id))
+    )
     return {k: ser.loads(v) for k, v in pairs(flat).items()}
 
 
 def dependencies(ks: Keyspace, queue: str, parent_id: str) -> Op[int]:
     """Outstanding children (GET of ``:dependencies``); 0 when there is no counter (a plain
-    job); :class:`JobNotFound` when there is no such row (checked in the same round trip)."""
-    value, exists = yield [
-        Call.cmd("GET", ks.dependencies(queue, parent_id)),
-        Call.cmd("EXISTS", ks.job(queue, parent_id)),
-    ]
-    if not exists:
-        raise _absent(queue, parent_id)
+    job); :class:`JobNotFound` when there is no such row."""
+    value = yield from _of_flow(
+        ks, queue, parent_id, Call.cmd("GET", ks.dependencies(queue, parent_id))
+    )
     return max(0, int(value)) if value is not None else 0
 
 
 def ignored_failures(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
     """{child id: error} of children that died under ignore-dependency (``:unsuccessful``);
-    :class:`JobNotFound` when there is no such flow (checked in the same round trip)."""
-    flat, exists = yield [
-        Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id)),
-        Call.cmd("EXISTS", ks.job(queue, parent_id)),
-    ]
-    if not exists:
-        raise _absent(queue, parent_id)
+    :class:`JobNotFound` when there is no such flow."""
+    flat = yield from _of_flow(
+        ks, queue, parent_id, Call.cmd("HGETALL", ks.unsuccessful(queue, parent_id))
+    )
     return {k: _s(v) for k, v in pairs(flat).items()}
 
 
 def failed_children(ks: Keyspace, queue: str, parent_id: str) -> Op[dict[str, str]]:
     """{child id: error} of children that died and failed the parent (``:failed``);
-    :class:`JobNotFound` when there is no such flow (checked in the same round trip)."""
-    flat, exists = yield [
-        Call.cmd("HGETALL", ks.failed(queue, parent_id)),
-        Call.cmd("EXISTS", ks.job(queue, parent_id)),
-    ]
-    if not exists:
-        raise _absent(queue, parent_id)
+    :class:`JobNotFound` when there is no such flow."""
+    flat = yield from _of_flow(
+        ks, queue, parent_id, Call.cmd("HGETALL", ks.failed(queue, parent_id))
+    )
     return {k: _s(v) for k, v in pairs(flat).items()}
 
 
@@ -925,14 +922,10 @@ def check_exists(ks: Keyspace, queue: str, parent_id: str) -> Op[None]:
 def first_page(
     ks: Keyspace, queue: str, parent_id: str, count: int
 ) -> Op[tuple[int, dict[str, bytes]]]:
-    """The first HSCAN page of ``:processed`` (as :func:`scan_page`), with the flow's row
-    checked in the same round trip: :class:`JobNotFound` when there is no such flow."""
-    (nxt, flat), exists = yield [
-        Call.cmd("HSCAN", ks.processed(queue, parent_id), 0, "COUNT", count),
-        Call.cmd("EXISTS", ks.job(queue, parent_id)),
-    ]
-    if not exists:
-        raise _absent(queue, parent_id)
+    """The first HSCAN page of ``:processed`` (as :func:`scan_page`): :class:`JobNotFound`
+    when there is no such flow."""
+    scan = Call.cmd("HSCAN", ks.processed(queue, parent_id), 0, "COUNT", count)
+    nxt, flat = yield from _of_flow(ks, queue, parent_id, scan)
     return int(nxt), pairs(flat)
 
 

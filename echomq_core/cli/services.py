@@ -340,6 +340,13 @@ def run_worker(args: argparse.Namespace) -> int:
         lifecycle = metrics.hooks(lifecycle) if metrics else lifecycle
         # the worker is made (its handlers and options checked) before anything is said
         worker: Worker | AsyncWorker
+        settings: dict[str, Any] = dict(
+            options=options,
+            hooks=lifecycle,
+            pump=args.pump,
+            batch=per_queue,
+            wait_for_server=_left(args, began),
+        )
         if args.use_async:
             amq = AsyncEchoMQ(
                 args.url,
@@ -347,25 +354,9 @@ def run_worker(args: argparse.Namespace) -> int:
                 socket_connect_timeout=args.connect_timeout,
                 socket_timeout=60.0,
             )
-            worker = AsyncWorker(
-                amq,
-                chosen,
-                options=options,
-                hooks=lifecycle,
-                pump=args.pump,
-                batch=per_queue,
-                wait_for_server=_left(args, began),
-            )
+            worker = AsyncWorker(amq, chosen, **settings)
         else:
-            worker = Worker(
-                mq,
-                chosen,
-                options=options,
-                hooks=lifecycle,
-                pump=args.pump,
-                batch=per_queue,
-                wait_for_server=_left(args, began),
-            )
+            worker = Worker(mq, chosen, **settings)
         if metrics:
             metrics.watch_worker(worker)
         _say(
