@@ -209,7 +209,7 @@ def left_to_task(task: FlowWaiting, state: str, queue: str, parent_id: str) -> s
             f"Task {task.task_id} is {state}; no flow {parent_id} in queue {queue!r} (no "
             "earlier try added it): nothing to settle"
         )
-    return f"Task {task.task_id} is {state} again: flow {parent_id} ({outcome}) left to it"
+    return f"Task {task.task_id} is {state} again: flow {parent_id} left to it ({outcome})"
 
 
 def install(task: Any) -> None:

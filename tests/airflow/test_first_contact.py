@@ -71,7 +71,7 @@ def test_a_callback_says_left_to_it_only_for_a_flow_an_earlier_try_added(
     with EchoMQ(standalone_server.url, prefix=prefix) as mq:
         mq.add_flow("first", [Child(1, queue="first")], parent_id=parent_id, barrier=True)
     said = left_to_task(task, "running", "first", parent_id)
-    assert said == f"Task fan_out is running again: flow {parent_id} (waiting) left to it"
+    assert said == f"Task fan_out is running again: flow {parent_id} left to it (waiting)"
     lost = EchoFlowOperator(
         task_id="fan_out", parent_queue="first", children=[1], echomq_conn_id="echomq_none"
     )
