@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -339,7 +340,14 @@ def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
     try:
         # the limit is set once the workers run (their connections hold memory too)
         eventually(lambda: len(running) == 8, 30, "eight handlers running")
-        limit = _used(node) + 300_000  # far less than the 8,000 signals and leases need
+        # the least the node holds over a second while the handlers wait: a single reading
+        # can hold transient buffers (claims' replies), and under load that room outlasted the
+        # jobs' growth (every job completed before the server stayed full)
+        quiet = time.monotonic() + 1.0
+        floor = _used(node)
+        while time.monotonic() < quiet:
+            floor = min(floor, _used(node))
+        limit = floor + 300_000  # far less than the 8,000 signals and leases need
         _fill_at(node, limit)
         sampler.start()
         go.set()
