@@ -6,6 +6,7 @@ registered queue when the queue name is wrong - never a wait until the timeout."
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -20,7 +21,9 @@ from .test_results import _NoXCom
 
 pytestmark = pytest.mark.onlystandalone
 
-PID = "JOB-af-reports-1"
+#: ids as the provider derives them (dag / task / run id / map index: they hold '/')
+PID = "JOB-af/reports/fan_out/manual__2026-12-07T00.00.00+00.00/-1"
+TYPO = "JOB-af/reports/fan_out/manual__2026-12-07T00.00.00+00.00/1"
 
 
 @pytest.fixture
@@ -30,8 +33,12 @@ def added(standalone_server: Any, prefix: str, echomq_conn: str) -> None:
 
 
 CASES = [
-    ("reports", "JOB-af-reports-2", "no flow 'JOB-af-reports-2' in queue 'reports': never added"),
-    ("reprots", PID, f"no flow '{PID}' in queue 'reprots': .*did you mean 'reports'\\?"),
+    ("reports", TYPO, f"no flow {re.escape(repr(TYPO))} in queue 'reports': never added"),
+    (
+        "reprots",
+        PID,
+        f"no flow {re.escape(repr(PID))} in queue 'reprots': .*did you mean 'reports'\\?",
+    ),
 ]
 
 
