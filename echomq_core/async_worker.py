@@ -54,6 +54,7 @@ from .errors import EchoMQError
 from .hooks import LifecycleHooks
 from .models import Job
 from .options import PumpOptions, WorkerOptions, build
+from .patience import WAIT_FOR_SERVER, Outage, apatiently
 from .pump import worker_pump
 from .routines import (
     adrive,
@@ -67,15 +68,12 @@ from .routines import (
 from .running import (
     BLOCK_SLICE,
     HOLD,
-    WAIT_FOR_SERVER,
     Failed,
     InHand,
     Intake,
     OptionAttributes,
-    Outage,
     Outcome,
     RateWindows,
-    apatiently,
     draining_text,
     failure,
     hint_groups,

@@ -53,7 +53,13 @@ from .hooks import LifecycleHooks, fire
 from .keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from .models import Job, Settlement
 from .options import PumpOptions, build
-from .running import BLOCK_SLICE, HintWatch, Outage, hint_groups, wake_queues
+from .patience import Outage
+from .running import (
+    BLOCK_SLICE,
+    HintWatch,
+    hint_groups,
+    wake_queues,
+)
 from .sharding import logical_of
 
 if TYPE_CHECKING:

@@ -107,7 +107,7 @@ def claim_turn(
     a take, so no queue starves). A queue whose rate window is spent (``windows``) is skipped
     unless it holds jobs claimed ahead, and claims nothing ahead while spent; ``ahead`` (fast
     handlers): see :meth:`QueueOps.claim_op <echomq_core.queue.QueueOps.claim_op>`. A claim
-    that fails is logged by ``warn`` (a worker's :class:`~echomq_core.running.Outage`: backed
+    that fails is logged by ``warn`` (a worker's :class:`~echomq_core.patience.Outage`: backed
     off while the server is down; unless ``stopping()``) and the next queue tried. Returns the jobs
     (empty: none anywhere), the seconds their claim took, and whether a claim failed (the
     caller then waits before the next turn)."""

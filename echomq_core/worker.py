@@ -60,6 +60,7 @@ from . import batching, sharding, spawning
 from .hooks import LifecycleHooks
 from .models import Job
 from .options import PumpOptions, WorkerOptions, build
+from .patience import WAIT_FOR_SERVER, Outage, patiently
 from .pump import worker_pump
 from .queue import Queue
 from .routines import (
@@ -73,13 +74,11 @@ from .routines import (
 )
 from .running import (
     HOLD,
-    WAIT_FOR_SERVER,
     Failed,
     HintWatch,
     InHand,
     Intake,
     OptionAttributes,
-    Outage,
     Outcome,
     RateWindows,
     draining_text,
@@ -87,7 +86,6 @@ from .running import (
     logical_names,
     make_queues,
     outcome,
-    patiently,
     serving,
     split,
 )
@@ -177,7 +175,7 @@ class Worker(OptionAttributes):
         Construction reads the queues' shard configuration and registers them: while the
         server cannot take that yet (unreachable, a Cluster master failing over, full) it
         waits, logging what it waits for, for up to ``wait_for_server`` seconds (default
-        :data:`~echomq_core.running.WAIT_FOR_SERVER`, as ``echomq worker --wait-for-server``;
+        :data:`~echomq_core.patience.WAIT_FOR_SERVER`, as ``echomq worker --wait-for-server``;
         0 raises at once), then raises the last :class:`~echomq_core.ConnectionLost` or
         :class:`~echomq_core.ServerFull` - a fleet restarted during a failover waits it out."""
         settings = dict(settings)

@@ -391,7 +391,7 @@ def open_client(
     that does not answer yet (it is starting, or restarting) is tried again with a backoff
     (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once. What is
     left of S then bounds their other start-up steps (the queues' shard configuration, their
-    registration: :func:`~echomq_core.running.patiently`), which also wait out a Cluster
+    registration: :func:`~echomq_core.patience.patiently`), which also wait out a Cluster
     master in failover and a full server.
     """
     from redis.backoff import NoBackoff  # with the first client, not with `echomq --help`

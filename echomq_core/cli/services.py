@@ -9,7 +9,7 @@ Ctrl-C (SIGINT), as for every command.
 At start, every read and write (the server's answer, the queues' shard configuration, their
 registration) waits while the server cannot take it yet - unreachable, a Cluster master in
 failover, full (``maxmemory``) - for up to ``--wait-for-server`` seconds in all, logging what
-it waits for (:func:`~echomq_core.running.patiently`).
+it waits for (:func:`~echomq_core.patience.patiently`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ..client import AsyncEchoMQ
 from ..errors import ConfigurationError
 from ..hooks import Handler, Hooks, LifecycleHooks, plugin_manager
 from ..options import PumpOptions, WorkerOptions, add_flags, from_namespace
+from ..patience import patiently
 from ..pump import Pump
-from ..running import patiently
 from ..server import EmbeddedServer
 from ..worker import Worker
 from .common import (
