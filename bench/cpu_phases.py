@@ -24,10 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from echomq_core import Child, EchoMQ, Pump, ops
-from echomq_core.calls import Call
+from echomq_core import Child, EchoMQ, Pump
+from echomq_core.queues import ops
+from echomq_core.queues.registry import lease_token
 from echomq_core.server import EmbeddedServer, find_server_binary
-from echomq_core.workers_registry import lease_token
+from echomq_core.wire.calls import Call
 
 BATCH = 500
 

@@ -65,9 +65,7 @@ def one(url: str, n: int, cross: bool, run: int) -> dict[str, Any]:
     try:
         deadline = time.monotonic() + 120
         while True:
-            state, stopped = mq.connection.execute(
-                [_hmget(row, "state", "stopped")]
-            )[0]
+            state, stopped = mq.connection.execute([_hmget(row, "state", "stopped")])[0]
             if stopped is not None:
                 seen_stopped = time.time()
                 break
@@ -116,7 +114,7 @@ def _spy_claims(queue: Any, claims: dict[str, float], lock: threading.Lock) -> N
 
 
 def _hmget(key: str, *fields: str) -> Any:
-    from echomq_core.calls import Call
+    from echomq_core.wire.calls import Call
 
     return Call.cmd("HMGET", key, *fields)
 
@@ -137,9 +135,13 @@ def main() -> None:
                 "runs": runs,
                 "median": {
                     key: statistics.median(r[key] for r in runs)
-                    for key in ("death_to_failed_ms", "death_to_cancelled_ms",
-                                "started_after_death", "claimed_and_started_after_death",
-                                "started_after_cancelled")
+                    for key in (
+                        "death_to_failed_ms",
+                        "death_to_cancelled_ms",
+                        "started_after_death",
+                        "claimed_and_started_after_death",
+                        "started_after_cancelled",
+                    )
                 },
             }
             print(name, json.dumps(report[name]["median"]))

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from echomq_core import Child, EchoMQ
-from echomq_core.connection import Call
 from echomq_core.server import EmbeddedServer
+from echomq_core.wire.connection import Call
 
 from .common import REPO, Proc
 

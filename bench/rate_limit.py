@@ -44,7 +44,7 @@ from typing import Any
 import redis
 
 from echomq_core import EchoMQ
-from echomq_core.rates import parse_rate
+from echomq_core.control.rates import parse_rate
 from echomq_core.server import EmbeddedServer
 
 from .common import REPO, Proc, Stopper

@@ -1,5 +1,5 @@
 """A large flow's results read as a dict against as pandas / polars / Arrow frames
-(``echomq_core.frames``), on an embedded server: seconds and peak RSS of each read.
+(``echomq_core.flows.frames``), on an embedded server: seconds and peak RSS of each read.
 
     python -m bench.result_frames [--children 200000] [--page 5000] [--runs 3]
 
@@ -41,7 +41,7 @@ def _rss_kib() -> int:
 def read_once(url: str, way: str, page: int) -> dict[str, Any]:
     """One read in this process (the child side of :func:`main`)."""
     if way != "dict":
-        from echomq_core import frames
+        from echomq_core.flows import frames
 
         frames.library(way)  # the import is not the read's
     mq = EchoMQ(url, prefix="frames")

@@ -12,9 +12,10 @@ import tempfile
 from pathlib import Path
 
 from bench.cpu_phases import BATCH, Counted
-from echomq_core import EchoMQ, ops
-from echomq_core.calls import Call
-from echomq_core.workers_registry import lease_token
+from echomq_core import EchoMQ
+from echomq_core.queues import ops
+from echomq_core.queues.registry import lease_token
+from echomq_core.wire.calls import Call
 
 
 def main(n: int = 5000) -> None:

@@ -46,7 +46,7 @@ from typing import Any
 import redis
 
 from echomq_core import Child, EchoMQ
-from echomq_core.calls import Call
+from echomq_core.wire.calls import Call
 
 from .common import READY, Proc, Stopper
 

@@ -21,7 +21,7 @@ connected (so they hold what the final does: the script cache, the clients' buff
 
 Phase 2, the sweep's cost per expired child: with nothing else running, K (20) closed flows
 of 2,000 children, all past their retention, are swept in one go by the Pump's own sweep
-(:func:`echomq_core.retention.sweep`, limit 200, called in a loop until a pass forgets
+(:func:`echomq_core.flows.retention.sweep`, limit 200, called in a loop until a pass forgets
 nothing); ``INFO commandstats`` before and after gives calls and server microseconds.
 ``cmdstat_evalsha`` is the sweep scripts themselves (its time includes the commands they run);
 the commands run inside the scripts are counted under their own names (``cmdstat_del``,
@@ -58,10 +58,10 @@ if str(REPO) not in sys.path:  # run as a file: python bench/soak_lifecycle.py
     sys.path.insert(0, str(REPO))
 
 from echomq_core import Child, EchoMQ, Job, Pump, Worker  # noqa: E402
-from echomq_core.keyspace import FLOW_INDEXES  # noqa: E402
-from echomq_core.retention import sweep  # noqa: E402
-from echomq_core.scripts import all_scripts  # noqa: E402
+from echomq_core.flows.retention import sweep  # noqa: E402
 from echomq_core.server import EmbeddedServer  # noqa: E402
+from echomq_core.wire.keyspace import FLOW_INDEXES  # noqa: E402
+from echomq_core.wire.scripts import all_scripts  # noqa: E402
 
 PARENTS, KIDS = "soak-parents", "soak-kids"
 #: A warm-up flow runs here before the warm baseline (retention 0: it expires at once).

@@ -19,7 +19,8 @@ from typing import Any
 
 import redis
 
-from echomq_core import Child, EchoMQ, spawning
+from echomq_core import Child, EchoMQ
+from echomq_core.flows import spawning
 from echomq_core.server import EmbeddedServer
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from echomq_core import EchoMQ
-from echomq_core.keyspace import Keyspace
-from echomq_core.targets import parse_url
+from echomq_core.wire.keyspace import Keyspace
+from echomq_core.wire.targets import parse_url
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "w7"

@@ -15,7 +15,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .client import AsyncEchoMQ, EchoMQ
+from .client.clients import AsyncEchoMQ, EchoMQ
+from .client.queue import JobSpec, Queue
+from .control.rates import RateLimit
 from .errors import (
     ConfigurationError,
     ConnectionLost,
@@ -39,6 +41,7 @@ from .errors import (
     ServerStartError,
     Unrecoverable,
 )
+from .flows.waiting import FlowWait, Verdict
 from .models import (
     Backoff,
     Child,
@@ -51,18 +54,15 @@ from .models import (
     JobInfo,
     JsonSerializer,
 )
-from .pump import Pump
-from .queue import JobSpec, Queue
-from .rates import RateLimit
-from .waiting import FlowWait, Verdict
-from .worker import Worker
+from .pump.pump import Pump
+from .work.worker import Worker
 
 if TYPE_CHECKING:
-    from .async_queue import AsyncQueue as AsyncQueue
-    from .async_worker import AsyncWorker as AsyncWorker
+    from .client.async_queue import AsyncQueue as AsyncQueue
+    from .work.async_worker import AsyncWorker as AsyncWorker
 
 #: The names imported on first access, and the module of each.
-_LAZY = {"AsyncQueue": ".async_queue", "AsyncWorker": ".async_worker"}
+_LAZY = {"AsyncQueue": ".client.async_queue", "AsyncWorker": ".work.async_worker"}
 
 __all__ = [
     "AsyncEchoMQ",

@@ -54,11 +54,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import pluggy
 
 from .errors import ConfigurationError
-from .keyspace import check_queue
 from .models import Job, JsonSerializer, Serializer
+from .wire.keyspace import check_queue
 
 if TYPE_CHECKING:
-    from .client import EchoMQ
+    from .client.clients import EchoMQ
 
 log = logging.getLogger(__name__)
 

@@ -192,7 +192,7 @@ class Job:
     decode_error: str | None = None
     timeout_ms: int | None = None  # the job's own handler time limit, if it was given one
     shard: str = ""
-    #: set by the worker that runs the job: what :meth:`spawn` calls (echomq_core.spawning)
+    #: set by the worker that runs the job: what :meth:`spawn` calls (echomq_core.flows.spawning)
     spawner: Any = field(default=None, repr=False, compare=False)
     spawned: int = 0  # siblings spawned by this run of the handler (the next id's index)
     adopted: int = 0  # children of its own spawned by this run (the next id's index)
@@ -222,7 +222,7 @@ class Job:
         fail-parent fails it (with its own policy toward its parent). Ids derive from this
         job's, so a re-run of the handler (lease lost, worker killed) spawns the same children
         once. Returns their ids - in an async handler of an :class:`~echomq_core.AsyncWorker`,
-        an awaitable of them. See :mod:`echomq_core.spawning` (errors:
+        an awaitable of them. See :mod:`echomq_core.flows.spawning` (errors:
         :class:`InvalidArgument` for a job not in a flow, bad children, a flow past its bound,
         own children asked for by a resumed run; :class:`FlowConflict` for a flow that is no
         longer held; :class:`LeaseLost` for own children of a job whose lease is gone)."""
@@ -249,11 +249,11 @@ class Settlement:
     """What a batch of completions or failures did: a status per job, and the flow parents
     (queue, id) the batch released or failed on the way (for lifecycle hooks), and the ids
     of the capped children its gates admitted straight into the caller's lease (``handed``:
-    see :class:`~echomq_core.ops.Hand`). Of a batch of completions also: ``waits``, the
+    see :class:`~echomq_core.queues.ops.Hand`). Of a batch of completions also: ``waits``, the
     server's answer for each job of the batch whose run spawned children of its own, in batch
-    order (see :func:`~echomq_core.spawning.await_children`), and ``voided``, how many children
-    that an earlier run of a job counted and never landed it settled as never landed (see
-    :func:`~echomq_core.spawning.reconcile`)."""
+    order (see :func:`~echomq_core.flows.spawning.await_children`), and ``voided``, how many
+    children that an earlier run of a job counted and never landed it settled as never landed (see
+    :func:`~echomq_core.flows.spawning.reconcile`)."""
 
     statuses: list[int]
     released: list[tuple[str, str]] = field(default_factory=list)

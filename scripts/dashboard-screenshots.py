@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from echomq_core import Backoff, Child, EchoMQ, Job, JobSpec, Pump, Worker  # noqa: E402
-from echomq_core.browse import JobRow, queue_page  # noqa: E402
-from echomq_core.calls import Op  # noqa: E402
+from echomq_core.queues.throughput import DAY  # noqa: E402
+from echomq_core.seeing.browse import JobRow, queue_page  # noqa: E402
 from echomq_core.server import EmbeddedServer  # noqa: E402
-from echomq_core.throughput import DAY  # noqa: E402
+from echomq_core.wire.calls import Op  # noqa: E402
 from tests.browser.cdp import Browser  # noqa: E402
 from tests.dashkit import TOKEN, Dashboard, env_for  # noqa: E402
 from tests.waiting import eventually  # noqa: E402
@@ -76,8 +76,10 @@ def build(mq: EchoMQ, url: str) -> dict[str, str]:
     # 20,000 orders waiting (priorities 0 and 5), a day of throughput behind them
     orders = mq.queue("warehouse-orders", max_attempts=3)
     orders.add_bulk(
-        [JobSpec({"order": f"ORD-{i:07d}", "amount": "12.50"}, priority=5 * (i % 7 == 0))
-         for i in range(20_000)]
+        [
+            JobSpec({"order": f"ORD-{i:07d}", "amount": "12.50"}, priority=5 * (i % 7 == 0))
+            for i in range(20_000)
+        ]
     )
     minute = int(raw.time()[0]) // 60
     day: dict[Any, Any] = {}  # redis-py's mapping type is invariant in its key union
@@ -92,8 +94,14 @@ def build(mq: EchoMQ, url: str) -> dict[str, str]:
     failed_pid = af_id("parse_orders", "9d2e41c0b7a35f18")
     mq.add_flow(
         "af-parents",
-        [Child({"n": i, "order": f"ORD-{i:07d}", "amount": "n/a" if i % 97 == 13 else "9.99"},
-               queue="af-rows", max_attempts=1) for i in range(300)],
+        [
+            Child(
+                {"n": i, "order": f"ORD-{i:07d}", "amount": "n/a" if i % 97 == 13 else "9.99"},
+                queue="af-rows",
+                max_attempts=1,
+            )
+            for i in range(300)
+        ],
         parent_id=failed_pid,
         barrier=True,
     )
@@ -101,8 +109,11 @@ def build(mq: EchoMQ, url: str) -> dict[str, str]:
     done_pid = af_id("load_orders", "51be07d3aa9c2e64")
     mq.add_flow(
         "af-parents",
-        [Child({"n": i, "order": f"ORD-{i:07d}", "amount": "4.20"}, queue="af-rows")
-         for i in range(200) if i % 97 != 13],
+        [
+            Child({"n": i, "order": f"ORD-{i:07d}", "amount": "4.20"}, queue="af-rows")
+            for i in range(200)
+            if i % 97 != 13
+        ],
         parent_id=done_pid,
         barrier=True,
     )
@@ -110,23 +121,38 @@ def build(mq: EchoMQ, url: str) -> dict[str, str]:
     nested_pid = af_id("by_region", "c04a9f7e21d8b3a6")
     mq.add_flow(
         "af-parents",
-        [Child({"region": r}, queue="af-rows",
-               children=[Child({"n": 1000 + 10 * k + i, "order": f"ORD-R{k}{i}", "amount": "1"},
-                               queue="af-rows") for i in range(4)])
-         for k, r in enumerate(("eu-west", "us-east", "ap-south"))],
+        [
+            Child(
+                {"region": r},
+                queue="af-rows",
+                children=[
+                    Child(
+                        {"n": 1000 + 10 * k + i, "order": f"ORD-R{k}{i}", "amount": "1"},
+                        queue="af-rows",
+                    )
+                    for i in range(4)
+                ],
+            )
+            for k, r in enumerate(("eu-west", "us-east", "ap-south"))
+        ],
         parent_id=nested_pid,
         barrier=True,
     )
-    worker = Worker(mq, {"af-rows": parse_amount, "af-export": flaky_export},
-                    concurrency=4).start()
+    worker = Worker(mq, {"af-rows": parse_amount, "af-export": flaky_export}, concurrency=4).start()
     pump = Pump(mq, ["af-rows", "af-parents", "af-export"]).start()
     # an export that timed out twice, then succeeded (its attempts on its page)
     exports = mq.queue("af-export", max_attempts=4, backoff=Backoff(0, 0))
     got["retried"] = exports.add({"table": "orders"}, job_id=af_id("export", "77e1c5d09ab34f2e"))
     try:
         eventually(lambda: mq.snapshot("af-parents", done_pid).released, 60, "the load flow")
-        eventually(lambda: mq.snapshot("af-parents", failed_pid).parent_state == "failed"
-                   and mq.queue("af-rows").stats()["active"] == 0, 60, "the parse flow to fail")
+        eventually(
+            lambda: (
+                mq.snapshot("af-parents", failed_pid).parent_state == "failed"
+                and mq.queue("af-rows").stats()["active"] == 0
+            ),
+            60,
+            "the parse flow to fail",
+        )
         eventually(lambda: exports.stats()["completed"] == 1, 60, "the export")
     finally:
         worker.stop()
@@ -137,14 +163,20 @@ def build(mq: EchoMQ, url: str) -> dict[str, str]:
 
     # a flow capped at 5 running whose queue no worker serves
     capped_pid = af_id("geocode_addresses", "e3f9a0b4c6d21785")
-    mq.add_flow("af-parents", [Child({"n": i}, queue="geocode") for i in range(500)],
-                parent_id=capped_pid, barrier=True, max_running=5)
+    mq.add_flow(
+        "af-parents",
+        [Child({"n": i}, queue="geocode") for i in range(500)],
+        parent_id=capped_pid,
+        barrier=True,
+        max_running=5,
+    )
     got["capped"] = capped_pid
 
     # a plain job that died, to retry from its page
     plain = mq.queue("billing", max_attempts=1)
-    got["plain"] = plain.add({"invoice": "INV-2026-004211"},
-                             job_id="JOB-billing/invoice/INV-2026-004211")
+    got["plain"] = plain.add(
+        {"invoice": "INV-2026-004211"}, job_id="JOB-billing/invoice/INV-2026-004211"
+    )
     (job,) = plain.claim(1)
     plain.fail(job, "KeyError: 'customer_id'", retry=False)
 
@@ -193,8 +225,7 @@ def main() -> None:
         shot("flow-failed.png", f"{ro}/flow/af-parents/{q(ids['failed'])}")
         shot("flow-nested.png", f"{ro}/flow/af-parents/{q(ids['nested'])}")
         shot("flow-capped.png", f"{ro}/flow/af-parents/{q(ids['capped'])}")
-        shot("children.png",
-             f"{ro}/flow/af-parents/{q(ids['failed'])}/children?show=failed")
+        shot("children.png", f"{ro}/flow/af-parents/{q(ids['failed'])}/children?show=failed")
         shot("job.png", f"{ro}/job/af-rows/{q(ids['dead'])}")
         shot("job-attempts.png", f"{ro}/job/af-export/{q(ids['retried'])}")
         shot("job-active.png", f"{ro}/job/reports/{q(running[0])}")

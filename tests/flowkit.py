@@ -8,8 +8,8 @@ from typing import Any
 import redis
 
 from echomq_core import EchoMQ, Job, Pump
-from echomq_core.connection import Call, Op
-from echomq_core.pump import TickStats, drain
+from echomq_core.pump.pump import TickStats, drain
+from echomq_core.wire.connection import Call, Op
 
 from .conftest import Backend
 

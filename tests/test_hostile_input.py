@@ -49,7 +49,7 @@ from echomq_core import (
     Worker,
 )
 from echomq_core.cli import main as cli_main
-from echomq_core.connection import Call
+from echomq_core.wire.connection import Call
 
 from .chaos.harness import record
 from .conftest import Backend
@@ -845,8 +845,10 @@ def test_unstorable_results_fail_the_job_and_the_worker_survives(
     try:
         mq.wait(parents, "JOB-id", timeout=30)
         eventually(
-            lambda: sum(q.stats()[k] for k in ("completed", "dead")) == 50 + 5 + 4
-            and mq.get_job(parents, "JOB-id").state == "completed",
+            lambda: (
+                sum(q.stats()[k] for k in ("completed", "dead")) == 50 + 5 + 4
+                and mq.get_job(parents, "JOB-id").state == "completed"
+            ),
             30,
             lambda: f"every job and the parent to finish: {q.stats()}",
             every=0.05,

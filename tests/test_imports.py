@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from echomq_core.slots import key_slot
+from echomq_core.wire.slots import key_slot
 
 from .conftest import Backend
 
@@ -82,8 +82,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_core_has_no_import_cycle() -> None:
     graph = edges()
-    assert graph["echomq_core.client"], "the walk found the client's imports"
-    assert "echomq_core.queue" in graph["echomq_core.client"]
+    assert graph["echomq_core.client.clients"], "the walk found the client's imports"
+    assert "echomq_core.client.queue" in graph["echomq_core.client.clients"]
     cycle = find_cycle({k: v for k, v in graph.items() if k != "echomq_core"})
     assert cycle is None, " -> ".join(cycle or [])
 
@@ -138,7 +138,7 @@ def test_a_synchronous_user_does_not_load_the_asyncio_side() -> None:
     the asyncio queue and worker unloaded; ``redis.asyncio`` only if ``redis`` itself loads it
     (redis 8's ``__init__`` does: the floor is not ours)."""
     sync = fresh_modules("from echomq_core import EchoMQ, Pump, Queue, Worker")
-    assert "echomq_core.worker" in sync and "echomq_core.client" in sync
+    assert "echomq_core.work.worker" in sync and "echomq_core.client.clients" in sync
     loaded = {m for m in sync if m.startswith("echomq_core.async")}
     assert not loaded, loaded
     if "redis.asyncio" not in fresh_modules("import redis"):
@@ -147,13 +147,13 @@ def test_a_synchronous_user_does_not_load_the_asyncio_side() -> None:
         "import echomq_core\nassert 'AsyncWorker' in dir(echomq_core)\n"
         "from echomq_core import AsyncQueue, AsyncWorker"
     )
-    assert {"echomq_core.async_queue", "echomq_core.async_worker"} <= lazy
+    assert {"echomq_core.client.async_queue", "echomq_core.work.async_worker"} <= lazy
 
 
 def test_the_lazy_names_resolve_to_their_classes() -> None:
     import echomq_core
-    from echomq_core.async_queue import AsyncQueue
-    from echomq_core.async_worker import AsyncWorker
+    from echomq_core.client.async_queue import AsyncQueue
+    from echomq_core.work.async_worker import AsyncWorker
 
     assert echomq_core.AsyncQueue is AsyncQueue and echomq_core.AsyncWorker is AsyncWorker
     try:
@@ -177,7 +177,7 @@ import echomq_provider.operators.echo_flow, echomq_provider.sensors.echo_flow
 import echomq_provider.decorators.echo_flow, echomq_provider.results
 import echomq_provider.triggers.echo_flow
 from echomq_core import AsyncEchoMQ, Child, EchoMQ
-from echomq_core.connection import Call, parse_url
+from echomq_core.wire.connection import Call, parse_url
 parse_url({backend.url!r}, cluster={backend.cluster!r})
 loaded = sorted(m for m in sys.modules if m == "redis" or m.startswith("redis."))
 assert not loaded, loaded
@@ -205,9 +205,9 @@ print("connected")
 
 
 def test_the_connection_module_resolves_its_lazy_names() -> None:
-    """The names ``echomq_core.connection`` re-exports from the redis-py side resolve to the
+    """The names ``echomq_core.wire.connection`` re-exports from the redis-py side resolve to the
     same objects on first access; an unknown name is an AttributeError naming it."""
-    from echomq_core import cluster, connection, drivers
+    from echomq_core.wire import cluster, connection, drivers
 
     assert connection.Connection is drivers.Connection
     assert connection.AsyncConnection is drivers.AsyncConnection
@@ -249,7 +249,7 @@ def test_the_command_line_help_does_not_import_redis() -> None:
             "    pass"
         )
         assert "echomq_core.cli" in loaded
-        assert not {"redis", "echomq_core.drivers", "echomq_core.replies"} & loaded, argv
+        assert not {"redis", "echomq_core.wire.drivers", "echomq_core.wire.replies"} & loaded, argv
 
 
 def test_a_redis_error_is_told_apart_without_importing_redis() -> None:

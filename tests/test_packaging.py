@@ -35,14 +35,18 @@ WHEEL_TOPS = {
     "airflow-provider-echomq": {"echomq_provider", "airflow_provider_echomq"},
     "dagster-echomq": {"dagster_echomq"},
 }
-FORBIDDEN = re.compile(r"(^|/)(\.servers|\.hypothesis|__pycache__|\.pytest_cache|\.venv[^/]*|tests|bench)(/|$)|\.pyc$|\.so$")  # noqa: E501
+FORBIDDEN = re.compile(
+    r"(^|/)(\.servers|\.hypothesis|__pycache__|\.pytest_cache|\.venv[^/]*|tests|bench)(/|$)|\.pyc$|\.so$"
+)
 
 
 def _checkout(dest: Path) -> Path:
     """The tracked files, plus the clutter a working tree gathers."""
-    files = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.decode().split("\0")
+    files = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         source = ROOT / name
         if source.is_file():
@@ -215,9 +219,11 @@ def test_the_dev_tools_install_from_a_requirements_file() -> None:
     for mode, body in modes:
         assert "-r requirements-dev.txt" in body, mode
         assert '".[server,' in body, mode  # the embedded server the suite starts
-    files = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.decode().split("\0")
+    files = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     texts = {".sh", ".md", ".txt", ".toml", ".py", ".yml", ".yaml", ".cfg", ".Dockerfile", ""}
     extra = re.compile(r"[.\w]\[(\w+,)*dev(,\w+)*\]")  # echomq[dev], ".[dev,pandas]"
     asking = [
@@ -260,7 +266,7 @@ from echomq_provider.get_provider_info import get_provider_info
 info = get_provider_info()
 out = {{"core": echomq_core.__file__, "sync": sync, "provider": info["versions"],
        "config": sorted(info["config"]["echomq"]["options"]), "links": info["extra-links"],
-       "lazy": "echomq_core.async_worker" in sys.modules}}
+       "lazy": "echomq_core.work.async_worker" in sys.modules}}
 try:
     import dagster_echomq
     from dagster._core.libraries import DagsterLibraryRegistry

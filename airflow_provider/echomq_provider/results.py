@@ -35,7 +35,7 @@ a value: 100,000 children in slices of 1,000 are 100 mapped tasks and a 13 KB XC
     load.expand(part=slices(wait.output))
 
 As a data frame: :func:`flow_frame` gives the same results as a pandas or polars DataFrame or
-an Arrow table (``kind``), built one page at a time (:mod:`echomq_core.frames`): a ``child``
+an Arrow table (``kind``), built one page at a time (:mod:`echomq_core.flows.frames`): a ``child``
 column (the index or key) and the value's fields as columns (a value that is not a mapping in
 one ``value`` column). It reads a slice as :func:`flow_results` does. Return a summary of it,
 not the frame, from the task: a frame returned goes to XCom whole::
@@ -93,7 +93,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from echomq_core import InvalidInput, frames
+from echomq_core import InvalidInput
+from echomq_core.flows import frames
 
 from .hooks.echomq import DEFAULT_PAGE, EchoMQHook
 
@@ -168,7 +169,7 @@ def flow_frame(
 ) -> Any:
     """The results :func:`flow_results` yields, as a frame of ``kind`` (``"pandas"``,
     ``"polars"`` or ``"arrow"``) whose ``key`` column holds each child's index or key; see
-    :func:`echomq_core.frames.results_frame`. A kind not installed is refused before anything
+    :func:`echomq_core.flows.frames.results_frame`. A kind not installed is refused before anything
     is read."""
     frames.library(kind)
     return frames.results_frame(

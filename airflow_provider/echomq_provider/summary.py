@@ -10,10 +10,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from echomq_core import EchoMQ, EchoMQError, FlowSnapshot, flows
-from echomq_core.connection import Op
-from echomq_core.keyspace import Keyspace
+from echomq_core import EchoMQ, EchoMQError, FlowSnapshot
+from echomq_core.flows import plan as flows
 from echomq_core.models import Serializer
+from echomq_core.wire.connection import Op
+from echomq_core.wire.keyspace import Keyspace
 
 from .flow_specs import child_label, labeller
 

@@ -15,7 +15,7 @@ Dagster starts a downstream step only once its upstream step has ended. So the f
 returns as soon as the flow is added (a barrier flow, ``EchoMQIOManager``'s default: no wait
 in ``handle_output``), and the downstream's ``load_input`` hands over a ``FlowFollow`` at once,
 without waiting for the release: iterating it yields ``(child id, result)`` in the order the
-children settle (``EchoMQ.iter_results(..., follow=True)``, :mod:`echomq_core.streaming`),
+children settle (``EchoMQ.iter_results(..., follow=True)``, :mod:`echomq_core.flows.streaming`),
 blocks between them, and ends when the flow is released. The step then ends about when its
 fan-out does, where a ``dict`` or ``FlowStream`` input waits for the release before the step's
 body starts.
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from echomq_core import EchoMQ, FlowRef, ParentFailed
-from echomq_core.streaming import MAX_PAGE
+from echomq_core.flows.streaming import MAX_PAGE
 
 from .reading import flow_error
 

@@ -88,7 +88,7 @@ FRAME_TYPES = {
 
 
 def wanted_frame(context: InputContext, *, partitioned: bool) -> str | None:
-    """The frame kind (:mod:`echomq_core.frames`) of an input annotated ``pandas.DataFrame``,
+    """The frame kind (:mod:`echomq_core.flows.frames`) of an input annotated ``pandas.DataFrame``,
     ``polars.DataFrame`` or ``pyarrow.Table`` (or a ``dict[str, ...]`` of one, read over
     several partitions); None for any other annotation."""
     typ = _value_type(context, partitioned)

@@ -37,7 +37,7 @@ progress, and returns ``{child id: result}``; an input annotated :class:`FlowStr
 iterable of ``(child id, result)`` that reads the results page by page instead (memory flat
 at any N; each pass over it reads them again); an input annotated ``pandas.DataFrame``,
 ``polars.DataFrame`` or ``pyarrow.Table`` gets the results as that frame, built page by page
-(:mod:`echomq_core.frames`: a ``child_id`` column, a mapping value's fields as columns; the
+(:mod:`echomq_core.flows.frames`: a ``child_id`` column, a mapping value's fields as columns; the
 library comes with the ``echomq[pandas|polars|arrow]`` extra); an input annotated
 :class:`~dagster_echomq.following.FlowFollow` is handed over at once, without a wait, and
 yields ``(child id, result)`` as the children settle (a flow added with ``stream=True``; see
@@ -84,9 +84,10 @@ from dagster import (
 from dagster._core.events import DagsterEvent
 from pydantic import Field, PrivateAttr
 
-from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput, frames
-from echomq_core.lifecycle import repair_on_readd
-from echomq_core.waiting import MISSING, WAITING, kind_of
+from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
+from echomq_core.flows import frames
+from echomq_core.flows.lifecycle import repair_on_readd
+from echomq_core.flows.waiting import MISSING, WAITING, kind_of
 
 from . import steps
 from .following import FlowFollow, check_followable, follow_passes

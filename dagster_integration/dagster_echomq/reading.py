@@ -11,7 +11,7 @@ plan whose readers get an empty result) is stored under the same name, marked ``
 with no flow behind it: it expires after its queue's ``unclosed_age`` retention instead.
 
 Waiting (:func:`wait_settled`) polls the flow's snapshot until it is released, failed or
-cancelled (the core's :class:`~echomq_core.waiting.FlowWait` judges each read and sets the
+cancelled (the core's :class:`~echomq_core.flows.waiting.FlowWait` judges each read and sets the
 next pause), and logs progress every ``log_every`` seconds. It gives up with the core's
 ``FlowTimeout`` after ``timeout`` seconds in all, or sooner when for ``stall_timeout`` seconds
 no child settled and no job of the children's queues was running (leased) - the usual reason
@@ -39,9 +39,9 @@ from echomq_core import (
     InvalidInput,
     ParentFailed,
 )
-from echomq_core.connection import Call
-from echomq_core.flows import not_found
-from echomq_core.waiting import MISSING, STALLED, TIMED_OUT, FlowWait
+from echomq_core.flows.plan import not_found
+from echomq_core.flows.waiting import MISSING, STALLED, TIMED_OUT, FlowWait
+from echomq_core.wire.connection import Call
 
 #: Keys naming a flow: in an ``AssetSpec``'s definition metadata (an external flow, see
 #: :func:`flow_metadata`), in a materialization's metadata, and in a sensor's run tags.
@@ -113,9 +113,7 @@ class FlowFailedError(ParentFailed, Failure):
         if first_failure is not None:
             self.metadata["first_failed_child"] = MetadataValue.text(first_failure.job_id)
             if first_failure.traceback:
-                self.metadata["first_traceback"] = MetadataValue.text(
-                    tail(first_failure.traceback)
-                )
+                self.metadata["first_traceback"] = MetadataValue.text(tail(first_failure.traceback))
         self.allow_retries = False
 
 
@@ -293,9 +291,7 @@ def empty_metadata(flow: EmptyFlow) -> dict[str, Any]:
     }
 
 
-def settled_metadata(
-    client: EchoMQ, snap: FlowSnapshot, page: str | None = None
-) -> dict[str, Any]:
+def settled_metadata(client: EchoMQ, snap: FlowSnapshot, page: str | None = None) -> dict[str, Any]:
     """A settled flow's final counts, and the ids and errors of the children that failed
     it or whose failure was ignored (at most :data:`SHOWN_CHILDREN` each)."""
     meta: dict[str, Any] = {
@@ -352,7 +348,7 @@ def wait_settled(
     Raises ``JobNotFound`` at once if there is no such flow (expired, or another prefix),
     ``FlowTimeout`` after ``timeout`` s, or after ``stall_timeout`` s without a child
     settling while none ran (the message names the children's ``queues`` and what holds them
-    up). What each read means and when the next comes: :class:`echomq_core.waiting.FlowWait`.
+    up). What each read means and when the next comes: :class:`echomq_core.flows.waiting.FlowWait`.
     """
     wait = FlowWait(
         flow.queue,

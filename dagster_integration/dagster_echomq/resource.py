@@ -62,18 +62,18 @@ from echomq_core import (
     InvalidArgument,
     InvalidInput,
     Pump,
-    collector,
 )
-from echomq_core.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, id_part
-from echomq_core.lifecycle import repair_on_readd
-from echomq_core.options import PumpOptions, describe
-from echomq_core.urls import flow_page
+from echomq_core.control.options import PumpOptions, describe
+from echomq_core.flows.lifecycle import repair_on_readd
+from echomq_core.seeing.urls import flow_page
+from echomq_core.wire import collector
+from echomq_core.wire.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, id_part
 
 from . import steps
 from .pumps import _PumpShare
 from .reading import ADDED_LOG_PREFIX, EmptyFlow
 
-#: The longest job id tail (``echomq_core.keyspace.JOB_ID_RE``: "JOB-" and this many).
+#: The longest job id tail (``echomq_core.wire.keyspace.JOB_ID_RE``: "JOB-" and this many).
 _ID_TAIL_MAX = MAX_ID_LENGTH - len("JOB-")
 #: The tag Dagster gives every re-execution: the id of the first run of its group.
 ROOT_RUN_ID_TAG = "dagster/root_run_id"
@@ -126,8 +126,9 @@ class EchoMQConfig(Config):
         description="Queues the run's Pump serves, for the whole run; unset: while a step "
         "waits for a flow, the queues of that flow's children (read from the server).",
     )
-    # The Pump's settings: defaults and descriptions come from echomq_core.options.PumpOptions
-    # (the same ones `echomq pump` offers), except the lease (see its description).
+    # The Pump's settings: defaults and descriptions come from
+    # echomq_core.control.options.PumpOptions (the same ones `echomq pump` offers), except the
+    # lease (see its description).
     pump_page: int = _pump_field("page")
     pump_max_tries: int = _pump_field("max_tries")
     pump_lease: float = _pump_field(
@@ -162,7 +163,7 @@ class EchoMQConfig(Config):
         return EchoMQ(self.url, cluster=self.cluster, prefix=self.prefix)
 
     def pump_options(self) -> PumpOptions:
-        """The ``pump_*`` fields as the core's :class:`~echomq_core.options.PumpOptions`
+        """The ``pump_*`` fields as the core's :class:`~echomq_core.control.options.PumpOptions`
         (checked there: a bad value raises ``InvalidArgument`` naming it)."""
         return PumpOptions(
             page=self.pump_page,
@@ -342,7 +343,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         results as the children settle; a retried step must pass the same.
 
         ``children``: a list, or a generator of them - which this builds with Python's cyclic
-        garbage collector paused (:mod:`echomq_core.collector`). Each collection while a big
+        garbage collector paused (:mod:`echomq_core.wire.collector`). Each collection while a big
         plan is built walks the step process's whole heap: a list of 1,000,000 ``Child`` built
         in a process that has imported Dagster took 1.9 s with the collector on and 0.3 s
         paused.

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from ..calls import Call
-from ..client import DEFAULT_URL, EchoMQ
+from ..client.clients import DEFAULT_URL, EchoMQ
 from ..errors import (
     ConfigurationError,
     ConnectionLost,
@@ -31,6 +30,7 @@ from ..errors import (
     is_redis_error,
 )
 from ..server import find_server_binary
+from ..wire.calls import Call
 
 USAGE, RUNTIME, INTERRUPTED = 2, 1, 130
 #: The exit status when stdout's reader stops early (``| head``): 128 + SIGPIPE, what a shell
@@ -98,9 +98,7 @@ def int_at_least(low: int, high: int | None = None) -> Any:
 def add_bind_options(parser: argparse.ArgumentParser, port: int) -> None:
     """``--host`` (127.0.0.1 by default) and ``--port`` (0 picks a free one) of a server that
     a command runs (``echomq server``, ``echomq dashboard``)."""
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default %(default)s)"
-    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     parser.add_argument(
         "--port",
         type=int_at_least(0, 65535),
@@ -385,13 +383,13 @@ def open_client(
     sends PING, so a wrong host, a closed port or a server that accepts and never answers
     fails in about that time, in one line - instead of redis-py's retries with backoff. The
     client returned has the connector's defaults: no blind re-sends (a worker and a Pump ride
-    out a restart through their own bounded retry loops; see :mod:`echomq_core.connection`).
+    out a restart through their own bounded retry loops; see :mod:`echomq_core.wire.connection`).
 
     Commands that run for good (``worker``, ``pump``) take ``--wait-for-server S``: a server
     that does not answer yet (it is starting, or restarting) is tried again with a backoff
     (0.5 s doubling to 5 s), each try logged, for up to S seconds; 0 fails at once. What is
     left of S then bounds their other start-up steps (the queues' shard configuration, their
-    registration: :func:`~echomq_core.patience.patiently`), which also wait out a Cluster
+    registration: :func:`~echomq_core.wire.patience.patiently`), which also wait out a Cluster
     master in failover and a full server.
     """
     from redis.backoff import NoBackoff  # with the first client, not with `echomq --help`
@@ -419,8 +417,7 @@ def open_client(
             if left <= 0:
                 if tries > 1:
                     raise ConnectionLost(
-                        f"{exc} (gave up after {tries} tries in {patience:g}s: "
-                        "--wait-for-server)"
+                        f"{exc} (gave up after {tries} tries in {patience:g}s: --wait-for-server)"
                     ) from exc
                 raise
             wait = min(pause, left)

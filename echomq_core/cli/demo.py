@@ -30,11 +30,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..client import EchoMQ
+from ..client.clients import EchoMQ
 from ..models import Backoff, Child, FlowSnapshot, Job
-from ..pump import Pump
+from ..pump.pump import Pump
 from ..server import EmbeddedServer
-from ..worker import Worker
+from ..work.worker import Worker
 from .common import (
     SERVER_EXTRA,
     CommandFailed,

@@ -1,11 +1,11 @@
 """``echomq flow show|ls|close|cancel|retry``: a flow read as a tree, root flows listed by
 state, and the three lifecycle writes of a flow's root.
 
-The reads are :mod:`echomq_core.inspection`'s (the dashboard renders the same ones); this
+The reads are :mod:`echomq_core.seeing.inspection`'s (the dashboard renders the same ones); this
 module prints them as JSON, :mod:`.flowtext` as text. The writes: ``flow close`` (a reader is
 done with a released barrier flow: its ``closed`` retention starts), ``flow cancel`` and
 ``flow retry`` (cancel a flow, repair a failed or cancelled one: see
-:mod:`echomq_core.lifecycle`).
+:mod:`echomq_core.flows.lifecycle`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import json
 import time
 from typing import Any
 
-from ..client import EchoMQ
+from ..client.clients import EchoMQ
 from ..errors import JobNotFound
-from ..inspection import flow_counts, read_tree
-from ..keyspace import FLOW_LISTS, check_job_id, check_queue
+from ..flows.waiting import FlowWait
 from ..models import FlowCap, FlowSummary
-from ..waiting import FlowWait
+from ..seeing.inspection import flow_counts, read_tree
+from ..wire.keyspace import FLOW_LISTS, check_job_id, check_queue
 from .common import (
     CommandFailed,
     Progress,

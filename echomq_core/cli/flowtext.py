@@ -1,12 +1,12 @@
 """A flow as text, for ``echomq flow show``: the root's counts, its sub-flows as a tree
-(read by :func:`echomq_core.inspection.read_tree`), and its dead children with their errors
+(read by :func:`echomq_core.seeing.inspection.read_tree`), and its dead children with their errors
 and last tracebacks.
 """
 
 from __future__ import annotations
 
-from ..inspection import FlowNode
 from ..models import ChildFailure
+from ..seeing.inspection import FlowNode
 
 #: Parent states that say by themselves that the flow was released (a barrier flow's).
 RELEASED_STATES = ("released", "closed")

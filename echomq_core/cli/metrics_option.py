@@ -1,5 +1,5 @@
 """``--metrics-port`` of ``echomq worker`` and ``echomq pump``: the process's Prometheus
-metrics (see :mod:`echomq_core.metrics`), served from a thread of the process itself.
+metrics (see :mod:`echomq_core.seeing.metrics`), served from a thread of the process itself.
 
 prometheus-client is imported only when the flag is given, so a worker without it needs only
 ``pip install echomq``; given the flag without the ``metrics`` extra, the command refuses to
@@ -17,7 +17,7 @@ from ..errors import ConfigurationError
 from .common import int_at_least
 
 if TYPE_CHECKING:
-    from ..metrics import ProcessMetrics
+    from ..seeing.metrics import ProcessMetrics
 
 
 def add_metrics_option(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def start_metrics(
     if args.metrics_port is None:
         return None
     try:
-        from ..metrics import ProcessMetrics, QueueCollector
+        from ..seeing.metrics import ProcessMetrics, QueueCollector
     except ImportError as exc:
         raise ConfigurationError(
             f"--metrics-port needs prometheus-client: pip install 'echomq[metrics]' ({exc})"

@@ -10,8 +10,8 @@ import json
 from typing import Any
 
 from ..errors import InvalidInput
-from ..keyspace import check_queue
-from ..pump import parse_signal, poison_list, poison_replay
+from ..pump.pump import parse_signal, poison_list, poison_replay
+from ..wire.keyspace import check_queue
 from .common import add_command, int_at_least, open_client
 from .queue import known_queue
 

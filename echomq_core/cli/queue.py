@@ -12,14 +12,14 @@ import json
 import sys
 from typing import Any
 
-from .. import sharding
-from ..client import EchoMQ
+from ..client.clients import EchoMQ
+from ..control.rates import RateLimit, parse_rate
 from ..errors import InvalidArgument
-from ..inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
-from ..keyspace import FLOW_INDEXES, check_job_id, check_queue
-from ..rates import RateLimit, parse_rate
-from ..retention import MAX_AGE, MAX_COUNT, SETTINGS
-from ..sharding import MAX_SHARDS
+from ..flows import sharding
+from ..flows.retention import MAX_AGE, MAX_COUNT, SETTINGS
+from ..flows.sharding import MAX_SHARDS
+from ..seeing.inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
+from ..wire.keyspace import FLOW_INDEXES, check_job_id, check_queue
 from .common import (
     CommandFailed,
     add_command,

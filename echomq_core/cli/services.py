@@ -9,7 +9,7 @@ Ctrl-C (SIGINT), as for every command.
 At start, every read and write (the server's answer, the queues' shard configuration, their
 registration) waits while the server cannot take it yet - unreachable, a Cluster master in
 failover, full (``maxmemory``) - for up to ``--wait-for-server`` seconds in all, logging what
-it waits for (:func:`~echomq_core.patience.patiently`).
+it waits for (:func:`~echomq_core.wire.patience.patiently`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..async_worker import AsyncWorker
-from ..client import AsyncEchoMQ
+from ..client.clients import AsyncEchoMQ
+from ..control.options import PumpOptions, WorkerOptions, add_flags, from_namespace
 from ..errors import ConfigurationError
 from ..hooks import Handler, Hooks, LifecycleHooks, plugin_manager
-from ..options import PumpOptions, WorkerOptions, add_flags, from_namespace
-from ..patience import patiently
-from ..pump import Pump
+from ..pump.pump import Pump
 from ..server import EmbeddedServer
-from ..worker import Worker
+from ..wire.patience import patiently
+from ..work.async_worker import AsyncWorker
+from ..work.worker import Worker
 from .common import (
     INTERRUPTED,
     CommandFailed,

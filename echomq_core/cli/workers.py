@@ -1,8 +1,8 @@
 """``echomq workers``: the worker processes serving this prefix, as they registered
-themselves (:mod:`echomq_core.workers_registry`): host, pid, kind, queues, concurrency, jobs
+themselves (:mod:`echomq_core.queues.registry`): host, pid, kind, queues, concurrency, jobs
 in flight, when it started and when it last beat. A worker that stopped beating is gone once
 its entry expires (a lease at most); reading trims its registry member. One read of at most
-:data:`~echomq_core.workers_registry.READ_LIMIT` entries.
+:data:`~echomq_core.queues.registry.READ_LIMIT` entries.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from ..workers_registry import read_workers
+from ..queues.registry import read_workers
 from .common import add_command, fmt_ago, open_client, table
 
 

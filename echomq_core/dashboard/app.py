@@ -16,13 +16,13 @@ under ``echomq dashboard`` and inside Airflow's api-server under ``/echomq``):
 ``GET /job/...``, ``/queue/...``,         one job, a queue's jobs by state, a flow's children
 ``/flow/.../children``                    in spec order: see :mod:`.browsing`
 ``GET /workers``, ``/api/throughput/...``  live workers, a queue's minutes: :mod:`.monitoring`
-``GET /metrics``                          Prometheus text format (:mod:`echomq_core.metrics`)
+``GET /metrics``                          Prometheus text format (:mod:`echomq_core.seeing.metrics`)
 ``POST /flow/<queue>/<id>/cancel|retry|close``, ``POST /poison/<queue>/replay``, ``POST /login``,
 ``POST /logout``, ``POST /job/<queue>/<id>/retry|cancel``: see :mod:`.security` for who may.
 ========================================  ==============================================
 
-Names in a path are quoted whole (:func:`echomq_core.urls.flow_page`): queue names and ids may
-hold ``/`` (Airflow's parent ids always do) and ids ``#``. A flow's two names are split from
+Names in a path are quoted whole (:func:`echomq_core.seeing.urls.flow_page`): queue names and ids
+may hold ``/`` (Airflow's parent ids always do) and ids ``#``. A flow's two names are split from
 the path as the client sent it (:func:`flow_names`); the other pages carry one name, which
 takes the rest of the path.
 """
@@ -46,13 +46,13 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import sharding
-from ..client import EchoMQ
+from ..client.clients import EchoMQ
 from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
-from ..keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue
-from ..metrics import QueueCollector
-from ..pump import poison_replay
-from ..urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page
+from ..flows import sharding
+from ..pump.pump import poison_replay
+from ..seeing.metrics import QueueCollector
+from ..seeing.urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page
+from ..wire.keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue
 from . import reads
 from .browsing import Browsing
 from .monitoring import Monitoring
@@ -142,7 +142,7 @@ class Dashboard(Monitoring, Browsing):
     # -- reads -----------------------------------------------------------------------------
     def _readings(self) -> tuple[list[Any], dict[str, float | None]]:
         """The collector's readings and each queue's oldest pending age (two round trips more,
-        :func:`echomq_core.browse.oldest_pending`)."""
+        :func:`echomq_core.seeing.browse.oldest_pending`)."""
         readings = self.collector.read()
         mq = self.client
         names = [r.queue for r in readings]  # logical names: a sharded queue's oldest shard head

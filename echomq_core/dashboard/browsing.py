@@ -15,7 +15,7 @@ job page's two actions (retry a dead job, cancel a pending or delayed one).
 ``POST /job/<queue>/<id>/retry|cancel``   behind the guard (:mod:`.security`)
 ========================================  ==============================================
 
-What each read costs: :mod:`echomq_core.browse` and :mod:`echomq_core.children`.
+What each read costs: :mod:`echomq_core.seeing.browse` and :mod:`echomq_core.flows.children`.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from ..browse import PAGE, SHOWS, STATES, QueuePage, job_detail
-from ..children import children_page, search_failed
-from ..client import EchoMQ
+from ..client.clients import EchoMQ
 from ..errors import InvalidArgument, JobNotFound
-from ..keyspace import check_job_id, check_queue
-from ..sharding import shard_of
-from ..urls import FLOW_PATH, JOB_PATH, flow_page, job_page
+from ..flows.children import children_page, search_failed
+from ..flows.sharding import shard_of
+from ..seeing.browse import PAGE, SHOWS, STATES, QueuePage, job_detail
+from ..seeing.urls import FLOW_PATH, JOB_PATH, flow_page, job_page
+from ..wire.keyspace import check_job_id, check_queue
 from . import reads
 from .monitoring import RANGES
 from .params import flow_names, int_param

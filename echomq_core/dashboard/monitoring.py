@@ -6,11 +6,11 @@ the chart's markup, so the chart refreshes the way every other live number does.
 
 ========================================  ==============================================
 ``GET /api/throughput/<queue>?minutes=``  the last 1-1440 minutes (default 60), oldest first
-  ``&chart=1``                            (:func:`echomq_core.throughput.read_minutes`: one
+  ``&chart=1``                            (:func:`echomq_core.queues.throughput.read_minutes`: one
                                           round trip, one HGETALL of at most 1,440 fields);
                                           ``chart=1``: the SVG too
 ``GET /workers``, ``GET /api/workers``    live workers, newest beat first
-                                          (:func:`echomq_core.workers_registry.read_workers`)
+                                          (:func:`echomq_core.queues.registry.read_workers`)
 ========================================  ==============================================
 """
 
@@ -23,10 +23,10 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from ..client import EchoMQ
-from ..keyspace import check_queue
-from ..throughput import DAY, Minute
-from ..workers_registry import read_workers
+from ..client.clients import EchoMQ
+from ..queues.registry import read_workers
+from ..queues.throughput import DAY, Minute
+from ..wire.keyspace import check_queue
 from .params import int_param
 from .shards import minutes_over, oldest_over
 

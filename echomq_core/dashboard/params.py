@@ -8,8 +8,8 @@ from urllib.parse import quote
 from starlette.requests import Request
 
 from ..errors import InvalidArgument
-from ..keyspace import check_job_id, check_queue
-from ..urls import split_flow_path
+from ..seeing.urls import split_flow_path
+from ..wire.keyspace import check_job_id, check_queue
 
 
 def flow_names(request: Request, under: str, tails: tuple[str, ...] = ()) -> tuple[str, str, str]:
@@ -18,7 +18,7 @@ def flow_names(request: Request, under: str, tails: tuple[str, ...] = ()) -> tup
     Read from the path as the client sent it (the ASGI ``raw_path``: ``%2F`` still quoted),
     since the decoded path cannot tell a ``/`` inside a name from one between names; when the
     server gives no raw path, or the mount's prefix is spelled otherwise in it, the decoded
-    path is split instead (see :func:`echomq_core.urls.split_flow_path`)."""
+    path is split instead (see :func:`echomq_core.seeing.urls.split_flow_path`)."""
     root = request.scope.get("root_path", "")
     rest = request.path_params["rest"]
     raw = request.scope.get("raw_path")

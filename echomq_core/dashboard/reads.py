@@ -3,7 +3,7 @@
 Every read here is bounded by the page, never by the size of a queue or a flow: counts are
 ZCARD/LLEN, lists are one page of an index (``list_flows``, a ZRANGE of ``dead``, an LRANGE of
 ``poison``), a flow's children are read in HSCAN pages with a cursor, and a flow's tree is
-``echomq flow show``'s (:func:`echomq_core.inspection.read_tree`, which gives up on trees
+``echomq flow show``'s (:func:`echomq_core.seeing.inspection.read_tree`, which gives up on trees
 above its probe limit instead of reading them).
 """
 
@@ -12,16 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..browse import JobDetail
-from ..calls import Call, Op
-from ..client import EchoMQ
+from ..client.clients import EchoMQ
 from ..errors import JobNotFound
-from ..failures import stall_reading
-from ..flows import scan_page
-from ..inspection import FlowNode, flow_counts, read_tree
-from ..keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue, derived_index
+from ..flows.failures import stall_reading
+from ..flows.plan import scan_page
 from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
-from ..pump import parse_signal, poison_list
+from ..pump.pump import parse_signal, poison_list
+from ..seeing.browse import JobDetail
+from ..seeing.inspection import FlowNode, flow_counts, read_tree
+from ..wire.calls import Call, Op
+from ..wire.keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue, derived_index
 
 #: Rows per page of a list (flows per state, dead jobs, poisoned signals, children's values).
 PAGE = 50
@@ -199,7 +199,7 @@ def root_of(mq: EchoMQ, job: JobInfo) -> tuple[str, str] | None:
 
 @dataclass(slots=True)
 class JobView:
-    """A job's page: the job (:func:`echomq_core.browse.job_detail`) and, for a flow's child,
+    """A job's page: the job (:func:`echomq_core.seeing.browse.job_detail`) and, for a flow's child,
     the root flow a repair or cancel acts on (up to :data:`MAX_UP` row reads more)."""
 
     detail: JobDetail
@@ -219,9 +219,7 @@ class JobView:
         """A completed flow child whose worker and start no record kept: complete.lua writes
         a flow child's value into its flow and nothing on its row (one command per child)."""
         info = self.detail.info
-        return (
-            info.state == "completed" and info.parent is not None and not self.detail.started_ms
-        )
+        return info.state == "completed" and info.parent is not None and not self.detail.started_ms
 
 
 def job_view(mq: EchoMQ, detail: JobDetail) -> JobView:

@@ -1,6 +1,6 @@
 """Who may change what: the dashboard's guard for state-changing requests.
 
-The rules (tests/test_dashboard.py checks each):
+The rules (tests/seeing/test_dashboard.py checks each):
 
 * Read-only unless the app was built with ``actions=True`` AND a token; ``actions=True``
   without a token is a :class:`~echomq_core.errors.ConfigurationError` at start, not an open

@@ -1,7 +1,7 @@
-"""The dashboard's reads of a sharded queue (:mod:`echomq_core.sharding`) under its logical
+"""The dashboard's reads of a sharded queue (:mod:`echomq_core.flows.sharding`) under its logical
 name: a page of its jobs merged from every shard, the oldest pending head over its shards, its
 per-minute tallies summed. A plain queue (one shard) reads exactly as
-:mod:`echomq_core.browse` and :mod:`echomq_core.throughput` read it.
+:mod:`echomq_core.seeing.browse` and :mod:`echomq_core.queues.throughput` read it.
 
 Why a merge and not one shard's page after another: each state's set is ordered by a score
 that means the same on every shard (a lease deadline, a due time, a time of death or finish;
@@ -16,14 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..browse import PAGE, STATES, QueuePage, _row, _scored, oldest_pending, queue_page, raise_state
-from ..browse import ROW as ROW_FIELDS
-from ..calls import Call, Op
 from ..checks import text as _s
 from ..errors import InvalidArgument
-from ..keyspace import Keyspace
-from ..throughput import Minute, read_minutes
-from ..workers_registry import find_holders, read_token
+from ..queues.registry import find_holders, read_token
+from ..queues.throughput import Minute, read_minutes
+from ..seeing.browse import (
+    PAGE,
+    STATES,
+    QueuePage,
+    _row,
+    _scored,
+    oldest_pending,
+    queue_page,
+    raise_state,
+)
+from ..seeing.browse import ROW as ROW_FIELDS
+from ..wire.calls import Call, Op
+from ..wire.keyspace import Keyspace
 
 #: The deepest offset a merged list of a sharded queue serves (each page reads the first
 #: ``offset + limit`` members of every shard).
@@ -84,7 +93,7 @@ def page_over(
 
 
 def oldest_over(ks: Keyspace, shards: Mapping[str, Sequence[str]]) -> Op[dict[str, float | None]]:
-    """:func:`~echomq_core.browse.oldest_pending` of each logical queue (``shards``: its
+    """:func:`~echomq_core.seeing.browse.oldest_pending` of each logical queue (``shards``: its
     physical queues): the oldest of its shards' heads (the same two round trips)."""
     ages = yield from oldest_pending(ks, [s for names in shards.values() for s in names])
     out: dict[str, float | None] = {}
@@ -95,13 +104,11 @@ def oldest_over(ks: Keyspace, shards: Mapping[str, Sequence[str]]) -> Op[dict[st
 
 
 def minutes_over(ks: Keyspace, shards: Sequence[str], minutes: int = 60) -> Op[list[Minute]]:
-    """:func:`~echomq_core.throughput.read_minutes` of a queue of ``shards``: each minute's
+    """:func:`~echomq_core.queues.throughput.read_minutes` of a queue of ``shards``: each minute's
     tallies summed over the shards (one round trip, one HGETALL per shard)."""
-    from ..sharding import together
+    from ..flows.sharding import together
 
-    parts: list[list[Minute]] = yield from together(
-        [read_minutes(ks, s, minutes) for s in shards]
-    )
+    parts: list[list[Minute]] = yield from together([read_minutes(ks, s, minutes) for s in shards])
     if len(parts) == 1:
         return parts[0]
     return [
@@ -113,4 +120,3 @@ def minutes_over(ks: Keyspace, shards: Sequence[str], minutes: int = 60) -> Op[l
         )
         for same in zip(*parts, strict=True)
     ]
-

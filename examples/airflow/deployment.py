@@ -50,7 +50,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from echomq_core.server import EmbeddedServer, free_port
-from echomq_core.targets import parse_url
+from echomq_core.wire.targets import parse_url
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE_DAGS = HERE.parents[1] / "airflow_provider" / "echomq_provider" / "example_dags"

@@ -1,6 +1,6 @@
 -- queue_keys(keys): the shared keys of one queue, by name. Every script that touches a queue's
 -- sets takes these first, as KEYS[1..15], in this one order; the host builds them with
--- echomq_core.keyspace.Keyspace.queue_keys (QUEUE_KEYS there is this list). A script's own keys
+-- echomq_core.wire.keyspace.Keyspace.queue_keys (QUEUE_KEYS there is this list). A script's own keys
 -- (rows, a parent's keys, Pump and retention records) follow from KEYS[16].
 -- KEYS[1]  pending = pending                  zset    claimable jobs
 -- KEYS[2]  wake = wake                        zset    the idle workers' wake-up hint
@@ -17,7 +17,7 @@
 -- KEYS[13] flows_closed = flows:closed        zset    closed flows by close time
 -- KEYS[14] flows_failed = flows:failed        zset    failed root flows by failure time
 -- KEYS[15] flows_cancelled = flows:cancelled  zset    cancelled root flows by cancel time
--- Who removes each of them: see echomq_core/keyspace.py, and the header of each script for
+-- Who removes each of them: see echomq_core/wire/keyspace.py, and the header of each script for
 -- what that script writes.
 local function queue_keys(keys)
   return {pending = keys[1], wake = keys[2], seq = keys[3], active = keys[4], leases = keys[5],

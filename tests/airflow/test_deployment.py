@@ -599,10 +599,12 @@ def late_callback_after_clear(deployment: Deployment, mq: EchoMQ) -> None:
         deployment.wait_for(lambda: gone(task), 120, "the first try's task process gone")
         deployment.clear(dag_id, run_id, ["fan_out"])
         deployment.wait_for(
-            lambda: deployment.task_instance(dag_id, run_id, "fan_out")["try_number"] >= 2
-            and deployment.task_states(dag_id, run_id)["fan_out"] == "running"
-            and mq.note_epoch("example.reports", parent) == 1
-            and mq.snapshot("example.reports", parent).parent_state == "held",
+            lambda: (
+                deployment.task_instance(dag_id, run_id, "fan_out")["try_number"] >= 2
+                and deployment.task_states(dag_id, run_id)["fan_out"] == "running"
+                and mq.note_epoch("example.reports", parent) == 1
+                and mq.snapshot("example.reports", parent).parent_state == "held"
+            ),
             120,
             "the second try waiting on the flow, its epoch recorded",
         )

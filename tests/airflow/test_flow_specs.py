@@ -6,7 +6,7 @@ import pytest
 from echomq_provider.flow_specs import flow_target, parent_id_for, to_children
 
 from echomq_core import Child, FlowRef, InvalidInput
-from echomq_core.keyspace import JOB_ID_RE
+from echomq_core.wire.keyspace import JOB_ID_RE
 
 
 def test_parent_id_is_stable_unique_and_valid() -> None:

@@ -31,7 +31,7 @@ import pytest
 from echomq_provider.flow_specs import parent_id_for
 
 from echomq_core import Child, EchoMQ
-from echomq_core.calls import Call
+from echomq_core.wire.calls import Call
 
 from .postgres import Postgres
 

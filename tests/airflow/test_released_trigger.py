@@ -14,7 +14,7 @@ import pytest
 from echomq_provider.triggers.released import EchoFlowReleasedTrigger
 
 from echomq_core import Child, EchoMQ, InvalidInput
-from echomq_core.calls import Call, Op
+from echomq_core.wire.calls import Call, Op
 
 pytestmark = pytest.mark.onlystandalone
 

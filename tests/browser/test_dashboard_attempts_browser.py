@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from echomq_core import Backoff, EchoMQ, Job, JobSpec, Worker
+from echomq_core.queues.throughput import DAY
 from echomq_core.server import EmbeddedServer
-from echomq_core.throughput import DAY
 
 from ..dashkit import Dashboard, env_for
 from ..waiting import eventually

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from echomq_core import EchoMQ, JobSpec
-from echomq_core.calls import Call, Op
 from echomq_core.server import EmbeddedServer
+from echomq_core.wire.calls import Call, Op
 
 from ..dashkit import Dashboard, env_for
 from .cdp import Browser

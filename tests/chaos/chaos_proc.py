@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from echomq_core import Backoff, EchoMQ, Job, Pump, Worker
-from echomq_core.options import PumpOptions
+from echomq_core.control.options import PumpOptions
 
 
 def starts_key(prefix: str) -> str:

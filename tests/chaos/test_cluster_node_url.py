@@ -18,7 +18,7 @@ import pytest
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ
 from echomq_core.errors import ConfigurationError
-from echomq_core.slots import key_slot
+from echomq_core.wire.slots import key_slot
 
 from ..clusterkit import EmbeddedCluster
 

@@ -58,9 +58,9 @@ import pytest
 from redis.crc import key_slot
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, EchoMQError, Pump
-from echomq_core.keyspace import Keyspace
-from echomq_core.pump import TickStats
+from echomq_core.pump.pump import TickStats
 from echomq_core.server import EmbeddedServer, _command
+from echomq_core.wire.keyspace import Keyspace
 
 from ..clusterkit import EmbeddedCluster
 from ..waiting import eventually
@@ -740,8 +740,10 @@ def reshard(
         pending["sync"].start()
         pending["async"] = side.submit(flow.async_probe(f"JOB-aprobe-{tag}"))
         eventually(
-            lambda: mq.connection.stats["tryagain"] > sync0.get("tryagain", 0)
-            and side.stats.get("tryagain", 0) > async0.get("tryagain", 0),
+            lambda: (
+                mq.connection.stats["tryagain"] > sync0.get("tryagain", 0)
+                and side.stats.get("tryagain", 0) > async0.get("tryagain", 0)
+            ),
             3.0,  # well inside the router's wait for a moving slot
             lambda: f"the clients to meet TRYAGAIN: {mq.connection.stats} {side.stats}",
             every=0.01,

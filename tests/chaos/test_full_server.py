@@ -23,21 +23,12 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from echomq_core import (
-    Child,
-    EchoMQ,
-    Job,
-    PartlyWritten,
-    Pump,
-    Queue,
-    ServerFull,
-    Worker,
-    ops,
-)
-from echomq_core.retention import sweep
-from echomq_core.routines import drive, record
+from echomq_core import Child, EchoMQ, Job, PartlyWritten, Pump, Queue, ServerFull, Worker
+from echomq_core.flows.retention import sweep
+from echomq_core.queues import ops
+from echomq_core.queues.throughput import read_minutes
 from echomq_core.server import EmbeddedServer
-from echomq_core.throughput import read_minutes
+from echomq_core.work.routines import drive, record
 
 from ..clusterkit import EmbeddedCluster
 from ..conftest import Backend
@@ -365,9 +356,7 @@ def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
         sampler.stop.set()
         sampler.join()
         node.config_set("maxmemory", 0)  # memory freed
-        eventually(
-            lambda: mq.queue(work).stats()["completed"] == n, 120, mq.queue(work).stats
-        )
+        eventually(lambda: mq.queue(work).stats()["completed"] == n, 120, mq.queue(work).stats)
     finally:
         go.set()
         sampler.stop.set()

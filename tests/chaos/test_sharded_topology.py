@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from echomq_core import Child
-from echomq_core.sharding import Shards, shard_of
+from echomq_core.flows.sharding import Shards, shard_of
 
 from ..clusterkit import EmbeddedCluster
 from .harness import record, row_fields

@@ -38,9 +38,9 @@ import pytest
 from redis.crc import key_slot
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, Job, Pump, Worker
-from echomq_core.connection import MIGRATION_WAIT, connect, parse_url
 from echomq_core.errors import ConfigurationError, ConnectionLost
 from echomq_core.server import EmbeddedServer, _command
+from echomq_core.wire.connection import MIGRATION_WAIT, connect, parse_url
 
 from ..clusterkit import EmbeddedCluster
 from ..waiting import eventually

@@ -27,11 +27,11 @@ import redis
 
 from echomq_core import AsyncEchoMQ, AsyncWorker, Child, EchoMQ, Job, Pump, Worker
 from echomq_core.server import EmbeddedServer
-from echomq_core.slots import key_slot
+from echomq_core.wire.slots import key_slot
 
 from ..clusterkit import EmbeddedCluster, _cluster_info
-from ..test_startup import _read_until
 from ..waiting import eventually
+from ..work.test_startup import _read_until
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from echomq_core import Child, EchoMQ
-from echomq_core.calls import Call
+from echomq_core.wire.calls import Call
 
 from ..conftest import Backend
 from ..waiting import eventually
@@ -95,8 +95,11 @@ def test_thresholds_under_chaos(
         for pid, plan in plans.items()
     }
     doomed = {
-        pid: {cid for (_, cid), c in zip(refs[pid].children, plan, strict=True)
-              if c.payload.get("fail")}
+        pid: {
+            cid
+            for (_, cid), c in zip(refs[pid].children, plan, strict=True)
+            if c.payload.get("fail")
+        }
         for pid, plan in plans.items()
     }
     queues = [parents, a, b]
@@ -157,7 +160,7 @@ def test_thresholds_under_chaos(
         assert len(failed) > ALLOW and failed <= doomed[pid], (pid, failed)
         values = mq.children_values(parents, pid)
         assert not set(values) & doomed[pid], pid
-        for (n, (cq, cid)) in enumerate(refs[pid].children):
+        for n, (cq, cid) in enumerate(refs[pid].children):
             if cid in values:
                 assert values[cid] == {"sq": n * n}, cid
             elif cid not in failed:
@@ -171,7 +174,10 @@ def test_thresholds_under_chaos(
     for queue in queues:
         stats = mq.queue(queue).stats()
         assert (stats["pending"], stats["active"], stats["delayed"], stats["poison"]) == (
-            0, 0, 0, 0
+            0,
+            0,
+            0,
+            0,
         ), (queue, stats)
     record(
         {

@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from echomq_core import Backoff, EchoMQ, EchoMQError, Job, Pump, Worker
-from echomq_core.routines import AHEAD_FAILED, CLAIM_FAILED
+from echomq_core.work.routines import AHEAD_FAILED, CLAIM_FAILED
 
 OK_EVERY = 0.25
 _OUT = threading.Lock()
@@ -183,7 +183,7 @@ def main() -> None:
         while not stop.wait(0.2):
             pass
         pump.stop()
-    # what the Cluster router met in this process (echomq_core.connection)
+    # what the Cluster router met in this process (echomq_core.wire.connection)
     say("router " + json.dumps(dict(mq.connection.stats), sort_keys=True))
 
 

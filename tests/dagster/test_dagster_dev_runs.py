@@ -35,7 +35,7 @@ from dagster_support import ROOT, WORKER_PROC, client_url
 from deploy_support import GraphQL, dagster_home, entries, free_port, location_loaded, poll
 
 from echomq_core import Child, EchoMQ
-from echomq_core.urls import flow_page
+from echomq_core.seeing.urls import flow_page
 
 DEFS = ROOT / "tests" / "dagster" / "run_jobs.py"
 REPO = {"repositoryLocationName": "run_jobs.py", "repositoryName": "__repository__"}

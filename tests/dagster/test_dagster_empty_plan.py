@@ -34,7 +34,7 @@ from dagster_echomq.reading import EMPTY_PARENT_ID, EMPTY_PLAN, read_handle
 from dagster_support import client_url, evaluate_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef, InvalidArgument, InvalidJobId, InvalidQueueName
-from echomq_core.connection import Call
+from echomq_core.wire.connection import Call
 
 PARENT, CHILD = "ep-parent", "ep-child"
 

@@ -38,7 +38,7 @@ from dagster_echomq.reading import TRACEBACK_SHOWN, read_handle
 from dagster_support import client_url, pump_threads
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, JobNotFound, ParentFailed
-from echomq_core.keyspace import check_job_id
+from echomq_core.wire.keyspace import check_job_id
 from tests.waiting import eventually
 
 PARENT, CHILD = "dg-parent", "dg-child"

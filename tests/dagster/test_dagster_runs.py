@@ -24,7 +24,7 @@ from dagster_echomq.reading import read_handle
 from dagster_support import client_url, run_the_failure_sensor
 
 from echomq_core import EchoMQ
-from echomq_core.urls import flow_page
+from echomq_core.seeing.urls import flow_page
 
 RANGE = {
     "dagster/asset_partition_range_start": "2026-11-01",

@@ -4,7 +4,7 @@ deadline in ``active`` less the 600 s lease) in the list ``<PREFIX>:test:claimed
 process's pid in the set ``<PREFIX>:test:pids``. Stops on SIGTERM/SIGINT like any worker.
 Nothing extends a lease before its handler reads it: no heartbeat falls within a test (every
 lease / 3), and the worker's lease check of jobs that waited in its buffer is switched off
-(it would re-stamp their deadlines: tests/test_rate_limit.py, ``unextended``)."""
+(it would re-stamp their deadlines: tests/control/test_rate_limit.py, ``unextended``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import sys
 
 from echomq_core import EchoMQ, Job, Worker
-from echomq_core.connection import Call
+from echomq_core.wire.connection import Call
 
 LEASE = 600.0
 

@@ -39,10 +39,10 @@ from echomq_core import (
     ParentFailed,
 )
 from echomq_core.checks import check_int
-from echomq_core.children import MAX_RANGE
 from echomq_core.errors import flow_error
-from echomq_core.flows import not_found
-from echomq_core.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
+from echomq_core.flows.children import MAX_RANGE
+from echomq_core.flows.plan import not_found
+from echomq_core.flows.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 
 from .._compat import (
     CONNECTION_NOT_FOUND,

@@ -83,10 +83,10 @@ from airflow.sdk import BaseOperator
 
 from echomq_core import FlowConflict, FlowRef, InvalidInput
 from echomq_core.checks import check_int, check_seconds
-from echomq_core.keyspace import check_queue
-from echomq_core.lifecycle import repair_on_readd
-from echomq_core.ops import gc_paused
-from echomq_core.waiting import FlowWait
+from echomq_core.flows.lifecycle import repair_on_readd
+from echomq_core.flows.waiting import FlowWait
+from echomq_core.queues.ops import gc_paused
+from echomq_core.wire.keyspace import check_queue
 
 from .. import settle
 from .._compat import AirflowFailException, AirflowSkipException, clear_number
@@ -362,7 +362,8 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         ti = context["ti"]
         parent_id = self._parent_id(context)
         try:
-            with gc_paused(self.children):  # the specs and the add: see echomq_core.ops.gc_paused
+            # the specs and the add: see echomq_core.queues.ops.gc_paused
+            with gc_paused(self.children):
                 children = to_children(
                     self.children,
                     default_queue=self.child_queue,

@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from echomq_core import InvalidInput
-from echomq_core.waiting import FlowWait
+from echomq_core.flows.waiting import FlowWait
 
 from .._compat import AirflowFailException, AirflowSkipException
 from ..flow_specs import flow_target

@@ -2,7 +2,7 @@
 
 It polls one flow with the async client until the flow settles, then fires one event and
 ends; what each read means and when the next comes is the core's
-:class:`~echomq_core.waiting.FlowWait`, driven here with ``await``. The event is small on
+:class:`~echomq_core.flows.waiting.FlowWait`, driven here with ``await``. The event is small on
 purpose (it is stored in the metadata DB): a status and counts.
 
 On success with ``end_from_trigger`` (the waiting task's default unless plugins registered
@@ -54,8 +54,8 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
-from echomq_core.flows import not_found
-from echomq_core.waiting import CANCELLED, FAST_POLL, MISSING, FlowWait
+from echomq_core.flows.plan import not_found
+from echomq_core.flows.waiting import CANCELLED, FAST_POLL, MISSING, FlowWait
 
 from .._compat import aset_xcom, atask_state
 from ..hooks.echomq import EchoMQHook
@@ -322,7 +322,7 @@ class EchoFlowTrigger(BaseTrigger):
             return {"status": "error", "message": f"{where}: {type(exc).__name__}: {exc}"}
 
     def _flow_wait(self, *, fresh: bool = False) -> FlowWait:
-        """This run's :class:`~echomq_core.waiting.FlowWait`: pauses of ``poll_interval`` from
+        """This run's :class:`~echomq_core.flows.waiting.FlowWait`: pauses of ``poll_interval`` from
         the first (the task read the flow just before it deferred), ``timeout_at`` as the
         time left from now."""
         if fresh or self._wait_state is None:
@@ -337,7 +337,7 @@ class EchoFlowTrigger(BaseTrigger):
         return self._wait_state
 
     def _next_sleep(self, snap: FlowSnapshot) -> float:
-        """The pause after a read of ``snap`` (see :mod:`echomq_core.waiting`):
+        """The pause after a read of ``snap`` (see :mod:`echomq_core.flows.waiting`):
         ``poll_interval``, shortened to the time the flow should take to settle at the rate it
         settled since the last read (at least :data:`FAST_POLL`) and to the time left before
         ``timeout_at``."""

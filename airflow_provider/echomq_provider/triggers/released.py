@@ -29,7 +29,7 @@ no sensor and no polling DAG: the triggerer runs this trigger for the asset, and
 ``queue`` released from then on fires one event, so one DAG run.
 
 Once per flow, across triggerers: the trigger is a reader of the release watcher named
-``watcher`` (:mod:`echomq_core.release_watch`), whose cursor lives on the server. Two
+``watcher`` (:mod:`echomq_core.flows.release_watch`), whose cursor lives on the server. Two
 triggerers running it at once (a takeover while the old one still ran), or one restarted,
 never fire the same flow twice; flows released while no triggerer ran fire at the next poll.
 A triggerer killed between taking a flow and Airflow writing its event (under a second) loses
@@ -53,8 +53,8 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from echomq_core import EchoMQError, InvalidInput
 from echomq_core.checks import check_int, check_seconds
-from echomq_core.keyspace import check_queue
-from echomq_core.release_watch import MAX_TAKE, check_watcher
+from echomq_core.flows.release_watch import MAX_TAKE, check_watcher
+from echomq_core.wire.keyspace import check_queue
 
 from ..hooks.echomq import EchoMQHook
 

@@ -1,0 +1,1 @@
+"""The entry points users hold: :class:`EchoMQ` / :class:`AsyncEchoMQ` and their queues."""

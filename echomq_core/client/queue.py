@@ -1,0 +1,591 @@
+"""One queue's lifecycle: add, claim, complete, fail, heartbeat, inspect.
+
+``pending -> active (leased, with a token) -> completed | retry (delayed) | dead``. Only the
+holder of a job's current lease token may complete, fail or extend it; an expired lease
+returns the job to pending (at-least-once execution), and a stale completion is refused and
+changes nothing. Every call takes batches: a batch costs one round trip, not one per job.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from ..checks import (
+    MAX_ATTEMPTS,
+    MAX_DELAY,
+    MAX_LEASE,
+    check_int,
+    check_seconds,
+    timeout_ms,
+)
+from ..control.rates import Claimed
+from ..errors import InvalidArgument, JobNotFound, LeaseLost
+from ..flows import sharding, spawning
+from ..models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback
+from ..queues import ops
+from ..queues.registry import lease_token
+from ..wire.calls import Op
+from ..wire.keyspace import Keyspace, check_job_id, check_queue
+
+T = TypeVar("T")
+
+
+class OpsClient(Protocol):
+    """What building a queue's operations needs of a client, sync or asyncio: the queue module
+    depends on this, not on the client module, so the two never import each other."""
+
+    keys: Keyspace
+    serializer: Serializer
+    shard_cache: dict[str, sharding.Shards]
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def unregistered(self, names: Iterable[str]) -> list[str]: ...
+
+    def mark_registered(self, names: Iterable[str]) -> None: ...
+
+
+class QueueClient(OpsClient, Protocol):
+    """What a :class:`Queue` needs of its client (:class:`~echomq_core.EchoMQ` is one): the
+    operations' needs and a synchronous driver."""
+
+    def perform(self, op: Op[T]) -> T: ...
+
+
+DEAD, RETRY = 2, 1
+#: A failed attempt as :meth:`Queue.fail_many` takes it: (job, error, retry?) or with the
+#: attempt's traceback as a fourth item.
+FailedAttempt = tuple[Job, str, bool] | tuple[Job, str, bool, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job for :meth:`Queue.add_bulk` when per-job options are needed."""
+
+    payload: Any = None
+    id: str | None = None
+    delay: float = 0.0
+    priority: int = 0
+    max_attempts: int | None = None
+    timeout: float | None = None  # the handler's time limit (s); None: the queue's
+
+
+class QueueOps:
+    """One queue's options and the operations of its calls, built once for either client:
+    :class:`Queue` drives them on the sync connection, :class:`~echomq_core.AsyncQueue` on the
+    asyncio one, and both workers drive them on their own. Every argument is checked when an
+    operation is built, before anything is sent. Cheap to make; holds options, not
+    connections.
+
+    Options (each refused by name when out of range):
+
+    * ``max_attempts`` (3): attempts before a failing job dies; a child's death then settles
+      its parent by the child's policy.
+    * ``backoff`` (:class:`Backoff` 1 s doubling, capped at 300 s, jittered): delay between
+      attempts.
+    * ``lease`` (30 s): how long a claim holds a job before it may be recovered; workers
+      heartbeat long jobs.
+    * ``keep_completed`` (True): a finished plain job keeps its row with its result until
+      deleted; False deletes it on completion (flow children never copy their result into
+      their row: it lives in the parent's ``:processed``; a flow parent's row always stays
+      until its flow is swept, so its reads and a retry by id of the finished flow still find
+      it).
+    * ``timeout`` (None): the longest a handler may run a job of this queue, in seconds; a job's
+      own ``timeout`` (``JobSpec``, ``Child``) wins. Past it the worker stops extending the
+      lease, records a failed attempt (``TimeoutError``) and frees the slot.
+    """
+
+    def __init__(
+        self,
+        client: OpsClient,
+        name: str,
+        *,
+        max_attempts: int = 3,
+        backoff: Backoff | None = None,
+        lease: float = 30.0,
+        keep_completed: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        self.client = client
+        self.name = check_queue(name)
+        self.max_attempts = check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+        self.backoff = backoff if backoff is not None else Backoff()
+        if not isinstance(self.backoff, Backoff):
+            raise InvalidArgument("backoff must be an echomq_core.Backoff")
+        self.lease_ms = int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
+        self.keep_completed = bool(keep_completed)
+        self.timeout_ms = timeout_ms("timeout", timeout)
+        #: the registry id of the worker that claims through this handle ('' for none): its
+        #: lease tokens name it (:func:`~echomq_core.queues.registry.lease_token`)
+        self.holder = ""
+        self._turn = -1  # the shard a sharded queue's last claim tried first
+        #: True for a worker's handle on one physical queue (shard 0 of a sharded queue has
+        #: the logical name): it claims from that shard alone, the worker rotates the shards
+        self.physical = False
+        #: the logical queue a physical handle's jobs are shown under (``job.queue``)
+        self.logical = self.name
+        #: the ids (and their lease token) that a claim with ``ahead`` leased for the next
+        #: one, their rows not read yet (:meth:`claim_op`)
+        self.ahead: tuple[list[str], str] | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # -- the operations -------------------------------------------------------------------
+    def add_bulk_op(self, jobs: Iterable[Any]) -> Op[list[str]]:
+        """The operation of an add of ``jobs`` (payloads or :class:`JobSpec`), in one round
+        trip; returns their ids. The rows are checked and serialised here, before anything
+        is sent (the caller pauses the collector around it,
+        :func:`~echomq_core.queues.ops.gc_paused`); the queue rides along into the registry with
+        the first add that lands."""
+        if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
+            raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
+        rows: list[tuple[str, bytes, int, int, int, int | None]] = []
+        check = False
+        encode, attempts_default = self.client.encode, self.max_attempts
+        # generated ids: one random 96-bit stem per call and the item's index - unique like
+        # an uuid4 per job, at a fraction of the cost of a bulk add, and shorter
+        stem = f"JOB-{secrets.token_hex(12)}-"
+        for index, item in enumerate(jobs):
+            if not isinstance(item, JobSpec):  # a bare payload: every option is the default
+                rows.append((f"{stem}{index:x}", encode(item), attempts_default, 0, 0, None))
+                continue
+            spec = item
+            if spec.id is None:
+                job_id = f"{stem}{index:x}"
+            else:
+                job_id, check = check_job_id(spec.id), True
+            delay_ms = int(check_seconds("delay", spec.delay, 0.0, MAX_DELAY) * 1000)
+            priority = check_int("priority", spec.priority, 0, 800)
+            attempts = check_int(
+                "max_attempts",
+                self.max_attempts if spec.max_attempts is None else spec.max_attempts,
+                1,
+                MAX_ATTEMPTS,
+            )
+            limit = timeout_ms("timeout", spec.timeout)
+            rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
+        if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
+            raise InvalidArgument("duplicate job ids in one add_bulk call")
+        # every id generated (none given): the add sends the stem, not an id per job (ops.add)
+        return self._add(rows, check, None if check else stem)
+
+    def _add(
+        self,
+        rows: list[tuple[str, bytes, int, int, int, int | None]],
+        check: bool,
+        stem: str | None = None,
+    ) -> Op[list[str]]:
+        if not rows:  # nothing to add sends nothing
+            return []
+        shards = yield from self._shards()
+        parts: dict[str, list[tuple[str, bytes, int, int, int, int | None]]] = {}
+        if len(shards) == 1:
+            parts[self.name] = rows
+        else:  # each shard's part in one call, all of them in one step
+            for row in rows:
+                parts.setdefault(sharding.shard_of(shards, row[0]), []).append(row)
+        new = self.client.unregistered(parts)
+        adds = [
+            ops.add(
+                self.client.keys, q, part, check=check, new_queues=new if i == 0 else (), stem=stem
+            )
+            for i, (q, part) in enumerate(parts.items())
+        ]
+        if len(adds) == 1:
+            yield from adds[0]
+        else:
+            yield from sharding.together(adds)
+        self.client.mark_registered(new)
+        return [r[0] for r in rows]
+
+    def _shards(self) -> Op[sharding.Shards]:
+        """This queue's shards: from the client's cache, else one read (once per process)."""
+        cache = self.client.shard_cache
+        if self.name in cache:
+            return cache[self.name]
+        return (yield from sharding.resolve(self.client.keys, cache, [self.name]))[self.name]
+
+    def add_op(
+        self,
+        payload: Any = None,
+        *,
+        job_id: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> Op[list[str]]:
+        """The operation of an add of one job (its id the only item of the result)."""
+        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
+        return self.add_bulk_op([spec])
+
+    def claim_op(
+        self,
+        count: int = 1,
+        *,
+        lease: float | None = None,
+        promote: int = 100,
+        ahead: bool = False,
+    ) -> Op[Claimed]:
+        """Lease up to ``count`` jobs (lowest priority score first), within the queue's rate
+        limit: fewer, or none, when its window is spent (then the reply's ``opens_in`` says
+        when to ask again). Two round trips.
+
+        ``ahead`` (a worker's fetcher, while its handlers are fast): a full claim also leases
+        the next ``count`` jobs, in the round trip that reads this one's rows, and holds their
+        ids in :attr:`ahead` unread; the next call returns them (as many as were leased then),
+        with ``ahead`` leasing the next batch in the same round trip again - one round trip
+        per batch instead of two. No claim is made ahead of a short one (the backlog ran dry)
+        or of a spent rate window, nor on a sharded queue's logical handle. Held leases are
+        not extended: the caller calls again at once, with ``ahead=False`` before it waits or
+        stops or while the window is spent (that call returns the held jobs and claims
+        nothing more). A call that fails drops what it held: those leases expire."""
+        check_int("count", count, 1, 10_000)
+        lease_ms = (
+            self.lease_ms
+            if lease is None
+            else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
+        )
+        return self._claim(count, lease_ms, check_int("promote", promote, 0, 1000), ahead)
+
+    def _claim(self, count: int, lease_ms: int, promote: int, ahead: bool) -> Op[Claimed]:
+        held, self.ahead = self.ahead, None
+        if held is not None:
+            more = count if ahead else 0
+            claimed = yield from self._claim_on(self.name, held, more, lease_ms, promote)
+            self.label(claimed)
+            return claimed
+        shards = (self.name,) if self.physical else (yield from self._shards())
+        ks, token, claimed = self.client.keys, lease_token(self.holder), Claimed()
+        # a sharded queue: shards in turn, the first tried rotating, so none starves
+        self._turn = turn = (self._turn + 1) % len(shards)
+        for step in range(len(shards)):
+            shard = shards[(turn + step) % len(shards)]
+            (reply,) = yield [ops.claim_call(ks, shard, count, lease_ms, token, promote)]
+            opens_in, ids = ops.claimed_ids(reply)
+            if not ids:
+                claimed = Claimed([], opens_in)
+                continue
+            # a full claim of a queue of one slot claims ahead (not a sharded logical handle)
+            full = len(ids) == count and not opens_in and len(shards) == 1
+            more = count if ahead and full else 0
+            claimed = yield from self._claim_on(shard, (ids, token), more, lease_ms, promote)
+            claimed.opens_in = max(claimed.opens_in, opens_in)
+            break
+        self.label(claimed)
+        return claimed
+
+    def _claim_on(
+        self, shard: str, held: tuple[list[str], str], count: int, lease_ms: int, promote: int
+    ) -> Op[Claimed]:
+        """The jobs of ``held`` (ids leased in ``shard``, their rows unread) and, when
+        ``count``, the next claim of ``count`` in the same round trip
+        (:func:`~echomq_core.queues.ops.claim_ahead`), held in :attr:`ahead` (the window it found
+        spent is in the reply's ``opens_in``)."""
+        ks, ser = self.client.keys, self.client.serializer
+        ids, token = held
+        if not count:
+            return Claimed((yield from ops.leased(ks, shard, ids, token, ser)))
+        after = lease_token(self.holder)
+        jobs, opens_in, nxt = yield from ops.claim_ahead(
+            ks, shard, ids, token, count, lease_ms, after, promote, ser
+        )
+        if nxt:
+            self.ahead = (nxt, after)
+        return Claimed(jobs, opens_in)
+
+    def label(self, jobs: Iterable[Job]) -> None:
+        """Show ``jobs`` (leased from one of this queue's shards) under the logical name:
+        ``job.queue`` is what handlers and hooks see, ``job.shard`` where they are settled."""
+        for job in jobs:
+            job.queue = self.logical
+
+    def encode_results(self, done: Sequence[tuple[Job, Any]]) -> list[tuple[Job, bytes]]:
+        """``(job, result)`` pairs with their results serialised: :class:`InvalidPayload`
+        for one that cannot be, before anything is sent."""
+        return [(self._own(job), self.client.encode(result)) for job, result in done]
+
+    def settle_completed_op(
+        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None = None
+    ) -> Op[Settlement]:
+        """Complete jobs whose results are already serialised (``encoded`` not empty); the
+        statuses, and the parents the batch released or failed (the workers fire their hooks
+        from them). ``hand``: a worker's hand-off (:class:`~echomq_core.queues.ops.Hand`). A job
+        whose run spawned children of its own is not completed: its run ends waiting for them
+        (:func:`~echomq_core.flows.spawning.await_children`; status 0 when its lease was gone, the
+        server's answers in ``waits``). A job recorded now that ran before (a failed attempt,
+        a lost lease) has what an earlier run of it counted and never landed settled as never
+        landed, in one more round trip for them all (:func:`~echomq_core.flows.spawning.reconcile`;
+        how many in ``voided``): a Worker's batch and :meth:`Queue.complete_many` alike."""
+        if any(job.adopted for job, _ in encoded):
+            settled = yield from self._settle_waiting(encoded, hand)
+        else:
+            settled = yield from self._complete(encoded, hand)
+        again = [
+            job
+            for (job, _), status in zip(encoded, settled.statuses, strict=True)
+            if status and (job.attempts or job.stalls)
+        ]
+        if again:
+            settled.voided, events = yield from spawning.reconcile(self.client.keys, again)
+            for event, node_queue, node_id in events:  # for the hooks, as the batch's own
+                (settled.released if event == "r" else settled.failed).append((node_queue, node_id))
+        return settled
+
+    def _complete(
+        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None
+    ) -> Op[Settlement]:
+        home = self._home([job for job, _ in encoded])
+        return ops.complete(self.client.keys, home, encoded, keep=self.keep_completed, hand=hand)
+
+    def _settle_waiting(
+        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None
+    ) -> Op[Settlement]:
+        """:meth:`settle_completed_op` of a batch holding jobs that wait for their own
+        children: those in one call, the rest completed as usual, statuses in batch order."""
+        waiting = [job for job, _ in encoded if job.adopted]
+        rest = [(job, raw) for job, raw in encoded if not job.adopted]
+        replies = yield from spawning.await_children(self.client.keys, waiting)
+        settled = Settlement([])
+        if rest:
+            settled = yield from self._complete(rest, hand)
+        ended = iter([1 if reply else 0 for reply in replies])
+        done = iter(settled.statuses)
+        settled.statuses = [next(ended) if job.adopted else next(done) for job, _ in encoded]
+        settled.waits = list(replies)
+        return settled
+
+    def settle_failed_op(
+        self, failed: Sequence[FailedAttempt], hand: ops.Hand | None = None
+    ) -> Op[Settlement]:
+        """Fail jobs as :meth:`Queue.fail_many` takes them (``failed`` not empty): the backoff
+        of each retried job is chosen here. ``hand`` as :meth:`settle_completed_op`."""
+        rows = []
+        home = self._home([item[0] for item in failed])
+        for job, error, retry, *trace in failed:
+            delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
+            tb = cut_traceback(trace[0] if trace else None)
+            rows.append((job, str(error)[:10_000], tb, delay))
+        return ops.fail(self.client.keys, home, rows, hand=hand)
+
+    def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
+        """Extend the leases of ``jobs`` (not empty); False where a lease was already lost."""
+        lease_ms = (
+            self.lease_ms
+            if lease is None
+            else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
+        )
+        return ops.heartbeat(self.client.keys, self._home(jobs), jobs, lease_ms)
+
+    def release_op(self, jobs: Sequence[Job]) -> Op[list[bool]]:
+        """Give leased ``jobs`` (not empty) back untouched: to the front of pending, no
+        attempt counted, idle workers woken (what a worker does with jobs it will not run when
+        it stops). False where the lease was already lost."""
+        return ops.release(self.client.keys, self._home(jobs), jobs)
+
+    def retry_dead_op(self, job_ids: Sequence[str]) -> Op[tuple[int, list[str]]]:
+        """Give dead plain jobs fresh attempts and queue them again (behind what is pending);
+        their payloads and settings stay. Returns how many were revived and the ids left as
+        they were: not dead, or a flow's (repair the flow instead: ``EchoMQ.retry_flow``)."""
+        if isinstance(job_ids, str | bytes):
+            raise InvalidArgument("job_ids must be a list of job ids, not a string")
+        ids = [check_job_id(i) for i in job_ids]
+        return self._revive(ids)
+
+    def _revive(self, ids: list[str]) -> Op[tuple[int, list[str]]]:
+        if not ids:  # nothing to revive sends nothing
+            return 0, []
+        parts = sharding.by_shard((yield from self._shards()), ids)
+        done = yield from sharding.together(
+            [ops.revive(self.client.keys, q, part) for q, part in parts.items()]
+        )
+        return _merged(done)
+
+    def cancel_op(self, job_ids: Sequence[str], *, reason: str = "") -> Op[tuple[int, list[str]]]:
+        """Cancel plain jobs that have not started (pending or delayed): each goes to the
+        morgue with the error ``cancelled: <reason>``, where :meth:`retry_dead_op` can take it
+        back. Returns how many were cancelled and the ids left as they were: leased, finished,
+        dead, or a flow's (cancel the flow instead: ``EchoMQ.cancel_flow``)."""
+        if isinstance(job_ids, str | bytes):
+            raise InvalidArgument("job_ids must be a list of job ids, not a string")
+        ids = [check_job_id(i) for i in job_ids]
+        if not isinstance(reason, str) or len(reason) > 1000:
+            raise InvalidArgument(
+                f"reason must be a string of at most 1000 characters, got {reason!r:.80}"
+            )
+        return self._cancel(ids, reason)
+
+    def _cancel(self, ids: list[str], reason: str) -> Op[tuple[int, list[str]]]:
+        if not ids:
+            return 0, []
+        parts = sharding.by_shard((yield from self._shards()), ids)
+        done = yield from sharding.together(
+            [ops.cancel_jobs(self.client.keys, q, part, reason) for q, part in parts.items()]
+        )
+        return _merged(done)
+
+    def get_job_op(self, job_id: str) -> Op[JobInfo]:
+        """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
+        job_id = check_job_id(job_id)
+        return self._get_job(job_id)
+
+    def _get_job(self, job_id: str) -> Op[JobInfo]:
+        shard = sharding.shard_of((yield from self._shards()), job_id)
+        info = yield from ops.inspect(self.client.keys, shard, job_id, self.client.serializer)
+        if info is None:
+            raise JobNotFound(f"no job {job_id!r} in queue {self.name!r}")
+        return info
+
+    def stats_op(self) -> Op[dict[str, int]]:
+        """Counts: pending, active, delayed, dead, completed, outbox, poison (summed over the
+        shards of a sharded queue, read in one step)."""
+        return self._stats()
+
+    def _stats(self) -> Op[dict[str, int]]:
+        shards = yield from self._shards()
+        if len(shards) == 1:
+            return (yield from ops.stats(self.client.keys, self.name))
+        parts = yield from sharding.together([ops.stats(self.client.keys, q) for q in shards])
+        total: dict[str, int] = {}
+        for part in parts:
+            for name, value in part.items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def _own(self, job: Job) -> Job:
+        if not isinstance(job, Job):
+            raise InvalidArgument(f"expected a claimed echomq_core.Job, got {type(job).__name__}")
+        if job.shard != self.name and job.shard not in self.client.shard_cache.get(self.name, ()):
+            raise InvalidArgument(f"job {job.id} belongs to queue {job.shard!r}, not {self.name!r}")
+        return job
+
+    def _home(self, jobs: Sequence[Job]) -> str:
+        """The physical queue of a batch of this queue's jobs: one shard (what one claim
+        leases); a batch from several shards is refused by name, before anything is sent."""
+        homes = {self._own(job).shard for job in jobs}
+        if len(homes) > 1:
+            raise InvalidArgument(
+                f"jobs of {len(homes)} shards of queue {self.name!r} in one batch "
+                f"({', '.join(sorted(homes))}): settle each shard's jobs in a batch of its own"
+            )
+        return homes.pop() if homes else self.name
+
+
+def _merged(parts: list[tuple[int, list[str]]]) -> tuple[int, list[str]]:
+    """The shards' ``(how many, ids left as they were)`` as one answer."""
+    return sum(n for n, _ in parts), [i for _, left in parts for i in left]
+
+
+class Queue(QueueOps):
+    """A handle on one queue, on a synchronous client (:meth:`EchoMQ.queue
+    <echomq_core.EchoMQ.queue>`): each method drives its :class:`QueueOps` operation on the
+    client's connection. Options as :class:`QueueOps`."""
+
+    client: QueueClient
+
+    def add(
+        self,
+        payload: Any = None,
+        *,
+        job_id: str | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Add one job; returns its id. Re-adding an existing id changes nothing."""
+        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
+        return self.add_bulk([spec])[0]
+
+    def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
+        """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
+        with ops.gc_paused(jobs):
+            return self.client.perform(self.add_bulk_op(jobs))
+
+    def claim(
+        self,
+        count: int = 1,
+        *,
+        lease: float | None = None,
+        promote: int = 100,
+        ahead: bool = False,
+    ) -> Claimed:
+        """Lease up to ``count`` jobs (lowest priority score first), within the queue's rate
+        limit (:meth:`EchoMQ.set_rate_limit <echomq_core.EchoMQ.set_rate_limit>`): a list of
+        jobs whose ``opens_in`` is the seconds until the rate window opens again when it is
+        spent, else 0.0. Two round trips; ``ahead``: see :meth:`claim_op`."""
+        return self.client.perform(self.claim_op(count, lease=lease, promote=promote, ahead=ahead))
+
+    def complete(self, job: Job, result: Any = None) -> None:
+        """Complete one job; raises :class:`LeaseLost` if its lease is no longer current."""
+        if not self.complete_many([(job, result)])[0]:
+            raise LeaseLost(f"job {job.id} in {self.name!r}: the lease is no longer current")
+
+    def complete_many(self, done: Sequence[tuple[Job, Any]]) -> list[bool]:
+        """Complete many jobs in one round trip; False where the lease was lost. A result that
+        cannot be serialised raises :class:`InvalidPayload` before anything is sent."""
+        return [bool(s) for s in self.settle_completed(self.encode_results(done)).statuses]
+
+    def settle_completed(self, encoded: Sequence[tuple[Job, bytes]]) -> Settlement:
+        """:meth:`QueueOps.settle_completed_op`, run (nothing to complete sends nothing)."""
+        if not encoded:
+            return Settlement([])
+        return self.client.perform(self.settle_completed_op(encoded))
+
+    def fail(
+        self, job: Job, error: str, *, retry: bool = True, traceback: str | None = None
+    ) -> bool:
+        """Record a failed attempt; returns True if the job died. ``retry=False`` buries it
+        now; ``traceback`` is kept on the row (the last attempt's, cut to its last
+        :data:`MAX_TRACEBACK` bytes). Raises :class:`LeaseLost` if the lease is no longer
+        current."""
+        status = self.fail_many([(job, error, retry, traceback)])[0]
+        if status == 0:
+            raise LeaseLost(f"job {job.id} in {self.name!r}: the lease is no longer current")
+        return status == DEAD
+
+    def fail_many(self, failed: Sequence[FailedAttempt]) -> list[int]:
+        """Fail many jobs in one round trip: ``(job, error, retry?)`` or ``(job, error, retry?,
+        traceback)``. Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
+        return self.settle_failed(failed).statuses
+
+    def settle_failed(self, failed: Sequence[FailedAttempt]) -> Settlement:
+        """:meth:`QueueOps.settle_failed_op`, run: the statuses and the parents released or
+        failed (nothing to fail sends nothing)."""
+        if not failed:
+            return Settlement([])
+        return self.client.perform(self.settle_failed_op(failed))
+
+    def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
+        """Extend the leases of ``jobs``; False where a lease was already lost."""
+        op = self.heartbeat_op(jobs, lease=lease)  # checks the lease, also when jobs is empty
+        if not jobs:
+            return []
+        return self.client.perform(op)
+
+    def release(self, jobs: Sequence[Job]) -> list[bool]:
+        """:meth:`QueueOps.release_op`, run (nothing to give back sends nothing)."""
+        if not jobs:
+            return []
+        return self.client.perform(self.release_op(jobs))
+
+    def retry_dead(self, job_ids: Sequence[str]) -> tuple[int, list[str]]:
+        """:meth:`QueueOps.retry_dead_op`, run."""
+        return self.client.perform(self.retry_dead_op(job_ids))
+
+    def cancel(self, job_ids: Sequence[str], *, reason: str = "") -> tuple[int, list[str]]:
+        """:meth:`QueueOps.cancel_op`, run."""
+        return self.client.perform(self.cancel_op(job_ids, reason=reason))
+
+    # -- reads ----------------------------------------------------------------------------
+    def get_job(self, job_id: str) -> JobInfo:
+        """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
+        return self.client.perform(self.get_job_op(job_id))
+
+    def stats(self) -> dict[str, int]:
+        """Counts: pending, active, delayed, dead, completed, outbox, poison."""
+        return self.client.perform(self.stats_op())

@@ -1,0 +1,1 @@
+"""Flow control: a queue's rate limit, and the Worker's and the Pump's settings."""

@@ -1,0 +1,219 @@
+"""Retention: how long each end state is kept, stored on the server, and the sweep that
+forgets what is past it - a flow as a unit, in every queue its nodes live in.
+
+Settings are per queue, by age and by count, in the queue's ``config`` hash, so every
+worker, Pump and reader honours the same ones (``EchoMQ.set_retention`` /
+``echomq queue config``). What each one keeps:
+
+==============  =======  =====================================================================
+setting         default  applies to
+==============  =======  =====================================================================
+``completed``   1 day    completed jobs; a worker-run root flow once its parent ran (the flow)
+``closed``      1 day    flows read from outside (``barrier=True``) once a reader closed them
+``unclosed``    7 days   released barrier flows that nobody closed
+``failed``      7 days   failed root flows (kept for inspection and repair)
+``dead``        7 days   dead jobs; a worker-run root whose parent died (the flow)
+``cancelled``   7 days   cancelled flows
+``poison``      7 days   poisoned signals
+==============  =======  =====================================================================
+
+Each has an age (``<name>_age``, seconds, None: no age limit) and a count (``<name>_count``,
+the newest kept; None: no count limit, the default). Flows still held are never swept.
+
+The sweep (run by the Pump every ``sweep_every`` seconds) is O(expired): per queue, one
+script picks at most ``limit`` due entries per state and takes the queue's sweep lease (only
+when something is due: an idle Pump writes nothing; one Pump sweeps a queue at a time); a
+second re-checks each and forgets it. A plain job's row goes with its entry. A flow child's
+index entry goes, its row stays: it belongs to its flow. A root flow expires as a unit: its
+row, counter, result hashes and explicit-id record, then - on each child queue's slot - its
+children's rows and index entries, then the same for every inner node below it, then the
+named references that point to it. A failed flow whose children still run waits until they
+settle (re-checked each minute), so nothing a live flow needs is deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..checks import text as _s
+from ..errors import InvalidArgument
+from ..queues.ops import chunks
+from ..wire.calls import Call, Op
+from ..wire.keyspace import Keyspace
+from .plan import child_candidates, pairs, ref_body
+
+DAY = 86_400.0
+#: The settings, in the order the scripts take them, with their defaults (seconds / counts).
+SETTINGS: dict[str, float | int | None] = {
+    "completed_age": DAY,
+    "completed_count": None,
+    "dead_age": 7 * DAY,
+    "dead_count": None,
+    "failed_age": 7 * DAY,
+    "failed_count": None,
+    "closed_age": DAY,
+    "closed_count": None,
+    "unclosed_age": 7 * DAY,
+    "unclosed_count": None,
+    "cancelled_age": 7 * DAY,
+    "cancelled_count": None,
+    "poison_age": 7 * DAY,
+    "poison_count": None,
+}
+#: The longest age a setting takes (10 years): beyond that, say None (no limit).
+MAX_AGE = 3650 * DAY
+MAX_COUNT = 10**12
+
+
+def _encode(name: str, value: Any) -> str:
+    """A setting as the config hash stores it: ms for ages, counts as is, '-1' for None."""
+    if value is None:
+        return "-1"
+    if name.endswith("_age"):
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not 0 <= value <= MAX_AGE
+        ):
+            raise InvalidArgument(
+                f"{name} must be seconds between 0 and {MAX_AGE:g}, or None; got {value!r}"
+            )
+        return str(int(value * 1000))
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+        raise InvalidArgument(f"{name} must be an int >= 0, or None; got {value!r}")
+    return str(value)
+
+
+def _decode(name: str, raw: Any) -> float | int | None:
+    text = _s(raw)
+    if text == "-1":
+        return None
+    return int(text) / 1000 if name.endswith("_age") else int(text)
+
+
+def defaults_argv() -> list[str]:
+    """The defaults as the scripts take them ('' = unlimited)."""
+    return ["" if v is None else _encode(k, v) for k, v in SETTINGS.items()]
+
+
+def get_config(ks: Keyspace, queue: str) -> Op[dict[str, float | int | None]]:
+    """Every setting of ``queue``: what is stored, else the default."""
+    (flat,) = yield [Call.cmd("HGETALL", ks.config(queue))]
+    stored = pairs(flat)
+    out: dict[str, float | int | None] = {}
+    for name, default in SETTINGS.items():
+        out[name] = _decode(name, stored[name]) if name in stored else default
+    return out
+
+
+def set_config(ks: Keyspace, queue: str, settings: Mapping[str, Any]) -> Op[None]:
+    """Store ``settings`` (name -> seconds / count / None); unknown names are refused."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown retention setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}"
+        )
+    fields: list[str] = []
+    for name, value in settings.items():
+        fields += [name, _encode(name, value)]
+    if fields:
+        yield [Call.cmd("HSET", ks.config(queue), *fields)]
+
+
+@dataclass(slots=True)
+class SweepStats:
+    """What one sweep forgot: index entries and plain rows, flows, child rows, poison."""
+
+    swept: int = 0
+    flows: list[tuple[str, str]] = field(default_factory=list)  # (queue, root id) expired
+    rows: int = 0
+    poison: int = 0
+
+
+_CODES = ("c", "d", "f", "x", "u", "k")
+
+
+def sweep(
+    ks: Keyspace, queues: Sequence[str], pump_id: str, *, lease_ms: int, limit: int
+) -> Op[SweepStats]:
+    """One retention pass over ``queues`` (see the module doc). Two round trips when nothing
+    is due; then per expiring flow one more per tree level."""
+    defaults = defaults_argv()
+    picks = yield [
+        Call.lua(
+            "retain",
+            [*ks.queue_keys(q), ks.config(q), ks.sweep_lease(q), ks.poison(q)],
+            [pump_id, lease_ms, limit, *defaults],
+        )
+        for q in queues
+    ]
+    stats = SweepStats()
+    calls, where = [], []
+    for queue, pick in zip(queues, picks, strict=True):
+        stats.poison += int(pick[6])
+        keys = [*ks.queue_keys(queue), ks.config(queue), ks.sweep_lease(queue)]
+        argv: list[Any] = [pump_id, *defaults]
+        for code, ids in zip(_CODES, pick[:6], strict=True):
+            for raw in ids:
+                job_id = _s(raw)
+                keys += ks.node_keys(queue, job_id)
+                argv += [code, job_id]
+        if len(argv) > 1 + len(defaults):
+            keys.append(ks.flows(queue, "completed"))  # last: an expiring root's entry goes
+            calls.append(Call.lua("expire", keys, argv))
+            where.append(queue)
+    if not calls:
+        return stats
+    replies = yield calls
+    nodes: list[tuple[str, list[Any]]] = []
+    for queue, (swept, roots) in zip(where, replies, strict=True):
+        stats.swept += int(swept)
+        for info in roots:
+            stats.flows.append((queue, _s(info[0])))
+            nodes.append((queue, info))
+    yield from forget_tree(ks, nodes, stats)
+    return stats
+
+
+def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepStats) -> Op[None]:
+    """Delete the children of dropped nodes on their own slots, level by level; then the
+    references that still point to the dropped roots."""
+    refs: list[Call] = []
+    while nodes:
+        calls, asked = [], []
+        for queue, (node_id, total, child_queues, explicit, names, gen) in nodes:
+            node_id = _s(node_id)
+            for name in _s(names).split():
+                body = ref_body(queue, node_id)
+                refs.append(Call.lua("drop_ref", [ks.ref(name)], [body]))
+            kids = child_candidates(node_id, int(total), _s(child_queues), explicit, _s(gen))
+            for child_queue, ids in kids.items():
+                base = ks.job_prefix(child_queue)
+                fixed = [*ks.queue_keys(child_queue), *ks.gate_keys(child_queue, queue, node_id)]
+                for part in chunks(ids):
+                    calls.append(
+                        Call.lua("forget", [*fixed, *(base + i for i in part)], [node_id, *part])
+                    )
+                    asked.append((child_queue, node_id))
+        if not calls:
+            break
+        replies = yield calls
+        drops, drop_where = [], []
+        for (child_queue, parent_id), (deleted, inner) in zip(asked, replies, strict=True):
+            stats.rows += int(deleted)
+            for raw in inner:
+                inner_id = _s(raw)
+                keys = [*ks.queue_keys(child_queue), *ks.node_keys(child_queue, inner_id)]
+                drops.append(Call.lua("drop", keys, [inner_id, parent_id]))
+                drop_where.append(child_queue)
+        nodes = []
+        if drops:
+            infos = yield drops
+            for child_queue, info in zip(drop_where, infos, strict=True):
+                if info:
+                    stats.rows += 1
+                    nodes.append((child_queue, info))
+    if refs:
+        yield refs

@@ -1,0 +1,1 @@
+"""The Pump: carries cross-queue fan-in signals to their parents, and keeps queues moving."""

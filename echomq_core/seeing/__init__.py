@@ -1,0 +1,1 @@
+"""Seeing: Prometheus metrics, reads for browsing and inspection, the dashboard's paths."""

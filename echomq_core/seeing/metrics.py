@@ -1,0 +1,688 @@
+"""Prometheus metrics: what a queue holds (read from the server) and what a process did.
+
+Needs the ``metrics`` extra (``pip install 'echomq[metrics]'``, ``prometheus-client``); nothing
+else in EchoMQ imports this module, so workers that do not export metrics do not need it.
+
+Two sources, two kinds of metric:
+
+* **The server** (:class:`QueueCollector`, behind ``echomq dashboard``'s ``/metrics``): gauges
+  read at scrape time - jobs per queue and state, outbox and poison lengths, root flows per
+  state, the Pump's lag, a rate-limited queue's limit and current window, and the flow
+  controls of up to :data:`FLOW_GAUGES` held root flows per queue (:func:`read_controls`:
+  three round trips, bounded by that number), the age of each queue's oldest pending job
+  (:func:`~echomq_core.seeing.browse.oldest_pending`: two round trips, two commands per queue and
+  one TIME), the live workers per queue (:func:`~echomq_core.queues.registry.read_workers`:
+  two round trips, one HMGET per live worker, at most 1,000) and the build's version. The
+  queues: one pipelined read per scrape,
+  :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET, each O(1) or
+  O(log n)) plus one SMEMBERS for the
+  registry - whatever the number of jobs, so a queue of 10 jobs and one of 10,000,000 cost the
+  same (tests/seeing/test_metrics.py counts them with ``INFO commandstats``).
+* **A worker or a Pump process** (:class:`ProcessMetrics`, ``echomq worker|pump
+  --metrics-port``): counters and histograms of what this process did - jobs completed,
+  failed attempts, retries, deaths, handler duration, claim batch sizes, flows released and
+  failed, signals delivered and poisoned, Pump tick duration. Nothing here touches the worker's
+  or the Pump's code: completions and deaths come through the lifecycle hooks
+  (:class:`MeteredHooks` wraps any other :class:`~echomq_core.hooks.LifecycleHooks`), handler
+  timing through a wrapper around each handler (:meth:`ProcessMetrics.wrap_handlers`), batch
+  sizes through a wrapper around each of the worker's queues' ``claim``
+  (:meth:`ProcessMetrics.watch_worker`), and the Pump's counts through a wrapper around its
+  ``tick`` (:meth:`ProcessMetrics.watch_pump`).
+
+The Pump's lag, ``echomq_outbox_head_age_seconds``: a signal carries no timestamp, so the lag
+is measured by looking: at each scrape the collector reads the head of every outbox and
+remembers since when it has seen that same entry there. A Pump that keeps up moves the head
+between scrapes (age ~0); a stalled Pump, or a head that does not deliver, shows an age that
+grows - what an alert needs. Resolution: the scrape interval; the age is a lower bound of the
+signal's true age (it was in the outbox before it reached the head).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..checks import check_int
+from ..checks import text as _s
+from ..control import rates
+from ..control.rates import RateLimit
+from ..errors import EchoMQError, Unrecoverable
+from ..flows import sharding
+from ..models import Job
+from ..queues import ops
+from ..queues.registry import per_queue, read_workers
+from ..wire.calls import Call, Op
+from ..wire.keyspace import FLOW_INDEXES, Keyspace, check_queue
+from ..work.liveness import Liveness, health_app
+from .browse import oldest_pending
+
+if TYPE_CHECKING:
+    from ..client.clients import EchoMQ
+    from ..hooks import LifecycleHooks
+    from ..pump.pump import Pump, TickStats
+    from ..work.async_worker import AsyncWorker
+    from ..work.worker import Worker
+
+#: The job states counted per queue (the zsets of the keyspace).
+JOB_STATES = ops.STATS[:5]  # then outbox and poison: ops.stat_calls reads all seven
+#: Commands one scrape sends per queue: 5 job-state ZCARDs, outbox and poison LLEN, the
+#: outbox head (LINDEX 0), 5 flow-index ZCARDs, and the rate limit with its current window's
+#: count (two HGETs: the window's key expires when the window ends, so a count read is the
+#: current window's).
+COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES) + 2
+#: The most held root flows per queue whose flow controls (``max_running``, ``min_success``)
+#: a scrape reports - the newest; a gauge per flow, so the number of series stays bounded.
+FLOW_GAUGES = 20
+#: Handler durations (s): from a no-op handler (~10 us) to a long batch step.
+DURATION_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
+#: Claim batch sizes: the worker doubles a batch from 1 up to max_batch (5000 at most).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 5000)
+
+
+@dataclass(slots=True)
+class QueueReading:
+    """One queue's counts at one moment (one pipelined read for every queue)."""
+
+    queue: str
+    jobs: dict[str, int]
+    outbox: int
+    poison: int
+    flows: dict[str, int]
+    head_age: float = 0.0  # seconds the current outbox head has been seen there
+    rate: RateLimit | None = None  # the queue's rate limit; ``used``: starts in this window
+
+    @property
+    def rate_text(self) -> str:
+        """``used / limit`` of the current window (``37 / 100/s``), or '' without a limit."""
+        return f"{self.rate.used:,} / {self.rate.text}" if self.rate else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            **self.jobs,
+            "outbox": self.outbox,
+            "poison": self.poison,
+            "flows": dict(self.flows),
+            "outbox_head_age": round(self.head_age, 3),
+            "rate": self.rate_text,
+        }
+
+
+def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReading, bytes]]]:
+    """Each queue's counts and its outbox head (b'' when empty): one round trip,
+    :data:`COMMANDS_PER_QUEUE` commands per queue."""
+    calls: list[Call] = []
+    for q in queues:
+        calls += [
+            *ops.stat_calls(ks, q),
+            Call.cmd("LINDEX", ks.outbox(q), 0),
+            *(Call.cmd("ZCARD", ks.flows(q, state)) for state in FLOW_INDEXES),
+            Call.cmd("HGET", ks.config(q), rates.FIELD),
+            Call.cmd("HGET", ks.rate_window(q), "count"),
+        ]
+    if not calls:
+        return []
+    replies = yield calls
+    out = []
+    for i, q in enumerate(queues):
+        r = replies[i * COMMANDS_PER_QUEUE : (i + 1) * COMMANDS_PER_QUEUE]
+        jobs = {state: int(n) for state, n in zip(JOB_STATES, r[:5], strict=True)}
+        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:-2], strict=True)}
+        rate = None
+        if r[-2]:
+            limit, window = (int(x) for x in _s(r[-2]).split())
+            rate = RateLimit(limit, window, int(r[-1] or 0))
+        reading = QueueReading(q, jobs, int(r[5]), int(r[6]), flows, rate=rate)
+        out.append((reading, bytes(r[7] or b"")))
+    return out
+
+
+def _summed(parts: list[QueueReading]) -> QueueReading:
+    """A sharded queue's reading under its logical name (shard 0's): counts summed over its
+    shards, the oldest outbox head's age, its rate limit as the shards' shares and starts
+    summed (each shard counts its share of the limit: :mod:`echomq_core.control.rates`)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    jobs, flows = dict(first.jobs), dict(first.flows)
+    for part in parts[1:]:
+        for state, n in part.jobs.items():
+            jobs[state] = jobs.get(state, 0) + n
+        for state, n in part.flows.items():
+            flows[state] = flows.get(state, 0) + n
+    return QueueReading(
+        first.queue,
+        jobs,
+        sum(p.outbox for p in parts),
+        sum(p.poison for p in parts),
+        flows,
+        max(p.head_age for p in parts),
+        _rate_summed([p.rate for p in parts]),
+    )
+
+
+def _rate_summed(parts: list[RateLimit | None]) -> RateLimit | None:
+    found = [r for r in parts if r is not None]
+    if not found:
+        return None
+    return RateLimit(sum(r.limit for r in found), found[0].window_ms, sum(r.used for r in found))
+
+
+@dataclass(slots=True)
+class FlowControls:
+    """A held root flow's flow controls at one moment: ``running`` children holding a token of
+    its ``cap`` (None: no cap), ``failed`` children so far of the ``allowed`` (None: no
+    threshold)."""
+
+    queue: str
+    parent_id: str
+    cap: int | None
+    running: int
+    allowed: int | None
+    failed: int
+
+
+def read_controls(
+    ks: Keyspace, queues: Sequence[str], limit: int = FLOW_GAUGES
+) -> Op[list[FlowControls]]:
+    """The flow controls of each queue's newest ``limit`` held root flows that have any: three
+    round trips (the held flows; their rows' ``cap`` / ``allow`` / child queues; the gates'
+    counts and the threshold flows' failure counts), bounded by ``limit`` per queue, never by
+    a flow's size. A flow without controls costs one HMGET."""
+    if not queues:
+        return []
+    held = yield [Call.cmd("ZRANGE", ks.flows(q, "held"), -limit, -1) for q in queues]
+    flows = [(q, _s(pid)) for q, ids in zip(queues, held, strict=True) for pid in ids]
+    if not flows:
+        return []
+    rows = yield [Call.cmd("HMGET", ks.job(q, pid), "cap", "allow", "cq") for q, pid in flows]
+    calls: list[Call] = []
+    plans: list[tuple[FlowControls, int]] = []  # (controls, replies it reads)
+    for (q, pid), (cap, allow, cq) in zip(flows, rows, strict=True):
+        if cap is None and allow is None:
+            continue
+        found = FlowControls(
+            q, pid, None if cap is None else int(cap), 0, None if allow is None else int(allow), 0
+        )
+        n = 0
+        if found.allowed is not None:
+            calls.append(Call.cmd("HLEN", ks.failed(q, pid)))
+            n += 1
+        if found.cap is not None:
+            for child_queue in _s(cq).split() if cq else []:
+                calls.append(Call.cmd("HGET", ks.gate_keys(child_queue, q, pid)[1], "admitted"))
+                n += 1
+        plans.append((found, n))
+    replies = (yield calls) if calls else []
+    at = 0
+    for found, n in plans:
+        mine = replies[at : at + n]
+        at += n
+        if found.allowed is not None:
+            found.failed, mine = int(mine[0]), mine[1:]
+        found.running = sum(int(x or 0) for x in mine)
+    return [found for found, _ in plans]
+
+
+class QueueCollector(Collector):
+    """The server-side exporter: register it in a :class:`~prometheus_client.CollectorRegistry`
+    and every scrape reads the queues (``queues``, or every registered queue) once.
+
+    A scrape that cannot reach the server yields ``echomq_up 0`` and no queue metrics (a
+    scrape never raises). :meth:`read` is the same read for other callers (the dashboard).
+    """
+
+    def __init__(
+        self,
+        client: EchoMQ,
+        queues: Iterable[str] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.fixed = [check_queue(q) for q in queues] if queues is not None else None
+        self.clock = clock
+        self._heads: dict[str, tuple[bytes, float]] = {}  # queue -> (head digest, first seen)
+        self._logical: dict[str, str] = {}  # each shard of a sharded queue -> its logical name
+        self._lock = threading.Lock()
+
+    def read(self) -> list[QueueReading]:
+        """Every queue's counts and the age of its outbox head (see the module doc)."""
+        names = self.fixed if self.fixed is not None else self.client.queues()
+        shards = self.client.perform(
+            sharding.resolve(self.client.keys, self.client.shard_cache, names)
+        )
+        inner = {s for n in names for s in shards[n][1:]}
+        logical = [n for n in names if n not in inner]
+        physical = [s for n in logical for s in shards[n]]
+        self._logical = {s: n for n in logical for s in shards[n]}
+        pairs = self.client.perform(read_queues(self.client.keys, physical))
+        now = self.clock()
+        with self._lock:
+            for reading, head in pairs:
+                if not head:
+                    self._heads.pop(reading.queue, None)
+                    continue
+                digest = hashlib.sha1(head).digest()
+                seen = self._heads.get(reading.queue)
+                if seen is None or seen[0] != digest:
+                    self._heads[reading.queue] = (digest, now)
+                else:
+                    reading.head_age = now - seen[1]
+        readings = {reading.queue: reading for reading, _ in pairs}
+        return [_summed([readings[s] for s in shards[n]]) for n in logical]
+
+    def _controls(self, queues: list[str]) -> Iterable[Metric]:
+        """Gauges per held root flow with flow controls (:func:`read_controls`)."""
+        labels = ["queue", "flow"]
+        running = GaugeMetricFamily(
+            "echomq_flow_running", "Children of a capped flow holding a token", labels=labels
+        )
+        cap = GaugeMetricFamily(
+            "echomq_flow_max_running", "A flow's max_running cap", labels=labels
+        )
+        failed = GaugeMetricFamily(
+            "echomq_flow_failed_children",
+            "Children of a flow with min_success that died so far",
+            labels=labels,
+        )
+        allowed = GaugeMetricFamily(
+            "echomq_flow_allowed_failures",
+            "How many children of a flow with min_success may die without failing it",
+            labels=labels,
+        )
+        try:
+            found = self.client.perform(read_controls(self.client.keys, self._shards_of(queues)))
+        except EchoMQError:
+            found = []  # the queue gauges were read: a scrape never raises
+        for f in found:
+            labels = [self._logical.get(f.queue, f.queue), f.parent_id]
+            if f.cap is not None:
+                running.add_metric(labels, f.running)
+                cap.add_metric(labels, f.cap)
+            if f.allowed is not None:
+                failed.add_metric(labels, f.failed)
+                allowed.add_metric(labels, f.allowed)
+        yield from (running, cap, failed, allowed)
+
+    def _latency_and_workers(self, queues: list[str]) -> Iterable[Metric]:
+        """The build's version, each queue's oldest pending age and its live workers (a
+        queue no live worker serves reports 0, which is what the no-workers alert needs)."""
+        from .. import __version__
+
+        build = GaugeMetricFamily(
+            "echomq_build_info", "The EchoMQ version of this exporter (value 1)", labels=["version"]
+        )
+        build.add_metric([__version__], 1)
+        oldest = GaugeMetricFamily(
+            "echomq_queue_oldest_pending_age_seconds",
+            "Seconds since the job the next claim takes was added (0: nothing pending)",
+            labels=["queue"],
+        )
+        workers = GaugeMetricFamily(
+            "echomq_workers", "Live worker processes serving the queue", labels=["queue"]
+        )
+        ks = self.client.keys
+        try:
+            ages = self._folded(self.client.perform(oldest_pending(ks, self._shards_of(queues))))
+            served = self._folded(per_queue(self.client.perform(read_workers(ks))))
+        except EchoMQError:
+            ages, served = {}, {}
+        for q in queues:
+            oldest.add_metric([q], ages.get(q) or 0.0)
+        for q in sorted(set(queues) | set(served)):
+            workers.add_metric([q], served.get(q, 0))
+        yield from (build, oldest, workers)
+
+    def _shards_of(self, queues: list[str]) -> list[str]:
+        """The physical queues of ``queues`` (logical names, as :meth:`read` returns them)."""
+        return [s for s, n in self._logical.items() if n in set(queues)] or queues
+
+    def _folded(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Per-shard values under their logical name: the largest (the oldest head; the
+        workers of a sharded queue serve every shard, so any shard counts them all)."""
+        out: dict[str, Any] = {}
+        for queue, value in values.items():
+            name = self._logical.get(queue, queue)
+            if value is not None and (out.get(name) is None or value > out[name]):
+                out[name] = value
+            else:
+                out.setdefault(name, value)
+        return out
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the metrics are made at collect time; nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        started = time.perf_counter()
+        up = GaugeMetricFamily("echomq_up", "1 when the last scrape read the server, else 0")
+        try:
+            readings = self.read()
+        except EchoMQError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        jobs = GaugeMetricFamily(
+            "echomq_queue_jobs", "Jobs per queue and state", labels=["queue", "state"]
+        )
+        outbox = GaugeMetricFamily(
+            "echomq_outbox_signals",
+            "Fan-in signals waiting in the queue's outbox for the Pump",
+            labels=["queue"],
+        )
+        poison = GaugeMetricFamily(
+            "echomq_poison_signals", "Signals the Pump moved aside (poison list)", labels=["queue"]
+        )
+        flows = GaugeMetricFamily(
+            "echomq_flows", "Root flows per queue and state", labels=["queue", "state"]
+        )
+        lag = GaugeMetricFamily(
+            "echomq_outbox_head_age_seconds",
+            "How long the queue's oldest undelivered signal has been at the head of its "
+            "outbox, as seen by this exporter (0: empty or moving); the Pump's lag",
+            labels=["queue"],
+        )
+        limit = GaugeMetricFamily(
+            "echomq_queue_rate_limit_per_second",
+            "The queue's rate limit in job starts per second (queues with a limit only)",
+            labels=["queue"],
+        )
+        window = GaugeMetricFamily(
+            "echomq_queue_rate_window_starts",
+            "Job starts counted in the queue's current rate window (queues with a limit only)",
+            labels=["queue"],
+        )
+        for r in readings:
+            if r.rate is not None:
+                limit.add_metric([r.queue], r.rate.limit * 1000 / r.rate.window_ms)
+                window.add_metric([r.queue], r.rate.used)
+            for state, n in r.jobs.items():
+                jobs.add_metric([r.queue, state], n)
+            outbox.add_metric([r.queue], r.outbox)
+            poison.add_metric([r.queue], r.poison)
+            for state, n in r.flows.items():
+                flows.add_metric([r.queue, state], n)
+            lag.add_metric([r.queue], r.head_age)
+        yield from self._controls([r.queue for r in readings])
+        yield from self._latency_and_workers([r.queue for r in readings])
+        took = GaugeMetricFamily(
+            "echomq_scrape_duration_seconds", "How long the last read of the server took"
+        )
+        took.add_metric([], time.perf_counter() - started)
+        yield from (up, jobs, outbox, poison, flows, lag, limit, window, took)
+
+
+# -- a worker's or a Pump's own metrics ---------------------------------------------------
+
+
+@dataclass
+class ProcessMetrics:
+    """Counters and histograms of one worker or Pump process, in their own registry."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    server: MetricsServer | None = None
+    #: what ``/healthz`` checks: the worker and Pump watched (:meth:`watch_worker`, ...)
+    liveness: Liveness = field(default_factory=Liveness)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve this registry and ``/healthz`` over HTTP (see :class:`MetricsServer`);
+        :meth:`close` stops."""
+        self.server = MetricsServer(self.registry, port, host, self.liveness)
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def __post_init__(self) -> None:
+        r, q = self.registry, ["queue"]
+        self.completed = Counter(
+            "echomq_jobs_completed", "Completions recorded (lease current)", q, registry=r
+        )
+        self.failed = Counter(
+            "echomq_job_attempts_failed", "Handler calls that raised", q, registry=r
+        )
+        self.retried = Counter(
+            "echomq_jobs_retried",
+            "Failed attempts with attempts left (scheduled for a retry)",
+            q,
+            registry=r,
+        )
+        self.dead = Counter(
+            "echomq_jobs_dead", "Jobs that died (last attempt failed, or buried)", q, registry=r
+        )
+        self.duration = Histogram(
+            "echomq_handler_duration_seconds",
+            "Time a handler call took (one job, or one batch handler's call of many)",
+            q,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.batch = Histogram(
+            "echomq_claim_batch_size",
+            "Jobs per non-empty claim",
+            q,
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.released = Counter(
+            "echomq_flows_released", "Flows this process released", q, registry=r
+        )
+        self.flows_failed = Counter(
+            "echomq_flows_failed", "Flows this process failed", q, registry=r
+        )
+        self.poisoned = Counter(
+            "echomq_signals_poisoned", "Signals moved to the poison list", q, registry=r
+        )
+        self.pump = Counter(
+            "echomq_pump_events",
+            "What the Pump did: delivered, promoted, recovered, buried, swept",
+            ["event"],
+            registry=r,
+        )
+        self.tick = Histogram(
+            "echomq_pump_tick_duration_seconds",
+            "Time one Pump tick took",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+
+    # -- worker ---------------------------------------------------------------------------
+    def wrap_handlers(self, handlers: Mapping[str, Callable[[Job], Any]]) -> dict[str, Any]:
+        """The same handlers, timed; a raise is counted as a failed attempt (and a retry when
+        the job has attempts left and the error is not :class:`Unrecoverable`), then re-raised
+        unchanged for the worker to record."""
+        return {queue: self._timed(queue, fn) for queue, fn in handlers.items()}
+
+    def _timed(self, queue: str, fn: Callable[[Job], Any]) -> Callable[[Job], Any]:
+        duration = self.duration.labels(queue)
+        failed, retried = self.failed.labels(queue), self.retried.labels(queue)
+
+        def note(job: Job | list[Job], exc: BaseException) -> None:
+            for each in job if isinstance(job, list) else (job,):  # a batch call: every job
+                failed.inc()
+                if not isinstance(exc, Unrecoverable) and each.attempts + 1 < each.max_attempts:
+                    retried.inc()
+
+        def entries(job: Job | list[Job], result: Any) -> Any:
+            # a batch call's per-job exceptions (echomq_core.work.batching): each a failed attempt
+            if isinstance(job, list) and isinstance(result, list | tuple):
+                for each, entry in zip(job, result, strict=False):
+                    if isinstance(entry, BaseException):
+                        note(each, entry)
+            return result
+
+        async def awaited(job: Job | list[Job], pending: Awaitable[Any], started: float) -> Any:
+            # an async handler: the worker awaits what it returns; time and count that
+            try:
+                return entries(job, await pending)
+            except BaseException as exc:
+                note(job, exc)
+                raise
+            finally:
+                duration.observe(time.perf_counter() - started)
+
+        def timed(job: Job | list[Job]) -> Any:
+            started = time.perf_counter()
+            try:
+                result = fn(job)  # type: ignore[arg-type]
+            except BaseException as exc:
+                note(job, exc)
+                duration.observe(time.perf_counter() - started)
+                raise
+            if inspect.isawaitable(result):
+                return awaited(job, result, started)
+            duration.observe(time.perf_counter() - started)
+            return entries(job, result)
+
+        timed.__name__ = getattr(fn, "__name__", "handler")
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
+        return timed
+
+    def watch_worker(self, worker: Worker | AsyncWorker) -> None:
+        """Record the size of every non-empty claim of ``worker``, threaded or asyncio (wraps
+        each of its queues' ``claim_op``, the one operation both workers claim through; the
+        workers' code is not touched); and its loops for ``/healthz``."""
+        self.liveness.watch_worker(worker)
+        for name, queue in worker.queues.items():
+            claim_op, batch = queue.claim_op, self.batch.labels(name)
+
+            def metered(
+                *args: Any, _claim_op: Any = claim_op, _batch: Any = batch, **kw: Any
+            ) -> Any:
+                jobs = yield from _claim_op(*args, **kw)
+                if jobs:
+                    _batch.observe(len(jobs))
+                return jobs
+
+            queue.claim_op = metered  # type: ignore[method-assign]
+
+    # -- Pump -----------------------------------------------------------------------------
+    def watch_pump(self, pump: Pump) -> Pump:
+        """Count what each tick of ``pump`` did and time it (wraps its ``tick``), and watch
+        its ticks for ``/healthz``."""
+        self.liveness.watch_pump(pump)
+        tick = pump.tick
+
+        def metered() -> TickStats:
+            started = time.perf_counter()
+            try:
+                stats = tick()
+            finally:
+                self.tick.observe(time.perf_counter() - started)
+            for event in ("delivered", "promoted", "recovered", "buried", "swept"):
+                n = getattr(stats, event)
+                if n:
+                    self.pump.labels(event).inc(n)
+            return stats
+
+        pump.tick = metered  # type: ignore[method-assign]
+        return pump
+
+    def hooks(self, inner: LifecycleHooks | None = None) -> MeteredHooks:
+        """Lifecycle hooks that count, then pass every event on to ``inner`` (plugins)."""
+        return MeteredHooks(self, inner)
+
+
+class MeteredHooks:
+    """A :class:`~echomq_core.hooks.LifecycleHooks` that counts each event, then calls the
+    same method of ``inner`` (through :func:`~echomq_core.hooks.fire`: logged, never raised)."""
+
+    def __init__(self, metrics: ProcessMetrics, inner: LifecycleHooks | None = None) -> None:
+        self.metrics = metrics
+        self.inner = inner
+
+    def _pass(self, event: Any, **kwargs: Any) -> None:
+        if self.inner is not None:
+            from ..hooks import fire
+
+            fire(self.inner, event, **kwargs)
+
+    def job_completed(self, *, job: Job, result: bytes) -> None:
+        self.metrics.completed.labels(job.queue).inc()
+        self._pass("job_completed", job=job, result=result)
+
+    def job_dead(self, *, job: Job, error: str) -> None:
+        self.metrics.dead.labels(job.queue).inc()
+        self._pass("job_dead", job=job, error=error)
+
+    def flow_released(self, *, queue: str, parent_id: str) -> None:
+        self.metrics.released.labels(queue).inc()
+        self._pass("flow_released", queue=queue, parent_id=parent_id)
+
+    def flow_failed(self, *, queue: str, parent_id: str) -> None:
+        self.metrics.flows_failed.labels(queue).inc()
+        self._pass("flow_failed", queue=queue, parent_id=parent_id)
+
+    def signal_poisoned(self, *, queue: str, reason: str) -> None:
+        self.metrics.poisoned.labels(queue).inc()
+        self._pass("signal_poisoned", queue=queue, reason=reason)
+
+
+class MetricsServer:
+    """``registry`` served at ``http://host:port/metrics`` (prometheus-client's WSGI app) and,
+    with ``liveness``, ``/healthz`` (:mod:`echomq_core.work.liveness`), from a daemon thread, until
+    :meth:`close`. Binds 127.0.0.1 unless told otherwise; port 0 picks a free port (read it
+    back from :attr:`port`)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        port: int,
+        host: str = "127.0.0.1",
+        liveness: Liveness | None = None,
+    ) -> None:
+        check_int("metrics port", port, 0, 65535)
+        app = make_wsgi_app(registry)
+        if liveness is not None:
+            app = health_app(liveness, app)
+
+        class Server(ThreadingMixIn, WSGIServer):
+            daemon_threads = True
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._server = make_server(host, port, app, Server, handler_class=_Quiet)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.host = host
+        self.port: int = self._server.server_port
+
+    def __repr__(self) -> str:
+        return f"MetricsServer(http://{self.host}:{self.port}/metrics)"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log line per scrape or probe on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+__all__ = [
+    "COMMANDS_PER_QUEUE",
+    "MeteredHooks",
+    "MetricsServer",
+    "ProcessMetrics",
+    "QueueCollector",
+    "QueueReading",
+    "read_queues",
+]
