@@ -59,3 +59,30 @@ def test_every_room_says_what_lives_there() -> None:
         if init.is_file():
             text = init.read_text()
             assert text.startswith('"""') and len(text) > 40, f"{init}: no docstring"
+
+
+RUNTIME = (
+    CORE,
+    ROOT / "airflow_provider" / "echomq_provider",
+    ROOT / "dagster_integration" / "dagster_echomq",
+)
+#: The most lines of a runtime module, and of one function (its docstring included).
+MODULE_LINES, FUNCTION_LINES = 500, 80
+
+
+def test_no_runtime_module_or_function_is_too_long_to_read() -> None:
+    import ast
+
+    too_long: list[str] = []
+    for base in RUNTIME:
+        for path in sorted(base.rglob("*.py")):
+            text = path.read_text()
+            name = path.relative_to(ROOT)
+            if text.count("\n") > MODULE_LINES:
+                too_long.append(f"{name}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > FUNCTION_LINES:
+                        too_long.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
+    assert not too_long, "\n".join(too_long)
