@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 
@@ -42,8 +42,10 @@ class Member:
 
 @dataclass
 class Fleet:
-    """``workers`` worker processes and ``pumps`` Pump processes on one keyspace."""
+    """``workers`` worker processes and ``pumps`` Pump processes on one keyspace, each a
+    ``python PROC ROLE CONFIG_JSON`` (:attr:`proc`: ``chaos_proc.py`` unless a subclass says)."""
 
+    proc: ClassVar[str] = PROC
     config: dict[str, Any]
     env: dict[str, str]
     logdir: Path  # one log file per process started (pytest's tmp_path: kept for a failure)
@@ -59,7 +61,7 @@ class Fleet:
         log = self.logdir / f"{role}-{self.started}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, PROC, role, json.dumps(self.config)],
+                [sys.executable, self.proc, role, json.dumps(self.config)],
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

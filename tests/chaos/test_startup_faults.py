@@ -270,16 +270,6 @@ def test_warnings_of_a_lost_server_back_off_and_its_return_is_said(lines: Lines)
         server.stop()
 
 
-@pytest.fixture
-def cluster(replica_cluster: EmbeddedCluster) -> Iterator[EmbeddedCluster]:
-    replica_cluster.wait_healthy(60)
-    yield replica_cluster
-    for server in replica_cluster.servers:  # a failed test must not leave a node down
-        if not server.is_running():
-            server.start()
-    replica_cluster.wait_healthy(90)
-
-
 def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
     cluster: EmbeddedCluster, lines: Lines, proc_env: dict[str, str], tmp_path: Path
 ) -> None:
