@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 import pytest
@@ -21,8 +21,10 @@ import redis
 from echomq_core import Child, EchoMQ, FlowRef, Pump
 from echomq_core.server import EmbeddedServer
 
-from .conftest import Backend
 from .waiting import eventually
+
+if TYPE_CHECKING:
+    from .conftest import Backend
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 TOKEN = "browser-test-token-0123456789"
