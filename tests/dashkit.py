@@ -1,5 +1,8 @@
 """Helpers for the dashboard tests: the dashboard as a real process (``echomq dashboard`` on
-uvicorn), plain HTTP against it, and a keyspace of real flows in every state."""
+uvicorn), plain HTTP against it, a keyspace of real flows in every state, and the fixtures the
+dashboard tests share (``tests/seeing/conftest.py`` and ``tests/browser/conftest.py`` bring
+them in): ``client``, ``scenario``, ``open_dashboard``, ``readonly``, ``actions`` on the
+standalone server, and ``dashboard`` on the test's backend."""
 
 from __future__ import annotations
 
@@ -7,14 +10,21 @@ import http.client
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
+import pytest
 import redis
 
 from echomq_core import Child, EchoMQ, FlowRef, Pump
+from echomq_core.server import EmbeddedServer
 
 from .waiting import eventually
+
+if TYPE_CHECKING:
+    from .conftest import Backend
 
 CLI = [sys.executable, "-m", "echomq_core.cli"]
 TOKEN = "browser-test-token-0123456789"
@@ -256,3 +266,57 @@ def failing_flow(mq: EchoMQ, parent_id: str = "JOB-af/etl/parse/0f3c") -> FlowRe
         pump.stop()
     assert mq.snapshot(ref.queue, ref.parent_id).parent_state == "failed"
     return ref
+
+
+# -- the fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
+    """A client of the standalone server, on the test's prefix."""
+    mq = EchoMQ(standalone_server.url, prefix=prefix)
+    yield mq
+    mq.close()
+
+
+@pytest.fixture
+def scenario(client: EchoMQ, standalone_server: EmbeddedServer) -> Scenario:
+    return build_scenario(client, standalone_server.url)
+
+
+@pytest.fixture
+def open_dashboard(
+    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
+) -> Iterator[Callable[..., Dashboard]]:
+    """Starts a dashboard process on the standalone server and the test's prefix (keyword
+    arguments: :class:`Dashboard`'s); each one started is stopped after the test."""
+    started: list[Dashboard] = []
+
+    def start(**options: Any) -> Dashboard:
+        started.append(Dashboard(standalone_server.url, prefix, env_for(proc_env), **options))
+        return started[-1]
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture
+def readonly(open_dashboard: Callable[..., Dashboard]) -> Dashboard:
+    """The dashboard without actions (the default)."""
+    return open_dashboard()
+
+
+@pytest.fixture
+def actions(open_dashboard: Callable[..., Dashboard]) -> Dashboard:
+    """The dashboard with actions on, behind :data:`TOKEN`."""
+    return open_dashboard(actions=True)
+
+
+@pytest.fixture
+def dashboard(backend: Backend, mq: EchoMQ, proc_env: dict[str, str]) -> Iterator[Dashboard]:
+    """The dashboard process on the test's server: standalone, or the 3-master Cluster."""
+    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
+    d = Dashboard(url, mq.keys.prefix, env_for(proc_env))
+    yield d
+    d.stop()

@@ -7,52 +7,20 @@ job-attempts.png, job-active.png, queue-24h.png.
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 
 from echomq_core import Backoff, EchoMQ, Job, JobSpec, Worker
 from echomq_core.queues.throughput import DAY
 from echomq_core.server import EmbeddedServer
 
-from ..dashkit import Dashboard, env_for
+from ..dashkit import Dashboard
 from ..waiting import eventually
 from .cdp import Browser
 
 AF_ID = "JOB-af/etl/parse/0f3c"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    b = Browser()
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    mq = EchoMQ(standalone_server.url, prefix=prefix)
-    yield mq
-    mq.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    wanted = os.environ.get("ECHOMQ_SCREENSHOTS")
-    return Path(wanted).resolve() if wanted else tmp_path
-
-
-@pytest.fixture
-def readonly(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env), poll=0.3)
-    yield d
-    d.stop()
 
 
 def fresh(browser: Browser) -> None:

@@ -11,68 +11,16 @@ Screenshots: each test writes its pages' PNGs to a temporary folder, or to
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-import pytest
-
 from echomq_core import EchoMQ, JobSpec, Pump
-from echomq_core.server import EmbeddedServer
 
-from ..dashkit import BAD_ROW, TOKEN, Dashboard, Scenario, build_scenario, env_for, failing_flow
+from ..dashkit import BAD_ROW, TOKEN, Dashboard, Scenario, failing_flow
 from .cdp import Browser
 
 #: Page loads slower than this fail the test: the pages are small and read bounded pages.
 MAX_LOAD_SECONDS = 5.0
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    b = Browser()
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    mq = EchoMQ(standalone_server.url, prefix=prefix)
-    yield mq
-    mq.close()
-
-
-@pytest.fixture
-def scenario(client: EchoMQ, standalone_server: EmbeddedServer) -> Scenario:
-    return build_scenario(client, standalone_server.url)
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    wanted = os.environ.get("ECHOMQ_SCREENSHOTS")
-    return Path(wanted).resolve() if wanted else tmp_path
-
-
-def _dashboard(
-    url: str, prefix: str, proc_env: dict[str, str], *, actions: bool
-) -> Iterator[Dashboard]:
-    d = Dashboard(url, prefix, env_for(proc_env), actions=actions, poll=0.3)
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def readonly(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    yield from _dashboard(standalone_server.url, prefix, proc_env, actions=False)
-
-
-@pytest.fixture
-def actions(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    yield from _dashboard(standalone_server.url, prefix, proc_env, actions=True)
 
 
 def flow_url(d: Dashboard, queue: str, pid: str) -> str:

@@ -10,10 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from echomq_core import EchoMQ, JobSpec
-from echomq_core.server import EmbeddedServer
 from echomq_core.wire.calls import Call, Op
 
-from ..dashkit import Dashboard, env_for
+from ..dashkit import Dashboard
 from .cdp import Browser
 
 
@@ -22,22 +21,6 @@ def browser() -> Iterator[Browser]:
     b = Browser(width=1400, height=1000)
     yield b
     b.close()
-
-
-@pytest.fixture
-def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    mq = EchoMQ(standalone_server.url, prefix=prefix)
-    yield mq
-    mq.close()
-
-
-@pytest.fixture
-def readonly(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env), poll=0.3)
-    yield d
-    d.stop()
 
 
 def _sent(call: Call) -> Op[object]:

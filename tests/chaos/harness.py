@@ -7,6 +7,7 @@ by PID - never by name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -16,10 +17,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import redis
 
@@ -27,7 +28,11 @@ from echomq_core import EchoMQ
 
 from ..waiting import eventually
 
+T = TypeVar("T")
+
 PROC = str(Path(__file__).with_name("chaos_proc.py"))
+#: The kill rate of the SIGKILL runs: a random fleet member every 0.2-0.5 s.
+KILL_EVERY = (0.2, 0.5)
 #: When set, each scenario appends its evidence row (one JSON object per line) to this file:
 #: docs/RELIABILITY.md is filled from these rows.
 EVIDENCE_ENV = "ECHOMQ_RELIABILITY_OUT"
@@ -42,8 +47,10 @@ class Member:
 
 @dataclass
 class Fleet:
-    """``workers`` worker processes and ``pumps`` Pump processes on one keyspace."""
+    """``workers`` worker processes and ``pumps`` Pump processes on one keyspace, each a
+    ``python PROC ROLE CONFIG_JSON`` (:attr:`proc`: ``chaos_proc.py`` unless a subclass says)."""
 
+    proc: ClassVar[str] = PROC
     config: dict[str, Any]
     env: dict[str, str]
     logdir: Path  # one log file per process started (pytest's tmp_path: kept for a failure)
@@ -59,7 +66,7 @@ class Fleet:
         log = self.logdir / f"{role}-{self.started}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, PROC, role, json.dumps(self.config)],
+                [sys.executable, self.proc, role, json.dumps(self.config)],
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -159,6 +166,92 @@ class Killer(threading.Thread):
     def stop(self) -> None:
         self.halt.set()
         self.join(10)
+
+
+def run_killed(
+    fleet: Fleet,
+    seed: int,
+    done: Callable[[], Any],
+    timeout: float,
+    what: str | Callable[[], str],
+    drain: Callable[[], T],
+) -> tuple[float, T]:
+    """Run the started ``fleet`` under a :class:`Killer` (:data:`KILL_EVERY`; its first kills
+    a Pump, then a worker, so both kinds are hit) until ``done()`` (``timeout``; ``what`` says
+    what was awaited); stop the killer; ``drain()`` (it waits, bounded, for what the kills
+    left behind); stop the fleet gracefully (SIGTERM), no member having exited on its own.
+    Returns the faulted seconds and what ``drain()`` returned."""
+    killer = Killer(fleet, *KILL_EVERY, seed=seed, first=("pump", "worker"))
+    try:
+        fleet.wait_ready()
+        started = time.monotonic()
+        killer.start()
+
+        def settled() -> bool:
+            assert killer.error is None, killer.error
+            return bool(done())
+
+        eventually(settled, timeout, what, every=0.1)
+        wall = time.monotonic() - started
+        killer.stop()
+        assert killer.error is None, killer.error
+        drained = drain()
+        assert not fleet.crashed(), "no process exited unless killed:\n" + "\n".join(
+            fleet.crashed()
+        )
+        fleet.stop()  # SIGTERM: workers drain; nothing stays leased
+    finally:
+        killer.stop()
+        fleet.close()
+    return wall, drained
+
+
+class Watch(threading.Thread):
+    """Reads the invariant of flows ``ids`` in ``queue`` every 50 ms while the chaos runs:
+    unless the parent failed, the snapshot's ``counts`` (its fields) add up to its total.
+    ``error`` holds the first broken read, ``reads`` counts them."""
+
+    def __init__(self, mq: EchoMQ, queue: str, ids: list[str], counts: Sequence[str]) -> None:
+        super().__init__(daemon=True)
+        self.mq, self.queue, self.ids, self.counts = mq, queue, ids, counts
+        self.stop = threading.Event()
+        self.reads = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            for pid in self.ids:
+                snap = self.mq.snapshot(self.queue, pid)
+                if snap.parent_state != "failed" and (
+                    sum(getattr(snap, name) for name in self.counts) != snap.total
+                ):
+                    self.error = f"invariant broken: {snap}"
+                self.reads += 1
+
+
+@contextlib.contextmanager
+def watched(fleet: Fleet, killer: Killer, watch: Watch) -> Iterator[float]:
+    """The started ``fleet`` ready, then ``killer`` and ``watch`` started; yields when (monotonic)
+    the kills began. Leaving the block: the killer and the watch stopped, no killer error, no
+    member exited on its own, the fleet stopped gracefully (SIGTERM); whatever happens, the
+    killer and the watch stopped and the fleet's members killed. The watch's verdict
+    (``watch.error``) is the test's to read."""
+    try:
+        fleet.wait_ready()
+        started = time.monotonic()
+        killer.start()
+        watch.start()
+        yield started
+        killer.stop()
+        watch.stop.set()
+        watch.join(5)
+        assert killer.error is None, killer.error
+        assert not fleet.crashed(), "\n".join(fleet.crashed())
+        fleet.stop()
+    finally:
+        killer.stop()
+        watch.stop.set()
+        fleet.close()
 
 
 def row_fields(mq: EchoMQ, queue: str, ids: list[str], field_name: str) -> list[int]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +38,10 @@ from echomq_core import Child, EchoMQ
 from ..conftest import Backend
 from ..waiting import eventually
 from .chaos_proc import runs_key, starts_key
-from .harness import Fleet, Killer, record, row_fields
+from .harness import Fleet, record, row_fields, run_killed
 
 pytestmark = [pytest.mark.slow, pytest.mark.onlycluster]
 
-KILL_EVERY = (0.2, 0.5)
 CONFIG = {"concurrency": 4, "max_batch": 50, "lease": 1.0, "pump_lease": 1.0, "max_stalls": 20}
 
 
@@ -81,30 +79,14 @@ def run_under_chaos(
     """Run the fleet with the killer until ``done()``; stop it gracefully; return it."""
     config = {"url": backend.url, "cluster": True, "prefix": prefix, "queues": queues, **CONFIG}
     fleet = Fleet(config, proc_env, logdir).start()
-    killer = Killer(fleet, *KILL_EVERY, seed=seed, first=("pump", "worker"))  # both kinds hit
-    try:
-        fleet.wait_ready()
-        started = time.monotonic()
-        killer.start()
-
-        def settled() -> bool:
-            if done():
-                return True
-            assert killer.error is None, killer.error
-            return False
-
-        eventually(settled, timeout, "the flow to settle", every=0.1)
-        wall = time.monotonic() - started
-        killer.stop()
-        assert killer.error is None, killer.error
-        drained(backend.client(prefix), queues)
-        assert not fleet.crashed(), "no process exited unless killed:\n" + "\n".join(
-            fleet.crashed()
-        )
-        fleet.stop()  # SIGTERM: workers drain; nothing stays leased
-    finally:
-        killer.stop()
-        fleet.close()
+    wall, _ = run_killed(
+        fleet,
+        seed,
+        done,
+        timeout,
+        "the flow to settle",
+        lambda: drained(backend.client(prefix), queues),
+    )
     return fleet, wall
 
 

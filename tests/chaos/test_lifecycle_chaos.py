@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from echomq_core import Child, EchoMQ
+from echomq_core import Child
 
 from ..conftest import Backend
 from ..waiting import eventually
 from .chaos_proc import broken_key, started_key
-from .harness import Fleet, Killer, record
+from .harness import Fleet, Killer, Watch, record, watched
 
 pytestmark = [pytest.mark.slow, pytest.mark.onlycluster]
 
@@ -45,27 +44,6 @@ def kids(queues: tuple[str, str], rng: random.Random, *, broken_every: int = 0) 
             payload["broken"] = True
         out.append(Child(payload, queue=queues[i % 2], max_attempts=2))
     return out
-
-
-class Watch(threading.Thread):
-    """Reads the invariant of both flows every 50 ms while the chaos runs."""
-
-    def __init__(self, mq: EchoMQ, queue: str, ids: list[str]) -> None:
-        super().__init__(daemon=True)
-        self.mq, self.queue, self.ids = mq, queue, ids
-        self.stop = threading.Event()
-        self.reads = 0
-        self.error: str | None = None
-
-    def run(self) -> None:
-        while not self.stop.wait(0.05):
-            for pid in self.ids:
-                snap = self.mq.snapshot(self.queue, pid)
-                if snap.parent_state != "failed" and (
-                    snap.processed + snap.ignored + snap.dependencies != snap.total
-                ):
-                    self.error = f"invariant broken: {snap}"
-                self.reads += 1
 
 
 def wait_for(what: str, predicate: Any, killer: Killer, timeout: float = 180.0) -> None:
@@ -96,12 +74,10 @@ def test_cancel_and_repair_under_chaos(
     config = {"url": backend.url, "cluster": True, "prefix": prefix, "queues": queues, **CONFIG}
     fleet = Fleet(config, proc_env, tmp_path).start()
     killer = Killer(fleet, 0.2, 0.5, seed=23)
-    watch = Watch(mq, parents, ["JOB-cancel", "JOB-repair"])
-    try:
-        fleet.wait_ready()
-        started = time.monotonic()
-        killer.start()
-        watch.start()
+    watch = Watch(
+        mq, parents, ["JOB-cancel", "JOB-repair"], ("processed", "ignored", "dependencies")
+    )
+    with watched(fleet, killer, watch) as started:
         wait_for(
             "a third of the first flow",
             lambda: mq.snapshot(parents, "JOB-cancel").processed >= N // 3,
@@ -134,16 +110,6 @@ def test_cancel_and_repair_under_chaos(
             killer,
         )
         wall = time.monotonic() - started
-        killer.stop()
-        watch.stop.set()
-        watch.join(5)
-        assert killer.error is None, killer.error
-        assert not fleet.crashed(), "\n".join(fleet.crashed())
-        fleet.stop()
-    finally:
-        killer.stop()
-        watch.stop.set()
-        fleet.close()
     assert watch.error is None, watch.error
     assert (result.state, before.parent_state) == ("cancelled", "cancelled")
     # what was on its way when the cancel returned is recorded; nothing after it starts

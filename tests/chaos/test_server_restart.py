@@ -29,11 +29,21 @@ from .harness import Fleet, record, row_fields
 
 pytestmark = pytest.mark.slow
 N = 2000
+QUEUES = ("restart-parents", "restart-a", "restart-b")
 
 
 def _flow(mq: EchoMQ, parents: str, a: str, b: str) -> None:
     children = [Child({"n": i, "pause": 10}, queue=a if i % 2 else b) for i in range(N)]
     mq.add_flow(parents, children, payload={"parent": True}, parent_id="JOB-restart")
+
+
+def _started(server: EmbeddedServer, proc_env: dict[str, str], logs: Path) -> tuple[EchoMQ, Fleet]:
+    """``server`` started, a client of it, and the fleet (2 workers, a Pump; not started yet)
+    for the flow of :func:`_flow` in ``restart-parents`` / ``restart-a`` / ``restart-b``."""
+    server.start()
+    config = {"url": server.url, "cluster": False, "prefix": "rs", "queues": list(QUEUES)}
+    fleet = Fleet({**config, "lease": 1.0}, proc_env, logs, workers=2, pumps=1)
+    return EchoMQ(server.url, prefix="rs"), fleet
 
 
 def _settled(mq: EchoMQ, parents: str) -> int:
@@ -47,11 +57,8 @@ def _settled(mq: EchoMQ, parents: str) -> int:
 @pytest.mark.parametrize("fsync", ["always", "everysec"])
 def test_sigkill_and_restart_with_aof(tmp_path: Path, proc_env: dict[str, str], fsync: str) -> None:
     server = EmbeddedServer(data_dir=tmp_path / "data", appendonly=True, appendfsync=fsync)
-    server.start()
-    parents, a, b = "restart-parents", "restart-a", "restart-b"
-    mq = EchoMQ(server.url, prefix="rs")
-    config = {"url": server.url, "cluster": False, "prefix": "rs", "queues": [parents, a, b]}
-    fleet = Fleet({**config, "lease": 1.0}, proc_env, tmp_path / "logs", workers=2, pumps=1)
+    parents, a, b = QUEUES
+    mq, fleet = _started(server, proc_env, tmp_path / "logs")
     try:
         _flow(mq, parents, a, b)
         fleet.start().wait_ready()
@@ -110,11 +117,8 @@ def test_sigkill_with_the_servers_default_persistence_loses_the_flow(
     """No AOF, the server's default RDB save points (the earliest after 60 s): a crash before
     the first snapshot loses everything written since the server started."""
     server = EmbeddedServer(data_dir=tmp_path / "data", appendonly=False, save=None)
-    server.start()
-    parents, a, b = "restart-parents", "restart-a", "restart-b"
-    mq = EchoMQ(server.url, prefix="rs")
-    config = {"url": server.url, "cluster": False, "prefix": "rs", "queues": [parents, a, b]}
-    fleet = Fleet({**config, "lease": 1.0}, proc_env, tmp_path / "logs", workers=2, pumps=1)
+    parents, a, b = QUEUES
+    mq, fleet = _started(server, proc_env, tmp_path / "logs")
     try:
         _flow(mq, parents, a, b)
         fleet.start().wait_ready()

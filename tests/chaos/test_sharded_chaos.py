@@ -25,7 +25,6 @@ delayed, dead, poisoned or in an outbox.
 from __future__ import annotations
 
 import random
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,8 @@ from echomq_core import Child, EchoMQ
 
 from ..conftest import Backend
 from ..waiting import eventually
-from .harness import Fleet, Killer, record
-from .test_cluster_chaos import KILL_EVERY, chaos_figures, no_leftovers, parent_runs
+from .harness import Fleet, record, run_killed
+from .test_cluster_chaos import chaos_figures, no_leftovers, parent_runs
 
 pytestmark = [pytest.mark.slow]
 
@@ -82,29 +81,15 @@ def run_fleet(
     it (counted nothing twice: the counter check below would show it)."""
     config = {"url": backend.url, "cluster": backend.cluster, "prefix": prefix, "queues": queues}
     fleet = Fleet({**config, **CONFIG}, env, logdir).start()
-    killer = Killer(fleet, *KILL_EVERY, seed=17, first=("pump", "worker"))  # both kinds hit
-    try:
-        fleet.wait_ready()
-        started = time.monotonic()
-        killer.start()
 
-        def settled() -> bool:
-            assert killer.error is None, killer.error
-            return bool(done())
-
-        eventually(settled, 240, lambda: f"the sharded flow to settle: {describe()}", every=0.1)
-        wall = time.monotonic() - started
-        killer.stop()
-        assert killer.error is None, killer.error
-        left = outboxes()
+    def drain() -> int:
+        left = int(outboxes())
         eventually(lambda: outboxes() == 0, 30, lambda: f"the outboxes to drain: {describe()}")
-        assert not fleet.crashed(), "no process exited unless killed:\n" + "\n".join(
-            fleet.crashed()
-        )
-        fleet.stop()
-    finally:
-        killer.stop()
-        fleet.close()
+        return left
+
+    wall, left = run_killed(
+        fleet, 17, done, 240, lambda: f"the sharded flow to settle: {describe()}", drain
+    )
     return fleet, wall, left
 
 

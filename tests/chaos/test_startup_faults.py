@@ -119,6 +119,30 @@ def _make_in_thread(make: Any) -> tuple[threading.Thread, dict[str, Any]]:
     return thread, out
 
 
+def _clis(
+    argsets: list[list[str]], conn: list[str], env: dict[str, str], cwd: Path
+) -> list[subprocess.Popen[str]]:
+    """``echomq ARGS CONN`` for each ARGS of ``argsets``, in ``cwd``, its output piped (read
+    with ``_read_until``); ended by :func:`_end`."""
+    return [
+        subprocess.Popen(
+            [*CLI, *args, *conn],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in argsets
+    ]
+
+
+def _end(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
 def _runs_jobs(mq: EchoMQ, worker: Worker, n: int = 10) -> None:
     """``worker`` (started here) runs ``n`` jobs of :data:`QUEUE`."""
     q = mq.queue(QUEUE)
@@ -183,21 +207,8 @@ def test_worker_and_cli_on_a_full_server_wait_then_run(
         thread, out = _make_in_thread(lambda: Worker(fresh, {QUEUE: double}))  # default bound
         (tmp_path / "sf_app.py").write_text(textwrap.dedent(APP))
         conn = ["--url", server.url, "--prefix", "sf-b2", "--wait-for-server", "120"]
-        procs = [
-            subprocess.Popen(
-                [*CLI, *args, *conn],
-                env=proc_env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for args in (
-                ["worker", "--app", "sf_app:HANDLERS", "--no-pump"],
-                ["worker", "--app", "sf_app:HANDLERS", "--no-pump", "--async"],
-                ["pump", QUEUE],
-            )
-        ]
+        serve = ["worker", "--app", "sf_app:HANDLERS", "--no-pump"]
+        procs = _clis([serve, [*serve, "--async"], ["pump", QUEUE]], conn, proc_env, tmp_path)
         for proc in procs[:2]:  # each worker process waits, and says why
             _read_until(proc, "the server is full")
         eventually(lambda: lines.having("the server is full") or "error" in out, 30)
@@ -216,9 +227,7 @@ def test_worker_and_cli_on_a_full_server_wait_then_run(
         other.close()
         assert all(p.poll() is None for p in procs)
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        _end(procs)
         admin.close()
         mq.close()
         server.stop()
@@ -270,16 +279,6 @@ def test_warnings_of_a_lost_server_back_off_and_its_return_is_said(lines: Lines)
         server.stop()
 
 
-@pytest.fixture
-def cluster(replica_cluster: EmbeddedCluster) -> Iterator[EmbeddedCluster]:
-    replica_cluster.wait_healthy(60)
-    yield replica_cluster
-    for server in replica_cluster.servers:  # a failed test must not leave a node down
-        if not server.is_running():
-            server.start()
-    replica_cluster.wait_healthy(90)
-
-
 def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
     cluster: EmbeddedCluster, lines: Lines, proc_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -312,17 +311,9 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
             )
         )
         conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5"]
-        procs = [
-            subprocess.Popen(
-                [*CLI, *args, *conn, "--wait-for-server", "300"],
-                env=proc_env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for args in (["worker", "--app", "sf_app:HANDLERS", "--no-pump"], ["pump", QUEUE])
-        ]
+        conn += ["--wait-for-server", "300"]
+        serve = ["worker", "--app", "sf_app:HANDLERS", "--no-pump"]
+        procs = _clis([serve, ["pump", QUEUE]], conn, proc_env, tmp_path)
         for proc in procs:
             _read_until(proc, "Cluster", 90)
         eventually(lambda: lines.having("Cluster") or "error" in out, 60)
@@ -343,9 +334,7 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
             worker.client.close()
         assert all(p.poll() is None for p in procs)
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        _end(procs)
         mq.close()
 
 
@@ -443,21 +432,9 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
         )
         in_loop = InLoop(seed_url, prefix, counted, pump=False)
         conn = ["--url", seed_url, "--prefix", prefix, "--connect-timeout", "0.5", "-v"]
-        procs = [
-            subprocess.Popen(
-                [*CLI, *args, *conn, "--wait-for-server", "300"],
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for args in (
-                ["worker", "--app", "sf_counted:HANDLERS", "--no-pump"],
-                ["worker", "--app", "sf_counted:HANDLERS", "--no-pump", "--async"],
-                ["pump", QUEUE],
-            )
-        ]
+        conn += ["--wait-for-server", "300"]
+        serve = ["worker", "--app", "sf_counted:HANDLERS", "--no-pump"]
+        procs = _clis([serve, [*serve, "--async"], ["pump", QUEUE]], conn, env, tmp_path)
         # the gate: the other nodes mark the master failed (node timeout), the state a replica
         # takes over from; this one waits for the test
         eventually(lambda: _cluster_info(seed).get("cluster_state") == "fail", 60, "FAIL")
@@ -507,9 +484,7 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
         assert mq.connection.stats["moved"] > moved
     finally:
         logging.getLogger("echomq_core").removeHandler(caught)
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        _end(procs)
         if worker is not None:
             worker.stop()
             worker.client.close()

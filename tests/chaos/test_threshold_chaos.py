@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from echomq_core.wire.calls import Call
 from ..conftest import Backend
 from ..waiting import eventually
 from .chaos_proc import started_key
-from .harness import Fleet, Killer, record
+from .harness import Fleet, Killer, Watch, record, watched
 
 pytestmark = [pytest.mark.slow, pytest.mark.onlycluster]
 
@@ -49,27 +48,6 @@ def kids(queues: list[str], every: int, rng: random.Random) -> list[Child]:
             payload["fail"] = True
         out.append(Child(payload, queue=queues[i % len(queues)], max_attempts=2))
     return out
-
-
-class Watch(threading.Thread):
-    """Reads the invariant of every flow every 50 ms while the chaos runs."""
-
-    def __init__(self, mq: EchoMQ, queue: str, ids: list[str]) -> None:
-        super().__init__(daemon=True)
-        self.mq, self.queue, self.ids = mq, queue, ids
-        self.stop = threading.Event()
-        self.reads = 0
-        self.error: str | None = None
-
-    def run(self) -> None:
-        while not self.stop.wait(0.05):
-            for pid in self.ids:
-                s = self.mq.snapshot(self.queue, pid)
-                if s.parent_state != "failed" and (
-                    s.processed + s.ignored + s.failed + s.dependencies != s.total
-                ):
-                    self.error = f"invariant broken: {s}"
-                self.reads += 1
 
 
 def _row(mq: EchoMQ, queue: str, job_id: str, *fields: str) -> list[str | None]:
@@ -106,7 +84,7 @@ def test_thresholds_under_chaos(
     config = {"url": backend.url, "cluster": True, "prefix": prefix, "queues": queues, **CONFIG}
     fleet = Fleet(config, proc_env, tmp_path).start()
     killer = Killer(fleet, 0.2, 0.5, seed=29)
-    watch = Watch(mq, parents, list(plans))
+    watch = Watch(mq, parents, list(plans), ("processed", "ignored", "failed", "dependencies"))
     stopped_seen: dict[str, float] = {}
 
     def settled() -> bool:
@@ -123,24 +101,10 @@ def test_thresholds_under_chaos(
         )
         return ok and len(stopped_seen) == 2 and not busy
 
-    try:
-        fleet.wait_ready()
-        started = time.monotonic()
-        killer.start()
-        watch.start()
+    with watched(fleet, killer, watch) as started:
         eventually(settled, 240, "every flow ended and every queue drained", every=0.1)
         time.sleep(1.5)  # chaos goes on: nothing of the tipped flows may start now
         wall = time.monotonic() - started
-        killer.stop()
-        watch.stop.set()
-        watch.join(5)
-        assert killer.error is None, killer.error
-        assert not fleet.crashed(), "\n".join(fleet.crashed())
-        fleet.stop()
-    finally:
-        killer.stop()
-        watch.stop.set()
-        fleet.close()
     assert watch.error is None, watch.error
     starts = [(cid, t) for cid, t in map(json.loads, raw.lrange(started_key(prefix), 0, -1))]
     for pid in ("JOB-ok-x", "JOB-ok-s"):

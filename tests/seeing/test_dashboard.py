@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import json
 import subprocess
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import psutil
@@ -26,41 +25,10 @@ from ..dashkit import (
     TOKEN,
     Dashboard,
     Scenario,
-    build_scenario,
     csrf_of,
     env_for,
     failing_flow,
 )
-
-
-@pytest.fixture
-def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    mq = EchoMQ(standalone_server.url, prefix=prefix)
-    yield mq
-    mq.close()
-
-
-@pytest.fixture
-def scenario(client: EchoMQ, standalone_server: EmbeddedServer) -> Scenario:
-    return build_scenario(client, standalone_server.url)
-
-
-@pytest.fixture
-def readonly(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env))
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def actions(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env), actions=True)
-    yield d
-    d.stop()
 
 
 def flow_path(queue: str, pid: str) -> str:

@@ -10,7 +10,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from urllib.parse import quote
 
 import pytest
@@ -22,26 +21,16 @@ from echomq_core.queues import ops
 from echomq_core.queues.registry import read_token
 from echomq_core.server import EmbeddedServer
 
-from ..dashkit import Dashboard, env_for
+from ..dashkit import Dashboard
 from ..waiting import eventually
 
 AF_ID = "JOB-af/etl/parse/0f3c"  # an Airflow-derived id: the page's path holds its slashes
 
 
 @pytest.fixture
-def mq(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    client = EchoMQ(standalone_server.url, prefix=prefix)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def dashboard(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env))
-    yield d
-    d.stop()
+def mq(client: EchoMQ) -> EchoMQ:
+    """The standalone server's client (these tests run on standalone only)."""
+    return client
 
 
 def api_job(d: Dashboard, queue: str, job_id: str) -> dict[str, object]:
@@ -52,7 +41,7 @@ def api_job(d: Dashboard, queue: str, job_id: str) -> dict[str, object]:
 
 
 def test_a_failed_then_retried_job_shows_each_attempt_with_its_times(
-    mq: EchoMQ, dashboard: Dashboard
+    mq: EchoMQ, readonly: Dashboard
 ) -> None:
     q = mq.queue("at-retry", max_attempts=4, backoff=Backoff(0, 0))
     q.add({"n": 1}, job_id=AF_ID)
@@ -69,8 +58,8 @@ def test_a_failed_then_retried_job_shows_each_attempt_with_its_times(
     tail = worker.presence.entry.id.rsplit("-", 1)[-1]
     try:
         eventually(lambda: q.stats()["completed"] == 1, 30)
-        got = api_job(dashboard, "at-retry", AF_ID)  # while the worker lives: its entry
-        page = dashboard.get(f"/job/at-retry/{AF_ID}").body
+        got = api_job(readonly, "at-retry", AF_ID)  # while the worker lives: its entry
+        page = readonly.get(f"/job/at-retry/{AF_ID}").body
     finally:
         worker.stop()
     after = time.time_ns() // 1_000_000
@@ -101,7 +90,7 @@ def test_a_failed_then_retried_job_shows_each_attempt_with_its_times(
 
 
 def test_an_active_job_shows_its_worker_and_when_it_started(
-    standalone_server: EmbeddedServer, mq: EchoMQ, dashboard: Dashboard
+    standalone_server: EmbeddedServer, mq: EchoMQ, readonly: Dashboard
 ) -> None:
     """The handler holds the job until the test sets a gate key on the server."""
     raw = redis.Redis.from_url(standalone_server.url)
@@ -120,7 +109,7 @@ def test_an_active_job_shows_its_worker_and_when_it_started(
     entry = worker.presence.entry
     try:
         assert running.wait(30)
-        got = api_job(dashboard, "at-active", job_id)
+        got = api_job(readonly, "at-active", job_id)
         assert got["state"] == "active"
         token = got["lease"]
         assert isinstance(token, str)
@@ -133,19 +122,19 @@ def test_an_active_job_shows_its_worker_and_when_it_started(
             entry.host,
             entry.pid,
         )
-        page = dashboard.get(f"/job/at-active/{job_id}").body
+        page = readonly.get(f"/job/at-active/{job_id}").body
         link = page.split('id="job-worker"', 1)
         assert len(link) == 2 and f"{entry.host} pid {entry.pid}" in link[1][:200]
         assert f'href="/workers#worker-{entry.id}" id="job-worker"' in page
         # the active browse page: the same worker on the job's row, with its start
-        listing = dashboard.get("/queue/at-active?state=active").body
+        listing = readonly.get("/queue/at-active?state=active").body
         row = listing.split(f'data-job="{job_id}"', 1)[1].split("</tr>", 1)[0]
         assert f"{entry.host} pid {entry.pid}" in row and f"#worker-{entry.id}" in row
-        api = json.loads(dashboard.get("/api/queue/at-active?state=active").body)
+        api = json.loads(readonly.get("/api/queue/at-active?state=active").body)
         (only,) = api["jobs"]
         assert only["worker"]["id"] == entry.id and only["started_ms"] == started
         # the workers page has the anchor the link points at
-        assert f'id="worker-{entry.id}"' in dashboard.get("/workers").body
+        assert f'id="worker-{entry.id}"' in readonly.get("/workers").body
     finally:
         raw.set(gate, 1)
         worker.stop()
@@ -154,7 +143,7 @@ def test_an_active_job_shows_its_worker_and_when_it_started(
 
 
 def test_an_older_workers_token_shows_as_unknown_and_still_completes(
-    mq: EchoMQ, dashboard: Dashboard
+    mq: EchoMQ, readonly: Dashboard
 ) -> None:
     """A claim with a token as workers made it before (uuid4 hex, no holder in it)."""
     q = mq.queue("at-old")
@@ -164,12 +153,12 @@ def test_an_older_workers_token_shows_as_unknown_and_still_completes(
     _, ids = ops.claimed_ids(reply)
     (job,) = mq.perform(ops.leased(mq.keys, "at-old", ids, old, mq.serializer))
     assert job.token == old
-    got = api_job(dashboard, "at-old", job_id)
+    got = api_job(readonly, "at-old", job_id)
     assert got["lease"] == old and got["holder"] is None and got["started_ms"] is None
-    page = dashboard.get(f"/job/at-old/{job_id}").body
+    page = readonly.get(f"/job/at-old/{job_id}").body
     assert f"unknown (token <code>{old}</code>)" in page
     q.complete(job, 5)
-    got = api_job(dashboard, "at-old", job_id)
+    got = api_job(readonly, "at-old", job_id)
     assert got["state"] == "completed" and got["result"] == 5 and got["started_ms"] is None
 
 

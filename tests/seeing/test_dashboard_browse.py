@@ -10,7 +10,7 @@ import json
 import re
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from urllib.parse import quote
 
 import pytest
@@ -25,9 +25,7 @@ from ..dashkit import (
     TOKEN,
     Dashboard,
     Scenario,
-    build_scenario,
     csrf_of,
-    env_for,
     failing_flow,
 )
 
@@ -35,33 +33,9 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    mq = EchoMQ(standalone_server.url, prefix=prefix)
-    yield mq
-    mq.close()
-
-
-@pytest.fixture
-def scenario(client: EchoMQ, standalone_server: EmbeddedServer) -> Scenario:
-    return build_scenario(client, standalone_server.url)
-
-
-@pytest.fixture
-def readonly(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env), extra=("--pending-alert", "60"))
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def actions(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env), actions=True)
-    yield d
-    d.stop()
+def readonly(open_dashboard: Callable[..., Dashboard]) -> Dashboard:
+    """The read-only dashboard, flagging a queue whose oldest pending job waited over 60 s."""
+    return open_dashboard(extra=("--pending-alert", "60"))
 
 
 def hrefs(page: str, under: str) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import json
 import re
-from collections.abc import Iterator
 from urllib.parse import quote, unquote, urlsplit
 
 import pytest
@@ -24,7 +23,7 @@ from echomq_core.seeing.urls import FLOW_PATH, JOB_PATH, flow_page, job_page, sp
 from echomq_core.server import EmbeddedServer
 from echomq_core.wire.keyspace import FLOW_INDEXES, JOB_ID_RE, QUEUE_NAME_RE
 
-from ..dashkit import TOKEN, Dashboard, env_for
+from ..dashkit import TOKEN, Dashboard
 
 AIRFLOW_ID = parent_id_for("echomq_fan_out", "manual__2026-01-01T00:00:00+00:00", "fan_out")
 MAPPED_ID = parent_id_for("etl.daily", "scheduled__2026-01-02T00:00:00+00:00", "split", 7)
@@ -45,13 +44,6 @@ KIDS = "dp-kids"
 
 
 @pytest.fixture
-def client(standalone_server: EmbeddedServer, prefix: str) -> Iterator[EchoMQ]:
-    mq = EchoMQ(standalone_server.url, prefix=prefix)
-    yield mq
-    mq.close()
-
-
-@pytest.fixture
 def flows(client: EchoMQ) -> list[FlowRef]:
     """Each of :data:`FLOWS` held: a sub-flow (its page linked from the tree) and a leaf."""
     return [
@@ -63,24 +55,6 @@ def flows(client: EchoMQ) -> list[FlowRef]:
         )
         for queue, pid in FLOWS
     ]
-
-
-@pytest.fixture
-def readonly(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env))
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def actions(
-    standalone_server: EmbeddedServer, prefix: str, proc_env: dict[str, str]
-) -> Iterator[Dashboard]:
-    d = Dashboard(standalone_server.url, prefix, env_for(proc_env), actions=True)
-    yield d
-    d.stop()
 
 
 def links(page: str, under: str) -> list[str]:

@@ -11,30 +11,17 @@ import html
 import json
 import re
 import threading
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
-
-import pytest
 
 from echomq_core import Child, EchoMQ, Job, Pump, Worker
 from echomq_core.wire.calls import Call, Op
 
-from ..conftest import Backend
-from ..dashkit import Dashboard, env_for
+from ..dashkit import Dashboard
 from ..flowkit import work_off
 from ..waiting import eventually
 
 AF_ID = "JOB-af/warehouse_etl/load_orders/scheduled__2026-12-07T00.00.00+00.00/0f3c9a1e"
-
-
-@pytest.fixture
-def dashboard(backend: Backend, mq: EchoMQ, proc_env: dict[str, str]) -> Iterator[Dashboard]:
-    """The dashboard process on the test's server: standalone, or the 3-master Cluster."""
-    url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
-    d = Dashboard(url, mq.keys.prefix, env_for(proc_env))
-    yield d
-    d.stop()
 
 
 def sent(mq: EchoMQ, *command: object) -> Any:
