@@ -48,6 +48,7 @@ from .flows.children import MAX_RANGE
 from .flows.frames import library as frame_library
 from .flows.frames import results_frame
 from .flows.release_watch import MAX_TAKE, check_watcher
+from .flows.released import ReleasedRead
 from .flows.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 from .flows.waiting import (
     CANCELLED,
@@ -137,6 +138,7 @@ __all__ = [  # noqa: RUF022 - in sorted() order, which tests/test_imports.py che
     "QueueInUse",
     "RELEASED",
     "RateLimit",
+    "ReleasedRead",
     "STALLED",
     "ServerError",
     "ServerFull",

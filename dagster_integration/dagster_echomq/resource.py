@@ -31,7 +31,7 @@ docs/dagster.md, the deploying note).
 
 Why the Pump is shared per process: two waits of one process on flows with the same child
 queues (two inputs, two partitions) would otherwise start two Pumps on the same outboxes.
-:class:`_PumpShare` counts the users of each (server, prefix, queues, Pump options) key,
+:class:`PumpShare` counts the users of each (server, prefix, queues, Pump options) key,
 starts one thread for the first and stops it with the last.
 """
 
@@ -55,6 +55,7 @@ from dagster import (
 from pydantic import Field, PrivateAttr
 
 from echomq_core import (
+    MAX_ID_LENGTH,
     Child,
     EchoMQ,
     FlowRef,
@@ -62,18 +63,21 @@ from echomq_core import (
     InvalidArgument,
     InvalidInput,
     Pump,
+    PumpOptions,
+    check_job_id,
+    check_queue,
+    collector_paused,
+    describe_option,
+    flow_page,
+    id_part,
 )
-from echomq_core.control.options import PumpOptions, describe
-from echomq_core.flows.lifecycle import repair_on_readd
-from echomq_core.seeing.urls import flow_page
-from echomq_core.wire import collector
-from echomq_core.wire.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, id_part
 
 from . import steps
-from .pumps import _PumpShare
-from .reading import ADDED_LOG_PREFIX, EmptyFlow
+from .handles import EmptyFlow
+from .metadata import ADDED_LOG_PREFIX
+from .pumps import PumpShare
 
-#: The longest job id tail (``echomq_core.wire.keyspace.JOB_ID_RE``: "JOB-" and this many).
+#: The longest job id tail (``echomq_core.MAX_ID_LENGTH``: "JOB-" and this many).
 _ID_TAIL_MAX = MAX_ID_LENGTH - len("JOB-")
 #: The tag Dagster gives every re-execution: the id of the first run of its group.
 ROOT_RUN_ID_TAG = "dagster/root_run_id"
@@ -83,7 +87,7 @@ _ON_EMPTY = ("skip", "empty")
 
 def _pump_field(name: str, **override: Any) -> Any:
     """A ``pump_<name>`` field whose default and description are PumpOptions' own."""
-    default, doc = describe(PumpOptions, name)
+    default, doc = describe_option(PumpOptions, name)
     return Field(
         default=override.get("default", default),
         description=override.get("description", doc[0].upper() + doc[1:] + "."),
@@ -127,7 +131,7 @@ class EchoMQConfig(Config):
         "waits for a flow, the queues of that flow's children (read from the server).",
     )
     # The Pump's settings: defaults and descriptions come from
-    # echomq_core.control.options.PumpOptions (the same ones `echomq pump` offers), except the
+    # echomq_core.PumpOptions (the same ones `echomq pump` offers), except the
     # lease (see its description).
     pump_page: int = _pump_field("page")
     pump_max_tries: int = _pump_field("max_tries")
@@ -163,7 +167,7 @@ class EchoMQConfig(Config):
         return EchoMQ(self.url, cluster=self.cluster, prefix=self.prefix)
 
     def pump_options(self) -> PumpOptions:
-        """The ``pump_*`` fields as the core's :class:`~echomq_core.control.options.PumpOptions`
+        """The ``pump_*`` fields as the core's :class:`~echomq_core.PumpOptions`
         (checked there: a bad value raises ``InvalidArgument`` naming it)."""
         return PumpOptions(
             page=self.pump_page,
@@ -175,7 +179,7 @@ class EchoMQConfig(Config):
         )
 
     def pump_key(self, queues: Sequence[str] | None) -> tuple[Any, ...]:
-        """What makes two Pumps of one process the same one (see :class:`_PumpShare`)."""
+        """What makes two Pumps of one process the same one (see :class:`PumpShare`)."""
         return (
             self.url,
             self.cluster,
@@ -209,11 +213,11 @@ class EchoMQConfig(Config):
             yield None
             return
         key = self.pump_key(chosen)
-        pump = _PumpShare.acquire(key, lambda: self.make_pump(chosen))
+        pump = PumpShare.acquire(key, lambda: self.make_pump(chosen))
         try:
             yield pump
         finally:
-            _PumpShare.release(key, self.pump_stop_timeout)
+            PumpShare.release(key, self.pump_stop_timeout)
 
 
 def _planned(children: Iterable[Child]) -> list[Child]:
@@ -221,7 +225,7 @@ def _planned(children: Iterable[Child]) -> list[Child]:
     (a generator of a plan: see :meth:`EchoMQResource.add_flow`)."""
     if isinstance(children, list):
         return children
-    with collector.paused():
+    with collector_paused():
         return list(children)
 
 
@@ -253,7 +257,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         queues = list(self.pump_queues)
         try:
             self._pump_key = self.pump_key(queues)
-            self._pump = _PumpShare.acquire(self._pump_key, lambda: self.make_pump(queues))
+            self._pump = PumpShare.acquire(self._pump_key, lambda: self.make_pump(queues))
         except BaseException:
             # Dagster does not call teardown when setup raises: undo here.
             self._client.close()
@@ -265,7 +269,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         try:
             if self._pump_key is not None and self._pump is not None:
-                stopped = _PumpShare.release(self._pump_key, self.pump_stop_timeout)
+                stopped = PumpShare.release(self._pump_key, self.pump_stop_timeout)
                 if not stopped and context.log is not None:
                     context.log.warning(
                         f"EchoMQ pump {self._pump.id} still running after "
@@ -343,7 +347,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         results as the children settle; a retried step must pass the same.
 
         ``children``: a list, or a generator of them - which this builds with Python's cyclic
-        garbage collector paused (:mod:`echomq_core.wire.collector`). Each collection while a big
+        garbage collector paused (:func:`echomq_core.collector_paused`). Each collection while a big
         plan is built walks the step process's whole heap: a list of 1,000,000 ``Child`` built
         in a process that has imported Dagster took 1.9 s with the collector on and 0.3 s
         paused.
@@ -365,8 +369,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
                 added = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
                 self._log.info(f"{ADDED_LOG_PREFIX}{added}")
         if repair and parent_id is not None:  # a fresh id holds nothing to repair
-            client = self.client
-            client.perform(repair_on_readd(client.keys, ref.queue, ref.parent_id, repair=True))
+            self.client.repair_on_readd(ref.queue, ref.parent_id, repair=True)
         return ref
 
     def fan_out(
@@ -384,7 +387,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         - ``"skip"`` (the default; declare the asset ``output_required=False``): nothing is
           yielded, the asset is not materialized, and Dagster skips the assets that read it -
           as Airflow skips what follows a fan-out over nothing.
-        - ``"empty"``: an :class:`~dagster_echomq.reading.EmptyFlow` is yielded; the asset is
+        - ``"empty"``: an :class:`~dagster_echomq.handles.EmptyFlow` is yielded; the asset is
           materialized with N = 0, and each reader gets the empty result of the type a flow's
           read gives (``{}``, or a ``FlowStream`` that yields nothing) at once - as a
           ``DynamicOut`` mapped over nothing hands its collect ``[]``.
