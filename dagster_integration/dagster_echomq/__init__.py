@@ -20,6 +20,7 @@ from .automation import after_release as after_release
 from .automation import echomq_release_sensor as echomq_release_sensor
 from .automation import echomq_released as echomq_released
 from .checks import echomq_flow_check as echomq_flow_check
+from .config import EchoMQConfig as EchoMQConfig
 from .failures import FlowFailedError as FlowFailedError
 from .failures import NotABarrierFlow as NotABarrierFlow
 from .following import FlowFollow as FlowFollow
@@ -31,7 +32,6 @@ from .metadata import FLOW_PARTITIONS as FLOW_PARTITIONS
 from .metadata import FLOW_QUEUE as FLOW_QUEUE
 from .metadata import flow_metadata as flow_metadata
 from .reading import FlowStream as FlowStream
-from .resource import EchoMQConfig as EchoMQConfig
 from .resource import EchoMQResource as EchoMQResource
 from .run_sensors import echomq_cancel_sensors as echomq_cancel_sensors
 from .sensor import echomq_flow_sensor as echomq_flow_sensor

@@ -98,6 +98,7 @@ from echomq_core import (
 )
 
 from . import steps
+from .config import EchoMQConfig
 from .failures import NotABarrierFlow, flow_error
 from .following import FlowFollow, check_followable, follow_passes
 from .handles import EmptyFlow, read_handle, store_handle
@@ -118,7 +119,7 @@ from .io_context import (
 from .metadata import FLOW_PARENT_ID, FLOW_QUEUE, added_metadata, empty_metadata, settled_metadata
 from .reading import FlowStream, wait_settled
 from .reading import wait_released as wait_released
-from .resource import EchoMQConfig, EchoMQResource
+from .resource import EchoMQResource
 
 
 class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
