@@ -363,7 +363,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         ti = context["ti"]
         parent_id = self._parent_id(context)
         try:
-            # the specs and the add: see echomq_core.queues.ops.gc_paused
+            # the specs and the add: see echomq_core.gc_paused
             with gc_paused(self.children):
                 children = to_children(
                     self.children,

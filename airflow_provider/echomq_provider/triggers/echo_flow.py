@@ -2,7 +2,7 @@
 
 It polls one flow with the async client until the flow settles, then fires one event and
 ends; what each read means and when the next comes is the core's
-:class:`~echomq_core.flows.waiting.FlowWait`, driven here with ``await``. The event is small on
+:class:`~echomq_core.FlowWait`, driven here with ``await``. The event is small on
 purpose (it is stored in the metadata DB): a status and counts.
 
 On success with ``end_from_trigger`` (the waiting task's default unless plugins registered
