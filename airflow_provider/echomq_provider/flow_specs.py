@@ -23,8 +23,15 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from echomq_core import Child, FlowRef, InvalidInput
-from echomq_core.wire.keyspace import check_job_id, check_queue, derived_index, id_part
+from echomq_core import (
+    Child,
+    FlowRef,
+    InvalidInput,
+    check_job_id,
+    check_queue,
+    derived_index,
+    id_part,
+)
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
@@ -100,7 +107,7 @@ def labeller(parent_id: str) -> Callable[[str], int | str]:
 def child_label(parent_id: str, child_id: str) -> int | str:
     """What a child's result is matched to its input by: the index of its spec in the
     operator's ``children`` (derived ids ``<parent>.<i>``, or ``<parent>.g<n>.<i>`` after a
-    replace: read by the core's :func:`~echomq_core.wire.keyspace.derived_index`), or the ``key``
+    replace: read by the core's :func:`~echomq_core.derived_index`), or the ``key``
     its spec gave. An id of neither form (a flow added outside the operator with explicit ids)
     is returned as it is."""
     stem = _keyed_stem(parent_id)

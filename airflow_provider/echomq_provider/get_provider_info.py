@@ -85,6 +85,63 @@ _CONFIG = {
 }
 
 
+#: The ``echomq`` connection type: its hook, and the form Airflow's UI shows for it (the
+#: extras as ``conn-fields``, the standard fields' labels as ``ui-field-behaviour``).
+_CONNECTION_TYPE = {
+    "connection-type": "echomq",
+    "hook-class-name": "echomq_provider.hooks.echomq.EchoMQHook",
+    "hook-name": "EchoMQ",
+    "conn-fields": {
+        "prefix": {
+            "label": "Key prefix",
+            "description": "Namespace of every EchoMQ key (several keyspaces can share "
+            "a server). Must match the workers' prefix. Empty: emq.",
+            # No default value: Airflow masks every string extra in logs and warns
+            # about each one shorter than 5 characters, so a form that stored "emq"
+            # would warn on every connection read. Unset means emq.
+            "schema": {
+                "type": ["string", "null"],
+                "pattern": "^[A-Za-z0-9._-]{1,32}$",
+            },
+        },
+        "tls": {
+            "label": "TLS",
+            "description": "Connect with TLS (rediss://).",
+            "schema": {"type": ["boolean", "null"]},
+        },
+        "cluster": {
+            "label": "Cluster",
+            "description": "The server is a Redis Cluster; host and port: any node.",
+            "schema": {"type": ["boolean", "null"]},
+        },
+        "ssl_cert_reqs": {
+            "label": "TLS certificate check",
+            "description": "required (empty), optional or none.",
+            "schema": {
+                "type": ["string", "null"],
+                "enum": ["required", "optional", "none", None],
+            },
+        },
+        "ssl_ca_certs": {
+            "label": "TLS CA bundle path",
+            "description": "Path of a CA bundle on the workers and triggerer (default: "
+            "the system's).",
+            "schema": {"type": ["string", "null"]},
+        },
+    },
+    "ui-field-behaviour": {
+        "hidden-fields": ["extra"],
+        "relabeling": {"login": "Username (ACL)", "schema": "Database number"},
+        "placeholders": {
+            "host": "127.0.0.1",
+            "port": "6379",
+            "schema": "0",
+            "login": "default",
+        },
+    },
+}
+
+
 def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-provider-echomq",
@@ -126,59 +183,5 @@ def get_provider_info() -> dict[str, Any]:
             "echomq_provider.plugins.links.EchoFlowLink",
             "echomq_provider.plugins.links.EchoFlowSensorLink",
         ],
-        "connection-types": [
-            {
-                "connection-type": "echomq",
-                "hook-class-name": "echomq_provider.hooks.echomq.EchoMQHook",
-                "hook-name": "EchoMQ",
-                "conn-fields": {
-                    "prefix": {
-                        "label": "Key prefix",
-                        "description": "Namespace of every EchoMQ key (several keyspaces can share "
-                        "a server). Must match the workers' prefix. Empty: emq.",
-                        # No default value: Airflow masks every string extra in logs and warns
-                        # about each one shorter than 5 characters, so a form that stored "emq"
-                        # would warn on every connection read. Unset means emq.
-                        "schema": {
-                            "type": ["string", "null"],
-                            "pattern": "^[A-Za-z0-9._-]{1,32}$",
-                        },
-                    },
-                    "tls": {
-                        "label": "TLS",
-                        "description": "Connect with TLS (rediss://).",
-                        "schema": {"type": ["boolean", "null"]},
-                    },
-                    "cluster": {
-                        "label": "Cluster",
-                        "description": "The server is a Redis Cluster; host and port: any node.",
-                        "schema": {"type": ["boolean", "null"]},
-                    },
-                    "ssl_cert_reqs": {
-                        "label": "TLS certificate check",
-                        "description": "required (empty), optional or none.",
-                        "schema": {
-                            "type": ["string", "null"],
-                            "enum": ["required", "optional", "none", None],
-                        },
-                    },
-                    "ssl_ca_certs": {
-                        "label": "TLS CA bundle path",
-                        "description": "Path of a CA bundle on the workers and triggerer (default: "
-                        "the system's).",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                },
-                "ui-field-behaviour": {
-                    "hidden-fields": ["extra"],
-                    "relabeling": {"login": "Username (ACL)", "schema": "Database number"},
-                    "placeholders": {
-                        "host": "127.0.0.1",
-                        "port": "6379",
-                        "schema": "0",
-                        "login": "default",
-                    },
-                },
-            }
-        ],
+        "connection-types": [_CONNECTION_TYPE],
     }

@@ -93,8 +93,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from echomq_core import InvalidInput
-from echomq_core.flows import frames
+from echomq_core import InvalidInput, frame_library, results_frame
 
 from .hooks.echomq import DEFAULT_PAGE, EchoMQHook
 
@@ -169,10 +168,10 @@ def flow_frame(
 ) -> Any:
     """The results :func:`flow_results` yields, as a frame of ``kind`` (``"pandas"``,
     ``"polars"`` or ``"arrow"``) whose ``key`` column holds each child's index or key; see
-    :func:`echomq_core.flows.frames.results_frame`. A kind not installed is refused before anything
+    :func:`echomq_core.results_frame`. A kind not installed is refused before anything
     is read."""
-    frames.library(kind)
-    return frames.results_frame(
+    frame_library(kind)
+    return results_frame(
         flow_results(flow, echomq_conn_id=echomq_conn_id, prefix=prefix, page=page),
         kind,
         key=key,

@@ -65,11 +65,10 @@ from echomq_core import EchoMQError
 
 from ._compat import AIRFLOW_3_2, clear_number, task_state
 from .hooks.echomq import EchoMQHook
+from .waiting import FlowWaiting
 
 if TYPE_CHECKING:
     from echomq_core import FlowSnapshot
-
-    from .waiting import FlowWaiting
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +99,6 @@ def settle_action(
 
 def on_task_failure(context: Any) -> None:
     """A waiting task's ``on_failure_callback``: settle its flow (see the module doc)."""
-    from .waiting import FlowWaiting
-
     task = context.get("task")
     if isinstance(task, FlowWaiting):
         settle_flow(task, context, "the task failed")
@@ -109,8 +106,6 @@ def on_task_failure(context: Any) -> None:
 
 def on_dag_run_failure(context: Any) -> None:
     """A DAG's ``on_failure_callback``: settle the flow of each of its waiting tasks."""
-    from .waiting import FlowWaiting
-
     dag = context.get("dag")
     for task in getattr(dag, "tasks", ()):
         if isinstance(task, FlowWaiting):

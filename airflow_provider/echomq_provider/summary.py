@@ -5,16 +5,11 @@ when it ends the task itself)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from echomq_core import EchoMQ, EchoMQError, FlowSnapshot
-from echomq_core.flows import plan as flows
-from echomq_core.models import Serializer
-from echomq_core.wire.connection import Op
-from echomq_core.wire.keyspace import Keyspace
+from echomq_core import AsyncEchoMQ, EchoMQ, EchoMQError, FlowSnapshot, ReleasedRead
 
 from .flow_specs import child_label, labeller
 
@@ -59,37 +54,38 @@ class Reading(NamedTuple):
 
 
 def read_released(
-    ks: Keyspace, ser: Serializer, snap: FlowSnapshot, *, return_values: bool, close_flow: bool
-) -> Op[Reading]:
+    client: EchoMQ, snap: FlowSnapshot, *, return_values: bool, close_flow: bool
+) -> Reading:
     """What a waiting task returns once its flow is released (``snap``): the values in spec
     order (``return_values``; HSCAN pages), the summary, and a barrier flow closed
-    (``close_flow``) - one operation, driven by the sync client on a worker
-    (``client.perform``) and by the async one in the triggerer (``connection.perform``)."""
-    queue, parent_id = snap.queue, snap.parent_id
-    values = None
-    if return_values:
-        key, cursor, pairs = ks.processed(queue, parent_id), 0, []
-        while True:
-            cursor, page = yield from flows.scan_page(key, cursor, VALUES_PAGE)
-            pairs += [(child, ser.loads(raw)) for child, raw in page.items()]
-            if cursor == 0:
-                break
-        values = values_in_order(parent_id, snap.total, pairs)
-    ignored = yield from flows.ignored_failures(ks, queue, parent_id)
-    failed: dict[str, bytes] = {}
-    if snap.failed:  # released with failures: a success threshold tolerated them
-        _, failed = yield from flows.scan_page(ks.failed(queue, parent_id), 0, MAX_REPORTED)
-    closed = None
-    if close_flow and snap.parent_state == "released":  # a barrier flow, now read
-        closed = yield from flows.close_flow(ks, queue, parent_id)
-        snap = dataclasses.replace(snap, parent_state=closed)  # closing changes only that
-    summary = summary_of(snap, ignored)
-    if failed:
+    (``close_flow``) - the core's :meth:`~echomq_core.EchoMQ.read_released`, on a worker."""
+    return reading(
+        client.read_released(
+            snap, values=return_values, close=close_flow, page=VALUES_PAGE, failures=MAX_REPORTED
+        )
+    )
+
+
+async def aread_released(
+    client: AsyncEchoMQ, snap: FlowSnapshot, *, return_values: bool, close_flow: bool
+) -> Reading:
+    """:func:`read_released` with the async client (the trigger, in the triggerer)."""
+    read = await client.read_released(
+        snap, values=return_values, close=close_flow, page=VALUES_PAGE, failures=MAX_REPORTED
+    )
+    return reading(read)
+
+
+def reading(read: ReleasedRead) -> Reading:
+    """The task's view of what the core read: values and failed children by label."""
+    snap, parent_id = read.snap, read.snap.parent_id
+    values = None if read.values is None else values_in_order(parent_id, snap.total, read.values)
+    summary = summary_of(snap, read.ignored)
+    if read.failed:
         summary["failed_children"] = {
-            str(child_label(parent_id, child)): error.decode(errors="replace")
-            for child, error in sorted(failed.items())[:MAX_REPORTED]
+            str(child_label(parent_id, child)): error for child, error in read.failed.items()
         }
-    return Reading(snap, summary, values, closed)
+    return Reading(snap, summary, values, read.closed)
 
 
 def summary_of(snap: FlowSnapshot, ignored: dict[str, str]) -> dict[str, Any]:
@@ -149,12 +145,11 @@ def first_failure(client: EchoMQ, queue: str, parent_id: str) -> str:
     readable size in Airflow's log and UI. Empty when none died (a flow cancelled with no
     dead child) or they cannot be read (the failure being raised matters more)."""
     try:
-        failures = client.child_failures(queue, parent_id, limit=1)
+        first = client.first_failure(queue, parent_id)
     except EchoMQError:
         return ""
-    if not failures or failures[0].ignored:
+    if first is None:
         return ""
-    first = failures[0]
     text = f"\nFirst failed child {first.job_id} (queue {first.queue!r}): {first.error}"
     if first.traceback:
         raw = first.traceback.encode()

@@ -5,7 +5,7 @@ Two kinds of task wait on a flow: :class:`~echomq_provider.sensors.echo_flow.Ech
 with ``wait_for_completion=True`` (and ``@task.echo_flow``), which waits on the flow it has just
 added - one task where the sensor makes two. :class:`FlowWaiting` is what they share: reading
 the flow (each read judged, and the operator's next pause set, by the core's
-:class:`~echomq_core.flows.waiting.FlowWait`; fail fast on a failed or cancelled parent), the return
+:class:`~echomq_core.FlowWait`; fail fast on a failed or cancelled parent), the return
 value once it is released (the summary, or the values with the summary under the XCom key
 :data:`FLOW_KEY`), resuming from :class:`~echomq_provider.triggers.echo_flow.EchoFlowTrigger`'s
 event, the progress line, and cancelling the flow when the task gives up on it
@@ -19,20 +19,21 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from echomq_core import (
+    FAILED,
+    MISSING,
     EchoMQ,
     EchoMQError,
     FlowCancelled,
     FlowSnapshot,
+    FlowWait,
     InvalidInput,
     JobNotFound,
     ParentFailed,
+    Verdict,
+    check_int,
 )
-from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
-from echomq_core.flows.plan import not_found
-from echomq_core.flows.waiting import FAILED, MISSING, FlowWait, Verdict
 
-from . import settle
 from ._compat import (
     AirflowFailException,
     AirflowSensorTimeout,
@@ -114,8 +115,9 @@ class FlowWaiting(_Base):
         end_from_trigger: bool | None,
         settles: bool = True,
     ) -> None:
-        """``settles``: the task waits on its flow, so Airflow's failure callbacks settle it
-        (:func:`~echomq_provider.settle.install`)."""
+        """``settles``: the task waits on its flow, so Airflow's failure callbacks settle it:
+        the task then installs them (:func:`~echomq_provider.settle.install`; not from here,
+        since settle's callbacks know this mixin)."""
         for name, value in (
             ("return_values", return_values),
             ("close_flow", close_flow),
@@ -145,9 +147,7 @@ class FlowWaiting(_Base):
         self._last_progress: float | None = None
         self._ti_for_kill: Any = None  # the running task instance, for on_kill
         self._epoch_noted = False  # this process recorded the run's clear number on the flow
-        self._settles = settles
-        if settles:
-            settle.install(self)
+        self._settles = settles  # the task installs settle's callbacks (echomq_provider.settle)
 
     def _check_outlets(self, waits: bool, end_from_trigger: bool | None) -> None:
         """Outlets are Assets, each given an event when the flow is released (see
@@ -212,10 +212,10 @@ class FlowWaiting(_Base):
             cleared = clear_number(context)
             if cleared:
                 client.note_epoch(queue, parent_id, cleared)
-        verdict = client.perform(wait.read(client.keys))
+        verdict = client.verdict(wait)
         snap = verdict.snap
         if verdict.kind == MISSING:
-            raise client.perform(not_found(client.keys, queue, parent_id))
+            raise client.missing_flow_error(queue, parent_id)
         if verdict.never_released:
             failed = client.failed_children(queue, parent_id) if verdict.kind == FAILED else {}
             error = flow_error(queue, parent_id, verdict.kind, failed, snap.error)
@@ -302,14 +302,8 @@ class FlowWaiting(_Base):
     def _succeed(self, context: Context, client: EchoMQ, snap: FlowSnapshot) -> Any:
         if self.return_values and snap.total > self.max_values:
             self._refuse_values(snap)
-        read = client.perform(
-            read_released(
-                client.keys,
-                client.serializer,
-                snap,
-                return_values=self.return_values,
-                close_flow=self.close_flow,
-            )
+        read = read_released(
+            client, snap, return_values=self.return_values, close_flow=self.close_flow
         )
         if read.closed is not None:
             self.log.info("Flow %s %s: its retention runs from now", snap.parent_id, read.closed)

@@ -57,7 +57,7 @@ from dagster import (
 
 from echomq_core import InvalidInput
 
-from .reading import FLOW_PARENT_ID, FLOW_QUEUE
+from .metadata import FLOW_PARENT_ID, FLOW_QUEUE
 from .resource import EchoMQResource
 from .sensor import _new_materializations, _pump, verdicts
 

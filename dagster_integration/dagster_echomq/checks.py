@@ -47,7 +47,9 @@ from dagster import (
 
 from echomq_core import FlowSnapshot, InvalidInput, JobNotFound
 
-from .reading import EmptyFlow, read_handle, settled_metadata, wait_settled
+from .handles import EmptyFlow, read_handle
+from .metadata import settled_metadata
+from .reading import wait_settled
 from .resource import EchoMQResource
 
 

@@ -25,7 +25,7 @@ Pump for the children's queues (``run_pump``), and the first pass read to the re
 the flow (``close_after_read``). A re-executed run's step reads the same flow (its handle is
 the asset's) from the start, so what the step computes holds each child once; a flow that
 failed is repaired first, as for the other inputs. A pass raises
-:class:`~dagster_echomq.reading.FlowFailedError` at the first read after the flow failed or
+:class:`~dagster_echomq.failures.FlowFailedError` at the first read after the flow failed or
 was cancelled. A flow added without ``stream=True`` is refused when the input loads, before the
 step's body runs (:class:`~echomq_core.InvalidArgument`). A follow has no ``wait_timeout`` or
 ``stall_timeout``: it blocks until the release (bound the step with Dagster's run timeout).
@@ -36,10 +36,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from echomq_core import EchoMQ, FlowRef, ParentFailed
-from echomq_core.flows.streaming import MAX_PAGE
+from echomq_core import MAX_FOLLOW_PAGE, EchoMQ, FlowRef, ParentFailed
 
-from .reading import flow_error
+from .failures import flow_error
 
 
 class FlowFollow(Iterable[tuple[str, Any]]):
@@ -64,7 +63,7 @@ class FlowFollow(Iterable[tuple[str, Any]]):
 def check_followable(client: EchoMQ, flow: FlowRef) -> None:
     """Refuse, before the step's body runs, a flow that cannot be followed: gone
     (``JobNotFound``), without a settle log (``InvalidArgument``), failed or cancelled
-    (:class:`~dagster_echomq.reading.FlowFailedError`). One read of at most one log entry."""
+    (:class:`~dagster_echomq.failures.FlowFailedError`). One read of at most one log entry."""
     try:
         client.iter_results(flow.queue, flow.parent_id, follow=False, page=1).check()
     except ParentFailed:
@@ -91,7 +90,7 @@ def follow_passes(
             # Children in the parent's own queue settle it themselves: no signal to carry.
             with pumping([q for q in queues if q != flow.queue]):
                 results = client.iter_results(
-                    flow.queue, flow.parent_id, follow=True, page=min(page, MAX_PAGE)
+                    flow.queue, flow.parent_id, follow=True, page=min(page, MAX_FOLLOW_PAGE)
                 )
                 try:
                     yield from results

@@ -16,7 +16,8 @@ from dagster._core.execution.context.system import StepExecutionContext
 from echomq_core import FlowRef, InvalidInput
 
 from .following import FlowFollow
-from .reading import FLOW_PARENT_ID, FLOW_QUEUE, FlowStream
+from .metadata import FLOW_PARENT_ID, FLOW_QUEUE
+from .reading import FlowStream
 
 
 def output_flows(context: OutputContext, obj: Any) -> dict[str | None, FlowRef]:

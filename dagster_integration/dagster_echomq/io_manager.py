@@ -19,7 +19,7 @@ Using::
     def table(measurements: pl.DataFrame) -> ...:   # a row per child (pd.DataFrame, pa.Table)
         ...
 
-**Output.** ``handle_output`` stores the handle (see :mod:`dagster_echomq.reading`) and
+**Output.** ``handle_output`` stores the handle (see :mod:`dagster_echomq.handles`) and
 records what is true when the flow is added: its queue, parent id and N. A partitioned asset
 adds one flow per partition: a step over one partition returns a ``FlowRef``; a step over
 several (a single-run backfill of a range) returns ``{partition key: FlowRef}`` for exactly its
@@ -53,7 +53,7 @@ echomq_input(stall_timeout=600, close_after_read=False))``) overrides the readin
 below for that input alone (:mod:`dagster_echomq.input_settings`); an unknown ``echomq/`` key
 or a bad value is refused with ``InvalidInput`` naming it, before any wait or read.
 
-**Empty plans.** An :class:`~dagster_echomq.reading.EmptyFlow` output (``fan_out(...,
+**Empty plans.** An :class:`~dagster_echomq.handles.EmptyFlow` output (``fan_out(...,
 on_empty="empty")``) names no flow: its handle is stored marked empty, its materialization
 records N = 0, and ``load_input`` returns at once the empty result of a flow's read (``{}``,
 a ``FlowStream`` that yields nothing, or a frame of no rows) - no wait, no Pump, nothing to close.
@@ -84,13 +84,25 @@ from dagster import (
 from dagster._core.events import DagsterEvent
 from pydantic import Field, PrivateAttr
 
-from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
-from echomq_core.flows import frames
-from echomq_core.flows.lifecycle import repair_on_readd
-from echomq_core.flows.waiting import MISSING, WAITING, kind_of
+from echomq_core import (
+    MISSING,
+    WAITING,
+    EchoMQ,
+    FlowRef,
+    FlowSnapshot,
+    FlowTimeout,
+    InvalidInput,
+    frame_library,
+    kind_of,
+    results_frame,
+)
 
 from . import steps
+from .config import EchoMQConfig
+from .failures import NotABarrierFlow, flow_error
 from .following import FlowFollow, check_followable, follow_passes
+from .handles import EmptyFlow, read_handle, store_handle
+from .handles import handle_name as handle_name  # the handle helpers, beside the IO manager
 from .input_settings import ReadSettings
 from .io_context import (
     identifier_of,
@@ -104,24 +116,10 @@ from .io_context import (
     wants_follow,
     wants_stream,
 )
-from .reading import (
-    FLOW_PARENT_ID,
-    FLOW_QUEUE,
-    EmptyFlow,
-    FlowStream,
-    NotABarrierFlow,
-    added_metadata,
-    empty_metadata,
-    flow_error,
-    read_handle,
-    settled_metadata,
-    store_handle,
-    wait_settled,
-    worker_run,
-)
-from .reading import handle_name as handle_name  # the handle helpers, where they always were
+from .metadata import FLOW_PARENT_ID, FLOW_QUEUE, added_metadata, empty_metadata, settled_metadata
+from .reading import FlowStream, wait_settled
 from .reading import wait_released as wait_released
-from .resource import EchoMQConfig, EchoMQResource
+from .resource import EchoMQResource
 
 
 class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
@@ -200,7 +198,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         client = self.client
         try:  # a bad value is refused before any handle is written
             flows = output_flows(context, obj)
-            for flow in worker_run(client, _real(flows.values())):
+            for flow in client.worker_run(_real(flows.values())):
                 why = "EchoMQIOManager stores no handle for it"
                 raise NotABarrierFlow(flow.queue, flow.parent_id, why)
         except InvalidInput as refused:
@@ -259,21 +257,21 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         # the input's own echomq/ metadata, checked before anything is waited for or read
         settings = ReadSettings.of(self).for_input(context.definition_metadata, context.name)
         flows = self.flows_for_input(context)
-        for flow in worker_run(self.client, _real(flows.values())):
+        for flow in self.client.worker_run(_real(flows.values())):
             raise NotABarrierFlow(flow.queue, flow.parent_id, "EchoMQIOManager does not read it")
         stream = wants_stream(context, partitioned=len(flows) > 1)
         if wants_follow(context, partitioned=len(flows) > 1):  # no wait: followed as it runs
             return self._followed(context, flows, settings)
         frame = wanted_frame(context, partitioned=len(flows) > 1)
         if frame is not None:
-            frames.library(frame)  # a missing library is named before any wait
+            frame_library(frame)  # a missing library is named before any wait
         observe_in_run = context.has_asset_key and len(flows) == 1
         values: dict[str | None, Any] = {}
         for key, flow in flows.items():
             if isinstance(flow, EmptyFlow):  # nothing to wait for, read or close
                 values[key] = self._empty(context, key, flow, stream, observe_in_run)
                 if frame is not None:
-                    values[key] = frames.results_frame((), frame)
+                    values[key] = results_frame((), frame)
                 continue
             snap = self._settle(context, flow, settings)
             meta = settled_metadata(self.client, snap, self.flow_page(flow.queue, flow.parent_id))
@@ -342,9 +340,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
                 self._empty(context, key, flow, False, context.has_asset_key and len(flows) == 1)
                 values[key] = FlowFollow(flow, 0, lambda: iter(()))
                 continue
-            found = client.perform(
-                repair_on_readd(client.keys, flow.queue, flow.parent_id, repair=bool(parent_run))
-            )
+            found = client.repair_on_readd(flow.queue, flow.parent_id, repair=bool(parent_run))
             if found.repaired is not None:
                 context.log.info(
                     f"EchoMQ flow {flow.parent_id} {found.snap.outcome} in an earlier run "
@@ -397,9 +393,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         is waited for with a Pump, as before."""
         client = self.client
         parent_run = parent_run_id(context) if settings.repair_on_reexecution else None
-        found = client.perform(
-            repair_on_readd(client.keys, flow.queue, flow.parent_id, repair=parent_run is not None)
-        )
+        found = client.repair_on_readd(flow.queue, flow.parent_id, repair=parent_run is not None)
         if found.repaired is not None:
             context.log.info(
                 f"EchoMQ flow {flow.parent_id} {found.snap.outcome} in an earlier run "
@@ -465,7 +459,7 @@ class EchoMQIOManager(ConfigurableIOManager, EchoMQConfig):
         """The results as a frame of ``kind``, read and built page by page (the Python
         objects of one page at a time beside the frame)."""
         pairs = self.client.iter_children_values(flow.queue, flow.parent_id, page=page)
-        table = frames.results_frame(pairs, kind, page=page)
+        table = results_frame(pairs, kind, page=page)
         if close:
             self.client.close_flow(flow.queue, flow.parent_id)
         return table

@@ -2,7 +2,7 @@
 
 Two waits of one process on flows with the same child queues (two inputs of a step, two
 partitions of a range, the resource's run-long Pump and a wait on the same queues) would
-otherwise start two Pumps on the same outboxes. :class:`_PumpShare` counts the users of each
+otherwise start two Pumps on the same outboxes. :class:`PumpShare` counts the users of each
 key, starts one thread for the first and stops (and joins) it with the last.
 """
 
@@ -23,7 +23,7 @@ class _Shared:
     users: int
 
 
-class _PumpShare:
+class PumpShare:
     """One Pump thread per process for each (server, prefix, Pump options) key."""
 
     _lock = threading.Lock()

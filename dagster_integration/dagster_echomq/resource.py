@@ -19,20 +19,8 @@ the in-process executor, once per step process under the multiprocess executor),
 teardown closes it. Runtime state lives only in private attributes, so the resource stays a
 plain, serialisable piece of config.
 
-Why a step runs a Pump while it waits: a child in another queue than its parent settles the
-parent only when a Pump delivers its signal. A step that waits for a flow (the IO manager's
-``load_input``, :meth:`EchoMQResource.wait`) would otherwise depend on a Pump deployed
-somewhere else; so it runs one for the queues of that flow's children (read from the flow's
-row, ``EchoMQ.child_queues``), for as long as it waits, and no other queue of the keyspace.
-Extra Pumps are harmless (outbox leases make them take turns). ``pump_queues`` instead runs
-one Pump for the whole run on the queues it names. A flow released while no run waits for it
-(the sensor path) is pumped by the sensor itself, or by a long-lived ``echomq pump`` (see the
-docs/dagster.md, the deploying note).
-
-Why the Pump is shared per process: two waits of one process on flows with the same child
-queues (two inputs, two partitions) would otherwise start two Pumps on the same outboxes.
-:class:`_PumpShare` counts the users of each (server, prefix, queues, Pump options) key,
-starts one thread for the first and stops it with the last.
+The settings it shares with the IO manager, and the Pump a run waits with:
+:mod:`dagster_echomq.config`.
 """
 
 from __future__ import annotations
@@ -40,21 +28,20 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any, Literal
 
 from dagster import (
     AssetExecutionContext,
-    Config,
     ConfigurableResource,
     DagsterLogManager,
     InitResourceContext,
     OpExecutionContext,
     Output,
 )
-from pydantic import Field, PrivateAttr
+from pydantic import PrivateAttr
 
 from echomq_core import (
+    MAX_ID_LENGTH,
     Child,
     EchoMQ,
     FlowRef,
@@ -62,18 +49,19 @@ from echomq_core import (
     InvalidArgument,
     InvalidInput,
     Pump,
+    check_job_id,
+    check_queue,
+    collector_paused,
+    id_part,
 )
-from echomq_core.control.options import PumpOptions, describe
-from echomq_core.flows.lifecycle import repair_on_readd
-from echomq_core.seeing.urls import flow_page
-from echomq_core.wire import collector
-from echomq_core.wire.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, id_part
 
 from . import steps
-from .pumps import _PumpShare
-from .reading import ADDED_LOG_PREFIX, EmptyFlow
+from .config import EchoMQConfig
+from .handles import EmptyFlow
+from .metadata import ADDED_LOG_PREFIX
+from .pumps import PumpShare
 
-#: The longest job id tail (``echomq_core.wire.keyspace.JOB_ID_RE``: "JOB-" and this many).
+#: The longest job id tail (``echomq_core.MAX_ID_LENGTH``: "JOB-" and this many).
 _ID_TAIL_MAX = MAX_ID_LENGTH - len("JOB-")
 #: The tag Dagster gives every re-execution: the id of the first run of its group.
 ROOT_RUN_ID_TAG = "dagster/root_run_id"
@@ -81,147 +69,12 @@ ROOT_RUN_ID_TAG = "dagster/root_run_id"
 _ON_EMPTY = ("skip", "empty")
 
 
-def _pump_field(name: str, **override: Any) -> Any:
-    """A ``pump_<name>`` field whose default and description are PumpOptions' own."""
-    default, doc = describe(PumpOptions, name)
-    return Field(
-        default=override.get("default", default),
-        description=override.get("description", doc[0].upper() + doc[1:] + "."),
-    )
-
-
-class EchoMQConfig(Config):
-    """The settings :class:`EchoMQResource` and :class:`~dagster_echomq.EchoMQIOManager` share:
-    where the server is, the key prefix, and how a Pump runs while a step waits for a flow.
-
-    Both classes carry these fields themselves (rather than the IO manager nesting the
-    resource): a nested resource is set up a second time inside the IO manager, and on
-    Dagster 1.13 that path goes through the deprecated ``InitResourceContext.dagster_run``.
-    ``EchoMQIOManager.from_resource(echomq)`` copies them, ``EnvVar`` values included.
-    """
-
-    url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        description="Server URL: redis://[user:password@]host:port/db, rediss:// for TLS, "
-        "unix:///path, or redis+cluster:// for a Cluster. Kept out of reprs (it may hold a "
-        "password); pass it as dagster.EnvVar('ECHOMQ_URL') to keep it out of run config.",
-        repr=False,
-    )
-    cluster: bool | None = Field(
-        default=None,
-        description="Force Cluster mode on (true) or off (false); unset: decided by the URL.",
-    )
-    prefix: str = Field(
-        default="emq",
-        description="Key prefix that namespaces every EchoMQ key; must match the workers'.",
-    )
-    run_pump: bool = Field(
-        default=True,
-        description="Run a Pump thread while a step waits for a flow (and, with pump_queues, "
-        "for the whole run), so children in other queues than their parent settle it even "
-        "if no Pump is deployed elsewhere.",
-    )
-    pump_queues: list[str] | None = Field(
-        default=None,
-        description="Queues the run's Pump serves, for the whole run; unset: while a step "
-        "waits for a flow, the queues of that flow's children (read from the server).",
-    )
-    # The Pump's settings: defaults and descriptions come from
-    # echomq_core.control.options.PumpOptions (the same ones `echomq pump` offers), except the
-    # lease (see its description).
-    pump_page: int = _pump_field("page")
-    pump_max_tries: int = _pump_field("max_tries")
-    pump_lease: float = _pump_field(
-        "lease",
-        default=3.0,
-        description="Seconds an outbox lease lasts: how soon another Pump takes over the outbox "
-        "of one that stopped or died. Shorter than a standalone Pump's 10 s because run Pumps "
-        "stop at the end of every wait and the next one waits out the lease.",
-    )
-    pump_interval: float = _pump_field("interval")
-    pump_max_stalls: int = _pump_field("max_stalls")
-    pump_discover_every: float = _pump_field("discover_every")
-    pump_stop_timeout: float = Field(
-        default=10.0,
-        description="Seconds a stopping Pump is given to finish its tick and exit.",
-    )
-    dashboard_url: str | None = Field(
-        default=None,
-        description="Where an EchoMQ dashboard serves this keyspace (`echomq dashboard`, e.g. "
-        "http://127.0.0.1:8787, or Airflow's api-server URL + /echomq); set, every flow's "
-        "materialization and input metadata links to its page (flow_page).",
-    )
-
-    def flow_page(self, queue: str, parent_id: str) -> str | None:
-        """The flow's page in the dashboard, if ``dashboard_url`` is set."""
-        if not self.dashboard_url:
-            return None
-        return flow_page(self.dashboard_url, queue, parent_id)
-
-    def open_client(self) -> EchoMQ:
-        """A new client for this server and prefix; the caller closes it."""
-        return EchoMQ(self.url, cluster=self.cluster, prefix=self.prefix)
-
-    def pump_options(self) -> PumpOptions:
-        """The ``pump_*`` fields as the core's :class:`~echomq_core.control.options.PumpOptions`
-        (checked there: a bad value raises ``InvalidArgument`` naming it)."""
-        return PumpOptions(
-            page=self.pump_page,
-            max_tries=self.pump_max_tries,
-            lease=self.pump_lease,
-            interval=self.pump_interval,
-            max_stalls=self.pump_max_stalls,
-            discover_every=self.pump_discover_every,
-        )
-
-    def pump_key(self, queues: Sequence[str] | None) -> tuple[Any, ...]:
-        """What makes two Pumps of one process the same one (see :class:`_PumpShare`)."""
-        return (
-            self.url,
-            self.cluster,
-            self.prefix,
-            tuple(sorted(set(queues))) if queues is not None else None,
-            self.pump_options(),
-        )
-
-    def make_pump(self, queues: Sequence[str] | None) -> tuple[EchoMQ, Pump]:
-        """A client and a (not started) Pump serving ``queues`` (None: every queue)."""
-        client = self.open_client()
-        try:
-            pump = Pump(
-                client,
-                sorted(set(queues)) if queues is not None else None,
-                options=self.pump_options(),
-                pump_id="dagster-pump-" + uuid.uuid4().hex[:12],
-            )
-        except BaseException:
-            client.close()
-            raise
-        return client, pump
-
-    @contextmanager
-    def pumping(self, queues: Sequence[str]) -> Iterator[Pump | None]:
-        """Run a Pump for ``queues`` (``pump_queues`` if set) for the length of the block,
-        shared with any other block of this process that pumps the same queues. Nothing
-        (None) when ``run_pump`` is off or there is no queue to serve."""
-        chosen = list(self.pump_queues) if self.pump_queues is not None else list(queues)
-        if not self.run_pump or not chosen:
-            yield None
-            return
-        key = self.pump_key(chosen)
-        pump = _PumpShare.acquire(key, lambda: self.make_pump(chosen))
-        try:
-            yield pump
-        finally:
-            _PumpShare.release(key, self.pump_stop_timeout)
-
-
 def _planned(children: Iterable[Child]) -> list[Child]:
     """``children`` as a list, built with the cyclic collector paused when it is not one yet
     (a generator of a plan: see :meth:`EchoMQResource.add_flow`)."""
     if isinstance(children, list):
         return children
-    with collector.paused():
+    with collector_paused():
         return list(children)
 
 
@@ -253,7 +106,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         queues = list(self.pump_queues)
         try:
             self._pump_key = self.pump_key(queues)
-            self._pump = _PumpShare.acquire(self._pump_key, lambda: self.make_pump(queues))
+            self._pump = PumpShare.acquire(self._pump_key, lambda: self.make_pump(queues))
         except BaseException:
             # Dagster does not call teardown when setup raises: undo here.
             self._client.close()
@@ -265,7 +118,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         try:
             if self._pump_key is not None and self._pump is not None:
-                stopped = _PumpShare.release(self._pump_key, self.pump_stop_timeout)
+                stopped = PumpShare.release(self._pump_key, self.pump_stop_timeout)
                 if not stopped and context.log is not None:
                     context.log.warning(
                         f"EchoMQ pump {self._pump.id} still running after "
@@ -343,7 +196,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         results as the children settle; a retried step must pass the same.
 
         ``children``: a list, or a generator of them - which this builds with Python's cyclic
-        garbage collector paused (:mod:`echomq_core.wire.collector`). Each collection while a big
+        garbage collector paused (:func:`echomq_core.collector_paused`). Each collection while a big
         plan is built walks the step process's whole heap: a list of 1,000,000 ``Child`` built
         in a process that has imported Dagster took 1.9 s with the collector on and 0.3 s
         paused.
@@ -365,8 +218,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
                 added = json.dumps({"queue": ref.queue, "parent_id": ref.parent_id})
                 self._log.info(f"{ADDED_LOG_PREFIX}{added}")
         if repair and parent_id is not None:  # a fresh id holds nothing to repair
-            client = self.client
-            client.perform(repair_on_readd(client.keys, ref.queue, ref.parent_id, repair=True))
+            self.client.repair_on_readd(ref.queue, ref.parent_id, repair=True)
         return ref
 
     def fan_out(
@@ -384,7 +236,7 @@ class EchoMQResource(ConfigurableResource, EchoMQConfig):  # type: ignore[type-a
         - ``"skip"`` (the default; declare the asset ``output_required=False``): nothing is
           yielded, the asset is not materialized, and Dagster skips the assets that read it -
           as Airflow skips what follows a fan-out over nothing.
-        - ``"empty"``: an :class:`~dagster_echomq.reading.EmptyFlow` is yielded; the asset is
+        - ``"empty"``: an :class:`~dagster_echomq.handles.EmptyFlow` is yielded; the asset is
           materialized with N = 0, and each reader gets the empty result of the type a flow's
           read gives (``{}``, or a ``FlowStream`` that yields nothing) at once - as a
           ``DynamicOut`` mapped over nothing hands its collect ``[]``.

@@ -53,7 +53,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 
 from echomq_core import EchoMQ, FlowRef, InvalidInput
 
-from .reading import (
+from .metadata import (
     ADDED_LOG_PREFIX,
     FLOW_PARENT_ID,
     FLOW_PARTITIONS,

@@ -69,13 +69,8 @@ from dagster import (
 
 from echomq_core import EchoMQ, FlowRef, FlowSnapshot, InvalidInput, Pump
 
-from .reading import (
-    FLOW_PARENT_ID,
-    FLOW_PARTITIONS,
-    FLOW_QUEUE,
-    NotABarrierFlow,
-    decode_partitions,
-)
+from .failures import NotABarrierFlow
+from .metadata import FLOW_PARENT_ID, FLOW_PARTITIONS, FLOW_QUEUE, decode_partitions
 from .resource import EchoMQResource
 
 FlowSource = Sequence[FlowRef] | Callable[[SensorEvaluationContext, EchoMQ], Iterable[FlowRef]]

@@ -10,15 +10,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from ..control import rates
 from ..control.rates import RateLimit
-from ..errors import InvalidArgument, flow_error
+from ..errors import InvalidArgument, JobNotFound, flow_error
 from ..flows import children as child_reads
-from ..flows import failures, lifecycle, release_watch, retention, sharding, streaming
+from ..flows import (
+    failures,
+    handles,
+    lifecycle,
+    release_watch,
+    released,
+    retention,
+    sharding,
+    streaming,
+)
 from ..flows import plan as flows
 from ..flows.waiting import MISSING, FlowWait, Verdict
 from ..models import (
@@ -632,6 +641,83 @@ class EchoMQ(_Base):
             raise flow_error(queue, parent_id, verdict.kind, failed, verdict.snap.error)
         return _released(verdict, timeout)
 
+    # -- for the orchestrators' adapters --------------------------------------------------
+    # What the Airflow provider and the Dagster integration need beyond the methods above,
+    # so neither sends a command of its own: each decision is the core's, driven here.
+
+    def missing_flow_error(self, queue: str, parent_id: str) -> JobNotFound:
+        """The :class:`JobNotFound` of a read of flow ``parent_id`` in ``queue`` that is not
+        there, as every flow read raises it: naming the queue and id, and the closest
+        registered queues when ``queue`` is not one (one round trip: the registry). Returned,
+        for the caller to raise or report (a trigger's event)."""
+        return self.perform(flows.not_found(self.keys, queue, parent_id))
+
+    def verdict(self, wait: FlowWait) -> Verdict:
+        """One read of the flow ``wait`` waits on, judged by it: the :class:`Verdict` says what
+        the read means and how long to pause before the next (see :class:`FlowWait`)."""
+        return self.perform(wait.read(self.keys))
+
+    def repair_on_readd(
+        self, queue: str, parent_id: str, *, repair: bool, epoch: int | None = None
+    ) -> lifecycle.ReAdd:
+        """The rule after an add under a stable parent id (an orchestrator's retry, clear or
+        re-execution) converged to the flow already there: a failed or cancelled one is
+        repaired when ``repair`` (:meth:`retry_flow`), a released or held one is left as it
+        is; ``epoch`` (:meth:`note_epoch`) is recorded first. Returns what it found and the
+        repair it did. See :func:`echomq_core.flows.lifecycle.repair_on_readd`."""
+        return self.perform(
+            lifecycle.repair_on_readd(self.keys, queue, parent_id, repair=repair, epoch=epoch)
+        )
+
+    def worker_run(self, refs: Sequence[FlowRef]) -> list[FlowRef]:
+        """The flows of ``refs`` whose parent exists and is run by a worker, not a barrier (a
+        reader from outside refuses them: it could never close them); one round trip per
+        node whatever their number. A missing flow is not listed."""
+        return self.perform(released.worker_run(self.keys, refs))
+
+    def read_released(
+        self,
+        snap: FlowSnapshot,
+        *,
+        values: bool = False,
+        close: bool = False,
+        page: int = released.VALUES_PAGE,
+        failures: int = released.SHOWN_FAILURES,
+    ) -> released.ReleasedRead:
+        """What a reader takes of its flow once released (``snap``, the read that found it
+        so): every result with ``values`` (``page`` per round trip), the ignored failures,
+        at most ``failures`` tolerated failed children, and a barrier flow closed with
+        ``close``. See :class:`~echomq_core.flows.released.ReleasedRead`."""
+        op = released.read_released(
+            self.keys,
+            self.serializer,
+            snap,
+            values=values,
+            close=close,
+            page=page,
+            failures=failures,
+        )
+        return self.perform(op)
+
+    def first_failure(self, queue: str, parent_id: str) -> ChildFailure | None:
+        """The first fail-parent child of the flow that died, with its error and last
+        traceback (:meth:`child_failures`, one bounded read); None when none did (a flow
+        cancelled with no dead child, or only ignored failures)."""
+        return next(
+            (f for f in self.child_failures(queue, parent_id, limit=1) if not f.ignored), None
+        )
+
+    def save_handle(self, name: str, data: Mapping[str, Any], *, expire: float | None) -> None:
+        """Store ``data`` as JSON under reference name ``name`` for ``expire`` seconds (None:
+        no expiry): a handle with no flow behind it to expire with (:meth:`save_ref` ties one
+        to its flow). See :mod:`echomq_core.flows.handles`."""
+        self.perform(handles.save_handle(self.keys, name, data, expire))
+
+    def load_handle(self, name: str) -> Any:
+        """The JSON stored under reference name ``name`` (by :meth:`save_handle` or
+        :meth:`save_ref`) as written, or None; :class:`InvalidInput` when it is not JSON."""
+        return self.perform(handles.load_handle(self.keys, name))
+
 
 class AsyncEchoMQ(_Base):
     """The asyncio client: plain jobs (:meth:`queue`), flow adds and reads (for triggers,
@@ -873,6 +959,38 @@ class AsyncEchoMQ(_Base):
             failed = await self.failed_children(queue, parent_id)
             raise flow_error(queue, parent_id, verdict.kind, failed, verdict.snap.error)
         return _released(verdict, timeout)
+
+    # -- for the orchestrators' adapters --------------------------------------------------
+    # What the Airflow provider's trigger needs beyond the methods above (see EchoMQ's).
+
+    async def missing_flow_error(self, queue: str, parent_id: str) -> JobNotFound:
+        """As :meth:`EchoMQ.missing_flow_error`."""
+        return await self.perform(flows.not_found(self.keys, queue, parent_id))
+
+    async def verdict(self, wait: FlowWait) -> Verdict:
+        """As :meth:`EchoMQ.verdict`."""
+        return await self.perform(wait.read(self.keys))
+
+    async def read_released(
+        self,
+        snap: FlowSnapshot,
+        *,
+        values: bool = False,
+        close: bool = False,
+        page: int = released.VALUES_PAGE,
+        failures: int = released.SHOWN_FAILURES,
+    ) -> released.ReleasedRead:
+        """As :meth:`EchoMQ.read_released`."""
+        op = released.read_released(
+            self.keys,
+            self.serializer,
+            snap,
+            values=values,
+            close=close,
+            page=page,
+            failures=failures,
+        )
+        return await self.perform(op)
 
 
 def _released(verdict: Verdict, timeout: float) -> FlowSnapshot:

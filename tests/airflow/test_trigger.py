@@ -146,20 +146,20 @@ def test_the_pause_shrinks_as_the_flow_nears_its_release(monkeypatch: pytest.Mon
     def snap(settled: int, total: int = 1000) -> FlowSnapshot:
         return FlowSnapshot("q", "JOB-p", "held", total, total - settled, settled, 0, 0)
 
-    trigger = EchoFlowTrigger(queue="q", parent_id="JOB-p", poll_interval=1.0)
-    assert trigger._next_sleep(snap(0)) == 1.0  # no rate yet
+    wait = EchoFlowTrigger(queue="q", parent_id="JOB-p", poll_interval=1.0)._flow_wait()
+    assert wait.judge(snap(0)).pause == 1.0  # no rate yet
     clock[0] += 1.0
-    assert trigger._next_sleep(snap(0)) == 1.0  # nothing settled: no rate
+    assert wait.judge(snap(0)).pause == 1.0  # nothing settled: no rate
     clock[0] += 1.0
-    assert trigger._next_sleep(snap(200)) == 1.0  # 200/s, 800 to go: 4 s, capped
+    assert wait.judge(snap(200)).pause == 1.0  # 200/s, 800 to go: 4 s, capped
     clock[0] += 1.0
-    assert trigger._next_sleep(snap(900)) == pytest.approx(100 / 700)  # 700/s, 100 to go
+    assert wait.judge(snap(900)).pause == pytest.approx(100 / 700)  # 700/s, 100 to go
     clock[0] += 0.1
-    assert trigger._next_sleep(snap(999)) == echo_flow.FAST_POLL  # 1 to go at 990/s
+    assert wait.judge(snap(999)).pause == echo_flow.FAST_POLL  # 1 to go at 990/s
     timed = EchoFlowTrigger(
         queue="q", parent_id="JOB-p", poll_interval=1.0, timeout_at=time.time() + 0.01
     )
-    assert timed._next_sleep(snap(0)) <= 0.01
+    assert timed._flow_wait().judge(snap(0)).pause <= 0.01
 
 
 def test_no_event_while_children_outstanding(client: EchoMQ) -> None:

@@ -75,13 +75,13 @@ def workers(spawn: Callable[..., subprocess.Popen[bytes]]) -> Callable[..., obje
 @pytest.fixture(autouse=True)
 def no_pump_left_behind() -> Iterator[None]:
     """Every test ends with no resource Pump registered and no Pump thread alive."""
-    from dagster_echomq.pumps import _PumpShare
+    from dagster_echomq.pumps import PumpShare
 
     yield
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and pump_threads():
         time.sleep(0.05)
-    assert _PumpShare.live_pumps() == []
+    assert PumpShare.live_pumps() == []
     assert pump_threads() == []
 
 

@@ -20,7 +20,7 @@ from dagster import (
     materialize,
 )
 from dagster_echomq import EchoMQIOManager, EchoMQResource, echomq_flow_check
-from dagster_echomq.reading import store_handle
+from dagster_echomq.handles import store_handle
 from dagster_support import client_url
 
 from echomq_core import Child, EchoMQ, FlowRef, InvalidInput

@@ -30,7 +30,8 @@ from dagster_echomq import (
     FlowStream,
     echomq_flow_sensor,
 )
-from dagster_echomq.reading import EMPTY_PARENT_ID, EMPTY_PLAN, read_handle
+from dagster_echomq.handles import read_handle
+from dagster_echomq.metadata import EMPTY_PARENT_ID, EMPTY_PLAN
 from dagster_support import client_url, evaluate_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef, InvalidArgument, InvalidJobId, InvalidQueueName

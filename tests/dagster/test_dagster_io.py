@@ -33,8 +33,9 @@ from dagster_echomq import (
     NotABarrierFlow,
     flow_metadata,
 )
-from dagster_echomq.pumps import _PumpShare
-from dagster_echomq.reading import TRACEBACK_SHOWN, read_handle
+from dagster_echomq.failures import TRACEBACK_SHOWN
+from dagster_echomq.handles import read_handle
+from dagster_echomq.pumps import PumpShare
 from dagster_support import client_url, pump_threads
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, JobNotFound, ParentFailed
@@ -351,7 +352,7 @@ def test_pump_queues_run_one_pump_for_the_run_and_stop_after_it_even_when_a_step
         assert echomq.pump is not None and echomq.pump_running
         seen["pump"] = echomq.pump.id
         seen["threads"] = pump_threads()
-        seen["live"] = _PumpShare.live_pumps()
+        seen["live"] = PumpShare.live_pumps()
         seen["queues"] = echomq.pump.fixed
         raise RuntimeError("step fails after the pump started")
 

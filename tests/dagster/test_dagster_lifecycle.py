@@ -23,7 +23,7 @@ from dagster import (
     reconstructable,
 )
 from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowStream
-from dagster_echomq.pumps import _PumpShare
+from dagster_echomq.pumps import PumpShare
 from dagster_support import client_url, run_the_failure_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef, FlowTimeout, ParentFailed, Pump
@@ -337,8 +337,8 @@ def test_a_waiting_step_pumps_only_the_queues_of_its_flow(
 
     def sample() -> None:
         while not stop.is_set():
-            with _PumpShare._lock:
-                served.update(tuple(key[3]) for key in _PumpShare._live)
+            with PumpShare._lock:
+                served.update(tuple(key[3]) for key in PumpShare._live)
             stop.wait(0.005)
 
     @asset

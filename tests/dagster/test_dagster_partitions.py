@@ -20,7 +20,7 @@ from dagster import (
     materialize,
 )
 from dagster_echomq import EchoMQIOManager, EchoMQResource, FlowFollow, echomq_flow_sensor
-from dagster_echomq.reading import read_handle
+from dagster_echomq.handles import read_handle
 from dagster_support import client_url, evaluate_sensor
 
 from echomq_core import Child, EchoMQ, FlowRef

@@ -20,7 +20,7 @@ from dagster import (
     execute_job,
     reconstructable,
 )
-from dagster_echomq.reading import read_handle
+from dagster_echomq.handles import read_handle
 from dagster_support import client_url, run_the_failure_sensor
 
 from echomq_core import EchoMQ

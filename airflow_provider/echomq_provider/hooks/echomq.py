@@ -30,6 +30,8 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from echomq_core import (
+    MAX_FOLLOW_PAGE,
+    MAX_RANGE,
     AsyncEchoMQ,
     EchoMQ,
     FlowCancelled,
@@ -37,12 +39,9 @@ from echomq_core import (
     InvalidInput,
     JobNotFound,
     ParentFailed,
+    check_int,
 )
-from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
-from echomq_core.flows.children import MAX_RANGE
-from echomq_core.flows.plan import not_found
-from echomq_core.flows.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 
 from .._compat import (
     CONNECTION_NOT_FOUND,
@@ -151,7 +150,7 @@ class EchoMQHook(BaseHook):
         mq = self.get_conn()
         snap = mq.snapshot(queue, parent_id)
         if snap.outcome == "missing":  # the core's error: the queue and id, and the closest queues
-            raise mq.perform(not_found(mq.keys, queue, parent_id))
+            raise mq.missing_flow_error(queue, parent_id)
         if snap.outcome in ("failed", "cancelled"):
             failed = mq.failed_children(queue, parent_id)
             raise flow_error(queue, parent_id, snap.outcome, failed, snap.error)
@@ -246,7 +245,7 @@ class EchoMQHook(BaseHook):
         mq = self.get_conn()
         snap = mq.snapshot(queue, parent_id)
         if snap.outcome == "missing":
-            raise mq.perform(not_found(mq.keys, queue, parent_id))
+            raise mq.missing_flow_error(queue, parent_id)
         total = snap.total
         if not total:
             raise JobNotFound(f"flow {parent_id} in queue {queue!r} has no children")

@@ -81,12 +81,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from echomq_core import FlowConflict, FlowRef, InvalidInput
-from echomq_core.checks import check_int, check_seconds
-from echomq_core.flows.lifecycle import repair_on_readd
-from echomq_core.flows.waiting import FlowWait
-from echomq_core.queues.ops import gc_paused
-from echomq_core.wire.keyspace import check_queue
+from echomq_core import (
+    FlowConflict,
+    FlowRef,
+    FlowWait,
+    InvalidInput,
+    check_int,
+    check_queue,
+    check_seconds,
+    gc_paused,
+)
 
 from .. import settle
 from .._compat import AirflowFailException, AirflowSkipException, clear_number
@@ -216,11 +220,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         super().__init__(**kwargs)
         if children is None and not self._children_from_callable:
             raise InvalidInput(f"{self.task_id}: children is required")
-        if not isinstance(wait_for_completion, bool):
-            raise InvalidInput(
-                f"{self.task_id}: wait_for_completion must be True or False, got "
-                f"{wait_for_completion!r}"
-            )
+        self._check_flags(wait_for_completion=wait_for_completion)
         if isinstance(wait_timeout, timedelta):
             wait_timeout = wait_timeout.total_seconds()
         self.wait_for_completion = wait_for_completion
@@ -238,15 +238,11 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
             settles=wait_for_completion,
         )
         self._ref: tuple[str, str] | None = None
-        self.parent_queue = parent_queue
-        self.children = children
+        self.parent_queue, self.children, self.payload = parent_queue, children, payload
         if isinstance(children, list | tuple):  # a literal plan: refused when parsed
             self._check_values(f"{self.task_id}: the plan", len(children))
-        self.payload = payload
-        self.child_queue = child_queue
-        self.child_max_attempts = child_max_attempts
-        self.child_timeout = child_timeout
-        self.max_attempts = max_attempts
+        self.child_queue, self.child_timeout = child_queue, child_timeout
+        self.child_max_attempts, self.max_attempts = child_max_attempts, max_attempts
         # refused at parse time, as the core refuses it (InvalidArgument names the value)
         self.max_running = None if max_running is None else check_int("max_running", max_running, 1)
         self.parent_id = parent_id
@@ -257,20 +253,25 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
                 f"{self.task_id}: on_conflict must be one of {', '.join(ON_CONFLICT)}, "
                 f"got {on_conflict!r}"
             )
-        for name, flag in (("repair", repair), ("stream", stream)):
-            if not isinstance(flag, bool):
-                raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {flag!r}")
+        self._check_flags(repair=repair, stream=stream)
         self.stream = stream
         if stream and not wait_for_completion:
             # its follower (flow_results(..., follow=True) downstream) may be failed or killed
             # without running its code: Airflow's failure callbacks settle the flow as a
             # waiting task's (a held flow nobody will read cancelled, a released one closed)
             self._settles = True
+        if self._settles:
             settle.install(self)
         self.repair = repair
         self.on_conflict = on_conflict
         self.echomq_conn_id = echomq_conn_id
         self.prefix = prefix
+
+    def _check_flags(self, **flags: Any) -> None:
+        """Refuse a flag that is not True or False, by name, when the DAG is parsed."""
+        for name, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise InvalidInput(f"{self.task_id}: {name} must be True or False, got {flag!r}")
 
     def execute(self, context: Context) -> Any:
         try:  # one client (FlowWaiting's) for the add and the wait
@@ -362,7 +363,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         ti = context["ti"]
         parent_id = self._parent_id(context)
         try:
-            # the specs and the add: see echomq_core.queues.ops.gc_paused
+            # the specs and the add: see echomq_core.gc_paused
             with gc_paused(self.children):
                 children = to_children(
                     self.children,
@@ -416,9 +417,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         mq = self._client()
         epoch = cleared or None  # a run never cleared has nothing to record
         self._epoch_noted = True  # the wait that may follow need not record it again
-        found = mq.perform(
-            repair_on_readd(mq.keys, ref.queue, ref.parent_id, repair=self.repair, epoch=epoch)
-        )
+        found = mq.repair_on_readd(ref.queue, ref.parent_id, repair=self.repair, epoch=epoch)
         snap = found.snap
         if snap.outcome == "released":
             self.log.info(

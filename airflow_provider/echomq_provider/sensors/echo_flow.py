@@ -87,9 +87,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from echomq_core import InvalidInput
-from echomq_core.flows.waiting import FlowWait
+from echomq_core import FlowWait, InvalidInput
 
+from .. import settle
 from .._compat import AirflowFailException, AirflowSkipException
 from ..flow_specs import flow_target
 from ..hooks.echomq import EchoMQHook
@@ -174,6 +174,7 @@ class EchoFlowSensor(FlowWaiting, BaseSensorOperator):
             cancel_on_failure=cancel_on_failure,
             end_from_trigger=end_from_trigger,
         )
+        settle.install(self)
 
     # -- modes ----------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:

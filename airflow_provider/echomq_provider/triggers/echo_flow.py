@@ -2,7 +2,7 @@
 
 It polls one flow with the async client until the flow settles, then fires one event and
 ends; what each read means and when the next comes is the core's
-:class:`~echomq_core.flows.waiting.FlowWait`, driven here with ``await``. The event is small on
+:class:`~echomq_core.FlowWait`, driven here with ``await``. The event is small on
 purpose (it is stored in the metadata DB): a status and counts.
 
 On success with ``end_from_trigger`` (the waiting task's default unless plugins registered
@@ -53,9 +53,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
-from echomq_core.flows.plan import not_found
-from echomq_core.flows.waiting import CANCELLED, FAST_POLL, MISSING, FlowWait
+from echomq_core import CANCELLED, FAST_POLL, MISSING, AsyncEchoMQ, EchoMQError, FlowWait
 
 from .._compat import aset_xcom, atask_state
 from ..hooks.echomq import EchoMQHook
@@ -63,10 +61,10 @@ from ..summary import (
     FLOW_KEY,
     MAX_REPORTED,
     PROGRESS_EVERY,
+    aread_released,
     log_progress,
     log_released,
     progress_line,
-    read_released,
 )
 
 __all__ = ["FAST_POLL", "MAX_REPORTED", "EchoFlowTrigger", "progress_line"]
@@ -127,7 +125,6 @@ class EchoFlowTrigger(BaseTrigger):
         self.max_values = None if max_values is None else int(max_values)
         self.close_flow = bool(close_flow)
         self._client: AsyncEchoMQ | None = None
-        self._wait_state: FlowWait | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -180,14 +177,8 @@ class EchoFlowTrigger(BaseTrigger):
             snap = await client.snapshot(self.queue, parent_id)
             if self.return_values and self.max_values is not None and snap.total > self.max_values:
                 return None  # too many values for the XCom: the task refuses them on a worker
-            read = await client.connection.perform(
-                read_released(
-                    client.keys,
-                    client.serializer,
-                    snap,
-                    return_values=self.return_values,
-                    close_flow=self.close_flow,
-                )
+            read = await aread_released(
+                client, snap, return_values=self.return_values, close_flow=self.close_flow
             )
         except EchoMQError as exc:
             self.log.warning(
@@ -280,16 +271,15 @@ class EchoFlowTrigger(BaseTrigger):
         where = f"flow {self.parent_id} in queue {self.queue!r}"
         last_progress: float | None = None
         try:
-            wait = self._flow_wait(fresh=True)
+            wait = self._flow_wait()
             self._client = client = await EchoMQHook(
                 self.echomq_conn_id, prefix=self.prefix
             ).aget_conn()
             while True:
-                verdict = await client.connection.perform(wait.read(client.keys))
+                verdict = await client.verdict(wait)
                 snap = verdict.snap
                 if verdict.kind == MISSING:  # the task raises it as JobNotFound on resuming
-                    gone = not_found(client.keys, self.queue, self.parent_id)
-                    missing = await client.perform(gone)
+                    missing = await client.missing_flow_error(self.queue, self.parent_id)
                     return {"status": "missing", "message": str(missing)}
                 if verdict.never_released:
                     failed = await client.failed_children(self.queue, self.parent_id)
@@ -321,24 +311,16 @@ class EchoFlowTrigger(BaseTrigger):
         except EchoMQError as exc:
             return {"status": "error", "message": f"{where}: {type(exc).__name__}: {exc}"}
 
-    def _flow_wait(self, *, fresh: bool = False) -> FlowWait:
-        """This run's :class:`~echomq_core.flows.waiting.FlowWait`: pauses of ``poll_interval`` from
-        the first (the task read the flow just before it deferred), ``timeout_at`` as the
-        time left from now."""
-        if fresh or self._wait_state is None:
-            left = None if self.timeout_at is None else max(0.0, self.timeout_at - time.time())
-            self._wait_state = FlowWait(
-                self.queue,
-                self.parent_id,
-                poll=self.poll_interval,
-                timeout=left,
-                first=self.poll_interval,
-            )
-        return self._wait_state
-
-    def _next_sleep(self, snap: FlowSnapshot) -> float:
-        """The pause after a read of ``snap`` (see :mod:`echomq_core.flows.waiting`):
-        ``poll_interval``, shortened to the time the flow should take to settle at the rate it
-        settled since the last read (at least :data:`FAST_POLL`) and to the time left before
-        ``timeout_at``."""
-        return self._flow_wait().judge(snap).pause
+    def _flow_wait(self) -> FlowWait:
+        """This run's :class:`~echomq_core.FlowWait`: pauses of ``poll_interval`` from the first
+        (the task read the flow just before it deferred), ``timeout_at`` as the time left from
+        now; while children settle, a pause shrinks to the time the rest should take at the
+        rate seen (at least :data:`FAST_POLL`)."""
+        left = None if self.timeout_at is None else max(0.0, self.timeout_at - time.time())
+        return FlowWait(
+            self.queue,
+            self.parent_id,
+            poll=self.poll_interval,
+            timeout=left,
+            first=self.poll_interval,
+        )

@@ -51,10 +51,15 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from echomq_core import EchoMQError, InvalidInput
-from echomq_core.checks import check_int, check_seconds
-from echomq_core.flows.release_watch import MAX_TAKE, check_watcher
-from echomq_core.wire.keyspace import check_queue
+from echomq_core import (
+    MAX_TAKE,
+    EchoMQError,
+    InvalidInput,
+    check_int,
+    check_queue,
+    check_seconds,
+    check_watcher,
+)
 
 from ..hooks.echomq import EchoMQHook
 
