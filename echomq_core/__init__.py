@@ -15,11 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .checks import check_int, check_seconds
 from .client.clients import AsyncEchoMQ, EchoMQ
 from .client.queue import JobSpec, Queue
-from .control.options import PumpOptions
-from .control.options import describe as describe_option
 from .control.rates import RateLimit
 from .errors import (
     ConfigurationError,
@@ -44,26 +41,8 @@ from .errors import (
     ServerStartError,
     Unrecoverable,
 )
-from .flows.children import MAX_RANGE
-from .flows.frames import library as frame_library
-from .flows.frames import results_frame
-from .flows.release_watch import MAX_TAKE, check_watcher
 from .flows.released import ReleasedRead
-from .flows.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
-from .flows.waiting import (
-    CANCELLED,
-    CLOSED,
-    FAILED,
-    FAST_POLL,
-    MISSING,
-    RELEASED,
-    STALLED,
-    TIMED_OUT,
-    WAITING,
-    FlowWait,
-    Verdict,
-    kind_of,
-)
+from .flows.waiting import FlowWait, Verdict
 from .models import (
     Backoff,
     Child,
@@ -77,10 +56,6 @@ from .models import (
     JsonSerializer,
 )
 from .pump.pump import Pump
-from .queues.ops import gc_paused
-from .seeing.urls import flow_page
-from .wire.collector import paused as collector_paused
-from .wire.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, derived_index, id_part
 from .work.worker import Worker
 
 if TYPE_CHECKING:
@@ -90,21 +65,17 @@ if TYPE_CHECKING:
 #: The names imported on first access, and the module of each.
 _LAZY = {"AsyncQueue": ".client.async_queue", "AsyncWorker": ".work.async_worker"}
 
-__all__ = [  # noqa: RUF022 - in sorted() order, which tests/test_imports.py checks
+__all__ = [
     "AsyncEchoMQ",
     "AsyncQueue",
     "AsyncWorker",
     "Backoff",
-    "CANCELLED",
-    "CLOSED",
     "Child",
     "ChildFailure",
     "ConfigurationError",
     "ConnectionLost",
     "EchoMQ",
     "EchoMQError",
-    "FAILED",
-    "FAST_POLL",
     "FlowCancelled",
     "FlowCap",
     "FlowConflict",
@@ -125,43 +96,19 @@ __all__ = [  # noqa: RUF022 - in sorted() order, which tests/test_imports.py che
     "JobSpec",
     "JsonSerializer",
     "LeaseLost",
-    "MAX_FOLLOW_PAGE",
-    "MAX_ID_LENGTH",
-    "MAX_RANGE",
-    "MAX_TAKE",
-    "MISSING",
     "ParentFailed",
     "PartlyWritten",
     "Pump",
-    "PumpOptions",
     "Queue",
     "QueueInUse",
-    "RELEASED",
     "RateLimit",
     "ReleasedRead",
-    "STALLED",
     "ServerError",
     "ServerFull",
     "ServerStartError",
-    "TIMED_OUT",
     "Unrecoverable",
     "Verdict",
-    "WAITING",
     "Worker",
-    "check_int",
-    "check_job_id",
-    "check_queue",
-    "check_seconds",
-    "check_watcher",
-    "collector_paused",
-    "derived_index",
-    "describe_option",
-    "flow_page",
-    "frame_library",
-    "gc_paused",
-    "id_part",
-    "kind_of",
-    "results_frame",
 ]
 
 __version__ = "0.1.0"

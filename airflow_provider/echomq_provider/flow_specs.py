@@ -23,15 +23,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from echomq_core import (
-    Child,
-    FlowRef,
-    InvalidInput,
-    check_job_id,
-    check_queue,
-    derived_index,
-    id_part,
-)
+from echomq_core import Child, FlowRef, InvalidInput
+from echomq_core.integration import check_job_id, check_queue, derived_index, id_part
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).

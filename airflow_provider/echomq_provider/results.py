@@ -93,7 +93,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from echomq_core import InvalidInput, frame_library, results_frame
+from echomq_core import InvalidInput
+from echomq_core.integration import frame_library, results_frame
 
 from .hooks.echomq import DEFAULT_PAGE, EchoMQHook
 

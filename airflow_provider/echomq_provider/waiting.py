@@ -19,8 +19,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from echomq_core import (
-    FAILED,
-    MISSING,
     EchoMQ,
     EchoMQError,
     FlowCancelled,
@@ -30,9 +28,9 @@ from echomq_core import (
     JobNotFound,
     ParentFailed,
     Verdict,
-    check_int,
 )
 from echomq_core.errors import flow_error
+from echomq_core.integration import FAILED, MISSING, check_int
 
 from ._compat import (
     AirflowFailException,

@@ -28,7 +28,8 @@ from typing import Any
 from dagster import Config
 from pydantic import Field
 
-from echomq_core import EchoMQ, Pump, PumpOptions, describe_option, flow_page
+from echomq_core import EchoMQ, Pump
+from echomq_core.integration import PumpOptions, describe_option, flow_page
 
 from .pumps import PumpShare
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from echomq_core import MAX_FOLLOW_PAGE, EchoMQ, FlowRef, ParentFailed
+from echomq_core import EchoMQ, FlowRef, ParentFailed
+from echomq_core.integration import MAX_FOLLOW_PAGE
 
 from .failures import flow_error
 

@@ -84,18 +84,8 @@ from dagster import (
 from dagster._core.events import DagsterEvent
 from pydantic import Field, PrivateAttr
 
-from echomq_core import (
-    MISSING,
-    WAITING,
-    EchoMQ,
-    FlowRef,
-    FlowSnapshot,
-    FlowTimeout,
-    InvalidInput,
-    frame_library,
-    kind_of,
-    results_frame,
-)
+from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, InvalidInput
+from echomq_core.integration import MISSING, WAITING, frame_library, kind_of, results_frame
 
 from . import steps
 from .config import EchoMQConfig

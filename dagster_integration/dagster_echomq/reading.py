@@ -21,16 +21,8 @@ from typing import Any
 
 from dagster import DagsterLogManager
 
-from echomq_core import (
-    MISSING,
-    STALLED,
-    TIMED_OUT,
-    EchoMQ,
-    FlowRef,
-    FlowSnapshot,
-    FlowTimeout,
-    FlowWait,
-)
+from echomq_core import EchoMQ, FlowRef, FlowSnapshot, FlowTimeout, FlowWait
+from echomq_core.integration import MISSING, STALLED, TIMED_OUT
 
 from .failures import flow_error
 

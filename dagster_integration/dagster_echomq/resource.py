@@ -40,15 +40,9 @@ from dagster import (
 )
 from pydantic import PrivateAttr
 
-from echomq_core import (
+from echomq_core import Child, EchoMQ, FlowRef, FlowSnapshot, InvalidArgument, InvalidInput, Pump
+from echomq_core.integration import (
     MAX_ID_LENGTH,
-    Child,
-    EchoMQ,
-    FlowRef,
-    FlowSnapshot,
-    InvalidArgument,
-    InvalidInput,
-    Pump,
     check_job_id,
     check_queue,
     collector_paused,

@@ -9,16 +9,8 @@ import asyncio
 
 import pytest
 
-from echomq_core import (
-    MISSING,
-    AsyncEchoMQ,
-    Child,
-    EchoMQ,
-    FlowRef,
-    FlowWait,
-    InvalidInput,
-    JobNotFound,
-)
+from echomq_core import AsyncEchoMQ, Child, EchoMQ, FlowRef, FlowWait, InvalidInput, JobNotFound
+from echomq_core.integration import MISSING
 
 from ..conftest import Backend
 from ..flowkit import work_off

@@ -30,8 +30,6 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from echomq_core import (
-    MAX_FOLLOW_PAGE,
-    MAX_RANGE,
     AsyncEchoMQ,
     EchoMQ,
     FlowCancelled,
@@ -39,9 +37,9 @@ from echomq_core import (
     InvalidInput,
     JobNotFound,
     ParentFailed,
-    check_int,
 )
 from echomq_core.errors import flow_error
+from echomq_core.integration import MAX_FOLLOW_PAGE, MAX_RANGE, check_int
 
 from .._compat import (
     CONNECTION_NOT_FOUND,

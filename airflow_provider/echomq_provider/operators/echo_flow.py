@@ -81,16 +81,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from echomq_core import (
-    FlowConflict,
-    FlowRef,
-    FlowWait,
-    InvalidInput,
-    check_int,
-    check_queue,
-    check_seconds,
-    gc_paused,
-)
+from echomq_core import FlowConflict, FlowRef, FlowWait, InvalidInput
+from echomq_core.integration import check_int, check_queue, check_seconds, gc_paused
 
 from .. import settle
 from .._compat import AirflowFailException, AirflowSkipException, clear_number

@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperatorLink
 
-from echomq_core import flow_page
+from echomq_core.integration import flow_page
 
 from .._compat import conf
 

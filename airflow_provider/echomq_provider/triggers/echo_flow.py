@@ -53,7 +53,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from echomq_core import CANCELLED, FAST_POLL, MISSING, AsyncEchoMQ, EchoMQError, FlowWait
+from echomq_core import AsyncEchoMQ, EchoMQError, FlowWait
+from echomq_core.integration import CANCELLED, FAST_POLL, MISSING
 
 from .._compat import aset_xcom, atask_state
 from ..hooks.echomq import EchoMQHook

@@ -51,15 +51,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from echomq_core import (
-    MAX_TAKE,
-    EchoMQError,
-    InvalidInput,
-    check_int,
-    check_queue,
-    check_seconds,
-    check_watcher,
-)
+from echomq_core import EchoMQError, InvalidInput
+from echomq_core.integration import MAX_TAKE, check_int, check_queue, check_seconds, check_watcher
 
 from ..hooks.echomq import EchoMQHook
 
