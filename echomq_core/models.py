@@ -249,7 +249,7 @@ class Settlement:
     """What a batch of completions or failures did: a status per job, and the flow parents
     (queue, id) the batch released or failed on the way (for lifecycle hooks), and the ids
     of the capped children its gates admitted straight into the caller's lease (``handed``:
-    see :class:`~echomq_core.queues.ops.Hand`). Of a batch of completions also: ``waits``, the
+    see :class:`~echomq_core.queues.settling.Hand`). Of a batch of completions also: ``waits``, the
     server's answer for each job of the batch whose run spawned children of its own, in batch
     order (see :func:`~echomq_core.flows.spawning.await_children`), and ``voided``, how many
     children that an earlier run of a job counted and never landed it settled as never landed (see

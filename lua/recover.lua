@@ -38,7 +38,7 @@
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
 -- parent_queue, parent_policy, stalls, timeout, gate} per buried job} - the row's separate
--- fields (ops._job reads them), so the host can report each death to its lifecycle hooks.
+-- fields (maintenance._job reads them), so the host can report each death to its lifecycle hooks.
 local q = queue_keys(KEYS)
 local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from echomq_core import EchoMQ, EchoMQError, FlowSnapshot
-from echomq_core.flows import plan as flows
+from echomq_core.flows import lifecycle
+from echomq_core.flows import reads as flows
 from echomq_core.models import Serializer
 from echomq_core.wire.connection import Op
 from echomq_core.wire.keyspace import Keyspace
@@ -81,7 +82,7 @@ def read_released(
         _, failed = yield from flows.scan_page(ks.failed(queue, parent_id), 0, MAX_REPORTED)
     closed = None
     if close_flow and snap.parent_state == "released":  # a barrier flow, now read
-        closed = yield from flows.close_flow(ks, queue, parent_id)
+        closed = yield from lifecycle.close_flow(ks, queue, parent_id)
         snap = dataclasses.replace(snap, parent_state=closed)  # closing changes only that
     summary = summary_of(snap, ignored)
     if failed:

@@ -29,7 +29,7 @@ from echomq_core import (
 )
 from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
-from echomq_core.flows.plan import not_found
+from echomq_core.flows.reads import not_found
 from echomq_core.flows.waiting import FAILED, MISSING, FlowWait, Verdict
 
 from . import settle

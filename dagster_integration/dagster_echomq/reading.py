@@ -39,7 +39,7 @@ from echomq_core import (
     InvalidInput,
     ParentFailed,
 )
-from echomq_core.flows.plan import not_found
+from echomq_core.flows.reads import not_found
 from echomq_core.flows.waiting import MISSING, STALLED, TIMED_OUT, FlowWait
 from echomq_core.wire.connection import Call
 

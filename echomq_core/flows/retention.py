@@ -39,10 +39,11 @@ from typing import Any
 
 from ..checks import text as _s
 from ..errors import InvalidArgument
-from ..queues.ops import chunks
-from ..wire.calls import Call, Op
+from ..wire.calls import Call, Op, chunks
 from ..wire.keyspace import Keyspace
-from .plan import child_candidates, pairs, ref_body
+from .plan import child_candidates
+from .reads import pairs
+from .refs import ref_body
 
 DAY = 86_400.0
 #: The settings, in the order the scripts take them, with their defaults (seconds / counts).

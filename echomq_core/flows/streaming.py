@@ -46,7 +46,7 @@ from ..errors import FlowTimeout, InvalidArgument, flow_error
 from ..models import Serializer
 from ..wire.calls import Call, Op
 from ..wire.keyspace import Keyspace, check_job_id, check_queue
-from .plan import not_found, pairs
+from .reads import not_found, pairs
 
 #: Entries one ``log_read`` returns at most (the script's HMGET unpacks that many ids).
 MAX_PAGE = 1000

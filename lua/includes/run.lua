@@ -1,7 +1,7 @@
 -- run(packed, attempts, stalls): a row's 'run' field with its attempts and stalls replaced
 -- (either may be nil: kept as it was). 'run' is '<max_attempts> <attempts> <stalls> <timeout
 -- ms | -> <created ms> [<policy> <gate 0|1> <parent_queue>]': everything the claim's rows read
--- needs of a row besides payload and parent, in one value (ops.ROW_FIELDS), and the row's
+-- needs of a row besides payload and parent, in one value (claiming.ROW_FIELDS), and the row's
 -- creation time. add.lua and land.lua write max_attempts and created ONLY here (two fields
 -- fewer per job; models.run_word reads them, as fail.lua and recover.lua do); hold.lua writes
 -- a parent's own fields too. attempts, stalls and the parent fields are copies: their own

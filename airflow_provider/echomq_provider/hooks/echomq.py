@@ -41,7 +41,7 @@ from echomq_core import (
 from echomq_core.checks import check_int
 from echomq_core.errors import flow_error
 from echomq_core.flows.children import MAX_RANGE
-from echomq_core.flows.plan import not_found
+from echomq_core.flows.reads import not_found
 from echomq_core.flows.streaming import MAX_PAGE as MAX_FOLLOW_PAGE
 
 from .._compat import (

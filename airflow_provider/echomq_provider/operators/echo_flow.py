@@ -85,7 +85,7 @@ from echomq_core import FlowConflict, FlowRef, InvalidInput
 from echomq_core.checks import check_int, check_seconds
 from echomq_core.flows.lifecycle import repair_on_readd
 from echomq_core.flows.waiting import FlowWait
-from echomq_core.queues.ops import gc_paused
+from echomq_core.queues.adding import gc_paused
 from echomq_core.wire.keyspace import check_queue
 
 from .. import settle
@@ -362,7 +362,7 @@ class EchoFlowOperator(FlowWaiting, BaseOperator):
         ti = context["ti"]
         parent_id = self._parent_id(context)
         try:
-            # the specs and the add: see echomq_core.queues.ops.gc_paused
+            # the specs and the add: see echomq_core.queues.adding.gc_paused
             with gc_paused(self.children):
                 children = to_children(
                     self.children,

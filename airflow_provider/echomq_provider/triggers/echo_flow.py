@@ -54,7 +54,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from echomq_core import AsyncEchoMQ, EchoMQError, FlowSnapshot
-from echomq_core.flows.plan import not_found
+from echomq_core.flows.reads import not_found
 from echomq_core.flows.waiting import CANCELLED, FAST_POLL, MISSING, FlowWait
 
 from .._compat import aset_xcom, atask_state
