@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from .errors import InvalidArgument, InvalidInput, InvalidPayload
@@ -424,20 +424,7 @@ class FlowSnapshot:
         return self.parent_state not in (None, "held", "failed", "cancelled")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "parent_id": self.parent_id,
-            "parent_state": self.parent_state,
-            "total": self.total,
-            "dependencies": self.dependencies,
-            "processed": self.processed,
-            "ignored": self.ignored,
-            "failed": self.failed,
-            "error": self.error,
-            "repairs": self.repairs,
-            "allowed": self.allowed,
-            "cap": self.cap,
-        }
+        return asdict(self)  # every field, in their order (all plain values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from ..wire.keyspace import Keyspace, child_stem
 from .add import add_flow, fingerprint, tree_digest
 from .plan import _Node, child_candidates
 from .reads import snapshot
-from .retention import SweepStats, forget_tree
+from .retention import SweepStats, forget_tree, row_calls
 
 
 @dataclass(slots=True)
@@ -260,11 +260,10 @@ def _walk(
         for node_queue, node_id, info in nodes:
             visits = children_of(node_queue, node_id, info)
             for child_queue, script, fixed, extra, ids in visits:
-                base = ks.job_prefix(child_queue)
-                for part in chunks(ids):
-                    keys = [*fixed, *(base + i for i in part)]
-                    calls.append(Call.lua(script, keys, [node_id, *extra, *part]))
-                    asked.append((child_queue, node_id))
+                head = [node_id, *extra]
+                sent = row_calls(script, fixed, ks.job_prefix(child_queue), ids, head)
+                calls += sent
+                asked += [(child_queue, node_id)] * len(sent)
         if not calls:
             break
         replies = yield calls

@@ -60,7 +60,7 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         _int(row.get("attempts")),
         row_fact(row.get("max_attempts"), row.get("run"), RUN_MAX_ATTEMPTS) or 1,
         decode(row.get("payload")),
-        decode(split_done(row["done"])[1] if "done" in row else row.get("result")),
+        decode(split_done(row["done"])[1] if "done" in row else None),
         _s(row["error"]) if "error" in row else None,
         parent,
         _int(row["total"]) if "total" in row else None,

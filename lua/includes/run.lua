@@ -8,8 +8,8 @@
 -- fields stay the truth (fail.lua and recover.lua decide on them), and 'run' is rewritten from
 -- them whenever they change, so a copy that an older client left behind is mended by the next
 -- change.
--- Returns nil for a row without 'run' (written before it existed): that row keeps its layout,
--- and the claim reads its separate fields instead.
+-- Returns nil when `packed` is nil or not a 'run' value (every row that add.lua, land.lua and
+-- hold.lua write has one).
 -- Owner of what it writes: nothing - a pure function; its callers write the value into the
 -- row's 'run' field, which goes with the row.
 local function run(packed, attempts, stalls)

@@ -160,26 +160,16 @@ def test_rows_with_run_are_read_by_get_job_the_dashboard_and_the_children_list(
     assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, 4)
 
 
-def test_a_kept_row_keeps_token_and_result_in_one_field_and_older_ones_still_read(
-    mq: EchoMQ,
-) -> None:
+def test_a_kept_row_keeps_token_and_result_in_one_field(mq: EchoMQ) -> None:
     q = mq.queue("rt-q")
     q.holder = "host-1-abcdef12"  # as a worker's handle: its tokens name it
-    new, old = q.add(1), q.add(2)
+    one, two = q.add(1), q.add(2)
     jobs = {j.id: j for j in q.claim(5)}
-    q.complete_many([(jobs[new], {"v": 1}), (jobs[old], {"v": 2})])
-    done = _hget(mq, "rt-q", new, "done")
-    assert done is not None and split_done(done) == (jobs[new].token, b'{"v":1}')
-    assert _hget(mq, "rt-q", new, "result") is None and _hget(mq, "rt-q", new, "token") is None
-    # the other row as today's complete.lua wrote it: 'result' and 'token' of their own
-    row = mq.keys.job("rt-q", old)
-    mq.connection.execute(
-        [
-            Call.cmd("HDEL", row, "done"),
-            Call.cmd("HSET", row, "result", b'{"v":2}', "token", jobs[old].token),
-        ]
-    )
-    for job_id, value in ((new, {"v": 1}), (old, {"v": 2})):
+    q.complete_many([(jobs[one], {"v": 1}), (jobs[two], {"v": 2})])
+    done = _hget(mq, "rt-q", one, "done")
+    assert done is not None and split_done(done) == (jobs[one].token, b'{"v":1}')
+    assert _hget(mq, "rt-q", one, "result") is None and _hget(mq, "rt-q", one, "token") is None
+    for job_id, value in ((one, {"v": 1}), (two, {"v": 2})):
         info = mq.get_job("rt-q", job_id)
         assert (info.state, info.result) == ("completed", value)
         detail = mq.perform(job_detail(mq.keys, "rt-q", job_id, mq.serializer))
