@@ -22,14 +22,14 @@ IGNORE = "id"
 MAX_TRACEBACK = 16 * 1024
 
 
-#: The words of a row's ``run`` field (lua/includes/run.lua) that rows written since it
-#: keep nowhere else: max_attempts and the creation time (ms).
+#: The words of a row's ``run`` field (lua/includes/run.lua) that a leaf's row keeps nowhere
+#: else: max_attempts and the creation time (ms).
 RUN_MAX_ATTEMPTS, RUN_CREATED = 0, 4
 
 
 def run_word(run: Any, at: int) -> int | None:
-    """Word ``at`` of a row's ``run`` value as an int; None when the row has no ``run`` (it
-    was written before it existed: its own fields hold the value) or the word is '-'."""
+    """Word ``at`` of a row's ``run`` value as an int; None when there is no ``run`` (no row)
+    or the word is '-'."""
     if run is None:
         return None
     words = (run.decode() if isinstance(run, bytes) else str(run)).split(" ", at + 1)
@@ -38,9 +38,8 @@ def run_word(run: Any, at: int) -> int | None:
 
 
 def row_fact(own: Any, run: Any, at: int) -> int | None:
-    """A row's max_attempts or created (``at``: :data:`RUN_MAX_ATTEMPTS`, :data:`RUN_CREATED`)
-    whichever layout wrote it: its own field (a flow parent's row, a row written before
-    ``run``), else ``run``'s word."""
+    """A row's max_attempts or created (``at``: :data:`RUN_MAX_ATTEMPTS`, :data:`RUN_CREATED`):
+    its own field where the row keeps one (a flow parent's row), else ``run``'s word."""
     if own is not None:
         return int(float(own))
     return run_word(run, at)
