@@ -53,7 +53,7 @@ for j = 1, n do
     gone[#gone + 1] = id
     if redis.call('EXISTS', row) == 1 then
       local stalls = redis.call('HINCRBY', row, 'stalls', 1)
-      -- the claim's packed copy follows the count (a row without one keeps its layout)
+      -- the claim's packed copy follows the count
       local packed = run(redis.call('HGET', row, 'run'), nil, stalls)
       if packed then redis.call('HSET', row, 'run', packed) end
       if stalls > max_stalls then
