@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from echomq_core import Child, EchoMQ, Pump
-from echomq_core.queues import ops
+from echomq_core.queues import claiming
 from echomq_core.queues.registry import lease_token
 from echomq_core.server import EmbeddedServer, find_server_binary
 from echomq_core.wire.calls import Call
@@ -84,7 +84,7 @@ def w1(mq: EchoMQ, n: int, measure: Callable[[str, Callable[[], Any]], None]) ->
     measure(
         "W1 rows script",
         lambda: jobs.extend(
-            mq.perform(ops.leased(ks, "w1", part, token, mq.serializer)) for part in parts
+            mq.perform(claiming.leased(ks, "w1", part, token, mq.serializer)) for part in parts
         ),
     )
     done = [[(j, None) for j in b] for b in jobs]

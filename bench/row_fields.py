@@ -1,5 +1,5 @@
 """What the claim's rows read pays for its fourth field: server instructions per job of the
-``rows`` script asking ops.ROW_FIELDS (payload, parent, run, state) against the first three,
+``rows`` script asking claiming.ROW_FIELDS (payload, parent, run, state) against the first three,
 on the same 5,000 claimed W1 rows, alternated twice, counted by callgrind
 (:class:`bench.cpu_phases.Counted`; needs valgrind).
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.cpu_phases import BATCH, Counted
 from echomq_core import EchoMQ
-from echomq_core.queues import ops
+from echomq_core.queues import claiming
 from echomq_core.queues.registry import lease_token
 from echomq_core.wire.calls import Call
 
@@ -30,7 +30,7 @@ def main(n: int = 5000) -> None:
         parts.append([i.decode() for i in reply[1:]])
     base = ks.job_prefix("w1")
     try:
-        for fields in (ops.ROW_FIELDS, ops.ROW_FIELDS[:3]) * 2:
+        for fields in (claiming.ROW_FIELDS, claiming.ROW_FIELDS[:3]) * 2:
             calls = [Call.lua("rows", [base + i for i in part], fields) for part in parts]
             total = c.run(lambda calls=calls: [mq.connection.execute([x]) for x in calls])
             print(f"{len(fields)} fields: {round(total / n)} instructions per job")

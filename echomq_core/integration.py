@@ -28,7 +28,7 @@ from .flows.waiting import (
     WAITING,
     kind_of,
 )
-from .queues.ops import gc_paused
+from .queues.adding import gc_paused
 from .seeing.urls import flow_page
 from .wire.collector import paused as collector_paused
 from .wire.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, derived_index, id_part

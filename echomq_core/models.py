@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from .errors import InvalidArgument, InvalidInput, InvalidPayload
@@ -22,14 +22,14 @@ IGNORE = "id"
 MAX_TRACEBACK = 16 * 1024
 
 
-#: The words of a row's ``run`` field (lua/includes/run.lua) that rows written since it
-#: keep nowhere else: max_attempts and the creation time (ms).
+#: The words of a row's ``run`` field (lua/includes/run.lua) that a leaf's row keeps nowhere
+#: else: max_attempts and the creation time (ms).
 RUN_MAX_ATTEMPTS, RUN_CREATED = 0, 4
 
 
 def run_word(run: Any, at: int) -> int | None:
-    """Word ``at`` of a row's ``run`` value as an int; None when the row has no ``run`` (it
-    was written before it existed: its own fields hold the value) or the word is '-'."""
+    """Word ``at`` of a row's ``run`` value as an int; None when there is no ``run`` (no row)
+    or the word is '-'."""
     if run is None:
         return None
     words = (run.decode() if isinstance(run, bytes) else str(run)).split(" ", at + 1)
@@ -38,9 +38,8 @@ def run_word(run: Any, at: int) -> int | None:
 
 
 def row_fact(own: Any, run: Any, at: int) -> int | None:
-    """A row's max_attempts or created (``at``: :data:`RUN_MAX_ATTEMPTS`, :data:`RUN_CREATED`)
-    whichever layout wrote it: its own field (a flow parent's row, a row written before
-    ``run``), else ``run``'s word."""
+    """A row's max_attempts or created (``at``: :data:`RUN_MAX_ATTEMPTS`, :data:`RUN_CREATED`):
+    its own field where the row keeps one (a flow parent's row), else ``run``'s word."""
     if own is not None:
         return int(float(own))
     return run_word(run, at)
@@ -249,7 +248,7 @@ class Settlement:
     """What a batch of completions or failures did: a status per job, and the flow parents
     (queue, id) the batch released or failed on the way (for lifecycle hooks), and the ids
     of the capped children its gates admitted straight into the caller's lease (``handed``:
-    see :class:`~echomq_core.queues.ops.Hand`). Of a batch of completions also: ``waits``, the
+    see :class:`~echomq_core.queues.settling.Hand`). Of a batch of completions also: ``waits``, the
     server's answer for each job of the batch whose run spawned children of its own, in batch
     order (see :func:`~echomq_core.flows.spawning.await_children`), and ``voided``, how many
     children that an earlier run of a job counted and never landed it settled as never landed (see
@@ -424,20 +423,7 @@ class FlowSnapshot:
         return self.parent_state not in (None, "held", "failed", "cancelled")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "parent_id": self.parent_id,
-            "parent_state": self.parent_state,
-            "total": self.total,
-            "dependencies": self.dependencies,
-            "processed": self.processed,
-            "ignored": self.ignored,
-            "failed": self.failed,
-            "error": self.error,
-            "repairs": self.repairs,
-            "allowed": self.allowed,
-            "cap": self.cap,
-        }
+        return asdict(self)  # every field, in their order (all plain values)
 
 
 @dataclass(frozen=True, slots=True)

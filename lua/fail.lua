@@ -93,11 +93,11 @@ for i = 1, n do
     else
       redis.call('HSET', row, 'traceback', trace)
     end
-    -- the claim's packed copy follows the count (a row without one keeps its layout)
+    -- the claim's packed copy follows the count (none when the row is gone)
     local packed = run(meta[5], attempts, nil)
     local extra = {}
     if packed then extra = {'run', packed} end
-    -- max_attempts: its own field (a flow parent, a row written before 'run') or run's first word
+    -- max_attempts: its own field (a flow parent's) or run's first word
     local cap = tonumber(meta[1]) or tonumber(string.match(meta[5] or '', '^%d+')) or 1
     if delay >= 0 and attempts < cap then
       out[i] = 1

@@ -45,7 +45,7 @@
 -- The row's 'run' field is '<max_attempts> 0 0 <timeout | -> <created ms> <policy> <gate 0|1>
 -- <parent_queue, empty for this queue>': max_attempts and created live only there; the parent
 -- fields also have their own (which every other script reads), packed once more for the
--- claim's rows read (includes/run.lua, ops.ROW_FIELDS) - except the default policy: the
+-- claim's rows read (includes/run.lua, claiming.ROW_FIELDS) - except the default policy: the
 -- field 'parent_policy' is written only for 'id', as 'parent_queue' only for another queue,
 -- since every reader, old and new, takes a child without it for 'fp' (fail.lua,
 -- recover.lua's host, settle_current.lua, models): two values fewer per child of the usual

@@ -38,7 +38,7 @@
 -- The gate's count and the children it admits: see includes/gate.lua (its keys go with the flow).
 -- Returns: {recovered, buried, {id, error, payload, attempts, max_attempts, parent,
 -- parent_queue, parent_policy, stalls, timeout, gate} per buried job} - the row's separate
--- fields (ops._job reads them), so the host can report each death to its lifecycle hooks.
+-- fields (maintenance._job reads them), so the host can report each death to its lifecycle hooks.
 local q = queue_keys(KEYS)
 local queue, max_stalls = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
@@ -53,7 +53,7 @@ for j = 1, n do
     gone[#gone + 1] = id
     if redis.call('EXISTS', row) == 1 then
       local stalls = redis.call('HINCRBY', row, 'stalls', 1)
-      -- the claim's packed copy follows the count (a row without one keeps its layout)
+      -- the claim's packed copy follows the count
       local packed = run(redis.call('HGET', row, 'run'), nil, stalls)
       if packed then redis.call('HSET', row, 'run', packed) end
       if stalls > max_stalls then

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 from ..control.rates import Claimed
 from ..errors import LeaseLost
 from ..models import Job, JobInfo, Settlement
-from ..queues import ops
+from ..queues import adding
 from ..wire.calls import Op
 from .queue import DEAD, FailedAttempt, JobSpec, OpsClient, QueueOps
 
@@ -52,7 +52,7 @@ class AsyncQueue(QueueOps):
 
     async def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
         """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
-        with ops.gc_paused(jobs):
+        with adding.gc_paused(jobs):
             # the building only: a pause across the await would hold for the loop's other tasks
             op = self.add_bulk_op(jobs)
         return await self.client.perform(op)

@@ -1,7 +1,7 @@
 """The entry points: :class:`EchoMQ` (synchronous) and :class:`AsyncEchoMQ` (asyncio).
 
 Both are thin: every method validates its arguments and hands an operation from
-:mod:`echomq_core.queues.ops` / :mod:`echomq_core.flows.plan` to its connection's driver. Nothing
+:mod:`echomq_core.queues` / :mod:`echomq_core.flows` to its connection's driver. Nothing
 here builds a key or parses a reply.
 """
 
@@ -22,13 +22,16 @@ from ..flows import (
     failures,
     handles,
     lifecycle,
+    refs,
     release_watch,
     released,
     retention,
     sharding,
     streaming,
 )
-from ..flows import plan as flows
+from ..flows import reads as flows
+from ..flows.add import add_flow
+from ..flows.plan import child_list, new_parent_id, plan, queues_of, unlink
 from ..flows.waiting import MISSING, FlowWait, Verdict
 from ..models import (
     Child,
@@ -41,7 +44,7 @@ from ..models import (
     JsonSerializer,
     Serializer,
 )
-from ..queues import ops
+from ..queues import adding
 from ..wire import collector
 from ..wire.connection import Call, Op, connect, connect_async
 from ..wire.keyspace import FLOW_LISTS, QUEUE_NAME_RE, Keyspace, check_job_id, check_queue
@@ -94,9 +97,9 @@ class _Base:
         max_running: Any = None,
         min_success: Any = None,
     ) -> Any:
-        return flows.plan(
+        return plan(
             queue,
-            flows.new_parent_id() if parent_id is None else parent_id,
+            new_parent_id() if parent_id is None else parent_id,
             self.encode(payload),
             children,
             default_attempts=check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS),
@@ -136,14 +139,14 @@ class _Base:
         root.stream = stream
         if replace and parent_id is None:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
-        logical = flows.queues_of(root)
+        logical = queues_of(root)
         registered: list[str] = []  # filled by the operation: the caller marks them after it
 
         def add() -> Op[FlowRef]:
             # nodes in sharded queues go to their ids' shards before anything is written
             shards = yield from sharding.resolve(self.keys, self.shard_cache, logical)
             sharded = sharding.place(root, shards)
-            queues = new_queues(flows.queues_of(root) if sharded else logical)
+            queues = new_queues(queues_of(root) if sharded else logical)
             registered.extend(queues)
 
             planned = [root]
@@ -162,7 +165,7 @@ class _Base:
             try:
                 if not replace:
                     return (
-                        yield from flows.add_flow(
+                        yield from add_flow(
                             self.keys, root, queues, barrier=barrier, replan=plan
                         )
                     )
@@ -170,7 +173,7 @@ class _Base:
                     yield from lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier)
                 )
             finally:
-                flows.unlink(planned)
+                unlink(planned)
 
         return registered, add()
 
@@ -247,7 +250,7 @@ class EchoMQ(_Base):
         """Record ``name`` in the queue registry (once per process) so Pumps find it."""
         check_queue(name)
         if name not in self._registered:
-            self.connection.execute(ops.register(self.keys, [name]))
+            self.connection.execute(adding.register(self.keys, [name]))
             self._registered.add(name)
 
     def queues(self) -> list[str]:
@@ -336,7 +339,7 @@ class EchoMQ(_Base):
         (with the cyclic collector paused), as is a ``Child``'s ``children`` generator.
         """
         children = _children(children)
-        with ops.gc_paused(children):
+        with adding.gc_paused(children):
             new, op = self._add_op(
                 queue,
                 children,
@@ -356,7 +359,7 @@ class EchoMQ(_Base):
 
     def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
         """A flow node's ``max_running`` cap and its use (admitted / cap, per child queue);
-        None for a node without a cap. See :func:`echomq_core.flows.plan.flow_cap`."""
+        None for a node without a cap. See :func:`echomq_core.flows.reads.flow_cap`."""
         queue = self.home(queue, parent_id)
         return self.perform(flows.flow_cap(self.keys, queue, parent_id))
 
@@ -377,7 +380,7 @@ class EchoMQ(_Base):
         nothing. Returns the state after the call. :class:`JobNotFound` when there is no
         such flow (or it expired); :class:`FlowConflict` while it is still held."""
         queue = self.home(queue, parent_id)
-        return self.perform(flows.close_flow(self.keys, queue, parent_id))
+        return self.perform(lifecycle.close_flow(self.keys, queue, parent_id))
 
     def cancel_flow(
         self, queue: str, parent_id: str, *, reason: str = ""
@@ -612,11 +615,11 @@ class EchoMQ(_Base):
 
     def save_ref(self, name: str, ref: FlowRef) -> None:
         """Store a flow reference under ``name`` for another process to find (adapters)."""
-        self.perform(flows.save_ref(self.keys, name, ref))
+        self.perform(refs.save_ref(self.keys, name, ref))
 
     def load_ref(self, name: str) -> FlowRef | None:
         """The flow reference stored under ``name``, or None."""
-        return self.perform(flows.load_ref(self.keys, name))
+        return self.perform(refs.load_ref(self.keys, name))
 
     def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
@@ -784,7 +787,7 @@ class AsyncEchoMQ(_Base):
     ) -> FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
         children = _children(children)
-        with ops.gc_paused(children):
+        with adding.gc_paused(children):
             # the planning only: a pause across the await would hold for the loop's other tasks
             _, op = self._add_op(
                 queue,
@@ -831,7 +834,7 @@ class AsyncEchoMQ(_Base):
     async def close_flow(self, queue: str, parent_id: str) -> str:
         """As :meth:`EchoMQ.close_flow`."""
         queue = await self.home(queue, parent_id)
-        return await self.connection.perform(flows.close_flow(self.keys, queue, parent_id))
+        return await self.connection.perform(lifecycle.close_flow(self.keys, queue, parent_id))
 
     async def cancel_flow(
         self, queue: str, parent_id: str, *, reason: str = ""
@@ -1008,7 +1011,7 @@ def _children(children: Iterable[Child]) -> Sequence[Child]:
     if isinstance(children, list | tuple):
         return children
     with collector.paused():
-        return flows.child_list(children, "add_flow")
+        return child_list(children, "add_flow")
 
 
 def _flag(name: str, value: Any) -> bool:

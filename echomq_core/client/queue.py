@@ -25,7 +25,7 @@ from ..control.rates import Claimed
 from ..errors import InvalidArgument, JobNotFound, LeaseLost
 from ..flows import sharding, spawning
 from ..models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback
-from ..queues import ops
+from ..queues import adding, claiming, maintenance, reads, settling
 from ..queues.registry import lease_token
 from ..wire.calls import Op
 from ..wire.keyspace import Keyspace, check_job_id, check_queue
@@ -139,7 +139,7 @@ class QueueOps:
         """The operation of an add of ``jobs`` (payloads or :class:`JobSpec`), in one round
         trip; returns their ids. The rows are checked and serialised here, before anything
         is sent (the caller pauses the collector around it,
-        :func:`~echomq_core.queues.ops.gc_paused`); the queue rides along into the registry with
+        :func:`~echomq_core.queues.adding.gc_paused`); the queue rides along into the registry with
         the first add that lands."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
@@ -170,7 +170,7 @@ class QueueOps:
             rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
         if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
-        # every id generated (none given): the add sends the stem, not an id per job (ops.add)
+        # every id generated (none given): the add sends the stem, not an id per job (adding.add)
         return self._add(rows, check, None if check else stem)
 
     def _add(
@@ -190,7 +190,7 @@ class QueueOps:
                 parts.setdefault(sharding.shard_of(shards, row[0]), []).append(row)
         new = self.client.unregistered(parts)
         adds = [
-            ops.add(
+            adding.add(
                 self.client.keys, q, part, check=check, new_queues=new if i == 0 else (), stem=stem
             )
             for i, (q, part) in enumerate(parts.items())
@@ -265,8 +265,8 @@ class QueueOps:
         self._turn = turn = (self._turn + 1) % len(shards)
         for step in range(len(shards)):
             shard = shards[(turn + step) % len(shards)]
-            (reply,) = yield [ops.claim_call(ks, shard, count, lease_ms, token, promote)]
-            opens_in, ids = ops.claimed_ids(reply)
+            (reply,) = yield [claiming.claim_call(ks, shard, count, lease_ms, token, promote)]
+            opens_in, ids = claiming.claimed_ids(reply)
             if not ids:
                 claimed = Claimed([], opens_in)
                 continue
@@ -284,14 +284,14 @@ class QueueOps:
     ) -> Op[Claimed]:
         """The jobs of ``held`` (ids leased in ``shard``, their rows unread) and, when
         ``count``, the next claim of ``count`` in the same round trip
-        (:func:`~echomq_core.queues.ops.claim_ahead`), held in :attr:`ahead` (the window it found
-        spent is in the reply's ``opens_in``)."""
+        (:func:`~echomq_core.queues.claiming.claim_ahead`), held in :attr:`ahead` (the window it
+        found spent is in the reply's ``opens_in``)."""
         ks, ser = self.client.keys, self.client.serializer
         ids, token = held
         if not count:
-            return Claimed((yield from ops.leased(ks, shard, ids, token, ser)))
+            return Claimed((yield from claiming.leased(ks, shard, ids, token, ser)))
         after = lease_token(self.holder)
-        jobs, opens_in, nxt = yield from ops.claim_ahead(
+        jobs, opens_in, nxt = yield from claiming.claim_ahead(
             ks, shard, ids, token, count, lease_ms, after, promote, ser
         )
         if nxt:
@@ -310,12 +310,12 @@ class QueueOps:
         return [(self._own(job), self.client.encode(result)) for job, result in done]
 
     def settle_completed_op(
-        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None = None
+        self, encoded: Sequence[tuple[Job, bytes]], hand: settling.Hand | None = None
     ) -> Op[Settlement]:
         """Complete jobs whose results are already serialised (``encoded`` not empty); the
         statuses, and the parents the batch released or failed (the workers fire their hooks
-        from them). ``hand``: a worker's hand-off (:class:`~echomq_core.queues.ops.Hand`). A job
-        whose run spawned children of its own is not completed: its run ends waiting for them
+        from them). ``hand``: a worker's hand-off (:class:`~echomq_core.queues.settling.Hand`). A
+        job whose run spawned children of its own is not completed: its run ends waiting for them
         (:func:`~echomq_core.flows.spawning.await_children`; status 0 when its lease was gone, the
         server's answers in ``waits``). A job recorded now that ran before (a failed attempt,
         a lost lease) has what an earlier run of it counted and never landed settled as never
@@ -337,13 +337,15 @@ class QueueOps:
         return settled
 
     def _complete(
-        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None
+        self, encoded: Sequence[tuple[Job, bytes]], hand: settling.Hand | None
     ) -> Op[Settlement]:
         home = self._home([job for job, _ in encoded])
-        return ops.complete(self.client.keys, home, encoded, keep=self.keep_completed, hand=hand)
+        return settling.complete(
+            self.client.keys, home, encoded, keep=self.keep_completed, hand=hand
+        )
 
     def _settle_waiting(
-        self, encoded: Sequence[tuple[Job, bytes]], hand: ops.Hand | None
+        self, encoded: Sequence[tuple[Job, bytes]], hand: settling.Hand | None
     ) -> Op[Settlement]:
         """:meth:`settle_completed_op` of a batch holding jobs that wait for their own
         children: those in one call, the rest completed as usual, statuses in batch order."""
@@ -360,7 +362,7 @@ class QueueOps:
         return settled
 
     def settle_failed_op(
-        self, failed: Sequence[FailedAttempt], hand: ops.Hand | None = None
+        self, failed: Sequence[FailedAttempt], hand: settling.Hand | None = None
     ) -> Op[Settlement]:
         """Fail jobs as :meth:`Queue.fail_many` takes them (``failed`` not empty): the backoff
         of each retried job is chosen here. ``hand`` as :meth:`settle_completed_op`."""
@@ -370,7 +372,7 @@ class QueueOps:
             delay = self.backoff.delay_ms(job.attempts + 1) if retry else -1
             tb = cut_traceback(trace[0] if trace else None)
             rows.append((job, str(error)[:10_000], tb, delay))
-        return ops.fail(self.client.keys, home, rows, hand=hand)
+        return settling.fail(self.client.keys, home, rows, hand=hand)
 
     def heartbeat_op(self, jobs: Sequence[Job], *, lease: float | None = None) -> Op[list[bool]]:
         """Extend the leases of ``jobs`` (not empty); False where a lease was already lost."""
@@ -379,13 +381,13 @@ class QueueOps:
             if lease is None
             else int(check_seconds("lease", lease, 0.01, MAX_LEASE) * 1000)
         )
-        return ops.heartbeat(self.client.keys, self._home(jobs), jobs, lease_ms)
+        return settling.heartbeat(self.client.keys, self._home(jobs), jobs, lease_ms)
 
     def release_op(self, jobs: Sequence[Job]) -> Op[list[bool]]:
         """Give leased ``jobs`` (not empty) back untouched: to the front of pending, no
         attempt counted, idle workers woken (what a worker does with jobs it will not run when
         it stops). False where the lease was already lost."""
-        return ops.release(self.client.keys, self._home(jobs), jobs)
+        return settling.release(self.client.keys, self._home(jobs), jobs)
 
     def retry_dead_op(self, job_ids: Sequence[str]) -> Op[tuple[int, list[str]]]:
         """Give dead plain jobs fresh attempts and queue them again (behind what is pending);
@@ -401,7 +403,7 @@ class QueueOps:
             return 0, []
         parts = sharding.by_shard((yield from self._shards()), ids)
         done = yield from sharding.together(
-            [ops.revive(self.client.keys, q, part) for q, part in parts.items()]
+            [maintenance.revive(self.client.keys, q, part) for q, part in parts.items()]
         )
         return _merged(done)
 
@@ -424,7 +426,10 @@ class QueueOps:
             return 0, []
         parts = sharding.by_shard((yield from self._shards()), ids)
         done = yield from sharding.together(
-            [ops.cancel_jobs(self.client.keys, q, part, reason) for q, part in parts.items()]
+            [
+                maintenance.cancel_jobs(self.client.keys, q, part, reason)
+                for q, part in parts.items()
+            ]
         )
         return _merged(done)
 
@@ -435,7 +440,7 @@ class QueueOps:
 
     def _get_job(self, job_id: str) -> Op[JobInfo]:
         shard = sharding.shard_of((yield from self._shards()), job_id)
-        info = yield from ops.inspect(self.client.keys, shard, job_id, self.client.serializer)
+        info = yield from reads.inspect(self.client.keys, shard, job_id, self.client.serializer)
         if info is None:
             raise JobNotFound(f"no job {job_id!r} in queue {self.name!r}")
         return info
@@ -448,8 +453,8 @@ class QueueOps:
     def _stats(self) -> Op[dict[str, int]]:
         shards = yield from self._shards()
         if len(shards) == 1:
-            return (yield from ops.stats(self.client.keys, self.name))
-        parts = yield from sharding.together([ops.stats(self.client.keys, q) for q in shards])
+            return (yield from reads.stats(self.client.keys, self.name))
+        parts = yield from sharding.together([reads.stats(self.client.keys, q) for q in shards])
         total: dict[str, int] = {}
         for part in parts:
             for name, value in part.items():
@@ -503,7 +508,7 @@ class Queue(QueueOps):
 
     def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
         """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
-        with ops.gc_paused(jobs):
+        with adding.gc_paused(jobs):
             return self.client.perform(self.add_bulk_op(jobs))
 
     def claim(

@@ -15,7 +15,7 @@ from typing import Any
 from ..client.clients import EchoMQ
 from ..errors import JobNotFound
 from ..flows.failures import stall_reading
-from ..flows.plan import scan_page
+from ..flows.reads import scan_page
 from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
 from ..pump.pump import parse_signal, poison_list
 from ..seeing.browse import JobDetail

@@ -1,4 +1,5 @@
-"""Flow lifecycle II: cancel a flow, repair a failed (or cancelled) one.
+"""Flow lifecycle II: cancel a flow, repair a failed (or cancelled) one, close a released barrier
+flow.
 
 Both walk the flow's tree the way its expiry does (:mod:`echomq_core.flows.retention`): a node's
 script runs on its own slot and answers with its children's queues and explicit ids; the host
@@ -18,7 +19,7 @@ calling it again.
   reset to a tombstone that names the next generation (``reset.lua``), and the new flow is
   added as generation n: its derived child ids are ``<id>.g<n>.<i>``, so they never collide
   with the old ones, and a late report of an old child changes nothing. "Another flow": a
-  replacing add keeps a digest of the whole tree on the root (:func:`~echomq_core.flows.plan.
+  replacing add keeps a digest of the whole tree on the root (:func:`~echomq_core.flows.add.
   tree_digest`: every node's queue, id, options and payload), so any change below the root is
   one, and the same flow again converges; a flow added without ``replace`` has no digest and
   is compared by its children's ids and queues and its settings, and replaced too when a node
@@ -43,11 +44,12 @@ from typing import Any
 from ..checks import text as _s
 from ..errors import FlowConflict
 from ..models import FlowRef, FlowSnapshot
-from ..queues.ops import chunks
-from ..wire.calls import Call, Op
+from ..wire.calls import Call, Op, chunks
 from ..wire.keyspace import Keyspace, child_stem
-from .plan import _Node, add_flow, child_candidates, fingerprint, snapshot, tree_digest
-from .retention import SweepStats, forget_tree
+from .add import add_flow, fingerprint, tree_digest
+from .plan import _Node, child_candidates
+from .reads import snapshot
+from .retention import SweepStats, forget_tree, row_calls
 
 
 @dataclass(slots=True)
@@ -258,11 +260,10 @@ def _walk(
         for node_queue, node_id, info in nodes:
             visits = children_of(node_queue, node_id, info)
             for child_queue, script, fixed, extra, ids in visits:
-                base = ks.job_prefix(child_queue)
-                for part in chunks(ids):
-                    keys = [*fixed, *(base + i for i in part)]
-                    calls.append(Call.lua(script, keys, [node_id, *extra, *part]))
-                    asked.append((child_queue, node_id))
+                head = [node_id, *extra]
+                sent = row_calls(script, fixed, ks.job_prefix(child_queue), ids, head)
+                calls += sent
+                asked += [(child_queue, node_id)] * len(sent)
         if not calls:
             break
         replies = yield calls
@@ -348,6 +349,18 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         states = yield done[::-1]  # deepest first: a node's record goes after its children's
         result.state = _s(states[-1])
     return result
+
+
+def close_flow(ks: Keyspace, queue: str, parent_id: str) -> Op[str]:
+    """Close a released barrier flow (its retention starts); the state after the call."""
+    (state,) = yield [
+        Call.lua(
+            "close",
+            [*ks.queue_keys(queue), ks.job(queue, parent_id)],
+            [parent_id],
+        )
+    ]
+    return _s(state)
 
 
 @dataclass(frozen=True, slots=True)

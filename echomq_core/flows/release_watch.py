@@ -27,7 +27,7 @@ second) loses that announcement; the flow itself is still there, in ``echomq flo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..checks import check_int
@@ -54,13 +54,7 @@ class Released:
     ignored: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "parent_id": self.parent_id,
-            "released_ms": self.released_ms,
-            "total": self.total,
-            "ignored": self.ignored,
-        }
+        return asdict(self)  # every field, in their order (all plain values)
 
 
 def check_watcher(name: object) -> str:

@@ -24,7 +24,8 @@ from typing import Any
 from ..models import FlowRef, FlowSnapshot, Serializer
 from ..wire.calls import Call, Op
 from ..wire.keyspace import Keyspace
-from .plan import close_flow, ignored_failures, scan_page
+from .lifecycle import close_flow
+from .reads import ignored_failures, scan_page
 
 #: Results per HSCAN page of :func:`read_released`'s values.
 VALUES_PAGE = 1000

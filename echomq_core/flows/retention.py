@@ -39,10 +39,11 @@ from typing import Any
 
 from ..checks import text as _s
 from ..errors import InvalidArgument
-from ..queues.ops import chunks
-from ..wire.calls import Call, Op
+from ..wire.calls import Call, Op, chunks
 from ..wire.keyspace import Keyspace
-from .plan import child_candidates, pairs, ref_body
+from .plan import child_candidates
+from .reads import pairs
+from .refs import ref_body
 
 DAY = 86_400.0
 #: The settings, in the order the scripts take them, with their defaults (seconds / counts).
@@ -177,6 +178,18 @@ def sweep(
     return stats
 
 
+def row_calls(
+    script: str, fixed: Sequence[str], base: str, ids: Sequence[str], head: Sequence[Any]
+) -> list[Call]:
+    """One ``script`` call per chunk of ``ids`` (of one queue): the keys ``fixed`` and then the
+    chunk's rows (``base`` + id), the arguments ``head`` and then the chunk's ids - how a walk
+    of a flow's tree visits the children of a node in one of their queues."""
+    return [
+        Call.lua(script, [*fixed, *(base + i for i in part)], [*head, *part])
+        for part in chunks(ids)
+    ]
+
+
 def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepStats) -> Op[None]:
     """Delete the children of dropped nodes on their own slots, level by level; then the
     references that still point to the dropped roots."""
@@ -190,13 +203,10 @@ def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepSt
                 refs.append(Call.lua("drop_ref", [ks.ref(name)], [body]))
             kids = child_candidates(node_id, int(total), _s(child_queues), explicit, _s(gen))
             for child_queue, ids in kids.items():
-                base = ks.job_prefix(child_queue)
                 fixed = [*ks.queue_keys(child_queue), *ks.gate_keys(child_queue, queue, node_id)]
-                for part in chunks(ids):
-                    calls.append(
-                        Call.lua("forget", [*fixed, *(base + i for i in part)], [node_id, *part])
-                    )
-                    asked.append((child_queue, node_id))
+                sent = row_calls("forget", fixed, ks.job_prefix(child_queue), ids, [node_id])
+                calls += sent
+                asked += [(child_queue, node_id)] * len(sent)
         if not calls:
             break
         replies = yield calls

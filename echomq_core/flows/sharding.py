@@ -213,7 +213,7 @@ def configure(ks: Keyspace, queue: str, count: Any, is_cluster: bool) -> Op[Shar
     # the new shards take the queue's settings (retention), so every shard sweeps alike; the
     # rate's fields are the shares just computed, not shard 0's
     (flat,) = yield [Call.cmd("HGETALL", ks.config(queue))]
-    from .plan import pairs
+    from .reads import pairs
 
     own = {FIELD, rates.FIELD, rates.TOTAL}
     settings = [x for k, v in pairs(flat).items() if k not in own for x in (k, v)]

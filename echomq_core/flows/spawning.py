@@ -54,10 +54,9 @@ from typing import Any
 from ..checks import text as _s
 from ..errors import InvalidArgument
 from ..models import Child, Job, ParentRef
-from ..queues.ops import chunks
-from ..wire.calls import Call, Op
+from ..wire.calls import Call, Op, chunks
 from ..wire.keyspace import MAX_ID_LENGTH, Keyspace, check_job_id
-from . import plan as flows
+from . import reads as flows
 from . import sharding
 from .plan import plan
 

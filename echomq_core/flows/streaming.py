@@ -46,7 +46,7 @@ from ..errors import FlowTimeout, InvalidArgument, flow_error
 from ..models import Serializer
 from ..wire.calls import Call, Op
 from ..wire.keyspace import Keyspace, check_job_id, check_queue
-from .plan import not_found, pairs
+from .reads import not_found, pairs
 
 #: Entries one ``log_read`` returns at most (the script's HMGET unpacks that many ids).
 MAX_PAGE = 1000
@@ -186,6 +186,19 @@ class Follow:
             return "wait"  # (an XREAD returns at once if an entry came since this read)
         return "end"  # every entry up to the release was in this atomic read
 
+    def next_item(self) -> Op[tuple[str, Any] | None]:
+        """The next ``(child id, value)``, reading (and blocking, when following) until there is
+        one; None at the end: what both iterators hand out."""
+        while True:
+            item = self.take()
+            if item is not None:
+                return item
+            if self.next == "end":
+                return None
+            if self.next == "wait":
+                yield from self.wait()
+            self.next = yield from self.read()
+
     def wait(self) -> Op[None]:
         """Block until the log has an entry after the last one read, or ``block`` passes (one
         XREAD: a wake-up only, the entries are read by :meth:`read`); no longer than the
@@ -231,16 +244,10 @@ class Results:
         return self
 
     def __next__(self) -> tuple[str, Any]:
-        f = self._follow
-        while True:
-            item = f.take()
-            if item is not None:
-                return item
-            if f.next == "end":
-                raise StopIteration
-            if f.next == "wait":
-                self._perform(f.wait())
-            f.next = self._perform(f.read())
+        item = self._perform(self._follow.next_item())
+        if item is None:
+            raise StopIteration
+        return item  # type: ignore[no-any-return]
 
 
 class AsyncResults:
@@ -266,13 +273,7 @@ class AsyncResults:
         return self
 
     async def __anext__(self) -> tuple[str, Any]:
-        f = self._follow
-        while True:
-            item = f.take()
-            if item is not None:
-                return item
-            if f.next == "end":
-                raise StopAsyncIteration
-            if f.next == "wait":
-                await self._perform(f.wait())
-            f.next = await self._perform(f.read())
+        item = await self._perform(self._follow.next_item())
+        if item is None:
+            raise StopAsyncIteration
+        return item  # type: ignore[no-any-return]

@@ -1,7 +1,7 @@
 """Waiting on a flow: what one read of it means, and when to read it again.
 
 Every wait on a flow is the same loop - read the flow's snapshot (one atomic read,
-:func:`echomq_core.flows.plan.snapshot`), decide, pause, read again - and six callers run it:
+:func:`echomq_core.flows.reads.snapshot`), decide, pause, read again - and six callers run it:
 ``EchoMQ.wait`` and ``AsyncEchoMQ.wait``, ``echomq flow show --watch``, the Airflow sensor and
 waiting operator (``echomq_provider.waiting``), the Airflow trigger, and the Dagster IO manager
 (``dagster_echomq.reading``). :class:`FlowWait` is the decision, written once and free of I/O;
@@ -58,7 +58,7 @@ from ..models import FlowSnapshot
 from ..wire.calls import Op
 from ..wire.keyspace import Keyspace, check_job_id, check_queue
 from .failures import Stall, stall_reading
-from .plan import snapshot
+from .reads import snapshot
 
 WAITING = "waiting"
 RELEASED = "released"

@@ -52,9 +52,9 @@ from ..flows import lifecycle, retention, sharding
 from ..flows.sharding import logical_of
 from ..hooks import LifecycleHooks, fire
 from ..models import Job, Settlement
-from ..queues import ops
-from ..queues.hints import BLOCK_SLICE, HintWatch, hint_groups, wake_queues
-from ..wire.calls import Call, Durable, Lenient, Op
+from ..queues import maintenance
+from ..queues.hints import BLOCK_SLICE, HintWatch, hint_groups, wait_for_hint, wake_queues
+from ..wire.calls import CHUNK, Call, Durable, Lenient, Op
 from ..wire.keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from ..wire.patience import Outage
 
@@ -189,7 +189,7 @@ def drain(
         for group in parents:
             batch.append(group)
             size += len(group.where)
-            if size >= ops.CHUNK:
+            if size >= CHUNK:
                 calls.append(_deliver_call(ks, parent_queue, batch))
                 placed.append((parent_queue, batch))
                 batch, size = [], 0
@@ -449,8 +449,8 @@ class Pump:
             # Pump busy draining spends its round trips on delivery.
             self._maintained_at = now
             batch = min(self.page, 1000)  # Lua's unpack() bounds one script's batch
-            stats.promoted = yield from ops.promote(keys, queues, batch)
-            stats.recovered, stats.dead = yield from ops.recover(
+            stats.promoted = yield from maintenance.promote(keys, queues, batch)
+            stats.recovered, stats.dead = yield from maintenance.recover(
                 keys, queues, batch, self.max_stalls, self.client.serializer
             )
             stats.buried = len(stats.dead)
@@ -557,7 +557,7 @@ class Pump:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            op = ops.wait_for_hint(hints, min(left, BLOCK_SLICE))
+            op = wait_for_hint(hints, min(left, BLOCK_SLICE))
             try:
                 if await self._aconnection().perform(op):
                     return True

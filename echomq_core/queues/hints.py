@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import EchoMQError
+from ..wire.calls import Call, Op
+from ..wire.keyspace import Keyspace
 from ..wire.slots import key_slot
-from . import ops
 
 log = logging.getLogger("echomq_core.worker")
 
@@ -41,7 +42,7 @@ def wait_on_hints(
         if left <= 0:
             return False
         try:
-            if perform(ops.wait_for_hint(keys, min(left, BLOCK_SLICE))):
+            if perform(wait_for_hint(keys, min(left, BLOCK_SLICE))):
                 return True
         except EchoMQError as exc:
             if not stop.is_set():  # a stopping client may be closing
@@ -134,3 +135,17 @@ def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | No
         return names
     slots = {key_slot(keys.wake(n).encode()) for n in names}
     return names if len(slots) == 1 else None
+
+
+def wait_for_work(ks: Keyspace, queues: Sequence[str], timeout: float) -> Op[bool]:
+    """Block until one of ``queues`` sets its wake-up hint, or ``timeout`` seconds pass (one
+    BZPOPMIN; the keys must share a Cluster slot). True when woken: jobs may be claimable."""
+    return (yield from wait_for_hint([ks.wake(q) for q in queues], timeout))
+
+
+def wait_for_hint(keys: Sequence[str], timeout: float) -> Op[bool]:
+    """One BZPOPMIN on wake-up hint keys (``wake`` or ``flow:outbox:wake``; they must share a
+    Cluster slot) for at most ``timeout`` seconds. True when a hint was popped."""
+    seconds = max(0.001, round(timeout, 3))  # 0 would block for ever
+    (reply,) = yield [Call.cmd("BZPOPMIN", *keys, seconds)]
+    return reply is not None

@@ -16,6 +16,7 @@ PAGE = 50
 #: HEXISTS each), and the most records one search by error text reads.
 BUDGET = 20_000
 
+
 def as_int(value: Any) -> int | None:
     return None if value is None else int(float(value))
 

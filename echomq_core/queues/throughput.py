@@ -9,12 +9,11 @@ server's clock (TIME inside the script) picks the minute, so workers with skewed
 Storage: one hash per queue (``minutes``, see :mod:`echomq_core.wire.keyspace`), one field per
 minute of the day (minute number mod 1440) holding ``<minute> <completed> <failed> <deaths>``
 (failed counts every failed attempt, deaths only the last one of a job: it went to dead, or a
-flow's child failed for good; a field without deaths, written before they were counted, reads
-as 0 deaths): at most
-1,440 fields, so the memory is bounded whatever the traffic, and a field whose minute number
-is not in the window asked for (yesterday's) is read as zero. The hash expires 25 h after the
-last batch. Counts are of what the server recorded: a completion or failure whose lease was
-lost meanwhile is not counted, and a death is a job the call sent to dead.
+flow's child failed for good): at most 1,440 fields, so the memory is bounded whatever the
+traffic, and a field whose minute number is not in the window asked for (yesterday's) is read
+as zero. The hash expires 25 h after the last batch. Counts are of what the server recorded: a
+completion or failure whose lease was lost meanwhile is not counted, and a death is a job the
+call sent to dead.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ def read_minutes(ks: Keyspace, queue: str, minutes: int = 60) -> Op[list[Minute]
     pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
     for _, value in pairs:
         parts = _s(value).split()
-        if len(parts) not in (3, 4):
+        if len(parts) != 4:
             continue
         at = int(parts[0])
         if first <= at <= current:

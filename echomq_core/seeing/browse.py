@@ -17,7 +17,7 @@ from typing import Any
 
 from ..checks import text as _s
 from ..flows.children import SHOWS
-from ..flows.plan import snapshot
+from ..flows.reads import snapshot
 from ..models import (
     RUN_CREATED,
     RUN_MAX_ATTEMPTS,
@@ -27,7 +27,7 @@ from ..models import (
     row_fact,
     split_done,
 )
-from ..queues import ops
+from ..queues import reads
 from ..queues.registry import WorkerEntry, find_holders, read_token
 from ..queues.rows import PAGE, as_int, death_text, jsonable
 from ..wire.calls import Call, Op, scored
@@ -160,7 +160,7 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
     flow's snapshot script)."""
     check_queue(queue)
     check_job_id(job_id)
-    info = yield from ops.inspect(ks, queue, job_id, ser)
+    info = yield from reads.inspect(ks, queue, job_id, ser)
     if info is None:
         return None
     lease, deadline, due, score, fields = yield [

@@ -32,7 +32,7 @@ from typing import Any
 from ..client.clients import EchoMQ
 from ..errors import EchoMQError, InvalidInput
 from ..flows import sharding
-from ..flows.plan import pairs
+from ..flows.reads import pairs
 from ..models import FlowSnapshot
 from ..wire.calls import Call, Lenient, Op
 from ..wire.keyspace import FLOW_INDEXES, JOB_ID_RE, Keyspace, check_job_id, child_stem

@@ -61,7 +61,7 @@ from ..control.rates import RateLimit
 from ..errors import EchoMQError, Unrecoverable
 from ..flows import sharding
 from ..models import Job
-from ..queues import ops
+from ..queues import reads
 from ..queues.registry import per_queue, read_workers
 from ..wire.calls import Call, Op
 from ..wire.keyspace import FLOW_INDEXES, Keyspace, check_queue
@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from ..work.worker import Worker
 
 #: The job states counted per queue (the zsets of the keyspace).
-JOB_STATES = ops.STATS[:5]  # then outbox and poison: ops.stat_calls reads all seven
+JOB_STATES = reads.STATS[:5]  # then outbox and poison: reads.stat_calls reads all seven
 #: Commands one scrape sends per queue: 5 job-state ZCARDs, outbox and poison LLEN, the
 #: outbox head (LINDEX 0), 5 flow-index ZCARDs, and the rate limit with its current window's
 #: count (two HGETs: the window's key expires when the window ends, so a count read is the
@@ -126,7 +126,7 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
     calls: list[Call] = []
     for q in queues:
         calls += [
-            *ops.stat_calls(ks, q),
+            *reads.stat_calls(ks, q),
             Call.cmd("LINDEX", ks.outbox(q), 0),
             *(Call.cmd("ZCARD", ks.flows(q, state)) for state in FLOW_INDEXES),
             Call.cmd("HGET", ks.config(q), rates.FIELD),

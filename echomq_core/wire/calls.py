@@ -1,7 +1,7 @@
 """The vocabulary of operations: a :class:`Call`, a step (a list of calls), an :data:`Op`.
 
 Operations are written once, as generators that *yield* steps and *receive* replies (see
-:mod:`echomq_core.queues.ops`): an operation never touches a socket. A step is a list of
+:mod:`echomq_core.queues.adding`): an operation never touches a socket. A step is a list of
 :class:`Call` sent as one pipeline - one round trip per server node - and a driver
 (:mod:`echomq_core.wire.drivers`) sends the replies back into the generator. What kind of list a
 step is decides what a failed call does: a plain list raises the first error, a :class:`Lenient` one
@@ -16,13 +16,18 @@ load a client it never makes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .scripts import Script, script
 
 T = TypeVar("T")
+
+#: The most items (jobs, children) one script call takes: batches are cut into chunks of at most
+#: this many (Lua's unpack limit, and a bounded time inside the server), and all the chunks of a
+#: step travel in one pipeline, so a bulk call costs one round trip, not one per item.
+CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +76,8 @@ def scored(flat: Any) -> list[tuple[Any, Any]]:
     if flat and isinstance(flat[0], list | tuple):
         return [(m, sc) for m, sc in flat]
     return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

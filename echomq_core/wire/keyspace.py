@@ -13,10 +13,9 @@ key                       type    holds
 ``job:<id>``              hash    the job row: payload, attempts, parent fields, and ``run``
                                   (lua/includes/run.lua): max_attempts, attempts, stalls,
                                   timeout, created and the parent's policy, gate mark and queue
-                                  in one value, for the claim's read (ops.ROW_FIELDS); a
-                                  leaf's max_attempts and created live only there (a parent
-                                  keeps its own; rows written before ``run`` have only their
-                                  own fields, row30's children ``up`` as well),
+                                  in one value, for the claim's read
+                                  (claiming.ROW_FIELDS); a leaf's max_attempts and created
+                                  live only there (a parent keeps its own),
                                   state (parents: held/pending/failed; dead), error, a kept
                                   row's ``done`` (its last lease token and its result in one
                                   value, complete.lua; rows completed before it: ``result``
@@ -346,11 +345,6 @@ class Keyspace:
         if state not in FLOW_LISTS:
             raise InvalidArgument(f"no flow index {state!r}: one of {', '.join(FLOW_LISTS)}")
         return self.base(queue) + "flows:" + state
-
-    def flow_indexes(self, queue: str) -> list[str]:
-        """The flow indexes of a queue, in :data:`FLOW_INDEXES` order."""
-        base = self.base(queue) + "flows:"
-        return [base + state for state in FLOW_INDEXES]
 
     def queue_keys(self, queue: str) -> tuple[str, ...]:
         """The :data:`QUEUE_KEYS` of ``queue``: the first fifteen keys of every script call that

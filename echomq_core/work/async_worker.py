@@ -55,8 +55,8 @@ from ..flows import sharding, spawning
 from ..hooks import LifecycleHooks
 from ..models import Job
 from ..pump.pump import worker_pump
-from ..queues import ops
-from ..queues.hints import BLOCK_SLICE, hint_groups
+from ..queues import adding
+from ..queues.hints import BLOCK_SLICE, hint_groups, wait_for_hint, wait_for_work
 from ..queues.registry import Presence
 from ..wire.patience import WAIT_FOR_SERVER, Outage, apatiently
 from . import batching
@@ -212,7 +212,7 @@ class AsyncWorker(OptionAttributes):
         if served.keys() != self.handlers.keys():  # a sharded queue: serve every shard
             self._serve(served, logical_names(given, shards))
         await apatiently(
-            lambda: self.connection.execute(ops.register(self.client.keys, list(self.handlers))),
+            lambda: self.connection.execute(adding.register(self.client.keys, list(self.handlers))),
             what="worker: registering its queues",
             bound=bound,
             is_cluster=is_cluster,
@@ -434,7 +434,7 @@ class AsyncWorker(OptionAttributes):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            op = ops.wait_for_work(self.client.keys, wake, min(left, BLOCK_SLICE))
+            op = wait_for_work(self.client.keys, wake, min(left, BLOCK_SLICE))
             try:
                 if await self.connection.perform(op):
                     return
@@ -457,7 +457,7 @@ class AsyncWorker(OptionAttributes):
             for group in groups:
                 key = tuple(group)
                 if key not in self._slot_waits:
-                    op = ops.wait_for_hint(group, min(left, BLOCK_SLICE))
+                    op = wait_for_hint(group, min(left, BLOCK_SLICE))
                     self._slot_waits[key] = asyncio.ensure_future(self.connection.perform(op))
             done, _ = await asyncio.wait(
                 list(self._slot_waits.values()), timeout=left, return_when=asyncio.FIRST_COMPLETED

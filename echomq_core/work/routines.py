@@ -27,7 +27,7 @@ from ..flows import sharding
 from ..flows.sharding import logical_of
 from ..hooks import LifecycleHooks, fire
 from ..models import Job, Settlement
-from ..queues import ops
+from ..queues import claiming, settling
 from ..queues.registry import lease_token
 from ..wire.calls import Op
 from .running import Failed, InHand, RateWindows
@@ -152,10 +152,10 @@ def read_ahead(queues: Mapping[str, QueueOps]) -> Routine[list[tuple[list[Job], 
     return read
 
 
-def offer(queue: QueueOps, room: int) -> ops.Hand | None:
+def offer(queue: QueueOps, room: int) -> settling.Hand | None:
     """The hand-off a worker with ``room`` free runners offers with its results (None: none):
     a fresh lease token naming the worker, the queue's lease."""
-    return ops.Hand(lease_token(queue.holder), queue.lease_ms, room) if room > 0 else None
+    return settling.Hand(lease_token(queue.holder), queue.lease_ms, room) if room > 0 else None
 
 
 def record(
@@ -166,7 +166,7 @@ def record(
     hooks: LifecycleHooks | None,
     tally: Tally,
     lock: AbstractContextManager[Any],
-    offered: ops.Hand | None = None,
+    offered: settling.Hand | None = None,
     intake: Intake | None = None,
     keep: Keep | None = None,
 ) -> Routine[None]:
@@ -205,7 +205,7 @@ def record(
                          "settled as never landed in %r", completed.voided, queue.name)  # fmt: skip
             if offered is not None and completed.handed:
                 room = offered.room - len(completed.handed)
-                offered = ops.Hand(offered.token, offered.lease_ms, room)
+                offered = settling.Hand(offered.token, offered.lease_ms, room)
         if failed:
             settled = yield queue.settle_failed_op(failed, offered)
             tally.failed += len(failed)
@@ -281,7 +281,9 @@ def take_handed(
     to ``intake`` (those it cannot take are given back). Rows that cannot be read leave the
     leases to expire: the jobs come back to pending then, as a lost claim's would."""
     try:
-        jobs = yield ops.leased(queue.client.keys, queue.name, ids, token, queue.client.serializer)
+        jobs = yield claiming.leased(
+            queue.client.keys, queue.name, ids, token, queue.client.serializer
+        )
         queue.label(jobs)  # a shard's: shown under the logical name, as claimed ones are
     except EchoMQError as exc:
         log.warning(

@@ -25,7 +25,7 @@ import redis
 
 from echomq_core import Child, EchoMQ, Job, PartlyWritten, Pump, Queue, ServerFull, Worker
 from echomq_core.flows.retention import sweep
-from echomq_core.queues import ops
+from echomq_core.queues import maintenance
 from echomq_core.queues.throughput import read_minutes
 from echomq_core.server import EmbeddedServer
 from echomq_core.work.routines import drive, record
@@ -398,15 +398,15 @@ def test_a_recovery_pass_reports_what_it_did_where_one_node_is_full(
 
     eventually(expired, 10, "the leases expired")
     _fill_at(_node(backend, admin, b), 1)  # b's node full: every write refused
-    recovered, dead = mq.perform(ops.recover(mq.keys, [a, b], 100, 0, mq.serializer))
+    recovered, dead = mq.perform(maintenance.recover(mq.keys, [a, b], 100, 0, mq.serializer))
     assert recovered == 0  # every one buried (stalled once, max_stalls 0), none re-queued
     assert {j.queue for j, _ in dead} == {a} and len(dead) == 50
     assert mq.queue(a).stats()["dead"] == 50
     assert mq.queue(b).stats()["active"] == 50  # refused: as it was
     with pytest.raises(ServerFull):  # a pass whose every call is refused says so
-        mq.perform(ops.recover(mq.keys, [b], 100, 0, mq.serializer))
+        mq.perform(maintenance.recover(mq.keys, [b], 100, 0, mq.serializer))
     _node(backend, admin, b).config_set("maxmemory", 0)
-    recovered, dead = mq.perform(ops.recover(mq.keys, [a, b], 100, 0, mq.serializer))
+    recovered, dead = mq.perform(maintenance.recover(mq.keys, [a, b], 100, 0, mq.serializer))
     assert recovered == 0 and {j.queue for j, _ in dead} == {b} and len(dead) == 50
 
 

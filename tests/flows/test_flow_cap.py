@@ -17,7 +17,7 @@ import redis
 
 from echomq_core import Child, EchoMQ, FlowConflict, InvalidArgument, Job, Pump, Worker
 from echomq_core.flows import plan as flow_ops
-from echomq_core.queues import ops
+from echomq_core.queues import claiming, settling
 from echomq_core.server import EmbeddedServer
 
 from ..cli.test_cli import run_many
@@ -407,7 +407,7 @@ def test_a_completion_hands_the_admitted_child_to_the_completing_worker(
     assert done.statuses == [1] and done.handed == [f"{pid}.2"]
     assert counts(mq, work, parents, pid) == (0, 3, 2)  # leased, not pending; within the cap
     assert r.hget(mq.keys.leases(work), f"{pid}.2") == b"tok-a"
-    (handed,) = mq.perform(ops.leased(mq.keys, work, done.handed, "tok-a", mq.serializer))
+    (handed,) = mq.perform(claiming.leased(mq.keys, work, done.handed, "tok-a", mq.serializer))
     assert handed.parent is not None and handed.parent.gated and handed.payload == 2
     assert q.heartbeat([handed]) == [True]
     # its holder dies: the lease expires and the Pump recovers it, token kept
@@ -429,15 +429,15 @@ def test_a_completion_hands_the_admitted_child_to_the_completing_worker(
     failed = mq.perform(q.settle_failed_op([(fourth, "boom", False)], offer))
     assert failed.statuses == [2] and failed.handed == [f"{pid}.5"]
     assert counts(mq, work, parents, pid) == (1, 0, 2)
-    (last,) = mq.perform(ops.leased(mq.keys, work, failed.handed, "tok-a", mq.serializer))
+    (last,) = mq.perform(claiming.leased(mq.keys, work, failed.handed, "tok-a", mq.serializer))
     q.complete(last, "ok")
     work_off(mq, [parents, work], pump=pump)
     pump.release_leases()
     assert mq.snapshot(parents, pid).parent_state == "failed"  # the death failed the flow
 
 
-def flow_ops_hand(token: str, room: int) -> ops.Hand:
-    return ops.Hand(token, 30_000, room)
+def flow_ops_hand(token: str, room: int) -> settling.Hand:
+    return settling.Hand(token, 30_000, room)
 
 
 def test_a_worker_runs_handed_off_children_within_the_cap(backend: Backend, prefix: str) -> None:

@@ -23,7 +23,7 @@ from echomq_core import (
     Pump,
     Worker,
 )
-from echomq_core.flows import plan as flow_ops
+from echomq_core.flows import add, plan
 
 from ..conftest import Backend
 from ..flowkit import keys_of, normalised, work_off
@@ -219,7 +219,7 @@ def test_an_add_that_loses_a_race_for_a_child_id_fails_its_parent_naming_the_id(
     parents, work = backend.queues_on_distinct_nodes(2, "lr")
     children = [Child(1, queue=work), Child(2, queue=work, id="JOB-contested")]
     root = mq._plan_flow(parents, children, None, "JOB-loser", 3)
-    op = flow_ops.add_flow(mq.keys, root, sorted(flow_ops.queues_of(root)))
+    op = add.add_flow(mq.keys, root, sorted(plan.queues_of(root)))
     step = next(op)  # the read of explicit ids: free
     step = op.send(mq.connection.execute(step))
     mq.add_flow(parents, [Child("w", queue=work, id="JOB-contested")], parent_id="JOB-winner")

@@ -207,7 +207,7 @@ def test_bad_threshold_refused_before_anything_is_written(
 
 
 def test_fraction_is_read_as_written() -> None:
-    from echomq_core.flows.plan import allowance
+    from echomq_core.flows.thresholds import allowance
 
     assert allowance("f", 0.99, 200_000) == 2_000
     assert allowance("f", 0.1, 3) == 2  # ceil(0.3) = 1 must succeed

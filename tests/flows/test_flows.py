@@ -23,9 +23,9 @@ from echomq_core import (
     Pump,
     Worker,
 )
-from echomq_core.flows import plan as flow_ops
-from echomq_core.flows import sharding
-from echomq_core.queues.ops import CHUNK, GC_PAUSE_AT, gc_paused
+from echomq_core.flows import add, plan, sharding
+from echomq_core.queues.adding import GC_PAUSE_AT, gc_paused
+from echomq_core.wire.calls import CHUNK
 
 from ..conftest import Backend
 from ..flowkit import keys_of, run_steps, work_off
@@ -245,7 +245,7 @@ def test_failed_add_then_retry_converges(
     mq = backend.client(prefix)
     parents, a, b = backend.queues_on_distinct_nodes(3, "fx")
     pid = "JOB-flow-under-test"
-    root = flow_ops.plan(
+    root = plan.plan(
         parents,
         pid,
         mq.encode("p"),
@@ -255,7 +255,7 @@ def test_failed_add_then_retry_converges(
         max_payload=1 << 20,
     )
     run_steps(
-        mq, flow_ops.add_flow(mq.keys, root, [parents, a, b]), step, partial=1 if partial else None
+        mq, add.add_flow(mq.keys, root, [parents, a, b]), step, partial=1 if partial else None
     )
     # progress in between: whatever landed may already run and complete
     for name in (a, parents):
@@ -359,12 +359,12 @@ def test_a_big_depth_lands_the_first_call_of_each_queue_first(
 
     mq.shards("p"), mq.shards("c"), mq.shards("d")
     mq.connection.execute = recording  # type: ignore[method-assign]
-    per = CHUNK * (flow_ops.EARLY_AFTER + 2) + 7  # 6 calls in "c": 1 first, 5 after
+    per = CHUNK * (add.EARLY_AFTER + 2) + 7  # 6 calls in "c": 1 first, 5 after
     kids = [Child(i, queue="c") for i in range(per)] + [Child(-i, queue="d") for i in range(3)]
     ref = mq.add_flow("p", kids, parent_id="JOB-af/dag/run/early")
     names = [[name for name, _ in step] for step in steps]
     assert names == [["hold"], ["SADD", "land", "land"], ["land"] * 5], names
-    small = [Child(i, queue="c") for i in range(CHUNK * (flow_ops.EARLY_AFTER + 1))]
+    small = [Child(i, queue="c") for i in range(CHUNK * (add.EARLY_AFTER + 1))]
     steps.clear()
     mq.add_flow("p", small, parent_id="JOB-af/dag/run/small")
     assert [[name for name, _ in step] for step in steps] == [["hold"], ["land"] * 4]
@@ -382,8 +382,8 @@ def test_big_adds_build_without_garbage_collections(
     mq: EchoMQ, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bulk call of GC_PAUSE_AT items or more pauses the cyclic collector while it builds
-    (echomq_core.queues.ops.gc_paused): at most the one collection due when the pause ends."""
-    from echomq_core.queues import ops
+    (echomq_core.queues.adding.gc_paused): at most the one collection due when the pause ends."""
+    from echomq_core.queues import adding
 
     started: list[int] = []
 
@@ -405,7 +405,7 @@ def test_big_adds_build_without_garbage_collections(
     jobs = [list(range(20_000)) for _ in range(2)]
     paused = collections_during(lambda: mq.add_flow("p", children[0], parent_id="JOB-a"))
     paused_bulk = collections_during(lambda: mq.queue("c").add_bulk(jobs[0]))
-    monkeypatch.setattr(ops, "GC_PAUSE_AT", 10**9)  # the same calls, never paused
+    monkeypatch.setattr(adding, "GC_PAUSE_AT", 10**9)  # the same calls, never paused
     unpaused = collections_during(lambda: mq.add_flow("p", children[1], parent_id="JOB-b"))
     unpaused_bulk = collections_during(lambda: mq.queue("c").add_bulk(jobs[1]))
     assert paused <= 1 and paused_bulk <= 1 and unpaused > 5 and unpaused_bulk > 5, (
@@ -437,7 +437,7 @@ def _land_steps(root: Any, fresh: bool) -> list[list[Any]]:
             return [[[None] * 4 for _ in range(int(c.args[2]))] for c in step]
         return [1 if fresh else 0] * len(step)
 
-    op = flow_ops.add_flow(Keyspace("t"), root, ["p"])
+    op = add.add_flow(Keyspace("t"), root, ["p"])
     step = next(op)
     steps: list[list[Any]] = []
     try:
@@ -471,7 +471,7 @@ def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool, shar
         ]
 
     def planned() -> Any:
-        return flow_ops.plan(
+        return plan.plan(
             "p", "JOB-u/1", b"{}", tree(), default_attempts=3, dumps=lambda v: b"%r" % v,
             max_payload=1000,
         )  # fmt: skip
@@ -479,7 +479,7 @@ def test_uniform_children_land_as_the_per_child_grouping_would(fresh: bool, shar
     root = planned()
     sharding.place(root, shards)
     assert not root.uniform  # a sub-flow among its children
-    marked = {n.id: n.uniform for n in flow_ops._explicit(root) + root.children if n.children}
+    marked = {n.id: n.uniform for n in add._explicit(root) + root.children if n.children}
     assert marked == {
         "JOB-u/1.1200": True,
         "JOB-u/1.1201": False,  # two queues
@@ -524,7 +524,7 @@ def test_a_derived_id_that_a_named_node_takes_is_refused(
     """plan() checks derived ids (unique among themselves: paths of indexes) against the ids
     given, wherever they are in the tree, and names the id."""
     with pytest.raises(InvalidFlow, match=f"duplicate job id '{taken}' in flow 'JOB-r'"):
-        flow_ops.plan(
+        plan.plan(
             "p", "JOB-r", b"1", children, default_attempts=1, dumps=repr, max_payload=99, gen=gen
         )
 
@@ -792,9 +792,9 @@ def test_the_fingerprint_is_the_digest_of_the_whole_list(n: int) -> None:
     import hashlib
 
     leaves = [
-        flow_ops._Node("wörk" if i % 3 else "w", f"p/run.{i}☃", b"", 1, None, "fp", ())
+        plan._Node("wörk" if i % 3 else "w", f"p/run.{i}☃", b"", 1, None, "fp", ())
         for i in range(n)
     ]
-    root = flow_ops._Node("p", "p/run", b"", 1, None, "fp", tuple(leaves))
+    root = plan._Node("p", "p/run", b"", 1, None, "fp", tuple(leaves))
     text = "\n".join(f"{c.queue}\t{c.id}" for c in leaves)
-    assert flow_ops.fingerprint(root) == hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    assert add.fingerprint(root) == hashlib.blake2b(text.encode(), digest_size=12).hexdigest()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, JobNotFound
-from echomq_core.flows import plan as flows
+from echomq_core.flows import reads as flows
 
 from ..conftest import Backend
 from ..flowkit import work_off

@@ -29,7 +29,7 @@ from echomq_core import (
 )
 from echomq_core.flows import retention
 from echomq_core.flows.sharding import MAX_SHARDS, choose, shard_of
-from echomq_core.queues import ops
+from echomq_core.queues import reads
 
 from ..conftest import Backend
 from ..waiting import eventually, eventually_async
@@ -41,7 +41,7 @@ def _slot(queue: str) -> int:
 
 def _pending(mq: EchoMQ, queue: str) -> int:
     """Pending jobs of one physical queue (a handle on shard 0 counts the whole logical one)."""
-    return int(mq.perform(ops.stats(mq.keys, queue))["pending"])
+    return int(mq.perform(reads.stats(mq.keys, queue))["pending"])
 
 
 @pytest.mark.onlycluster
@@ -521,7 +521,7 @@ def test_cli_pump_of_a_sharded_queue_drains_every_shard(
         eventually(lambda: mq.queue("pk").stats()["completed"] == 30, timeout=30)
     finally:
         worker.stop()
-    outboxes = [mq.perform(ops.stats(mq.keys, n))["outbox"] for n in names]
+    outboxes = [mq.perform(reads.stats(mq.keys, n))["outbox"] for n in names]
     assert all(outboxes), outboxes  # every shard holds signals for the parent
     url = backend.url.replace("redis://", "redis+cluster://") if backend.cluster else backend.url
     pump = subprocess.Popen(

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from echomq_core import AsyncEchoMQ, AsyncWorker, Child, EchoMQ, Job, Pump, Worker
-from echomq_core.queues import ops
+from echomq_core.queues import reads
 
 from ..conftest import Backend
 from ..waiting import eventually, eventually_async
@@ -120,7 +120,7 @@ def test_a_pump_given_the_logical_name_drains_every_shard(mq: EchoMQ) -> None:
         eventually(lambda: mq.queue("pk-n").stats()["completed"] == 30, timeout=30)
     finally:
         worker.stop()
-    assert all(mq.perform(ops.stats(mq.keys, n))["outbox"] for n in names)
+    assert all(mq.perform(reads.stats(mq.keys, n))["outbox"] for n in names)
     hooks = Recorder()
     pump = Pump(mq, ["pk-n"], hooks=hooks)
     for _ in range(20):  # a tick drains a page of each outbox it serves; 30 signals need one
@@ -128,5 +128,5 @@ def test_a_pump_given_the_logical_name_drains_every_shard(mq: EchoMQ) -> None:
         if mq.snapshot(ref.queue, ref.parent_id).parent_state == "released":
             break
     assert mq.snapshot(ref.queue, ref.parent_id).parent_state == "released"
-    assert [mq.perform(ops.stats(mq.keys, n))["outbox"] for n in names] == [0, 0, 0]
+    assert [mq.perform(reads.stats(mq.keys, n))["outbox"] for n in names] == [0, 0, 0]
     assert hooks.released == [("pp-n", ref.parent_id)]

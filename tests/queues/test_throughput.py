@@ -75,7 +75,7 @@ def test_a_field_from_yesterday_reads_as_zero_and_restarts(
     minute = int(raw.time()[0]) // 60
     key = mq.keys.minutes("tp-stale")
     # this minute's field as a day-old minute wrote it (and every other field too)
-    raw.hset(key, mapping={str(m % DAY): f"{m - DAY} 7 7" for m in range(minute - 2, minute + 3)})
+    raw.hset(key, mapping={str(m % DAY): f"{m - DAY} 7 7 7" for m in range(minute - 2, minute + 3)})
     assert totals(mq, "tp-stale") == (0, 0)
     q = mq.queue("tp-stale")
     q.add(1)
@@ -118,29 +118,6 @@ def test_deaths_are_counted_apart_from_failed_attempts(backend: Backend, mq: Ech
     assert sum(m.completed for m in found) == 1
     assert mq.get_job("tp-deaths", flaky).state == "completed"
     assert mq.get_job("tp-deaths", buried).state == "dead"
-
-
-def test_a_field_without_deaths_reads_as_none_and_gains_them(
-    standalone_server: EmbeddedServer, prefix: str
-) -> None:
-    """A field written before deaths were counted ('<minute> <c> <f>') reads as 0 deaths; the
-    next batch keeps its counts and adds the fourth."""
-    mq = EchoMQ(standalone_server.url, prefix=prefix)
-    raw = redis.Redis.from_url(standalone_server.url)
-    minute = int(raw.time()[0]) // 60
-    key = mq.keys.minutes("tp-old")
-    raw.hset(key, mapping={str(m % DAY): f"{m} 5 2" for m in range(minute - 1, minute + 2)})
-    found = mq.perform(read_minutes(mq.keys, "tp-old", 2))
-    assert [(m.completed, m.failed, m.deaths) for m in found] == [(5, 2, 0), (5, 2, 0)]
-    q = mq.queue("tp-old", max_attempts=1)
-    q.add(1)
-    (job,) = q.claim(1)
-    assert q.fail(job, "boom")  # died
-    now = int(raw.time()[0]) // 60
-    value = raw.hget(key, str(now % DAY))
-    assert value is not None and value.decode() == f"{now} 5 3 1"
-    raw.close()
-    mq.close()
 
 
 def test_minutes_is_checked(backend: Backend, mq: EchoMQ) -> None:

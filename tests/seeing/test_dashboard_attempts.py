@@ -17,7 +17,7 @@ import redis
 
 from echomq_core import Backoff, EchoMQ, Job, Worker
 from echomq_core.models import split_done
-from echomq_core.queues import ops
+from echomq_core.queues import claiming
 from echomq_core.queues.registry import read_token
 from echomq_core.server import EmbeddedServer
 
@@ -149,9 +149,9 @@ def test_an_older_workers_token_shows_as_unknown_and_still_completes(
     q = mq.queue("at-old")
     job_id = q.add({"n": 1})
     old = uuid.uuid4().hex
-    (reply,) = mq.connection.execute([ops.claim_call(mq.keys, "at-old", 1, 30_000, old, 0)])
-    _, ids = ops.claimed_ids(reply)
-    (job,) = mq.perform(ops.leased(mq.keys, "at-old", ids, old, mq.serializer))
+    (reply,) = mq.connection.execute([claiming.claim_call(mq.keys, "at-old", 1, 30_000, old, 0)])
+    _, ids = claiming.claimed_ids(reply)
+    (job,) = mq.perform(claiming.leased(mq.keys, "at-old", ids, old, mq.serializer))
     assert job.token == old
     got = api_job(readonly, "at-old", job_id)
     assert got["lease"] == old and got["holder"] is None and got["started_ms"] is None

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from echomq_core import AsyncEchoMQ
-from echomq_core.flows import plan as flows
+from echomq_core.flows import reads as flows
 from echomq_core.server import _command
 from echomq_core.wire.calls import Call
 

@@ -1,4 +1,4 @@
-"""The add's generated ids (lua/add.lua, ops.add): a chunk of ids the host generated from one
+"""The add's generated ids (lua/add.lua, adding.add): a chunk of ids the host generated from one
 stem with consecutive indexes sends the stem and the first index, not an id per job; the
 script checks the stem once and formats each id. Any other chunk sends its ids. Either way
 the server refuses a malformed id, stem or start before it writes anything."""
@@ -11,7 +11,7 @@ import pytest
 
 from echomq_core import EchoMQ, JobSpec
 from echomq_core.errors import InvalidJobId
-from echomq_core.queues import ops
+from echomq_core.queues import adding
 from echomq_core.wire.calls import Call
 
 
@@ -97,19 +97,19 @@ def test_a_chunk_with_a_gap_sends_its_ids() -> None:
 
     stem = "JOB-0123abcd-"
     jobs = [(f"{stem}{i:x}", b"p", 1, 0, 0, None) for i in (0, 1, 3)]
-    (call,) = next(ops.add(Keyspace("emq"), "sa-gap", jobs, check=False, stem=stem))
+    (call,) = next(adding.add(Keyspace("emq"), "sa-gap", jobs, check=False, stem=stem))
     argv = _argv(call)
     assert argv[5:7] == ["", ""] and argv[7::2] == [j[0] for j in jobs]
 
 
 def test_a_flows_derived_child_ids_travel_as_a_stem_and_a_start(mq: EchoMQ) -> None:
     from echomq_core import Child
-    from echomq_core.flows import plan as flows
+    from echomq_core.flows import add, plan
 
     kids = [Child(i, queue="sa-kids") for i in range(600)]
     kids.insert(3, Child("sub", queue="sa-kids", children=[Child("leaf")]))  # breaks the run
     kids.insert(7, Child("named", id="JOB-sa-named", queue="sa-kids"))
-    root = flows.plan(
+    root = plan.plan(
         "sa-flow",
         "JOB-sa-root",
         b"null",
@@ -119,12 +119,12 @@ def test_a_flows_derived_child_ids_travel_as_a_stem_and_a_start(mq: EchoMQ) -> N
         max_payload=1 << 20,
     )
     nodes = root.children
-    assert flows._derived(nodes[0:3]) == ("JOB-sa-root.", 0)
-    assert flows._derived(nodes[8:508]) == ("JOB-sa-root.", 8)
-    assert flows._derived(nodes[4:7]) == ("JOB-sa-root.", 4)
-    assert flows._derived([nodes[2], nodes[4]]) is None  # a gap (the sub-flow)
-    assert flows._derived(nodes[6:9]) is None  # the named child
-    assert flows._derived(nodes[3].children) == ("JOB-sa-root.3.", 0)
+    assert add._derived(nodes[0:3]) == ("JOB-sa-root.", 0)
+    assert add._derived(nodes[8:508]) == ("JOB-sa-root.", 8)
+    assert add._derived(nodes[4:7]) == ("JOB-sa-root.", 4)
+    assert add._derived([nodes[2], nodes[4]]) is None  # a gap (the sub-flow)
+    assert add._derived(nodes[6:9]) is None  # the named child
+    assert add._derived(nodes[3].children) == ("JOB-sa-root.3.", 0)
     # end to end: every child lands under the id the host planned, in order
     ref = mq.add_flow("sa-flow", kids, parent_id="JOB-sa-root")
     q, values = mq.queue("sa-kids"), {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from echomq_core import Backoff, Child, EchoMQ
 from echomq_core.models import Job
-from echomq_core.queues import ops
+from echomq_core.queues import settling
 
 
 def _claim(mq: EchoMQ, queue: str, n: int) -> list[Job]:
@@ -20,14 +20,14 @@ def test_a_batch_of_one_claim_sends_two_values_per_job(mq: EchoMQ) -> None:
     q = mq.queue("bt-wire")
     q.add_bulk(range(3))
     jobs = _claim(mq, "bt-wire", 3)
-    argv, *_ = ops._batch(mq.keys, "bt-wire", [(j, b"r") for j in jobs])
+    argv, *_ = settling._batch(mq.keys, "bt-wire", [(j, b"r") for j in jobs])
     # n, groups, cross parents, tokens, the shared ref, the token, then id + result per job
     assert argv[:6] == [3, 0, 0, 1, 0, jobs[0].token]
     assert argv[6:] == [v for j in jobs for v in (j.id, b"r")]
     # children of one parent in another queue share ref -1
     ref = mq.add_flow("bt-wire-p", [Child(i, queue="bt-wire-c") for i in range(2)])
     kids = _claim(mq, "bt-wire-c", 2)
-    argv, *_ = ops._batch(mq.keys, "bt-wire-c", [(j, b"r") for j in kids])
+    argv, *_ = settling._batch(mq.keys, "bt-wire-c", [(j, b"r") for j in kids])
     assert argv[4] == -1 and argv[5:8] == [ref.parent_id, "bt-wire-p", kids[0].token]
     assert len(argv) == 8 + 2 * 2
 
@@ -36,13 +36,13 @@ def test_a_batch_of_two_claims_or_mixed_refs_sends_each_jobs_token_and_ref(mq: E
     q = mq.queue("bt-mixed")
     q.add_bulk(range(2))
     a, b = _claim(mq, "bt-mixed", 1) + _claim(mq, "bt-mixed", 1)
-    argv, *_ = ops._batch(mq.keys, "bt-mixed", [(a, b"1"), (b, b"2")])
+    argv, *_ = settling._batch(mq.keys, "bt-mixed", [(a, b"1"), (b, b"2")])
     assert argv[:7] == [2, 0, 0, 2, "", a.token, b.token]
     assert argv[7:] == [a.id, 1, b"1", 0, b.id, 2, b"2", 0]
     mq.add_flow("bt-mixed", [Child(0)])  # its child and a plain job: refs 1 and 0
     q.add(5)
     jobs = _claim(mq, "bt-mixed", 2)
-    argv, *_ = ops._batch(mq.keys, "bt-mixed", [(j, b"x") for j in jobs])
+    argv, *_ = settling._batch(mq.keys, "bt-mixed", [(j, b"x") for j in jobs])
     assert argv[3:5] == [1, ""] and len(argv) == 5 + 1 + 1 + 4 * 2  # a group, a token
 
 

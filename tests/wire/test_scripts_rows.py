@@ -1,22 +1,17 @@
-"""The claim's rows read (ops.ROW_FIELDS): every row carries, beside the fields every other
+"""The claim's rows read (claiming.ROW_FIELDS): every row carries, beside the fields every other
 reader reads, ``run`` = '<max_attempts> <attempts> <stalls> <timeout | -> [<policy> <gate>
 <parent_queue>]' (lua/includes/run.lua), so the read asks four fields of every row (with
 ``state``: a leaf has none, a released parent's tells its handler it runs as a parent), not
 eight. fail.lua, recover.lua, requeue.lua and revive.lua keep the copy in step with the
-separate fields, which stay the truth. Rows written before ``run`` existed - today's plain
-rows, children with row30's ``up``, children with only the separate fields (an upgrade in
-place with jobs waiting) - are read for their separate fields instead, and are claimed,
-completed, failed, retried, recovered, revived and inspected as before."""
+separate fields, which stay the truth. Every script that writes a row writes ``run`` (add.lua,
+land.lua, hold.lua): no row without it is ever claimed."""
 
 from __future__ import annotations
 
-import pytest
-
 from echomq_core import Child, EchoMQ, Pump
-from echomq_core.dashboard import reads
 from echomq_core.flows.children import describe
 from echomq_core.models import ParentRef, split_done
-from echomq_core.queues import ops
+from echomq_core.queues import claiming
 from echomq_core.seeing.browse import job_detail, oldest_pending, queue_page
 from echomq_core.wire.calls import Call
 
@@ -47,7 +42,7 @@ def _due(mq: EchoMQ, queue: str, job_id: str) -> None:
 
 
 def test_rows_carry_run_and_the_read_asks_four_fields(mq: EchoMQ) -> None:
-    assert ops.ROW_FIELDS == ("payload", "parent", "run", "state")
+    assert claiming.ROW_FIELDS == ("payload", "parent", "run", "state")
     q = mq.queue("rw-q", max_attempts=4)
     plain = q.add("a")
     limited = q.add("b", timeout=2.5)
@@ -165,154 +160,16 @@ def test_rows_with_run_are_read_by_get_job_the_dashboard_and_the_children_list(
     assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, 4)
 
 
-def _as_written_before(mq: EchoMQ, queue: str, ids: list[str], layout: str) -> None:
-    """The rows as today's code (``layout='up'``, row30's packed parent fields) or the code
-    before it (``'separate'``) wrote them: max_attempts and created as fields of their own,
-    no ``run``, a child's ``parent_policy`` spelt out also when it is the default ``fp`` (land.lua
-    writes it only for ``id`` since cpu30)."""
-    calls = []
-    for i in ids:
-        row = mq.keys.job(queue, i)
-        run = (_hget(mq, queue, i, "run") or b"").split(b" ")
-        calls.append(Call.cmd("HSET", row, "max_attempts", run[0], "created", run[4]))
-        calls.append(Call.cmd("HDEL", row, "run"))
-        if _hget(mq, queue, i, "parent") is not None and not _hget(mq, queue, i, "parent_policy"):
-            calls.append(Call.cmd("HSET", row, "parent_policy", "fp"))
-        if layout == "up" and _hget(mq, queue, i, "parent") is not None:
-            policy = _hget(mq, queue, i, "parent_policy") or b"fp"
-            gate = b"1" if _hget(mq, queue, i, "gate") else b"0"
-            up = policy + b" " + gate + b" " + (_hget(mq, queue, i, "parent_queue") or b"")
-            calls.append(Call.cmd("HSET", row, "up", up))
-    mq.connection.execute(calls)
-    assert all(_hget(mq, queue, i, "run") is None for i in ids)
-
-
-@pytest.mark.parametrize("layout", ["up", "separate"])
-def test_plain_rows_written_before_run_are_claimed_failed_recovered_and_read(
-    mq: EchoMQ, layout: str
-) -> None:
-    q = mq.queue("ro-q", max_attempts=3)
-    a, b, c = q.add("a", timeout=2.0), q.add("b"), q.add("c")
-    _as_written_before(mq, "ro-q", [a, b, c], layout)
-    jobs = {j.id: j for j in q.claim(10)}
-    assert [jobs[i].payload for i in (a, b, c)] == ["a", "b", "c"]
-    assert (jobs[a].timeout_ms, jobs[a].max_attempts, jobs[a].attempts) == (2000, 3, 0)
-    q.complete(jobs[c], "C")
-    assert q.fail(jobs[a], "once") is False  # retried, the old layout kept
-    assert _hget(mq, "ro-q", a, "run") is None
-    _due(mq, "ro-q", a)
-    _expire_lease(mq, "ro-q", b)
-    pump = Pump(mq, ["ro-q"], max_stalls=1, maintain_every=0)
-    assert pump.tick().recovered == 1
-    got = {j.id: j for j in q.claim(10)}
-    assert (got[a].attempts, got[a].timeout_ms) == (1, 2000)
-    assert (got[b].attempts, got[b].stalls) == (0, 1)
-    _expire_lease(mq, "ro-q", b)  # a second stall: past max_stalls, buried
-    pump.tick()
-    assert q.fail(got[a], "twice", retry=False) is True
-    info = mq.get_job("ro-q", b)
-    assert (info.state, info.stalls, info.error) == ("dead", 2, "lease expired 2 times")
-    info = mq.get_job("ro-q", a)
-    assert (info.state, info.attempts, info.max_attempts) == ("dead", 2, 3)
-    assert mq.get_job("ro-q", c).result == "C"
-    page = mq.perform(queue_page(mq.keys, "ro-q", "dead"))
-    assert {(r.id, r.attempts, r.max_attempts) for r in page.rows} == {(a, 2, 3), (b, 0, 3)}
-    detail = mq.perform(job_detail(mq.keys, "ro-q", a, mq.serializer))
-    assert detail is not None and detail.info.attempts == 2
-    assert q.retry_dead([a]) == (1, [])
-    (fresh,) = q.claim(10)
-    assert (fresh.id, fresh.attempts, fresh.timeout_ms) == (a, 0, 2000)
-
-
-@pytest.mark.parametrize("layout", ["up", "separate"])
-def test_child_rows_written_before_run_are_claimed_settled_retried_and_read(
-    mq: EchoMQ, layout: str
-) -> None:
-    # cross-queue children with both policies, one retried then dying (ignored), and a
-    # same-queue capped flow: every parent field the claim reads
-    ref = mq.add_flow(
-        "ro-p",
-        [
-            Child("a", queue="ro-c"),
-            Child("b", queue="ro-c", ignore_dependency_on_failure=True, max_attempts=2),
-            Child("c", queue="ro-c"),
-        ],
-    )
-    capped = mq.add_flow("ro-g", [Child(1), Child(2)], max_running=1)
-    p, g = ref.parent_id, capped.parent_id
-    kids = [f"{p}.{i}" for i in range(3)]
-    _as_written_before(mq, "ro-c", kids, layout)
-    _as_written_before(mq, "ro-g", [f"{g}.0", f"{g}.1"], layout)
-    q = mq.queue("ro-c")
-    jobs = {j.id: j for j in q.claim(10)}
-    assert {i: j.parent for i, j in jobs.items()} == {
-        kids[0]: ParentRef("ro-p", p, "fp", False),
-        kids[1]: ParentRef("ro-p", p, "id", False),
-        kids[2]: ParentRef("ro-p", p, "fp", False),
-    }
-    assert [jobs[k].payload for k in kids] == ["a", "b", "c"]
-    assert jobs[kids[1]].max_attempts == 2
-    listed = mq.perform(describe(mq.keys, "ro-p", p, kids, ["ro-c"], mq.serializer))
-    assert [(r.status, r.max_attempts) for r in listed] == [
-        ("active", 3),
-        ("active", 2),
-        ("active", 3),
-    ]
-    q.complete_many([(jobs[kids[0]], "A"), (jobs[kids[2]], "C")])
-    assert q.fail(jobs[kids[1]], "boom once") is False  # retried: attempt 1 of 2
-    info = mq.get_job("ro-c", kids[1])
-    assert (info.state, info.attempts, info.parent) == (
-        "delayed",
-        1,
-        ParentRef("ro-p", p, "id"),
-    )
-    # the retry is claimed from the same old-layout row, dies, and is ignored by the parent
-    _due(mq, "ro-c", kids[1])
-    (again,) = q.claim(10)
-    assert again.id == kids[1] and again.attempts == 1 and again.parent == jobs[kids[1]].parent
-    assert q.fail(again, "boom twice") is True
-    pump = Pump(mq, ["ro-c"])
-    for _ in range(20):  # bounded: each tick drains what the outbox holds
-        pump.tick()
-        if mq.dependencies("ro-p", p) == 0:
-            break
-    assert mq.children_values("ro-p", p) == {kids[0]: "A", kids[2]: "C"}
-    assert set(mq.ignored_failures("ro-p", p)) == {kids[1]}
-    dead = reads.dead_jobs(mq, "ro-c", 0)
-    assert [d.job.id for d in dead.jobs] == [kids[1]]
-    assert dead.jobs[0].job.parent == ParentRef("ro-p", p, "id")
-    # the capped flow's old rows: the gate mark read, its token returned, the next admitted
-    gq = mq.queue("ro-g")
-    (first,) = gq.claim(10)
-    assert first.parent == ParentRef("ro-g", g, "fp", True)
-    gq.complete(first, "x")
-    (second,) = gq.claim(10)
-    assert second.parent == ParentRef("ro-g", g, "fp", True) and second.id != first.id
-    gq.complete(second, "y")
-    assert mq.dependencies("ro-g", g) == 0
-    assert set(mq.children_values("ro-g", g)) == {f"{g}.0", f"{g}.1"}
-
-
-def test_a_kept_row_keeps_token_and_result_in_one_field_and_older_ones_still_read(
-    mq: EchoMQ,
-) -> None:
+def test_a_kept_row_keeps_token_and_result_in_one_field(mq: EchoMQ) -> None:
     q = mq.queue("rt-q")
     q.holder = "host-1-abcdef12"  # as a worker's handle: its tokens name it
-    new, old = q.add(1), q.add(2)
+    one, two = q.add(1), q.add(2)
     jobs = {j.id: j for j in q.claim(5)}
-    q.complete_many([(jobs[new], {"v": 1}), (jobs[old], {"v": 2})])
-    done = _hget(mq, "rt-q", new, "done")
-    assert done is not None and split_done(done) == (jobs[new].token, b'{"v":1}')
-    assert _hget(mq, "rt-q", new, "result") is None and _hget(mq, "rt-q", new, "token") is None
-    # the other row as today's complete.lua wrote it: 'result' and 'token' of their own
-    row = mq.keys.job("rt-q", old)
-    mq.connection.execute(
-        [
-            Call.cmd("HDEL", row, "done"),
-            Call.cmd("HSET", row, "result", b'{"v":2}', "token", jobs[old].token),
-        ]
-    )
-    for job_id, value in ((new, {"v": 1}), (old, {"v": 2})):
+    q.complete_many([(jobs[one], {"v": 1}), (jobs[two], {"v": 2})])
+    done = _hget(mq, "rt-q", one, "done")
+    assert done is not None and split_done(done) == (jobs[one].token, b'{"v":1}')
+    assert _hget(mq, "rt-q", one, "result") is None and _hget(mq, "rt-q", one, "token") is None
+    for job_id, value in ((one, {"v": 1}), (two, {"v": 2})):
         info = mq.get_job("rt-q", job_id)
         assert (info.state, info.result) == ("completed", value)
         detail = mq.perform(job_detail(mq.keys, "rt-q", job_id, mq.serializer))
