@@ -209,20 +209,6 @@ class QueueOps:
             return cache[self.name]
         return (yield from sharding.resolve(self.client.keys, cache, [self.name]))[self.name]
 
-    def add_op(
-        self,
-        payload: Any = None,
-        *,
-        job_id: str | None = None,
-        delay: float = 0.0,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-    ) -> Op[list[str]]:
-        """The operation of an add of one job (its id the only item of the result)."""
-        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
-        return self.add_bulk_op([spec])
-
     def claim_op(
         self,
         count: int = 1,
