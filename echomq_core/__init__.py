@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from .client.async_client import AsyncEchoMQ
 from .client.clients import EchoMQ
-from .client.queue import JobSpec, Queue
+from .client.queue import JobSpec
+from .client.sync_queue import Queue
 from .control.rates import RateLimit
 from .errors import (
     ConfigurationError,

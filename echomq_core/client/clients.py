@@ -28,7 +28,7 @@ from ..models import (
 from ..queues import ops
 from ..wire.connection import Op, connect
 from .base import _Client, children_list
-from .queue import Queue
+from .sync_queue import Queue
 
 if TYPE_CHECKING:
     from ..wire.drivers import Connection  # with the first client (redis-py)
