@@ -179,11 +179,11 @@ class AsyncEchoMQ(_Client):
         return await self.perform(self._set_shards_op(queue, shards))
 
     async def rate_limit(self, queue: str) -> RateLimit | None:
-        """As :meth:`EchoMQ.rate_limit`."""
+        """:meth:`EchoMQ.rate_limit`, awaited."""
         return await self.perform(self._rate_limit_op(queue))
 
     async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
-        """As :meth:`EchoMQ.set_rate_limit`."""
+        """:meth:`EchoMQ.set_rate_limit`, awaited."""
         await self.perform(self._set_rate_limit_op(queue, rate))
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
