@@ -59,6 +59,12 @@ class AsyncEchoMQ(_Client):
     def __repr__(self) -> str:
         return f"AsyncEchoMQ({self.connection.where}, prefix={self.keys.prefix!r})"
 
+    async def __aenter__(self) -> AsyncEchoMQ:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         await self.connection.close()
 

@@ -59,17 +59,18 @@ def test_every_public_method_has_its_asyncio_twin_with_the_same_signature(
             assert inspect.iscoroutinefunction(twin), f"{async_cls.__name__}.{name} is not async"
             checked += 1
     assert checked > (30 if sync_cls is EchoMQ else 10), checked
+    if hasattr(sync_cls, "__enter__"):  # a context manager: the twin an async one
+        assert inspect.iscoroutinefunction(async_cls.__aenter__)
+        assert inspect.iscoroutinefunction(async_cls.__aexit__)
 
 
 def _async(backend: Backend, prefix: str, body: Callable[[AsyncEchoMQ], Awaitable[Any]]) -> Any:
-    """Run ``body`` on a fresh asyncio client of the same keyspace, closed after."""
+    """Run ``body`` on a fresh asyncio client of the same keyspace, closed after (``async
+    with``: the twin of the sync client's ``with``)."""
 
     async def main() -> Any:
-        amq = AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix)
-        try:
+        async with AsyncEchoMQ(backend.url, cluster=backend.cluster, prefix=prefix) as amq:
             return await body(amq)
-        finally:
-            await amq.close()
 
     return asyncio.run(main())
 
