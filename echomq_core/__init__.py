@@ -15,8 +15,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .client.clients import AsyncEchoMQ, EchoMQ
-from .client.queue import JobSpec, Queue
+from .client.async_client import AsyncEchoMQ
+from .client.clients import EchoMQ
+from .client.queue import JobSpec
+from .client.sync_queue import Queue
 from .control.rates import RateLimit
 from .errors import (
     ConfigurationError,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..client.clients import AsyncEchoMQ
+from ..client.async_client import AsyncEchoMQ
 from ..control.options import PumpOptions, WorkerOptions, add_flags, from_namespace
 from ..errors import ConfigurationError
 from ..hooks import Handler, Hooks, LifecycleHooks, plugin_manager

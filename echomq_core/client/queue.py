@@ -1,4 +1,4 @@
-"""One queue's lifecycle: add, claim, complete, fail, heartbeat, inspect.
+"""One queue's lifecycle, as operations: add, claim, complete, fail, heartbeat, inspect.
 
 ``pending -> active (leased, with a token) -> completed | retry (delayed) | dead``. Only the
 holder of a job's current lease token may complete, fail or extend it; an expired lease
@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from ..checks import (
     MAX_ATTEMPTS,
@@ -22,15 +22,13 @@ from ..checks import (
     timeout_ms,
 )
 from ..control.rates import Claimed
-from ..errors import InvalidArgument, JobNotFound, LeaseLost
+from ..errors import InvalidArgument, JobNotFound
 from ..flows import sharding, spawning
 from ..models import Backoff, Job, JobInfo, Serializer, Settlement, cut_traceback
 from ..queues import adding, claiming, maintenance, reads, settling
 from ..queues.registry import lease_token
 from ..wire.calls import Op
 from ..wire.keyspace import Keyspace, check_job_id, check_queue
-
-T = TypeVar("T")
 
 
 class OpsClient(Protocol):
@@ -46,13 +44,6 @@ class OpsClient(Protocol):
     def unregistered(self, names: Iterable[str]) -> list[str]: ...
 
     def mark_registered(self, names: Iterable[str]) -> None: ...
-
-
-class QueueClient(OpsClient, Protocol):
-    """What a :class:`Queue` needs of its client (:class:`~echomq_core.EchoMQ` is one): the
-    operations' needs and a synchronous driver."""
-
-    def perform(self, op: Op[T]) -> T: ...
 
 
 DEAD, RETRY = 2, 1
@@ -208,20 +199,6 @@ class QueueOps:
         if self.name in cache:
             return cache[self.name]
         return (yield from sharding.resolve(self.client.keys, cache, [self.name]))[self.name]
-
-    def add_op(
-        self,
-        payload: Any = None,
-        *,
-        job_id: str | None = None,
-        delay: float = 0.0,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-    ) -> Op[list[str]]:
-        """The operation of an add of one job (its id the only item of the result)."""
-        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
-        return self.add_bulk_op([spec])
 
     def claim_op(
         self,
@@ -483,114 +460,3 @@ class QueueOps:
 def _merged(parts: list[tuple[int, list[str]]]) -> tuple[int, list[str]]:
     """The shards' ``(how many, ids left as they were)`` as one answer."""
     return sum(n for n, _ in parts), [i for _, left in parts for i in left]
-
-
-class Queue(QueueOps):
-    """A handle on one queue, on a synchronous client (:meth:`EchoMQ.queue
-    <echomq_core.EchoMQ.queue>`): each method drives its :class:`QueueOps` operation on the
-    client's connection. Options as :class:`QueueOps`."""
-
-    client: QueueClient
-
-    def add(
-        self,
-        payload: Any = None,
-        *,
-        job_id: str | None = None,
-        delay: float = 0.0,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-    ) -> str:
-        """Add one job; returns its id. Re-adding an existing id changes nothing."""
-        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
-        return self.add_bulk([spec])[0]
-
-    def add_bulk(self, jobs: Iterable[Any]) -> list[str]:
-        """Add many jobs in one round trip. Items are payloads or :class:`JobSpec`."""
-        with adding.gc_paused(jobs):
-            return self.client.perform(self.add_bulk_op(jobs))
-
-    def claim(
-        self,
-        count: int = 1,
-        *,
-        lease: float | None = None,
-        promote: int = 100,
-        ahead: bool = False,
-    ) -> Claimed:
-        """Lease up to ``count`` jobs (lowest priority score first), within the queue's rate
-        limit (:meth:`EchoMQ.set_rate_limit <echomq_core.EchoMQ.set_rate_limit>`): a list of
-        jobs whose ``opens_in`` is the seconds until the rate window opens again when it is
-        spent, else 0.0. Two round trips; ``ahead``: see :meth:`claim_op`."""
-        return self.client.perform(self.claim_op(count, lease=lease, promote=promote, ahead=ahead))
-
-    def complete(self, job: Job, result: Any = None) -> None:
-        """Complete one job; raises :class:`LeaseLost` if its lease is no longer current."""
-        if not self.complete_many([(job, result)])[0]:
-            raise LeaseLost(f"job {job.id} in {self.name!r}: the lease is no longer current")
-
-    def complete_many(self, done: Sequence[tuple[Job, Any]]) -> list[bool]:
-        """Complete many jobs in one round trip; False where the lease was lost. A result that
-        cannot be serialised raises :class:`InvalidPayload` before anything is sent."""
-        return [bool(s) for s in self.settle_completed(self.encode_results(done)).statuses]
-
-    def settle_completed(self, encoded: Sequence[tuple[Job, bytes]]) -> Settlement:
-        """:meth:`QueueOps.settle_completed_op`, run (nothing to complete sends nothing)."""
-        if not encoded:
-            return Settlement([])
-        return self.client.perform(self.settle_completed_op(encoded))
-
-    def fail(
-        self, job: Job, error: str, *, retry: bool = True, traceback: str | None = None
-    ) -> bool:
-        """Record a failed attempt; returns True if the job died. ``retry=False`` buries it
-        now; ``traceback`` is kept on the row (the last attempt's, cut to its last
-        :data:`MAX_TRACEBACK` bytes). Raises :class:`LeaseLost` if the lease is no longer
-        current."""
-        status = self.fail_many([(job, error, retry, traceback)])[0]
-        if status == 0:
-            raise LeaseLost(f"job {job.id} in {self.name!r}: the lease is no longer current")
-        return status == DEAD
-
-    def fail_many(self, failed: Sequence[FailedAttempt]) -> list[int]:
-        """Fail many jobs in one round trip: ``(job, error, retry?)`` or ``(job, error, retry?,
-        traceback)``. Per job: 0 lease lost, 1 retry scheduled, 2 dead."""
-        return self.settle_failed(failed).statuses
-
-    def settle_failed(self, failed: Sequence[FailedAttempt]) -> Settlement:
-        """:meth:`QueueOps.settle_failed_op`, run: the statuses and the parents released or
-        failed (nothing to fail sends nothing)."""
-        if not failed:
-            return Settlement([])
-        return self.client.perform(self.settle_failed_op(failed))
-
-    def heartbeat(self, jobs: Sequence[Job], *, lease: float | None = None) -> list[bool]:
-        """Extend the leases of ``jobs``; False where a lease was already lost."""
-        op = self.heartbeat_op(jobs, lease=lease)  # checks the lease, also when jobs is empty
-        if not jobs:
-            return []
-        return self.client.perform(op)
-
-    def release(self, jobs: Sequence[Job]) -> list[bool]:
-        """:meth:`QueueOps.release_op`, run (nothing to give back sends nothing)."""
-        if not jobs:
-            return []
-        return self.client.perform(self.release_op(jobs))
-
-    def retry_dead(self, job_ids: Sequence[str]) -> tuple[int, list[str]]:
-        """:meth:`QueueOps.retry_dead_op`, run."""
-        return self.client.perform(self.retry_dead_op(job_ids))
-
-    def cancel(self, job_ids: Sequence[str], *, reason: str = "") -> tuple[int, list[str]]:
-        """:meth:`QueueOps.cancel_op`, run."""
-        return self.client.perform(self.cancel_op(job_ids, reason=reason))
-
-    # -- reads ----------------------------------------------------------------------------
-    def get_job(self, job_id: str) -> JobInfo:
-        """Where one job stands and what it holds; :class:`JobNotFound` if there is none."""
-        return self.client.perform(self.get_job_op(job_id))
-
-    def stats(self) -> dict[str, int]:
-        """Counts: pending, active, delayed, dead, completed, outbox, poison."""
-        return self.client.perform(self.stats_op())

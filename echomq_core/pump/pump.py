@@ -59,7 +59,8 @@ from ..wire.keyspace import JOB_ID_RE, Keyspace, check_job_id, check_queue
 from ..wire.patience import Outage
 
 if TYPE_CHECKING:
-    from ..client.clients import AsyncEchoMQ, EchoMQ
+    from ..client.async_client import AsyncEchoMQ
+    from ..client.clients import EchoMQ
     from ..wire.drivers import AsyncConnection
 
 log = logging.getLogger("echomq_core.pump")

@@ -86,7 +86,7 @@ from .running import (
 )
 
 if TYPE_CHECKING:
-    from ..client.clients import AsyncEchoMQ
+    from ..client.async_client import AsyncEchoMQ
 
 log = logging.getLogger("echomq_core.worker")
 Handler = Callable[[Job], Any]

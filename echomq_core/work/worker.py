@@ -56,7 +56,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..client.queue import Queue
+from ..client.sync_queue import Queue
 from ..control.options import PumpOptions, WorkerOptions, build
 from ..flows import sharding, spawning
 from ..hooks import LifecycleHooks
