@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from ..errors import InvalidInput
-from ..pump.pump import parse_signal, poison_list, poison_replay
+from ..pump.drain import parse_signal, poison_list, poison_replay
 from ..wire.keyspace import check_queue
 from .common import add_command, int_at_least, open_client
 from .queue import known_queue

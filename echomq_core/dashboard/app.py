@@ -49,7 +49,7 @@ from starlette.staticfiles import StaticFiles
 from ..client.clients import EchoMQ
 from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
 from ..flows import sharding
-from ..pump.pump import poison_replay
+from ..pump.drain import poison_replay
 from ..seeing.metrics import QueueCollector
 from ..seeing.urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page
 from ..wire.keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue

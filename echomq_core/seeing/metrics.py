@@ -71,7 +71,8 @@ from .browse import oldest_pending
 if TYPE_CHECKING:
     from ..client.clients import EchoMQ
     from ..hooks import LifecycleHooks
-    from ..pump.pump import Pump, TickStats
+    from ..pump.drain import TickStats
+    from ..pump.pump import Pump
     from ..work.async_worker import AsyncWorker
     from ..work.worker import Worker
 

@@ -58,7 +58,7 @@ import pytest
 from redis.crc import key_slot
 
 from echomq_core import AsyncEchoMQ, Child, EchoMQ, EchoMQError, Pump
-from echomq_core.pump.pump import TickStats
+from echomq_core.pump.drain import TickStats
 from echomq_core.server import EmbeddedServer, _command
 from echomq_core.wire.keyspace import Keyspace
 

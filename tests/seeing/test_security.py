@@ -46,7 +46,7 @@ from echomq_core import (
     Worker,
 )
 from echomq_core.cli import main as cli_main
-from echomq_core.pump.pump import poison_list, poison_replay
+from echomq_core.pump.drain import poison_list, poison_replay
 from echomq_core.server import EmbeddedServer, find_server_binary, free_port
 from echomq_core.wire.connection import parse_url
 
