@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
+from .arguments import add_bind_options, seconds
 from .common import (
     UsageError,
-    add_bind_options,
     add_connection_options,
     add_verbosity,
     env_prefix,
     env_url,
     open_client,
-    seconds,
 )
 
 TOKEN_ENV = "ECHOMQ_DASHBOARD_TOKEN"

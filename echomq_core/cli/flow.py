@@ -22,17 +22,10 @@ from ..flows.waiting import FlowWait
 from ..models import FlowCap, FlowSummary
 from ..seeing.inspection import flow_counts, read_tree
 from ..wire.keyspace import FLOW_LISTS, check_job_id, check_queue
-from .common import (
-    CommandFailed,
-    Progress,
-    add_command,
-    fmt_ago,
-    int_at_least,
-    open_client,
-    seconds,
-    table,
-)
+from .arguments import int_at_least, seconds
+from .common import CommandFailed, add_command, open_client
 from .flowtext import render, render_failures
+from .printing import Progress, fmt_ago, table
 from .queue import known_queue
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
-from .common import int_at_least
+from .arguments import int_at_least
 
 if TYPE_CHECKING:
     from ..seeing.process_metrics import ProcessMetrics

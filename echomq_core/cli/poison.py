@@ -12,7 +12,8 @@ from typing import Any
 from ..errors import InvalidInput
 from ..pump.drain import parse_signal, poison_list, poison_replay
 from ..wire.keyspace import check_queue
-from .common import add_command, int_at_least, open_client
+from .arguments import int_at_least
+from .common import add_command, open_client
 from .queue import known_queue
 
 

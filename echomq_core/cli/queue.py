@@ -20,16 +20,9 @@ from ..flows.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from ..flows.sharding import MAX_SHARDS
 from ..seeing.inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
 from ..wire.keyspace import FLOW_INDEXES, check_job_id, check_queue
-from .common import (
-    CommandFailed,
-    add_command,
-    age_or_none,
-    count_or_none,
-    fmt_bytes,
-    fmt_seconds,
-    open_client,
-    table,
-)
+from .arguments import age_or_none, count_or_none, fmt_seconds
+from .common import CommandFailed, add_command, open_client
+from .printing import fmt_bytes, table
 
 
 def add_parsers(sub: Any) -> None:

@@ -36,21 +36,19 @@ from ..server import EmbeddedServer
 from ..wire.patience import patiently
 from ..work.async_worker import AsyncWorker
 from ..work.worker import Worker
+from .arguments import add_bind_options, int_at_least, seconds
 from .common import (
     INTERRUPTED,
     CommandFailed,
     UsageError,
-    add_bind_options,
     add_connection_options,
     add_verbosity,
     add_wait_for_server,
     bundled_binary,
     env_prefix,
     env_url,
-    int_at_least,
     log,
     open_client,
-    seconds,
 )
 from .metrics_option import add_metrics_option, start_metrics
 

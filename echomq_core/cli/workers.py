@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from ..queues.registry import read_workers
-from .common import add_command, fmt_ago, open_client, table
+from .common import add_command, open_client
+from .printing import fmt_ago, table
 
 
 def add_parser(sub: Any) -> None:
