@@ -34,6 +34,16 @@ def add_bind_options(parser: argparse.ArgumentParser, port: int) -> None:
     )
 
 
+def add_queue(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """The QUEUE a command reads or writes."""
+    parser.add_argument("queue", metavar="QUEUE", help=help)
+
+
+def add_queue_or_all(parser: argparse.ArgumentParser) -> None:
+    """An optional QUEUE: without it, the command reads every registered queue."""
+    parser.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
+
+
 def seconds(low: float = 0.0, high: float | None = None) -> Any:
     def parse(text: str) -> float:
         try:

@@ -189,15 +189,32 @@ def add_verbosity(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(prog=parser.prog)
 
 
-def add_command(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = False) -> None:
+def add_command(
+    parser: argparse.ArgumentParser,
+    run: Any,
+    *,
+    json_flag: bool = False,
+    wait_for_server: bool = False,
+) -> None:
     """What every command that talks to a server takes besides its own arguments (``--json``
-    too when ``json_flag``): the connection options, ``-v``, and ``run``, the function that
-    runs it."""
+    too when ``json_flag``): the connection options (and ``--wait-for-server`` when
+    ``wait_for_server``), ``-v``, and ``run``, the function that runs it."""
     if json_flag:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_connection_options(parser, url_default=env_url(), prefix_default=env_prefix())
+    if wait_for_server:
+        add_wait_for_server(parser)
     add_verbosity(parser)
     parser.set_defaults(invoke=run)
+
+
+def add_group(sub: Any, name: str, help: str, description: str, *commands: Any) -> None:
+    """A command group (``echomq NAME COMMAND``): its parser, then each of ``commands`` (a
+    function given the group's subparsers) adds its command."""
+    group = sub.add_parser(name, help=help, description=description)
+    subparsers = group.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+    for add in commands:
+        add(subparsers)
 
 
 def bundled_binary(command: str) -> Path:

@@ -68,6 +68,11 @@ COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES) + 2
 FLOW_GAUGES = 20
 
 
+def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+    """A gauge made at collect time, with its labels."""
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
 @dataclass(slots=True)
 class QueueReading:
     """One queue's counts at one moment (one pipelined read for every queue)."""
@@ -264,21 +269,19 @@ class QueueCollector(Collector):
     def _controls(self, queues: list[str]) -> Iterable[Metric]:
         """Gauges per held root flow with flow controls (:func:`read_controls`)."""
         labels = ["queue", "flow"]
-        running = GaugeMetricFamily(
-            "echomq_flow_running", "Children of a capped flow holding a token", labels=labels
+        running = _gauge(
+            "echomq_flow_running", "Children of a capped flow holding a token", *labels
         )
-        cap = GaugeMetricFamily(
-            "echomq_flow_max_running", "A flow's max_running cap", labels=labels
-        )
-        failed = GaugeMetricFamily(
+        cap = _gauge("echomq_flow_max_running", "A flow's max_running cap", *labels)
+        failed = _gauge(
             "echomq_flow_failed_children",
             "Children of a flow with min_success that died so far",
-            labels=labels,
+            *labels,
         )
-        allowed = GaugeMetricFamily(
+        allowed = _gauge(
             "echomq_flow_allowed_failures",
             "How many children of a flow with min_success may die without failing it",
-            labels=labels,
+            *labels,
         )
         try:
             found = self.client.perform(read_controls(self.client.keys, self._shards_of(queues)))
@@ -299,18 +302,16 @@ class QueueCollector(Collector):
         queue no live worker serves reports 0, which is what the no-workers alert needs)."""
         from .. import __version__
 
-        build = GaugeMetricFamily(
-            "echomq_build_info", "The EchoMQ version of this exporter (value 1)", labels=["version"]
+        build = _gauge(
+            "echomq_build_info", "The EchoMQ version of this exporter (value 1)", "version"
         )
         build.add_metric([__version__], 1)
-        oldest = GaugeMetricFamily(
+        oldest = _gauge(
             "echomq_queue_oldest_pending_age_seconds",
             "Seconds since the job the next claim takes was added (0: nothing pending)",
-            labels=["queue"],
+            "queue",
         )
-        workers = GaugeMetricFamily(
-            "echomq_workers", "Live worker processes serving the queue", labels=["queue"]
-        )
+        workers = _gauge("echomq_workers", "Live worker processes serving the queue", "queue")
         ks = self.client.keys
         try:
             ages = self._folded(self.client.perform(oldest_pending(ks, self._shards_of(queues))))
@@ -344,7 +345,7 @@ class QueueCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         started = time.perf_counter()
-        up = GaugeMetricFamily("echomq_up", "1 when the last scrape read the server, else 0")
+        up = _gauge("echomq_up", "1 when the last scrape read the server, else 0")
         try:
             readings = self.read()
         except EchoMQError:
@@ -352,35 +353,31 @@ class QueueCollector(Collector):
             yield up
             return
         up.add_metric([], 1)
-        jobs = GaugeMetricFamily(
-            "echomq_queue_jobs", "Jobs per queue and state", labels=["queue", "state"]
-        )
-        outbox = GaugeMetricFamily(
+        jobs = _gauge("echomq_queue_jobs", "Jobs per queue and state", "queue", "state")
+        outbox = _gauge(
             "echomq_outbox_signals",
             "Fan-in signals waiting in the queue's outbox for the Pump",
-            labels=["queue"],
+            "queue",
         )
-        poison = GaugeMetricFamily(
-            "echomq_poison_signals", "Signals the Pump moved aside (poison list)", labels=["queue"]
+        poison = _gauge(
+            "echomq_poison_signals", "Signals the Pump moved aside (poison list)", "queue"
         )
-        flows = GaugeMetricFamily(
-            "echomq_flows", "Root flows per queue and state", labels=["queue", "state"]
-        )
-        lag = GaugeMetricFamily(
+        flows = _gauge("echomq_flows", "Root flows per queue and state", "queue", "state")
+        lag = _gauge(
             "echomq_outbox_head_age_seconds",
             "How long the queue's oldest undelivered signal has been at the head of its "
             "outbox, as seen by this exporter (0: empty or moving); the Pump's lag",
-            labels=["queue"],
+            "queue",
         )
-        limit = GaugeMetricFamily(
+        limit = _gauge(
             "echomq_queue_rate_limit_per_second",
             "The queue's rate limit in job starts per second (queues with a limit only)",
-            labels=["queue"],
+            "queue",
         )
-        window = GaugeMetricFamily(
+        window = _gauge(
             "echomq_queue_rate_window_starts",
             "Job starts counted in the queue's current rate window (queues with a limit only)",
-            labels=["queue"],
+            "queue",
         )
         for r in readings:
             if r.rate is not None:
@@ -395,9 +392,7 @@ class QueueCollector(Collector):
             lag.add_metric([r.queue], r.head_age)
         yield from self._controls([r.queue for r in readings])
         yield from self._latency_and_workers([r.queue for r in readings])
-        took = GaugeMetricFamily(
-            "echomq_scrape_duration_seconds", "How long the last read of the server took"
-        )
+        took = _gauge("echomq_scrape_duration_seconds", "How long the last read of the server took")
         took.add_metric([], time.perf_counter() - started)
         yield from (up, jobs, outbox, poison, flows, lag, limit, window, took)
 
