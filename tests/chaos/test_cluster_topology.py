@@ -63,6 +63,7 @@ from echomq_core.server import EmbeddedServer, _command
 from echomq_core.wire.keyspace import Keyspace
 
 from ..clusterkit import EmbeddedCluster
+from ..serverkit import kill
 from ..waiting import eventually
 from .harness import Fleet, Member, record, row_fields
 
@@ -509,7 +510,7 @@ def kill_mid_flow(
     snap = flow.mq.snapshot(flow.parents, flow.parent_id)
     assert not snap.released, "mid-flow by construction: the gated children hold the parent"
     since = time.time()
-    victim.kill()
+    kill(victim)
     failover: dict[str, Any] = {}
 
     def wait_for_failover() -> None:
@@ -666,7 +667,7 @@ def test_pump_and_async_client_outlive_their_default_node(
         jobs = q.claim(50)
         assert len(jobs) == 50 and all(q.complete_many([(j, j.payload) for j in jobs]))
         since = time.monotonic()
-        victim.kill()
+        kill(victim)
         cluster.wait_for_failover(victim, timeout=60)
         errors: list[EchoMQError] = []
 

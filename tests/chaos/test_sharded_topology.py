@@ -37,6 +37,7 @@ from echomq_core import Child
 from echomq_core.flows.sharding import Shards, shard_of
 
 from ..clusterkit import EmbeddedCluster
+from ..serverkit import kill
 from .harness import record, row_fields
 from .test_cluster_topology import (
     CONFIG,
@@ -246,7 +247,7 @@ def test_every_master_failed_over_in_turn_during_a_sharded_flow(
         victim = owner(cluster, shard)
         lost = [q for q in flow.physical if owner(cluster, q) is victim]
         since = time.time()
-        victim.kill()
+        kill(victim)
         failover: dict[str, Any] = {}
 
         def wait_for_failover(victim: Any = victim, failover: dict[str, Any] = failover) -> None:
