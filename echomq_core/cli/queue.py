@@ -81,25 +81,21 @@ def _add_config(queue: Any) -> None:
     )
     for name in SETTINGS:
         state, kind = name.rsplit("_", 1)
-        flag = "--" + name.replace("_", "-")
+        what, default = _END_STATES[state], SETTINGS[name]
         if kind == "age":
-            config.add_argument(
-                flag,
-                dest=name,
-                type=age_or_none(MAX_AGE),
-                default=argparse.SUPPRESS,
-                metavar="AGE",
-                help=f"keep {_END_STATES[state]} this long (default {fmt_seconds(SETTINGS[name])})",
-            )
+            read, metavar = age_or_none(MAX_AGE), "AGE"
+            text = f"keep {what} this long (default {fmt_seconds(default)})"
         else:
-            config.add_argument(
-                flag,
-                dest=name,
-                type=count_or_none(MAX_COUNT),
-                default=argparse.SUPPRESS,
-                metavar="N",
-                help=f"keep the newest N {_END_STATES[state]} (default {SETTINGS[name] or 'none'})",
-            )
+            read, metavar = count_or_none(MAX_COUNT), "N"
+            text = f"keep the newest N {what} (default {default or 'none'})"
+        config.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=read,
+            default=argparse.SUPPRESS,
+            metavar=metavar,
+            help=text,
+        )
     add_command(config, run_queue_config, json_flag=True)
 
 

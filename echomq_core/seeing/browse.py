@@ -12,7 +12,7 @@ explicit ids have no position; they are listed from the node's ``:explicit`` rec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..checks import text as _s
@@ -72,13 +72,7 @@ class Attempt:
     error: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "started_ms": self.started_ms,
-            "ended_ms": self.ended_ms,
-            "worker": self.worker,
-            "outcome": self.outcome,
-            "error": self.error,
-        }
+        return asdict(self)  # its fields, flat
 
 
 def attempts_of(raw: Any) -> list[Attempt]:
