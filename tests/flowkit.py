@@ -8,7 +8,7 @@ from typing import Any
 import redis
 
 from echomq_core import EchoMQ, Job, Pump
-from echomq_core.pump.pump import TickStats, drain
+from echomq_core.pump.drain import TickStats, drain
 from echomq_core.wire.connection import Call, Op
 
 from .conftest import Backend

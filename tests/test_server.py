@@ -14,6 +14,7 @@ from redis.crc import key_slot
 from echomq_core.server import EmbeddedServer, ServerStartError, free_port
 
 from .clusterkit import CLUSTER_SLOTS, EmbeddedCluster
+from .serverkit import kill, restart
 from .waiting import eventually
 
 
@@ -82,10 +83,10 @@ def test_kill_and_restart_keeps_aof_data() -> None:
         client = redis.Redis.from_url(server.url)
         client.set("job:1", "payload")
         client.close()
-        server.kill()
+        kill(server)
         assert not server.is_running() and not _alive(pid)
         assert server.data_dir.exists()  # kept for restart()
-        server.restart()
+        restart(server)
         assert server.port == port and server.pid not in (None, pid)
         client = redis.Redis.from_url(server.url)
         assert client.get("job:1") == b"payload"
@@ -103,7 +104,7 @@ def test_stop_is_idempotent_and_leaves_no_process() -> None:
     server.stop()
     assert not _alive(pid)
     assert not server.is_running()
-    server.kill()  # also a no-op once stopped
+    kill(server)  # also a no-op once stopped
 
 
 def test_start_on_port_held_by_another_server_raises() -> None:
@@ -183,8 +184,8 @@ def test_cluster_node_kill_and_restart_rejoins(cluster: EmbeddedCluster) -> None
         rc.set(key, "before")
     finally:
         rc.close()
-    node.kill()
-    node.restart()  # same port, nodes.conf kept: rejoins with its id and slots
+    kill(node)
+    restart(node)  # same port, nodes.conf kept: rejoins with its id and slots
     client = redis.Redis.from_url(node.url)
     eventually(
         lambda: client.cluster("INFO")["cluster_state"] == "ok",

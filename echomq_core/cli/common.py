@@ -1,5 +1,5 @@
-"""What every ``echomq`` command shares: argument types, connection options, one-line errors,
-the progress bar.
+"""What every ``echomq`` command shares: connection options, one-line errors, the client
+(argument types: :mod:`.arguments`; printing and the progress bar: :mod:`.printing`).
 
 Errors: a command raises; :func:`echomq_core.cli.main` turns the exception into ONE line on
 stderr and an exit status (:func:`exit_status`): 2 for usage (a bad argument, a malformed URL,
@@ -13,12 +13,10 @@ import argparse
 import importlib.util
 import logging
 import os
-import re
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 from ..client.clients import DEFAULT_URL, EchoMQ
 from ..errors import (
@@ -31,6 +29,7 @@ from ..errors import (
 )
 from ..server import find_server_binary
 from ..wire.calls import Call
+from .arguments import seconds
 
 USAGE, RUNTIME, INTERRUPTED = 2, 1, 130
 #: The exit status when stdout's reader stops early (``| head``): 128 + SIGPIPE, what a shell
@@ -76,146 +75,6 @@ def one_line(exc: BaseException) -> str:
     if (isinstance(exc, OSError) or is_redis_error(exc)) and not isinstance(exc, EchoMQError):
         text = f"{type(exc).__name__}: {text}"
     return text if len(text) <= 600 else text[:597] + "..."
-
-
-# -- argument types -----------------------------------------------------------------------
-
-
-def int_at_least(low: int, high: int | None = None) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-
-    return parse
-
-
-def add_bind_options(parser: argparse.ArgumentParser, port: int) -> None:
-    """``--host`` (127.0.0.1 by default) and ``--port`` (0 picks a free one) of a server that
-    a command runs (``echomq server``, ``echomq dashboard``)."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    parser.add_argument(
-        "--port",
-        type=int_at_least(0, 65535),
-        default=port,
-        help="port; 0 picks a free one (default %(default)s)",
-    )
-
-
-def seconds(low: float = 0.0, high: float | None = None) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not value >= low or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a number of seconds >= {low}, got {text}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high:g} seconds, got {text}")
-        return value
-
-    return parse
-
-
-#: The units an age may carry on the command line (``90``, ``90s``, ``15m``, ``12h``, ``7d``).
-UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400}
-_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)")
-NONE_WORDS = ("none",)
-
-
-def age_or_none(high: float) -> Any:
-    """An age: seconds (``90``, ``1.5``) or with a unit (``90s``, ``15m``, ``12h``, ``7d``), at
-    most ``high`` seconds; ``none`` (no limit) gives None."""
-
-    def parse(text: str) -> float | None:
-        word = text.strip().lower()
-        if word in NONE_WORDS:
-            return None
-        match = _DURATION_RE.fullmatch(word)
-        if match is None:
-            raise argparse.ArgumentTypeError(
-                f"not an age: {text!r} (seconds, or a number with s, m, h or d; or none)"
-            )
-        value = float(match.group(1)) * UNITS[match.group(2)]
-        if value > high:
-            raise argparse.ArgumentTypeError(
-                f"at most {fmt_seconds(high)} ({high:g}s), got {text!r}; say none for no limit"
-            )
-        return value
-
-    return parse
-
-
-def count_or_none(high: int) -> Any:
-    """A count between 0 and ``high``; ``none`` (no limit) gives None."""
-    as_int = int_at_least(0, high)
-
-    def parse(text: str) -> int | None:
-        if text.strip().lower() in NONE_WORDS:
-            return None
-        value: int = as_int(text.strip())
-        return value
-
-    return parse
-
-
-def fmt_seconds(value: float | None) -> str:
-    """An age as ``age_or_none`` reads it back: ``none``, ``7d``, ``12h``, ``15m``, ``90s``,
-    ``1.5s`` (the largest unit that divides it exactly)."""
-    if value is None:
-        return "none"
-    for unit in ("d", "h", "m"):
-        size = UNITS[unit]
-        if value >= size and value % size == 0:
-            return f"{int(value // size)}{unit}"
-    return f"{value:g}s" if value != int(value) else f"{int(value)}s"
-
-
-def fmt_ago(value: float | None) -> str:
-    """A duration for reading, two units at most: ``42s``, ``5m07s``, ``3h05m``, ``2d03h``."""
-    if value is None:
-        return "-"
-    secs = max(0, int(value))
-    if secs < 60:
-        return f"{value:.1f}s" if value < 10 else f"{secs}s"
-    if secs < 3600:
-        return f"{secs // 60}m{secs % 60:02d}s"
-    if secs < 86_400:
-        return f"{secs // 3600}h{secs % 3600 // 60:02d}m"
-    return f"{secs // 86_400}d{secs % 86_400 // 3600:02d}h"
-
-
-def fmt_bytes(value: float | None) -> str:
-    """``812 B``, ``12.3 KiB``, ``4.5 MiB``, ``1.2 GiB``; ``-`` for None."""
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1) -> list[str]:
-    """Rows of text cells as aligned lines: the first ``left`` columns to the left, the rest
-    to the right (numbers), two spaces between columns, no trailing blanks."""
-    widths = [len(h) for h in headers]
-    for row in rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    lines = []
-    for row in [list(headers), *rows]:
-        cells = [
-            cell.ljust(w) if i < left else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return lines
 
 
 #: The options of every command that talks to a server, accepted before the command as well
@@ -330,15 +189,32 @@ def add_verbosity(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(prog=parser.prog)
 
 
-def add_command(parser: argparse.ArgumentParser, run: Any, *, json_flag: bool = False) -> None:
+def add_command(
+    parser: argparse.ArgumentParser,
+    run: Any,
+    *,
+    json_flag: bool = False,
+    wait_for_server: bool = False,
+) -> None:
     """What every command that talks to a server takes besides its own arguments (``--json``
-    too when ``json_flag``): the connection options, ``-v``, and ``run``, the function that
-    runs it."""
+    too when ``json_flag``): the connection options (and ``--wait-for-server`` when
+    ``wait_for_server``), ``-v``, and ``run``, the function that runs it."""
     if json_flag:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_connection_options(parser, url_default=env_url(), prefix_default=env_prefix())
+    if wait_for_server:
+        add_wait_for_server(parser)
     add_verbosity(parser)
     parser.set_defaults(invoke=run)
+
+
+def add_group(sub: Any, name: str, help: str, description: str, *commands: Any) -> None:
+    """A command group (``echomq NAME COMMAND``): its parser, then each of ``commands`` (a
+    function given the group's subparsers) adds its command."""
+    group = sub.add_parser(name, help=help, description=description)
+    subparsers = group.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+    for add in commands:
+        add(subparsers)
 
 
 def bundled_binary(command: str) -> Path:
@@ -451,62 +327,3 @@ def add_wait_for_server(parser: argparse.ArgumentParser, default: float = 300.0)
         "answer yet, a Cluster master is failing over or the server is full (maxmemory), "
         "with a backoff, logging what it waits for (default %(default)s; 0: fail at once)",
     )
-
-
-# -- progress -----------------------------------------------------------------------------
-
-
-class Progress:
-    """A progress bar on a text stream: one ``\\r``-redrawn line on a terminal; otherwise a line
-    at each tenth crossed (at most one a second) and the last one, so logs stay readable."""
-
-    WIDTH = 30
-
-    def __init__(
-        self,
-        total: int,
-        *,
-        label: str = "settled",
-        stream: IO[str] | None = None,
-        enabled: bool = True,
-    ) -> None:
-        self.total = max(0, total)
-        self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and self.stream.isatty()
-        self.started = time.monotonic()
-        self._last_draw = 0.0
-        self._last_tenth = -1
-        self._open = False
-
-    def line(self, done: int, note: str = "") -> str:
-        total = self.total or 1
-        filled = min(self.WIDTH, self.WIDTH * done // total)
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        pct = 100 * done // total
-        elapsed = time.monotonic() - self.started
-        tail = f"  {note}" if note else ""
-        return f"[{bar}] {done:,}/{self.total:,} {self.label} ({pct}%) {elapsed:.1f}s{tail}"
-
-    def update(self, done: int, note: str = "", *, final: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if self.tty:
-            if final or now - self._last_draw >= 0.1:
-                self.stream.write("\r" + self.line(done, note) + "\x1b[K")
-                self.stream.flush()
-                self._last_draw, self._open = now, True
-            return
-        tenth = 10 * done // (self.total or 1)
-        if final or (tenth > self._last_tenth and now - self._last_draw >= 1.0):
-            self.stream.write(self.line(done, note) + "\n")
-            self.stream.flush()
-            self._last_draw, self._last_tenth = now, tenth
-
-    def close(self) -> None:
-        if self.enabled and self.tty and self._open:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._open = False

@@ -15,16 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
-from .common import (
-    UsageError,
-    add_bind_options,
-    add_connection_options,
-    add_verbosity,
-    env_prefix,
-    env_url,
-    open_client,
-    seconds,
-)
+from .arguments import add_bind_options, seconds
+from .common import UsageError, add_command, open_client
 
 TOKEN_ENV = "ECHOMQ_DASHBOARD_TOKEN"
 
@@ -67,9 +59,7 @@ def add_parser(sub: Any) -> None:
         help="highlight a queue whose oldest pending job is older than S seconds "
         "(default %(default)s)",
     )
-    add_connection_options(d, url_default=env_url(), prefix_default=env_prefix())
-    add_verbosity(d)
-    d.set_defaults(invoke=run_dashboard)
+    add_command(d, run_dashboard)
 
 
 def _token(args: argparse.Namespace) -> str | None:

@@ -35,17 +35,16 @@ from ..models import Backoff, Child, FlowSnapshot, Job
 from ..pump.pump import Pump
 from ..server import EmbeddedServer
 from ..work.worker import Worker
+from .arguments import int_at_least, seconds
 from .common import (
     SERVER_EXTRA,
     CommandFailed,
-    Progress,
     add_connection_options,
     add_verbosity,
     bundled_binary,
-    int_at_least,
     open_client,
-    seconds,
 )
+from .printing import Progress
 
 PARENTS, QUEUE_A, QUEUE_B = "demo-parents", "demo-a", "demo-b"
 

@@ -22,24 +22,21 @@ from ..flows.waiting import FlowWait
 from ..models import FlowCap, FlowSummary
 from ..seeing.inspection import flow_counts, read_tree
 from ..wire.keyspace import FLOW_LISTS, check_job_id, check_queue
-from .common import (
-    CommandFailed,
-    Progress,
-    add_command,
-    fmt_ago,
-    int_at_least,
-    open_client,
-    seconds,
-    table,
-)
+from .arguments import add_queue, add_queue_or_all, int_at_least, seconds
+from .common import CommandFailed, add_command, add_group, open_client
 from .flowtext import render, render_failures
+from .printing import Progress, fmt_ago, table
 from .queue import known_queue
 
 
 def add_parsers(sub: Any) -> None:
-    flow = sub.add_parser(
-        "flow", help="inspect, list and close flows", description="Inspect, list and close flows."
-    ).add_subparsers(dest="flow_command", metavar="COMMAND", required=True)
+    commands = (_add_show, _add_ls, _add_writes)
+    add_group(
+        sub, "flow", "inspect, list and close flows", "Inspect, list and close flows.", *commands
+    )
+
+
+def _add_show(flow: Any) -> None:
     show = flow.add_parser(
         "show",
         help="a flow's parent state and counts (a tree for nested flows)",
@@ -49,8 +46,7 @@ def add_parsers(sub: Any) -> None:
         "--tracebacks). --watch shows a progress bar until the "
         "parent is released (exit 0), or failed or cancelled (exit 1).",
     )
-    show.add_argument("queue", metavar="QUEUE", help="the parent's queue")
-    show.add_argument("parent_id", metavar="PARENT_ID", help="the parent's job id")
+    _root_args(show, "the parent's job id")
     show.add_argument("--watch", action="store_true", help="wait until the flow settles")
     show.add_argument(
         "--timeout",
@@ -80,9 +76,10 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="print the last traceback of every dead child listed (default: the first's)",
     )
-    show.add_argument("--json", action="store_true", help="print one JSON object")
-    add_command(show, run_flow_show)
+    add_command(show, run_flow_show, json_flag=True)
 
+
+def _add_ls(flow: Any) -> None:
     ls = flow.add_parser(
         "ls",
         help="list root flows: parent id, state, N, settled, age, time in state",
@@ -92,7 +89,7 @@ def add_parsers(sub: Any) -> None:
         "queue's completed retention keeps them. Oldest first within each state; paged: "
         "--limit flows per state from --offset.",
     )
-    ls.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
+    add_queue_or_all(ls)
     ls.add_argument("--state", choices=FLOW_LISTS, default=None, help="only flows in this state")
     ls.add_argument(
         "--limit",
@@ -108,9 +105,11 @@ def add_parsers(sub: Any) -> None:
         metavar="K",
         help="skip the K oldest of each state (default %(default)s)",
     )
-    ls.add_argument("--json", action="store_true", help="print one JSON object")
-    add_command(ls, run_flow_ls)
+    add_command(ls, run_flow_ls, json_flag=True)
 
+
+def _add_writes(flow: Any) -> None:
+    """``flow close``, ``flow cancel``, ``flow retry``: the lifecycle writes of a root."""
     close = flow.add_parser(
         "close",
         help="close a released barrier flow (its retention starts)",
@@ -151,10 +150,10 @@ def add_parsers(sub: Any) -> None:
     add_command(retry, run_flow_retry, json_flag=True)
 
 
-def _root_args(parser: argparse.ArgumentParser) -> None:
-    """QUEUE PARENT_ID of a flow's root (close, cancel, retry)."""
-    parser.add_argument("queue", metavar="QUEUE", help="the parent's queue")
-    parser.add_argument("parent_id", metavar="PARENT_ID", help="the root parent's job id")
+def _root_args(parser: argparse.ArgumentParser, parent: str = "the root parent's job id") -> None:
+    """QUEUE PARENT_ID of a flow's root (show, close, cancel, retry)."""
+    add_queue(parser, "the parent's queue")
+    parser.add_argument("parent_id", metavar="PARENT_ID", help=parent)
 
 
 # -- flow show -----------------------------------------------------------------------------

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
-from .common import int_at_least
+from .arguments import int_at_least
 
 if TYPE_CHECKING:
-    from ..seeing.metrics import ProcessMetrics
+    from ..seeing.process_metrics import ProcessMetrics
 
 
 def add_metrics_option(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,8 @@ def start_metrics(
     if args.metrics_port is None:
         return None
     try:
-        from ..seeing.metrics import ProcessMetrics, QueueCollector
+        from ..seeing.metrics import QueueCollector
+        from ..seeing.process_metrics import ProcessMetrics
     except ImportError as exc:
         raise ConfigurationError(
             f"--metrics-port needs prometheus-client: pip install 'echomq[metrics]' ({exc})"

@@ -10,25 +10,25 @@ import json
 from typing import Any
 
 from ..errors import InvalidInput
-from ..pump.pump import parse_signal, poison_list, poison_replay
+from ..pump.drain import parse_signal, poison_list, poison_replay
 from ..wire.keyspace import check_queue
-from .common import add_command, int_at_least, open_client
+from .arguments import add_queue, int_at_least
+from .common import add_command, add_group, open_client
 from .queue import known_queue
 
 
 def add_parsers(sub: Any) -> None:
-    poison = sub.add_parser(
-        "poison",
-        help="list or replay poisoned signals",
-        description="Fan-in signals the Pump could not deliver.",
-    )
-    psub = poison.add_subparsers(dest="poison_command", metavar="COMMAND", required=True)
+    what = "Fan-in signals the Pump could not deliver."
+    add_group(sub, "poison", "list or replay poisoned signals", what, _add_list, _add_replay)
+
+
+def _add_list(psub: Any) -> None:
     plist = psub.add_parser(
         "list",
         help="show a queue's poisoned signals, oldest first",
         description="Show a queue's poisoned signals with their reasons.",
     )
-    plist.add_argument("queue", metavar="QUEUE")
+    add_queue(plist)
     plist.add_argument(
         "--count",
         type=int_at_least(1, 100_000),
@@ -36,15 +36,17 @@ def add_parsers(sub: Any) -> None:
         metavar="N",
         help="how many (default %(default)s)",
     )
-    plist.add_argument("--json", action="store_true", help="print one JSON object")
-    add_command(plist, run_poison_list)
+    add_command(plist, run_poison_list, json_flag=True)
+
+
+def _add_replay(psub: Any) -> None:
     replay = psub.add_parser(
         "replay",
         help="move poisoned signals back to the outbox",
         description="Move poisoned signals back to the tail of their "
         "queue's outbox, for the Pump to deliver again.",
     )
-    replay.add_argument("queue", metavar="QUEUE")
+    add_queue(replay)
     replay.add_argument(
         "--count",
         type=int_at_least(1),

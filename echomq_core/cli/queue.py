@@ -20,22 +20,19 @@ from ..flows.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from ..flows.sharding import MAX_SHARDS
 from ..seeing.inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
 from ..wire.keyspace import FLOW_INDEXES, check_job_id, check_queue
-from .common import (
-    CommandFailed,
-    add_command,
-    age_or_none,
-    count_or_none,
-    fmt_bytes,
-    fmt_seconds,
-    open_client,
-    table,
-)
+from .arguments import add_queue, add_queue_or_all, age_or_none, count_or_none, fmt_seconds
+from .common import CommandFailed, add_command, add_group, open_client
+from .printing import fmt_bytes, table
 
 
 def add_parsers(sub: Any) -> None:
-    queue = sub.add_parser(
-        "queue", help="inspect and configure queues", description="Inspect and configure queues."
-    ).add_subparsers(dest="queue_command", metavar="COMMAND", required=True)
+    commands = (_add_stats, _add_config, _add_retry_dead)
+    add_group(
+        sub, "queue", "inspect and configure queues", "Inspect and configure queues.", *commands
+    )
+
+
+def _add_stats(queue: Any) -> None:
     stats = queue.add_parser(
         "stats",
         help="job counts per state, flows per state and their memory",
@@ -47,10 +44,11 @@ def add_parsers(sub: Any) -> None:
         "count; 'unavailable' when the server refuses MEMORY USAGE). A rate-limited "
         "queue gets a line with its limit and the starts counted in the current window.",
     )
-    stats.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
-    stats.add_argument("--json", action="store_true", help="print one JSON object")
-    add_command(stats, run_queue_stats)
+    add_queue_or_all(stats)
+    add_command(stats, run_queue_stats, json_flag=True)
 
+
+def _add_config(queue: Any) -> None:
     config = queue.add_parser(
         "config",
         help="show (and with options, set) a queue's retention and rate limit",
@@ -63,7 +61,7 @@ def add_parsers(sub: Any) -> None:
         "does); with a setting it is configured ahead of its first job (a warning when its "
         "name is close to a known queue's).",
     )
-    config.add_argument("queue", metavar="QUEUE")
+    add_queue(config)
     config.add_argument(
         "--rate",
         type=_rate_arg,
@@ -83,28 +81,25 @@ def add_parsers(sub: Any) -> None:
     )
     for name in SETTINGS:
         state, kind = name.rsplit("_", 1)
-        flag = "--" + name.replace("_", "-")
+        what, default = _END_STATES[state], SETTINGS[name]
         if kind == "age":
-            config.add_argument(
-                flag,
-                dest=name,
-                type=age_or_none(MAX_AGE),
-                default=argparse.SUPPRESS,
-                metavar="AGE",
-                help=f"keep {_END_STATES[state]} this long (default {fmt_seconds(SETTINGS[name])})",
-            )
+            read, metavar = age_or_none(MAX_AGE), "AGE"
+            text = f"keep {what} this long (default {fmt_seconds(default)})"
         else:
-            config.add_argument(
-                flag,
-                dest=name,
-                type=count_or_none(MAX_COUNT),
-                default=argparse.SUPPRESS,
-                metavar="N",
-                help=f"keep the newest N {_END_STATES[state]} (default {SETTINGS[name] or 'none'})",
-            )
-    config.add_argument("--json", action="store_true", help="print one JSON object")
-    add_command(config, run_queue_config)
+            read, metavar = count_or_none(MAX_COUNT), "N"
+            text = f"keep the newest N {what} (default {default or 'none'})"
+        config.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=read,
+            default=argparse.SUPPRESS,
+            metavar=metavar,
+            help=text,
+        )
+    add_command(config, run_queue_config, json_flag=True)
 
+
+def _add_retry_dead(queue: Any) -> None:
     revive = queue.add_parser(
         "retry-dead",
         help="give dead plain jobs fresh attempts",
@@ -112,7 +107,7 @@ def add_parsers(sub: Any) -> None:
         "again, behind what is pending (their payloads and settings stay). A flow's dead "
         "children are re-run by repairing the flow instead ('echomq flow retry').",
     )
-    revive.add_argument("queue", metavar="QUEUE")
+    add_queue(revive)
     revive.add_argument("job_ids", nargs="+", metavar="JOB_ID")
     add_command(revive, run_queue_retry_dead, json_flag=True)
 

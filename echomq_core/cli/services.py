@@ -36,26 +36,27 @@ from ..server import EmbeddedServer
 from ..wire.patience import patiently
 from ..work.async_worker import AsyncWorker
 from ..work.worker import Worker
+from .arguments import add_bind_options, int_at_least, seconds
 from .common import (
     INTERRUPTED,
     CommandFailed,
     UsageError,
-    add_bind_options,
-    add_connection_options,
+    add_command,
     add_verbosity,
-    add_wait_for_server,
     bundled_binary,
-    env_prefix,
-    env_url,
-    int_at_least,
     log,
     open_client,
-    seconds,
 )
 from .metrics_option import add_metrics_option, start_metrics
 
 
 def add_parsers(sub: Any) -> None:
+    _add_server(sub)
+    _add_worker(sub)
+    _add_pump(sub)
+
+
+def _add_server(sub: Any) -> None:
     s = sub.add_parser(
         "server",
         help="run the bundled Valkey server in the foreground",
@@ -84,6 +85,8 @@ def add_parsers(sub: Any) -> None:
     add_verbosity(s)
     s.set_defaults(invoke=run_server)
 
+
+def _add_worker(sub: Any) -> None:
     w = sub.add_parser(
         "worker",
         help="run job handlers for queues",
@@ -127,14 +130,10 @@ def add_parsers(sub: Any) -> None:
         "queue and returns a list of their results; QUEUE=N for one queue, N for every other "
         "(default 1: a job per call); repeatable",
     )
-    add_flags(w, WorkerOptions, types=FLAG_TYPES)
-    add_metrics_option(w)
-    _plugin_options(w)
-    add_connection_options(w, url_default=env_url(), prefix_default=env_prefix())
-    add_wait_for_server(w)
-    add_verbosity(w)
-    w.set_defaults(invoke=run_worker)
+    _add_service_options(w, WorkerOptions, run_worker)
 
+
+def _add_pump(sub: Any) -> None:
     p = sub.add_parser(
         "pump",
         help="deliver cross-queue fan-in signals, promote, recover",
@@ -143,13 +142,17 @@ def add_parsers(sub: Any) -> None:
         "Ctrl-C (130).",
     )
     p.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to serve")
-    add_flags(p, PumpOptions, types=FLAG_TYPES)
-    add_metrics_option(p)
-    _plugin_options(p)
-    add_connection_options(p, url_default=env_url(), prefix_default=env_prefix())
-    add_wait_for_server(p)
-    add_verbosity(p)
-    p.set_defaults(invoke=run_pump)
+    _add_service_options(p, PumpOptions, run_pump)
+
+
+def _add_service_options(parser: argparse.ArgumentParser, options: Any, run: Any) -> None:
+    """What ``echomq worker`` and ``echomq pump`` both take after their own arguments: the
+    flags of their settings (``options``: :class:`WorkerOptions` or :class:`PumpOptions`),
+    the metrics and plugin options, and the connection ones with ``--wait-for-server``."""
+    add_flags(parser, options, types=FLAG_TYPES)
+    add_metrics_option(parser)
+    _plugin_options(parser)
+    add_command(parser, run, wait_for_server=True)
 
 
 #: argparse converters for the settings' ranges (options.add_flags makes the flags).
@@ -305,32 +308,7 @@ def run_worker(args: argparse.Namespace) -> int:
     mq = open_client(args, socket_timeout=60.0)
     try:
         hooks = _hooks(args, mq)
-        handlers: dict[str, Handler] = {}
-        source: dict[str, str] = {}
-        for spec, found in [
-            *((f"--app {s}", a) for s, a in zip(args.app, apps, strict=True)),
-            ("plugins", hooks.handlers()),
-        ]:
-            for queue, fn in found.items():
-                if queue in handlers:
-                    raise ConfigurationError(
-                        f"queue {queue!r} has handlers from {source[queue]} and {spec}"
-                    )
-                handlers[queue], source[queue] = fn, spec
-        if not handlers:
-            raise UsageError(
-                "no handlers: give --app MODULE:OBJECT or install a plugin that "
-                "implements echomq_handlers"
-            )
-        missing = [q for q in args.queues if q not in handlers]
-        if missing:
-            raise UsageError(
-                f"no handler for queue(s) {', '.join(map(repr, missing))} "
-                f"(handlers exist for {', '.join(sorted(handlers))})"
-            )
-        chosen: dict[str, Callable[..., Any]] = (
-            {q: handlers[q] for q in args.queues} if args.queues else handlers
-        )
+        chosen = _chosen_handlers(args, apps, hooks)
         names = hooks.plugin_names()
         lifecycle: LifecycleHooks | None = hooks if names else None
         metrics = start_metrics(args)
@@ -385,6 +363,40 @@ def run_worker(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(INTERRUPTED)
     return _status(worker.signalled)
+
+
+def _chosen_handlers(
+    args: argparse.Namespace, apps: list[dict[str, Handler]], hooks: Hooks
+) -> dict[str, Callable[..., Any]]:
+    """The handlers of the queues the worker serves (``args.queues``, else every queue with
+    one), from ``--app`` and the plugins; a queue with two, or none at all, is refused."""
+    handlers: dict[str, Handler] = {}
+    source: dict[str, str] = {}
+    for spec, found in [
+        *((f"--app {s}", a) for s, a in zip(args.app, apps, strict=True)),
+        ("plugins", hooks.handlers()),
+    ]:
+        for queue, fn in found.items():
+            if queue in handlers:
+                raise ConfigurationError(
+                    f"queue {queue!r} has handlers from {source[queue]} and {spec}"
+                )
+            handlers[queue], source[queue] = fn, spec
+    if not handlers:
+        raise UsageError(
+            "no handlers: give --app MODULE:OBJECT or install a plugin that "
+            "implements echomq_handlers"
+        )
+    missing = [q for q in args.queues if q not in handlers]
+    if missing:
+        raise UsageError(
+            f"no handler for queue(s) {', '.join(map(repr, missing))} "
+            f"(handlers exist for {', '.join(sorted(handlers))})"
+        )
+    chosen: dict[str, Callable[..., Any]] = (
+        {q: handlers[q] for q in args.queues} if args.queues else handlers
+    )
+    return chosen
 
 
 def _batch_text(chosen: Mapping[str, Any], per_queue: Mapping[str, int], every: int) -> str:

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from ..queues.registry import read_workers
-from .common import add_command, fmt_ago, open_client, table
+from .common import add_command, open_client
+from .printing import fmt_ago, table
 
 
 def add_parser(sub: Any) -> None:
@@ -23,8 +24,7 @@ def add_parser(sub: Any) -> None:
         description="The worker processes serving this prefix (each registers itself and "
         "beats; one that stopped beating disappears within its lease).",
     )
-    workers.add_argument("--json", action="store_true", help="print one JSON object")
-    add_command(workers, run_workers)
+    add_command(workers, run_workers, json_flag=True)
 
 
 def run_workers(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
@@ -49,7 +49,7 @@ from starlette.staticfiles import StaticFiles
 from ..client.clients import EchoMQ
 from ..errors import EchoMQError, InvalidArgument, InvalidInput, JobNotFound
 from ..flows import sharding
-from ..pump.pump import poison_replay
+from ..pump.drain import poison_replay
 from ..seeing.metrics import QueueCollector
 from ..seeing.urls import FLOW_PATH, JOB_PATH, QUEUE_PATH, flow_page, job_page, queue_page
 from ..wire.keyspace import FLOW_INDEXES, FLOW_LISTS, check_job_id, check_queue
@@ -365,22 +365,22 @@ class Dashboard(Monitoring, Browsing):
         )
 
 
-def create_app(
-    client: EchoMQ,
-    *,
-    actions: bool = False,
-    token: str | None = None,
-    poll: float = 2.0,
-    title: str = "EchoMQ",
-    pending_alert: float = 300.0,
-) -> Starlette:
+class Settings(TypedDict, total=False):
+    """What :func:`create_app` passes on to :class:`Dashboard` (its defaults are there)."""
+
+    actions: bool
+    token: str | None
+    poll: float
+    title: str
+    pending_alert: float
+
+
+def create_app(client: EchoMQ, **settings: Unpack[Settings]) -> Starlette:
     """The dashboard for ``client``'s keyspace. Read-only unless ``actions`` and ``token``
     (:class:`~echomq_core.errors.ConfigurationError` for actions without a token); ``poll``:
     seconds between the pages' live updates; ``pending_alert``: seconds past which a queue's
     oldest pending job is highlighted."""
-    d = Dashboard(
-        client, actions=actions, token=token, poll=poll, title=title, pending_alert=pending_alert
-    )
+    d = Dashboard(client, **settings)
 
     def sync(fn: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:

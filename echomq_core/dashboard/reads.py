@@ -17,7 +17,7 @@ from ..errors import JobNotFound
 from ..flows.failures import stall_reading
 from ..flows.reads import scan_page
 from ..models import ChildFailure, FlowSnapshot, FlowSummary, JobInfo
-from ..pump.pump import parse_signal, poison_list
+from ..pump.drain import parse_signal, poison_list
 from ..seeing.browse import JobDetail
 from ..seeing.inspection import FlowNode, flow_counts, read_tree
 from ..wire.calls import Call, Op

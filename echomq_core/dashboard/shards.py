@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..checks import text as _s
 from ..errors import InvalidArgument
-from ..queues.registry import find_holders, read_token
 from ..queues.throughput import Minute, read_minutes
 from ..seeing.browse import (
     PAGE,
@@ -29,6 +27,7 @@ from ..seeing.browse import (
     oldest_pending,
     queue_page,
     raise_state,
+    with_leases,
 )
 from ..seeing.browse import ROW as ROW_FIELDS
 from ..wire.calls import Call, Op
@@ -84,11 +83,7 @@ def page_over(
     rows, leases = got[: len(merged)], got[len(merged) :]
     out.rows = [_row(shard, j, sc, r) for (sc, shard, j), r in zip(merged, rows, strict=True)]
     if active:
-        for row, token in zip(out.rows, leases, strict=True):
-            if token is not None:
-                row.lease = _s(token)
-                row.holder, row.started_ms = read_token(row.lease)
-        out.workers = yield from find_holders(ks, [r.holder for r in out.rows if r.holder])
+        yield from with_leases(ks, out, leases)
     return out
 
 

@@ -12,7 +12,7 @@ explicit ids have no position; they are listed from the node's ``:explicit`` rec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..checks import text as _s
@@ -72,13 +72,7 @@ class Attempt:
     error: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "started_ms": self.started_ms,
-            "ended_ms": self.ended_ms,
-            "worker": self.worker,
-            "outcome": self.outcome,
-            "error": self.error,
-        }
+        return asdict(self)  # its fields, flat
 
 
 def attempts_of(raw: Any) -> list[Attempt]:
@@ -326,12 +320,18 @@ def queue_page(
     rows, leases = replies[: len(scored)], replies[len(scored) :]
     out.rows = [_row(queue, j, sc, r) for (j, sc), r in zip(scored, rows, strict=True)]
     if active:
-        for row, token in zip(out.rows, leases, strict=True):
-            if token is not None:
-                row.lease = _s(token)
-                row.holder, row.started_ms = read_token(row.lease)
-        out.workers = yield from find_holders(ks, [r.holder for r in out.rows if r.holder])
+        yield from with_leases(ks, out, leases)
     return out
+
+
+def with_leases(ks: Keyspace, out: QueuePage, leases: list[Any]) -> Op[None]:
+    """An active page's lease tokens (read with its rows, one per row): each row's token, the
+    worker holding it and its start, and those workers' registry entries (one round trip)."""
+    for row, token in zip(out.rows, leases, strict=True):
+        if token is not None:
+            row.lease = _s(token)
+            row.holder, row.started_ms = read_token(row.lease)
+    out.workers = yield from find_holders(ks, [r.holder for r in out.rows if r.holder])
 
 
 def raise_state(state: str) -> None:

@@ -224,20 +224,9 @@ def flow_memory(
     draw = rng or random.Random()
     counts = yield from flow_counts(ks, queue)
     out = FlowMemory(counts, bytes=dict.fromkeys(FLOW_INDEXES, 0))
-    picks: list[str] = []
-    ranges = []
-    for state, n in counts.items():
-        for rank in sorted(draw.sample(range(n), min(n, sample))):
-            ranges.append(Call.cmd("ZRANGE", ks.flows(queue, state), rank, rank))
-            picks.append(state)
-    if not ranges:
+    roots = yield from _sampled_roots(ks, queue, counts, sample, draw)
+    if not roots:
         return out
-    members = yield ranges
-    roots: list[tuple[str, str]] = []
-    for state, found in zip(picks, members, strict=True):
-        for raw in found:  # empty when the index shrank since it was counted
-            roots.append((state, _s(raw)))
-    roots = list(dict.fromkeys(roots))
     probes = Lenient()
     for _, pid in roots:
         keys = ks.node_keys(queue, pid)
@@ -249,6 +238,60 @@ def flow_memory(
     if refused is not None:
         out.available, out.reason = False, f"MEMORY USAGE refused: {refused}"
         return out
+    measured, child_calls, child_of = _child_probes(ks, queue, roots, replies, children, draw)
+    child_sizes: list[list[int]] = [[] for _ in measured]
+    if child_calls:
+        sizes = yield child_calls
+        refused = next((r for r in sizes if isinstance(r, EchoMQError)), None)
+        if refused is not None:
+            out.available, out.reason = False, f"MEMORY USAGE refused: {refused}"
+            return out
+        for at, size in zip(child_of, sizes, strict=True):
+            if size is not None:  # a probe of a queue the child does not live in
+                child_sizes[at].append(int(size))
+    per_state: dict[str, list[int]] = {state: [] for state in FLOW_INDEXES}
+    for (state, root_bytes, n), found in zip(measured, child_sizes, strict=True):
+        kids = round(sum(found) / len(found) * n) if found else 0
+        per_state[state].append(root_bytes + kids)
+    for state, flows in per_state.items():
+        out.sampled[state] = len(flows)
+        if flows:
+            out.bytes[state] = round(sum(flows) / len(flows) * counts[state])
+    return out
+
+
+def _sampled_roots(
+    ks: Keyspace, queue: str, counts: dict[str, int], sample: int, draw: random.Random
+) -> Op[list[tuple[str, str]]]:
+    """Up to ``sample`` random root flows of each index: (state, parent id) (one round trip,
+    none when every index is empty)."""
+    picks: list[str] = []
+    ranges = []
+    for state, n in counts.items():
+        for rank in sorted(draw.sample(range(n), min(n, sample))):
+            ranges.append(Call.cmd("ZRANGE", ks.flows(queue, state), rank, rank))
+            picks.append(state)
+    if not ranges:
+        return []
+    members = yield ranges
+    roots: list[tuple[str, str]] = []
+    for state, found in zip(picks, members, strict=True):
+        for raw in found:  # empty when the index shrank since it was counted
+            roots.append((state, _s(raw)))
+    return list(dict.fromkeys(roots))
+
+
+def _child_probes(
+    ks: Keyspace,
+    queue: str,
+    roots: list[tuple[str, str]],
+    replies: list[Any],
+    children: int,
+    draw: random.Random,
+) -> tuple[list[tuple[str, int, int]], Lenient, list[int]]:
+    """From the roots' probes: (state, root bytes, N) of each existing root, the
+    ``MEMORY USAGE`` calls of up to ``children`` sampled children of each, and the index into
+    the first list of each call."""
     width = 2 + len(ks.node_keys(queue, "JOB-x"))
     measured: list[tuple[str, int, int]] = []  # (state, root bytes, N) of each existing root
     child_calls = Lenient()
@@ -276,25 +319,7 @@ def flow_memory(
                 continue
             child_calls.append(_memory_usage(key))
             child_of.append(len(measured) - 1)
-    child_sizes: list[list[int]] = [[] for _ in measured]
-    if child_calls:
-        sizes = yield child_calls
-        refused = next((r for r in sizes if isinstance(r, EchoMQError)), None)
-        if refused is not None:
-            out.available, out.reason = False, f"MEMORY USAGE refused: {refused}"
-            return out
-        for at, size in zip(child_of, sizes, strict=True):
-            if size is not None:  # a probe of a queue the child does not live in
-                child_sizes[at].append(int(size))
-    per_state: dict[str, list[int]] = {state: [] for state in FLOW_INDEXES}
-    for (state, root_bytes, n), found in zip(measured, child_sizes, strict=True):
-        kids = round(sum(found) / len(found) * n) if found else 0
-        per_state[state].append(root_bytes + kids)
-    for state, flows in per_state.items():
-        out.sampled[state] = len(flows)
-        if flows:
-            out.bytes[state] = round(sum(flows) / len(flows) * counts[state])
-    return out
+    return measured, child_calls, child_of
 
 
 def _memory_usage(key: str) -> Call:

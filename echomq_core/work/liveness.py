@@ -1,7 +1,7 @@
 """``/healthz`` of a worker or Pump process: alive means its own loops still turn.
 
 Served beside ``/metrics`` on ``--metrics-port``
-(:class:`~echomq_core.seeing.metrics.MetricsServer`), for a Kubernetes ``livenessProbe``
+(:class:`~echomq_core.seeing.process_metrics.MetricsServer`), for a Kubernetes ``livenessProbe``
 (``deploy/kubernetes/``) or any supervisor. What it checks is the process, not the server it talks
 to: a loop that still runs while the server is away (it retries) is alive, so an outage of the
 server does not restart every worker at once; a loop that is stuck (a call that never returns, an

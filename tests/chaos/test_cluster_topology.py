@@ -52,11 +52,12 @@ from typing import Any
 import pytest
 
 from echomq_core import Child, EchoMQ, EchoMQError, Pump
-from echomq_core.pump.pump import TickStats
+from echomq_core.pump.drain import TickStats
 from echomq_core.server import EmbeddedServer
 from echomq_core.wire.keyspace import Keyspace
 
 from ..clusterkit import EmbeddedCluster
+from ..serverkit import kill
 from ..waiting import eventually
 from .harness import record
 from .topology import (
@@ -227,7 +228,7 @@ def test_pump_and_async_client_outlive_their_default_node(
         jobs = q.claim(50)
         assert len(jobs) == 50 and all(q.complete_many([(j, j.payload) for j in jobs]))
         since = time.monotonic()
-        victim.kill()
+        kill(victim)
         cluster.wait_for_failover(victim, timeout=60)
         errors: list[EchoMQError] = []
 

@@ -23,6 +23,7 @@ import pytest
 from echomq_core import Child, EchoMQ, JobNotFound
 from echomq_core.server import EmbeddedServer
 
+from ..serverkit import kill, restart
 from ..waiting import eventually
 from .chaos_proc import runs_key
 from .harness import Fleet, record, row_fields
@@ -68,9 +69,9 @@ def test_sigkill_and_restart_with_aof(tmp_path: Path, proc_env: dict[str, str], 
         for mark in (0.3, 0.7):
             eventually(lambda m=mark: _settled(mq, parents) >= m * N, 60)
             crashes.append(_settled(mq, parents))
-            server.kill()  # SIGKILL, mid-flow, with the fleet running
+            kill(server)  # SIGKILL, mid-flow, with the fleet running
             time.sleep(0.5)  # the fleet sees the server gone
-            server.restart()  # same port, same data directory: the AOF is replayed
+            restart(server)  # same port, same data directory: the AOF is replayed
             after = _settled(mq, parents)
             if fsync == "always":
                 assert after >= crashes[-1], "acknowledged progress survived the crash"
@@ -125,8 +126,8 @@ def test_sigkill_with_the_servers_default_persistence_loses_the_flow(
         started = time.monotonic()
         eventually(lambda: _settled(mq, parents) >= N // 2, 60)
         settled = _settled(mq, parents)
-        server.kill()
-        server.restart()
+        kill(server)
+        restart(server)
         time.sleep(1.0)  # the fleet reconnects; there is nothing left to work on
         snap = mq.snapshot(parents, "JOB-restart")
         stats = {q: mq.queue(q).stats() for q in (parents, a, b)}

@@ -30,6 +30,7 @@ from echomq_core.server import EmbeddedServer
 from echomq_core.wire.slots import key_slot
 
 from ..clusterkit import EmbeddedCluster, _cluster_info
+from ..serverkit import kill
 from ..waiting import eventually
 from ..work.test_startup import _read_until
 
@@ -303,7 +304,7 @@ def test_started_while_a_cluster_slot_has_no_master_waits_then_runs(
     seed_url = f"redis+cluster://127.0.0.1:{seed.port}"
     try:
         for node in (master, *replicas):
-            node.kill()
+            kill(node)
         thread, out = _make_in_thread(
             lambda: Worker(
                 EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5),
@@ -424,7 +425,7 @@ def test_started_during_a_failover_waits_for_the_promotion_then_runs(
     in_loop: InLoop | None = None
     worker: Worker | None = None
     try:
-        master.kill()
+        kill(master)
         thread, out = _make_in_thread(
             lambda: Worker(
                 EchoMQ(seed_url, prefix=prefix, socket_connect_timeout=0.5), {QUEUE: counted}

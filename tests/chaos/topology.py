@@ -25,6 +25,7 @@ from echomq_core import AsyncEchoMQ, Child, EchoMQ, EchoMQError
 from echomq_core.server import EmbeddedServer, _command
 
 from ..clusterkit import EmbeddedCluster
+from ..serverkit import kill
 from ..waiting import eventually
 from .harness import Fleet, Member, row_fields
 
@@ -533,7 +534,7 @@ def kill_and_recover(flow: Flow, victim: EmbeddedServer, lost: list[str]) -> Fai
     how soon every part of ``flow`` works again (``lost``: the queues whose master it was)."""
     cluster = flow.cluster
     since = time.time()
-    victim.kill()
+    kill(victim)
     failover: dict[str, Any] = {}
 
     def wait_for_failover() -> None:

@@ -20,14 +20,8 @@ import redis
 
 from echomq_core import Child, EchoMQ
 from echomq_core.cli import main
-from echomq_core.cli.common import (
-    age_or_none,
-    count_or_none,
-    fmt_ago,
-    fmt_bytes,
-    fmt_seconds,
-    table,
-)
+from echomq_core.cli.arguments import age_or_none, count_or_none, fmt_seconds
+from echomq_core.cli.printing import fmt_ago, fmt_bytes, table
 from echomq_core.flows.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from echomq_core.seeing.inspection import flow_memory
 from echomq_core.server import EmbeddedServer

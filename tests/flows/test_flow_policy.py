@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from echomq_core import AsyncEchoMQ, Backoff, Child, EchoMQ, ParentFailed, Pump
-from echomq_core.pump.pump import poison_list, poison_replay
+from echomq_core.pump.drain import poison_list, poison_replay
 
 from ..conftest import Backend
 from ..flowkit import work_off

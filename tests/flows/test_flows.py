@@ -185,7 +185,7 @@ def test_trim_is_conditional(backend: Backend, prefix: str) -> None:
 
 
 def flow_ops_drain(mq: EchoMQ, queue: str, pump_id: str):  # type: ignore[no-untyped-def]
-    from echomq_core.pump.pump import drain
+    from echomq_core.pump.drain import drain
 
     return drain(mq.keys, [queue], pump_id, page=1000, lease_ms=10_000, max_tries=5)
 
@@ -701,7 +701,7 @@ def test_every_push_to_an_outbox_sets_the_pumps_wake_up_hint(backend: Backend, p
     """complete, fail and recover (cross-queue children), deliver (a failed nested parent
     signalling upward) and replay_poison each set ``flow:outbox:wake`` with the signals they
     push (the idle Pump's BZPOPMIN pops it)."""
-    from echomq_core.pump.pump import poison_replay
+    from echomq_core.pump.drain import poison_replay
 
     mq = backend.client(prefix)
     parents, work, mid = backend.queues_on_distinct_nodes(3, "wk")

@@ -1,5 +1,6 @@
-"""Prometheus metrics (echomq_core.seeing.metrics) against real servers: the server-side collector's
-values and its cost per scrape, a worker's and a Pump's own counters, and ``--metrics-port``."""
+"""Prometheus metrics (echomq_core.seeing.metrics, .process_metrics) against real servers: the
+server-side collector's values and its cost per scrape, a worker's and a Pump's own counters,
+and ``--metrics-port``."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from echomq_core import Backoff, Child, EchoMQ, Job, JobSpec, Pump, Unrecoverable, Worker
-from echomq_core.seeing.metrics import COMMANDS_PER_QUEUE, ProcessMetrics, QueueCollector
+from echomq_core.seeing.metrics import COMMANDS_PER_QUEUE, QueueCollector
+from echomq_core.seeing.process_metrics import ProcessMetrics
 from echomq_core.server import EmbeddedServer
 
 from ..conftest import Backend

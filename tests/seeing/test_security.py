@@ -46,13 +46,14 @@ from echomq_core import (
     Worker,
 )
 from echomq_core.cli import main as cli_main
-from echomq_core.pump.pump import poison_list, poison_replay
+from echomq_core.pump.drain import poison_list, poison_replay
 from echomq_core.server import EmbeddedServer, find_server_binary, free_port
 from echomq_core.wire.connection import parse_url
 
 from ..chaos.harness import record
 from ..conftest import ROOT, Backend
 from ..flowkit import keys_of
+from ..serverkit import kill, restart
 from ..waiting import eventually
 
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -760,9 +761,9 @@ def test_secrets_stay_out_of_reprs_errors_and_logs(
     worker = Worker(victim, {"q": lambda job: job.payload}, poll=0.01, max_poll=0.05).start()
     pump = Pump(victim, ["q"], interval=0.01).start()
     time.sleep(0.3)
-    auth_server.kill()
+    kill(auth_server)
     time.sleep(1.0)
-    auth_server.restart()
+    restart(auth_server)
     time.sleep(0.5)
     worker.stop(wait=False)
     pump.stop()

@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 
 from echomq_core import EchoMQ, Pump, Worker
-from echomq_core.seeing.metrics import ProcessMetrics
+from echomq_core.seeing.process_metrics import ProcessMetrics
 from echomq_core.work.liveness import Liveness
 
 from ..waiting import eventually
