@@ -12,6 +12,7 @@ from .checks import check_int, check_seconds
 from .control.options import PumpOptions
 from .control.options import describe as describe_option
 from .flows.children import MAX_RANGE
+from .flows.failures import SHOWN_TRACEBACK, traceback_tail
 from .flows.frames import library as frame_library
 from .flows.frames import results_frame
 from .flows.release_watch import MAX_TAKE, check_watcher
@@ -44,6 +45,7 @@ __all__ = [
     "MAX_TAKE",
     "MISSING",
     "RELEASED",
+    "SHOWN_TRACEBACK",
     "STALLED",
     "TIMED_OUT",
     "WAITING",
@@ -62,4 +64,5 @@ __all__ = [
     "id_part",
     "kind_of",
     "results_frame",
+    "traceback_tail",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from echomq_core import AsyncEchoMQ, EchoMQ, EchoMQError, FlowSnapshot, ReleasedRead
+from echomq_core.integration import traceback_tail
 
 from .flow_specs import child_label, labeller
 
@@ -22,8 +23,6 @@ MAX_REPORTED = 20
 PROGRESS_EVERY = 30.0
 #: Results per HSCAN page when ``return_values`` reads a flow's values.
 VALUES_PAGE = 1000
-#: The most bytes of a failed child's traceback a failure message shows (its tail).
-TRACEBACK_TAIL = 4096
 
 
 def progress_line(snap: FlowSnapshot) -> str:
@@ -141,7 +140,8 @@ def log_released(log: logging.Logger | Any, read: Reading) -> None:
 
 def first_failure(client: EchoMQ, queue: str, parent_id: str) -> str:
     """What a waiting task's failure message adds: the first fail-parent child that died, its
-    error and the tail (:data:`TRACEBACK_TAIL` bytes) of its last attempt's traceback - a
+    error and the tail of its last attempt's traceback (whole lines, at most
+    :data:`~echomq_core.integration.SHOWN_TRACEBACK` characters) - a
     readable size in Airflow's log and UI. Empty when none died (a flow cancelled with no
     dead child) or they cannot be read (the failure being raised matters more)."""
     try:
@@ -152,9 +152,5 @@ def first_failure(client: EchoMQ, queue: str, parent_id: str) -> str:
         return ""
     text = f"\nFirst failed child {first.job_id} (queue {first.queue!r}): {first.error}"
     if first.traceback:
-        raw = first.traceback.encode()
-        cut = raw[-TRACEBACK_TAIL:].decode(errors="ignore")
-        if len(raw) > TRACEBACK_TAIL:
-            cut = f"[traceback cut to its last {TRACEBACK_TAIL // 1024} KiB]\n..." + cut
-        text += "\n" + cut.rstrip()
+        text += "\n" + traceback_tail(first.traceback)
     return text

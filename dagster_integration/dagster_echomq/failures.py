@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from dagster import Failure, MetadataValue
 
 from echomq_core import ChildFailure, EchoMQ, FlowSnapshot, InvalidFlow, ParentFailed
+from echomq_core.integration import SHOWN_TRACEBACK, traceback_tail
 
 from .metadata import capped
 
-#: How much of the first failed child's traceback a FlowFailedError shows: its last 4 KiB
-#: (the row keeps 16 KiB), the frames nearest the raise, readable on the step's page.
-TRACEBACK_SHOWN = 4096
+#: The most characters of a traceback a message shows (the core's rule).
+TRACEBACK_SHOWN = SHOWN_TRACEBACK
 
 
 class FlowFailedError(ParentFailed, Failure):
@@ -48,7 +48,7 @@ class FlowFailedError(ParentFailed, Failure):
             message += f"\n\nfirst failed child: {first_failure.job_id} in "
             message += f"{first_failure.queue!r}: {first_failure.error}"
             if first_failure.traceback:
-                message += f"\n{tail(first_failure.traceback)}"
+                message += f"\n{traceback_tail(first_failure.traceback)}"
         self.args = (message,)
         # Failure.__init__ ran through the MRO with the first line as description; the UI
         # shows the description and this metadata next to the step failure.
@@ -64,21 +64,9 @@ class FlowFailedError(ParentFailed, Failure):
         if first_failure is not None:
             self.metadata["first_failed_child"] = MetadataValue.text(first_failure.job_id)
             if first_failure.traceback:
-                self.metadata["first_traceback"] = MetadataValue.text(tail(first_failure.traceback))
+                shown = traceback_tail(first_failure.traceback)
+                self.metadata["first_traceback"] = MetadataValue.text(shown)
         self.allow_retries = False
-
-
-def tail(traceback: str, limit: int | None = None) -> str:
-    """The end of ``traceback`` (where the exception is), at most ``limit`` characters
-    (:data:`TRACEBACK_SHOWN`) cut at a line start, marked when cut."""
-    limit = TRACEBACK_SHOWN if limit is None else limit
-    text = traceback.rstrip("\n")
-    if len(text) <= limit:
-        return text
-    cut = text[-limit:]
-    if "\n" in cut:
-        cut = cut[cut.index("\n") + 1 :].lstrip("\n")  # whole lines, no blank one first
-    return f"[... {len(text) - len(cut)} characters cut]\n{cut}"
 
 
 class NotABarrierFlow(InvalidFlow):

@@ -140,3 +140,22 @@ def stall_reading(ks: Keyspace, queue: str, parent_id: str) -> Op[Stall]:
                 f"{q!r} has {pending} pending job(s) and none running: does a worker serve it?"
             )
     return Stall(busy, "; ".join(said))
+
+
+#: The most characters of a traceback a failure message shows (its tail, whole lines): what
+#: the Airflow provider and the Dagster integration put in a failed task's or step's message.
+SHOWN_TRACEBACK = 4096
+
+
+def traceback_tail(text: str, limit: int = SHOWN_TRACEBACK) -> str:
+    """The end of ``text`` (where the exception is), at most ``limit`` characters cut at a
+    line start, behind a line that says how much was cut: a traceback sized for a failure
+    message in an orchestrator's log and UI (the row keeps up to
+    :data:`~echomq_core.models.MAX_TRACEBACK` bytes)."""
+    text = text.rstrip("\n")
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    if "\n" in cut:
+        cut = cut[cut.index("\n") + 1 :].lstrip("\n")  # whole lines, no blank one first
+    return f"[... {len(text) - len(cut)} characters cut]\n{cut}"

@@ -180,3 +180,21 @@ def test_async_worker_keeps_traceback(backend: Backend, prefix: str) -> None:
     (failure,) = asyncio.run(scenario())
     assert failure.job_id.endswith(".0") and failure.queue == "tb-awork"
     assert "in _inner_parse" in (failure.traceback or "")
+
+
+def test_a_traceback_shown_in_a_failure_message_is_its_tail_in_whole_lines() -> None:
+    """The one rule the Airflow provider and the Dagster integration show a traceback by: the
+    end (where the exception is), whole lines, at most SHOWN_TRACEBACK characters, with a line
+    that says how much was cut; a short one as it is."""
+    from echomq_core.integration import SHOWN_TRACEBACK, traceback_tail
+
+    frames = "".join(f'  File "job.py", line {n}, in step_{n}\n    go({n})\n' for n in range(400))
+    text = "Traceback (most recent call last):\n" + frames + "ValueError: the last line\n"
+    shown = traceback_tail(text)
+    head, body = shown.split("\n", 1)
+    assert len(body) <= SHOWN_TRACEBACK and body.endswith("ValueError: the last line")
+    assert body.startswith("  ") and ("\n" + body) in text  # it starts at a line start
+    assert head == f"[... {len(text.rstrip(chr(10))) - len(body)} characters cut]"
+    assert traceback_tail("ValueError: short\n") == "ValueError: short"
+    cut = traceback_tail("x" * 50 + "\n" + "y" * 30, limit=40)
+    assert cut == "[... 51 characters cut]\n" + "y" * 30
