@@ -12,8 +12,7 @@ and ``import *`` resolve them as before; type checkers see them through the
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .client.async_client import AsyncEchoMQ
 from .client.clients import EchoMQ
@@ -58,6 +57,7 @@ from .models import (
     JsonSerializer,
 )
 from .pump.pump import Pump
+from .wire.lazy import lazy_names
 from .work.worker import Worker
 
 if TYPE_CHECKING:
@@ -116,15 +116,4 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    """Import a lazy name's module once; the name is then a plain module global, so this
-    runs at most once per name."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)

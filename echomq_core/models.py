@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 from .errors import InvalidArgument, InvalidInput, InvalidPayload
@@ -25,6 +25,18 @@ MAX_TRACEBACK = 16 * 1024
 #: The words of a row's ``run`` field (lua/includes/run.lua) that a leaf's row keeps nowhere
 #: else: max_attempts and the creation time (ms).
 RUN_MAX_ATTEMPTS, RUN_CREATED = 0, 4
+
+
+def fields_dict(obj: Any, **convert: Callable[[Any], Any]) -> dict[str, Any]:
+    """A dataclass instance as a plain dict: each field under its own name, in declaration
+    order (the order of ``to_dict`` outputs users read as JSON); a field named in ``convert``
+    goes through its function, any other as it is (unlike ``asdict``, nested values are not
+    copied or recursed into)."""
+    out = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = convert[f.name](value) if f.name in convert else value
+    return out
 
 
 def run_word(run: Any, at: int) -> int | None:
@@ -355,11 +367,7 @@ class FlowRef:
     children: tuple[tuple[str, str], ...] = ()  # (queue, id) of each direct child
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "parent_id": self.parent_id,
-            "children": [list(c) for c in self.children],
-        }
+        return fields_dict(self, children=lambda children: [list(c) for c in children])
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> FlowRef:
@@ -441,14 +449,11 @@ class FlowCap:
     shares: dict[str, tuple[int, int]]  # child queue -> (admitted, share)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "parent_id": self.parent_id,
-            "cap": self.cap,
-            "admitted": self.admitted,
-            "waiting": self.waiting,
-            "shares": {q: {"admitted": a, "share": s} for q, (a, s) in self.shares.items()},
-        }
+        return fields_dict(self, shares=_shares)
+
+
+def _shares(shares: dict[str, tuple[int, int]]) -> dict[str, dict[str, int]]:
+    return {q: {"admitted": a, "share": s} for q, (a, s) in shares.items()}
 
 
 @dataclass(frozen=True, slots=True)

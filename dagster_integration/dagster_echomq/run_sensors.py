@@ -100,17 +100,17 @@ def echomq_cancel_sensors(
     are checked here, so a wrong value fails when the Definitions load (``InvalidInput``),
     not on the daemon's first tick."""
     jobs = _monitored(monitored_jobs, monitor_all_code_locations)
-    watch: dict[str, Any] = {
+    both: dict[str, Any] = {  # the settings the two sensors share
+        "default_status": default_status,
+        "minimum_interval_seconds": minimum_interval_seconds,
         "monitored_jobs": jobs,
         "monitor_all_code_locations": monitor_all_code_locations,
     }
 
     @run_failure_sensor(
         name=f"{name}_failed",
-        default_status=default_status,
-        minimum_interval_seconds=minimum_interval_seconds,
         description="Cancels the EchoMQ flows a failed run stored but did not read.",
-        **watch,
+        **both,
     )
     def _failed(context: RunFailureSensorContext, echomq: EchoMQResource) -> None:
         cancel_run_flows(context, echomq, "failed")
@@ -118,10 +118,8 @@ def echomq_cancel_sensors(
     @run_status_sensor(
         run_status=DagsterRunStatus.CANCELED,
         name=f"{name}_terminated",
-        default_status=default_status,
-        minimum_interval_seconds=minimum_interval_seconds,
         description="Cancels the EchoMQ flows a terminated run stored but did not read.",
-        **watch,
+        **both,
     )
     def _terminated(context: RunStatusSensorContext, echomq: EchoMQResource) -> None:
         cancel_run_flows(context, echomq, "was terminated")

@@ -34,6 +34,20 @@ def add_bind_options(parser: argparse.ArgumentParser, port: int) -> None:
     )
 
 
+def add_count(
+    parser: Any, flag: str, low: int, high: int | None, default: int | None, help: str
+) -> None:
+    """An option ``flag N``: a whole number from ``low`` (up to ``high`` when given)."""
+    parser.add_argument(flag, type=int_at_least(low, high), default=default, metavar="N", help=help)
+
+
+def add_seconds(
+    parser: Any, flag: str, low: float, default: Any, help: str, high: float | None = None
+) -> None:
+    """An option ``flag S``: a number of seconds from ``low`` (up to ``high`` when given)."""
+    parser.add_argument(flag, type=seconds(low, high), default=default, metavar="S", help=help)
+
+
 def add_queue(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     """The QUEUE a command reads or writes."""
     parser.add_argument("queue", metavar="QUEUE", help=help)

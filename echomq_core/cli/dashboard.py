@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
-from .arguments import add_bind_options, seconds
+from .arguments import add_bind_options, add_seconds
 from .common import UsageError, add_command, open_client
 
 TOKEN_ENV = "ECHOMQ_DASHBOARD_TOKEN"
@@ -44,20 +44,16 @@ def add_parser(sub: Any) -> None:
         metavar="PATH",
         help=f"file holding the token (default: ${TOKEN_ENV})",
     )
-    d.add_argument(
-        "--poll",
-        type=seconds(0.2),
-        default=2.0,
-        metavar="S",
-        help="seconds between the pages' live updates (default %(default)s)",
+    add_seconds(
+        d, "--poll", 0.2, 2.0, "seconds between the pages' live updates (default %(default)s)"
     )
-    d.add_argument(
+    add_seconds(
+        d,
         "--pending-alert",
-        type=seconds(1.0, 30 * 86400),
-        default=300.0,
-        metavar="S",
-        help="highlight a queue whose oldest pending job is older than S seconds "
-        "(default %(default)s)",
+        1.0,
+        300.0,
+        "highlight a queue whose oldest pending job is older than S seconds (default %(default)s)",
+        high=30 * 86400,
     )
     add_command(d, run_dashboard)
 

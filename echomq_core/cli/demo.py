@@ -35,7 +35,7 @@ from ..models import Backoff, Child, FlowSnapshot, Job
 from ..pump.pump import Pump
 from ..server import EmbeddedServer
 from ..work.worker import Worker
-from .arguments import int_at_least, seconds
+from .arguments import add_count, add_seconds, int_at_least
 from .common import (
     SERVER_EXTRA,
     CommandFailed,
@@ -56,13 +56,7 @@ def add_parser(sub: Any) -> None:
         description=(__doc__ or "").replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--children",
-        type=int_at_least(1, 1_000_000),
-        default=1000,
-        metavar="N",
-        help="children in the flow (default %(default)s)",
-    )
+    add_count(p, "--children", 1, 1_000_000, 1000, "children in the flow (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     p.add_argument(
         "--concurrency",
@@ -70,12 +64,12 @@ def add_parser(sub: Any) -> None:
         default=4,
         help="worker runner threads (default %(default)s)",
     )
-    p.add_argument(
+    add_seconds(
+        p,
         "--timeout",
-        type=seconds(0.1),
-        default=300.0,
-        metavar="S",
-        help="give up when the flow has not settled after S seconds (default %(default)s)",
+        0.1,
+        300.0,
+        "give up when the flow has not settled after S seconds (default %(default)s)",
     )
     p.add_argument(
         "--keep",

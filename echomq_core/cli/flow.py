@@ -22,7 +22,7 @@ from ..flows.waiting import FlowWait
 from ..models import FlowCap, FlowSummary
 from ..seeing.inspection import flow_counts, read_tree
 from ..wire.keyspace import FLOW_LISTS, check_job_id, check_queue
-from .arguments import add_queue, add_queue_or_all, int_at_least, seconds
+from .arguments import add_count, add_queue, add_queue_or_all, add_seconds, int_at_least
 from .common import CommandFailed, add_command, add_group, open_client
 from .flowtext import render, render_failures
 from .printing import Progress, fmt_ago, table
@@ -48,27 +48,28 @@ def _add_show(flow: Any) -> None:
     )
     _root_args(show, "the parent's job id")
     show.add_argument("--watch", action="store_true", help="wait until the flow settles")
-    show.add_argument(
+    add_seconds(
+        show,
         "--timeout",
-        type=seconds(),
-        default=None,
-        metavar="S",
-        help="with --watch: give up after S seconds (exit 1); default: never",
+        0.0,
+        None,
+        "with --watch: give up after S seconds (exit 1); default: never",
     )
-    show.add_argument(
+    add_seconds(
+        show,
         "--interval",
-        type=seconds(0.01),
-        default=0.5,
-        metavar="S",
-        help="with --watch: the most seconds between reads, the first ones come sooner "
+        0.01,
+        0.5,
+        "with --watch: the most seconds between reads, the first ones come sooner "
         "(default %(default)s)",
     )
-    show.add_argument(
+    add_count(
+        show,
         "--failures",
-        type=int_at_least(1, 10_000),
-        default=5,
-        metavar="N",
-        help="list up to N dead children with their errors, fail-parent ones first "
+        1,
+        10_000,
+        5,
+        "list up to N dead children with their errors, fail-parent ones first "
         "(default %(default)s)",
     )
     show.add_argument(
@@ -91,13 +92,7 @@ def _add_ls(flow: Any) -> None:
     )
     add_queue_or_all(ls)
     ls.add_argument("--state", choices=FLOW_LISTS, default=None, help="only flows in this state")
-    ls.add_argument(
-        "--limit",
-        type=int_at_least(1, 10_000),
-        default=100,
-        metavar="N",
-        help="flows per state and queue (default %(default)s)",
-    )
+    add_count(ls, "--limit", 1, 10_000, 100, "flows per state and queue (default %(default)s)")
     ls.add_argument(
         "--offset",
         type=int_at_least(0),

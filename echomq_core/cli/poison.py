@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import InvalidInput
 from ..pump.drain import parse_signal, poison_list, poison_replay
 from ..wire.keyspace import check_queue
-from .arguments import add_queue, int_at_least
+from .arguments import add_count, add_queue
 from .common import add_command, add_group, open_client
 from .queue import known_queue
 
@@ -29,13 +29,7 @@ def _add_list(psub: Any) -> None:
         description="Show a queue's poisoned signals with their reasons.",
     )
     add_queue(plist)
-    plist.add_argument(
-        "--count",
-        type=int_at_least(1, 100_000),
-        default=20,
-        metavar="N",
-        help="how many (default %(default)s)",
-    )
+    add_count(plist, "--count", 1, 100_000, 20, "how many (default %(default)s)")
     add_command(plist, run_poison_list, json_flag=True)
 
 
@@ -47,13 +41,7 @@ def _add_replay(psub: Any) -> None:
         "queue's outbox, for the Pump to deliver again.",
     )
     add_queue(replay)
-    replay.add_argument(
-        "--count",
-        type=int_at_least(1),
-        default=None,
-        metavar="N",
-        help="how many, oldest first (default: all)",
-    )
+    add_count(replay, "--count", 1, None, None, "how many, oldest first (default: all)")
     add_command(replay, run_poison_replay)
 
 

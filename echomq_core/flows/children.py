@@ -25,7 +25,7 @@ from typing import Any
 
 from ..checks import text as _s
 from ..errors import InvalidArgument, JobNotFound
-from ..models import RUN_MAX_ATTEMPTS, Serializer, row_fact
+from ..models import RUN_MAX_ATTEMPTS, Serializer, fields_dict, row_fact
 from ..queues.rows import BUDGET, PAGE, as_int, death_text, jsonable
 from ..wire.calls import Call, Op
 from ..wire.keyspace import Keyspace, check_job_id, check_queue, child_stem, derived_index
@@ -60,17 +60,7 @@ class ChildRow:
     flow: bool = False  # it is a parent of its own (a sub-flow)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "index": self.index,
-            "queue": self.queue,
-            "status": self.status,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "error": self.error,
-            "value": jsonable(self.value),
-            "flow": self.flow,
-        }
+        return fields_dict(self, value=jsonable)
 
 
 @dataclass(slots=True)

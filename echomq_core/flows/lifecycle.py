@@ -49,7 +49,7 @@ from ..wire.keyspace import Keyspace, child_stem
 from .add import add_flow, fingerprint, tree_digest
 from .plan import _Node, child_candidates
 from .reads import snapshot
-from .retention import SweepStats, forget_tree, row_calls
+from .retention import SweepStats, Visit, forget_tree, walk_tree
 
 
 @dataclass(slots=True)
@@ -104,7 +104,7 @@ def _cancel_tree(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Ca
     if result.state != "cancelled":  # it ended otherwise before: nothing below to stop
         return result
 
-    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> list[_Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> list[Visit]:
         _, total, cq, explicit, _before, gen = info
         kids = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
         return [
@@ -118,7 +118,7 @@ def _cancel_tree(ks: Keyspace, queue: str, parent_id: str, reason: str) -> Op[Ca
             for q, ids in kids.items()
         ]
 
-    result.children, visited = yield from _walk(
+    result.children, visited = yield from walk_tree(
         ks,
         [(queue, parent_id, info)],
         children_of,
@@ -181,13 +181,13 @@ def stop_unstarted(ks: Keyspace, queue: str, node_id: str, mark: str | None = No
     if parks:
         yield parks
 
-    def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> list[_Visit]:
+    def children_of(node_queue: str, node: str, node_info: Sequence[Any]) -> list[Visit]:
         _, n, queues, ids, _before, generation = node_info
         kids = child_candidates(node, int(n), _s(queues), ids, _s(generation))
         fixed = {q: [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node)] for q in kids}
         return [(q, "cancel_children", fixed[q], [], part) for q, part in kids.items()]
 
-    cancelled, _ = yield from _walk(
+    cancelled, _ = yield from walk_tree(
         ks,
         [(queue, node_id, info)],
         children_of,
@@ -233,57 +233,6 @@ def _park_calls(
     return calls
 
 
-#: How a walk visits one child queue of a node: (child queue, script, fixed keys, argv after
-#: the node id, candidate child ids); the script gets the candidates' rows after the fixed keys.
-#: A node may visit one queue more than once (a repair: its recorded deaths, then the rest).
-_Visit = tuple[str, str, list[str], list[Any], list[str]]
-
-
-def _walk(
-    ks: Keyspace,
-    nodes: list[tuple[str, str, Sequence[Any]]],
-    children_of: Callable[[str, str, Sequence[Any]], list[_Visit]],
-    node_call: Callable[[str, str, str], Call],
-    go_below: Callable[[Sequence[Any]], bool],
-    on_node: Callable[[str, str, Sequence[Any]], None] = lambda q, i, info: None,
-) -> Op[tuple[int, int]]:
-    """Visit a flow's tree level by level (cancel and repair). Per node (queue, id, the reply
-    of its node script), ``children_of`` names a script call per child queue; each reply is
-    (children counted, sub-flow ids); each sub-flow's node script (``node_call(queue, id,
-    parent)``) runs on its slot, and the walk goes below it when ``go_below(its reply)``.
-    Returns (children counted, sub-flows visited)."""
-    counted = visited = 0
-    for node in nodes:
-        on_node(*node)
-    while nodes:
-        calls, asked = [], []
-        for node_queue, node_id, info in nodes:
-            visits = children_of(node_queue, node_id, info)
-            for child_queue, script, fixed, extra, ids in visits:
-                head = [node_id, *extra]
-                sent = row_calls(script, fixed, ks.job_prefix(child_queue), ids, head)
-                calls += sent
-                asked += [(child_queue, node_id)] * len(sent)
-        if not calls:
-            break
-        replies = yield calls
-        inner_calls, where = [], []
-        for (child_queue, node_id), (count, inner) in zip(asked, replies, strict=True):
-            counted += int(count)
-            for raw in inner:
-                inner_calls.append(node_call(child_queue, _s(raw), node_id))
-                where.append((child_queue, _s(raw)))
-        nodes = []
-        if inner_calls:
-            infos = yield inner_calls
-            for (child_queue, inner_id), inner_info in zip(where, infos, strict=True):
-                visited += 1
-                if go_below(inner_info):
-                    nodes.append((child_queue, inner_id, inner_info))
-                    on_node(child_queue, inner_id, inner_info)
-    return counted, visited
-
-
 def _repair_call(ks: Keyspace, queue: str, node_id: str, ignored: bool, parent: str) -> Call:
     return Call.lua(
         "repair",
@@ -316,11 +265,11 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
         ]
         done.append(Call.lua("repair_done", keys, [node_id]))
 
-    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> list[_Visit]:
+    def children_of(node_queue: str, node_id: str, info: Sequence[Any]) -> list[Visit]:
         _, total, cq, explicit, listed, rerun, _n, gen = info
         listed_ids = {_s(i) for i in listed}
         everything = child_candidates(node_id, int(total), _s(cq), explicit, _s(gen))
-        visits: list[_Visit] = []
+        visits: list[Visit] = []
         for q, candidates in everything.items():
             fixed = [*ks.queue_keys(q), *ks.gate_keys(q, node_queue, node_id)]
             # the deaths the parent recorded (moved to :repair, their epochs raised) run again;
@@ -336,7 +285,7 @@ def retry_flow(ks: Keyspace, queue: str, parent_id: str, *, ignored: bool) -> Op
                     visits.append((q, "requeue", fixed, ["c"], cancelled))
         return visits
 
-    result.requeued, visited = yield from _walk(
+    result.requeued, visited = yield from walk_tree(
         ks,
         [(queue, parent_id, info)],
         children_of,

@@ -33,7 +33,7 @@ settle (re-checked each minute), so nothing a live flow needs is deleted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,40 +190,87 @@ def row_calls(
     ]
 
 
-def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepStats) -> Op[None]:
-    """Delete the children of dropped nodes on their own slots, level by level; then the
-    references that still point to the dropped roots."""
-    refs: list[Call] = []
+#: How a walk visits one child queue of a node: (child queue, script, fixed keys, argv after
+#: the node id, candidate child ids); the script gets the candidates' rows after the fixed keys.
+#: A node may visit one queue more than once (a repair: its recorded deaths, then the rest).
+Visit = tuple[str, str, list[str], list[Any], list[str]]
+
+
+def walk_tree(
+    ks: Keyspace,
+    nodes: list[tuple[str, str, Sequence[Any]]],
+    children_of: Callable[[str, str, Sequence[Any]], list[Visit]],
+    node_call: Callable[[str, str, str], Call],
+    go_below: Callable[[Sequence[Any]], bool],
+    on_node: Callable[[str, str, Sequence[Any]], None] = lambda q, i, info: None,
+) -> Op[tuple[int, int]]:
+    """Visit a flow's tree level by level (cancel, repair, and the sweep's forget). Per node
+    (queue, id, the reply of its node script), ``children_of`` names a script call per child
+    queue; each reply is (children counted, sub-flow ids); each sub-flow's node script
+    (``node_call(queue, id, parent)``) runs on its slot, and the walk goes below it when
+    ``go_below(its reply)``. Returns (children counted, sub-flows visited)."""
+    counted = visited = 0
+    for node in nodes:
+        on_node(*node)
     while nodes:
         calls, asked = [], []
-        for queue, (node_id, total, child_queues, explicit, names, gen) in nodes:
-            node_id = _s(node_id)
-            for name in _s(names).split():
-                body = ref_body(queue, node_id)
-                refs.append(Call.lua("drop_ref", [ks.ref(name)], [body]))
-            kids = child_candidates(node_id, int(total), _s(child_queues), explicit, _s(gen))
-            for child_queue, ids in kids.items():
-                fixed = [*ks.queue_keys(child_queue), *ks.gate_keys(child_queue, queue, node_id)]
-                sent = row_calls("forget", fixed, ks.job_prefix(child_queue), ids, [node_id])
+        for node_queue, node_id, info in nodes:
+            visits = children_of(node_queue, node_id, info)
+            for child_queue, script, fixed, extra, ids in visits:
+                head = [node_id, *extra]
+                sent = row_calls(script, fixed, ks.job_prefix(child_queue), ids, head)
                 calls += sent
                 asked += [(child_queue, node_id)] * len(sent)
         if not calls:
             break
         replies = yield calls
-        drops, drop_where = [], []
-        for (child_queue, parent_id), (deleted, inner) in zip(asked, replies, strict=True):
-            stats.rows += int(deleted)
+        inner_calls, where = [], []
+        for (child_queue, node_id), (count, inner) in zip(asked, replies, strict=True):
+            counted += int(count)
             for raw in inner:
-                inner_id = _s(raw)
-                keys = [*ks.queue_keys(child_queue), *ks.node_keys(child_queue, inner_id)]
-                drops.append(Call.lua("drop", keys, [inner_id, parent_id]))
-                drop_where.append(child_queue)
+                inner_calls.append(node_call(child_queue, _s(raw), node_id))
+                where.append((child_queue, _s(raw)))
         nodes = []
-        if drops:
-            infos = yield drops
-            for child_queue, info in zip(drop_where, infos, strict=True):
-                if info:
-                    stats.rows += 1
-                    nodes.append((child_queue, info))
+        if inner_calls:
+            infos = yield inner_calls
+            for (child_queue, inner_id), inner_info in zip(where, infos, strict=True):
+                visited += 1
+                if go_below(inner_info):
+                    nodes.append((child_queue, inner_id, inner_info))
+                    on_node(child_queue, inner_id, inner_info)
+    return counted, visited
+
+
+def forget_tree(ks: Keyspace, nodes: list[tuple[str, list[Any]]], stats: SweepStats) -> Op[None]:
+    """Delete the children of dropped nodes on their own slots, level by level; then the
+    references that still point to the dropped roots."""
+    refs: list[Call] = []
+
+    def on_node(queue: str, node_id: str, info: Sequence[Any]) -> None:
+        for name in _s(info[4]).split():
+            refs.append(Call.lua("drop_ref", [ks.ref(name)], [ref_body(queue, node_id)]))
+
+    def children_of(queue: str, node_id: str, info: Sequence[Any]) -> list[Visit]:
+        _, total, child_queues, explicit, _, gen = info
+        kids = child_candidates(node_id, int(total), _s(child_queues), explicit, _s(gen))
+        return [
+            (q, "forget", [*ks.queue_keys(q), *ks.gate_keys(q, queue, node_id)], [], ids)
+            for q, ids in kids.items()
+        ]
+
+    def drop_call(queue: str, node_id: str, parent_id: str) -> Call:
+        keys = [*ks.queue_keys(queue), *ks.node_keys(queue, node_id)]
+        return Call.lua("drop", keys, [node_id, parent_id])
+
+    def dropped(info: Sequence[Any]) -> bool:
+        """A sub-flow's drop reply: its node (its row went: counted; its children are next),
+        or empty when it was gone already."""
+        if info:
+            stats.rows += 1
+        return bool(info)
+
+    start: list[tuple[str, str, Sequence[Any]]] = [(q, _s(info[0]), info) for q, info in nodes]
+    rows, _ = yield from walk_tree(ks, start, children_of, drop_call, dropped, on_node)
+    stats.rows += rows
     if refs:
         yield refs

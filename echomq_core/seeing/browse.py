@@ -24,6 +24,7 @@ from ..models import (
     FlowSnapshot,
     JobInfo,
     Serializer,
+    fields_dict,
     row_fact,
     split_done,
 )
@@ -227,20 +228,7 @@ class JobRow:
     started_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "score": self.score,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "parent": None if self.parent is None else list(self.parent),
-            "error": self.error,
-            "state": self.state,
-            "total": self.total,
-            "created_ms": self.created_ms,
-            "lease": self.lease,
-            "holder": self.holder,
-            "started_ms": self.started_ms,
-        }
+        return fields_dict(self, parent=lambda parent: None if parent is None else list(parent))
 
 
 @dataclass(slots=True)

@@ -20,12 +20,12 @@ access. A process that only defines flows - Airflow's DAG processor, a Dagster c
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from . import collector
 from .calls import Call, Durable, Lenient, Op
+from .lazy import lazy_names
 from .packing import _fast_packing, _packer
 from .targets import MAX_MIGRATION_WAIT, MIGRATION_WAIT, Target, migration_wait, parse_url, wait_for
 
@@ -74,17 +74,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a lazy name's module once; the name is then a plain module global."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __package__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 
 def connect(
