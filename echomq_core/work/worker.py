@@ -57,39 +57,28 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..client.queue import Queue
-from ..control.options import PumpOptions, WorkerOptions, build
+from ..control.options import PumpOptions, WorkerOptions
 from ..flows import sharding, spawning
 from ..hooks import LifecycleHooks
 from ..models import Job
-from ..pump.pump import worker_pump
 from ..queues.hints import HintWatch, hint_groups
-from ..queues.registry import Presence
-from ..wire.patience import WAIT_FOR_SERVER, Outage, patiently
+from ..wire.patience import WAIT_FOR_SERVER, patiently
 from . import batching
-from .routines import (
-    claim_turn,
-    drive,
-    extend_leases,
-    give_back,
-    offer,
-    read_ahead,
-    record,
+from .loop import (
+    NAP,
+    RESULTS,
+    ROOM,
+    WORK,
+    Driven,
+    Loop,
+    Wait,
+    fetching,
+    flushing,
+    time_limit,
+    timed_out,
 )
-from .running import (
-    HOLD,
-    Failed,
-    InHand,
-    Intake,
-    OptionAttributes,
-    Outcome,
-    RateWindows,
-    draining_text,
-    logical_names,
-    make_queues,
-    outcome,
-    serving,
-    split,
-)
+from .routines import drive, give_back
+from .running import Outcome, draining_text, logical_names, outcome, serving
 
 if TYPE_CHECKING:
     from ..client.clients import EchoMQ
@@ -98,9 +87,6 @@ log = logging.getLogger("echomq_core.worker")
 Handler = Callable[[Job], Any]
 #: How often the watchdog looks for handlers past their time limit (s).
 WATCH_EVERY = 0.1
-#: How long a waiting runner or fetcher sleeps before it looks at the stop flag again (s): a
-#: flag set without :meth:`Worker.stop` (which wakes them at once) is seen within this.
-NAP = 0.2
 
 
 @dataclass(eq=False)
@@ -119,7 +105,7 @@ class _Slot:
     jobs: list[Job] = field(default_factory=list)
 
 
-class Worker(OptionAttributes):
+class Worker(Driven[Queue]):
     """Runs ``handlers`` ({queue name: callable}) until stopped. Options:
 
     * ``concurrency`` (1): runner threads, i.e. jobs run at once.
@@ -156,6 +142,10 @@ class Worker(OptionAttributes):
       ``echomq pump``.
     """
 
+    _KIND = "thread"
+    _QUEUE = Queue
+    client: EchoMQ
+
     def __init__(
         self,
         client: EchoMQ,
@@ -178,39 +168,17 @@ class Worker(OptionAttributes):
         :data:`~echomq_core.wire.patience.WAIT_FOR_SERVER`, as ``echomq worker --wait-for-server``;
         0 raises at once), then raises the last :class:`~echomq_core.ConnectionLost` or
         :class:`~echomq_core.ServerFull` - a fleet restarted during a failover waits it out."""
-        settings = dict(settings)
-        per_queue = batching.split_setting(settings)
-        opts = self.options = build(WorkerOptions, options, settings)
-        make_queues(client, handlers, opts, queue_options, Queue)  # refuse bad input first
-        is_cluster = client.connection.is_cluster
+        opts = self._configure(client, handlers, options, queue_options, hooks, pump, settings)
         # a sharded queue is served by serving every shard (one read, cached by the client)
         shards = patiently(
             lambda: client.perform(sharding.resolve(client.keys, client.shard_cache, handlers)),
             what=f"worker: reading the shard configuration of {', '.join(map(repr, handlers))}",
             bound=wait_for_server,
-            is_cluster=is_cluster,
+            is_cluster=client.connection.is_cluster,
             logger=log,
         )
-        logical = logical_names(handlers, shards)
-        #: {queue: jobs per call} of the queues whose handler takes lists (size above 1)
-        self.batches = batching.sizes(opts.batch, per_queue, logical, opts.max_batch)
-        handlers = serving(handlers, shards)
-        self.queues = make_queues(client, handlers, opts, queue_options, Queue, logical)
-        self.pump = worker_pump(client, list(self.queues), pump, hooks)
-        self.client = client
+        self._serve(serving(handlers, shards), logical_names(handlers, shards))
         self._spawner = spawning.SyncSpawner(client)  # what job.spawn() calls
-        self.handlers = dict(handlers)
-        self.hooks = hooks
-        #: this process's entry in the workers registry (:mod:`echomq_core.queues.registry`)
-        self.presence = Presence(
-            client.keys, list(handlers), opts.concurrency, "thread", opts.lease
-        )
-        for queue in self.queues.values():  # its lease tokens name this worker
-            queue.holder = self.presence.entry.id
-        self.completed = 0
-        self.failed = 0
-        #: the signal that stopped :meth:`run` (SIGINT or SIGTERM), None until one came
-        self.signalled: int | None = None
         self._stop = threading.Event()
         self._halt = threading.Event()  # second signal: do not wait for handlers
         self._beat_stop = threading.Event()
@@ -221,26 +189,17 @@ class Worker(OptionAttributes):
         self._fetcher_waits = False  # the fetcher waits on _want_jobs
         self._flusher_waits = False  # the flusher waits on _results_ready
         self._awake = 0  # runners not waiting for the buffer
-        self._closing = False
         per_call = max(self.batches.values(), default=1)
-        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job, per_call)
-        self._hand = InHand(opts, self._intake)  # under self._lock
+        self._loop = loop = Loop(opts, per_call, hooks, self._lock, self._stop)
+        loop.buffer, loop.wake_fetcher = self._buffer, self._wake_fetcher
+        loop.wake_flusher = self._wake_flusher
+        self._intake, self._hand = loop.intake, loop.hand  # under self._lock
         self._runners: list[threading.Thread] = []
         self._slots: list[_Slot] = []
         self._helpers: list[threading.Thread] = []
-        self.abandoned = 0  # handler calls left running past their time limit
-        #: Buffered jobs claimed longer ago than this have their leases re-checked (one call)
-        #: before the next starts: a cancelled flow's claimed children are dropped, not started.
-        self.recheck = min(0.25, opts.lease / 3)
-        self._checked = 0.0
-        self._checking = False
-        self._wake = self._wake_queues(client, list(self.handlers))
-        self._windows = RateWindows()
         self._beater: threading.Thread | None = None
         self._loops = threading.local()  # each runner's event loop for async handlers
         self._encode = client.encode
-        #: the fetcher's and hint waits' warnings while the server is down, backed off
-        self._outage = Outage(log, f"worker {self.presence.entry.id}")
         self._hints = HintWatch(
             client.perform, self._stop, "waiting for work", self._outage.warning
         )
@@ -253,18 +212,9 @@ class Worker(OptionAttributes):
             register,
             what="worker: registering its queues",
             bound=wait_for_server,
-            is_cluster=is_cluster,
+            is_cluster=client.connection.is_cluster,
             logger=log,
         )
-
-    def __repr__(self) -> str:
-        return f"Worker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
-
-    @staticmethod
-    def _wake_queues(client: EchoMQ, names: list[str]) -> list[str] | None:
-        """The queues whose hints an idle fetcher blocks on: all of them, one BZPOPMIN per
-        slot (:func:`~echomq_core.work.running.wait_on_groups`)."""
-        return names
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Worker:
@@ -273,7 +223,7 @@ class Worker(OptionAttributes):
         self._stop.clear()
         self._halt.clear()
         self._beat_stop.clear()
-        self._closing = False
+        self._loop.closing = False
         self._runners, self._slots = [], []
         self._hints = HintWatch(
             self.client.perform, self._stop, "waiting for work", self._outage.warning
@@ -312,15 +262,13 @@ class Worker(OptionAttributes):
         self._stop.set()
         if not wait:
             self._halt.set()
-        deadline = time.monotonic() + (self.options.grace if wait else 0.0)
+        deadline = self._loop.deadline(wait)
         with self._lock:
             self._jobs_ready.notify_all()
             self._want_jobs.notify_all()
-            unstarted = [job for job, _ in self._hand.buffer]
-            self._hand.buffer.clear()
             # abandoned runners are not waited for: their calls hang
             live = [t for t, s in zip(self._runners, self._slots, strict=True) if not s.abandoned]
-        self._give_back(unstarted)
+        self._give_back(self._loop.unstarted())
         for thread in live:  # in slices: a second signal (``_halt``) ends the wait at once
             while thread.is_alive() and not self._halt.is_set():
                 left = deadline - time.monotonic()
@@ -328,7 +276,7 @@ class Worker(OptionAttributes):
                     break
                 thread.join(min(left, NAP))
         with self._lock:
-            self._closing = True
+            self._loop.closing = True
             self._results_ready.notify_all()
         for thread in self._helpers:  # the fetcher gives back a claim made during the stop
             thread.join(1.0 if self._halt.is_set() else max(1.0, deadline - time.monotonic()))
@@ -347,7 +295,7 @@ class Worker(OptionAttributes):
                 signal.signal(sig, self._on_signal)
         self.start()
         while not self._stop.is_set():
-            self._stop.wait(0.2)
+            self._stop.wait(NAP)
         if self.signalled is not None and not self._halt.is_set():
             with self._lock:
                 # an abandoned runner's job was failed already: not in flight
@@ -368,73 +316,44 @@ class Worker(OptionAttributes):
             self.signalled = signum
         self._stop.set()
 
-    # -- the fetcher ----------------------------------------------------------------------
+    # -- the fetcher and the flusher: the loop's routines, on threads --------------------
     def _fetcher(self) -> None:
-        try:
-            self._fetch()
-        finally:  # a stopping worker gives back what it claimed ahead
-            self._read_ahead()
+        drive(fetching(self._loop, self.queues, self._outage), self._perform)
 
-    def _fetch(self) -> None:
-        """Claim while there is room. While handlers are fast, each claim leases the next
-        batch ahead in the round trip that reads its rows (:meth:`Queue.claim_op
-        <echomq_core.Queue.claim_op>`'s ``ahead``): those are read before the fetcher waits,
-        so no lease is held unread through a wait."""
-        names = list(self.handlers)
-        idle, turn = self.options.poll, 0
-        hold = min(HOLD, self.options.lease / 4)
-        while not self._stop.is_set():
+    def _flusher(self) -> None:
+        drive(flushing(self._loop, self.queues), self._perform)
+
+    def _perform(self, op: Any) -> Any:
+        """Run one step of the loop's routines: an operation on the client, or a
+        :class:`~echomq_core.work.loop.Wait`."""
+        if type(op) is Wait:
+            return self._wait(op)
+        return self.client.perform(op)
+
+    def _wait(self, wait: Wait) -> bool:
+        """A pause of the fetcher or the flusher. Waiting for room or for results, the part
+        looks again under the lock first (a wake given since it looked is not missed), and
+        flags that it waits so that runners wake it (:meth:`_wake_fetcher`); room: True when
+        the fetcher may claim now."""
+        if wait.what == ROOM:
             with self._lock:
-                want = self._hand.want()
-                # claims ahead once fast handlers ramped the batch up (each claim then asks
-                # the same max_batch): the ramp's claims each take what the last one earned
-                ahead = self._intake.fast and self._intake.batch >= self.options.max_batch
-                if want <= 0:
-                    held = any(q.ahead for q in self.queues.values())
+                if self._hand.want() <= 0:
                     self._fetcher_waits = True
-                    self._want_jobs.wait(hold if held else NAP)
+                    self._want_jobs.wait(wait.seconds)
                     self._fetcher_waits = False
-                    if not held or self._hand.want() > 0:
-                        continue
-            if want <= 0:  # no room within HOLD: the held jobs join the buffer
-                self._read_ahead()
-                continue
-            turn_of = claim_turn(
-                self.queues,
-                names,
-                turn,
-                want,
-                ahead,
-                self._windows,
-                self._stop.is_set,
-                self._outage.warning,
-            )
-            jobs, seconds, failed = drive(turn_of, self.client.perform)
-            if failed:  # a claim failed: not again at once
-                self._stop.wait(idle)
-            else:
-                self._outage.up()  # one attribute read while the server answers
-            if jobs:
-                turn += 1
-                self._take(jobs, seconds)
-                idle = self.options.poll
-            else:
-                self._idle(idle)
-                idle = min(self.options.max_poll, idle * 2)
-
-    def _read_ahead(self) -> None:
-        """:func:`~echomq_core.work.routines.read_ahead`: the jobs claimed ahead join the buffer
-        (or are given back: the worker is stopping)."""
-        for jobs, seconds in drive(read_ahead(self.queues), self.client.perform):
-            self._take(jobs, seconds)
-
-    def _take(self, jobs: list[Job], seconds: float) -> None:
-        """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""
-        with self._lock:
-            self._intake.claimed(len(jobs), seconds)
-        back = self._buffer(jobs)
-        if back:
-            self._give_back(back)
+                return self._hand.want() > 0
+        if wait.what == RESULTS:
+            with self._lock:
+                left = self._loop.flush_wait()
+                if left is not None and left > 0:
+                    self._flusher_waits = True
+                    self._results_ready.wait(left)
+                    self._flusher_waits = False
+        elif wait.what == WORK:
+            self._idle(wait.seconds)
+        else:
+            self._stop.wait(wait.seconds)
+        return True
 
     def _buffer(self, jobs: list[Job]) -> list[Job]:
         """Put leased jobs (claimed, or handed off with results) in the buffer; returns them
@@ -454,7 +373,8 @@ class Worker(OptionAttributes):
         """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
         rate windows are spent, not past the first opening, and on their queues' hints not at
         all (see :class:`~echomq_core.work.running.RateWindows`)."""
-        wake, seconds = self._windows.idle_plan(list(self.handlers), self._wake, seconds)
+        names = list(self.handlers)
+        wake, seconds = self._loop.windows.idle_plan(names, names, seconds)
         if wake is None or self._stop.is_set():
             self._stop.wait(seconds)
             return
@@ -479,7 +399,8 @@ class Worker(OptionAttributes):
     def _run_jobs(self, slot: _Slot) -> None:
         """Take jobs from the buffer and run them. The hot path takes the lock once per job:
         recording one job's result, waiting for the next, taking it and starting it."""
-        lock, handlers, queues, recheck = self._lock, self.handlers, self.queues, self.recheck
+        lock, handlers, queues, loop = self._lock, self.handlers, self.queues, self._loop
+        recheck = loop.recheck
         finished: tuple[Job, Outcome, tuple[float, float] | None] | None = None
         calls = 0
         while True:
@@ -507,14 +428,8 @@ class Worker(OptionAttributes):
                     now = time.monotonic()
                     # buffered jobs claimed long ago have their leases re-checked (one
                     # runner at a time) before the next starts
-                    check = (
-                        now - claimed >= recheck
-                        and now - self._checked >= recheck
-                        and not self._checking
-                    )
-                    if check:
-                        self._checking, self._checked = True, now
-                    elif not self._hand.lost:  # nothing to check: start it now
+                    check = now - claimed >= recheck and loop.check_due(now)
+                    if not check and not self._hand.lost:  # nothing to check: start it now
                         self._begin(slot, job, job.timeout_ms or queues[job.shard].timeout_ms, now)
                         started = True
             if gone:
@@ -549,7 +464,8 @@ class Worker(OptionAttributes):
         """:meth:`_run_jobs` for a worker with batch handlers: each call takes the buffer's
         head and the jobs of its queue behind it (:func:`~echomq_core.work.batching.take`; one job
         for a queue of one-job handlers), its time limit the smallest of theirs."""
-        lock, queues, recheck = self._lock, self.queues, self.recheck
+        lock, queues, loop = self._lock, self.queues, self._loop
+        recheck = loop.recheck
         finished: list[batching.Done] | None = None
         while True:
             gone = check = False
@@ -570,13 +486,7 @@ class Worker(OptionAttributes):
                     if self._hand.buffer:
                         self._wake_fetcher()
                     now = time.monotonic()
-                    check = (
-                        now - taken[0][1] >= recheck
-                        and now - self._checked >= recheck
-                        and not self._checking
-                    )
-                    if check:
-                        self._checking, self._checked = True, now
+                    check = now - taken[0][1] >= recheck and loop.check_due(now)
             if gone:
                 assert finished is not None
                 log.warning(
@@ -592,10 +502,8 @@ class Worker(OptionAttributes):
                 jobs = [job for job in jobs if not self._drop_if_lost(job)]
                 if not jobs:
                     continue
-            limits = [job.timeout_ms or queues[job.shard].timeout_ms for job in jobs]
-            limit_ms = min((ms for ms in limits if ms), default=None)
             with lock:
-                self._begin(slot, jobs[0], limit_ms, time.monotonic())
+                self._begin(slot, jobs[0], time_limit(jobs, queues), time.monotonic())
                 slot.jobs = jobs
             finished = self._call_batch(jobs)
 
@@ -616,12 +524,12 @@ class Worker(OptionAttributes):
         if slot.abandoned:  # the watchdog failed these jobs and freed the slot
             for job, result in done:
                 if isinstance(result, bytes):  # presented with its gone token: refused
-                    self._add_result(job, result)
+                    self._loop.add_result(job, result)
             return True
         self._hand.running -= 1
         self._intake.observe(took)
         for job, result in done:
-            self._add_result(job, result)
+            self._loop.add_result(job, result)
         return False
 
     def _begin(self, slot: _Slot, job: Job, limit_ms: int | None, now: float) -> None:
@@ -639,11 +547,11 @@ class Worker(OptionAttributes):
         slot.job, slot.deadline = None, 0.0
         if slot.abandoned:  # the watchdog failed this job and freed the slot
             if isinstance(result, bytes):  # presented with its gone token: refused
-                self._add_result(job, result)
+                self._loop.add_result(job, result)
             return True
         self._hand.running -= 1
         self._intake.observe(took, cpu)
-        self._add_result(job, result)
+        self._loop.add_result(job, result)
         return False
 
     def _wake_fetcher(self) -> None:
@@ -683,28 +591,9 @@ class Worker(OptionAttributes):
             for other in self._slots
         )
 
-    def _add_result(self, job: Job, result: Outcome) -> None:
-        """Hand one result to the flusher (under the lock)."""
-        self._hand.add_result(job, result)
-        if self._flush_now():
-            self._wake_flusher()
-        if not self._intake.fast:
-            self._wake_fetcher()  # a runner is free: claim for it
-
-    def _flush_now(self) -> bool:
-        """Record the waiting results now (under the lock): see :meth:`InHand.flush_now`."""
-        return self._hand.flush_now(self._stop.is_set())
-
     def _check_leases(self, taken: list[Job]) -> None:
-        """Extend the leases of the buffered jobs (and ``taken``), noting those that are gone."""
-        try:
-            with self._lock:
-                jobs = [*taken, *(j for j, _ in self._hand.buffer)]
-            routine = extend_leases(self._hand, self.queues, jobs, "lease check", self._lock)
-            drive(routine, self.client.perform)
-        finally:
-            with self._lock:
-                self._checking = False
+        """:meth:`Loop.check_leases <echomq_core.work.loop.Loop.check_leases>`."""
+        drive(self._loop.check_leases(self.queues, taken), self.client.perform)
 
     def _drop_if_lost(self, job: Job) -> bool:
         """:meth:`InHand.drop_if_lost`, under the lock."""
@@ -724,75 +613,23 @@ class Worker(OptionAttributes):
             loop = self._loops.loop = asyncio.new_event_loop()
         return loop.run_until_complete(_await(awaitable))
 
-    # -- the flusher ----------------------------------------------------------------------
-    def _flusher(self) -> None:
-        while True:
-            with self._lock:
-                while not (self._hand.results and self._flush_now()):
-                    if self._closing and not self._hand.results:
-                        return
-                    self._flusher_waits = True
-                    if self._hand.results:
-                        left = self._hand.wait_left(time.monotonic())
-                        self._results_ready.wait(max(0.001, left))
-                    else:
-                        self._results_ready.wait(NAP)
-                    self._flusher_waits = False
-                items, self._hand.results = self._hand.results, []
-                self._hand.flushing = len(items)
-            try:
-                for name, (done, failed) in split(items).items():
-                    self._flush(self.queues[name], done, failed)
-            except Exception:  # never die: results would wait for ever
-                log.exception("recording %d result(s) failed; their leases will expire", len(items))
-            finally:
-                with self._lock:
-                    self._hand.flushing = 0
-                    self._wake_fetcher()
-
-    def _flush(self, queue: Queue, done: list[tuple[Job, bytes]], failed: list[Failed]) -> None:
-        """:func:`~echomq_core.work.routines.record`, under this worker's lock, offering the free
-        runners' room for the capped children the results let in (a hand-off)."""
-        with self._lock:
-            room = 0 if self._stop.is_set() else self._hand.want()
-        routine = record(
-            self._hand,
-            queue,
-            done,
-            failed,
-            self.hooks,
-            self,
-            self._lock,
-            offer(queue, room),
-            self._buffer,
-            self._keep,
-        )
-        drive(routine, self.client.perform)
-
-    def _keep(self, done: list[tuple[Job, bytes]], failed: list[Failed]) -> bool:
-        """:meth:`InHand.keep` (called under the lock)."""
-        return self._hand.keep(done, failed, self._closing)
-
     def _give_back(self, jobs: list[Job]) -> None:
         """:func:`~echomq_core.work.routines.give_back`, under this worker's lock."""
-        drive(give_back(self._hand, self.queues, jobs, self._lock), self.client.perform)
+        drive(give_back(self._loop, self.queues, jobs), self.client.perform)
 
     # -- heartbeats and time limits -------------------------------------------------------
     def _heartbeats(self) -> None:
         """Extend the leases of everything in flight every ``lease / 3`` seconds and, every
         :data:`WATCH_EVERY`, abandon handlers past their time limit."""
-        every = self.options.lease / 3
+        every = self._loop.beat_every
         next_beat = time.monotonic() + every
         while not self._beat_stop.wait(min(every, WATCH_EVERY)):
             self._watch()
             if time.monotonic() < next_beat:
                 continue
             next_beat = time.monotonic() + every
-            with self._lock:
-                jobs = list(self._hand.inflight.values())
-            routine = extend_leases(self._hand, self.queues, jobs, "heartbeat", self._lock)
-            drive(routine, self.client.perform)
-            self.presence.beat(self.client.perform, len(jobs))
+            inflight = drive(self._loop.heartbeat(self.queues), self.client.perform)
+            self.presence.beat(self.client.perform, inflight)
 
     def _watch(self) -> None:
         """Abandon every runner whose handler is past its deadline: fail that job
@@ -811,9 +648,9 @@ class Worker(OptionAttributes):
                 self.abandoned += 1
                 self._hand.running -= 1
                 self._awake -= 1
-                error = f"TimeoutError: the handler ran longer than {slot.limit:g}s"
+                error = timed_out(slot.limit)
                 for each in slot.jobs or [job]:  # a batch call: every job of it
-                    self._add_result(each, (error, True, None))
+                    self._loop.add_result(each, error)
                 self._results_ready.notify()
                 taken.append(slot)
         for slot in taken:

@@ -250,7 +250,7 @@ def test_a_worker_records_the_written_part_of_a_cut_batch_and_keeps_the_rest(
         worker._hand.inflight[(work, job.id)] = job
     _limit_halfway(node, _completes(queue, rehearsal))
     done = queue.encode_results([(j, 1) for j in jobs])
-    routine = record(worker._hand, queue, done, [], hooks, worker, worker._lock, keep=worker._keep)
+    routine = record(worker._loop, queue, done, [])
     drive(routine, mq.perform)
     kept = [job for job, _ in worker._hand.results]
     assert len(hooks.completed) == 500 and worker.completed == 500

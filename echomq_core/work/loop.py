@@ -1,0 +1,423 @@
+"""The one worker loop: what the threaded and the asyncio worker decide, written once.
+
+Both workers (see :mod:`echomq_core.work.worker`) have one *fetcher* that claims into a local
+buffer, N *runners*, one *flusher* that records results in batches and one *heartbeat*. What
+they decide - how much to claim and when, when to read the jobs claimed ahead, when to record
+the waiting results and what to offer with them, when a buffered job's lease is re-checked,
+how long an idle part naps, what a stop gives back - is decided here, by :class:`Loop` (what
+a worker holds and the rules over it) and by the routines :func:`fetching` and
+:func:`flushing` (the fetcher's and the flusher's loops). Those are generators, as the
+exchanges of :mod:`echomq_core.work.routines` are: they yield the operations to run, and a
+:class:`Wait` where the loop pauses; a driver runs them - :func:`~echomq_core.work.routines.drive`
+on threads (a :class:`Wait` on a condition of the worker's lock), :func:`~echomq_core.work.
+routines.adrive` on tasks (on an :class:`asyncio.Event`). The runners stay each driver's own
+(threads that take turns under a lock, tasks that await): they call the loop's rules.
+
+Nothing here is per job beyond what the workers did themselves: the loops yield per claim and
+per batch, never per job, and a claim stays one round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Generator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ..client.queue import QueueOps
+from ..control.options import PumpOptions, WorkerOptions, build
+from ..hooks import LifecycleHooks
+from ..models import Job
+from ..pump.pump import Pump, worker_pump
+from ..queues.registry import Presence
+from ..wire.calls import Op
+from ..wire.patience import Outage
+from . import batching
+from .routines import Routine, claim_turn, extend_leases, give_back, offer, read_ahead, record
+from .running import Failed, InHand, Intake, Outcome, RateWindows, make_queues, split
+
+log = logging.getLogger("echomq_core.worker")
+Q = TypeVar("Q", bound=QueueOps)
+T = TypeVar("T")
+
+#: How long a waiting part (a runner, the fetcher, the flusher, a stop waiting for runners)
+#: naps before it looks at the stop flag again (s): a flag set without ``stop()`` (which wakes
+#: them at once) is seen within this.
+NAP = 0.2
+#: The longest a fetcher waits for room while it holds jobs claimed ahead, unread (s; at
+#: most a quarter of the lease): then it reads them into the buffer, where heartbeats extend
+#: their leases. Runners free room within milliseconds while handlers are fast.
+HOLD = 0.02
+#: Buffered jobs claimed longer ago than this (s; at most a third of the lease) have their
+#: leases re-checked (one call) before the next starts: a cancelled flow's claimed children
+#: are dropped, not started.
+RECHECK = 0.25
+#: :meth:`Loop.flush_wait`: nothing waits and nothing will come, the flusher ends.
+DONE = -1.0
+
+#: What a :class:`Wait` waits for.
+ROOM = "room"  # a runner is free or the buffer ran low (True: the fetcher may claim now)
+RESULTS = "results"  # results are due (:meth:`Loop.flush_wait`)
+SLEEP = "sleep"  # ``seconds`` or a stop
+WORK = "work"  # the queues' wake-up hints, ``seconds`` at most (an idle fetcher)
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """A pause :func:`fetching` or :func:`flushing` asks its driver for: ``what`` (one of
+    :data:`ROOM`, :data:`RESULTS`, :data:`SLEEP`, :data:`WORK`) for up to ``seconds``."""
+
+    what: str
+    seconds: float
+
+
+#: The fetcher's and the flusher's loops: :data:`~echomq_core.work.routines.Routine` s that also
+#: yield a :class:`Wait` where they pause.
+Looping = Generator[Op[Any] | Wait, Any, T]
+
+
+class Loop:
+    """What one worker holds (:class:`~echomq_core.work.running.InHand`, its claim sizing,
+    rate windows, counts) and the rules over it, whatever drives it: the threaded worker
+    calls the rules under ``lock``, the asyncio one with a null context. ``buffer`` is the
+    driver's: put leased jobs in the buffer and wake runners (returns the jobs it does not take:
+    the worker is stopping). ``wake_fetcher`` / ``wake_flusher``: wake those parts (the threaded
+    one under the lock)."""
+
+    def __init__(
+        self,
+        options: WorkerOptions,
+        per_call: int,
+        hooks: LifecycleHooks | None,
+        lock: AbstractContextManager[Any],
+        stop: Any,
+    ) -> None:
+        self.options = options
+        self.intake = Intake(options.concurrency, options.max_batch, options.fast_job, per_call)
+        self.hand = InHand(options, self.intake)
+        self.windows = RateWindows()
+        self.hooks = hooks
+        self.lock = lock
+        self.stop = stop  # a threading.Event or an asyncio.Event: only is_set() is read
+        self.completed = 0  # completions the server recorded
+        self.failed = 0  # failed attempts the server recorded
+        self.closing = False  # the runners are done: the flusher ends once nothing waits
+        self.recheck = min(RECHECK, options.lease / 3)
+        self.checked = 0.0  # when leases were last re-checked (monotonic)
+        self.checking = False  # a runner re-checks them now
+        self.hold = min(HOLD, options.lease / 4)
+        #: the heartbeat's period: three beats in a lease, so one lost beat loses no lease
+        self.beat_every = options.lease / 3
+        self.buffer: Callable[[list[Job]], list[Job]] = lambda jobs: jobs
+        self.wake_fetcher: Callable[[], Any] = lambda: None
+        self.wake_flusher: Callable[[], Any] = lambda: None
+
+    # -- the runners ----------------------------------------------------------------------
+    def add_result(self, job: Job, result: Outcome) -> None:
+        """Hand one result to the flusher (under the lock): woken when the batch is due, and
+        the fetcher too while handlers are slow (a runner is free: claim for it)."""
+        self.hand.add_result(job, result)
+        if self.hand.flush_now(self.stop.is_set()):
+            self.wake_flusher()
+        if not self.intake.fast:
+            self.wake_fetcher()
+
+    def check_due(self, now: float) -> bool:
+        """A runner took a job that waited ``recheck`` or longer in the buffer (the caller
+        compares, on its hot path): True (and the check noted as under way, under the lock)
+        when the buffered jobs' leases are to be re-checked before it starts - no check ran
+        for ``recheck`` and none runs now (:meth:`check_leases`)."""
+        if now - self.checked < self.recheck or self.checking:
+            return False
+        self.checking, self.checked = True, now
+        return True
+
+    def check_leases(self, queues: Mapping[str, QueueOps], taken: list[Job]) -> Routine[None]:
+        """Extend the leases of the buffered jobs (and ``taken``), noting those found gone:
+        they are dropped, not started (:meth:`InHand.drop_if_lost`)."""
+        try:
+            with self.lock:
+                jobs = [*taken, *(j for j, _ in self.hand.buffer)]
+            yield from extend_leases(self, queues, jobs, "lease check")
+        finally:
+            with self.lock:
+                self.checking = False
+
+    def heartbeat(self, queues: Mapping[str, QueueOps]) -> Routine[int]:
+        """Extend the lease of every job in hand (every ``lease / 3``); returns how many."""
+        with self.lock:
+            jobs = list(self.hand.inflight.values())
+        yield from extend_leases(self, queues, jobs, "heartbeat")
+        return len(jobs)
+
+    # -- the flusher ----------------------------------------------------------------------
+    def flush_wait(self) -> float | None:
+        """None: record the waiting results now (:meth:`InHand.flush_now`); else how long
+        the flusher waits first (s), or :data:`DONE` when nothing waits and the worker is
+        closing (under the lock)."""
+        hand = self.hand
+        if hand.results and hand.flush_now(self.stop.is_set()):
+            return None
+        if not hand.results:
+            return DONE if self.closing else NAP
+        return max(0.001, hand.wait_left(time.monotonic()))
+
+    def keep(self, done: list[tuple[Job, bytes]], failed: list[Failed]) -> bool:
+        """:meth:`InHand.keep` (under the lock): a closing worker keeps nothing."""
+        return self.hand.keep(done, failed, self.closing)
+
+    # -- a stop ---------------------------------------------------------------------------
+    def deadline(self, wait: bool) -> float:
+        """Until when (monotonic) a stop waits for running handlers: ``grace`` seconds with
+        ``wait``, else not at all."""
+        return time.monotonic() + (self.options.grace if wait else 0.0)
+
+    def unstarted(self) -> list[Job]:
+        """Empty the buffer (under the lock): the jobs a stop gives back untouched."""
+        with self.lock:
+            jobs = [job for job, _ in self.hand.buffer]
+            self.hand.buffer.clear()
+        return jobs
+
+
+def time_limit(jobs: list[Job], queues: Mapping[str, QueueOps]) -> int | None:
+    """The time limit of one call of ``jobs`` (ms, None: none): the smallest of theirs, each
+    a job's own, else its queue's (whose default is the worker's ``timeout``)."""
+    limits = [job.timeout_ms or queues[job.shard].timeout_ms for job in jobs]
+    return min((ms for ms in limits if ms), default=None)
+
+
+def timed_out(limit: float) -> Outcome:
+    """The failed attempt of a call that ran past its time limit (retried as any)."""
+    return (f"TimeoutError: the handler ran longer than {limit:g}s", True, None)
+
+
+def fetching(loop: Loop, queues: Mapping[str, QueueOps], outage: Outage) -> Looping[None]:
+    """The fetcher: claim while there is room, until the worker stops. While handlers are
+    fast each claim leases the next batch ahead in the round trip that reads its rows
+    (:meth:`QueueOps.claim_op <echomq_core.client.queue.QueueOps.claim_op>`'s ``ahead``,
+    once the ramp reached ``max_batch``: each claim then asks the same); those are read
+    into the buffer when no room comes within :data:`HOLD`, so no lease is held unread
+    through a wait. A claim that failed waits ``idle`` before the next; a turn that found
+    nothing waits on the wake-up hints, backing off from ``poll`` to ``max_poll``. The
+    queues are claimed from in turn, starting one further after each take (none starves)."""
+    options, intake, hand, stopping = loop.options, loop.intake, loop.hand, loop.stop.is_set
+    names = list(queues)
+    idle, turn = options.poll, 0
+    try:
+        while not stopping():
+            with loop.lock:
+                want = hand.want()
+                ahead = intake.fast and intake.batch >= options.max_batch
+            if want <= 0:
+                held = any(q.ahead for q in queues.values())
+                roomy = yield Wait(ROOM, loop.hold if held else NAP)
+                if held and not roomy:  # no room within HOLD: the held jobs join the buffer
+                    yield from take_ahead(loop, queues)
+                continue
+            windows, warn = loop.windows, outage.warning
+            claim = claim_turn(queues, names, turn, want, ahead, windows, stopping, warn)
+            jobs, seconds, failed = yield from claim
+            if failed:  # a claim failed: not again at once
+                yield Wait(SLEEP, idle)
+            else:
+                outage.up()  # one attribute read while the server answers
+            if jobs:
+                turn += 1
+                yield from take(loop, queues, jobs, seconds)
+                idle = options.poll
+            else:
+                yield Wait(WORK, idle)
+                idle = min(options.max_poll, idle * 2)
+    finally:  # a stopping worker gives back what it claimed ahead
+        yield from take_ahead(loop, queues)
+
+
+def take_ahead(loop: Loop, queues: Mapping[str, QueueOps]) -> Routine[None]:
+    """:func:`~echomq_core.work.routines.read_ahead`: the jobs claimed ahead join the buffer
+    (or are given back: the worker is stopping)."""
+    for jobs, seconds in (yield from read_ahead(queues)):
+        yield from take(loop, queues, jobs, seconds)
+
+
+def take(
+    loop: Loop, queues: Mapping[str, QueueOps], jobs: list[Job], seconds: float
+) -> Routine[None]:
+    """Put claimed jobs in the buffer (or give them back: the worker is stopping)."""
+    with loop.lock:
+        loop.intake.claimed(len(jobs), seconds)
+    back = loop.buffer(jobs)
+    if back:
+        yield from give_back(loop, queues, back)
+
+
+def flushing(loop: Loop, queues: Mapping[str, QueueOps]) -> Looping[None]:
+    """The flusher: record the waiting results when they are due (:meth:`Loop.flush_wait`),
+    one queue's batch at a time (:func:`~echomq_core.work.routines.record`), offering the
+    free runners' room for the capped children the results let in (a hand-off); ends once
+    the worker closes with nothing waiting. A batch that fails to record is logged, and the
+    flusher goes on: results would otherwise wait for ever."""
+    hand = loop.hand
+    while True:
+        with loop.lock:
+            wait = loop.flush_wait()
+            if wait is None:
+                items, hand.results = hand.results, []
+                hand.flushing = len(items)
+        if wait == DONE:
+            return
+        if wait is not None:
+            yield Wait(RESULTS, wait)
+            continue
+        try:
+            for name, (done, failed) in split(items).items():
+                queue = queues[name]
+                with loop.lock:
+                    room = 0 if loop.stop.is_set() else hand.want()
+                yield from record(loop, queue, done, failed, offer(queue, room))
+        except Exception:  # never die: results would wait for ever
+            log.exception("recording %d result(s) failed; their leases will expire", len(items))
+        finally:
+            with loop.lock:
+                hand.flushing = 0
+                loop.wake_fetcher()
+
+
+class Driven(Generic[Q]):
+    """What the two workers are made of alike: their options (read-only attributes, read
+    from ``options``), queues, handlers, batch sizes, Pump, registry entry and
+    :class:`Loop`. A driver sets ``_loop`` in its constructor and calls :meth:`_serve`."""
+
+    options: WorkerOptions
+    client: Any
+    hooks: LifecycleHooks | None
+    queues: dict[str, Q]
+    handlers: dict[str, Any]
+    batches: dict[str, int]
+    pump: Pump | None
+    presence: Presence
+    _loop: Loop
+    _outage: Outage
+    _per_queue: Mapping[str, Any] | None
+    _given: tuple[dict[str, Any], Mapping[str, Any] | None, bool | PumpOptions]
+    #: the kind of worker in the workers registry ("thread" or "asyncio")
+    _KIND = ""
+    #: its queues: :class:`~echomq_core.Queue` or :class:`~echomq_core.AsyncQueue`
+    _QUEUE: Callable[..., Q]
+
+    def _configure(
+        self,
+        client: Any,
+        handlers: Mapping[str, Any],
+        options: WorkerOptions | None,
+        queue_options: Mapping[str, Any] | None,
+        hooks: LifecycleHooks | None,
+        pump: bool | PumpOptions,
+        settings: dict[str, Any],
+    ) -> WorkerOptions:
+        """Read the constructor's arguments (``settings``: option fields by name, ``batch``
+        maybe per queue) and refuse bad ones before any round trip."""
+        settings = dict(settings)
+        self._per_queue = batching.split_setting(settings)  # batch={queue: size}
+        opts = self.options = build(WorkerOptions, options, settings)
+        self.client = client
+        self.hooks = hooks
+        self._given = (dict(handlers), queue_options, pump)
+        make_queues(client, handlers, opts, queue_options, self._QUEUE)  # refuse bad input
+        #: the signal that stopped ``run`` (SIGINT or SIGTERM), None until one came
+        self.signalled: int | None = None
+        self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
+        return opts
+
+    def _serve(
+        self, handlers: Mapping[str, Any], logical: Mapping[str, str] | None = None
+    ) -> None:
+        """Take ``handlers`` (by physical queue; ``logical``: the name each one's jobs show,
+        :func:`~echomq_core.work.running.logical_names`): their queues, batch sizes, Pump,
+        registry entry and the outage warnings of the fetcher."""
+        opts, (_, queue_options, pump) = self.options, self._given
+        self.queues = make_queues(self.client, handlers, opts, queue_options, self._QUEUE, logical)
+        self.handlers = dict(handlers)
+        #: {queue: jobs per call} of the queues whose handler takes lists (size above 1)
+        self.batches = batching.sizes(
+            opts.batch,
+            self._per_queue,
+            {name: queue.logical for name, queue in self.queues.items()},
+            opts.max_batch,
+        )
+        self.pump = worker_pump(self.client, list(self.handlers), pump, self.hooks)
+        #: this process's entry in the workers registry (:mod:`echomq_core.queues.registry`)
+        self.presence = Presence(
+            self.client.keys, list(handlers), opts.concurrency, self._KIND, opts.lease
+        )
+        for queue in self.queues.values():  # its lease tokens name this worker
+            queue.holder = self.presence.entry.id
+        #: the fetcher's and hint waits' warnings while the server is down, backed off
+        self._outage = Outage(log, f"worker {self.presence.entry.id}")
+
+    def __repr__(self) -> str:
+        name, queues = type(self).__name__, sorted(self.handlers)
+        return f"{name}(queues={queues}, concurrency={self.concurrency})"
+
+    @property
+    def completed(self) -> int:
+        """Completions the server recorded."""
+        return self._loop.completed
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts the server recorded."""
+        return self._loop.failed
+
+    @property
+    def dropped(self) -> int:
+        """Claimed jobs not started because their lease was gone (a cancelled flow)."""
+        return self._loop.hand.dropped
+
+    @property
+    def recheck(self) -> float:
+        """Buffered jobs claimed longer ago than this (s) have their leases re-checked."""
+        return self._loop.recheck
+
+    @recheck.setter
+    def recheck(self, seconds: float) -> None:
+        self._loop.recheck = seconds
+
+    @property
+    def concurrency(self) -> int:
+        return self.options.concurrency
+
+    @property
+    def max_batch(self) -> int:
+        return self.options.max_batch
+
+    @property
+    def batch(self) -> int:
+        """Jobs per handler call of the queues ``batch={queue: n}`` does not name."""
+        return self.options.batch
+
+    @property
+    def lease(self) -> float:
+        return self.options.lease
+
+    @property
+    def poll(self) -> float:
+        return self.options.poll
+
+    @property
+    def max_poll(self) -> float:
+        return self.options.max_poll
+
+    @property
+    def grace(self) -> float:
+        return self.options.grace
+
+    @property
+    def fast_job(self) -> float:
+        return self.options.fast_job
+
+    @property
+    def flush_after(self) -> float:
+        return self.options.flush_after
