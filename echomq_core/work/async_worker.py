@@ -57,21 +57,10 @@ from ..models import Job
 from ..queues import ops
 from ..queues.hints import BLOCK_SLICE, hint_groups
 from ..wire.patience import WAIT_FOR_SERVER, apatiently
-from . import batching
-from .loop import (
-    RESULTS,
-    ROOM,
-    WORK,
-    Driven,
-    Loop,
-    Wait,
-    fetching,
-    flushing,
-    time_limit,
-    timed_out,
-)
+from .loop import Loop, Wait, fetching, flushing
 from .routines import adrive, give_back
-from .running import Outcome, draining_text, failure, logical_names, serving
+from .running import draining_text, logical_names, serving
+from .tasks import TaskRunners
 
 if TYPE_CHECKING:
     from ..client.clients import AsyncEchoMQ
@@ -89,7 +78,7 @@ def is_async(handler: Any) -> bool:
     )
 
 
-class AsyncWorker(Driven[AsyncQueue]):
+class AsyncWorker(TaskRunners):
     """Runs ``handlers`` ({queue name: callable}) on the running event loop until stopped.
     Options as :class:`~echomq_core.work.worker.Worker` (``concurrency`` is the number of handler
     tasks, and of threads for sync handlers)."""
@@ -315,16 +304,16 @@ class AsyncWorker(Driven[AsyncQueue]):
     async def _wait(self, wait: Wait) -> bool:
         """A pause of the fetcher or the flusher (nothing runs between the loop's look and
         this wait: one event loop); room: True when the fetcher may claim now."""
-        if wait.what == ROOM:
+        if wait.what == Wait.ROOM:
             self._want_jobs.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._want_jobs.wait(), wait.seconds)
             return self._hand.want() > 0
-        if wait.what == RESULTS:
+        if wait.what == Wait.RESULTS:
             self._results_ready.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._results_ready.wait(), wait.seconds)
-        elif wait.what == WORK:
+        elif wait.what == Wait.WORK:
             await self._idle(wait.seconds)
         else:
             await self._sleep(wait.seconds)
@@ -404,200 +393,6 @@ class AsyncWorker(Driven[AsyncQueue]):
                     self._outage.warning("waiting for work failed: %s", exc)
             if woken:
                 return
-
-    # -- the runners ----------------------------------------------------------------------
-    async def _runner(self, index: int) -> None:
-        loop, hand = self._loop, self._hand
-        while not self._stop.is_set():
-            if not hand.buffer:
-                await self._idle_runner()
-                continue
-            job, claimed = hand.buffer.popleft()
-            self._want_jobs.set()  # maybe low: the next claim may start
-            now = time.monotonic()
-            if now - claimed >= loop.recheck and loop.check_due(now):
-                await self._check_leases([job])
-            if hand.drop_if_lost(job):
-                continue
-            await self._run_one(job)
-
-    async def _idle_runner(self) -> None:
-        """Wait, as an idle runner, for a job in the buffer (the fetcher is told: room)."""
-        self._want_jobs.set()
-        waiter = asyncio.get_running_loop().create_future()
-        self._idle_runners.append(waiter)
-        await waiter
-
-    async def _batch_runner(self, index: int) -> None:
-        """:meth:`_runner` for a worker with batch handlers: each call takes the buffer's head
-        and the jobs of its queue behind it (:func:`~echomq_core.work.batching.take`)."""
-        loop = self._loop
-        while not self._stop.is_set():
-            if not self._hand.buffer:
-                await self._idle_runner()
-                continue
-            taken = batching.take(self._hand.buffer, self.batches)
-            self._want_jobs.set()
-            jobs = [job for job, _ in taken]
-            now = time.monotonic()
-            if now - taken[0][1] >= loop.recheck and loop.check_due(now):
-                await self._check_leases(jobs)
-            if self._hand.lost:  # a cancelled flow's buffered children: not started
-                jobs = [job for job in jobs if not self._hand.drop_if_lost(job)]
-            if jobs:
-                await self._run_batch(jobs)
-
-    async def _run_batch(self, jobs: list[Job]) -> None:
-        """:meth:`_run_one` for one call of one or more jobs; its time limit is the smallest
-        of theirs, and past it every job of the call fails."""
-        limit_ms = time_limit(jobs, self.queues)
-        started = time.monotonic()
-        self._hand.running += 1
-        try:
-            if not limit_ms:
-                done = await self._invoke_batch(jobs)
-            else:
-                call = asyncio.ensure_future(self._invoke_batch(jobs))
-                try:
-                    await asyncio.wait([call], timeout=limit_ms / 1000)
-                except asyncio.CancelledError:  # stopping past the grace: jobs given back
-                    call.cancel()
-                    raise
-                if not call.done():
-                    self._abandon(call, jobs, limit_ms / 1000)
-                    return
-                done = call.result()
-        finally:
-            self._hand.running -= 1
-        self._intake.observe(time.monotonic() - started)
-        for job, result in done:
-            self._loop.add_result(job, result)
-
-    def _abandon(self, call: asyncio.Future[Any], jobs: list[Job], limit: float) -> None:
-        """A batch call ran past its time limit: cancel it (async) or leave its thread (sync)
-        and fail every job of it."""
-        self.abandoned += 1
-        if self._async[jobs[0].shard]:
-            call.cancel()
-        else:
-            self._pool_lost()
-        log.warning(
-            "a call of %d job(s) in %r ran past its time limit (%gs): failed the attempts (%d "
-            "call(s) abandoned so far)",
-            len(jobs),
-            jobs[0].shard,
-            limit,
-            self.abandoned,
-        )
-        error = timed_out(limit)
-        for job in jobs:
-            self._loop.add_result(job, error)
-
-    async def _invoke_batch(self, jobs: list[Job]) -> list[batching.Done]:
-        """Run one call: a batch handler on ``jobs``, or a one-job handler on its job."""
-        shard = jobs[0].shard
-        if shard not in self.batches:
-            return [(jobs[0], await self._invoke(jobs[0]))]
-        run, out = batching.undecodable(jobs)
-        if not run:
-            return out
-        handler: Any = self.handlers[shard]  # takes a list
-        for job in run:
-            job.spawner = self._spawner
-        try:
-            if self._async[shard]:
-                value = await handler(run)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._threads(), handler, run)
-                if inspect.isawaitable(value):
-                    value = await value
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # classified by failure()
-            return out + batching.raised(run, exc)
-        return out + batching.read(self.client.encode, jobs[0].queue, run, value)
-
-    async def _run_one(self, job: Job) -> None:
-        queue = self.queues[job.shard]
-        limit_ms = job.timeout_ms or queue.timeout_ms
-        started = time.monotonic()
-        self._hand.running += 1
-        try:
-            if not limit_ms:  # the common case costs no task of its own
-                result = await self._invoke(job)
-            else:
-                timed = await self._invoke_within(job, limit_ms / 1000)
-                if timed is None:
-                    return
-                result = timed
-        finally:
-            self._hand.running -= 1
-        self._intake.observe(time.monotonic() - started)
-        self._loop.add_result(job, result)
-
-    async def _invoke_within(self, job: Job, limit: float) -> Outcome | None:
-        """:meth:`_invoke` with a time limit; None when the call ran past it (the attempt is
-        failed here, the call cancelled or, in a thread, abandoned)."""
-        handler = asyncio.ensure_future(self._invoke(job))
-        try:
-            await asyncio.wait([handler], timeout=limit)
-        except asyncio.CancelledError:  # stopping past the grace: the job is given back
-            handler.cancel()
-            raise
-        if handler.done():
-            return handler.result()
-        self.abandoned += 1
-        if self._async[job.shard]:
-            handler.cancel()
-        else:  # a thread cannot be stopped: later calls get a fresh pool
-            self._pool_lost()
-        log.warning(
-            "job %s in %r ran past its time limit (%gs): failed the attempt (%d call(s) "
-            "abandoned so far)",
-            job.id,
-            job.shard,
-            limit,
-            self.abandoned,
-        )
-        self._loop.add_result(job, timed_out(limit))
-        return None
-
-    async def _invoke(self, job: Job) -> Outcome:
-        """Run one handler: the encoded result, or (error text, retry?)."""
-        if job.decode_error is not None:
-            return (job.decode_error, False, None)
-        handler = self.handlers[job.shard]
-        job.spawner = self._spawner
-        try:
-            if self._async[job.shard]:
-                value = await handler(job)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._threads(), handler, job)
-                if inspect.isawaitable(value):
-                    value = await value
-            return self.client.encode(value)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # classified by failure()
-            return failure(job, exc)
-
-    def _threads(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="echomq-sync")
-        return self._pool
-
-    def _pool_lost(self) -> None:
-        """A sync call was abandoned: its thread stays busy, so later calls get a new pool
-        (the old one ends its threads as their calls return)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
-
-    async def _check_leases(self, taken: list[Job]) -> None:
-        """:meth:`Loop.check_leases <echomq_core.work.loop.Loop.check_leases>`."""
-        await adrive(self._loop.check_leases(self.queues, taken), self.connection.perform)
 
     async def _give_back(self, jobs: list[Job]) -> None:
         """:func:`~echomq_core.work.routines.give_back`."""

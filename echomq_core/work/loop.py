@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ..client.queue import QueueOps
 from ..control.options import PumpOptions, WorkerOptions, build
@@ -57,20 +57,22 @@ RECHECK = 0.25
 #: :meth:`Loop.flush_wait`: nothing waits and nothing will come, the flusher ends.
 DONE = -1.0
 
-#: What a :class:`Wait` waits for.
-ROOM = "room"  # a runner is free or the buffer ran low (True: the fetcher may claim now)
-RESULTS = "results"  # results are due (:meth:`Loop.flush_wait`)
-SLEEP = "sleep"  # ``seconds`` or a stop
-WORK = "work"  # the queues' wake-up hints, ``seconds`` at most (an idle fetcher)
-
-
 @dataclass(frozen=True, slots=True)
 class Wait:
     """A pause :func:`fetching` or :func:`flushing` asks its driver for: ``what`` (one of
-    :data:`ROOM`, :data:`RESULTS`, :data:`SLEEP`, :data:`WORK`) for up to ``seconds``."""
+    the kinds below) for up to ``seconds``."""
 
     what: str
     seconds: float
+
+    #: a runner is free or the buffer ran low (the driver answers True: claim now)
+    ROOM: ClassVar[str] = "room"
+    #: results are due (:meth:`Loop.flush_wait`)
+    RESULTS: ClassVar[str] = "results"
+    #: ``seconds`` or a stop
+    SLEEP: ClassVar[str] = "sleep"
+    #: the queues' wake-up hints, ``seconds`` at most (an idle fetcher)
+    WORK: ClassVar[str] = "work"
 
 
 #: The fetcher's and the flusher's loops: :data:`~echomq_core.work.routines.Routine` s that also
@@ -213,7 +215,7 @@ def fetching(loop: Loop, queues: Mapping[str, QueueOps], outage: Outage) -> Loop
                 ahead = intake.fast and intake.batch >= options.max_batch
             if want <= 0:
                 held = any(q.ahead for q in queues.values())
-                roomy = yield Wait(ROOM, loop.hold if held else NAP)
+                roomy = yield Wait(Wait.ROOM, loop.hold if held else NAP)
                 if held and not roomy:  # no room within HOLD: the held jobs join the buffer
                     yield from take_ahead(loop, queues)
                 continue
@@ -221,7 +223,7 @@ def fetching(loop: Loop, queues: Mapping[str, QueueOps], outage: Outage) -> Loop
             claim = claim_turn(queues, names, turn, want, ahead, windows, stopping, warn)
             jobs, seconds, failed = yield from claim
             if failed:  # a claim failed: not again at once
-                yield Wait(SLEEP, idle)
+                yield Wait(Wait.SLEEP, idle)
             else:
                 outage.up()  # one attribute read while the server answers
             if jobs:
@@ -229,7 +231,7 @@ def fetching(loop: Loop, queues: Mapping[str, QueueOps], outage: Outage) -> Loop
                 yield from take(loop, queues, jobs, seconds)
                 idle = options.poll
             else:
-                yield Wait(WORK, idle)
+                yield Wait(Wait.WORK, idle)
                 idle = min(options.max_poll, idle * 2)
     finally:  # a stopping worker gives back what it claimed ahead
         yield from take_ahead(loop, queues)
@@ -269,7 +271,7 @@ def flushing(loop: Loop, queues: Mapping[str, QueueOps]) -> Looping[None]:
         if wait == DONE:
             return
         if wait is not None:
-            yield Wait(RESULTS, wait)
+            yield Wait(Wait.RESULTS, wait)
             continue
         try:
             for name, (done, failed) in split(items).items():
@@ -285,6 +287,17 @@ def flushing(loop: Loop, queues: Mapping[str, QueueOps]) -> Looping[None]:
                 loop.wake_fetcher()
 
 
+class _Option(Generic[T]):
+    """A worker's option as a read-only attribute (``worker.lease``), read from its
+    ``options``: one source of truth, nothing copied."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, worker: Any, owner: type | None = None) -> T:
+        return getattr(worker.options, self.name)  # type: ignore[no-any-return]
+
+
 class Driven(Generic[Q]):
     """What the two workers are made of alike: their options (read-only attributes, read
     from ``options``), queues, handlers, batch sizes, Pump, registry entry and
@@ -298,7 +311,11 @@ class Driven(Generic[Q]):
     batches: dict[str, int]
     pump: Pump | None
     presence: Presence
+    abandoned: int
     _loop: Loop
+    _hand: InHand  # the loop's
+    _intake: Intake  # the loop's
+    _spawner: Any  # what job.spawn() calls
     _outage: Outage
     _per_queue: Mapping[str, Any] | None
     _given: tuple[dict[str, Any], Mapping[str, Any] | None, bool | PumpOptions]
@@ -331,9 +348,7 @@ class Driven(Generic[Q]):
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         return opts
 
-    def _serve(
-        self, handlers: Mapping[str, Any], logical: Mapping[str, str] | None = None
-    ) -> None:
+    def _serve(self, handlers: Mapping[str, Any], logical: Mapping[str, str] | None = None) -> None:
         """Take ``handlers`` (by physical queue; ``logical``: the name each one's jobs show,
         :func:`~echomq_core.work.running.logical_names`): their queues, batch sizes, Pump,
         registry entry and the outage warnings of the fetcher."""
@@ -385,39 +400,13 @@ class Driven(Generic[Q]):
     def recheck(self, seconds: float) -> None:
         self._loop.recheck = seconds
 
-    @property
-    def concurrency(self) -> int:
-        return self.options.concurrency
-
-    @property
-    def max_batch(self) -> int:
-        return self.options.max_batch
-
-    @property
-    def batch(self) -> int:
-        """Jobs per handler call of the queues ``batch={queue: n}`` does not name."""
-        return self.options.batch
-
-    @property
-    def lease(self) -> float:
-        return self.options.lease
-
-    @property
-    def poll(self) -> float:
-        return self.options.poll
-
-    @property
-    def max_poll(self) -> float:
-        return self.options.max_poll
-
-    @property
-    def grace(self) -> float:
-        return self.options.grace
-
-    @property
-    def fast_job(self) -> float:
-        return self.options.fast_job
-
-    @property
-    def flush_after(self) -> float:
-        return self.options.flush_after
+    concurrency = _Option[int]()
+    max_batch = _Option[int]()
+    #: Jobs per handler call of the queues ``batch={queue: n}`` does not name.
+    batch = _Option[int]()
+    lease = _Option[float]()
+    poll = _Option[float]()
+    max_poll = _Option[float]()
+    grace = _Option[float]()
+    fast_job = _Option[float]()
+    flush_after = _Option[float]()

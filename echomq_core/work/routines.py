@@ -61,9 +61,7 @@ def drive(routine: Generator[Any, Any, T], perform: Callable[[Any], Any]) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def adrive(
-    routine: Generator[Any, Any, T], perform: Callable[[Any], Awaitable[Any]]
-) -> T:
+async def adrive(routine: Generator[Any, Any, T], perform: Callable[[Any], Awaitable[Any]]) -> T:
     """:func:`drive` with an asyncio ``perform`` (a cancellation is thrown in too, so the
     routine's ``finally`` runs before it propagates)."""
     try:
