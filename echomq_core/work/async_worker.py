@@ -55,7 +55,7 @@ from ..flows import sharding, spawning
 from ..hooks import LifecycleHooks
 from ..models import Job
 from ..queues import ops
-from ..queues.hints import BLOCK_SLICE, hint_groups
+from ..queues.hints import BLOCK_SLICE
 from ..wire.patience import WAIT_FOR_SERVER, apatiently
 from .loop import Loop, Wait, fetching, flushing
 from .routines import adrive, give_back
@@ -213,13 +213,8 @@ class AsyncWorker(TaskRunners):
     def _on_signal(self, signum: int) -> None:
         """SIGTERM / SIGINT: stop claiming and drain (:meth:`run` says what it waits for);
         a second one gives back the running jobs at once."""
-        if self._stop.is_set():
-            log.warning("second signal: giving back the running jobs now")
+        if self._signal(signum):
             self.halted = True
-            self._halt.set()
-        else:
-            self.signalled = signum
-        self._stop.set()
         self._wake_all()
 
     def _wake_all(self) -> None:
@@ -320,14 +315,10 @@ class AsyncWorker(TaskRunners):
         return True
 
     def _buffer(self, jobs: list[Job]) -> list[Job]:
-        """Put leased jobs (claimed, or handed off with results) in the buffer; returns them
-        instead when the worker is stopping (the caller gives them back)."""
-        for job in jobs:
-            self._hand.inflight[(job.shard, job.id)] = job
-        if self._stop.is_set():
+        """:meth:`Loop.take_in <echomq_core.work.loop.Loop.take_in>`, waking a runner per job;
+        returns the jobs when the worker is stopping (the caller gives them back)."""
+        if not self._loop.take_in(jobs):
             return jobs
-        now = time.monotonic()
-        self._hand.buffer.extend((job, now) for job in jobs)
         self._wake_runners(len(jobs))
         return []
 
@@ -336,15 +327,13 @@ class AsyncWorker(TaskRunners):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _idle(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
-        rate windows are spent, not past the first opening, and on their queues' hints not at
-        all (see :class:`~echomq_core.work.running.RateWindows`)."""
-        names = list(self.handlers)
-        wake, seconds = self._loop.windows.idle_plan(names, names, seconds)
-        if wake is None:
+        """Wait up to ``seconds`` for work: blocked on the wake-up hints where possible
+        (:meth:`Loop.idle_hints <echomq_core.work.loop.Loop.idle_hints>`)."""
+        names, keys, is_cluster = list(self.handlers), self.client.keys, self.connection.is_cluster
+        groups, seconds = self._loop.idle_hints(names, keys, is_cluster, seconds)
+        if not groups:
             await self._sleep(seconds)
             return
-        groups = hint_groups([self.client.keys.wake(q) for q in wake], self.connection.is_cluster)
         if len(groups) > 1:
             await self._idle_slots(groups, seconds)
             return
@@ -353,7 +342,7 @@ class AsyncWorker(TaskRunners):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            op = ops.wait_for_work(self.client.keys, wake, min(left, BLOCK_SLICE))
+            op = ops.wait_for_hint(groups[0], min(left, BLOCK_SLICE))
             try:
                 if await self.connection.perform(op):
                     return

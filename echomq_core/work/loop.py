@@ -31,8 +31,10 @@ from ..control.options import PumpOptions, WorkerOptions, build
 from ..hooks import LifecycleHooks
 from ..models import Job
 from ..pump.pump import Pump, worker_pump
+from ..queues.hints import hint_groups
 from ..queues.registry import Presence
 from ..wire.calls import Op
+from ..wire.keyspace import Keyspace
 from ..wire.patience import Outage
 from . import batching
 from .routines import Routine, claim_turn, extend_leases, give_back, offer, read_ahead, record
@@ -56,6 +58,7 @@ HOLD = 0.02
 RECHECK = 0.25
 #: :meth:`Loop.flush_wait`: nothing waits and nothing will come, the flusher ends.
 DONE = -1.0
+
 
 @dataclass(frozen=True, slots=True)
 class Wait:
@@ -125,6 +128,31 @@ class Loop:
             self.wake_flusher()
         if not self.intake.fast:
             self.wake_fetcher()
+
+    def take_in(self, jobs: list[Job]) -> bool:
+        """Take leased jobs (claimed, or handed off with results) into hand and the buffer
+        (under the lock); False when the worker is stopping: in hand only, for the caller to
+        give back. The driver wakes runners for them."""
+        inflight = self.hand.inflight
+        for job in jobs:
+            inflight[(job.shard, job.id)] = job
+        if self.stop.is_set():
+            return False
+        now = time.monotonic()
+        self.hand.buffer.extend((job, now) for job in jobs)
+        return True
+
+    def idle_hints(
+        self, names: list[str], keys: Keyspace, is_cluster: bool, seconds: float
+    ) -> tuple[list[list[str]], float]:
+        """How an idle fetcher of ``names`` waits for work, ``seconds`` at most: the wake-up
+        hint keys it blocks on, grouped by slot (one BZPOPMIN each; none: a plain sleep), and
+        for how long - while rate windows are spent, not past the first opening, and on
+        their queues' hints not at all (see :class:`~echomq_core.work.running.RateWindows`)."""
+        wake, seconds = self.windows.idle_plan(names, names, seconds)
+        if wake is None or self.stop.is_set():
+            return [], seconds
+        return hint_groups([keys.wake(q) for q in wake], is_cluster), seconds
 
     def check_due(self, now: float) -> bool:
         """A runner took a job that waited ``recheck`` or longer in the buffer (the caller
@@ -317,6 +345,8 @@ class Driven(Generic[Q]):
     _intake: Intake  # the loop's
     _spawner: Any  # what job.spawn() calls
     _outage: Outage
+    _stop: Any  # a threading.Event or an asyncio.Event: stop claiming
+    _halt: Any  # the same: a second signal, do not wait for handlers
     _per_queue: Mapping[str, Any] | None
     _given: tuple[dict[str, Any], Mapping[str, Any] | None, bool | PumpOptions]
     #: the kind of worker in the workers registry ("thread" or "asyncio")
@@ -371,6 +401,18 @@ class Driven(Generic[Q]):
             queue.holder = self.presence.entry.id
         #: the fetcher's and hint waits' warnings while the server is down, backed off
         self._outage = Outage(log, f"worker {self.presence.entry.id}")
+
+    def _signal(self, signum: int) -> bool:
+        """SIGTERM / SIGINT: stop claiming and drain (``run`` says what it waits for); a
+        second one (True) gives back the running jobs at once."""
+        second: bool = self._stop.is_set()
+        if second:
+            log.warning("second signal: giving back the running jobs now")
+            self._halt.set()
+        else:
+            self.signalled = signum
+        self._stop.set()
+        return second
 
     def __repr__(self) -> str:
         name, queues = type(self).__name__, sorted(self.handlers)

@@ -59,7 +59,7 @@ from ..control.options import PumpOptions, WorkerOptions
 from ..flows import sharding, spawning
 from ..hooks import LifecycleHooks
 from ..models import Job
-from ..queues.hints import HintWatch, hint_groups
+from ..queues.hints import HintWatch
 from ..wire.patience import WAIT_FOR_SERVER, patiently
 from .loop import NAP, Loop, Wait, fetching, flushing
 from .routines import drive, give_back
@@ -265,13 +265,7 @@ class Worker(ThreadRunners):
     def _on_signal(self, signum: int, frame: Any) -> None:
         """SIGTERM / SIGINT: stop claiming and drain (:meth:`run` says what it waits for);
         a second one gives back the running jobs at once."""
-        # no lock here: the main thread may hold it (a second signal during stop())
-        if self._stop.is_set():
-            log.warning("second signal: giving back the running jobs now")
-            self._halt.set()
-        else:
-            self.signalled = signum
-        self._stop.set()
+        self._signal(signum)  # no lock: the main thread may hold it (a signal during stop())
 
     # -- the fetcher and the flusher: the loop's routines, on threads --------------------
     def _fetcher(self) -> None:
@@ -313,31 +307,28 @@ class Worker(ThreadRunners):
         return True
 
     def _buffer(self, jobs: list[Job]) -> list[Job]:
-        """Put leased jobs (claimed, or handed off with results) in the buffer; returns them
-        instead when the worker is stopping (the caller gives them back)."""
-        now = time.monotonic()
+        """:meth:`Loop.take_in <echomq_core.work.loop.Loop.take_in>` under the lock, waking runners;
+        returns the jobs when the worker is stopping (the caller gives them back)."""
         with self._lock:
-            for job in jobs:
-                self._hand.inflight[(job.shard, job.id)] = job
-            if self._stop.is_set():
+            if not self._loop.take_in(jobs):
                 return jobs
-            self._hand.buffer.extend((job, now) for job in jobs)
             # one runner for fast CPU-bound jobs (the others would only take turns)
             self._jobs_ready.notify(len(jobs) if self._intake.spread else 1)
             return []
 
     def _idle(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
-        rate windows are spent, not past the first opening, and on their queues' hints not at
-        all (see :class:`~echomq_core.work.running.RateWindows`)."""
-        names = list(self.handlers)
-        wake, seconds = self._loop.windows.idle_plan(names, names, seconds)
-        if wake is None or self._stop.is_set():
+        """Wait up to ``seconds`` for work: blocked on the wake-up hints where possible
+        (:meth:`Loop.idle_hints <echomq_core.work.loop.Loop.idle_hints>`)."""
+        names, keys, is_cluster = (
+            list(self.handlers),
+            self.client.keys,
+            self.client.connection.is_cluster,
+        )
+        groups, seconds = self._loop.idle_hints(names, keys, is_cluster, seconds)
+        if groups:
+            self._hints.wait(groups, seconds)
+        else:
             self._stop.wait(seconds)
-            return
-        hints = [self.client.keys.wake(q) for q in wake]
-        groups = hint_groups(hints, self.client.connection.is_cluster)
-        self._hints.wait(groups, seconds)
 
     def _give_back(self, jobs: list[Job]) -> None:
         """:func:`~echomq_core.work.routines.give_back`, under this worker's lock."""
