@@ -15,8 +15,10 @@ or ``echomq worker --async``. Async handlers (``async def``, or any callable who
 handler never blocks the loop.
 
 It is the threaded :class:`~echomq_core.work.worker.Worker` with tasks for threads - the same
-operations (:class:`~echomq_core.client.queue.QueueOps`, driven through its
-:class:`~echomq_core.AsyncQueue` s), the same scripts, the same exchanges with the server
+loop (:mod:`echomq_core.work.loop`: what to claim, when to flush, what to record, when to
+nap, what a stop gives back), the same operations
+(:class:`~echomq_core.client.queue.QueueOps`, driven through its :class:`~echomq_core.AsyncQueue`
+s), the same scripts, the same exchanges with the server
 (:mod:`echomq_core.work.routines`), the same claim sizes, outcome rules and hooks
 (:mod:`echomq_core.work.running`), the same options
 (:class:`~echomq_core.control.options.WorkerOptions`): one fetcher task claims into a local buffer,

@@ -8,10 +8,11 @@ how long an idle part naps, what a stop gives back - is decided here, by :class:
 a worker holds and the rules over it) and by the routines :func:`fetching` and
 :func:`flushing` (the fetcher's and the flusher's loops). Those are generators, as the
 exchanges of :mod:`echomq_core.work.routines` are: they yield the operations to run, and a
-:class:`Wait` where the loop pauses; a driver runs them - :func:`~echomq_core.work.routines.drive`
-on threads (a :class:`Wait` on a condition of the worker's lock), :func:`~echomq_core.work.
-routines.adrive` on tasks (on an :class:`asyncio.Event`). The runners stay each driver's own
-(threads that take turns under a lock, tasks that await): they call the loop's rules.
+:class:`Wait` where the loop pauses; a driver runs them - on threads
+(:func:`~echomq_core.work.routines.drive`, a :class:`Wait` on a condition of the worker's
+lock) or on tasks (:func:`~echomq_core.work.routines.adrive`, on an :class:`asyncio.Event`).
+The runners stay each driver's own (threads that take turns under a lock, tasks that await):
+they call the loop's rules.
 
 Nothing here is per job beyond what the workers did themselves: the loops yield per claim and
 per batch, never per job, and a claim stays one round trip.
@@ -234,7 +235,7 @@ def fetching(loop: Loop, queues: Mapping[str, QueueOps], outage: Outage) -> Loop
     nothing waits on the wake-up hints, backing off from ``poll`` to ``max_poll``. The
     queues are claimed from in turn, starting one further after each take (none starves)."""
     options, intake, hand, stopping = loop.options, loop.intake, loop.hand, loop.stop.is_set
-    names = list(queues)
+    names, windows, warn = list(queues), loop.windows, outage.warning
     idle, turn = options.poll, 0
     try:
         while not stopping():
@@ -247,7 +248,6 @@ def fetching(loop: Loop, queues: Mapping[str, QueueOps], outage: Outage) -> Loop
                 if held and not roomy:  # no room within HOLD: the held jobs join the buffer
                     yield from take_ahead(loop, queues)
                 continue
-            windows, warn = loop.windows, outage.warning
             claim = claim_turn(queues, names, turn, want, ahead, windows, stopping, warn)
             jobs, seconds, failed = yield from claim
             if failed:  # a claim failed: not again at once

@@ -19,8 +19,8 @@ longer extended, a failed attempt is recorded (``TimeoutError``, retried by the 
 and a fresh runner takes the slot. Python cannot kill a thread, so the abandoned call runs on;
 whatever it returns later is refused by its lease token and changes nothing.
 
-Design (shared with :class:`~echomq_core.work.async_worker.AsyncWorker`, see
-:mod:`echomq_core.work.running`): one *fetcher* thread claims jobs into a local buffer, and
+Design (shared with :class:`~echomq_core.work.async_worker.AsyncWorker`: both drive the one
+loop of :mod:`echomq_core.work.loop`): one *fetcher* thread claims jobs into a local buffer, and
 ``concurrency`` runner threads take them from it one at a time. While handlers are fast, a
 claim doubles in size up to ``max_batch`` and the next is made while the buffer still holds
 what the runners finish during its round trip (:class:`~echomq_core.work.running.Intake`), each
