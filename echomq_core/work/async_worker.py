@@ -59,7 +59,7 @@ from ..models import Job
 from ..queues import ops
 from ..queues.hints import BLOCK_SLICE
 from ..wire.patience import WAIT_FOR_SERVER, apatiently
-from .loop import Loop, Wait, fetching, flushing
+from .loop import Wait, fetching, flushing
 from .routines import adrive, give_back
 from .running import draining_text, logical_names, serving
 from .tasks import TaskRunners
@@ -105,7 +105,7 @@ class AsyncWorker(TaskRunners):
         :meth:`start` reads the queues' shard configuration and registers them, waiting up to
         ``wait_for_server`` seconds while the server cannot take that yet (unreachable, a
         Cluster master failing over, full), logging what it waits for; 0 raises at once."""
-        opts = self._configure(client, handlers, options, queue_options, hooks, pump, settings)
+        self._configure(client, handlers, options, queue_options, hooks, pump, settings)
         self.wait_for_server = wait_for_server
         self.connection = client.connection
         self._serve(handlers)
@@ -117,13 +117,11 @@ class AsyncWorker(TaskRunners):
         self.halted = False
         self._stop = asyncio.Event()
         self._halt = asyncio.Event()
-        per_call = max(self.batches.values(), default=1)
-        self._loop = loop = Loop(opts, per_call, hooks, _NO_LOCK, self._stop)
         self._want_jobs = asyncio.Event()  # a runner is free or the buffer ran low
         self._results_ready = asyncio.Event()  # results should be recorded now
+        loop = self._make_loop(_NO_LOCK, self._stop)
         loop.buffer, loop.wake_fetcher = self._buffer, self._want_jobs.set
         loop.wake_flusher = self._results_ready.set
-        self._intake, self._hand = loop.intake, loop.hand
         self._pool: ThreadPoolExecutor | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._runners: list[asyncio.Task[Any]] = []

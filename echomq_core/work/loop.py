@@ -363,7 +363,7 @@ class Driven(Generic[Q]):
         hooks: LifecycleHooks | None,
         pump: bool | PumpOptions,
         settings: dict[str, Any],
-    ) -> WorkerOptions:
+    ) -> None:
         """Read the constructor's arguments (``settings``: option fields by name, ``batch``
         maybe per queue) and refuse bad ones before any round trip."""
         settings = dict(settings)
@@ -376,7 +376,6 @@ class Driven(Generic[Q]):
         #: the signal that stopped ``run`` (SIGINT or SIGTERM), None until one came
         self.signalled: int | None = None
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
-        return opts
 
     def _serve(self, handlers: Mapping[str, Any], logical: Mapping[str, str] | None = None) -> None:
         """Take ``handlers`` (by physical queue; ``logical``: the name each one's jobs show,
@@ -401,6 +400,14 @@ class Driven(Generic[Q]):
             queue.holder = self.presence.entry.id
         #: the fetcher's and hint waits' warnings while the server is down, backed off
         self._outage = Outage(log, f"worker {self.presence.entry.id}")
+
+    def _make_loop(self, lock: AbstractContextManager[Any], stop: Any) -> Loop:
+        """The worker's :class:`Loop` (``lock`` and ``stop``: the driver's), claiming for
+        whole calls of its largest batch handler; the driver wires its wakes in."""
+        per_call = max(self.batches.values(), default=1)
+        loop = self._loop = Loop(self.options, per_call, self.hooks, lock, stop)
+        self._intake, self._hand = loop.intake, loop.hand
+        return loop
 
     def _signal(self, signum: int) -> bool:
         """SIGTERM / SIGINT: stop claiming and drain (``run`` says what it waits for); a

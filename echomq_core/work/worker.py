@@ -61,7 +61,7 @@ from ..hooks import LifecycleHooks
 from ..models import Job
 from ..queues.hints import HintWatch
 from ..wire.patience import WAIT_FOR_SERVER, patiently
-from .loop import NAP, Loop, Wait, fetching, flushing
+from .loop import NAP, Wait, fetching, flushing
 from .routines import drive, give_back
 from .running import draining_text, logical_names, serving
 from .threads import WATCH_EVERY, Slot, ThreadRunners
@@ -136,7 +136,7 @@ class Worker(ThreadRunners):
         :data:`~echomq_core.wire.patience.WAIT_FOR_SERVER`, as ``echomq worker --wait-for-server``;
         0 raises at once), then raises the last :class:`~echomq_core.ConnectionLost` or
         :class:`~echomq_core.ServerFull` - a fleet restarted during a failover waits it out."""
-        opts = self._configure(client, handlers, options, queue_options, hooks, pump, settings)
+        self._configure(client, handlers, options, queue_options, hooks, pump, settings)
         # a sharded queue is served by serving every shard (one read, cached by the client)
         shards = patiently(
             lambda: client.perform(sharding.resolve(client.keys, client.shard_cache, handlers)),
@@ -157,11 +157,9 @@ class Worker(ThreadRunners):
         self._fetcher_waits = False  # the fetcher waits on _want_jobs
         self._flusher_waits = False  # the flusher waits on _results_ready
         self._awake = 0  # runners not waiting for the buffer
-        per_call = max(self.batches.values(), default=1)
-        self._loop = loop = Loop(opts, per_call, hooks, self._lock, self._stop)
+        loop = self._make_loop(self._lock, self._stop)  # its rules run under self._lock
         loop.buffer, loop.wake_fetcher = self._buffer, self._wake_fetcher
         loop.wake_flusher = self._wake_flusher
-        self._intake, self._hand = loop.intake, loop.hand  # under self._lock
         self._runners: list[threading.Thread] = []
         self._slots: list[Slot] = []
         self._helpers: list[threading.Thread] = []
