@@ -59,7 +59,7 @@ from ..models import Job
 from ..queues import ops
 from ..queues.hints import BLOCK_SLICE
 from ..wire.patience import WAIT_FOR_SERVER, apatiently
-from .loop import Wait, fetching, flushing
+from .loop import WIND_DOWN, Wait, fetching, flushing
 from .routines import adrive, give_back
 from .running import draining_text, logical_names, serving
 from .tasks import TaskRunners
@@ -266,7 +266,8 @@ class AsyncWorker(TaskRunners):
         self._loop.closing = True
         self._results_ready.set()
         helpers = [t for t in self._tasks if t.get_name() != "echomq-heartbeat"]
-        await asyncio.wait(helpers, timeout=max(1.0, BLOCK_SLICE * 2))
+        # (a task can be cancelled, but not inside a blocked read: two slices of it at most)
+        await asyncio.wait(helpers, timeout=max(WIND_DOWN, BLOCK_SLICE * 2))
         await self._give_back(list(self._hand.inflight.values()))
         waits = list(self._slot_waits.values())
         self._slot_waits.clear()

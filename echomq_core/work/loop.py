@@ -57,6 +57,9 @@ HOLD = 0.02
 #: leases re-checked (one call) before the next starts: a cancelled flow's claimed children
 #: are dropped, not started.
 RECHECK = 0.25
+#: The least a stop waits for the fetcher, the flusher and the heartbeat to end (s): the
+#: fetcher gives back a claim made during the stop, the flusher records the last results.
+WIND_DOWN = 1.0
 #: :meth:`Loop.flush_wait`: nothing waits and nothing will come, the flusher ends.
 DONE = -1.0
 

@@ -61,7 +61,7 @@ from ..hooks import LifecycleHooks
 from ..models import Job
 from ..queues.hints import HintWatch
 from ..wire.patience import WAIT_FOR_SERVER, patiently
-from .loop import NAP, Wait, fetching, flushing
+from .loop import NAP, WIND_DOWN, Wait, fetching, flushing
 from .routines import drive, give_back
 from .running import draining_text, logical_names, serving
 from .threads import WATCH_EVERY, Slot, ThreadRunners
@@ -234,11 +234,12 @@ class Worker(ThreadRunners):
             self._loop.closing = True
             self._results_ready.notify_all()
         for thread in self._helpers:  # the fetcher gives back a claim made during the stop
-            thread.join(1.0 if self._halt.is_set() else max(1.0, deadline - time.monotonic()))
+            left = deadline - time.monotonic()
+            thread.join(WIND_DOWN if self._halt.is_set() else max(WIND_DOWN, left))
         self._give_back(list(self._hand.inflight.values()))
         self._beat_stop.set()
         if self._beater is not None:
-            self._beater.join(1.0)
+            self._beater.join(WIND_DOWN)
             self.presence.leave(self.client.perform)
         if self.pump is not None:
             self.pump.stop_after_last_tick()
