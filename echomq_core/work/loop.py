@@ -153,7 +153,7 @@ class Loop:
         hint keys it blocks on, grouped by slot (one BZPOPMIN each; none: a plain sleep), and
         for how long - while rate windows are spent, not past the first opening, and on
         their queues' hints not at all (see :class:`~echomq_core.work.running.RateWindows`)."""
-        wake, seconds = self.windows.idle_plan(names, names, seconds)
+        wake, seconds = self.windows.idle_plan(names, seconds)
         if wake is None or self.stop.is_set():
             return [], seconds
         return hint_groups([keys.wake(q) for q in wake], is_cluster), seconds

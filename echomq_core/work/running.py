@@ -86,20 +86,17 @@ class RateWindows:
             return False
         return True
 
-    def idle_plan(
-        self, names: list[str], wake: list[str] | None, seconds: float
-    ) -> tuple[list[str] | None, float]:
+    def idle_plan(self, names: list[str], seconds: float) -> tuple[list[str] | None, float]:
         """How an idle fetcher of ``names`` waits: the queues whose hints it blocks on (None:
         a plain sleep) and for how long. With every queue's window spent it sleeps until the
         first one opens (at most :data:`RATE_RECHECK`), not the poll interval."""
         if not self.until:
-            return wake, seconds
+            return names, seconds
         opening = max(0.0, min(self.until.values()) - time.monotonic())
         open_names = [n for n in names if not self.closed(n)]
         if not open_names:
             return None, min(opening, RATE_RECHECK)
-        hinted = None if wake is None else [n for n in wake if n in open_names]
-        return hinted, min(seconds, opening)
+        return open_names, min(seconds, opening)
 
 
 class Intake:
