@@ -53,15 +53,15 @@ from typing import TYPE_CHECKING, Any
 from ..client.async_queue import AsyncQueue
 from ..control.options import PumpOptions, WorkerOptions
 from ..errors import EchoMQError
-from ..flows import sharding, spawning
+from ..flows import spawning
 from ..hooks import LifecycleHooks
 from ..models import Job
 from ..queues import ops
 from ..queues.hints import BLOCK_SLICE
 from ..wire.patience import WAIT_FOR_SERVER, apatiently
-from .loop import WIND_DOWN, Wait, fetching, flushing
+from .loop import REGISTERING, WIND_DOWN, Wait, fetching, flushing
 from .routines import adrive, give_back
-from .running import draining_text, logical_names, serving
+from .running import draining_text
 from .tasks import TaskRunners
 
 if TYPE_CHECKING:
@@ -108,7 +108,6 @@ class AsyncWorker(TaskRunners):
         self._configure(client, handlers, options, queue_options, hooks, pump, settings)
         self.wait_for_server = wait_for_server
         self.connection = client.connection
-        self._serve(handlers)
         self._pump_stop = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
         #: the idle fetcher's blocked waits, one per slot (:meth:`_idle_slots`)
@@ -144,23 +143,18 @@ class AsyncWorker(TaskRunners):
         """Register the queues and start the tasks on the running loop; returns at once."""
         if self._started:
             return self
-        given = self._given[0]
         bound, is_cluster = self.wait_for_server, self.connection.is_cluster
         shards = await apatiently(
-            lambda: self.connection.perform(
-                sharding.resolve(self.client.keys, self.client.shard_cache, given)
-            ),
-            what=f"worker: reading the shard configuration of {', '.join(map(repr, given))}",
+            lambda: self.connection.perform(self._read_shards()),
+            what=self._reading_shards(),
             bound=bound,
             is_cluster=is_cluster,
             logger=log,
         )
-        served = serving(given, shards)
-        if served.keys() != self.handlers.keys():  # a sharded queue: serve every shard
-            self._serve(served, logical_names(given, shards))
+        self._serve_shards(shards)
         await apatiently(
             lambda: self.connection.execute(ops.register(self.client.keys, list(self.handlers))),
-            what="worker: registering its queues",
+            what=REGISTERING,
             bound=bound,
             is_cluster=is_cluster,
             logger=log,

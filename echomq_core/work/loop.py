@@ -29,6 +29,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from ..client.queue import QueueOps
 from ..control.options import PumpOptions, WorkerOptions, build
+from ..flows import sharding
+from ..flows.sharding import Shards
 from ..hooks import LifecycleHooks
 from ..models import Job
 from ..pump.pump import Pump, worker_pump
@@ -39,7 +41,17 @@ from ..wire.keyspace import Keyspace
 from ..wire.patience import Outage
 from . import batching
 from .routines import Routine, claim_turn, extend_leases, give_back, offer, read_ahead, record
-from .running import Failed, InHand, Intake, Outcome, RateWindows, make_queues, split
+from .running import (
+    Failed,
+    InHand,
+    Intake,
+    Outcome,
+    RateWindows,
+    logical_names,
+    make_queues,
+    serving,
+    split,
+)
 
 log = logging.getLogger("echomq_core.worker")
 Q = TypeVar("Q", bound=QueueOps)
@@ -60,6 +72,8 @@ RECHECK = 0.25
 #: The least a stop waits for the fetcher, the flusher and the heartbeat to end (s): the
 #: fetcher gives back a claim made during the stop, the flusher records the last results.
 WIND_DOWN = 1.0
+#: What a worker's start-up says it waits for while the server cannot take its queues yet.
+REGISTERING = "worker: registering its queues"
 #: :meth:`Loop.flush_wait`: nothing waits and nothing will come, the flusher ends.
 DONE = -1.0
 
@@ -371,14 +385,14 @@ class Driven(Generic[Q]):
         maybe per queue) and refuse bad ones before any round trip."""
         settings = dict(settings)
         self._per_queue = batching.split_setting(settings)  # batch={queue: size}
-        opts = self.options = build(WorkerOptions, options, settings)
+        self.options = build(WorkerOptions, options, settings)
         self.client = client
         self.hooks = hooks
         self._given = (dict(handlers), queue_options, pump)
-        make_queues(client, handlers, opts, queue_options, self._QUEUE)  # refuse bad input
         #: the signal that stopped ``run`` (SIGINT or SIGTERM), None until one came
         self.signalled: int | None = None
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
+        self._serve(handlers)  # refuses bad input before any round trip
 
     def _serve(self, handlers: Mapping[str, Any], logical: Mapping[str, str] | None = None) -> None:
         """Take ``handlers`` (by physical queue; ``logical``: the name each one's jobs show,
@@ -403,6 +417,23 @@ class Driven(Generic[Q]):
             queue.holder = self.presence.entry.id
         #: the fetcher's and hint waits' warnings while the server is down, backed off
         self._outage = Outage(log, f"worker {self.presence.entry.id}")
+
+    def _read_shards(self) -> Op[dict[str, Shards]]:
+        """Read the shard configuration of the given queues (one read, cached by the client;
+        the start-up waits for it, saying :meth:`_reading_shards`)."""
+        return sharding.resolve(self.client.keys, self.client.shard_cache, self._given[0])
+
+    def _reading_shards(self) -> str:
+        return f"worker: reading the shard configuration of {', '.join(map(repr, self._given[0]))}"
+
+    def _serve_shards(self, shards: Mapping[str, Shards]) -> None:
+        """A sharded queue is served by serving every shard (``shards``: as read by
+        :meth:`_read_shards`), claimed in turn with the other queues, its jobs shown under its
+        logical name."""
+        given = self._given[0]
+        served = serving(given, shards)
+        if served.keys() != self.handlers.keys():
+            self._serve(served, logical_names(given, shards))
 
     def _make_loop(self, lock: AbstractContextManager[Any], stop: Any) -> Loop:
         """The worker's :class:`Loop` (``lock`` and ``stop``: the driver's), claiming for

@@ -56,14 +56,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..client.queue import Queue
 from ..control.options import PumpOptions, WorkerOptions
-from ..flows import sharding, spawning
+from ..flows import spawning
 from ..hooks import LifecycleHooks
 from ..models import Job
 from ..queues.hints import HintWatch
 from ..wire.patience import WAIT_FOR_SERVER, patiently
-from .loop import NAP, WIND_DOWN, Wait, fetching, flushing
+from .loop import NAP, REGISTERING, WIND_DOWN, Wait, fetching, flushing
 from .routines import drive, give_back
-from .running import draining_text, logical_names, serving
+from .running import draining_text
 from .threads import WATCH_EVERY, Slot, ThreadRunners
 
 if TYPE_CHECKING:
@@ -137,15 +137,14 @@ class Worker(ThreadRunners):
         0 raises at once), then raises the last :class:`~echomq_core.ConnectionLost` or
         :class:`~echomq_core.ServerFull` - a fleet restarted during a failover waits it out."""
         self._configure(client, handlers, options, queue_options, hooks, pump, settings)
-        # a sharded queue is served by serving every shard (one read, cached by the client)
         shards = patiently(
-            lambda: client.perform(sharding.resolve(client.keys, client.shard_cache, handlers)),
-            what=f"worker: reading the shard configuration of {', '.join(map(repr, handlers))}",
+            lambda: client.perform(self._read_shards()),
+            what=self._reading_shards(),
             bound=wait_for_server,
             is_cluster=client.connection.is_cluster,
             logger=log,
         )
-        self._serve(serving(handlers, shards), logical_names(handlers, shards))
+        self._serve_shards(shards)
         self._spawner = spawning.SyncSpawner(client)  # what job.spawn() calls
         self._stop = threading.Event()
         self._halt = threading.Event()  # second signal: do not wait for handlers
@@ -176,7 +175,7 @@ class Worker(ThreadRunners):
 
         patiently(
             register,
-            what="worker: registering its queues",
+            what=REGISTERING,
             bound=wait_for_server,
             is_cluster=client.connection.is_cluster,
             logger=log,
