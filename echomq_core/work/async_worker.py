@@ -59,7 +59,8 @@ from ..models import Job
 from ..queues import ops
 from ..queues.hints import BLOCK_SLICE
 from ..wire.patience import WAIT_FOR_SERVER, apatiently
-from .loop import REGISTERING, WIND_DOWN, Wait, fetching, flushing
+from .driven import REGISTERING
+from .loop import WIND_DOWN, Wait, fetching, flushing
 from .routines import adrive, give_back
 from .running import draining_text
 from .tasks import TaskRunners
@@ -132,7 +133,7 @@ class AsyncWorker(TaskRunners):
     def _serve(
         self, handlers: Mapping[str, Handler], logical: Mapping[str, str] | None = None
     ) -> None:
-        """:meth:`Driven._serve <echomq_core.work.loop.Driven._serve>`, and which handlers are
+        """:meth:`Driven._serve <echomq_core.work.driven.Driven._serve>`, and which handlers are
         async. :meth:`start` calls it again with every shard of a sharded queue once their
         names are read (construction cannot await the read)."""
         super()._serve(handlers, logical)

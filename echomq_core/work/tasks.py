@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ..client.async_queue import AsyncQueue
 from ..models import Job
 from . import batching
-from .loop import Driven, time_limit, timed_out
+from .driven import Driven
+from .loop import time_limit, timed_out
 from .routines import adrive
 from .running import Outcome, failure
 

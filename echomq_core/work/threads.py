@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ..client.queue import Queue
 from ..models import Job
 from . import batching
-from .loop import NAP, Driven, time_limit, timed_out
+from .driven import Driven
+from .loop import NAP, time_limit, timed_out
 from .routines import drive
 from .running import Outcome, outcome
 

@@ -61,7 +61,8 @@ from ..hooks import LifecycleHooks
 from ..models import Job
 from ..queues.hints import HintWatch
 from ..wire.patience import WAIT_FOR_SERVER, patiently
-from .loop import NAP, REGISTERING, WIND_DOWN, Wait, fetching, flushing
+from .driven import REGISTERING
+from .loop import NAP, WIND_DOWN, Wait, fetching, flushing
 from .routines import drive, give_back
 from .running import draining_text
 from .threads import WATCH_EVERY, Slot, ThreadRunners
