@@ -11,7 +11,6 @@ from typing import Any
 
 from ..errors import EchoMQError
 from ..wire.calls import Call, Op
-from ..wire.keyspace import Keyspace
 from ..wire.slots import key_slot
 
 log = logging.getLogger("echomq_core.worker")
@@ -135,12 +134,6 @@ def wake_queues(keys: Any, is_cluster: bool, names: list[str]) -> list[str] | No
         return names
     slots = {key_slot(keys.wake(n).encode()) for n in names}
     return names if len(slots) == 1 else None
-
-
-def wait_for_work(ks: Keyspace, queues: Sequence[str], timeout: float) -> Op[bool]:
-    """Block until one of ``queues`` sets its wake-up hint, or ``timeout`` seconds pass (one
-    BZPOPMIN; the keys must share a Cluster slot). True when woken: jobs may be claimable."""
-    return (yield from wait_for_hint([ks.wake(q) for q in queues], timeout))
 
 
 def wait_for_hint(keys: Sequence[str], timeout: float) -> Op[bool]:

@@ -15,8 +15,10 @@ or ``echomq worker --async``. Async handlers (``async def``, or any callable who
 handler never blocks the loop.
 
 It is the threaded :class:`~echomq_core.work.worker.Worker` with tasks for threads - the same
-operations (:class:`~echomq_core.client.queue.QueueOps`, driven through its
-:class:`~echomq_core.AsyncQueue` s), the same scripts, the same exchanges with the server
+loop (:mod:`echomq_core.work.loop`: what to claim, when to flush, what to record, when to
+nap, what a stop gives back), the same operations
+(:class:`~echomq_core.client.queue.QueueOps`, driven through its :class:`~echomq_core.AsyncQueue`
+s), the same scripts, the same exchanges with the server
 (:mod:`echomq_core.work.routines`), the same claim sizes, outcome rules and hooks
 (:mod:`echomq_core.work.running`), the same options
 (:class:`~echomq_core.control.options.WorkerOptions`): one fetcher task claims into a local buffer,
@@ -49,48 +51,26 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..client.async_queue import AsyncQueue
-from ..control.options import PumpOptions, WorkerOptions, build
+from ..control.options import PumpOptions, WorkerOptions
 from ..errors import EchoMQError
-from ..flows import sharding, spawning
+from ..flows import spawning
 from ..hooks import LifecycleHooks
 from ..models import Job
-from ..pump.pump import worker_pump
 from ..queues import adding
-from ..queues.hints import BLOCK_SLICE, hint_groups, wait_for_hint, wait_for_work
-from ..queues.registry import Presence
-from ..wire.patience import WAIT_FOR_SERVER, Outage, apatiently
-from . import batching
-from .routines import (
-    adrive,
-    claim_turn,
-    extend_leases,
-    give_back,
-    offer,
-    read_ahead,
-    record,
-)
-from .running import (
-    HOLD,
-    Failed,
-    InHand,
-    Intake,
-    OptionAttributes,
-    Outcome,
-    RateWindows,
-    draining_text,
-    failure,
-    logical_names,
-    make_queues,
-    serving,
-    split,
-)
+from ..queues.hints import BLOCK_SLICE, wait_for_hint
+from ..wire.patience import WAIT_FOR_SERVER, apatiently
+from .driven import REGISTERING
+from .loop import WIND_DOWN, Wait, fetching, flushing
+from .routines import adrive, give_back
+from .running import draining_text
+from .tasks import TaskRunners
 
 if TYPE_CHECKING:
     from ..client.async_client import AsyncEchoMQ
 
 log = logging.getLogger("echomq_core.worker")
 Handler = Callable[[Job], Any]
-#: The routines' lock: one event loop runs every task, so none is needed.
+#: The loop's lock: one event loop runs every task, so none is needed.
 _NO_LOCK = contextlib.nullcontext()
 
 
@@ -101,10 +81,14 @@ def is_async(handler: Any) -> bool:
     )
 
 
-class AsyncWorker(OptionAttributes):
+class AsyncWorker(TaskRunners):
     """Runs ``handlers`` ({queue name: callable}) on the running event loop until stopped.
     Options as :class:`~echomq_core.work.worker.Worker` (``concurrency`` is the number of handler
     tasks, and of threads for sync handlers)."""
+
+    _KIND = "asyncio"
+    _QUEUE = AsyncQueue
+    client: AsyncEchoMQ
 
     def __init__(
         self,
@@ -122,98 +106,56 @@ class AsyncWorker(OptionAttributes):
         :meth:`start` reads the queues' shard configuration and registers them, waiting up to
         ``wait_for_server`` seconds while the server cannot take that yet (unreachable, a
         Cluster master failing over, full), logging what it waits for; 0 raises at once."""
-        settings = dict(settings)
+        self._configure(client, handlers, options, queue_options, hooks, pump, settings)
         self.wait_for_server = wait_for_server
-        self._per_queue = batching.split_setting(settings)  # batch={queue: size}
-        opts = self.options = build(WorkerOptions, options, settings)
-        self.client = client
         self.connection = client.connection
-        self.hooks = hooks
-        self._given = (dict(handlers), queue_options, pump)
-        self._serve(handlers)
         self._pump_stop = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
         #: the idle fetcher's blocked waits, one per slot (:meth:`_idle_slots`)
         self._slot_waits: dict[tuple[str, ...], asyncio.Future[Any]] = {}
-        self.completed = 0
-        self.failed = 0
-        #: the signal that stopped :meth:`run` (SIGINT or SIGTERM), None until one came
-        self.signalled: int | None = None
         #: a second signal ended the drain: sync handlers may still run in the pool's threads
         self.halted = False
-        self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
-        self.recheck = min(0.25, opts.lease / 3)
-        per_call = max(self.batches.values(), default=1)
-        self._intake = Intake(opts.concurrency, opts.max_batch, opts.fast_job, per_call)
-        self._hand = InHand(opts, self._intake)
-        self._windows = RateWindows()
-        self._checked = 0.0
+        self._stop = asyncio.Event()
+        self._halt = asyncio.Event()
+        self._want_jobs = asyncio.Event()  # a runner is free or the buffer ran low
+        self._results_ready = asyncio.Event()  # results should be recorded now
+        loop = self._make_loop(_NO_LOCK, self._stop)
+        loop.buffer, loop.wake_fetcher = self._buffer, self._want_jobs.set
+        loop.wake_flusher = self._results_ready.set
         self._pool: ThreadPoolExecutor | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._runners: list[asyncio.Task[Any]] = []
         self._started = False
-        self._stop = asyncio.Event()
-        self._halt = asyncio.Event()
-        self._closing = False
         self._idle_runners: deque[asyncio.Future[None]] = deque()  # woken one per job
-        self._want_jobs = asyncio.Event()  # a runner is free or the buffer ran low
-        self._results_ready = asyncio.Event()  # results should be recorded now
         self._shutdown: asyncio.Future[None] | None = None
         self._spawner: Callable[..., Any] | None = None  # what job.spawn() calls: start()
 
     def _serve(
         self, handlers: Mapping[str, Handler], logical: Mapping[str, str] | None = None
     ) -> None:
-        """Take ``handlers`` (by physical queue): their queues, Pump, registry entry and the
-        hints an idle fetcher blocks on. :meth:`start` calls it again with every shard of a
-        sharded queue once their names are read (construction cannot await the read)."""
-        opts, (_, queue_options, pump) = self.options, self._given
-        self.queues = make_queues(self.client, handlers, opts, queue_options, AsyncQueue, logical)
-        self.handlers = dict(handlers)
-        #: {queue: jobs per call} of the queues whose handler takes lists (size above 1)
-        self.batches = batching.sizes(
-            opts.batch,
-            self._per_queue,
-            {name: queue.logical for name, queue in self.queues.items()},
-            opts.max_batch,
-        )
-        self.pump = worker_pump(self.client, list(self.handlers), pump, self.hooks)
+        """:meth:`Driven._serve <echomq_core.work.driven.Driven._serve>`, and which handlers are
+        async. :meth:`start` calls it again with every shard of a sharded queue once their
+        names are read (construction cannot await the read)."""
+        super()._serve(handlers, logical)
         self._async = {name: is_async(fn) for name, fn in self.handlers.items()}
-        #: this process's entry in the workers registry (:mod:`echomq_core.queues.registry`)
-        self.presence = Presence(
-            self.client.keys, list(handlers), opts.concurrency, "asyncio", opts.lease
-        )
-        for queue in self.queues.values():  # its lease tokens name this worker
-            queue.holder = self.presence.entry.id
-        self._wake = list(self.handlers)  # one blocked wait per slot: _idle_slots
-        #: the fetcher's warnings while the server is down, backed off
-        self._outage = Outage(log, f"worker {self.presence.entry.id}")
-
-    def __repr__(self) -> str:
-        return f"AsyncWorker(queues={sorted(self.handlers)}, concurrency={self.concurrency})"
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> AsyncWorker:
         """Register the queues and start the tasks on the running loop; returns at once."""
         if self._started:
             return self
-        given = self._given[0]
         bound, is_cluster = self.wait_for_server, self.connection.is_cluster
         shards = await apatiently(
-            lambda: self.connection.perform(
-                sharding.resolve(self.client.keys, self.client.shard_cache, given)
-            ),
-            what=f"worker: reading the shard configuration of {', '.join(map(repr, given))}",
+            lambda: self.connection.perform(self._read_shards()),
+            what=self._reading_shards(),
             bound=bound,
             is_cluster=is_cluster,
             logger=log,
         )
-        served = serving(given, shards)
-        if served.keys() != self.handlers.keys():  # a sharded queue: serve every shard
-            self._serve(served, logical_names(given, shards))
+        self._serve_shards(shards)
         await apatiently(
             lambda: self.connection.execute(adding.register(self.client.keys, list(self.handlers))),
-            what="worker: registering its queues",
+            what=REGISTERING,
             bound=bound,
             is_cluster=is_cluster,
             logger=log,
@@ -266,13 +208,8 @@ class AsyncWorker(OptionAttributes):
     def _on_signal(self, signum: int) -> None:
         """SIGTERM / SIGINT: stop claiming and drain (:meth:`run` says what it waits for);
         a second one gives back the running jobs at once."""
-        if self._stop.is_set():
-            log.warning("second signal: giving back the running jobs now")
+        if self._signal(signum):
             self.halted = True
-            self._halt.set()
-        else:
-            self.signalled = signum
-        self._stop.set()
         self._wake_all()
 
     def _wake_all(self) -> None:
@@ -301,15 +238,12 @@ class AsyncWorker(OptionAttributes):
         if not wait:
             self._halt.set()
         self._wake_all()
-        unstarted = [job for job, _ in self._hand.buffer]
-        self._hand.buffer.clear()
-        await self._give_back(unstarted)
+        await self._give_back(self._loop.unstarted())
         runners = [t for t in self._runners if not t.done()]
         if runners:
-            grace = self.options.grace if wait else 0.0
             # a second signal (``_halt``) ends the wait at once
             halted = asyncio.ensure_future(self._halt.wait())
-            deadline = time.monotonic() + grace
+            deadline = self._loop.deadline(wait)
             pending = set(runners)
             while pending and not self._halt.is_set():
                 left = deadline - time.monotonic()
@@ -324,10 +258,11 @@ class AsyncWorker(OptionAttributes):
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-        self._closing = True
+        self._loop.closing = True
         self._results_ready.set()
         helpers = [t for t in self._tasks if t.get_name() != "echomq-heartbeat"]
-        await asyncio.wait(helpers, timeout=max(1.0, BLOCK_SLICE * 2))
+        # (a task can be cancelled, but not inside a blocked read: two slices of it at most)
+        await asyncio.wait(helpers, timeout=max(WIND_DOWN, BLOCK_SLICE * 2))
         await self._give_back(list(self._hand.inflight.values()))
         waits = list(self._slot_waits.values())
         self._slot_waits.clear()
@@ -343,73 +278,43 @@ class AsyncWorker(OptionAttributes):
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
-    # -- the fetcher ----------------------------------------------------------------------
+    # -- the fetcher and the flusher: the loop's routines, on tasks ----------------------
     async def _fetcher(self) -> None:
-        try:
-            await self._fetch()
-        finally:  # a stopping worker gives back what it claimed ahead
-            await self._read_ahead()
+        await adrive(fetching(self._loop, self.queues, self._outage), self._perform)
 
-    async def _fetch(self) -> None:
-        """Claim while there is room; claims ahead while handlers are fast, as the threaded
-        worker's fetcher does (:meth:`Worker._fetch <echomq_core.work.worker.Worker._fetch>`)."""
-        names = list(self.handlers)
-        idle, turn = self.options.poll, 0
-        hold = min(HOLD, self.options.lease / 4)
-        while not self._stop.is_set():
-            want = self._hand.want()
-            ahead = self._intake.fast and self._intake.batch >= self.options.max_batch
-            if want <= 0:
-                held = any(q.ahead for q in self.queues.values())
-                self._want_jobs.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._want_jobs.wait(), hold if held else 0.2)
-                if held and self._hand.want() <= 0:  # no room within HOLD
-                    await self._read_ahead()
-                continue
-            turn_of = claim_turn(
-                self.queues,
-                names,
-                turn,
-                want,
-                ahead,
-                self._windows,
-                self._stop.is_set,
-                self._outage.warning,
-            )
-            jobs, seconds, failed = await adrive(turn_of, self.connection.perform)
-            if failed:  # a claim failed: not again at once
-                await self._sleep(idle)
-            else:
-                self._outage.up()  # one attribute read while the server answers
-            if jobs:
-                turn += 1
-                await self._take(jobs, seconds)
-                idle = self.options.poll
-            else:
-                await self._idle(idle)
-                idle = min(self.options.max_poll, idle * 2)
+    async def _flusher(self) -> None:
+        await adrive(flushing(self._loop, self.queues), self._perform)
 
-    async def _read_ahead(self) -> None:
-        """:func:`~echomq_core.work.routines.read_ahead`, as the threaded worker's."""
-        for jobs, seconds in await adrive(read_ahead(self.queues), self.connection.perform):
-            await self._take(jobs, seconds)
+    async def _perform(self, op: Any) -> Any:
+        """Run one step of the loop's routines: an operation on the connection, or a
+        :class:`~echomq_core.work.loop.Wait`."""
+        if type(op) is Wait:
+            return await self._wait(op)
+        return await self.connection.perform(op)
 
-    async def _take(self, jobs: list[Job], seconds: float) -> None:
-        self._intake.claimed(len(jobs), seconds)
-        back = self._buffer(jobs)
-        if back:
-            await self._give_back(back)
+    async def _wait(self, wait: Wait) -> bool:
+        """A pause of the fetcher or the flusher (nothing runs between the loop's look and
+        this wait: one event loop); room: True when the fetcher may claim now."""
+        if wait.what == Wait.ROOM:
+            self._want_jobs.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._want_jobs.wait(), wait.seconds)
+            return self._hand.want() > 0
+        if wait.what == Wait.RESULTS:
+            self._results_ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._results_ready.wait(), wait.seconds)
+        elif wait.what == Wait.WORK:
+            await self._idle(wait.seconds)
+        else:
+            await self._sleep(wait.seconds)
+        return True
 
     def _buffer(self, jobs: list[Job]) -> list[Job]:
-        """Put leased jobs (claimed, or handed off with results) in the buffer; returns them
-        instead when the worker is stopping (the caller gives them back)."""
-        for job in jobs:
-            self._hand.inflight[(job.shard, job.id)] = job
-        if self._stop.is_set():
+        """:meth:`Loop.take_in <echomq_core.work.loop.Loop.take_in>`, waking a runner per job;
+        returns the jobs when the worker is stopping (the caller gives them back)."""
+        if not self._loop.take_in(jobs):
             return jobs
-        now = time.monotonic()
-        self._hand.buffer.extend((job, now) for job in jobs)
         self._wake_runners(len(jobs))
         return []
 
@@ -418,14 +323,13 @@ class AsyncWorker(OptionAttributes):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _idle(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for work: blocked on the wake-up hint where possible; while
-        rate windows are spent, not past the first opening, and on their queues' hints not at
-        all (see :class:`~echomq_core.work.running.RateWindows`)."""
-        wake, seconds = self._windows.idle_plan(list(self.handlers), self._wake, seconds)
-        if wake is None:
+        """Wait up to ``seconds`` for work: blocked on the wake-up hints where possible
+        (:meth:`Loop.idle_hints <echomq_core.work.loop.Loop.idle_hints>`)."""
+        names, keys, is_cluster = list(self.handlers), self.client.keys, self.connection.is_cluster
+        groups, seconds = self._loop.idle_hints(names, keys, is_cluster, seconds)
+        if not groups:
             await self._sleep(seconds)
             return
-        groups = hint_groups([self.client.keys.wake(q) for q in wake], self.connection.is_cluster)
         if len(groups) > 1:
             await self._idle_slots(groups, seconds)
             return
@@ -434,7 +338,7 @@ class AsyncWorker(OptionAttributes):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            op = wait_for_work(self.client.keys, wake, min(left, BLOCK_SLICE))
+            op = wait_for_hint(groups[0], min(left, BLOCK_SLICE))
             try:
                 if await self.connection.perform(op):
                     return
@@ -475,273 +379,13 @@ class AsyncWorker(OptionAttributes):
             if woken:
                 return
 
-    # -- the runners ----------------------------------------------------------------------
-    async def _runner(self, index: int) -> None:
-        while not self._stop.is_set():
-            if not self._hand.buffer:
-                self._want_jobs.set()
-                waiter = asyncio.get_running_loop().create_future()
-                self._idle_runners.append(waiter)
-                await waiter
-                continue
-            job, claimed = self._hand.buffer.popleft()
-            self._want_jobs.set()  # maybe low: the next claim may start
-            now = time.monotonic()
-            if now - claimed >= self.recheck and now - self._checked >= self.recheck:
-                self._checked = now
-                await self._check_leases([job])
-            if self._hand.drop_if_lost(job):
-                continue
-            await self._run_one(job)
-
-    async def _batch_runner(self, index: int) -> None:
-        """:meth:`_runner` for a worker with batch handlers: each call takes the buffer's head
-        and the jobs of its queue behind it (:func:`~echomq_core.work.batching.take`)."""
-        while not self._stop.is_set():
-            if not self._hand.buffer:
-                self._want_jobs.set()
-                waiter = asyncio.get_running_loop().create_future()
-                self._idle_runners.append(waiter)
-                await waiter
-                continue
-            taken = batching.take(self._hand.buffer, self.batches)
-            self._want_jobs.set()
-            jobs = [job for job, _ in taken]
-            now = time.monotonic()
-            if now - taken[0][1] >= self.recheck and now - self._checked >= self.recheck:
-                self._checked = now
-                await self._check_leases(jobs)
-            if self._hand.lost:  # a cancelled flow's buffered children: not started
-                jobs = [job for job in jobs if not self._hand.drop_if_lost(job)]
-            if jobs:
-                await self._run_batch(jobs)
-
-    async def _run_batch(self, jobs: list[Job]) -> None:
-        """:meth:`_run_one` for one call of one or more jobs; its time limit is the smallest
-        of theirs, and past it every job of the call fails."""
-        queues = self.queues
-        limits = [job.timeout_ms or queues[job.shard].timeout_ms for job in jobs]
-        limit_ms = min((ms for ms in limits if ms), default=None)
-        started = time.monotonic()
-        self._hand.running += 1
-        try:
-            if not limit_ms:
-                done = await self._invoke_batch(jobs)
-            else:
-                call = asyncio.ensure_future(self._invoke_batch(jobs))
-                try:
-                    await asyncio.wait([call], timeout=limit_ms / 1000)
-                except asyncio.CancelledError:  # stopping past the grace: jobs given back
-                    call.cancel()
-                    raise
-                if not call.done():
-                    self._abandon(call, jobs, limit_ms / 1000)
-                    return
-                done = call.result()
-        finally:
-            self._hand.running -= 1
-        self._intake.observe(time.monotonic() - started)
-        for job, result in done:
-            self._add_result(job, result)
-
-    def _abandon(self, call: asyncio.Future[Any], jobs: list[Job], limit: float) -> None:
-        """A batch call ran past its time limit: cancel it (async) or leave its thread (sync)
-        and fail every job of it."""
-        self.abandoned += 1
-        if self._async[jobs[0].shard]:
-            call.cancel()
-        else:
-            self._pool_lost()
-        log.warning(
-            "a call of %d job(s) in %r ran past its time limit (%gs): failed the attempts (%d "
-            "call(s) abandoned so far)",
-            len(jobs),
-            jobs[0].shard,
-            limit,
-            self.abandoned,
-        )
-        error = f"TimeoutError: the handler ran longer than {limit:g}s"
-        for job in jobs:
-            self._add_result(job, (error, True, None))
-
-    async def _invoke_batch(self, jobs: list[Job]) -> list[batching.Done]:
-        """Run one call: a batch handler on ``jobs``, or a one-job handler on its job."""
-        shard = jobs[0].shard
-        if shard not in self.batches:
-            return [(jobs[0], await self._invoke(jobs[0]))]
-        run, out = batching.undecodable(jobs)
-        if not run:
-            return out
-        handler: Any = self.handlers[shard]  # takes a list
-        for job in run:
-            job.spawner = self._spawner
-        try:
-            if self._async[shard]:
-                value = await handler(run)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._threads(), handler, run)
-                if inspect.isawaitable(value):
-                    value = await value
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # classified by failure()
-            return out + batching.raised(run, exc)
-        return out + batching.read(self.client.encode, jobs[0].queue, run, value)
-
-    async def _run_one(self, job: Job) -> None:
-        queue = self.queues[job.shard]
-        limit_ms = job.timeout_ms or queue.timeout_ms
-        started = time.monotonic()
-        self._hand.running += 1
-        try:
-            if not limit_ms:  # the common case costs no task of its own
-                result = await self._invoke(job)
-            else:
-                timed = await self._invoke_within(job, limit_ms / 1000)
-                if timed is None:
-                    return
-                result = timed
-        finally:
-            self._hand.running -= 1
-        self._intake.observe(time.monotonic() - started)
-        self._add_result(job, result)
-
-    async def _invoke_within(self, job: Job, limit: float) -> Outcome | None:
-        """:meth:`_invoke` with a time limit; None when the call ran past it (the attempt is
-        failed here, the call cancelled or, in a thread, abandoned)."""
-        handler = asyncio.ensure_future(self._invoke(job))
-        try:
-            await asyncio.wait([handler], timeout=limit)
-        except asyncio.CancelledError:  # stopping past the grace: the job is given back
-            handler.cancel()
-            raise
-        if handler.done():
-            return handler.result()
-        self.abandoned += 1
-        if self._async[job.shard]:
-            handler.cancel()
-        else:  # a thread cannot be stopped: later calls get a fresh pool
-            self._pool_lost()
-        log.warning(
-            "job %s in %r ran past its time limit (%gs): failed the attempt (%d call(s) "
-            "abandoned so far)",
-            job.id,
-            job.shard,
-            limit,
-            self.abandoned,
-        )
-        self._add_result(job, (f"TimeoutError: the handler ran longer than {limit:g}s", True, None))
-        return None
-
-    async def _invoke(self, job: Job) -> Outcome:
-        """Run one handler: the encoded result, or (error text, retry?)."""
-        if job.decode_error is not None:
-            return (job.decode_error, False, None)
-        handler = self.handlers[job.shard]
-        job.spawner = self._spawner
-        try:
-            if self._async[job.shard]:
-                value = await handler(job)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._threads(), handler, job)
-                if inspect.isawaitable(value):
-                    value = await value
-            return self.client.encode(value)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # classified by failure()
-            return failure(job, exc)
-
-    def _threads(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="echomq-sync")
-        return self._pool
-
-    def _pool_lost(self) -> None:
-        """A sync call was abandoned: its thread stays busy, so later calls get a new pool
-        (the old one ends its threads as their calls return)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
-
-    def _add_result(self, job: Job, result: Outcome) -> None:
-        self._hand.add_result(job, result)
-        if self._flush_now():
-            self._results_ready.set()
-        if not self._intake.fast:
-            self._want_jobs.set()
-
-    def _flush_now(self) -> bool:
-        """See :meth:`InHand.flush_now`."""
-        return self._hand.flush_now(self._stop.is_set())
-
-    async def _check_leases(self, taken: list[Job]) -> None:
-        jobs = [*taken, *(j for j, _ in self._hand.buffer)]
-        routine = extend_leases(self._hand, self.queues, jobs, "lease check", _NO_LOCK)
-        await adrive(routine, self.connection.perform)
-
-    # -- the flusher ----------------------------------------------------------------------
-    async def _flusher(self) -> None:
-        while True:
-            if not self._hand.results:
-                if self._closing:
-                    return
-                self._results_ready.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._results_ready.wait(), 0.2)
-                continue
-            if not self._flush_now() and not self._closing:
-                left = self._hand.wait_left(time.monotonic())
-                self._results_ready.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._results_ready.wait(), max(0.001, left))
-                continue
-            items, self._hand.results = self._hand.results, []
-            self._hand.flushing = len(items)
-            try:
-                for name, (done, failed) in split(items).items():
-                    await self._flush(self.queues[name], done, failed)
-            except Exception:  # never die: results would wait for ever
-                log.exception("recording %d result(s) failed; their leases will expire", len(items))
-            finally:
-                self._hand.flushing = 0
-                self._want_jobs.set()
-
-    async def _flush(
-        self, queue: AsyncQueue, done: list[tuple[Job, bytes]], failed: list[Failed]
-    ) -> None:
-        """:func:`~echomq_core.work.routines.record`."""
-        room = 0 if self._stop.is_set() else self._hand.want()
-        routine = record(
-            self._hand,
-            queue,
-            done,
-            failed,
-            self.hooks,
-            self,
-            _NO_LOCK,
-            offer(queue, room),
-            self._buffer,
-            self._keep,
-        )
-        await adrive(routine, self.connection.perform)
-
-    def _keep(self, done: list[tuple[Job, bytes]], failed: list[Failed]) -> bool:
-        """:meth:`InHand.keep`."""
-        return self._hand.keep(done, failed, self._closing)
-
     async def _give_back(self, jobs: list[Job]) -> None:
         """:func:`~echomq_core.work.routines.give_back`."""
-        await adrive(give_back(self._hand, self.queues, jobs, _NO_LOCK), self.connection.perform)
+        await adrive(give_back(self._loop, self.queues, jobs), self.connection.perform)
 
     # -- heartbeats -----------------------------------------------------------------------
     async def _heartbeats(self) -> None:
-        every = self.options.lease / 3
         while True:
-            await asyncio.sleep(every)
-            jobs = list(self._hand.inflight.values())
-            routine = extend_leases(self._hand, self.queues, jobs, "heartbeat", _NO_LOCK)
-            await adrive(routine, self.connection.perform)
-            await self.presence.abeat(self.connection.perform, len(jobs))
+            await asyncio.sleep(self._loop.beat_every)
+            inflight = await adrive(self._loop.heartbeat(self.queues), self.connection.perform)
+            await self.presence.abeat(self.connection.perform, inflight)

@@ -45,7 +45,7 @@ AHEAD_FAILED = "reading the jobs claimed ahead from %r failed: %s"
 Routine = Generator[Op[Any], Any, T]
 
 
-def drive(routine: Routine[T], perform: Callable[[Op[Any]], Any]) -> T:
+def drive(routine: Generator[Any, Any, T], perform: Callable[[Any], Any]) -> T:
     """Run ``routine`` with a synchronous ``perform``: each operation's result is sent in,
     whatever it raised is thrown in (the routine decides what it means)."""
     try:
@@ -61,7 +61,7 @@ def drive(routine: Routine[T], perform: Callable[[Op[Any]], Any]) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def adrive(routine: Routine[T], perform: Callable[[Op[Any]], Awaitable[Any]]) -> T:
+async def adrive(routine: Generator[Any, Any, T], perform: Callable[[Any], Awaitable[Any]]) -> T:
     """:func:`drive` with an asyncio ``perform`` (a cancellation is thrown in too, so the
     routine's ``finally`` runs before it propagates)."""
     try:
@@ -77,20 +77,22 @@ async def adrive(routine: Routine[T], perform: Callable[[Op[Any]], Awaitable[Any
         return stop.value  # type: ignore[no-any-return]
 
 
-class Tally(Protocol):
-    """The counters a worker keeps of what the server recorded."""
+class LoopState(Protocol):
+    """What the exchanges need of a worker (its :class:`~echomq_core.work.loop.Loop`): what it
+    holds, the lock over that (a null context on one event loop), its hooks and counts, where
+    jobs leased to it go and what takes back results a full server refused."""
 
+    hand: InHand
+    lock: AbstractContextManager[Any]
+    hooks: LifecycleHooks | None
     completed: int
     failed: int
+    #: puts leased jobs in the buffer; returns those it does not take (the worker is stopping)
+    buffer: Callable[[list[Job]], list[Job]]
 
-
-#: Takes the jobs a hand-off leased to the worker into its buffer; returns those it cannot
-#: take (the worker is stopping): they are given back.
-Intake = Callable[[list[Job]], list[Job]]
-
-#: Takes back results the server refused for lack of memory, to record them in a later batch
-#: call (True), or refuses them (False: a stopping worker; their leases expire).
-Keep = Callable[[list[tuple[Job, bytes]], list[Failed]], bool]
+    def keep(self, done: list[tuple[Job, bytes]], failed: list[Failed]) -> bool:
+        """Take back results a full server refused, for a later batch call (False: refused,
+        their leases expire)."""
 
 
 def claim_turn(
@@ -159,31 +161,24 @@ def offer(queue: QueueOps, room: int) -> settling.Hand | None:
 
 
 def record(
-    hand: InHand,
+    loop: LoopState,
     queue: QueueOps,
     done: list[tuple[Job, bytes]],
     failed: list[Failed],
-    hooks: LifecycleHooks | None,
-    tally: Tally,
-    lock: AbstractContextManager[Any],
     offered: settling.Hand | None = None,
-    intake: Intake | None = None,
-    keep: Keep | None = None,
 ) -> Routine[None]:
-    """Record one queue's batch of results: the completions in one call, the failed attempts
-    in another, counted, logged and their hooks fired. A batch the server could not take is
-    logged and its leases stay: the jobs come back when they expire (at-least-once). Either
-    way the jobs leave the worker's hands (under ``lock``) - a later claim of the same id is
-    another :class:`Job` and stays. Except for a server that refused them for lack of memory
-    (:class:`~echomq_core.ServerFull`: nothing of the call was written): those results are
-    given to ``keep`` (under ``lock``), which puts them back for a later batch call, and the
-    jobs stay in hand - so a full server costs no completed work, only a delay. A batch of
-    several calls cut between them (:class:`~echomq_core.PartlyWritten`) has its written part
-    recorded (counted, logged, hooks fired) and only the refused part kept. With
-    ``offered`` (and its ``intake``), the capped children the batch's gates admit are leased
-    to this worker at once: their rows are read in one more round trip and ``intake`` puts
-    them in the buffer (see :func:`take_handed`). A job whose run spawned children of its
-    own (``job.adopted``) is not completed: its run ends waiting for them
+    """Record one queue's batch of results for ``loop`` (its worker's hand, hooks, counts and
+    lock): the completions in one call, the failed attempts in another, counted, logged and
+    their hooks fired. A batch the server could not take is logged and its leases stay: the
+    jobs come back when they expire (at-least-once). Either way the jobs leave the worker's
+    hands (under the lock) - a later claim of the same id is another :class:`Job` and stays.
+    Except for a server that refused them for lack of memory (:class:`~echomq_core.ServerFull`:
+    nothing of the call was written): those results are kept (:func:`keep_refused`) for a
+    later batch call, and the jobs stay in hand - so a full server costs no completed work,
+    only a delay. With ``offered``, the capped children the batch's gates admit are leased
+    to this worker at once: their rows are read in one more round trip and put in its buffer
+    (see :func:`take_handed`). A job whose run spawned children of its own (``job.adopted``)
+    is not completed: its run ends waiting for them
     (:func:`~echomq_core.flows.spawning.await_children`), in one more call for all such jobs."""
     kept: set[str] = set()
     completed = settled = None
@@ -198,7 +193,7 @@ def record(
                 pairs = zip(done, completed.statuses, strict=True)
                 completed.statuses = [s for (job, _), s in pairs if not job.adopted]
                 done = [(job, raw) for job, raw in done if not job.adopted]
-            tally.completed += sum(completed.statuses)
+            loop.completed += sum(completed.statuses)
             log_lost(queue.name, done, completed.statuses)
             if completed.voided:  # a re-run that spawned fewer than an earlier run counted
                 log.info("%d spawned child(ren) that an earlier run counted and never landed "
@@ -208,58 +203,22 @@ def record(
                 offered = settling.Hand(offered.token, offered.lease_ms, room)
         if failed:
             settled = yield queue.settle_failed_op(failed, offered)
-            tally.failed += len(failed)
-        if offered is not None and intake is not None:
+            loop.failed += len(failed)
+        if offered is not None:
             ids = (completed.handed if completed else []) + (settled.handed if settled else [])
             if ids:
-                yield from take_handed(hand, queue, ids, offered.token, intake, lock)
+                yield from take_handed(loop, queue, ids, offered.token)
         log_failures(queue.name, failed, settled)
-        fire_hooks(hooks, done, completed, failed, settled, queue.client.shard_cache)
+        fire_hooks(loop.hooks, done, completed, failed, settled, queue.client.shard_cache)
     except ServerFull as exc:
-        # nothing of the refused call was written: what it carried waits for the next one
-        # (a job that waits for children of its own may have been recorded before the refusal:
-        # not kept, its lease expires and it runs again, as any lost completion). A step of
-        # several calls cut between them (PartlyWritten) says what it wrote: that is recorded
-        # as done (counted, hooks fired), only the rest is kept.
-        part = exc if isinstance(exc, PartlyWritten) else None
-        if completed is None:
-            left_done = [(j, raw) for j, raw in done if not j.adopted]
-            if part is not None:
-                done, completed, left_done = part.written, part.settled, part.refused
-                tally.completed += sum(completed.statuses)
-                log_lost(queue.name, done, completed.statuses)
-            left_failed = failed
-        else:
-            left_done = []
-            left_failed = failed
-            if part is not None:
-                # the calls carried the queue's rows of these records, in their order
-                ids = {row[0].id for row in part.written}
-                wrote = [f for f in failed if f[0].id in ids]
-                left_failed = [f for f in failed if f[0].id not in ids]
-                settled = part.settled
-                tally.failed += len(wrote)
-                log_failures(queue.name, wrote, settled)
-                fire_hooks(hooks, [], None, wrote, settled, queue.client.shard_cache)
-        with lock:
-            if keep is not None and keep(left_done, left_failed):
-                kept = {j.id for j, _ in left_done} | {f[0].id for f in left_failed}
-        how = "kept for the next batch call" if kept else "their leases will expire"
-        log.warning(
-            "server full: %d result(s) in %r not recorded, %s: %s",
-            len(left_done) + len(left_failed),
-            queue.name,
-            how,
-            exc,
-        )
-        if completed is not None:
-            fire_hooks(hooks, done, completed, [], None, queue.client.shard_cache)
+        kept = keep_refused(loop, queue, exc, done, completed, failed)
     except EchoMQError as exc:
         log.warning(
             "could not record %d result(s) in %r: %s", len(done) + len(failed), queue.name, exc
         )
     finally:
-        with lock:
+        with loop.lock:
+            hand = loop.hand
             for job in [j for j, _ in ran] + [f[0] for f in failed]:
                 if job.id in kept:
                     continue
@@ -269,21 +228,65 @@ def record(
                     hand.lost.discard((job.shard, job.id, job.token))
 
 
-def take_handed(
-    hand: InHand,
+def keep_refused(
+    loop: LoopState,
     queue: QueueOps,
-    ids: list[str],
-    token: str,
-    intake: Intake,
-    lock: AbstractContextManager[Any],
-) -> Routine[None]:
-    """Read the rows of the jobs a hand-off leased to this worker under ``token`` and give them
-    to ``intake`` (those it cannot take are given back). Rows that cannot be read leave the
-    leases to expire: the jobs come back to pending then, as a lost claim's would."""
+    exc: ServerFull,
+    done: list[tuple[Job, bytes]],
+    completed: Settlement | None,
+    failed: list[Failed],
+) -> set[str]:
+    """:func:`record`'s batch met a full server: nothing of the refused call was written, so
+    what it carried waits for the next one (:meth:`Loop.keep <echomq_core.work.loop.Loop.keep>`,
+    under the lock; a job that waits for children of its own may have been recorded before
+    the refusal: not kept, its lease expires and it runs again, as any lost completion). A
+    step of several calls cut between them (:class:`~echomq_core.PartlyWritten`) says what
+    it wrote: that is recorded as done (counted, hooks fired), only the rest is kept. Returns
+    the ids kept (their jobs stay in hand)."""
+    part = exc if isinstance(exc, PartlyWritten) else None
+    shards = queue.client.shard_cache
+    left_failed = failed
+    if completed is None:
+        left_done = [(j, raw) for j, raw in done if not j.adopted]
+        if part is not None:
+            done, completed, left_done = part.written, part.settled, part.refused
+            loop.completed += sum(completed.statuses)
+            log_lost(queue.name, done, completed.statuses)
+    else:
+        left_done = []
+        if part is not None:
+            # the calls carried the queue's rows of these records, in their order
+            ids = {row[0].id for row in part.written}
+            wrote = [f for f in failed if f[0].id in ids]
+            left_failed = [f for f in failed if f[0].id not in ids]
+            loop.failed += len(wrote)
+            log_failures(queue.name, wrote, part.settled)
+            fire_hooks(loop.hooks, [], None, wrote, part.settled, shards)
+    kept: set[str] = set()
+    with loop.lock:
+        if loop.keep(left_done, left_failed):
+            kept = {j.id for j, _ in left_done} | {f[0].id for f in left_failed}
+    how = "kept for the next batch call" if kept else "their leases will expire"
+    log.warning(
+        "server full: %d result(s) in %r not recorded, %s: %s",
+        len(left_done) + len(left_failed),
+        queue.name,
+        how,
+        exc,
+    )
+    if completed is not None:
+        fire_hooks(loop.hooks, done, completed, [], None, shards)
+    return kept
+
+
+def take_handed(loop: LoopState, queue: QueueOps, ids: list[str], token: str) -> Routine[None]:
+    """Read the rows of the jobs a hand-off leased to this worker under ``token`` and put them
+    in its buffer (those it cannot take are given back: the worker is stopping). Rows that
+    cannot be read leave the leases to expire: the jobs come back to pending then, as a lost
+    claim's would."""
     try:
-        jobs = yield claiming.leased(
-            queue.client.keys, queue.name, ids, token, queue.client.serializer
-        )
+        client = queue.client
+        jobs = yield claiming.leased(client.keys, queue.name, ids, token, client.serializer)
         queue.label(jobs)  # a shard's: shown under the logical name, as claimed ones are
     except EchoMQError as exc:
         log.warning(
@@ -293,22 +296,18 @@ def take_handed(
             exc,
         )
         return
-    back = intake(jobs)
+    back = loop.buffer(jobs)
     if back:
-        yield from give_back(hand, {queue.name: queue}, back, lock)
+        yield from give_back(loop, {queue.name: queue}, back)
 
 
-def give_back(
-    hand: InHand,
-    queues: Mapping[str, QueueOps],
-    jobs: list[Job],
-    lock: AbstractContextManager[Any],
-) -> Routine[None]:
+def give_back(loop: LoopState, queues: Mapping[str, QueueOps], jobs: list[Job]) -> Routine[None]:
     """Give ``jobs`` back to pending untouched (one call per queue): those still in the
-    worker's hands, taken out of them under ``lock`` (a job recorded meanwhile is not given
+    worker's hands, taken out of them under its lock (a job recorded meanwhile is not given
     back). One that cannot be given back is logged: its lease expires instead."""
     by_queue: dict[str, list[Job]] = {}
-    with lock:
+    hand = loop.hand
+    with loop.lock:
         for job in jobs:
             if hand.inflight.get((job.shard, job.id)) is job:
                 del hand.inflight[(job.shard, job.id)]
@@ -326,15 +325,11 @@ def give_back(
 
 
 def extend_leases(
-    hand: InHand,
-    queues: Mapping[str, QueueOps],
-    jobs: list[Job],
-    what: str,
-    lock: AbstractContextManager[Any],
+    loop: LoopState, queues: Mapping[str, QueueOps], jobs: list[Job], what: str
 ) -> Routine[None]:
     """Extend the leases of ``jobs`` (one call per queue) and note those found gone (under
-    ``lock``): they must not start, and their results change nothing. A failed call is logged
-    (``what`` for ``queue`` failed) and the other queues are still served."""
+    the worker's lock): they must not start, and their results change nothing. A failed call
+    is logged (``what`` for ``queue`` failed) and the other queues are still served."""
     by_queue: dict[str, list[Job]] = {}
     for job in jobs:
         by_queue.setdefault(job.shard, []).append(job)
@@ -345,8 +340,8 @@ def extend_leases(
             log.warning("%s for %r failed: %s", what, name, exc)
             continue
         if not all(held):  # the common case takes no lock
-            with lock:
-                hand.note_lost(items, held)
+            with loop.lock:
+                loop.hand.note_lost(items, held)
 
 
 def log_waiting(queue: str, jobs: list[Job], replies: list[Any]) -> None:

@@ -1,6 +1,9 @@
-"""What the threaded and the asyncio worker share: how much to claim, how a handler's outcome
-is read, which queues an idle fetcher blocks on (the exchanges with the server - recording
-results, giving jobs back, extending leases - are in :mod:`echomq_core.work.routines`).
+"""What the threaded and the asyncio worker hold and read alike: how much to claim
+(:class:`Intake`), what is in hand and when results are due (:class:`InHand`), which queues'
+rate windows are spent (:class:`RateWindows`), how a handler's outcome is read
+(:func:`outcome`), a worker's queues (:func:`make_queues`). The loop that decides with them is
+:mod:`echomq_core.work.loop`; the exchanges with the server are in
+:mod:`echomq_core.work.routines`.
 
 Both workers have the same shape (see :mod:`echomq_core.work.worker`): one *fetcher* claims jobs
 into a local buffer, N *runners* take jobs from it one at a time, one *flusher* records the
@@ -49,12 +52,6 @@ SMOOTHING = 0.3
 #: GIL late (a runner busy on no-op jobs keeps it up to the 5 ms switch interval) does not
 #: stall the claims too.
 BEHIND = 4
-#: The longest a fetcher waits for room while it holds jobs claimed ahead, unread (s; at
-#: most a quarter of the lease): then it reads them into the buffer, where heartbeats extend
-#: their leases. Runners free room within milliseconds while handlers are fast.
-HOLD = 0.02
-
-
 #: The longest an idle fetcher sleeps on a spent rate window before it claims again (s): the
 #: window's own end comes first for short windows; for long ones (``/min``, ``/h``) this bounds
 #: how late a removed or raised limit is seen. One claim per this, per queue: no spinning.
@@ -89,20 +86,17 @@ class RateWindows:
             return False
         return True
 
-    def idle_plan(
-        self, names: list[str], wake: list[str] | None, seconds: float
-    ) -> tuple[list[str] | None, float]:
+    def idle_plan(self, names: list[str], seconds: float) -> tuple[list[str] | None, float]:
         """How an idle fetcher of ``names`` waits: the queues whose hints it blocks on (None:
         a plain sleep) and for how long. With every queue's window spent it sleeps until the
         first one opens (at most :data:`RATE_RECHECK`), not the poll interval."""
         if not self.until:
-            return wake, seconds
+            return names, seconds
         opening = max(0.0, min(self.until.values()) - time.monotonic())
         open_names = [n for n in names if not self.closed(n)]
         if not open_names:
             return None, min(opening, RATE_RECHECK)
-        hinted = None if wake is None else [n for n in wake if n in open_names]
-        return hinted, min(seconds, opening)
+        return open_names, min(seconds, opening)
 
 
 class Intake:
@@ -279,56 +273,6 @@ class InHand:
         self.dropped += 1
         log.info("job %s in %r not started: its lease is gone (cancelled flow?)", job.id, job.queue)
         return True
-
-
-class OptionAttributes:
-    """A worker's options as read-only attributes (``worker.concurrency``, ``worker.lease``,
-    ...), read from ``options``: one source of truth, nothing copied."""
-
-    options: WorkerOptions
-    _hand: InHand
-
-    @property
-    def dropped(self) -> int:
-        """Claimed jobs not started because their lease was gone (a cancelled flow)."""
-        return self._hand.dropped
-
-    @property
-    def concurrency(self) -> int:
-        return self.options.concurrency
-
-    @property
-    def max_batch(self) -> int:
-        return self.options.max_batch
-
-    @property
-    def batch(self) -> int:
-        """Jobs per handler call of the queues ``batch={queue: n}`` does not name."""
-        return self.options.batch
-
-    @property
-    def lease(self) -> float:
-        return self.options.lease
-
-    @property
-    def poll(self) -> float:
-        return self.options.poll
-
-    @property
-    def max_poll(self) -> float:
-        return self.options.max_poll
-
-    @property
-    def grace(self) -> float:
-        return self.options.grace
-
-    @property
-    def fast_job(self) -> float:
-        return self.options.fast_job
-
-    @property
-    def flush_after(self) -> float:
-        return self.options.flush_after
 
 
 #: Result types that are never awaitable: a handler's usual results skip the ABC check.

@@ -250,7 +250,7 @@ def test_a_worker_records_the_written_part_of_a_cut_batch_and_keeps_the_rest(
         worker._hand.inflight[(work, job.id)] = job
     _limit_halfway(node, _completes(queue, rehearsal))
     done = queue.encode_results([(j, 1) for j in jobs])
-    routine = record(worker._hand, queue, done, [], hooks, worker, worker._lock, keep=worker._keep)
+    routine = record(worker._loop, queue, done, [])
     drive(routine, mq.perform)
     kept = [job for job, _ in worker._hand.results]
     assert len(hooks.completed) == 500 and worker.completed == 500
@@ -351,8 +351,11 @@ def test_workers_on_a_full_server_lose_no_completion_and_stay_within_the_limit(
         # full for a while: the workers keep retrying what was refused, the sampler watches
         seen = sampler.samples
         eventually(lambda: sampler.samples >= seen + 300, 60, "300 samples while full")
+        # how many completions landed before it filled is the machine's timing (beside four
+        # CPU hogs the workers' 898 leases alone filled it, before the first completion): what
+        # holds is that the full server held work back, which lands once it is freed
         full = mq.queue(work).stats()
-        assert 0 < full["completed"] < n, full
+        assert full["completed"] < n, full
         sampler.stop.set()
         sampler.join()
         node.config_set("maxmemory", 0)  # memory freed

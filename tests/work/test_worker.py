@@ -241,10 +241,10 @@ def test_promoted_and_given_back_jobs_wake_workers(mq: EchoMQ) -> None:
 
 def test_worker_blocks_on_every_slot(mq: EchoMQ, backend: Backend) -> None:
     one = Worker(mq, {"solo": lambda job: None})
-    assert one._wake == ["solo"]
+    assert list(one.handlers) == ["solo"]
     many = Worker(mq, {"q-one": lambda job: None, "q-two": lambda job: None})
-    assert many._wake == ["q-one", "q-two"]
-    groups = hint_groups([mq.keys.wake(q) for q in many._wake], backend.cluster)
+    assert list(many.handlers) == ["q-one", "q-two"]
+    groups = hint_groups([mq.keys.wake(q) for q in many.handlers], backend.cluster)
     # two hash tags, two slots on a Cluster: one BZPOPMIN each (a waiter thread per slot)
     assert len(groups) == (2 if backend.name == "cluster" else 1)
 
