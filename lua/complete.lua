@@ -55,8 +55,7 @@
 -- names the claiming worker and the claim's time (workers_registry.read_token, with which the
 -- dashboard reads it), and the result, in one value (models.split_done) - the prefix made
 -- once per token of the batch, so a job costs one concatenation and two values fewer than
--- a field each (rows completed before 'done' existed hold 'result' and 'token', which still
--- read). Returns: {statuses, events, handed}:
+-- a field each. Returns: {statuses, events, handed}:
 -- statuses per job 1 (completed) / 0 (lease lost); events a flat list of pairs
 -- ('r' | 'f', parent id) for same-queue parents this call released or failed. A gated child
 -- that completes returns its token: its gate admits the next waiting child in this step;

@@ -168,17 +168,14 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
             ks.job(queue, job_id),
             "created",
             "timeout",
-            "token",
-            "started",
-            "worker",
             "history",
             "run",
             "done",
         ),
     ]
-    created, timeout, token, started, worker, history, run, done = fields
-    if done is not None:  # completed since 'done' existed: the token is in it (complete.lua)
-        token = split_done(done)[0]
+    created, timeout, history, run, done = fields
+    # completed: the last lease's token is kept in 'done' beside the result (complete.lua)
+    token = split_done(done)[0] if done is not None else None
     out = JobDetail(
         info,
         row_fact(created, run, RUN_CREATED),
@@ -194,8 +191,6 @@ def job_detail(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[Job
     elif token is not None and read_token(_s(token))[1] is not None:
         # completed: complete.lua kept the last lease's token on the row
         out.holder, out.started_ms = read_token(_s(token))
-    elif started is not None:  # completed before rows kept the token: its start and worker
-        out.started_ms, out.holder = as_int(started), _s(worker) or None
     elif out.attempts:  # its last attempt failed
         out.started_ms, out.holder = out.attempts[-1].started_ms, out.attempts[-1].worker
     if out.holder:

@@ -239,24 +239,3 @@ def test_an_async_workers_leases_and_attempts_name_it(
     assert detail is not None and detail.info.state == "completed"
     assert [(a.worker, a.outcome) for a in detail.attempts] == [(tail, "retry")]
     assert detail.holder == tail and detail.started_ms is not None
-
-
-def test_a_row_completed_before_rows_kept_the_token_still_shows_its_attempt(
-    standalone_server: EmbeddedServer, mq: EchoMQ
-) -> None:
-    """A row an earlier release completed holds 'started' and 'worker' instead of 'token':
-    the job page still reads where and when its last attempt ran."""
-    from echomq_core.seeing.browse import job_detail
-
-    raw = redis.Redis.from_url(standalone_server.url)
-    q = mq.queue("at-legacy")
-    job_id = q.add({"n": 1})
-    (job,) = q.claim(1)
-    q.complete(job, 1)
-    row = mq.keys.job("at-legacy", job_id)
-    raw.hdel(row, "done")
-    raw.hset(row, mapping={"result": b"1", "started": 1_700_000_000_123, "worker": "0badc0de"})
-    detail = mq.perform(job_detail(mq.keys, "at-legacy", job_id, mq.serializer))
-    assert detail is not None and detail.info.state == "completed"
-    assert (detail.holder, detail.started_ms) == ("0badc0de", 1_700_000_000_123)
-    raw.close()
