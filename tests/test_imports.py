@@ -1,10 +1,10 @@
-"""The core's layers run one way: no module of ``echomq_core`` imports another that imports
-it back, directly or through others - type-only imports (``if TYPE_CHECKING``) and imports
-inside functions included, since they too are edges a reader has to follow."""
+"""What importing EchoMQ loads, and what the package exports. That the core's layers run one
+way - no module imports another that imports it back, directly or round, type-only and
+in-function imports included - is import-linter's to check (``lint-imports`` in .ci/run: the
+contracts in pyproject.toml)."""
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
@@ -26,71 +26,6 @@ def _fresh_env() -> dict[str, str]:
     """This checkout and its two adapters first on the path of a fresh interpreter."""
     paths = [str(ROOT), str(ROOT / "airflow_provider"), str(ROOT / "dagster_integration")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, *sys.path]))
-
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(CORE.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def edges() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in CORE.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join([*base, node.module] if node.module else base)
-                candidates = [target] + [f"{target}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("echomq_core"):
-                candidates = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                candidates = [a.name for a in node.names if a.name.startswith("echomq_core")]
-            else:
-                continue
-            for target in candidates:
-                if target in modules and target != name and not name.startswith(target + "."):
-                    graph[name].add(target)
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
-
-
-def test_the_core_has_no_import_cycle() -> None:
-    graph = edges()
-    assert graph["echomq_core.client.clients"], "the walk found the client's imports"
-    assert "echomq_core.client.sync_queue" in graph["echomq_core.client.clients"]
-    cycle = find_cycle({k: v for k, v in graph.items() if k != "echomq_core"})
-    assert cycle is None, " -> ".join(cycle or [])
-
-
-def test_the_cycle_finder_finds_one() -> None:
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_the_package_exports_its_public_api() -> None:
