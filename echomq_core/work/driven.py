@@ -69,7 +69,7 @@ class Driven(Generic[Q]):
     _stop: Any  # a threading.Event or an asyncio.Event: stop claiming
     _halt: Any  # the same: a second signal, do not wait for handlers
     _per_queue: Mapping[str, Any] | None
-    _given: tuple[dict[str, Any], Mapping[str, Any] | None, bool | PumpOptions]
+    _given: tuple[Mapping[str, Any], Mapping[str, Any] | None, bool | PumpOptions]
     #: the kind of worker in the workers registry ("thread" or "asyncio")
     _KIND = ""
     #: its queues: :class:`~echomq_core.Queue` or :class:`~echomq_core.AsyncQueue`
@@ -92,11 +92,12 @@ class Driven(Generic[Q]):
         self.options = build(WorkerOptions, options, settings)
         self.client = client
         self.hooks = hooks
-        self._given = (dict(handlers), queue_options, pump)
+        self._given = (handlers, queue_options, pump)  # checked by _serve, then copied
         #: the signal that stopped ``run`` (SIGINT or SIGTERM), None until one came
         self.signalled: int | None = None
         self.abandoned = 0  # handler calls left running (or cancelled) past their time limit
         self._serve(handlers)  # refuses bad input before any round trip
+        self._given = (dict(handlers), queue_options, pump)
 
     def _serve(self, handlers: Mapping[str, Any], logical: Mapping[str, str] | None = None) -> None:
         """Take ``handlers`` (by physical queue; ``logical``: the name each one's jobs show,
