@@ -120,17 +120,36 @@ def _can_bind(host: str, port: int) -> bool:
     return True
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux; else the IANA one)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
 def free_port(host: str = "127.0.0.1", *, max_port: int = 55535) -> int:
     """Return a TCP port on ``host`` that is free right now and is ``<= max_port``.
 
-    The cap exists because a cluster node's bus listens on ``port + 10000``: a port above 55535
-    would push the bus past 65535. The kernel's ephemeral range (usually 32768-60999) is asked
-    first; if it keeps handing out ports above the cap, random lower ports are probed.
+    The port is picked below the kernel's ephemeral range when there is room: a port from that
+    range can be taken as the source port of any outgoing connection between this call and the
+    moment a server binds it (an Airflow API server binds seconds later, after its database
+    migration), and the server then fails to start. The cap exists because a cluster node's
+    bus listens on ``port + 10000``: a port above 55535 would push the bus past 65535. When
+    random probes below the range find nothing, the kernel is asked for a port.
     """
+    low, _ = _ephemeral_range()
+    top = min(low - 1, max_port)
+    if top - 10000 >= 1000:
+        for _ in range(256):
+            port = random.randint(10000, top)
+            if _can_bind(host, port):
+                return port
     for _ in range(64):
         with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
-            port: int = sock.getsockname()[1]
+            port = int(sock.getsockname()[1])
         if port <= max_port:
             return port
     for _ in range(512):

@@ -338,13 +338,22 @@ class Deployment:
         while True:
             dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
             if dead:
-                raise DeploymentError(f"waiting for {what}: process(es) exited: {dead}")
+                tails = "".join(f"\n--- {n}.log, its end:\n{self._tail(n)}" for n in dead)
+                raise DeploymentError(f"waiting for {what}: process(es) exited: {dead}{tails}")
             result = check()
             if result:
                 return result
             if time.monotonic() >= deadline:
                 raise DeploymentError(f"no {what} after {timeout} s")
             time.sleep(every)
+
+    def _tail(self, name: str, lines: int = 40) -> str:
+        """The last ``lines`` lines of process ``name``'s log (why it died)."""
+        try:
+            text = (self.home / f"{name}.log").read_text(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
 
     def _healthy(self) -> bool:
         try:

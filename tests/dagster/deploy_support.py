@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -18,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from echomq_core import server
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port below the kernel's ephemeral range (the servers bind it seconds later; see
+    :func:`echomq_core.server.free_port`)."""
+    return server.free_port()
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
