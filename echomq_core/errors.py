@@ -77,9 +77,7 @@ class PartlyWritten(ServerFull):
     retries a refused call retries this too - it must then send only ``refused``: the others
     would come back as lost leases."""
 
-    def __init__(
-        self, message: str, written: list[Any], settled: Any, refused: list[Any]
-    ) -> None:
+    def __init__(self, message: str, written: list[Any], settled: Any, refused: list[Any]) -> None:
         super().__init__(message)
         self.written = written
         self.settled = settled

@@ -352,6 +352,9 @@ class Child:
     #: A sub-flow's success threshold (only with ``children``), as ``add_flow(min_success=)``:
     #: a fraction in (0, 1] or an int count of its children.
     min_success: float | int | None = None
+    #: A leaf's fairness group (a tenant, a vendor account), as :attr:`JobSpec.group`: a claim
+    #: serves the groups with waiting work in turn. Refused on a child with children.
+    group: str | None = None
 
     @property
     def policy(self) -> str:

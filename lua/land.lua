@@ -5,11 +5,13 @@
 -- @include queue_keys
 -- @include claimable
 -- @include gate
+-- @include fair
 --
 -- KEYS[1..15] the queue's keys (includes/queue_keys.lua). Used here: pending and wake (the
 --             children are claimable at once), seq (the arrival counter, see add.lua)
 -- KEYS[15+i]  the row of child i (i = 1..n)
--- KEYS[15+n+1] KEYS[15+n+2]  only with a share (ARGV[8]): the gate of this parent's children in
+-- KEYS[15+n+1] fair  hash  the queue's fairness tags (includes/fair.lua)
+-- KEYS[15+n+2] KEYS[15+n+3]  only with a share (ARGV[8]): the gate of this parent's children in
 --             this queue (includes/gate.lua): waiting zset, cap hash
 -- ARGV[1]   check     '1': skip children whose row exists; '0': their parent was held fresh by
 --                     this very add and their ids derive from it, so no row of THIS parent can
@@ -28,9 +30,12 @@
 -- ARGV[9]   stem      '' (each child's record carries its id) or the stem of derived ids
 --                     (the parent's id and '.'): child i's id is then stem .. (start + i - 1)
 -- ARGV[10]  start     with a stem: the first child's index (decimal); else ''
--- ARGV[9+2i] ARGV[10+2i]  child i (i = 1..n): its id, its payload - or, with a stem,
---   ARGV[10+i]: its payload only (the host groups children by parent and options, so the
---   shared fields travel once per batch; the stem is checked once, as in add.lua)
+-- ARGV[11]  grouped   '1': each child's record ends with its fairness group ('' = none); ''
+--                     no record carries one (add.lua)
+-- ARGV[10+2i] ARGV[11+2i]  child i (i = 1..n): its id, its payload - or, with a stem,
+--   ARGV[11+i]: its payload only (the host groups children by parent and options, so the
+--   shared fields travel once per batch; the stem is checked once, as in add.lua); grouped:
+--   its group follows
 --
 -- Steps: refuse any bad id (or stem) before writing; with check '1', refuse the whole batch (nothing
 -- written) when a child's row exists and belongs to anything but this parent (a plain job,
@@ -60,9 +65,12 @@ local q = queue_keys(KEYS)
 local check, parent, up_queue, policy, attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local timeout, priority, share = ARGV[6], tonumber(ARGV[7]), ARGV[8]
 -- job i's payload is ARGV[payload_at + width * (i - 1)]
-local stem, width, ids, payload_at = ARGV[9], 2, {}, 12
-if stem ~= '' then width, payload_at = 1, 11 end
-local n = (#ARGV - 10) / width
+local stem, width, ids, payload_at = ARGV[9], 2, {}, 13
+local grouped = ARGV[11] == '1'
+if stem ~= '' then width, payload_at = 1, 12 end
+if grouped then width = width + 1 end
+local n = (#ARGV - 11) / width
+local fk = KEYS[15 + n + 1]
 local out = {}
 if stem ~= '' then
   local start = tonumber(ARGV[10])
@@ -79,7 +87,7 @@ if stem ~= '' then
   for i = 1, n do ids[i] = stem .. string.format('%d', start + i - 1); out[i] = 1 end
 else
   for i = 1, n do
-    ids[i] = ARGV[9 + 2 * i]
+    ids[i] = ARGV[12 + width * (i - 1)]
     local bad = check_id(ids[i])
     if bad then return bad end
     out[i] = 1
@@ -113,7 +121,17 @@ if check == '1' then
     end
   end
 end
-local seq = redis.call('INCRBY', q.seq, n) - n
+local groups, tags = {}, nil
+for i = 1, n do
+  groups[i] = ''
+  if grouped then groups[i] = ARGV[payload_at + width * (i - 1) + 1] end
+  if #groups[i] > 204 then
+    return redis.error_reply('EMQKIND a group is at most 204 characters: ' .. groups[i])
+  end
+end
+if grouped or redis.call('EXISTS', fk) == 1 then tags = fair(fk, q.pending, q.seq, groups, n) end
+local seq = 0
+if not tags then seq = redis.call('INCRBY', q.seq, n) - n end
 -- one HSET per child, the shared fields built once (`run`: see add.lua)
 local fields = {'payload', '', 'parent', parent}
 if policy ~= 'fp' then fields[#fields + 1] = 'parent_policy'; fields[#fields + 1] = policy end
@@ -130,19 +148,29 @@ local limit = timeout ~= '' and timeout or '-'
 fields[#fields + 1] = 'run'
 fields[#fields + 1] = attempts .. ' 0 0 ' .. limit .. ' ' .. now_ms() .. ' ' .. policy .. ' ' ..
   gated .. ' ' .. up_queue
-local ready = {}
+local ready, nf = {}, #fields
 local base = priority * 1099511627776 + seq
 for i = 1, n do
   if out[i] == 1 then
     fields[2] = ARGV[payload_at + width * (i - 1)]
+    if groups[i] ~= '' then  -- the row names its group (reads, job.group)
+      fields[nf + 1] = 'group'; fields[nf + 2] = groups[i]
+    else
+      fields[nf + 1] = nil; fields[nf + 2] = nil
+    end
     redis.call('HSET', KEYS[15 + i], unpack(fields))
-    ready[#ready + 1] = base + i; ready[#ready + 1] = ids[i]
+    if tags then
+      ready[#ready + 1] = priority * 1099511627776 + tags[i]
+    else
+      ready[#ready + 1] = base + i
+    end
+    ready[#ready + 1] = ids[i]
   end
 end
 if share == '' then
   claimable(q.pending, q.wake, ready)
 else
-  local gk = {KEYS[15 + n + 1], KEYS[15 + n + 2]}
+  local gk = {KEYS[15 + n + 2], KEYS[15 + n + 3]}
   redis.call('HSET', gk[2], 'cap', share)
   if #ready > 0 then redis.call('ZADD', gk[1], unpack(ready)) end
   gate(q, gk, 0)

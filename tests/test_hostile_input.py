@@ -748,21 +748,23 @@ def test_scripts_refuse_bad_ids_on_their_own(stage: Stage) -> None:
     calls = {
         "add": Call.lua(
             "add",
-            [*ks.queue_keys("hq"), good_row, good_row],
-            ["1", 3, 0, 0, "", "", "", "JOB-fine", b"1", "JOB-a b", b"2"],
+            [*ks.queue_keys("hq"), good_row, good_row, ks.fair("hq")],
+            ["1", 3, 0, 0, "", "", "", "", "JOB-fine", b"1", "JOB-a b", b"2"],
         ),
         "add, generated ids": Call.lua(
-            "add", [*ks.queue_keys("hq"), good_row], ["0", 3, 0, 0, "", "JOB-a b-", 0, b"1"]
+            "add",
+            [*ks.queue_keys("hq"), good_row, ks.fair("hq")],
+            ["0", 3, 0, 0, "", "JOB-a b-", 0, "", b"1"],
         ),
         "land": Call.lua(
             "land",
-            [*ks.queue_keys("hq"), good_row],
-            ["1", "JOB-flow", "hp", "fp", 3, "", 0, "", "", "", "JOB-{x}", b"1"],
+            [*ks.queue_keys("hq"), good_row, ks.fair("hq")],
+            ["1", "JOB-flow", "hp", "fp", 3, "", 0, "", "", "", "", "JOB-{x}", b"1"],
         ),
         "land, derived ids": Call.lua(
             "land",
-            [*ks.queue_keys("hq"), good_row],
-            ["0", "JOB-flow", "hp", "fp", 3, "", 0, "", "JOB-{x}.", 0, b"1"],
+            [*ks.queue_keys("hq"), good_row, ks.fair("hq")],
+            ["0", "JOB-flow", "hp", "fp", 3, "", 0, "", "JOB-{x}.", 0, "", b"1"],
         ),
         "hold": Call.lua(
             "hold",

@@ -28,7 +28,7 @@ from ..models import Backoff, Job, JobInfo, Serializer, Settlement, cut_tracebac
 from ..queues import adding, claiming, maintenance, reads, settling
 from ..queues.registry import lease_token
 from ..wire.calls import Op
-from ..wire.keyspace import Keyspace, check_job_id, check_queue
+from ..wire.keyspace import Keyspace, check_group, check_job_id, check_queue
 
 
 class OpsClient(Protocol):
@@ -62,6 +62,9 @@ class JobSpec:
     priority: int = 0
     max_attempts: int | None = None
     timeout: float | None = None  # the handler's time limit (s); None: the queue's
+    #: The job's fairness group (a tenant, a vendor account, a region): a claim serves the
+    #: groups with waiting work in turn (docs/concepts/flow-control.md). None: no group.
+    group: str | None = None
 
 
 class QueueOps:
@@ -134,7 +137,7 @@ class QueueOps:
         the first add that lands."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
-        rows: list[tuple[str, bytes, int, int, int, int | None]] = []
+        rows: list[adding.Row] = []
         check = False
         encode, attempts_default = self.client.encode, self.max_attempts
         # generated ids: one random 96-bit stem per call and the item's index - unique like
@@ -142,7 +145,8 @@ class QueueOps:
         stem = f"JOB-{secrets.token_hex(12)}-"
         for index, item in enumerate(jobs):
             if not isinstance(item, JobSpec):  # a bare payload: every option is the default
-                rows.append((f"{stem}{index:x}", encode(item), attempts_default, 0, 0, None))
+                row = (f"{stem}{index:x}", encode(item), attempts_default, 0, 0, None, None)
+                rows.append(row)
                 continue
             spec = item
             if spec.id is None:
@@ -158,7 +162,8 @@ class QueueOps:
                 MAX_ATTEMPTS,
             )
             limit = timeout_ms("timeout", spec.timeout)
-            rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit))
+            group = None if spec.group is None else check_group(spec.group)
+            rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit, group))
         if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         # every id generated (none given): the add sends the stem, not an id per job (adding.add)
@@ -166,14 +171,14 @@ class QueueOps:
 
     def _add(
         self,
-        rows: list[tuple[str, bytes, int, int, int, int | None]],
+        rows: list[adding.Row],
         check: bool,
         stem: str | None = None,
     ) -> Op[list[str]]:
         if not rows:  # nothing to add sends nothing
             return []
         shards = yield from self._shards()
-        parts: dict[str, list[tuple[str, bytes, int, int, int, int | None]]] = {}
+        parts: dict[str, list[adding.Row]] = {}
         if len(shards) == 1:
             parts[self.name] = rows
         else:  # each shard's part in one call, all of them in one step

@@ -43,9 +43,11 @@ class Queue(QueueOps):
         priority: int = 0,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        group: str | None = None,
     ) -> str:
-        """Add one job; returns its id. Re-adding an existing id changes nothing."""
-        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout)
+        """Add one job; returns its id. Re-adding an existing id changes nothing. ``group``:
+        its fairness group (:attr:`JobSpec.group`)."""
+        spec = JobSpec(payload, job_id, delay, priority, max_attempts, timeout, group)
         return self.add_bulk([spec])[0]
 
     def add_bulk(self, jobs: Iterable[Any]) -> list[str]:

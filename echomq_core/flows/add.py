@@ -347,21 +347,34 @@ def _land_calls(ks: Keyspace, runs: Sequence[_Run]) -> tuple[list[Call], list[_N
         up_queue = up.queue if up.queue != queue else ""
         share = up.shares.get(queue) if up.shares else None
         gate = [] if share is None else ks.gate_keys(queue, up.queue, up.id)
+        fair = ks.fair(queue)
         for part in chunks(nodes):
             argv: list[Any] = [check, up.id, up_queue, policy, attempts]
             argv += ["" if limit is None else limit, priority, "" if share is None else share]
             derived = _derived(part)
-            if derived is None:
-                argv += ("", "")
-                for n in part:
-                    argv += [n.id, n.payload]
-            else:  # the stem and the first index, then the payloads (land.lua)
-                argv += derived
-                argv += [n.payload for n in part]
-            keys = [*fixed, *[rows + n.id for n in part], *gate]
+            argv += ("", "") if derived is None else derived
+            land_records(argv, part, derived is None)
+            keys = [*fixed, *[rows + n.id for n in part], fair, *gate]
             calls.append(Call.lua("land", keys, argv))
             owners.append(up)
     return calls, owners
+
+
+def land_records(argv: list[Any], part: Sequence[Any], ids: bool) -> None:
+    """Append the ``grouped`` flag of a land call and its children's records to ``argv``: each
+    child's id (when ``ids``: no stem), its payload, and its group when any child of ``part``
+    has one (lua/land.lua)."""
+    grouped = any(n.group is not None for n in part)
+    argv.append("1" if grouped else "")
+    if not grouped and not ids:  # the usual derived children: payloads only
+        argv += [n.payload for n in part]
+        return
+    for n in part:
+        if ids:
+            argv.append(n.id)
+        argv.append(n.payload)
+        if grouped:
+            argv.append(n.group or "")
 
 
 def _derived(part: Sequence[_Node]) -> tuple[str, int] | None:

@@ -19,7 +19,7 @@ from ..checks import MAX_ATTEMPTS, as_bytes, check_int, timeout_ms, unserialisab
 from ..checks import text as _s
 from ..errors import InvalidArgument, InvalidFlow, InvalidPayload
 from ..models import FAIL_PARENT, IGNORE, Child
-from ..wire.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, child_stem
+from ..wire.keyspace import MAX_ID_LENGTH, check_group, check_job_id, check_queue, child_stem
 from .thresholds import allowance, requirement
 
 #: The deepest tree an add accepts: each level costs one round trip, and the planner recurses.
@@ -41,6 +41,7 @@ class _Node:
     timeout_ms: int | None = None  # the handler's time limit; None: the queue's
     gen: str = ""  # a root that replaced older flows under its id: their number
     priority: int = 0  # a leaf's: 0..800, lower runs first
+    group: str | None = None  # a leaf's fairness group (lua/includes/fair.lua)
     cap: int | None = None  # a parent's max_running over its own leaf children
     shares: dict[str, int] | None = None  # with a cap: each leaf queue's share of it
     allow: int | None = None  # a success threshold: how many fail-parent children may die
@@ -206,7 +207,7 @@ class _Planner:
             node = _Node(
                 child_queue, child_id, body, attempts, parent, policy, (), spec.id is None, limit
             )
-            if spec.priority != 0 or spec.max_running is not None:
+            if spec.priority != 0 or spec.max_running is not None or spec.group is not None:
                 _options(node, spec, bool(sub))
                 if node.cap is not None:
                     self.capped.append(node)
@@ -328,7 +329,14 @@ def _cap(name: str, value: Any) -> int | None:
 
 
 def _options(node: _Node, spec: Child, inner: bool) -> None:
-    """A child's priority (a leaf's) and cap (a sub-flow's), checked."""
+    """A child's priority and group (a leaf's) and cap (a sub-flow's), checked."""
+    if spec.group is not None:
+        if inner:
+            raise InvalidArgument(
+                f"child {node.id}: group applies to a leaf, got group={spec.group!r} on a "
+                "child with children"
+            )
+        node.group = check_group(spec.group, f"child {node.id} group")
     if spec.priority != 0:
         if inner:
             raise InvalidArgument(

@@ -58,6 +58,7 @@ from ..wire.calls import Call, Op, chunks
 from ..wire.keyspace import MAX_ID_LENGTH, Keyspace, check_job_id
 from . import reads as flows
 from . import sharding
+from .add import land_records
 from .plan import plan
 
 #: How many children one flow may have in all, those it was added with and every spawn's.
@@ -197,9 +198,8 @@ def spawn(
             argv: list[Any] = [check, up.id, up_queue, policy, attempts]
             argv += ["" if limit is None else limit, priority, "" if share is None else share]
             argv += ("", "")  # no stem: spawned ids derive from the spawner's, not the parent's
-            for n in part:
-                argv += [n.id, n.payload]
-            keys = [*fixed, *(rows + n.id for n in part), *gate]
+            land_records(argv, part, True)
+            keys = [*fixed, *(rows + n.id for n in part), ks.fair(queue), *gate]
             calls.append(Call.lua("land", keys, argv))
     yield calls
     # a cancel between the count and the landing walked the recorded ids before their rows

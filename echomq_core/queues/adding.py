@@ -47,19 +47,24 @@ def register(ks: Keyspace, queues: Sequence[str]) -> list[Call]:
     return [Call.cmd("SADD", ks.queues(), *queues)] if queues else []
 
 
+#: A job to add: ``(id, payload, max_attempts, delay_ms, priority, timeout_ms, group)``.
+Row = tuple[str, bytes, int, int, int, int | None, str | None]
+
+
 def add(
     ks: Keyspace,
     queue: str,
-    jobs: Sequence[tuple[str, bytes, int, int, int, int | None]],
+    jobs: Sequence[Row],
     *,
     check: bool,
     new_queues: Sequence[str] = (),
     stem: str | None = None,
 ) -> Op[int]:
-    """Add jobs ``(id, payload, max_attempts, delay_ms, priority, timeout_ms)``; returns how
-    many were added (ids that existed are left untouched). ``check=False`` only for
-    host-generated ids. Jobs sharing their options share a script call; ``new_queues`` rides
-    along in the same pipeline (the registry), so the whole call is one round trip.
+    """Add jobs (:data:`Row`); returns how many were added (ids that existed are left
+    untouched). ``check=False`` only for host-generated ids. Jobs sharing their options share
+    a script call; ``new_queues`` rides along in the same pipeline (the registry), so the whole
+    call is one round trip. A job's fairness group travels in its record (lua/add.lua), so
+    jobs of many groups still share a call.
 
     ``stem``: every id is ``stem`` plus its index in hex, the indexes increasing in ``jobs``
     order (queue.py's generated ids). A chunk whose ids are then consecutive (the usual bulk
@@ -68,25 +73,33 @@ def add(
     (lua/add.lua says why that is cheaper and as safe)."""
     calls = register(ks, new_queues)
     skip = len(calls)
-    groups: dict[tuple[int, int, int, int | None], list[tuple[str, bytes]]] = {}
-    for job_id, payload, max_attempts, delay_ms, priority, limit in jobs:
+    groups: dict[tuple[int, int, int, int | None], list[tuple[str, bytes, str | None]]] = {}
+    for job_id, payload, max_attempts, delay_ms, priority, limit, group in jobs:
         key = (max_attempts, delay_ms, priority, limit)
-        groups.setdefault(key, []).append((job_id, payload))
+        groups.setdefault(key, []).append((job_id, payload, group))
     fixed = ks.queue_keys(queue)
     rows = ks.job_prefix(queue)
+    fair = ks.fair(queue)
     cut = len(stem) if stem else 0
     for (max_attempts, delay_ms, priority, limit), items in groups.items():
         for part in chunks(items):
+            grouped = any(group is not None for _, _, group in part)
             argv: list[Any] = ["1" if check else "0", max_attempts, delay_ms, priority]
             argv.append("" if limit is None else limit)
             start = _start(stem, cut, part[0][0], part[-1][0], len(part)) if stem else None
-            if start is None:
-                argv += ("", "")
-                for job_id, payload in part:
-                    argv += (job_id, payload)
+            argv += ("", "") if start is None else (stem, start)
+            argv.append("1" if grouped else "")
+            if not grouped and start is not None:  # the usual bulk add: payloads only
+                argv += [payload for _, payload, _ in part]
             else:
-                argv += (stem, start, *(payload for _, payload in part))
-            calls.append(Call.lua("add", [*fixed, *(rows + job_id for job_id, _ in part)], argv))
+                for job_id, payload, group in part:
+                    if start is None:
+                        argv.append(job_id)
+                    argv.append(payload)
+                    if grouped:
+                        argv.append(group or "")
+            keys = [*fixed, *(rows + job_id for job_id, _, _ in part), fair]
+            calls.append(Call.lua("add", keys, argv))
     replies = yield calls
     return sum(int(r) for r in replies[skip:])
 

@@ -95,6 +95,12 @@ key                       type    holds
 ``rate:window``           hash    the current rate window's start (ms) and count of starts;
                                   written by claims of a rate-limited queue, expires by itself
                                   when its window ends
+``fair``                  hash    turns between fairness groups (lua/includes/fair.lua):
+                                  ``max`` (the highest tag given) and ``g:<group>`` (the tag
+                                  of the group's last job); written by adds of grouped jobs
+                                  and, once it exists, by every add; ``max`` lives as long
+                                  as the queue (as ``seq``), a group's field is deleted by
+                                  the retention sweep once its tag is behind the claims
 ``sweep:lease``           string  which Pump sweeps this queue now (SET NX PX, taken only when
                                   something is due)
 ``minutes``               hash    completed and failed attempts per minute of the last 24 h:
@@ -193,6 +199,26 @@ def check_job_id(job_id: object) -> str:
             "and . _ - / @ + = ~ #"
         )
     return job_id
+
+
+#: The longest fairness group, in UTF-8 bytes (as a job id's bound; lua/add.lua checks it too).
+MAX_GROUP_BYTES = 204
+
+
+def check_group(group: object, name: str = "group") -> str:
+    """Return ``group`` (a job's fairness group: a tenant, an account) if it is a non-empty str
+    of at most :data:`MAX_GROUP_BYTES` UTF-8 bytes without control characters, else raise
+    :class:`InvalidArgument` naming ``name``."""
+    if not isinstance(group, str):
+        raise InvalidArgument(f"{name} must be a str, got {type(group).__name__}")
+    size = len(group.encode(errors="replace"))
+    if not group or size > MAX_GROUP_BYTES or not group.isprintable():
+        shown = group if len(group) <= 60 else group[:60] + "..."
+        raise InvalidArgument(
+            f"invalid {name} {shown!r}: 1-{MAX_GROUP_BYTES} bytes of printable characters "
+            f"(got {size} bytes)"
+        )
+    return group
 
 
 def child_stem(parent_id: str, gen: str = "") -> str:
@@ -356,6 +382,10 @@ class Keyspace:
 
     def sweep_lease(self, queue: str) -> str:
         return self.base(queue) + "sweep:lease"
+
+    def fair(self, queue: str) -> str:
+        """The queue's fairness tags: turns between groups (lua/includes/fair.lua)."""
+        return self.base(queue) + "fair"
 
     def rate_window(self, queue: str) -> str:
         return self.base(queue) + "rate:window"

@@ -108,10 +108,11 @@ def test_a_rerun_that_spawns_fewer_settles_the_rest_as_never_landed(
     base = mq.keys.job_prefix(work)
     up = first.id if own else ref.parent_id
     up_queue = "" if own else parents
-    argv: list[Any] = ["1", up, up_queue, "fp", 1, "", 0, "", "", ""]
+    argv: list[Any] = ["1", up, up_queue, "fp", 1, "", 0, "", "", "", ""]
     for i in range(2, 5):
         argv += [f"{first.id}.{'k' if own else 's'}{i}", mq.encode(f"zombie-{i}")]
-    keys = [*mq.keys.queue_keys(work), *(base + argv[10 + 2 * j] for j in range(3))]
+    rows = (base + argv[11 + 2 * j] for j in range(3))
+    keys = [*mq.keys.queue_keys(work), *rows, mq.keys.fair(work)]
     mq.connection.execute([Call.lua("land", keys, argv)])
     assert mq.queue(work).stats()["pending"] == 3
     work_off(mq, [parents, work])

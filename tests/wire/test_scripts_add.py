@@ -39,9 +39,9 @@ def test_generated_ids_travel_as_a_stem_and_a_start(mq: EchoMQ) -> None:
     stem = ids[0][: ids[0].rindex("-") + 1]
     for call, first in zip(adds, (0, 500), strict=True):
         argv = _argv(call)
-        n = int(call.args[2]) - 15
-        assert argv[5:7] == [stem, first]
-        assert len(argv) == 7 + n  # the payload only, per job
+        n = int(call.args[2]) - 16  # the queue's keys, a row per job, the fair hash
+        assert argv[5:8] == [stem, first, ""]
+        assert len(argv) == 8 + n  # the payload only, per job
     assert ids == [f"{stem}{i:x}" for i in range(700)]
     # the ids the script formed are the ids the host returned, claimable in order, rows intact
     claimed = [j for _ in range(2) for j in q.claim(500)]
@@ -56,16 +56,16 @@ def test_ids_given_or_mixed_travel_one_per_job(mq: EchoMQ) -> None:
     calls, ids = _sent(mq, q.add_bulk_op(jobs))
     for call in (c for c in calls if c.script is not None):
         argv = _argv(call)
-        assert argv[5:7] == ["", ""]
-        assert argv[7::2] == [i for i in ids if i in argv[7::2]]
+        assert argv[5:8] == ["", "", ""]
+        assert argv[8::2] == [i for i in ids if i in argv[8::2]]
     assert ids[0] == "JOB-given-a/b"
     assert sorted(j.payload for j in q.claim(3)) == [1, 2, 3]
 
 
 def _raw_add(mq: EchoMQ, queue: str, stem: str, start: str, n: int) -> Call:
     ks = mq.keys
-    keys = [*ks.queue_keys(queue), *(ks.job(queue, f"JOB-k{i}") for i in range(n))]
-    return Call.lua("add", keys, ["0", 1, 0, 0, "", stem, start, *([b"1"] * n)])
+    keys = [*ks.queue_keys(queue), *(ks.job(queue, f"JOB-k{i}") for i in range(n)), ks.fair(queue)]
+    return Call.lua("add", keys, ["0", 1, 0, 0, "", stem, start, "", *([b"1"] * n)])
 
 
 @pytest.mark.parametrize(
@@ -96,10 +96,10 @@ def test_a_chunk_with_a_gap_sends_its_ids() -> None:
     from echomq_core.wire.keyspace import Keyspace
 
     stem = "JOB-0123abcd-"
-    jobs = [(f"{stem}{i:x}", b"p", 1, 0, 0, None) for i in (0, 1, 3)]
+    jobs = [(f"{stem}{i:x}", b"p", 1, 0, 0, None, None) for i in (0, 1, 3)]
     (call,) = next(adding.add(Keyspace("emq"), "sa-gap", jobs, check=False, stem=stem))
     argv = _argv(call)
-    assert argv[5:7] == ["", ""] and argv[7::2] == [j[0] for j in jobs]
+    assert argv[5:8] == ["", "", ""] and argv[8::2] == [j[0] for j in jobs]
 
 
 def test_a_flows_derived_child_ids_travel_as_a_stem_and_a_start(mq: EchoMQ) -> None:

@@ -1,0 +1,128 @@
+"""Fair shares inside a queue (issue 50, items 1-2): a job or a flow child carries a fairness
+group, and a claim serves the groups with waiting work in turn (lua/includes/fair.lua), so one
+group's backlog does not starve the groups added after it. Standalone and Cluster.
+
+The order is read from what claims return, one job at a time: the claim itself is unchanged
+(lowest score first), the turns live in the scores the add gives."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from echomq_core import Child, EchoMQ, InvalidArgument, InvalidJobId, JobSpec
+from echomq_core.wire.calls import Call
+
+
+def groups_of(mq: EchoMQ, queue: str, n: int) -> list[str]:
+    """The groups of the next ``n`` jobs claims take, in claim order (payloads name them)."""
+    q = mq.queue(queue)
+    out = []
+    for _ in range(n):
+        (job,) = q.claim(1)
+        out.append(job.payload["g"])
+    return out
+
+
+def test_a_backlog_does_not_starve_the_groups_added_after_it(mq: EchoMQ) -> None:
+    q = mq.queue("fg-turns")
+    q.add_bulk([JobSpec({"g": "heavy"}, group="heavy") for _ in range(1_000)])
+    for name in ("acme", "globex", "initech"):
+        q.add_bulk([JobSpec({"g": name}, group=name) for _ in range(5)])
+    first = groups_of(mq, "fg-turns", 20)
+    # one job of each group per turn: the light groups are done within 20 claims
+    assert Counter(first) == {"heavy": 5, "acme": 5, "globex": 5, "initech": 5}
+    assert all(len(set(first[i : i + 4])) == 4 for i in range(0, 20, 4)), first
+    assert q.stats()["pending"] == 995
+
+
+def test_without_groups_the_queue_stays_first_in_first_out(mq: EchoMQ) -> None:
+    """The reference the groups are measured against: one backlog ahead of everything."""
+    q = mq.queue("fg-fifo")
+    q.add_bulk([{"g": "heavy"} for _ in range(100)])
+    q.add_bulk([{"g": "light"} for _ in range(5)])
+    assert set(groups_of(mq, "fg-fifo", 100)) == {"heavy"}
+    assert mq.connection.execute([Call.cmd("EXISTS", mq.keys.fair("fg-fifo"))]) == [0]
+
+
+def test_a_group_that_arrives_late_takes_turns_from_where_the_claims_are(mq: EchoMQ) -> None:
+    q = mq.queue("fg-late")
+    q.add_bulk([JobSpec({"g": "heavy"}, group="heavy") for _ in range(500)])
+    assert set(groups_of(mq, "fg-late", 300)) == {"heavy"}
+    q.add_bulk([JobSpec({"g": "late"}, group="late") for _ in range(10)])
+    # not behind the 200 heavy jobs left, not all ahead of them either: in turn
+    assert Counter(groups_of(mq, "fg-late", 20)) == {"heavy": 10, "late": 10}
+    # a group whose work all ran and comes back later starts from the claims, not its old tags
+    q.add_bulk([JobSpec({"g": "late"}, group="late") for _ in range(3)])
+    assert Counter(groups_of(mq, "fg-late", 6)) == {"heavy": 3, "late": 3}
+
+
+def test_jobs_without_a_group_take_their_turns_as_one_group(mq: EchoMQ) -> None:
+    q = mq.queue("fg-mixed")
+    q.add_bulk([JobSpec({"g": "heavy"}, group="heavy") for _ in range(100)])
+    q.add_bulk([{"g": "none"} for _ in range(4)])  # once a queue has groups, by turns too
+    q.add(payload={"g": "solo"}, group="solo")
+    assert Counter(groups_of(mq, "fg-mixed", 9)) == {"heavy": 4, "none": 4, "solo": 1}
+
+
+def test_priorities_still_come_first_and_order_work_within_a_group(mq: EchoMQ) -> None:
+    q = mq.queue("fg-prio")
+    q.add_bulk([JobSpec({"g": "a", "n": i}, group="a", priority=5) for i in range(3)])
+    q.add_bulk([JobSpec({"g": "b", "n": i}, group="b", priority=5) for i in range(3)])
+    q.add(payload={"g": "b", "n": "urgent"}, group="b", priority=0)
+    jobs = [q.claim(1)[0].payload for _ in range(7)]
+    assert jobs[0] == {"g": "b", "n": "urgent"}
+    assert [j["n"] for j in jobs[1:] if j["g"] == "a"] == [0, 1, 2]  # arrival order within
+    # one of each group per turn (within a turn, the order of the ids)
+    assert all({jobs[i]["g"], jobs[i + 1]["g"]} == {"a", "b"} for i in (1, 3, 5)), jobs
+
+
+def test_a_flows_children_take_turns_by_their_group(mq: EchoMQ) -> None:
+    heavy = [Child({"g": "heavy"}, queue="fg-kids", group="heavy") for _ in range(300)]
+    mq.add_flow("fg-parents", heavy)
+    light = [Child({"g": g}, queue="fg-kids", group=g) for g in ("x", "y") for _ in range(3)]
+    ref = mq.add_flow("fg-parents", light)
+    assert Counter(groups_of(mq, "fg-kids", 9)) == {"heavy": 3, "x": 3, "y": 3}
+    # the row names its group
+    row = mq.keys.job("fg-kids", f"{ref.parent_id}.0")
+    assert mq.connection.execute([Call.cmd("HGET", row, "group")]) in ([b"x"], ["x"])
+
+
+@pytest.mark.parametrize(
+    ("group", "what"),
+    [
+        ("", "group '': 1-204 bytes"),
+        ("a" * 205, "205 bytes"),
+        ("é" * 103, "206 bytes"),
+        ("tab\there", "printable"),
+        (7, "must be a str, got int"),
+    ],
+)
+def test_a_bad_group_is_refused_before_anything_is_written(
+    mq: EchoMQ, group: object, what: str
+) -> None:
+    q = mq.queue("fg-bad")
+    with pytest.raises(InvalidArgument, match=what):
+        q.add_bulk([JobSpec(1, group="fine"), JobSpec(2, group=group)])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=what):
+        mq.add_flow("fg-bad", [Child(1), Child(2, group=group)])  # type: ignore[arg-type]
+    assert q.stats()["pending"] == 0
+    assert mq.connection.execute([Call.cmd("EXISTS", mq.keys.fair("fg-bad"))]) == [0]
+
+
+def test_a_group_on_a_sub_flow_is_refused_naming_the_child(mq: EchoMQ) -> None:
+    with pytest.raises(InvalidArgument, match="group applies to a leaf"):
+        mq.add_flow("fg-sub", [Child(1, group="g", children=[Child(2)])])
+    assert mq.queue("fg-sub").stats()["pending"] == 0
+
+
+def test_the_server_refuses_an_overlong_group_itself(mq: EchoMQ) -> None:
+    """A client that skips the host's check still cannot write a group past the bound."""
+    ks = mq.keys
+    keys = [*ks.queue_keys("fg-raw"), ks.job("fg-raw", "JOB-r1"), ks.fair("fg-raw")]
+    argv = ["1", 1, 0, 0, "", "", "", "1", "JOB-r1", b"1", "g" * 205]
+    with pytest.raises(InvalidJobId, match="at most 204"):
+        mq.connection.execute([Call.lua("add", keys, argv)])
+    reads = [Call.cmd("EXISTS", ks.job("fg-raw", "JOB-r1")), Call.cmd("EXISTS", ks.fair("fg-raw"))]
+    assert mq.connection.execute(reads) == [0, 0]
