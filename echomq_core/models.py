@@ -302,6 +302,7 @@ class JobInfo:
     stalls: int = 0
     finished_ms: int | None = None
     traceback: str | None = None  # the last failed attempt's, at most MAX_TRACEBACK bytes
+    group: str | None = None  # its fairness group (JobSpec.group, Child.group)
 
 
 @dataclass(frozen=True, slots=True)

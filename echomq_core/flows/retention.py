@@ -131,26 +131,48 @@ class SweepStats:
     flows: list[tuple[str, str]] = field(default_factory=list)  # (queue, root id) expired
     rows: int = 0
     poison: int = 0
+    groups: int = 0  # fairness groups' turns dropped (lua/fair_prune.lua)
 
 
 _CODES = ("c", "d", "f", "x", "u", "k")
 
 
 def sweep(
-    ks: Keyspace, queues: Sequence[str], pump_id: str, *, lease_ms: int, limit: int
+    ks: Keyspace,
+    queues: Sequence[str],
+    pump_id: str,
+    *,
+    lease_ms: int,
+    limit: int,
+    cursors: dict[str, str] | None = None,
 ) -> Op[SweepStats]:
     """One retention pass over ``queues`` (see the module doc). Two round trips when nothing
-    is due; then per expiring flow one more per tree level."""
+    is due; then per expiring flow one more per tree level. In the first, each queue's
+    fairness groups that are behind the claims are dropped, a slice of ``limit`` fields per
+    pass (lua/fair_prune.lua), from where the last pass stopped (``cursors``: queue -> cursor,
+    kept by the caller)."""
     defaults = defaults_argv()
-    picks = yield [
-        Call.lua(
-            "retain",
-            [*ks.queue_keys(q), ks.config(q), ks.sweep_lease(q), ks.poison(q)],
-            [pump_id, lease_ms, limit, *defaults],
-        )
+    cursors = {} if cursors is None else cursors
+    prunes = [
+        Call.lua("fair_prune", [ks.fair(q), ks.pending(q)], [cursors.get(q, "0"), limit])
         for q in queues
     ]
+    replies = yield [
+        *(
+            Call.lua(
+                "retain",
+                [*ks.queue_keys(q), ks.config(q), ks.sweep_lease(q), ks.poison(q)],
+                [pump_id, lease_ms, limit, *defaults],
+            )
+            for q in queues
+        ),
+        *prunes,
+    ]
+    picks = replies[: len(queues)]
     stats = SweepStats()
+    for queue, (cursor, dropped) in zip(queues, replies[len(queues) :], strict=True):
+        cursors[queue] = _s(cursor)
+        stats.groups += int(dropped)
     calls, where = [], []
     for queue, pick in zip(queues, picks, strict=True):
         stats.poison += int(pick[6])

@@ -112,6 +112,7 @@ class Pump:
         self.max_stalls = opts.max_stalls
         self.discover_every = opts.discover_every
         self.sweep_every = opts.sweep_every
+        self._fair: dict[str, str] = {}  # queue -> where its fairness groups' prune stopped
         self.maintain_every = opts.maintain_every
         self._maintained_at = self._swept_at = float("-inf")
         self.id = pump_id or "pump-" + uuid.uuid4().hex[:12]
@@ -215,7 +216,7 @@ class Pump:
             if self.sweep_every is not None and now - self._swept_at >= self.sweep_every:
                 self._swept_at = now
                 swept = yield from retention.sweep(
-                    keys, queues, self.id, lease_ms=self.lease_ms, limit=200
+                    keys, queues, self.id, lease_ms=self.lease_ms, limit=200, cursors=self._fair
                 )
                 stats.swept = swept.swept
                 stats.expired = swept.flows

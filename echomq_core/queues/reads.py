@@ -67,6 +67,7 @@ def inspect(ks: Keyspace, queue: str, job_id: str, ser: Serializer) -> Op[JobInf
         _int(row.get("stalls")),
         int(float(score)) if score and where in ("completed", "dead") else None,
         _s(row["traceback"]) if "traceback" in row else None,
+        _s(row["group"]) if "group" in row else None,
     )
 
 

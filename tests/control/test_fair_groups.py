@@ -62,7 +62,8 @@ def test_jobs_without_a_group_take_their_turns_as_one_group(mq: EchoMQ) -> None:
     q = mq.queue("fg-mixed")
     q.add_bulk([JobSpec({"g": "heavy"}, group="heavy") for _ in range(100)])
     q.add_bulk([{"g": "none"} for _ in range(4)])  # once a queue has groups, by turns too
-    q.add(payload={"g": "solo"}, group="solo")
+    solo = q.add(payload={"g": "solo"}, group="solo")
+    assert mq.get_job("fg-mixed", solo).group == "solo"  # type: ignore[union-attr]
     assert Counter(groups_of(mq, "fg-mixed", 9)) == {"heavy": 4, "none": 4, "solo": 1}
 
 
@@ -126,3 +127,29 @@ def test_the_server_refuses_an_overlong_group_itself(mq: EchoMQ) -> None:
         mq.connection.execute([Call.lua("add", keys, argv)])
     reads = [Call.cmd("EXISTS", ks.job("fg-raw", "JOB-r1")), Call.cmd("EXISTS", ks.fair("fg-raw"))]
     assert mq.connection.execute(reads) == [0, 0]
+
+
+def test_the_sweep_drops_the_turns_of_groups_behind_the_claims(mq: EchoMQ) -> None:
+    """100 groups that ran once leave nothing behind; a group with work ahead keeps its turn;
+    the turns after the prune are what they would have been without it."""
+    from echomq_core.flows import retention
+
+    q, fair = mq.queue("fg-prune"), mq.keys.fair("fg-prune")
+    q.add_bulk([JobSpec({"g": f"once-{i}"}, group=f"once-{i}") for i in range(100)])
+    q.add_bulk([JobSpec({"g": "busy"}, group="busy") for _ in range(300)])
+    groups_of(mq, "fg-prune", 150)  # the 100 once-groups and 50 of busy: busy is at turn 50
+    cursors: dict[str, str] = {}
+    dropped = 0
+    for _ in range(10):  # slices of 200 fields: round the hash once
+        stats = mq.perform(
+            retention.sweep(mq.keys, ["fg-prune"], "p1", lease_ms=1000, limit=200, cursors=cursors)
+        )
+        dropped += stats.groups
+        if cursors["fg-prune"] == "0":
+            break
+    assert dropped == 100
+    fields = mq.connection.execute([Call.cmd("HKEYS", fair)])[0]
+    assert sorted(f if isinstance(f, str) else f.decode() for f in fields) == ["g:busy", "max"]
+    # a once-group that comes back takes turns from where the claims are, as a new one would
+    q.add_bulk([JobSpec({"g": "once-7"}, group="once-7") for _ in range(3)])
+    assert Counter(groups_of(mq, "fg-prune", 6)) == {"busy": 3, "once-7": 3}
