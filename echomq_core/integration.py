@@ -32,7 +32,14 @@ from .flows.waiting import (
 from .queues.adding import gc_paused
 from .seeing.urls import flow_page
 from .wire.collector import paused as collector_paused
-from .wire.keyspace import MAX_ID_LENGTH, check_job_id, check_queue, derived_index, id_part
+from .wire.keyspace import (
+    MAX_ID_LENGTH,
+    check_group,
+    check_job_id,
+    check_queue,
+    derived_index,
+    id_part,
+)
 
 __all__ = [
     "CANCELLED",
@@ -50,6 +57,7 @@ __all__ = [
     "TIMED_OUT",
     "WAITING",
     "PumpOptions",
+    "check_group",
     "check_int",
     "check_job_id",
     "check_queue",

@@ -23,12 +23,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from echomq_core import Child, FlowRef, InvalidInput
-from echomq_core.integration import check_job_id, check_queue, derived_index, id_part
+from echomq_core import Child, FlowRef, InvalidArgument, InvalidInput
+from echomq_core.integration import check_group, check_job_id, check_queue, derived_index, id_part
 
 #: Keys a child spec may hold; anything else is refused by name (a dict payload goes under
 #: ``payload``, so a payload can never be mistaken for a spec or the reverse).
-CHILD_KEYS = ("payload", "key", "queue", "ignore_failure", "max_attempts", "timeout")
+CHILD_KEYS = ("payload", "key", "queue", "ignore_failure", "max_attempts", "timeout", "group")
 CHILD_KEY_SET = frozenset(CHILD_KEYS)
 #: Payload types taken as they are (a bare payload with the defaults), checked first.
 _BARE = frozenset({int, float, str, bool, type(None), list})
@@ -124,9 +124,10 @@ def to_children(
     Each item is one of:
 
     * a mapping with ``payload`` and optionally ``queue``, ``ignore_failure`` (the child's
-      death is recorded as an ignored failure instead of failing the parent), ``max_attempts``
-      and ``timeout`` (the handler's time limit in seconds) - the JSON shape an upstream task
-      returns through XCom;
+      death is recorded as an ignored failure instead of failing the parent), ``max_attempts``,
+      ``timeout`` (the handler's time limit in seconds) and ``group`` (its fairness group: a
+      tenant, a vendor account; the queue serves the groups in turn,
+      :attr:`echomq_core.Child.group`) - the JSON shape an upstream task returns through XCom;
     * a :class:`~echomq_core.Child` (for DAGs that build specs in Python);
     * any other value (number, string, list): a payload with the defaults.
 
@@ -236,12 +237,19 @@ def _child_from_mapping(
         not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
     ):
         raise InvalidInput(f"child {index}: timeout must be seconds > 0, got {timeout!r}")
+    group = spec.get("group")
+    if group is not None:
+        try:
+            check_group(group)
+        except InvalidArgument as exc:
+            raise InvalidInput(f"child {index}: {exc}") from None
     return Child(
         spec["payload"],
         queue=queue,
         ignore_dependency_on_failure=ignore,
         max_attempts=attempts,
         timeout=timeout,
+        group=group,
     )
 
 

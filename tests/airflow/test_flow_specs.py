@@ -56,6 +56,12 @@ def test_child_timeouts_pass_through() -> None:
     assert [c.timeout for c in to_children([{"payload": 1}, 2])] == [None, None]
 
 
+def test_a_childs_group_passes_through() -> None:
+    """A spec's ``group`` (a tenant, an account) is its child's fairness group."""
+    children = to_children([{"payload": 1, "group": "acme/eu"}, {"payload": 2}, Child(3, group="x")])
+    assert [c.group for c in children] == ["acme/eu", None, "x"]
+
+
 @pytest.mark.parametrize(
     ("items", "complaint"),
     [
@@ -68,6 +74,9 @@ def test_child_timeouts_pass_through() -> None:
         ([{"payload": 1, "queue": "bad queue"}], "invalid queue name"),
         ([{"payload": 1, "timeout": 0}], "timeout must be seconds > 0"),
         ([{"payload": 1, "timeout": "1m"}], "timeout must be seconds > 0"),
+        ([1, {"payload": 1, "group": ""}], "child 1: invalid group ''"),
+        ([{"payload": 1, "group": "t" * 205}], "child 0: invalid group .* 205 bytes"),
+        ([{"payload": 1, "group": 7}], "child 0: group must be a str"),
     ],
 )
 def test_bad_children_are_refused_by_item(items: object, complaint: str) -> None:
