@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..control import groups
 from ..control.rates import RateLimit
 from ..errors import JobNotFound
 from ..flows import lifecycle, reads, refs, release_watch, streaming
@@ -78,6 +79,14 @@ class AsyncEchoMQ(_Client):
     async def register_queue(self, name: str) -> None:
         """As :meth:`EchoMQ.register_queue`."""
         await self.perform(self._register_queue_op(name))
+
+    async def group_rule(self, queue: str) -> str | None:
+        """As :meth:`EchoMQ.group_rule`."""
+        return await self.perform(groups.get_rule(self.keys, queue))
+
+    async def set_group_rule(self, queue: str, rule: str | None) -> None:
+        """As :meth:`EchoMQ.set_group_rule`."""
+        await self.perform(self._set_group_rule_op(queue, rule))
 
     async def queues(self) -> list[str]:
         """As :meth:`EchoMQ.queues`."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
-from ..control import rates
+from ..control import groups, rates
 from ..control.rates import RateLimit
 from ..errors import InvalidArgument, JobNotFound, flow_error
 from ..flows import children as child_reads
@@ -32,7 +32,7 @@ from ..flows import (
 )
 from ..flows import reads as flows
 from ..flows.add import add_flow
-from ..flows.plan import child_list, new_parent_id, plan, queues_of, unlink
+from ..flows.plan import apply_rules, child_list, new_parent_id, plan, queues_of, unlink
 from ..flows.waiting import MISSING, FlowWait, Verdict
 from ..models import (
     Child,
@@ -77,6 +77,8 @@ class _Client:
         #: each logical queue's shards, as read from the server once per process
         #: (:mod:`echomq_core.flows.sharding`): never recomputed, changed only while empty
         self.shard_cache: dict[str, sharding.Shards] = {}
+        #: each queue's group rule, read at most once per groups.RULE_TTL s
+        self.group_rules = groups.Rules()
 
     def mark_registered(self, names: Iterable[str]) -> None:
         """Note ``names`` as registered by this process (a write that carried them landed)."""
@@ -97,6 +99,11 @@ class _Client:
         if name not in self._registered:
             yield adding.register(self.keys, [name])
             self._registered.add(name)
+
+    def _set_group_rule_op(self, queue: str, rule: str | None) -> Op[None]:
+        yield from groups.set_rule(self.keys, queue, rule)
+        self.group_rules.forget(queue)
+        yield from self._register_queue_op(queue)
 
     def _queues_op(self) -> Op[list[str]]:
         (members,) = yield [Call.cmd("SMEMBERS", self.keys.queues())]
@@ -214,6 +221,10 @@ class _Client:
         def add() -> Op[FlowRef]:
             # nodes in sharded queues go to their ids' shards before anything is written
             shards = yield from sharding.resolve(self.keys, self.shard_cache, logical)
+            # queues that name groups from payloads (control.groups): before the shards
+            rules = yield from self.group_rules.of(self.keys, logical)
+            if rules:
+                apply_rules(root, children, rules)
             sharded = sharding.place(root, shards)
             queues = self.unregistered(queues_of(root) if sharded else logical)
 
@@ -226,6 +237,8 @@ class _Client:
                     queue, children, payload, root.id, max_attempts, gen, max_running, min_success
                 )
                 again.stream = stream
+                if rules:
+                    apply_rules(again, children, rules)
                 sharding.place(again, shards)
                 planned.append(again)
                 return again

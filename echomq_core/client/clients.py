@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..control import groups
 from ..control.rates import RateLimit
 from ..errors import JobNotFound
 from ..flows import lifecycle, reads, refs, release_watch, streaming
@@ -90,6 +91,18 @@ class EchoMQ(_Client):
     def register_queue(self, name: str) -> None:
         """Record ``name`` in the queue registry (once per process) so Pumps find it."""
         self.perform(self._register_queue_op(name))
+
+    def group_rule(self, queue: str) -> str | None:
+        """The payload key ``queue`` takes a job's fairness group from (None: no rule; see
+        :mod:`echomq_core.control.groups`)."""
+        return self.perform(groups.get_rule(self.keys, queue))
+
+    def set_group_rule(self, queue: str, rule: str | None) -> None:
+        """Take the fairness group of each job or child added to ``queue`` without one from its
+        payload's key ``rule`` (``{"customer": "acme", ...}`` -> group ``"acme"``), or stop
+        (None or ``"none"``). Checked before anything is written (:class:`InvalidArgument`).
+        Producers follow a change within :data:`~echomq_core.control.groups.RULE_TTL` s."""
+        self.perform(self._set_group_rule_op(queue, rule))
 
     def queues(self) -> list[str]:
         """Every queue name this keyspace has used (the registry). A member that is not a

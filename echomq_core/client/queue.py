@@ -21,6 +21,7 @@ from ..checks import (
     check_seconds,
     timeout_ms,
 )
+from ..control.groups import Rules, group_of
 from ..control.rates import Claimed
 from ..errors import InvalidArgument, JobNotFound
 from ..flows import sharding, spawning
@@ -38,6 +39,7 @@ class OpsClient(Protocol):
     keys: Keyspace
     serializer: Serializer
     shard_cache: dict[str, sharding.Shards]
+    group_rules: Rules
 
     def encode(self, value: Any) -> bytes: ...
 
@@ -65,6 +67,10 @@ class JobSpec:
     #: The job's fairness group (a tenant, a vendor account, a region): a claim serves the
     #: groups with waiting work in turn (docs/concepts/flow-control.md). None: no group.
     group: str | None = None
+
+
+#: A job that named its own group: the queue's rule does not apply to it.
+_GIVEN = object()
 
 
 class QueueOps:
@@ -138,6 +144,8 @@ class QueueOps:
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
         rows: list[adding.Row] = []
+        # each row's payload object, for the queue's group rule (_GIVEN: the job named its own)
+        loose: list[Any] = []
         check = False
         encode, attempts_default = self.client.encode, self.max_attempts
         # generated ids: one random 96-bit stem per call and the item's index - unique like
@@ -147,6 +155,7 @@ class QueueOps:
             if not isinstance(item, JobSpec):  # a bare payload: every option is the default
                 row = (f"{stem}{index:x}", encode(item), attempts_default, 0, 0, None, None)
                 rows.append(row)
+                loose.append(item)
                 continue
             spec = item
             if spec.id is None:
@@ -164,20 +173,27 @@ class QueueOps:
             limit = timeout_ms("timeout", spec.timeout)
             group = None if spec.group is None else check_group(spec.group)
             rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit, group))
+            loose.append(spec.payload if group is None else _GIVEN)
         if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         # every id generated (none given): the add sends the stem, not an id per job (adding.add)
-        return self._add(rows, check, None if check else stem)
+        return self._add(rows, check, None if check else stem, loose)
 
     def _add(
         self,
         rows: list[adding.Row],
         check: bool,
         stem: str | None = None,
+        loose: Sequence[Any] = (),
     ) -> Op[list[str]]:
         if not rows:  # nothing to add sends nothing
             return []
         shards = yield from self._shards()
+        rule = (yield from self.client.group_rules.of(self.client.keys, [self.name])).get(self.name)
+        if rule is not None:  # the queue names groups from payloads (control.groups)
+            for i, payload in enumerate(loose):
+                if payload is not _GIVEN and (group := group_of(payload, rule)) is not None:
+                    rows[i] = (*rows[i][:6], group)
         parts: dict[str, list[adding.Row]] = {}
         if len(shards) == 1:
             parts[self.name] = rows

@@ -13,10 +13,11 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..checks import MAX_ATTEMPTS, as_bytes, check_int, timeout_ms, unserialisable
 from ..checks import text as _s
+from ..control.groups import group_of
 from ..errors import InvalidArgument, InvalidFlow, InvalidPayload
 from ..models import FAIL_PARENT, IGNORE, Child
 from ..wire.keyspace import MAX_ID_LENGTH, check_group, check_job_id, check_queue, child_stem
@@ -117,6 +118,19 @@ def plan(
     if root.allow is not None:
         root.need = requirement(min_success)
     return root
+
+
+def apply_rules(node: _Node, specs: Sequence[Child], rules: Mapping[str, str]) -> None:
+    """Give each leaf below ``node`` (planned from ``specs``) that has no group of its own the
+    group its queue's rule takes from its payload (:mod:`echomq_core.control.groups`; ``rules``:
+    logical queue -> payload key). Before :func:`~echomq_core.flows.sharding.place`: the
+    queues are still the logical ones. :class:`InvalidArgument` naming the key for a value
+    that is not a valid group."""
+    for spec, kid in zip(specs, node.children, strict=True):
+        if kid.children:
+            apply_rules(kid, cast(Sequence[Child], spec.children), rules)
+        elif kid.group is None and (rule := rules.get(kid.queue)) is not None:
+            kid.group = group_of(spec.payload, rule)
 
 
 class _Planner:

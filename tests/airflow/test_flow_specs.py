@@ -58,7 +58,9 @@ def test_child_timeouts_pass_through() -> None:
 
 def test_a_childs_group_passes_through() -> None:
     """A spec's ``group`` (a tenant, an account) is its child's fairness group."""
-    children = to_children([{"payload": 1, "group": "acme/eu"}, {"payload": 2}, Child(3, group="x")])
+    children = to_children(
+        [{"payload": 1, "group": "acme/eu"}, {"payload": 2}, Child(3, group="x")]
+    )
     assert [c.group for c in children] == ["acme/eu", None, "x"]
 
 

@@ -14,6 +14,8 @@ import pytest
 from echomq_core import Child, EchoMQ, InvalidArgument, InvalidJobId, JobSpec
 from echomq_core.wire.calls import Call
 
+from ..conftest import Backend
+
 
 def groups_of(mq: EchoMQ, queue: str, n: int) -> list[str]:
     """The groups of the next ``n`` jobs claims take, in claim order (payloads name them)."""
@@ -153,3 +155,80 @@ def test_the_sweep_drops_the_turns_of_groups_behind_the_claims(mq: EchoMQ) -> No
     # a once-group that comes back takes turns from where the claims are, as a new one would
     q.add_bulk([JobSpec({"g": "once-7"}, group="once-7") for _ in range(3)])
     assert Counter(groups_of(mq, "fg-prune", 6)) == {"busy": 3, "once-7": 3}
+
+
+def test_a_queue_rule_takes_the_group_from_the_payload(mq: EchoMQ) -> None:
+    q = mq.queue("fg-rule")
+    assert mq.group_rule("fg-rule") is None
+    mq.set_group_rule("fg-rule", "customer")
+    assert mq.group_rule("fg-rule") == "customer"
+    ids = q.add_bulk(
+        [
+            {"customer": "acme", "n": 1},
+            {"customer": 42},  # an int, written in decimal
+            {"n": 3},  # no such key: no group
+            [1, 2],  # not a mapping: no group
+            {"customer": 1.5},  # neither str nor int: no group
+            JobSpec({"customer": "acme"}, group="own"),  # a job's own group wins
+        ]
+    )
+    got = [mq.get_job("fg-rule", i).group for i in ids]  # type: ignore[union-attr]
+    assert got == ["acme", "42", None, None, None, "own"]
+    mq.set_group_rule("fg-rule", None)
+    assert mq.group_rule("fg-rule") is None
+    (plain,) = q.add_bulk([{"customer": "acme"}])
+    assert mq.get_job("fg-rule", plain).group is None  # type: ignore[union-attr]
+
+
+def test_a_queue_rule_names_the_groups_of_a_flows_children(mq: EchoMQ) -> None:
+    mq.set_group_rule("fg-rule-kids", "tenant")
+    kids = [
+        Child({"tenant": "a"}, queue="fg-rule-kids"),
+        Child({"tenant": "b"}, queue="fg-rule-kids", group="mine"),
+        Child({"x": 1}, queue="fg-rule-kids", children=[Child({"tenant": "c"})]),
+        Child({"tenant": "d"}),  # the parent's queue: no rule there
+    ]
+    ref = mq.add_flow("fg-rule-parents", kids)
+    p = ref.parent_id
+    assert mq.get_job("fg-rule-kids", f"{p}.0").group == "a"  # type: ignore[union-attr]
+    assert mq.get_job("fg-rule-kids", f"{p}.1").group == "mine"  # type: ignore[union-attr]
+    assert mq.get_job("fg-rule-kids", f"{p}.2.0").group == "c"  # type: ignore[union-attr]
+    assert mq.get_job("fg-rule-parents", f"{p}.3").group is None  # type: ignore[union-attr]
+
+
+def test_a_bad_rule_or_a_bad_value_is_refused_before_anything_is_written(mq: EchoMQ) -> None:
+    for bad in ("", "k" * 129, 7, "tab\there"):
+        with pytest.raises(InvalidArgument, match="a group rule is the payload key"):
+            mq.set_group_rule("fg-rule-bad", bad)  # type: ignore[arg-type]
+    assert mq.group_rule("fg-rule-bad") is None
+    mq.set_group_rule("fg-rule-bad", "customer")
+    with pytest.raises(InvalidArgument, match=r"payload key 'customer'.*205 bytes"):
+        mq.queue("fg-rule-bad").add_bulk([{"customer": "ok"}, {"customer": "c" * 205}])
+    with pytest.raises(InvalidArgument, match="payload key 'customer'"):
+        mq.add_flow("fg-rule-p", [Child({"customer": ""}, queue="fg-rule-bad")])
+    assert mq.queue("fg-rule-bad").stats()["pending"] == 0
+    assert mq.list_flows("fg-rule-p") == []
+
+
+def test_producers_follow_a_rule_within_its_ttl(
+    backend: Backend, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process reads a queue's rule at most once per RULE_TTL s: a producer that read
+    "no rule" keeps it for that long, then follows the change (the TTL is set here, no sleep)."""
+    from echomq_core.control import groups
+
+    producer, admin = backend.client(prefix), backend.client(prefix)
+    try:
+        q = producer.queue("fg-ttl")
+        monkeypatch.setattr(groups, "RULE_TTL", 3600.0)
+        (first,) = q.add_bulk([{"customer": "acme"}])  # reads: no rule, kept for an hour
+        admin.set_group_rule("fg-ttl", "customer")
+        (second,) = q.add_bulk([{"customer": "acme"}])
+        assert producer.get_job("fg-ttl", second).group is None  # type: ignore[union-attr]
+        producer.group_rules.forget("fg-ttl")  # as if the hour had passed
+        (third,) = q.add_bulk([{"customer": "acme"}])
+        assert producer.get_job("fg-ttl", third).group == "acme"  # type: ignore[union-attr]
+        assert producer.get_job("fg-ttl", first).group is None  # type: ignore[union-attr]
+    finally:
+        producer.close()
+        admin.close()

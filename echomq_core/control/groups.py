@@ -1,0 +1,112 @@
+"""Fairness groups: who a job is fair to, and the queue's rule that names it.
+
+Using::
+
+    q.add_bulk([JobSpec(row, group=row["customer"]) for row in rows])   # the caller names it
+    mq.set_group_rule("reports", "customer")     # or the queue takes it from the payload:
+    q.add({"customer": "acme", "day": "2026-12-07"})                     # group "acme"
+    mq.group_rule("reports")                     # "customer"
+    mq.set_group_rule("reports", None)           # no rule
+
+A queue whose jobs carry groups is claimed in turns: one job of each group with waiting work
+per turn (lua/includes/fair.lua), so one tenant's 200,000-job backfill does not starve fifty
+tenants' 100-job daily runs in the same queue. Groups are not declared: there may be 100,000
+of them, most idle; what an idle one leaves behind is swept (lua/fair_prune.lua).
+
+The rule lives in the queue's ``config`` hash (field ``group_from``: the name of a top-level
+key of a mapping payload). It is applied on the host when a job or a flow's child is added
+without a group of its own: a mapping payload that holds the key gives its value (a string,
+or an int written in decimal) as the group; any other payload, or a value of another type,
+gives none. A value that is not a valid group (empty, over
+:data:`~echomq_core.wire.keyspace.MAX_GROUP_BYTES` bytes, control characters) is refused with
+:class:`~echomq_core.InvalidArgument` naming the key, before anything is written. Each process
+reads a queue's rule at most once per :data:`RULE_TTL` seconds (one HGET, in the add's first
+round trip), so a rule set or changed is followed by every producer within that time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..checks import text as _s
+from ..errors import InvalidArgument
+from ..wire.calls import Call, Op
+from ..wire.keyspace import Keyspace, check_group, check_queue
+
+#: The config hash field that holds a queue's group rule.
+RULE_FIELD = "group_from"
+#: How long a process trusts the rule it read of a queue, in seconds.
+RULE_TTL = 5.0
+
+
+def check_rule(rule: Any) -> str | None:
+    """A group rule: the payload key to take the group from (1-128 printable characters), or
+    None (``"none"`` too) for no rule; else :class:`InvalidArgument`."""
+    if rule is None or rule == "none":
+        return None
+    if not isinstance(rule, str) or not rule or len(rule) > 128 or not rule.isprintable():
+        raise InvalidArgument(
+            f"a group rule is the payload key to take the group from (1-128 printable "
+            f"characters) or None, got {rule!r:.80}"
+        )
+    return rule
+
+
+def set_rule(ks: Keyspace, queue: str, rule: Any) -> Op[None]:
+    """Store (or with None clear) ``queue``'s group rule."""
+    check_queue(queue)
+    rule = check_rule(rule)
+    if rule is None:
+        yield [Call.cmd("HDEL", ks.config(queue), RULE_FIELD)]
+    else:
+        yield [Call.cmd("HSET", ks.config(queue), RULE_FIELD, rule)]
+
+
+def get_rule(ks: Keyspace, queue: str) -> Op[str | None]:
+    """``queue``'s group rule as stored (None: no rule)."""
+    check_queue(queue)
+    (raw,) = yield [Call.cmd("HGET", ks.config(queue), RULE_FIELD)]
+    return None if raw is None else _s(raw)
+
+
+class Rules:
+    """A client's view of its queues' group rules: each read at most once per
+    :data:`RULE_TTL` seconds."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str | None, float]] = {}
+
+    def forget(self, queue: str) -> None:
+        """Drop what is known of ``queue`` (this client just changed its rule)."""
+        self._seen.pop(queue, None)
+
+    def of(self, ks: Keyspace, queues: Iterable[str]) -> Op[dict[str, str]]:
+        """The rules of ``queues`` that have one (queue -> payload key); one step for those
+        not read within :data:`RULE_TTL`, none when every one is fresh."""
+        now = time.monotonic()
+        wanted = set(queues)
+        stale = sorted(q for q in wanted if self._seen.get(q, (None, 0.0))[1] <= now)
+        if stale:
+            raw = yield [Call.cmd("HGET", ks.config(q), RULE_FIELD) for q in stale]
+            for queue, value in zip(stale, raw, strict=True):
+                self._seen[queue] = (None if value is None else _s(value), now + RULE_TTL)
+        out = {}
+        for queue in wanted:
+            rule = self._seen[queue][0]
+            if rule is not None:
+                out[queue] = rule
+        return out
+
+
+def group_of(payload: Any, rule: str) -> str | None:
+    """The group ``rule`` (a payload key) gives ``payload``: None when the payload is not a
+    mapping, lacks the key, or holds a value that is neither a str nor an int there;
+    :class:`InvalidArgument` naming the key for a value that is not a valid group."""
+    if not isinstance(payload, Mapping):
+        return None
+    value = payload.get(rule)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return check_group(str(value), f"group (payload key {rule!r})")
