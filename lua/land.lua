@@ -32,10 +32,10 @@
 -- ARGV[10]  start     with a stem: the first child's index (decimal); else ''
 -- ARGV[11]  grouped   '1': each child's record ends with its fairness group ('' = none); ''
 --                     no record carries one (add.lua)
--- ARGV[10+2i] ARGV[11+2i]  child i (i = 1..n): its id, its payload - or, with a stem,
---   ARGV[11+i]: its payload only (the host groups children by parent and options, so the
---   shared fields travel once per batch; the stem is checked once, as in add.lua); grouped:
---   its group follows
+-- ARGV[12 + width * (i - 1)] ...  child i's record (i = 1..n): its id and its payload (width
+--   2) - or, with a stem, its payload only (width 1); grouped, its group follows (width + 1).
+--   The host groups children by parent and options, so the shared fields travel once per
+--   batch; the stem is checked once, as in add.lua
 --
 -- Steps: refuse any bad id (or stem) before writing; with check '1', refuse the whole batch (nothing
 -- written) when a child's row exists and belongs to anything but this parent (a plain job,

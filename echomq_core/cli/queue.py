@@ -10,6 +10,7 @@ import argparse
 import difflib
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from ..client.clients import EchoMQ
@@ -51,9 +52,10 @@ def _add_stats(queue: Any) -> None:
 def _add_config(queue: Any) -> None:
     config = queue.add_parser(
         "config",
-        help="show (and with options, set) a queue's retention and rate limit",
+        help="show (and with options, set) a queue's retention, rate limit and group rule",
         description="Show QUEUE's retention settings, stored on the server and applied by "
-        "every Pump's sweep, and its rate limit; with options, set those first. Each end "
+        "every Pump's sweep, its rate limit and its group rule; with options, set those "
+        "first. Each end "
         "state has an age (seconds, or with a unit: 90s, 15m, 12h, 7d) and a count (the "
         "newest kept); 'none' means no limit. "
         + "; ".join(f"{state}: {what}" for state, what in _END_STATES.items())
@@ -69,6 +71,15 @@ def _add_config(queue: Any) -> None:
         metavar="RATE",
         help="at most this many job starts per window across every worker: 100/s, 6000/min, "
         "5/500ms, 1000/h; none removes the limit (default: none)",
+    )
+    config.add_argument(
+        "--group-from",
+        dest="group_from",
+        default=argparse.SUPPRESS,
+        metavar="KEY",
+        help="take the fairness group of each job or flow child added without one from its "
+        "payload's KEY (a tenant, an account: the queue serves the groups in turn); none "
+        "removes the rule (default: none)",
     )
     config.add_argument(
         "--shards",
@@ -263,12 +274,11 @@ def _memory_cell(mem: FlowMemory) -> str:
 def run_queue_config(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     changes = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
-    new_rate = getattr(args, "rate", None)
-    setting = bool(changes) or hasattr(args, "rate") or hasattr(args, "shards")
+    extra = [name for name in ("rate", "shards", "group_from") if hasattr(args, name)]
     mq = open_client(args)
     try:
         unknown, close = unknown_queue(mq, args.queue, args.prefix)
-        if unknown and not setting:
+        if unknown and not (changes or extra):
             # only showing: the defaults of a mistyped name would read as that queue's
             raise CommandFailed(
                 f"{unknown}; to configure a queue before its first job, set a setting"
@@ -283,22 +293,44 @@ def run_queue_config(args: argparse.Namespace) -> int:
         if changes:
             mq.set_retention(args.queue, **changes)
         if hasattr(args, "rate"):
-            mq.set_rate_limit(args.queue, new_rate)
-        settings = mq.retention(args.queue)
-        rate = mq.rate_limit(args.queue)
-        shards = mq.shards(args.queue)
+            mq.set_rate_limit(args.queue, args.rate)
+        if hasattr(args, "group_from"):
+            mq.set_group_rule(args.queue, args.group_from)
+        shown = _Config(
+            mq.retention(args.queue),
+            mq.rate_limit(args.queue),
+            mq.shards(args.queue),
+            mq.group_rule(args.queue),
+        )
     finally:
         mq.close()
-    extra = [name for name in ("rate", "shards") if hasattr(args, name)]
-    changed = sorted([*changes, *extra])
+    _show_config(args, shown, changes, extra)
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Config:
+    settings: dict[str, float | int | None]
+    rate: RateLimit | None
+    shards: tuple[str, ...]
+    rule: str | None
+
+
+def _show_config(
+    args: argparse.Namespace, shown: _Config, changes: dict[str, Any], extra: list[str]
+) -> None:
+    settings, rate, shards, rule = shown.settings, shown.rate, shown.shards, shown.rule
     if args.json:
+        changed = sorted([*changes, *extra])
         doc: dict[str, Any] = {"queue": args.queue, "changed": changed, "retention": settings}
         if rate is not None or hasattr(args, "rate"):  # shown when set or just changed
             doc["rate"] = None if rate is None else rate_doc(rate)
         if len(shards) > 1 or hasattr(args, "shards"):
             doc["shards"] = list(shards)
+        if rule is not None or hasattr(args, "group_from"):
+            doc["group_from"] = rule
         print(json.dumps(doc))
-        return 0
+        return
     title = f"retention of queue {args.queue!r}"
     if changes:
         title += f" (set: {', '.join(n.replace('_', '-') for n in changes)})"
@@ -322,7 +354,10 @@ def run_queue_config(args: argparse.Namespace) -> int:
     if len(shards) > 1 or hasattr(args, "shards"):
         mark = " (set)" if hasattr(args, "shards") else ""
         print(f"shards of {args.queue!r}: {len(shards)} ({', '.join(shards)}){mark}")
-    return 0
+    if rule is not None or hasattr(args, "group_from"):
+        mark = " (set)" if hasattr(args, "group_from") else ""
+        what = "none" if rule is None else f"the payload's {rule!r}"
+        print(f"fairness groups of {args.queue!r}: {what}{mark}")
 
 
 def _default_mark(name: str, value: float | int | None) -> str:

@@ -414,6 +414,24 @@ def test_queue_config_shows_and_sets_every_setting(mq_standalone: EchoMQ, cli: C
     assert doc["retention"] == {**expected, "closed_age": 0.25}
 
 
+def test_queue_config_sets_shows_and_removes_the_group_rule(
+    mq_standalone: EchoMQ, cli: Cli
+) -> None:
+    status, out, err = cli("queue", "config", "cfg-g", "--group-from", "customer")
+    assert (status, err) == (0, "")
+    assert "fairness groups of 'cfg-g': the payload's 'customer' (set)" in out.splitlines()
+    assert mq_standalone.group_rule("cfg-g") == "customer"
+    (job,) = mq_standalone.queue("cfg-g").add_bulk([{"customer": "acme"}])
+    assert mq_standalone.get_job("cfg-g", job).group == "acme"  # type: ignore[union-attr]
+    assert cli.json("queue", "config", "cfg-g")["group_from"] == "customer"  # shown while set
+    doc = cli.json("queue", "config", "cfg-g", "--group-from", "none")
+    assert (doc["changed"], doc["group_from"]) == (["group_from"], None)
+    assert "group_from" not in cli.json("queue", "config", "cfg-g")  # none: not shown
+    status, _, err = cli("queue", "config", "cfg-g", "--group-from", "")
+    assert status != 0 and "a group rule is the payload key" in err, err
+    assert mq_standalone.group_rule("cfg-g") is None
+
+
 def cells(line: str) -> list[str]:
     """The cells of a table line (columns are two or more blanks apart)."""
     return re.split(r"\s{2,}", line.strip())
