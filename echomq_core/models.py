@@ -302,14 +302,13 @@ class JobInfo:
     stalls: int = 0
     finished_ms: int | None = None
     traceback: str | None = None  # the last failed attempt's, at most MAX_TRACEBACK bytes
-    group: str | None = None  # its fairness group (JobSpec.group, Child.group)
+    group: str | None = None  # its fairness group
 
 
 @dataclass(frozen=True, slots=True)
 class ChildFailure:
-    """A flow's child that died: where it lives, its error (one line) and the traceback of its
-    last attempt (``None`` when it had none: a stall, a payload that could not be decoded, a
-    failure recorded without one). ``ignored``: it died under ignore-on-failure."""
+    """A flow's child that died: where it lives, its error (one line), its last attempt's
+    traceback (None for a stall, an undecodable payload...), ``ignored`` (ignore-on-failure)."""
 
     queue: str
     job_id: str
@@ -353,8 +352,7 @@ class Child:
     #: A sub-flow's success threshold (only with ``children``), as ``add_flow(min_success=)``:
     #: a fraction in (0, 1] or an int count of its children.
     min_success: float | int | None = None
-    #: A leaf's fairness group (a tenant, a vendor account), as :attr:`JobSpec.group`: a claim
-    #: serves the groups with waiting work in turn. Refused on a child with children.
+    #: A leaf's fairness group, as :attr:`JobSpec.group` (refused on a child with children).
     group: str | None = None
 
     @property
