@@ -18,6 +18,7 @@ from .client.async_client import AsyncEchoMQ
 from .client.clients import EchoMQ
 from .client.queue import JobSpec
 from .client.sync_queue import Queue
+from .control.groups import GroupLoad
 from .control.rates import RateLimit
 from .errors import (
     ConfigurationError,
@@ -86,6 +87,7 @@ __all__ = [
     "FlowSummary",
     "FlowTimeout",
     "FlowWait",
+    "GroupLoad",
     "InvalidArgument",
     "InvalidFlow",
     "InvalidInput",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client.clients import EchoMQ
+from ..control.groups import LOAD_LIMIT, GroupLoad
 from ..control.rates import RateLimit, parse_rate
 from ..errors import InvalidArgument
 from ..flows import sharding
@@ -222,9 +223,11 @@ def run_queue_stats(args: argparse.Namespace) -> int:
             for name in names
         }
         limits = {name: mq.rate_limit(name) for name in names}
+        loads = {name: mq.group_load(name) for name in names}
     finally:
         mq.close()
     rates = {name: rate for name, rate in limits.items() if rate is not None}
+    busy = {name: load for name, load in loads.items() if load.waiting}
     if args.json:
         doc = {
             name: {
@@ -234,6 +237,7 @@ def run_queue_stats(args: argparse.Namespace) -> int:
                 # only a rate-limited queue has the key, only a sharded one "shards"
                 **({"rate": rate_doc(rates[name])} if name in rates else {}),
                 **({"shards": list(shards[name])} if len(shards[name]) > 1 else {}),
+                **({"groups": _groups_doc(busy[name])} if name in busy else {}),
             }
             for name in names
         }
@@ -255,6 +259,8 @@ def run_queue_stats(args: argparse.Namespace) -> int:
     print("\n".join(table(headers, rows)))
     for name, rate in rates.items():
         print(rate_line(name, rate))
+    for name, load in busy.items():
+        print(_groups_line(name, load))
     for name in names:
         if len(shards[name]) > 1:
             print(f"{name}: {len(shards[name])} shards, summed ({', '.join(shards[name])})")
@@ -262,6 +268,25 @@ def run_queue_stats(args: argparse.Namespace) -> int:
     if refused:
         print(f"(flow memory unavailable: {refused[0]})")
     return 0
+
+
+def _groups_doc(load: GroupLoad) -> dict[str, Any]:
+    """A queue's fairness groups as the commands' JSON shows them."""
+    return {
+        "waiting": load.waiting,
+        "busiest": [{"group": g, "queued": n} for g, n in load.busiest],
+        "complete": load.complete,
+    }
+
+
+def _groups_line(queue: str, load: GroupLoad) -> str:
+    """One line on a queue's fairness groups: how many have work queued, the busiest."""
+    busiest = ", ".join(f"{g} {n:,}" for g, n in load.busiest)
+    more = "" if load.complete else f" (of the first {LOAD_LIMIT:,} groups read)"
+    return (
+        f"{queue}: {load.waiting:,} groups with work queued{more}, taking turns; "
+        f"busiest (jobs queued): {busiest}"
+    )
 
 
 def _memory_cell(mem: FlowMemory) -> str:

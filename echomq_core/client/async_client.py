@@ -84,6 +84,10 @@ class AsyncEchoMQ(_Client):
         """As :meth:`EchoMQ.group_rule`."""
         return await self.perform(groups.get_rule(self.keys, queue))
 
+    async def group_load(self, queue: str, top: int = 5) -> groups.GroupLoad:
+        """As :meth:`EchoMQ.group_load`."""
+        return await self.perform(self._group_load_op(queue, top))
+
     async def set_group_rule(self, queue: str, rule: str | None) -> None:
         """As :meth:`EchoMQ.set_group_rule`."""
         await self.perform(self._set_group_rule_op(queue, rule))

@@ -100,6 +100,10 @@ class _Client:
             yield adding.register(self.keys, [name])
             self._registered.add(name)
 
+    def _group_load_op(self, queue: str, top: int) -> Op[groups.GroupLoad]:
+        shards = yield from self._shards_op(queue)
+        return (yield from groups.load(self.keys, shards, top))
+
     def _set_group_rule_op(self, queue: str, rule: str | None) -> Op[None]:
         yield from groups.set_rule(self.keys, queue, rule)
         self.group_rules.forget(queue)

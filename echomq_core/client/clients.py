@@ -97,6 +97,12 @@ class EchoMQ(_Client):
         :mod:`echomq_core.control.groups`)."""
         return self.perform(groups.get_rule(self.keys, queue))
 
+    def group_load(self, queue: str, top: int = 5) -> groups.GroupLoad:
+        """``queue``'s fairness groups now: how many have work queued and the ``top`` busiest,
+        each with its jobs queued (one read per shard; see
+        :class:`~echomq_core.control.groups.GroupLoad`)."""
+        return self.perform(self._group_load_op(queue, top))
+
     def set_group_rule(self, queue: str, rule: str | None) -> None:
         """Take the fairness group of each job or child added to ``queue`` without one from its
         payload's key ``rule`` (``{"customer": "acme", ...}`` -> group ``"acme"``), or stop

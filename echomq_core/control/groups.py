@@ -27,9 +27,11 @@ round trip), so a rule set or changed is followed by every producer within that 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..checks import check_int
 from ..checks import text as _s
 from ..errors import InvalidArgument
 from ..wire.calls import Call, Op
@@ -110,3 +112,35 @@ def group_of(payload: Any, rule: str) -> str | None:
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     return check_group(str(value), f"group (payload key {rule!r})")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLoad:
+    """A queue's fairness groups at one moment (:func:`load`): how many have work queued,
+    and the busiest, as ``(group, turns queued)`` - with every job of a group pending, its
+    turns are its pending jobs. ``complete``: every group was looked at (False when the queue
+    has more groups than one read looks at, :data:`LOAD_LIMIT`)."""
+
+    waiting: int = 0
+    busiest: list[tuple[str, int]] = field(default_factory=list)
+    complete: bool = True
+
+
+#: The most group fields one :func:`load` looks at per physical queue.
+LOAD_LIMIT = 20_000
+
+
+def load(ks: Keyspace, shards: Sequence[str], top: int = 5) -> Op[GroupLoad]:
+    """The :class:`GroupLoad` of a queue of ``shards`` (one step; each shard read on its slot,
+    lua/fair_top.lua): the counts added, the busiest of all shards kept."""
+    top = check_int("top", top, 1, 1000)
+    replies = yield [
+        Call.lua("fair_top", [ks.fair(q), ks.pending(q)], [top, LOAD_LIMIT]) for q in shards
+    ]
+    waiting, complete, busiest = 0, True, []
+    for reply in replies:
+        waiting += int(reply[0])
+        complete = complete and int(reply[1]) == 1
+        busiest += [(_s(reply[i]), int(reply[i + 1])) for i in range(2, len(reply), 2)]
+    busiest.sort(key=lambda pair: (-pair[1], pair[0]))
+    return GroupLoad(waiting, busiest[:top], complete)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from echomq_core import Child, EchoMQ
+from echomq_core import Child, EchoMQ, JobSpec
 from echomq_core.cli import main
 from echomq_core.cli.arguments import age_or_none, count_or_none, fmt_seconds
 from echomq_core.cli.printing import fmt_ago, fmt_bytes, table
@@ -430,6 +430,23 @@ def test_queue_config_sets_shows_and_removes_the_group_rule(
     status, _, err = cli("queue", "config", "cfg-g", "--group-from", "")
     assert status != 0 and "a group rule is the payload key" in err, err
     assert mq_standalone.group_rule("cfg-g") is None
+
+
+def test_queue_stats_shows_the_groups_with_work_queued(mq_standalone: EchoMQ, cli: Cli) -> None:
+    q = mq_standalone.queue("st-groups")
+    q.add_bulk([JobSpec(1, group="acme") for _ in range(3)] + [JobSpec(2, group="globex")])
+    status, out, _ = cli("queue", "stats", "st-groups")
+    assert status == 0
+    line = "st-groups: 2 groups with work queued, taking turns; busiest (jobs queued): acme 3, "
+    assert line + "globex 1" in out.splitlines(), out
+    doc = cli.json("queue", "stats", "st-groups")["st-groups"]
+    assert doc["groups"] == {
+        "waiting": 2,
+        "busiest": [{"group": "acme", "queued": 3}, {"group": "globex", "queued": 1}],
+        "complete": True,
+    }
+    mq_standalone.queue("st-plain").add(1)
+    assert "groups" not in cli.json("queue", "stats", "st-plain")["st-plain"]
 
 
 def cells(line: str) -> list[str]:

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from echomq_core import Child, EchoMQ, InvalidArgument, InvalidJobId, JobSpec
+from echomq_core import Child, EchoMQ, GroupLoad, InvalidArgument, InvalidJobId, JobSpec
 from echomq_core.wire.calls import Call
 
 from ..conftest import Backend
@@ -232,3 +232,15 @@ def test_producers_follow_a_rule_within_its_ttl(
     finally:
         producer.close()
         admin.close()
+
+
+def test_the_group_load_shows_the_busiest_groups(mq: EchoMQ) -> None:
+    q = mq.queue("fg-load")
+    assert mq.group_load("fg-load") == GroupLoad(0, [], True)  # no groups: nothing to read
+    q.add_bulk([JobSpec({"g": "big"}, group="big") for _ in range(300)])
+    q.add_bulk([JobSpec({"g": f"t{i}"}, group=f"t{i}") for i in range(20) for _ in range(i + 1)])
+    load = mq.group_load("fg-load", top=3)
+    assert load == GroupLoad(21, [("big", 300), ("t19", 20), ("t18", 19)], True)
+    groups_of(mq, "fg-load", 42)  # two turns: 21 groups, one job each per turn
+    load = mq.group_load("fg-load", top=2)
+    assert (load.waiting, load.busiest) == (19, [("big", 298), ("t19", 18)])
