@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
@@ -27,15 +27,22 @@ MAX_TRACEBACK = 16 * 1024
 RUN_MAX_ATTEMPTS, RUN_CREATED = 0, 4
 
 
-def fields_dict(obj: Any, **convert: Callable[[Any], Any]) -> dict[str, Any]:
-    """A dataclass instance as a plain dict: each field under its own name, in declaration
-    order (the order of ``to_dict`` outputs users read as JSON); a field named in ``convert``
-    goes through its function, any other as it is (unlike ``asdict``, nested values are not
-    copied or recursed into)."""
+def fields_dict(
+    obj: Any,
+    /,
+    *,
+    rename: Mapping[str, str] | None = None,
+    skip: Collection[str] = (),
+    **convert: Callable[[Any], Any],
+) -> dict[str, Any]:
+    """A dataclass as a dict in declaration order (``to_dict``'s JSON): each field not in
+    ``skip`` under its ``rename``, through its ``convert`` (nested values not copied)."""
     out = {}
     for f in fields(obj):
-        value = getattr(obj, f.name)
-        out[f.name] = convert[f.name](value) if f.name in convert else value
+        if f.name not in skip:
+            value = getattr(obj, f.name)
+            key = rename.get(f.name, f.name) if rename else f.name
+            out[key] = convert[f.name](value) if f.name in convert else value
     return out
 
 
@@ -485,16 +492,9 @@ class FlowSummary:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "parent_id": self.parent_id,
-            "state": self.state,
-            "total": self.total,
-            "settled": self.settled,
-            "age_s": None if self.age is None else round(self.age, 3),
-            "in_state_s": round(self.since, 3),
-            "error": self.error,
-            "cap": self.cap,
-            "allowed": self.allowed,
-            "tolerated": self.tolerated,
-        }
+        return fields_dict(
+            self,
+            rename={"age": "age_s", "since": "in_state_s"},
+            age=lambda age: None if age is None else round(age, 3),
+            since=lambda since: round(since, 3),
+        )

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import models
 from ..control import groups
 from ..control.rates import RateLimit
 from ..errors import JobNotFound
@@ -20,16 +21,6 @@ from ..flows import lifecycle, reads, refs, release_watch, streaming
 from ..flows.lifecycle import ReAdd
 from ..flows.released import SHOWN_FAILURES, VALUES_PAGE, ReleasedRead
 from ..flows.waiting import FlowWait, Verdict
-from ..models import (
-    Child,
-    ChildFailure,
-    FlowCap,
-    FlowRef,
-    FlowSnapshot,
-    FlowSummary,
-    JobInfo,
-    Serializer,
-)
 from ..queues import adding
 from ..wire.connection import Op, connect_async
 from .base import _Client, children_list
@@ -53,7 +44,7 @@ class AsyncEchoMQ(_Client):
         *,
         cluster: bool | None = None,
         prefix: str = "emq",
-        serializer: Serializer | None = None,
+        serializer: models.Serializer | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         **redis_options: Any,
     ) -> None:
@@ -102,7 +93,7 @@ class AsyncEchoMQ(_Client):
 
         return AsyncQueue(self, name, **options)
 
-    async def get_job(self, queue: str, job_id: str) -> JobInfo:
+    async def get_job(self, queue: str, job_id: str) -> models.JobInfo:
         """As :meth:`EchoMQ.get_job`."""
         return await self.perform(self._get_job_op(queue, job_id))
 
@@ -113,7 +104,7 @@ class AsyncEchoMQ(_Client):
     async def add_flow(
         self,
         queue: str,
-        children: Iterable[Child],
+        children: Iterable[models.Child],
         *,
         payload: Any = None,
         parent_id: str | None = None,
@@ -123,7 +114,7 @@ class AsyncEchoMQ(_Client):
         max_running: int | None = None,
         min_success: float | int | None = None,
         stream: bool = False,
-    ) -> FlowRef:
+    ) -> models.FlowRef:
         """As :meth:`EchoMQ.add_flow`."""
         children = children_list(children)
         with adding.gc_paused(children):
@@ -142,7 +133,7 @@ class AsyncEchoMQ(_Client):
             )
         return await self.perform(op)
 
-    async def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
+    async def flow_cap(self, queue: str, parent_id: str) -> models.FlowCap | None:
         """As :meth:`EchoMQ.flow_cap`."""
         return await self.perform(self._flow_cap_op(queue, parent_id))
 
@@ -168,7 +159,7 @@ class AsyncEchoMQ(_Client):
 
     async def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
-    ) -> list[FlowSummary]:
+    ) -> list[models.FlowSummary]:
         """As :meth:`EchoMQ.list_flows`."""
         return await self.perform(self._list_flows_op(queue, state, limit, offset))
 
@@ -226,15 +217,15 @@ class AsyncEchoMQ(_Client):
 
     async def child_failures(
         self, queue: str, parent_id: str, *, limit: int = 10
-    ) -> list[ChildFailure]:
+    ) -> list[models.ChildFailure]:
         """As :meth:`EchoMQ.child_failures`."""
         return await self.perform(self._child_failures_op(queue, parent_id, limit))
 
-    async def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
+    async def snapshot(self, queue: str, parent_id: str) -> models.FlowSnapshot:
         """As :meth:`EchoMQ.snapshot`."""
         return await self.perform(self._snapshot_op(queue, parent_id))
 
-    async def snapshots(self, refs: Iterable[FlowRef]) -> list[FlowSnapshot]:
+    async def snapshots(self, refs: Iterable[models.FlowRef]) -> list[models.FlowSnapshot]:
         """As :meth:`EchoMQ.snapshots`."""
         return await self.perform(self._snapshots_op(refs))
 
@@ -283,17 +274,17 @@ class AsyncEchoMQ(_Client):
         """As :meth:`EchoMQ.children_values_range`."""
         return await self.perform(self._children_values_range_op(queue, parent_id, start, stop))
 
-    async def save_ref(self, name: str, ref: FlowRef) -> None:
+    async def save_ref(self, name: str, ref: models.FlowRef) -> None:
         """As :meth:`EchoMQ.save_ref`."""
         await self.perform(refs.save_ref(self.keys, name, ref))
 
-    async def load_ref(self, name: str) -> FlowRef | None:
+    async def load_ref(self, name: str) -> models.FlowRef | None:
         """As :meth:`EchoMQ.load_ref`."""
         return await self.perform(refs.load_ref(self.keys, name))
 
     async def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
-    ) -> FlowSnapshot:
+    ) -> models.FlowSnapshot:
         """As :meth:`EchoMQ.wait`, without blocking the event loop."""
         wait = self._wait_for(queue, parent_id, timeout, poll)
         while not (verdict := await self.perform(wait.read(self.keys))).done:
@@ -316,13 +307,13 @@ class AsyncEchoMQ(_Client):
         """As :meth:`EchoMQ.repair_on_readd`."""
         return await self.perform(self._repair_on_readd_op(queue, parent_id, repair, epoch))
 
-    async def worker_run(self, refs: Sequence[FlowRef]) -> list[FlowRef]:
+    async def worker_run(self, refs: Sequence[models.FlowRef]) -> list[models.FlowRef]:
         """As :meth:`EchoMQ.worker_run`."""
         return await self.perform(self._worker_run_op(refs))
 
     async def read_released(
         self,
-        snap: FlowSnapshot,
+        snap: models.FlowSnapshot,
         *,
         values: bool = False,
         close: bool = False,
@@ -332,7 +323,7 @@ class AsyncEchoMQ(_Client):
         """As :meth:`EchoMQ.read_released`."""
         return await self.perform(self._read_released_op(snap, values, close, page, failures))
 
-    async def first_failure(self, queue: str, parent_id: str) -> ChildFailure | None:
+    async def first_failure(self, queue: str, parent_id: str) -> models.ChildFailure | None:
         """As :meth:`EchoMQ.first_failure`."""
         return await self.perform(self._first_failure_op(queue, parent_id))
 

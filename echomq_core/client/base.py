@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import models
 from ..checks import MAX_ATTEMPTS, check_int, check_seconds, encode_checked, text
 from ..control import groups, rates
 from ..control.rates import RateLimit
@@ -34,17 +35,6 @@ from ..flows import reads as flows
 from ..flows.add import add_flow
 from ..flows.plan import apply_rules, child_list, new_parent_id, plan, queues_of, unlink
 from ..flows.waiting import MISSING, FlowWait, Verdict
-from ..models import (
-    Child,
-    ChildFailure,
-    FlowCap,
-    FlowRef,
-    FlowSnapshot,
-    FlowSummary,
-    JobInfo,
-    JsonSerializer,
-    Serializer,
-)
 from ..queues import adding
 from ..wire import collector
 from ..wire.calls import Call, Op
@@ -68,10 +58,12 @@ class _Client:
     connection: Connection | AsyncConnection
 
     def __init__(
-        self, *, prefix: str, serializer: Serializer | None, max_payload_bytes: int
+        self, *, prefix: str, serializer: models.Serializer | None, max_payload_bytes: int
     ) -> None:
         self.keys = Keyspace(prefix)
-        self.serializer: Serializer = serializer if serializer is not None else JsonSerializer()
+        self.serializer: models.Serializer = (
+            serializer if serializer is not None else models.JsonSerializer()
+        )
         self.max_payload_bytes = check_int("max_payload_bytes", max_payload_bytes, 1)
         self._registered: set[str] = set()
         #: each logical queue's shards, as read from the server once per process
@@ -124,7 +116,7 @@ class _Client:
                 )
         return sorted(names)
 
-    def _get_job_op(self, queue: str, job_id: str) -> Op[JobInfo]:
+    def _get_job_op(self, queue: str, job_id: str) -> Op[models.JobInfo]:
         return QueueOps(self, queue).get_job_op(job_id)
 
     def _shards_op(self, queue: str) -> Op[sharding.Shards]:
@@ -168,7 +160,7 @@ class _Client:
     def _plan_flow(
         self,
         queue: str,
-        children: Sequence[Child],
+        children: Sequence[models.Child],
         payload: Any,
         parent_id: str | None,
         max_attempts: int,
@@ -192,7 +184,7 @@ class _Client:
     def _add_flow_op(
         self,
         queue: str,
-        children: Sequence[Child],
+        children: Sequence[models.Child],
         payload: Any,
         parent_id: str | None,
         max_attempts: int,
@@ -201,7 +193,7 @@ class _Client:
         max_running: Any,
         min_success: Any,
         stream: Any,
-    ) -> Op[FlowRef]:
+    ) -> Op[models.FlowRef]:
         """The operation of :meth:`EchoMQ.add_flow <echomq_core.EchoMQ.add_flow>` (a replace
         when asked), planned here, before anything is sent (the caller pauses the collector
         around it: :func:`~echomq_core.queues.adding.gc_paused`); its queues are marked registered
@@ -222,7 +214,7 @@ class _Client:
             raise InvalidArgument("replace=True needs the parent_id of the flow to replace")
         logical = queues_of(root)
 
-        def add() -> Op[FlowRef]:
+        def add() -> Op[models.FlowRef]:
             # nodes in sharded queues go to their ids' shards before anything is written
             shards = yield from sharding.resolve(self.keys, self.shard_cache, logical)
             # queues that name groups from payloads (control.groups): before the shards
@@ -262,7 +254,7 @@ class _Client:
         return add()
 
     # -- a flow's lifecycle ----------------------------------------------------------------
-    def _flow_cap_op(self, queue: str, parent_id: str) -> Op[FlowCap | None]:
+    def _flow_cap_op(self, queue: str, parent_id: str) -> Op[models.FlowCap | None]:
         home = yield from self._home_op(queue, parent_id)
         return (yield from flows.flow_cap(self.keys, home, parent_id))
 
@@ -290,7 +282,7 @@ class _Client:
 
     def _list_flows_op(
         self, queue: str, state: str | None, limit: int, offset: int
-    ) -> Op[list[FlowSummary]]:
+    ) -> Op[list[models.FlowSummary]]:
         check_queue(queue)
         if state is not None and state not in FLOW_LISTS:
             raise InvalidArgument(f"state must be one of {', '.join(FLOW_LISTS)}, got {state!r}")
@@ -325,7 +317,9 @@ class _Client:
     def _failed_children_op(self, queue: str, parent_id: str) -> Op[dict[str, str]]:
         return self._read_op(queue, parent_id, flows.failed_children)
 
-    def _child_failures_op(self, queue: str, parent_id: str, limit: int) -> Op[list[ChildFailure]]:
+    def _child_failures_op(
+        self, queue: str, parent_id: str, limit: int
+    ) -> Op[list[models.ChildFailure]]:
         home = yield from self._home_op(queue, parent_id)
         limit = check_int("limit", limit, 1, 10_000)
         found = yield from failures.child_failures(self.keys, home, parent_id, limit)
@@ -349,11 +343,11 @@ class _Client:
         cursor, items = yield from flows.explained(self.keys, queue, parent_id, first)
         return self.keys.processed(home, parent_id), cursor, items
 
-    def _snapshot_op(self, queue: str, parent_id: str) -> Op[FlowSnapshot]:
+    def _snapshot_op(self, queue: str, parent_id: str) -> Op[models.FlowSnapshot]:
         home = yield from self._home_op(queue, parent_id)
         return (yield from flows.snapshot(self.keys, home, parent_id))
 
-    def _snapshots_op(self, refs: Iterable[FlowRef]) -> Op[list[FlowSnapshot]]:
+    def _snapshots_op(self, refs: Iterable[models.FlowRef]) -> Op[list[models.FlowSnapshot]]:
         homes = []
         for ref in refs:
             homes.append(((yield from self._home_op(ref.queue, ref.parent_id)), ref.parent_id))
@@ -396,7 +390,9 @@ class _Client:
         bound = check_seconds("timeout", timeout)  # bounded: None is not "no timeout" here
         return FlowWait(queue, parent_id, poll=poll, timeout=bound, missing_ok=False)
 
-    def _waited_op(self, wait: FlowWait, verdict: Verdict, timeout: float) -> Op[FlowSnapshot]:
+    def _waited_op(
+        self, wait: FlowWait, verdict: Verdict, timeout: float
+    ) -> Op[models.FlowSnapshot]:
         """A wait's end: the snapshot of a released (or closed) flow; else its error -
         :class:`JobNotFound`, :class:`ParentFailed` / :class:`FlowCancelled` naming the failed
         children, or :class:`FlowTimeout` with what holds the flow up where that shows."""
@@ -420,11 +416,11 @@ class _Client:
     ) -> Op[lifecycle.ReAdd]:
         return lifecycle.repair_on_readd(self.keys, queue, parent_id, repair=repair, epoch=epoch)
 
-    def _worker_run_op(self, refs: Sequence[FlowRef]) -> Op[list[FlowRef]]:
+    def _worker_run_op(self, refs: Sequence[models.FlowRef]) -> Op[list[models.FlowRef]]:
         return released.worker_run(self.keys, refs)
 
     def _read_released_op(
-        self, snap: FlowSnapshot, values: bool, close: bool, page: int, failures: int
+        self, snap: models.FlowSnapshot, values: bool, close: bool, page: int, failures: int
     ) -> Op[released.ReleasedRead]:
         return released.read_released(
             self.keys,
@@ -436,7 +432,7 @@ class _Client:
             failures=failures,
         )
 
-    def _first_failure_op(self, queue: str, parent_id: str) -> Op[ChildFailure | None]:
+    def _first_failure_op(self, queue: str, parent_id: str) -> Op[models.ChildFailure | None]:
         found = yield from self._child_failures_op(queue, parent_id, 1)
         return next((f for f in found if not f.ignored), None)
 
@@ -447,7 +443,7 @@ class _Client:
         return handles.load_handle(self.keys, name)
 
 
-def children_list(children: Iterable[Child]) -> Sequence[Child]:
+def children_list(children: Iterable[models.Child]) -> Sequence[models.Child]:
     """An add's children as a sequence, read once: a list or tuple as it is; a generator (any
     other iterable) into a list, with the cyclic collector paused while it builds its
     ``Child`` objects (an add re-plans from it when it meets a replaced generation)."""

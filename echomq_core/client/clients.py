@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import models
 from ..control import groups
 from ..control.rates import RateLimit
 from ..errors import JobNotFound
@@ -19,16 +20,6 @@ from ..flows import lifecycle, reads, refs, release_watch, streaming
 from ..flows.lifecycle import ReAdd
 from ..flows.released import SHOWN_FAILURES, VALUES_PAGE, ReleasedRead
 from ..flows.waiting import FlowWait, Verdict
-from ..models import (
-    Child,
-    ChildFailure,
-    FlowCap,
-    FlowRef,
-    FlowSnapshot,
-    FlowSummary,
-    JobInfo,
-    Serializer,
-)
 from ..queues import adding
 from ..wire.connection import Op, connect
 from .base import _Client, children_list
@@ -63,7 +54,7 @@ class EchoMQ(_Client):
         *,
         cluster: bool | None = None,
         prefix: str = "emq",
-        serializer: Serializer | None = None,
+        serializer: models.Serializer | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         connection: Connection | None = None,
         **redis_options: Any,
@@ -120,7 +111,7 @@ class EchoMQ(_Client):
         """A :class:`Queue` handle; options as documented there."""
         return Queue(self, name, **options)
 
-    def get_job(self, queue: str, job_id: str) -> JobInfo:
+    def get_job(self, queue: str, job_id: str) -> models.JobInfo:
         return self.perform(self._get_job_op(queue, job_id))
 
     def home(self, queue: str, parent_id: str) -> str:
@@ -133,7 +124,7 @@ class EchoMQ(_Client):
     def add_flow(
         self,
         queue: str,
-        children: Iterable[Child],
+        children: Iterable[models.Child],
         *,
         payload: Any = None,
         parent_id: str | None = None,
@@ -143,7 +134,7 @@ class EchoMQ(_Client):
         max_running: int | None = None,
         min_success: float | int | None = None,
         stream: bool = False,
-    ) -> FlowRef:
+    ) -> models.FlowRef:
         """Add a parent in ``queue`` held until ``children`` settle; see :mod:`.flows`.
 
         Safe to retry with the same ``parent_id`` (and child ids): a retry converges to
@@ -197,7 +188,7 @@ class EchoMQ(_Client):
             )
             return self.perform(op)
 
-    def flow_cap(self, queue: str, parent_id: str) -> FlowCap | None:
+    def flow_cap(self, queue: str, parent_id: str) -> models.FlowCap | None:
         """A flow node's ``max_running`` cap and its use (admitted / cap, per child queue);
         None for a node without a cap. See :func:`echomq_core.flows.reads.flow_cap`."""
         return self.perform(self._flow_cap_op(queue, parent_id))
@@ -243,7 +234,7 @@ class EchoMQ(_Client):
 
     def list_flows(
         self, queue: str, state: str | None = None, *, limit: int = 100, offset: int = 0
-    ) -> list[FlowSummary]:
+    ) -> list[models.FlowSummary]:
         """Root flows of ``queue`` (held, released, closed, failed, cancelled, completed: a
         worker-run flow whose parent job completed, kept as long as the queue's ``completed``
         retention keeps it; or one ``state``), oldest first in each state: a page of ``limit``
@@ -320,16 +311,18 @@ class EchoMQ(_Client):
         """{child id: error} of the children that died and failed the parent."""
         return self.perform(self._failed_children_op(queue, parent_id))
 
-    def child_failures(self, queue: str, parent_id: str, *, limit: int = 10) -> list[ChildFailure]:
+    def child_failures(
+        self, queue: str, parent_id: str, *, limit: int = 10
+    ) -> list[models.ChildFailure]:
         """The flow's dead children with their errors and last tracebacks, fail-parent ones
         first, then ignored ones, at most ``limit`` (a failed sub-flow stands for its own
         failures); see :mod:`echomq_core.flows.failures`."""
         return self.perform(self._child_failures_op(queue, parent_id, limit))
 
-    def snapshot(self, queue: str, parent_id: str) -> FlowSnapshot:
+    def snapshot(self, queue: str, parent_id: str) -> models.FlowSnapshot:
         return self.perform(self._snapshot_op(queue, parent_id))
 
-    def snapshots(self, refs: Iterable[FlowRef]) -> list[FlowSnapshot]:
+    def snapshots(self, refs: Iterable[models.FlowRef]) -> list[models.FlowSnapshot]:
         """:meth:`snapshot` of each flow, in order, in one round trip per node (pipelined):
         what a sensor watching many flows reads per evaluation."""
         return self.perform(self._snapshots_op(refs))
@@ -394,17 +387,17 @@ class EchoMQ(_Client):
         their own (explicit or keyed)."""
         return self.perform(self._children_values_range_op(queue, parent_id, start, stop))
 
-    def save_ref(self, name: str, ref: FlowRef) -> None:
+    def save_ref(self, name: str, ref: models.FlowRef) -> None:
         """Store a flow reference under ``name`` for another process to find (adapters)."""
         self.perform(refs.save_ref(self.keys, name, ref))
 
-    def load_ref(self, name: str) -> FlowRef | None:
+    def load_ref(self, name: str) -> models.FlowRef | None:
         """The flow reference stored under ``name``, or None."""
         return self.perform(refs.load_ref(self.keys, name))
 
     def wait(
         self, queue: str, parent_id: str, *, timeout: float = 60.0, poll: float = 0.2
-    ) -> FlowSnapshot:
+    ) -> models.FlowSnapshot:
         """Block until the parent is released (every child settled); raise
         :class:`ParentFailed` at once if it failed (:class:`FlowCancelled` if it was
         cancelled), :class:`FlowTimeout` after ``timeout`` (naming what holds the flow up,
@@ -445,7 +438,7 @@ class EchoMQ(_Client):
         repair it did. See :func:`echomq_core.flows.lifecycle.repair_on_readd`."""
         return self.perform(self._repair_on_readd_op(queue, parent_id, repair, epoch))
 
-    def worker_run(self, refs: Sequence[FlowRef]) -> list[FlowRef]:
+    def worker_run(self, refs: Sequence[models.FlowRef]) -> list[models.FlowRef]:
         """The flows of ``refs`` whose parent exists and is run by a worker, not a barrier (a
         reader from outside refuses them: it could never close them); one round trip per
         node whatever their number. A missing flow is not listed."""
@@ -453,7 +446,7 @@ class EchoMQ(_Client):
 
     def read_released(
         self,
-        snap: FlowSnapshot,
+        snap: models.FlowSnapshot,
         *,
         values: bool = False,
         close: bool = False,
@@ -466,7 +459,7 @@ class EchoMQ(_Client):
         ``close``. See :class:`~echomq_core.flows.released.ReleasedRead`."""
         return self.perform(self._read_released_op(snap, values, close, page, failures))
 
-    def first_failure(self, queue: str, parent_id: str) -> ChildFailure | None:
+    def first_failure(self, queue: str, parent_id: str) -> models.ChildFailure | None:
         """The first fail-parent child of the flow that died, with its error and last
         traceback (:meth:`child_failures`, one bounded read); None when none did (a flow
         cancelled with no dead child, or only ignored failures)."""

@@ -80,19 +80,13 @@ class ChildPage:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "parent_id": self.parent_id,
-            "total": self.total,
-            "show": self.show,
-            "offset": self.offset,
-            "counts": self.counts,
-            "children": [r.to_dict() for r in self.rows],
-            "next": self.next,
-            "walked": self.walked,
-            "explicit": [list(e) for e in self.explicit],
-            "note": self.note,
-        }
+        return fields_dict(
+            self,
+            rename={"rows": "children"},
+            skip=("find",),
+            rows=lambda rows: [r.to_dict() for r in rows],
+            explicit=lambda explicit: [list(e) for e in explicit],
+        )
 
 
 def _order(parent_id: str, child_id: str) -> tuple[int, str]:

@@ -239,16 +239,11 @@ class QueuePage:
     workers: dict[str, WorkerEntry] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "state": self.state,
-            "total": self.total,
-            "offset": self.offset,
-            "jobs": [
-                {**r.to_dict(), "worker": _worker(self.workers.get(r.holder or ""))}
-                for r in self.rows
-            ],
-        }
+        return fields_dict(self, rename={"rows": "jobs"}, skip=("workers",), rows=self._jobs)
+
+    def _jobs(self, rows: list[JobRow]) -> list[dict[str, Any]]:
+        """Each row's dict with the registry entry of its holder (None: no live one)."""
+        return [{**r.to_dict(), "worker": _worker(self.workers.get(r.holder or ""))} for r in rows]
 
 
 def _worker(entry: WorkerEntry | None) -> dict[str, Any] | None:

@@ -138,17 +138,10 @@ class TaskRunners(Driven[AsyncQueue]):
         run, out = batching.undecodable(jobs)
         if not run:
             return out
-        handler: Any = self.handlers[shard]  # takes a list
         for job in run:
             job.spawner = self._spawner
         try:
-            if self._async[shard]:
-                value = await handler(run)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._threads(), handler, run)
-                if inspect.isawaitable(value):
-                    value = await value
+            value = await self._call(shard, run)  # a batch handler takes a list
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # classified by failure()
@@ -204,21 +197,25 @@ class TaskRunners(Driven[AsyncQueue]):
         """Run one handler: the encoded result, or (error text, retry?)."""
         if job.decode_error is not None:
             return (job.decode_error, False, None)
-        handler = self.handlers[job.shard]
         job.spawner = self._spawner
         try:
-            if self._async[job.shard]:
-                value = await handler(job)
-            else:
-                loop = asyncio.get_running_loop()
-                value = await loop.run_in_executor(self._threads(), handler, job)
-                if inspect.isawaitable(value):
-                    value = await value
-            return self.client.encode(value)
+            return self.client.encode(await self._call(job.shard, job))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # classified by failure()
             return failure(job, exc)
+
+    async def _call(self, shard: str, arg: Any) -> Any:
+        """The handler of ``shard`` called on ``arg`` (a job, or a batch handler's list): an
+        async one awaited on the loop, a sync one in the pool (an awaitable it returns, then
+        awaited here)."""
+        handler: Any = self.handlers[shard]
+        if self._async[shard]:
+            return await handler(arg)
+        value = await asyncio.get_running_loop().run_in_executor(self._threads(), handler, arg)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:

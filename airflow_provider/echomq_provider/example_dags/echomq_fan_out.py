@@ -24,10 +24,11 @@ prefix. Try it without a scheduler: ``airflow dags test echomq_fan_out``.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import dag, task
+from echomq_provider.example_dags._shared import EXAMPLE_DAG
 from echomq_provider.operators.echo_flow import EchoFlowOperator
 from echomq_provider.results import flow_results
 from echomq_provider.sensors.echo_flow import EchoFlowSensor
@@ -38,14 +39,7 @@ CUBE_QUEUE = "example.cube"
 ITEMS = 8
 
 
-@dag(
-    dag_id="echomq_fan_out",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=["echomq", "example"],
-    doc_md=__doc__,
-)
+@dag(dag_id="echomq_fan_out", doc_md=__doc__, **EXAMPLE_DAG)
 def echomq_fan_out() -> None:
     @task
     def plan_work() -> list[dict[str, Any]]:

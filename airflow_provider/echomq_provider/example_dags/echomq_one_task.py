@@ -20,23 +20,17 @@ triggerer instead).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import dag, task
+from echomq_provider.example_dags._shared import EXAMPLE_DAG
 from echomq_provider.results import flow_results
 
 ITEMS = 8
 
 
-@dag(
-    dag_id="echomq_one_task",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=["echomq", "example"],
-    doc_md=__doc__,
-)
+@dag(dag_id="echomq_one_task", doc_md=__doc__, **EXAMPLE_DAG)
 def echomq_one_task() -> None:
     @task.echo_flow(  # registered by the provider at run time
         parent_queue="example.reports",

@@ -21,24 +21,18 @@ workers on the same server and prefix. No triggerer is needed.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import dag, task
+from echomq_provider.example_dags._shared import EXAMPLE_DAG
 from echomq_provider.operators.echo_flow import EchoFlowOperator
 from echomq_provider.results import flow_results
 
 ITEMS = 8
 
 
-@dag(
-    dag_id="echomq_stream",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=["echomq", "example"],
-    doc_md=__doc__,
-)
+@dag(dag_id="echomq_stream", doc_md=__doc__, **EXAMPLE_DAG)
 def echomq_stream() -> None:
     fan_out = EchoFlowOperator(
         task_id="fan_out",
