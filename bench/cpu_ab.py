@@ -3,6 +3,9 @@
     python bench/cpu_ab.py --a /tmp/bench-main --b /tmp/bench-branch --rounds 6 \
         --sizes W1=100000,W2=50000,W3=50000 --out ab.json
 
+``--b-env NAME=VALUE`` sets a variable for side B only: ``--a T --b T --b-env
+ECHOMQ_BENCH_GROUPS=50`` measures one tree with and without fairness groups.
+
 Each tree is a clone of the commit it measures (worker processes import the tree when they
 start, so a working tree edited meanwhile would change what they load). A round runs side A,
 then side B, each in a fresh process with ``PYTHONPATH`` set to its tree, on a fresh embedded
@@ -56,8 +59,8 @@ def one_side(sizes: dict[str, int]) -> dict[str, Any]:
     return out
 
 
-def _spawn(tree: Path, sizes: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+def _spawn(tree: Path, sizes: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree), **(extra or {})}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--one", sizes],
         cwd=tree,
@@ -79,7 +82,7 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         if not got:
             continue
         row: dict[str, Any] = {}
-        for key in ("server_us", "workers_us", "per_second"):
+        for key in ("server_us", "workers_us", "per_second", "commands"):
             a = [r["A"][w][key] for r in got]
             b = [r["B"][w][key] for r in got]
             row[key] = {
@@ -100,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--sizes", default="W1=100000,W2=50000,W3=50000")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--b-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for side B only (e.g. ECHOMQ_BENCH_GROUPS=50: the same "
+        "tree with fairness groups); may repeat",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -110,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--a and --b are required")
     rounds: list[dict[str, Any]] = []
     for i in range(args.rounds):
-        done = {"A": _spawn(args.a, args.sizes), "B": _spawn(args.b, args.sizes)}
+        b_env = dict(pair.split("=", 1) for pair in args.b_env)
+        done = {"A": _spawn(args.a, args.sizes), "B": _spawn(args.b, args.sizes, b_env)}
         rounds.append(done)
         line = {w: (done["A"][w]["server_us"], done["B"][w]["server_us"]) for w in done["A"]}
         print(f"round {i + 1}: server us/item (A, B) {line}", flush=True)

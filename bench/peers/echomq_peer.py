@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import echomq_core
-from echomq_core import Child, EchoMQ, Job, Pump, Worker
+from echomq_core import Child, EchoMQ, Job, JobSpec, Pump, Worker
 
 from ..common import (
     READY,
@@ -56,6 +56,25 @@ def _worker(url: str, queues: str, concurrency: int, mode: str, ready: bool = Tr
 
 def _expected_sum(n: int) -> int:
     return n * (n - 1)  # child i returns 2 * i
+
+
+#: ECHOMQ_BENCH_GROUPS=K gives W1's jobs and W2/W3's children fairness groups k0..k(K-1), in
+#: turn (issue 50's cost of groups that bind nothing: bench/cpu_ab.py --b-env); unset: none.
+GROUPS = int(os.environ.get("ECHOMQ_BENCH_GROUPS", "0"))
+
+
+def _jobs(n: int) -> Any:
+    """W1's jobs: bare payloads, or with groups (GROUPS) JobSpecs naming them."""
+    if not GROUPS:
+        return range(n)
+    return [JobSpec(i, group=f"k{i % GROUPS}") for i in range(n)]
+
+
+def _children(n: int, queue: str) -> list[Child]:
+    """W2/W3's children, with a group each when GROUPS is set."""
+    if not GROUPS:
+        return [Child(i, queue=queue) for i in range(n)]
+    return [Child(i, queue=queue, group=f"k{i % GROUPS}") for i in range(n)]
 
 
 class EchoMQPeer(Peer):
@@ -99,7 +118,7 @@ class EchoMQPeer(Peer):
             with Stopper() as procs:
                 early = self._early(procs, url, name)
                 win.begin()
-                queue.add_bulk(range(n))
+                queue.add_bulk(_jobs(n))
                 win.split("added")
                 worker = self._late(procs, url, name, early)
                 win.wait_for(
@@ -130,7 +149,7 @@ class EchoMQPeer(Peer):
                     pump.start()
                 try:
                     win.begin()
-                    ref = mq.add_flow(parent_q, [Child(i, queue=child_q) for i in range(n)])
+                    ref = mq.add_flow(parent_q, _children(n, child_q))
                     win.split("added")
                     worker = self._late(procs, url, child_q, early)
                     _wait_released(win, released, parent_q, ref.parent_id, n, worker)
