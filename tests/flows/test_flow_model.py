@@ -32,6 +32,9 @@ the fan-in promised:
   (pending, leased or retrying), never above that queue's share, the shares sum to the cap,
   and a child waits in the gate only while the share is full (or the flow is cancelled); a
   re-add with another cap is refused.
+
+The children carry fairness groups (none, or one of two tenants, in turn): groups order the
+claims only, so every promise above holds with them.
 """
 
 from __future__ import annotations
@@ -176,6 +179,7 @@ class FlowMachine(RuleBasedStateMachine):
                 queue=self.parents if q == "P" else self.other,
                 max_attempts=1,
                 ignore_dependency_on_failure=policy == "id",
+                group=(None, "tenant-a", "tenant-b")[(len(self.flows) + i) % 3],
             )
             for i, (q, policy) in enumerate(spec)
         ]
