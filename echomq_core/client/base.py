@@ -123,12 +123,17 @@ class _Client:
         check_queue(queue)
         if cached := self.shard_cache.get(queue):
             return cached
-        return (yield from sharding.resolve(self.keys, self.shard_cache, [queue]))[queue]
+        # the group rule rides along: an add then needs no step of its own for it
+        rules = self.group_rules
+        places, _ = yield from sharding.resolve_for_add(self.keys, self.shard_cache, rules, [queue])
+        return places[queue]
 
     def _set_shards_op(self, queue: str, shards: int) -> Op[sharding.Shards]:
         op = sharding.configure(self.keys, queue, shards, self.connection.is_cluster)
         names = yield from op
         self.shard_cache[queue] = names
+        rules = self.group_rules  # known with the shards, as a first read knows it
+        rules.take([queue], (yield rules.read_calls(self.keys, [queue])))
         yield from self._register_queue_op(queue)
         return names
 
@@ -216,10 +221,10 @@ class _Client:
 
         def add() -> Op[models.FlowRef]:
             # nodes in sharded queues go to their ids' shards before anything is written
-            shards = yield from sharding.resolve(self.keys, self.shard_cache, logical)
-            # queues that name groups from payloads (control.groups): before the shards
-            rules = yield from self.group_rules.of(self.keys, logical)
-            if rules:
+            shards, rules = yield from sharding.resolve_for_add(
+                self.keys, self.shard_cache, self.group_rules, logical
+            )
+            if rules:  # queues that name groups from payloads (control.groups): before shards
                 apply_rules(root, children, rules)
             sharded = sharding.place(root, shards)
             queues = self.unregistered(queues_of(root) if sharded else logical)
@@ -241,11 +246,13 @@ class _Client:
 
             try:
                 if not replace:
-                    ref = yield from add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
+                    op = add_flow(self.keys, root, queues, barrier=barrier, replan=plan)
                 else:
-                    ref = yield from lifecycle.add_or_replace(
-                        self.keys, plan, queues, barrier=barrier
-                    )
+                    op = lifecycle.add_or_replace(self.keys, plan, queues, barrier=barrier)
+                # a rule read long ago is read again in the add's first step (control.groups)
+                refresh = self.group_rules.refresh(self.keys, logical)
+                ref, _ = yield from sharding.together([op, refresh])
+                assert ref is not None
             finally:
                 unlink(planned)
             self.mark_registered(queues)

@@ -188,8 +188,11 @@ class QueueOps:
     ) -> Op[list[str]]:
         if not rows:  # nothing to add sends nothing
             return []
-        shards = yield from self._shards()
-        rule = (yield from self.client.group_rules.of(self.client.keys, [self.name])).get(self.name)
+        c = self.client
+        places, rules = yield from sharding.resolve_for_add(
+            c.keys, c.shard_cache, c.group_rules, [self.name]
+        )
+        shards, rule = places[self.name], rules.get(self.name)
         if rule is not None:  # the queue names groups from payloads (control.groups)
             for i, payload in enumerate(loose):
                 if payload is not _GIVEN and (group := group_of(payload, rule)) is not None:
@@ -207,19 +210,19 @@ class QueueOps:
             )
             for i, (q, part) in enumerate(parts.items())
         ]
-        if len(adds) == 1:
-            yield from adds[0]
-        else:
-            yield from sharding.together(adds)
+        # a rule read long ago is read again in the same step (control.groups.Rules)
+        yield from sharding.together([*adds, c.group_rules.refresh(c.keys, [self.name])])
         self.client.mark_registered(new)
         return [r[0] for r in rows]
 
     def _shards(self) -> Op[sharding.Shards]:
         """This queue's shards: from the client's cache, else one read (once per process)."""
-        cache = self.client.shard_cache
-        if self.name in cache:
-            return cache[self.name]
-        return (yield from sharding.resolve(self.client.keys, cache, [self.name]))[self.name]
+        c = self.client
+        if self.name in c.shard_cache:
+            return c.shard_cache[self.name]
+        # the group rule rides along (see EchoMQ's shards read)
+        op = sharding.resolve_for_add(c.keys, c.shard_cache, c.group_rules, [self.name])
+        return (yield from op)[0][self.name]
 
     def claim_op(
         self,

@@ -20,8 +20,9 @@ or an int written in decimal) as the group; any other payload, or a value of ano
 gives none. A value that is not a valid group (empty, over
 :data:`~echomq_core.wire.keyspace.MAX_GROUP_BYTES` bytes, control characters) is refused with
 :class:`~echomq_core.InvalidArgument` naming the key, before anything is written. Each process
-reads a queue's rule at most once per :data:`RULE_TTL` seconds (one HGET, in the add's first
-round trip), so a rule set or changed is followed by every producer within that time.
+reads a queue's rule with its shards (the step an add needs anyway), then again - riding in
+an add's first step - once what it knows is :data:`RULE_TTL` seconds old: a rule set or changed
+is followed by every producer from its second add after that (:class:`Rules`).
 """
 
 from __future__ import annotations
@@ -74,8 +75,11 @@ def get_rule(ks: Keyspace, queue: str) -> Op[str | None]:
 
 
 class Rules:
-    """A client's view of its queues' group rules: each read at most once per
-    :data:`RULE_TTL` seconds."""
+    """A client's view of its queues' group rules. A queue's rule is first read with its
+    shards, in the step an add needs anyway (:func:`~echomq_core.flows.sharding.resolve_for_add`);
+    after that an add uses what is known and, once it is older than :data:`RULE_TTL` s, reads
+    it again in the add's own first step (:meth:`refresh`) - never a round trip of its own. A
+    changed rule is so followed from the second add after the TTL, by every producer."""
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[str | None, float]] = {}
@@ -84,22 +88,37 @@ class Rules:
         """Drop what is known of ``queue`` (this client just changed its rule)."""
         self._seen.pop(queue, None)
 
-    def of(self, ks: Keyspace, queues: Iterable[str]) -> Op[dict[str, str]]:
-        """The rules of ``queues`` that have one (queue -> payload key); one step for those
-        not read within :data:`RULE_TTL`, none when every one is fresh."""
-        now = time.monotonic()
-        wanted = set(queues)
-        stale = sorted(q for q in wanted if self._seen.get(q, (None, 0.0))[1] <= now)
-        if stale:
-            raw = yield [Call.cmd("HGET", ks.config(q), RULE_FIELD) for q in stale]
-            for queue, value in zip(stale, raw, strict=True):
-                self._seen[queue] = (None if value is None else _s(value), now + RULE_TTL)
+    def unseen(self, queues: Iterable[str]) -> list[str]:
+        """The queues whose rule was never read."""
+        return sorted(q for q in set(queues) if q not in self._seen)
+
+    def read_calls(self, ks: Keyspace, queues: Sequence[str]) -> list[Call]:
+        """The reads of ``queues``' rules, one HGET each (their replies go to :meth:`take`)."""
+        return [Call.cmd("HGET", ks.config(q), RULE_FIELD) for q in queues]
+
+    def take(self, queues: Sequence[str], replies: Sequence[Any]) -> None:
+        """Remember the rules :meth:`read_calls` read."""
+        until = time.monotonic() + RULE_TTL
+        for queue, raw in zip(queues, replies, strict=True):
+            self._seen[queue] = (None if raw is None else _s(raw), until)
+
+    def current(self, queues: Iterable[str]) -> dict[str, str]:
+        """The known rules of ``queues`` that have one (queue -> payload key)."""
         out = {}
-        for queue in wanted:
-            rule = self._seen[queue][0]
+        for queue in queues:
+            rule = self._seen.get(queue, (None, 0.0))[0]
             if rule is not None:
                 out[queue] = rule
         return out
+
+    def refresh(self, ks: Keyspace, queues: Iterable[str]) -> Op[None]:
+        """Read again the rules of ``queues`` older than :data:`RULE_TTL` (one step, meant to
+        ride in another operation's step: :func:`~echomq_core.flows.sharding.together`; none
+        when every one is fresh)."""
+        now = time.monotonic()
+        stale = sorted(q for q in set(queues) if self._seen.get(q, (None, 0.0))[1] <= now)
+        if stale:
+            self.take(stale, (yield self.read_calls(ks, stale)))
 
 
 def group_of(payload: Any, rule: str) -> str | None:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from ..checks import check_int
 from ..checks import text as _s
+from ..control.groups import Rules
 from ..errors import InvalidArgument, QueueInUse
 from ..wire.calls import Call, Op
 from ..wire.keyspace import FLOW_INDEXES, Keyspace, check_queue
@@ -139,6 +140,23 @@ def resolve(ks: Keyspace, cache: dict[str, Shards], names: Iterable[str]) -> Op[
     if missing:
         cache.update((yield from load(ks, missing)))
     return {q: cache[q] for q in wanted}
+
+
+def resolve_for_add(
+    ks: Keyspace, cache: dict[str, Shards], rules: Rules, names: Iterable[str]
+) -> Op[tuple[dict[str, Shards], dict[str, str]]]:
+    """:func:`resolve`, and the group rules of ``names`` (:mod:`echomq_core.control.groups`):
+    those never read are read in the same step as the shards not cached (none when all are
+    known). Returns the shards and the rules that exist (queue -> payload key)."""
+    wanted = set(names)
+    missing = sorted(q for q in wanted if q not in cache)
+    unseen = rules.unseen(wanted)
+    if missing or unseen:
+        reads = [Call.cmd("HGET", ks.config(q), FIELD) for q in missing]
+        replies = yield [*reads, *rules.read_calls(ks, unseen)]
+        cache.update((q, parse(q, raw)) for q, raw in zip(missing, replies, strict=False))
+        rules.take(unseen, replies[len(missing) :])
+    return {q: cache[q] for q in wanted}, rules.current(wanted)
 
 
 #: The per-queue sets that say a queue holds jobs or flows (pending, active, delayed, dead,

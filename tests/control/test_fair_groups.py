@@ -218,8 +218,9 @@ def test_a_bad_rule_or_a_bad_value_is_refused_before_anything_is_written(mq: Ech
 def test_producers_follow_a_rule_within_its_ttl(
     backend: Backend, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each process reads a queue's rule at most once per RULE_TTL s: a producer that read
-    "no rule" keeps it for that long, then follows the change (the TTL is set here, no sleep)."""
+    """A producer reads a queue's rule with its shards, then again - in an add's own step -
+    once what it knows is RULE_TTL s old: it follows a change from the second add after that
+    (the TTL is set here, no sleep)."""
     from echomq_core.control import groups
 
     producer, admin = backend.client(prefix), backend.client(prefix)
@@ -230,9 +231,14 @@ def test_producers_follow_a_rule_within_its_ttl(
         admin.set_group_rule("fg-ttl", "customer")
         (second,) = q.add_bulk([{"customer": "acme"}])
         assert producer.get_job("fg-ttl", second).group is None  # type: ignore[union-attr]
-        producer.group_rules.forget("fg-ttl")  # as if the hour had passed
+        # past the TTL (0 here): the next add reads the rule again in its own step, the one
+        # after it follows the rule
+        monkeypatch.setattr(groups, "RULE_TTL", 0.0)
+        producer.group_rules.take(["fg-ttl"], [None])  # known: no rule, already stale
         (third,) = q.add_bulk([{"customer": "acme"}])
-        assert producer.get_job("fg-ttl", third).group == "acme"  # type: ignore[union-attr]
+        (fourth,) = q.add_bulk([{"customer": "acme"}])
+        assert producer.get_job("fg-ttl", third).group is None  # type: ignore[union-attr]
+        assert producer.get_job("fg-ttl", fourth).group == "acme"  # type: ignore[union-attr]
         assert producer.get_job("fg-ttl", first).group is None  # type: ignore[union-attr]
     finally:
         producer.close()

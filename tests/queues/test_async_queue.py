@@ -152,9 +152,9 @@ def test_async_and_sync_queues_send_the_same_steps(
 
     async_steps = _async(backend, prefix, body)
     assert async_steps == sync_steps
-    # the queue's shard count, read once per process (one call), then: add (1), claim (2),
-    # stats (1)
-    assert sync_steps[0] == 1 and len(sync_steps) <= 5
+    # the queue's shard count and group rule, read once per process (two calls), then: add
+    # (1), claim (2), stats (1)
+    assert sync_steps[0] == 2 and len(sync_steps) <= 5
 
 
 def test_async_worker_runs_through_async_queues(backend: Backend, prefix: str) -> None:
