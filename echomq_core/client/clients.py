@@ -98,7 +98,8 @@ class EchoMQ(_Client):
         """Take the fairness group of each job or child added to ``queue`` without one from its
         payload's key ``rule`` (``{"customer": "acme", ...}`` -> group ``"acme"``), or stop
         (None or ``"none"``). Checked before anything is written (:class:`InvalidArgument`).
-        Producers follow a change within :data:`~echomq_core.control.groups.RULE_TTL` s."""
+        A producer follows a change from its second add once what it knows is
+        :data:`~echomq_core.control.groups.RULE_TTL` s old (no round trip of its own)."""
         self.perform(self._set_group_rule_op(queue, rule))
 
     def queues(self) -> list[str]:
