@@ -36,6 +36,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -448,7 +449,7 @@ def _meta(args: argparse.Namespace, server: str) -> dict[str, Any]:
         f"{platform.python_version()}",
         "server": server,
         "bullmq": bullmq,
-        "command": "python -m bench.fairness " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.fairness " + shlex.join(sys.argv[1:]),
         "note": args.note,
     }
 
