@@ -449,9 +449,20 @@ def _meta(args: argparse.Namespace, server: str) -> dict[str, Any]:
         f"{platform.python_version()}",
         "server": server,
         "bullmq": bullmq,
-        "command": "python -m bench.fairness " + shlex.join(sys.argv[1:]),
+        "command": "python -m bench.fairness " + shlex.join(_shown(sys.argv[1:])),
         "note": args.note,
     }
+
+
+def _shown(argv: list[str]) -> list[str]:
+    """The command line without ``--note`` (the summary quotes the note itself)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg == "--note" or arg.startswith("--note="):
+            skip = arg == "--note"
+            continue
+        out.append(arg)
+    return out
 
 
 def main() -> None:
