@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import multiprocessing as mp
 import platform
@@ -61,17 +62,22 @@ TIMEOUT = 1800.0  # one run's limit (s)
 SYSTEMS = ("echomq_groups", "echomq_plain", "bullmq_node")
 
 
-def worker_main(url: str, concurrency: int, handler_ms: float, ready: Any, stop: Any) -> None:
+def worker_main(
+    url: str, concurrency: int, handler_ms: float, pump_page: int, ready: Any, stop: Any
+) -> None:
     """One worker process: the work queue's handler sleeps ``handler_ms``; puts its ready
-    moment (wall clock) on ``ready`` once the worker runs."""
+    moment (wall clock) on ``ready`` once the worker runs. ``pump_page``: its Pump's page
+    (0: the worker's default Pump)."""
     from echomq_core import Worker
+    from echomq_core.pump.pump import WORKER_PUMP
 
     def handle(job: Any) -> Any:
         time.sleep(handler_ms / 1000)
         return job.payload
 
     mq = EchoMQ(url, prefix=PREFIX)
-    worker = Worker(mq, {WORK: handle}, concurrency=concurrency).start()
+    pump = dataclasses.replace(WORKER_PUMP, page=pump_page) if pump_page else True
+    worker = Worker(mq, {WORK: handle}, concurrency=concurrency, pump=pump).start()
     ready.put(time.time())
     stop.wait()
     worker.stop()
@@ -112,10 +118,14 @@ def echomq_run(url: str, args: argparse.Namespace, grouped: bool) -> dict[str, A
     ctx = mp.get_context("spawn")
     stop, ready = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=worker_main, args=(url, args.concurrency, args.handler_ms, ready, stop))
+        ctx.Process(
+            target=worker_main,
+            args=(url, args.concurrency, args.handler_ms, args.pump_page, ready, stop),
+        )
         for _ in range(args.workers)
     ]
-    pump = Pump(mq, [PARENTS, WORK]).start()  # the flows are cross-queue
+    page = {"page": args.pump_page} if args.pump_page else {}
+    pump = Pump(mq, [PARENTS, WORK], **page).start()  # the flows are cross-queue
     start_ms, start_wall = _server_ms(r), time.time()
     for p in procs:
         p.start()
@@ -475,6 +485,12 @@ def main() -> None:
     parser.add_argument("--handler-ms", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-bullmq", action="store_true")
+    parser.add_argument(
+        "--pump-page",
+        type=int,
+        default=0,
+        help="signals a Pump delivers per outbox per tick, in every Pump (0: the defaults)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--note", default="", help="the machine's condition, for the summary")
     args = parser.parse_args()
