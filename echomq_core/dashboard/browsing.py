@@ -162,6 +162,7 @@ class Browsing:
             ranges=RANGES,
             now_ms=now,
             live=f"api/throughput/{quote(queue, safe='')}?minutes={minutes}&chart=1",
+            groups=self.client.group_load(queue),
         )
 
     def api_queue_jobs(self, request: Request) -> Response:

@@ -48,6 +48,7 @@ ROW = (
     "total",
     "created",
     "run",
+    "group",
 )
 #: 2^40: pending scores are priority * 2^40 + arrival number.
 PRIORITY_UNIT = 1 << 40
@@ -221,6 +222,7 @@ class JobRow:
     lease: str | None = None  # active rows: the lease token, its holder tail and start
     holder: str | None = None
     started_ms: int | None = None
+    group: str | None = None  # its fairness group
 
     def to_dict(self) -> dict[str, Any]:
         return fields_dict(self, parent=lambda parent: None if parent is None else list(parent))
@@ -251,7 +253,7 @@ def _worker(entry: WorkerEntry | None) -> dict[str, Any] | None:
 
 
 def _row(queue: str, job_id: str, score: float, values: Any) -> JobRow:
-    attempts, max_attempts, parent, parent_queue, error, state, total, created, run = values
+    attempts, max_attempts, parent, parent_queue, error, state, total, created, run, group = values
     up = None
     if parent is not None:
         up = (_s(parent_queue) if parent_queue else queue, _s(parent))
@@ -265,6 +267,7 @@ def _row(queue: str, job_id: str, score: float, values: Any) -> JobRow:
         _s(state) if state is not None else None,
         as_int(total),
         row_fact(created, run, RUN_CREATED),
+        group=_s(group) if group is not None else None,
     )
 
 

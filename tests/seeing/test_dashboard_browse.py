@@ -108,6 +108,23 @@ def test_a_queue_by_state_in_server_order_and_find_by_id(
     assert bad.status == 400 and "InvalidArgument" in bad.body
 
 
+def test_a_queue_with_groups_shows_them_taking_turns(client: EchoMQ, readonly: Dashboard) -> None:
+    q = client.queue("bq-groups")
+    big = q.add_bulk([JobSpec({"n": i}, group="big") for i in range(30)])
+    small = q.add_bulk([JobSpec({"n": i}, group="small/eu") for i in range(2)])
+    page = readonly.get(queue_page("", "bq-groups")).body
+    assert 'id="groups"' in page and '<span id="groups-waiting">2</span>' in page
+    busiest = re.findall(r'<tr data-group="([^"]+)"><td>[^<]*</td><td>([^<]*)</td>', page)
+    assert busiest == [("big", "30"), ("small/eu", "2")]
+    rows = re.findall(r'<tr data-job="([^"]+)">', page)  # pending in claim order: by turns
+    assert set(rows[:4]) == {*big[:2], *small} and rows[4:] == big[2:]
+    shown = re.findall(r'<td class="group">([^<]*)</td>', page)  # each row names its group
+    assert shown == ["small/eu" if r in small else "big" for r in rows]
+    plain = client.queue("bq-no-groups")
+    plain.add(1)
+    assert 'id="groups"' not in readonly.get(queue_page("", "bq-no-groups")).body
+
+
 def test_retry_and_cancel_from_the_job_page_need_the_token(
     scenario: Scenario, actions: Dashboard, client: EchoMQ
 ) -> None:
