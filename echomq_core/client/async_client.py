@@ -46,10 +46,14 @@ class AsyncEchoMQ(_Client):
         prefix: str = "emq",
         serializer: models.Serializer | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+        connection: AsyncConnection | None = None,
         **redis_options: Any,
     ) -> None:
         super().__init__(prefix=prefix, serializer=serializer, max_payload_bytes=max_payload_bytes)
-        self.connection: AsyncConnection = connect_async(url, cluster=cluster, **redis_options)
+        self.url = url
+        self.connection: AsyncConnection = connection or connect_async(
+            url, cluster=cluster, **redis_options
+        )
 
     def __repr__(self) -> str:
         return f"AsyncEchoMQ({self.connection.where}, prefix={self.keys.prefix!r})"

@@ -37,6 +37,16 @@ def _public(cls: type) -> dict[str, Any]:
     return {n: getattr(cls, n) for n in dir(cls) if not n.startswith("_")}
 
 
+def test_the_clients_take_the_same_constructor_arguments() -> None:
+    """Names, kinds and defaults (the connection's type differs: sync or asyncio)."""
+
+    def shape(cls: type) -> list[tuple[str, Any, Any]]:
+        params = inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
+        return [(p.name, p.kind, p.default) for p in params]
+
+    assert shape(EchoMQ) == shape(AsyncEchoMQ)
+
+
 @pytest.mark.parametrize(("sync_cls", "async_cls"), [(EchoMQ, AsyncEchoMQ), (Queue, AsyncQueue)])
 def test_every_public_method_has_its_asyncio_twin_with_the_same_signature(
     sync_cls: type, async_cls: type
