@@ -34,10 +34,12 @@
 -- next idle worker (blocked on it) joins in; a batch cut short by the rate does not (a woken
 -- worker would find no start allowed). Without a rate limit the cost over a plain claim is
 -- one HGET.
--- Returns: {wait_ms, id, ...}: the ids in claim order (none when nothing is pending or no
--- start conforms); wait_ms 0, or when no further start conforms now (after this claim or
--- before it) the ms until one does, rounded up (at least 1) - the caller claims again no
--- sooner.
+-- Returns: {wait_us, id, ...}: the ids in claim order (none when nothing is pending or no
+-- start conforms); wait_us 0, or when no further start conforms now (after this claim or
+-- before it) the µs until one does, rounded up (at least 1) - the caller claims again no
+-- sooner. In µs, not ms: a claimer that sleeps to the next whole ms arrives late by half a
+-- ms on average, and with a burst of 1 what a start comes late is lost to the rate (at 100/s,
+-- 5 % of it).
 -- Full server: refused before it runs (no allow-oom): it may grow memory, so it writes all or
 --  nothing.
 -- Owner of what it writes: the active entries and lease tokens are removed by complete, fail,
@@ -76,7 +78,7 @@ if rate then
   -- the k-th start from now conforms when tat + (k - 1) T <= now + tau (1e-9: a quotient
   -- that is a whole number in exact arithmetic stays one)
   local fits = math.floor((now_us + tol - tat) / period + 1e-9) + 1
-  if fits < 1 then return {math.max(1, math.ceil((tat - tol - now_us) / 1000))} end
+  if fits < 1 then return {math.max(1, math.ceil(tat - tol - now_us))} end
   if fits < take then take = fits end
 end
 -- the ids by rank, then the range removed: ZPOPMIN would also reply every score, a string per
@@ -90,7 +92,7 @@ if rate then
   tat = tat + n * period
   -- '%.3f': tostring keeps 14 digits, too few for µs since the epoch
   redis.call('SET', KEYS[17], string.format('%.3f', tat), 'PXAT', math.ceil(tat / 1000))
-  if tat - tol > now_us then wait = math.max(1, math.ceil((tat - tol - now_us) / 1000)) end
+  if tat - tol > now_us then wait = math.max(1, math.ceil(tat - tol - now_us)) end
 end
 -- jobs left behind: pass the wake-up on, so another idle worker starts on them now (unless
 -- no start conforms now: it would only find that out)
