@@ -18,22 +18,22 @@
 --                  complete and fail read them from it, this script only stores it)
 -- ARGV[4] promote  how many due delayed jobs to move to pending first (0: leave it to the Pump)
 --
--- Steps: promote due delayed jobs (so workers do not depend on a Pump for retries). With a
--- rate limit, a generic cell rate algorithm on the server's clock (µs, so every worker and
--- every process is judged by one clock): starts are due one emission interval T = window /
--- limit apart; the TAT is when the next one is; a start conforms when it comes no earlier
--- than TAT - tau, tau = (burst - 1) * T the tolerance. Take as many as conform now (burst 1,
--- TAT <= now: one; more only by the tolerance); when none does, return at once with the ms
--- until one will. Pop the lowest-scored jobs from pending, score them in active at now +
--- lease_ms, record the token for all of them with ONE HSET, and move the TAT on by T per
--- job taken (a TAT further ahead than this limit books, burst * T, is left of a slower limit
--- since raised: it is brought back to that). Rows are not touched here: the caller reads
--- them with the rows script (keys derived from ids stay on the host, where Cluster routing
--- sees them). A full batch that
--- leaves jobs behind, with a start still conforming, sets the wake-up hint again, so the
--- next idle worker (blocked on it) joins in; a batch cut short by the rate does not (a woken
--- worker would find no start allowed). Without a rate limit the cost over a plain claim is
--- one HGET.
+-- Steps: with a rate limit, a generic cell rate algorithm on the server's clock (µs, so every
+-- worker and every process is judged by one clock): starts are due one emission interval
+-- T = window / limit apart; the TAT is when the next one is; a start conforms when it comes
+-- no earlier than TAT - tau, tau = (burst - 1) * T the tolerance. Take as many as conform now
+-- (burst 1, TAT <= now: one; more only by the tolerance); when none does, return at once with
+-- the µs until one will (before promoting: when several workers wait on a limit, most claims
+-- are turned away). Promote due delayed jobs (so workers do not depend on a Pump for
+-- retries). Pop the lowest-scored jobs from pending, score them in active at now + lease_ms,
+-- record the token for all of them with ONE HSET, and move the TAT on by T per job taken (a
+-- TAT further ahead than this limit books, burst * T, is left of a slower limit since raised:
+-- it is brought back to that). Rows are not touched here: the caller reads them with the rows
+-- script (keys derived from ids stay on the host, where Cluster routing sees them). A full
+-- batch that leaves jobs behind, with a start still conforming, sets the wake-up hint again,
+-- so the next idle worker (blocked on it) joins in; a batch cut short by the rate does not (a
+-- woken worker would find no start allowed). Without a rate limit the cost over a plain claim
+-- is one HGET.
 -- Returns: {wait_us, id, ...}: the ids in claim order (none when nothing is pending or no
 -- start conforms); wait_us 0, or when no further start conforms now (after this claim or
 -- before it) the µs until one does, rounded up (at least 1) - the caller claims again no
@@ -53,16 +53,6 @@ local q = queue_keys(KEYS)
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local promote = tonumber(ARGV[4])
-if promote > 0 then
-  local due = redis.call('ZRANGEBYSCORE', q.delayed, '-inf', now, 'LIMIT', 0, promote)
-  if #due > 0 then
-    local add = {}
-    for i = 1, #due do add[#add + 1] = 0; add[#add + 1] = due[i] end
-    redis.call('ZADD', q.pending, unpack(add))
-    redis.call('ZREM', q.delayed, unpack(due))
-  end
-end
 local take = tonumber(ARGV[1])
 local rate = redis.call('HGET', KEYS[16], 'rate')
 local period, tol, tat
@@ -80,6 +70,17 @@ if rate then
   local fits = math.floor((now_us + tol - tat) / period + 1e-9) + 1
   if fits < 1 then return {math.max(1, math.ceil(tat - tol - now_us))} end
   if fits < take then take = fits end
+end
+-- promoted only by a claim that may start a job (one the rate turned away returned above)
+local promote = tonumber(ARGV[4])
+if promote > 0 then
+  local due = redis.call('ZRANGEBYSCORE', q.delayed, '-inf', now, 'LIMIT', 0, promote)
+  if #due > 0 then
+    local add = {}
+    for i = 1, #due do add[#add + 1] = 0; add[#add + 1] = due[i] end
+    redis.call('ZADD', q.pending, unpack(add))
+    redis.call('ZREM', q.delayed, unpack(due))
+  end
 end
 -- the ids by rank, then the range removed: ZPOPMIN would also reply every score, a string per
 -- job made, sent to Lua and dropped
