@@ -29,6 +29,19 @@ may start at once after a pause long enough (``(b - 1) * T``, the burst refills 
 window aligned to the clock, what this was before, let a burst at the end of one window and
 one at the start of the next put twice ``limit`` into one span of a window.)
 
+The price of burst 1: the limit is reached only as closely as the claimers are punctual. A
+start that comes after its time pushes every later one back (a later one may not make up for
+it: that would put two starts less than ``T`` apart), so the long-run rate is the limit less
+the claims' lateness - a worker's sleep and round trip, a fraction of a ms, which is a few per
+cent of ``T`` at ``100/s`` and a good share of it at ``1000/s`` (``bench/results/issue50``:
+0.93x and 0.78x the limit with 3 local worker processes on a busy machine). A burst takes the
+lateness up: with ``burst=b`` a start up to ``(b - 1) * T`` late is made up by the next (1.00x
+at ``1000/s`` with a burst of 10, 1,009 starts in the busiest second). And since a claim takes
+one job per ``T`` (the tolerance's more), a burst-1 limit above what one-at-a-time claims reach
+(thousands per second per worker) holds the queue below it: give such a limit a burst of about
+a claim's batch. While several workers wait on one limit, each claims once per ``T`` and one
+of them wins (about ``workers`` claims per start).
+
 What counts as a start: a job handed out by a claim - whether a runner starts it at once or
 it waits in a worker's local buffer; a job given back unstarted (a stopping worker) or
 claimed again after its lease expired counts again. So the limit is never exceeded, and a
