@@ -5,7 +5,7 @@ Using::
 
     mq.set_rate_limit("vendor-api", "100/s")     # or "6000/min", "5/500ms", "1000/h"
     mq.set_rate_limit("vendor-api", "100/s", burst=20)  # up to 20 at once after a pause
-    mq.rate_limit("vendor-api")   # RateLimit(100/s, 1 booked, next start in 0.004 s)
+    mq.rate_limit("vendor-api")  # limit 100, window_ms 1000, burst 1, used 1, next_in 0.004
     mq.set_rate_limit("vendor-api", None)        # no limit ("none" too)
 
 The setting lives in the queue's ``config`` hash (field ``rate``, ``"<limit> <window ms>"``,
@@ -17,7 +17,7 @@ limit`` apart; the queue's ``rate:tat`` (one string that deletes itself when it 
 anything back) is the theoretical arrival time of the next one; a start conforms when it comes
 no earlier than ``TAT - tau``, the tolerance ``tau = (burst - 1) * T``. A claim takes as many
 jobs as conform now (burst 1: one), moves the TAT on by ``T`` each, and when none conforms (or
-none more, after its own) says how many ms until one does, rounded up. A worker then sleeps
+none more, after its own) says how many µs until one does, rounded up. A worker then sleeps
 until that moment instead of polling or taking wake-up hints meant for others.
 
 The guarantee: with the default burst of 1, consecutive starts are at least ``T`` apart on the
@@ -167,15 +167,13 @@ class RateLimit:
         return self.text if self.burst == 1 else f"{self.text} burst {self.burst}"
 
     @classmethod
-    def booked(cls, field: Any, backlog_us: int, total: Any = None) -> RateLimit:
-        """The reading of one queue: its ``rate`` field (or ``total``, a sharded queue's whole
-        limit, for the limit shown) and ``TAT - now`` in µs as the rate script returns it."""
+    def booked(cls, field: Any, backlog_us: int) -> RateLimit:
+        """The reading of one queue: its ``rate`` field and ``TAT - now`` in µs, as the rate
+        script returns them."""
         limit, window, burst = _fields(field)
         period = window * 1000 / limit
         used = max(0, math.ceil(backlog_us / period - 1e-9))
         next_in = max(0.0, backlog_us - (burst - 1) * period) / 1e6
-        if total is not None:
-            limit, window, burst = _fields(total)
         return cls(limit, window, used, backlog_us / 1e6, burst, next_in)
 
 
