@@ -1,21 +1,21 @@
 #!lua flags=no-writes
--- rate: a read; a queue's rate limit and how much of its current window is used.
--- @include now_ms
+-- rate: a read; a queue's rate limit and how far ahead of the server's clock its starts are
+-- booked.
 --
--- KEYS[1] config       hash    the queue's settings: field 'rate' = '<limit> <window ms>'
--- KEYS[2] rate:window  hash    the current rate window (claim.lua): 'start' and 'count'
+-- KEYS[1] config    hash    the queue's settings: field 'rate' = '<limit> <window ms>' or
+--                           '<limit> <window ms> <burst>'
+-- KEYS[2] rate:tat  string  the rate's theoretical arrival time, µs (claim.lua)
 --
--- Why a script for a read: the window that is current is decided by the server's clock
--- (as claim decides it), so the read is made on the queue's slot, where claims count.
--- Returns: false when the queue has no rate limit; else {'<limit> <window ms>', starts in
--- the current window, ms until it ends (0 when no start was counted in it)}.
+-- Why a script for a read: what is booked is measured against the server's clock (as claim
+-- judges it), so the read is made on the queue's slot, where claims take their starts.
+-- Returns: false when the queue has no rate limit; else {the 'rate' field, TAT - now in µs
+-- (0 when the TAT has passed or the key is gone: nothing is booked, the whole burst may
+-- start now)}.
 -- Full server: runs (no-writes): it only reads.
 -- Owner of what it writes: nothing; a read, it creates no key.
 local rate = redis.call('HGET', KEYS[1], 'rate')
 if not rate then return false end
-local w = tonumber(string.match(rate, ' (%d+)$'))
-local now = now_ms()
-local start = now - now % w
-local win = redis.call('HMGET', KEYS[2], 'start', 'count')
-if tonumber(win[1]) ~= start then return {rate, 0, 0} end
-return {rate, tonumber(win[2]), start + w - now}
+local clock = redis.call('TIME')
+local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local tat = tonumber(redis.call('GET', KEYS[2])) or now_us
+return {rate, math.max(0, math.floor(tat - now_us))}

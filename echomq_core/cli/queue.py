@@ -15,7 +15,7 @@ from typing import Any
 
 from ..client.clients import EchoMQ
 from ..control.groups import LOAD_LIMIT, GroupLoad
-from ..control.rates import RateLimit, parse_rate
+from ..control.rates import RateLimit, parse_burst, parse_rate
 from ..errors import InvalidArgument
 from ..flows import sharding
 from ..flows.retention import MAX_AGE, MAX_COUNT, SETTINGS
@@ -44,7 +44,7 @@ def _add_stats(queue: Any) -> None:
         f"and an estimate of the server memory those flows hold (up to {MEMORY_SAMPLE} "
         "sampled per state with MEMORY USAGE, their children's rows included, average x "
         "count; 'unavailable' when the server refuses MEMORY USAGE). A rate-limited "
-        "queue gets a line with its limit and the starts counted in the current window.",
+        "queue gets a line with its limit and how many starts may go now.",
     )
     add_queue_or_all(stats)
     add_command(stats, run_queue_stats, json_flag=True)
@@ -70,8 +70,17 @@ def _add_config(queue: Any) -> None:
         type=_rate_arg,
         default=argparse.SUPPRESS,
         metavar="RATE",
-        help="at most this many job starts per window across every worker: 100/s, 6000/min, "
-        "5/500ms, 1000/h; none removes the limit (default: none)",
+        help="at most this many job starts per window across every worker, spread evenly "
+        "(every span of the window holds at most that many): 100/s, 6000/min, 5/500ms, "
+        "1000/h; none removes the limit (default: none)",
+    )
+    config.add_argument(
+        "--burst",
+        type=_burst_arg,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="with --rate: up to N may start at once after a pause (then a window can hold "
+        "the limit + N - 1; default: 1)",
     )
     config.add_argument(
         "--group-from",
@@ -133,12 +142,23 @@ def _rate_arg(text: str) -> str:
     return text
 
 
+def _burst_arg(text: str) -> int:
+    """A burst as ``--burst`` takes it: an int of 1 or more."""
+    try:
+        return parse_burst(int(text), (1, 1000))
+    except ValueError:
+        why = f"invalid burst {text!r:.60}: an int of 1 or more"
+        raise argparse.ArgumentTypeError(why) from None
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def rate_line(queue: str, rate: RateLimit) -> str:
-    """One line on a rate-limited queue: its limit and the current window."""
-    used = f"{rate.used:,} of {rate.limit:,} started in this window"
-    if rate.used:
-        used += f" (opens again in {rate.resets_in:.3f} s)"
-    return f"rate limit of {queue!r}: {rate.text}; {used}"
+    """One line on a rate-limited queue: its limit and how many may start now."""
+    ready = f"{rate.ready:,} may start now"
+    if rate.next_in:
+        ready += f" (the next in {rate.next_in:.3f} s)"
+    return f"rate limit of {queue!r}: {rate}; {ready}"
 
 
 def rate_doc(rate: RateLimit) -> dict[str, Any]:
@@ -147,7 +167,10 @@ def rate_doc(rate: RateLimit) -> dict[str, Any]:
         "limit": rate.limit,
         "window_s": rate.window,
         "text": rate.text,
+        "burst": rate.burst,
         "used": rate.used,
+        "ready": rate.ready,
+        "next_in_s": rate.next_in,
         "resets_in_s": rate.resets_in,
     }
 
@@ -300,6 +323,8 @@ def run_queue_config(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     changes = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
     extra = [name for name in ("rate", "shards", "group_from") if hasattr(args, name)]
+    if hasattr(args, "burst") and not hasattr(args, "rate"):
+        raise CommandFailed("--burst goes with --rate (the burst is stored with the limit)")
     mq = open_client(args)
     try:
         unknown, close = unknown_queue(mq, args.queue, args.prefix)
@@ -318,7 +343,7 @@ def run_queue_config(args: argparse.Namespace) -> int:
         if changes:
             mq.set_retention(args.queue, **changes)
         if hasattr(args, "rate"):
-            mq.set_rate_limit(args.queue, args.rate)
+            mq.set_rate_limit(args.queue, args.rate, getattr(args, "burst", None))
         if hasattr(args, "group_from"):
             mq.set_group_rule(args.queue, args.group_from)
         shown = _Config(

@@ -199,9 +199,11 @@ class AsyncEchoMQ(_Client):
         """:meth:`EchoMQ.rate_limit`, awaited."""
         return await self.perform(self._rate_limit_op(queue))
 
-    async def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
+    async def set_rate_limit(
+        self, queue: str, rate: str | RateLimit | None, burst: int | None = None
+    ) -> None:
         """:meth:`EchoMQ.set_rate_limit`, awaited."""
-        await self.perform(self._set_rate_limit_op(queue, rate))
+        await self.perform(self._set_rate_limit_op(queue, rate, burst))
 
     async def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         """As :meth:`EchoMQ.children_values` (:class:`JobNotFound` for no such flow)."""

@@ -156,9 +156,11 @@ class _Client:
         shards = yield from self._shards_op(queue)
         return (yield from rates.get_rate(self.keys, queue, shards))
 
-    def _set_rate_limit_op(self, queue: str, rate: str | RateLimit | None) -> Op[None]:
+    def _set_rate_limit_op(
+        self, queue: str, rate: str | RateLimit | None, burst: int | None = None
+    ) -> Op[None]:
         shards = yield from self._shards_op(queue)
-        yield from rates.set_rate(self.keys, queue, rate, shards)
+        yield from rates.set_rate(self.keys, queue, rate, shards, burst)
         self.mark_registered([queue])
 
     # -- adding a flow ---------------------------------------------------------------------

@@ -281,17 +281,22 @@ class EchoMQ(_Client):
         return self.perform(self._set_shards_op(queue, shards))
 
     def rate_limit(self, queue: str) -> RateLimit | None:
-        """The queue's rate limit and its current window (starts used, when it resets), as
-        the server counts them; None when it has none (see :mod:`echomq_core.control.rates`)."""
+        """The queue's rate limit and where its starts stand (booked ahead, when the next may
+        start), as the server times them; None when it has none (see
+        :mod:`echomq_core.control.rates`)."""
         return self.perform(self._rate_limit_op(queue))
 
-    def set_rate_limit(self, queue: str, rate: str | RateLimit | None) -> None:
+    def set_rate_limit(
+        self, queue: str, rate: str | RateLimit | None, burst: int | None = None
+    ) -> None:
         """Limit ``queue`` to ``rate`` job starts across every worker (``"100/s"``,
-        ``"6000/min"``, ``"5/500ms"``), or remove the limit (None or ``"none"``). Checked
-        before anything is written (:class:`InvalidArgument` naming the value). A sharded
-        queue's limit holds over all its shards: each counts a share
+        ``"6000/min"``, ``"5/500ms"``), spread evenly: every span of the window holds at most
+        the limit; or remove the limit (None or ``"none"``). ``burst``: up to this many may
+        start at once after a pause (then a window can hold ``limit + burst - 1``; None: 1).
+        Checked before anything is written (:class:`InvalidArgument` naming the value). A
+        sharded queue's limit holds over all its shards: each takes a share
         (:mod:`echomq_core.control.rates`), so it must be at least the shard count per window."""
-        self.perform(self._set_rate_limit_op(queue, rate))
+        self.perform(self._set_rate_limit_op(queue, rate, burst))
 
     def children_values(self, queue: str, parent_id: str) -> dict[str, Any]:
         """{child id: result} of every child that completed so far. This read and the ones

@@ -233,7 +233,7 @@ class QueueOps:
         ahead: bool = False,
     ) -> Op[Claimed]:
         """Lease up to ``count`` jobs (lowest priority score first), within the queue's rate
-        limit: fewer, or none, when its window is spent (then the reply's ``opens_in`` says
+        limit: fewer, or none, when fewer may start now (then the reply's ``opens_in`` says
         when to ask again). Two round trips.
 
         ``ahead`` (a worker's fetcher, while its handlers are fast): a full claim also leases
@@ -241,9 +241,9 @@ class QueueOps:
         ids in :attr:`ahead` unread; the next call returns them (as many as were leased then),
         with ``ahead`` leasing the next batch in the same round trip again - one round trip
         per batch instead of two. No claim is made ahead of a short one (the backlog ran dry)
-        or of a spent rate window, nor on a sharded queue's logical handle. Held leases are
+        or of one the rate limit cut short, nor on a sharded queue's logical handle. Held leases are
         not extended: the caller calls again at once, with ``ahead=False`` before it waits or
-        stops or while the window is spent (that call returns the held jobs and claims
+        stops or while the limit holds starts back (that call returns the held jobs and claims
         nothing more). A call that fails drops what it held: those leases expire."""
         check_int("count", count, 1, 10_000)
         lease_ms = (

@@ -65,8 +65,8 @@ class Queue(QueueOps):
     ) -> Claimed:
         """Lease up to ``count`` jobs (lowest priority score first), within the queue's rate
         limit (:meth:`EchoMQ.set_rate_limit <echomq_core.EchoMQ.set_rate_limit>`): a list of
-        jobs whose ``opens_in`` is the seconds until the rate window opens again when it is
-        spent, else 0.0. Two round trips; ``ahead``: see :meth:`claim_op`."""
+        jobs whose ``opens_in`` is the seconds until the limit lets the next start through when
+        none more may start now, else 0.0. Two round trips; ``ahead``: see :meth:`claim_op`."""
         return self.client.perform(self.claim_op(count, lease=lease, promote=promote, ahead=ahead))
 
     def complete(self, job: Job, result: Any = None) -> None:

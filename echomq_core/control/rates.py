@@ -1,50 +1,78 @@
-"""A queue's rate limit: at most ``limit`` job starts per window, across every worker, decided
-on the server.
+"""A queue's rate limit: job starts spread evenly at ``limit`` per window, across every worker,
+decided on the server.
 
 Using::
 
     mq.set_rate_limit("vendor-api", "100/s")     # or "6000/min", "5/500ms", "1000/h"
-    mq.rate_limit("vendor-api")                  # RateLimit(100/s, used 37, resets in 0.412 s)
+    mq.set_rate_limit("vendor-api", "100/s", burst=20)  # up to 20 at once after a pause
+    mq.rate_limit("vendor-api")  # limit 100, window_ms 1000, burst 1, used 1, next_in 0.004
     mq.set_rate_limit("vendor-api", None)        # no limit ("none" too)
 
-The setting lives in the queue's ``config`` hash (field ``rate``, ``"<limit> <window ms>"``),
-beside the retention settings, so every worker and every plain ``Queue.claim`` honours the
-same one. The ``claim`` script reads it on each claim (one HGET; absent: the claim is as it
-always was), counts starts in a fixed window aligned to the server's clock (``rate:window``:
-its start and count, expiring by itself when the window ends), takes at most what the window
-has left, and when the window is spent says how many ms until the next one opens. A worker
-then sleeps until that moment instead of polling or taking wake-up hints meant for others.
+The setting lives in the queue's ``config`` hash (field ``rate``, ``"<limit> <window ms>"``,
+then ``" <burst>"`` when the burst is above 1), beside the retention settings, so every worker
+and every plain ``Queue.claim`` honours the same one. The ``claim`` script reads it on each
+claim (one HGET; absent: the claim is as it always was) and runs a generic cell rate algorithm
+(GCRA) on the server's clock, in µs: starts are due one emission interval ``T = window /
+limit`` apart; the queue's ``rate:tat`` (one string that deletes itself when it stops holding
+anything back) is the theoretical arrival time of the next one; a start conforms when it comes
+no earlier than ``TAT - tau``, the tolerance ``tau = (burst - 1) * T``. A claim takes as many
+jobs as conform now (burst 1: one), moves the TAT on by ``T`` each, and when none conforms (or
+none more, after its own) says how many µs until one does, rounded up. A worker then sleeps
+until that moment instead of polling or taking wake-up hints meant for others.
+
+The guarantee: with the default burst of 1, consecutive starts are at least ``T`` apart on the
+server's clock, so every span of the window's length - sliding, from any start point - holds at
+most ``limit`` starts (what a vendor enforcing a sliding "N per second" counts), and the
+starts over a long run come at ``limit`` per window, no faster. With ``burst=b`` up to ``b``
+may start at once after a pause long enough (``(b - 1) * T``, the burst refills at one per
+``T``), so a window can hold up to ``limit + b - 1``; the long-run rate is the same. (A fixed
+window aligned to the clock, what this was before, let a burst at the end of one window and
+one at the start of the next put twice ``limit`` into one span of a window.)
+
+The price of burst 1: the limit is reached only as closely as the claimers are punctual. A
+start that comes after its time pushes every later one back (a later one may not make up for
+it: that would put two starts less than ``T`` apart), so the long-run rate is the limit less
+the claims' lateness - a worker's sleep and round trip, a fraction of a ms, which is a few per
+cent of ``T`` at ``100/s`` and a good share of it at ``1000/s`` (``bench/results/issue50``:
+0.93x and 0.78x the limit with 3 local worker processes on a busy machine). A burst takes the
+lateness up: with ``burst=b`` a start up to ``(b - 1) * T`` late is made up by the next (1.00x
+at ``1000/s`` with a burst of 10, 1,009 starts in the busiest second). And since a claim takes
+one job per ``T`` (the tolerance's more), a burst-1 limit above what one-at-a-time claims reach
+(thousands per second per worker) holds the queue below it: give such a limit a burst of about
+a claim's batch. While several workers wait on one limit, each claims once per ``T`` and one
+of them wins (about ``workers`` claims per start).
 
 What counts as a start: a job handed out by a claim - whether a runner starts it at once or
 it waits in a worker's local buffer; a job given back unstarted (a stopping worker) or
 claimed again after its lease expired counts again. So the limit is never exceeded, and a
-stop can cost a little of a window's allowance.
+stop can cost a little of the allowance.
 
-Why a fixed window: it holds the count exactly for every window (what a vendor's "N per
-second" quota counts), costs one small hash per queue that deletes itself, and two commands
-per claim. Its known edge: a burst at the end of one window and one at the start of the next
-can put up to twice ``limit`` into a span of one window that straddles the boundary; a
-smaller window (``"10/100ms"`` rather than ``"100/s"``) spreads the starts when that matters.
+:meth:`~echomq_core.EchoMQ.rate_limit` reads it back as a :class:`RateLimit`: the limit, the
+burst, ``used`` (the starts booked ahead of the server's clock: ``ceil((TAT - now) / T)``;
+``ready`` more may start now, ``burst - used``), ``next_in`` (seconds until the next start
+conforms: 0.0 when one may start now) and ``resets_in`` (seconds until nothing is booked and
+the whole burst is ready: ``TAT - now``).
 
 Over a sharded queue (:mod:`echomq_core.flows.sharding`) the limit is split, as a flow's cap is:
 each shard's ``rate`` holds its share (``limit // K``, the remainder one each to the first
-shards) and its own claims count its own window, so the shards' starts in a window add up to
-at most ``limit`` with every claim still one single-slot script and no exchange between
-shards; shard 0 keeps the whole limit in ``rate_total`` for reads. The price is skew: a shard
-cannot borrow another's unused share, so when the load sits on some shards only (the others
-drained, or ids that happen to hash together) the queue starts fewer than ``limit`` per
-window - at worst one share. Ids spread by CRC-32, so a bulk load keeps the shards within a few
-per cent of each other until its tail. A limit below K is refused (a shard with a share of 0
-would never start its jobs): give it over a longer window (``10/10s`` rather than ``1/s``).
-On a Cluster each master's clock aligns its shards' windows, so the bound holds per server
-window; clocks apart by ``d`` can let one window of another clock see up to ``limit`` plus the
-starts of ``d``.
+shards; the burst alike, at least 1 each) and its own claims keep its own TAT at ``T = window
+/ share``, so the shards' starts in any span of a window add up to at most ``limit`` (``+
+burst - 1`` with a burst) with every claim still one single-slot script and no exchange
+between shards; shard 0 keeps the whole limit in ``rate_total`` for reads. The price is skew:
+a shard cannot borrow another's unused share, so when the load sits on some shards only (the
+others drained, or ids that happen to hash together) the queue starts fewer than ``limit``
+per window - at worst one share. Ids spread by CRC-32, so a bulk load keeps the shards within
+a few per cent of each other until its tail. A limit below K is refused (a shard with a share
+of 0 would never start its jobs): give it over a longer window (``10/10s`` rather than
+``1/s``). On a Cluster each master's clock times its shards' starts; the spacing holds per
+shard whatever the clocks, so the bound holds as stated.
 
 Not done: a limit per key (per tenant) within one queue - use one queue per key.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,8 +112,8 @@ _SHORT = {1: "ms", 1000: "s", 60_000: "min", 3_600_000: "h", 86_400_000: "d"}
 
 class Claimed(list[Job]):
     """The jobs a claim leased (a list), and ``opens_in``: seconds until the queue's rate
-    window opens again when this claim spent it (or found it spent), else 0.0. A worker does
-    not claim from the queue again before then."""
+    limit lets the next start through when none more conforms now (after this claim, or
+    found so before it), else 0.0. A worker does not claim from the queue again before then."""
 
     __slots__ = ("opens_in",)
 
@@ -96,14 +124,20 @@ class Claimed(list[Job]):
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """A queue's rate limit and its current window: ``limit`` starts per ``window_ms``;
-    ``used`` starts so far in the current window, which ends in ``resets_in`` seconds (0 and
-    0.0 when no window is open)."""
+    """A queue's rate limit and where its starts stand: ``limit`` starts per ``window_ms``,
+    spread evenly (one per ``window_ms / limit``), up to ``burst`` at once after a pause.
+    Read from the server (:meth:`~echomq_core.EchoMQ.rate_limit`): ``used``, the starts booked
+    ahead of the server's clock (``ceil((TAT - now) / T)``, 0 when idle; the whole burst is
+    free again ``resets_in`` seconds from the read, when nothing is booked); ``next_in``,
+    seconds until the next start is allowed (0.0: one may start now). See
+    :mod:`echomq_core.control.rates`."""
 
     limit: int
     window_ms: int
     used: int = 0
     resets_in: float = 0.0
+    burst: int = 1
+    next_in: float = 0.0
 
     @property
     def window(self) -> float:
@@ -111,8 +145,18 @@ class RateLimit:
         return self.window_ms / 1000
 
     @property
+    def interval(self) -> float:
+        """The emission interval in seconds: how far apart starts come at the limit."""
+        return self.window_ms / 1000 / self.limit
+
+    @property
+    def ready(self) -> int:
+        """How many may start now (``burst - used``, at least 0)."""
+        return max(0, self.burst - self.used)
+
+    @property
     def text(self) -> str:
-        """The limit as ``set_rate_limit`` takes it: ``100/s``, ``5/500ms``."""
+        """The limit as ``set_rate_limit`` takes it: ``100/s``, ``5/500ms`` (the burst apart)."""
         for ms in sorted(_SHORT, reverse=True):
             if self.window_ms % ms == 0:
                 n = self.window_ms // ms
@@ -120,7 +164,23 @@ class RateLimit:
         raise AssertionError("1 ms divides every window")  # pragma: no cover
 
     def __str__(self) -> str:
-        return self.text
+        return self.text if self.burst == 1 else f"{self.text} burst {self.burst}"
+
+    @classmethod
+    def booked(cls, field: Any, backlog_us: int) -> RateLimit:
+        """The reading of one queue: its ``rate`` field and ``TAT - now`` in µs, as the rate
+        script returns them."""
+        limit, window, burst = _fields(field)
+        period = window * 1000 / limit
+        used = max(0, math.ceil(backlog_us / period - 1e-9))
+        next_in = max(0.0, backlog_us - (burst - 1) * period) / 1e6
+        return cls(limit, window, used, backlog_us / 1e6, burst, next_in)
+
+
+def _fields(value: Any) -> tuple[int, int, int]:
+    """``(limit, window ms, burst)`` of a stored ``rate`` field (no burst: 1)."""
+    parts = [int(x) for x in _s(value).split()]
+    return parts[0], parts[1], parts[2] if len(parts) > 2 else 1
 
 
 def parse_rate(value: Any) -> tuple[int, int] | None:
@@ -157,13 +217,33 @@ def parse_rate(value: Any) -> tuple[int, int] | None:
     return limit, window
 
 
-def stored(rate: Any, total: Any) -> tuple[int, int] | None:
-    """``(limit, window ms)`` of a queue's limit from its ``config`` fields :data:`FIELD` and
-    :data:`TOTAL` (a sharded queue's whole limit, else its own); None when it has none."""
+def parse_burst(burst: Any, parsed: tuple[int, int] | None) -> int:
+    """The burst of a limit ``parsed`` (:func:`parse_rate`): ``burst``, an int 1 ..
+    :data:`MAX_LIMIT`, or None for 1. Refused with :class:`InvalidArgument` otherwise, and for
+    a burst given with no limit."""
+    if burst is None:
+        return 1
+    if parsed is None:
+        raise InvalidArgument(f"burst={burst!r:.60} with no rate limit: a burst needs a rate")
+    if isinstance(burst, bool) or not isinstance(burst, int):
+        raise InvalidArgument(f"a burst is an int of 1 or more, got {burst!r:.60}")
+    if not 1 <= burst <= MAX_LIMIT:
+        raise InvalidArgument(f"invalid burst {burst}: it must be 1..{MAX_LIMIT:,}")
+    return burst
+
+
+def _text(limit: int, window: int, burst: int) -> str:
+    """A ``rate`` field's value (the burst only when above 1, as before bursts existed)."""
+    return f"{limit} {window}" if burst == 1 else f"{limit} {window} {burst}"
+
+
+def stored(rate: Any, total: Any) -> tuple[int, int, int] | None:
+    """``(limit, window ms, burst)`` of a queue's limit from its ``config`` fields
+    :data:`FIELD` and :data:`TOTAL` (a sharded queue's whole limit, else its own); None when it
+    has none."""
     if rate is None:
         return None
-    limit, window = (int(x) for x in _s(total if total is not None else rate).split())
-    return limit, window
+    return _fields(total if total is not None else rate)
 
 
 def shares(limit: int, count: int) -> list[int]:
@@ -173,16 +253,17 @@ def shares(limit: int, count: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(count)]
 
 
-def writes(ks: Keyspace, shards: Sequence[str], parsed: tuple[int, int] | None) -> list[Call]:
-    """The commands that store ``parsed`` (``(limit, window ms)``, None: no limit) over the
-    physical queues ``shards`` of one queue (``shards[0]`` its own name). Refused with
-    :class:`InvalidArgument`, before anything is written, for a limit below the shard count."""
+def writes(ks: Keyspace, shards: Sequence[str], parsed: tuple[int, int, int] | None) -> list[Call]:
+    """The commands that store ``parsed`` (``(limit, window ms, burst)``, None: no limit) over
+    the physical queues ``shards`` of one queue (``shards[0]`` its own name). Refused with
+    :class:`InvalidArgument`, before anything is written, for a limit below the shard count.
+    Each shard gets its share of the limit and of the burst (at least 1)."""
     configs = [ks.config(q) for q in shards]
     if parsed is None:
         return [Call.cmd("HDEL", c, FIELD, TOTAL) for c in configs]
-    limit, window = parsed
+    limit, window, burst = parsed
     if len(shards) == 1:
-        return [Call.cmd("HSET", configs[0], FIELD, f"{limit} {window}"),
+        return [Call.cmd("HSET", configs[0], FIELD, _text(limit, window, burst)),
                 Call.cmd("HDEL", configs[0], TOTAL)]  # fmt: skip
     if limit < len(shards):
         text = RateLimit(limit, window).text
@@ -192,40 +273,63 @@ def writes(ks: Keyspace, shards: Sequence[str], parsed: tuple[int, int] | None) 
             f"give it over a longer window (e.g. {limit * len(shards)}/"
             f"{RateLimit(1, window * len(shards)).text[2:]})"
         )
-    out = [
-        Call.cmd("HSET", c, FIELD, f"{share} {window}")
-        for c, share in zip(configs, shares(limit, len(shards)), strict=True)
-    ]
-    return [*out, Call.cmd("HSET", configs[0], TOTAL, f"{limit} {window}")]
+    parts = zip(configs, shares(limit, len(shards)), shares(burst, len(shards)), strict=True)
+    out = [Call.cmd("HSET", c, FIELD, _text(share, window, max(1, b))) for c, share, b in parts]
+    return [*out, Call.cmd("HSET", configs[0], TOTAL, _text(limit, window, burst))]
 
 
-def set_rate(ks: Keyspace, queue: str, value: Any, shards: Sequence[str] | None = None) -> Op[None]:
-    """Store ``value`` (checked first: nothing is written for a bad one) as ``queue``'s rate
-    limit, or remove it (None); the queue is registered with it. ``shards``: the queue's
-    physical queues when it is sharded (each gets its share, :func:`writes`). Takes effect at
-    the next claim of every worker; a worker sleeping on a spent window sees it when it wakes
-    (at the window's end, or within :data:`~echomq_core.work.running.RATE_RECHECK`). Over shards
-    the shares are written in one step (one pipeline per node), not atomically: a claim in
-    between may count under one shard's old share and another's new one."""
-    calls = writes(ks, shards or [queue], parse_rate(value))
+def set_rate(
+    ks: Keyspace,
+    queue: str,
+    value: Any,
+    shards: Sequence[str] | None = None,
+    burst: Any = None,
+) -> Op[None]:
+    """Store ``value`` (checked first, and ``burst`` with it: nothing is written for a bad
+    one) as ``queue``'s rate limit, or remove it (None); the queue is registered with it.
+    ``burst``: how many may start at once after a pause (None: 1; a :class:`RateLimit` given
+    as ``value`` brings its own). ``shards``: the queue's physical queues when it is sharded
+    (each gets its share, :func:`writes`). Takes effect at the next claim of every worker; a
+    worker sleeping on the limit sees it when it wakes (at the next allowed start, or within
+    :data:`~echomq_core.work.running.RATE_RECHECK`). Over shards the shares are written in one
+    step (one pipeline per node), not atomically: a claim in between may run under one shard's
+    old share and another's new one."""
+    if burst is None and isinstance(value, RateLimit):
+        burst = value.burst
+    parsed = parse_rate(value)
+    burst = parse_burst(burst, parsed)
+    calls = writes(ks, shards or [queue], None if parsed is None else (*parsed, burst))
     # the queue joins the registry with its first setting, so `queue stats` lists it
     yield [*calls, Call.cmd("SADD", ks.queues(), queue)]
 
 
 def get_rate(ks: Keyspace, queue: str, shards: Sequence[str] | None = None) -> Op[RateLimit | None]:
-    """``queue``'s rate limit and its current window (one script per physical queue, on its
-    slot, whose clock decides the windows; one step); None when the queue has no limit. Over
-    shards: the whole limit, the starts of every shard's window summed, the latest reset."""
+    """``queue``'s rate limit and what its starts have booked (one script per physical queue,
+    on its slot, whose clock times the starts; one step); None when the queue has no limit.
+    Over shards: the whole limit and burst, the booked starts summed, the soonest next start,
+    the latest reset."""
     names = list(shards or [queue])
-    calls = [Call.lua("rate", [ks.config(q), ks.rate_window(q)], []) for q in names]
+    calls = [Call.lua("rate", [ks.config(q), ks.rate_tat(q)], []) for q in names]
     if len(names) > 1:
         calls.append(Call.cmd("HGET", ks.config(names[0]), TOTAL))
     replies = yield calls
-    readings = [r for r in replies[: len(names)] if r]
+    readings = [RateLimit.booked(r[0], int(r[1])) for r in replies[: len(names)] if r]
     if not readings:
         return None
-    limit, window = (int(x) for x in _s(readings[0][0]).split())
-    if len(names) > 1 and replies[-1] is not None:
-        limit, window = (int(x) for x in _s(replies[-1]).split())
-    used = sum(int(r[1]) for r in readings)
-    return RateLimit(limit, window, used, max(int(r[2]) for r in readings) / 1000)
+    if len(names) == 1:
+        return readings[0]
+    total = replies[-1] if replies[-1] is not None else replies[0][0]
+    return summed(readings, RateLimit.booked(total, 0))
+
+
+def summed(parts: Sequence[RateLimit], whole: RateLimit) -> RateLimit:
+    """The reading of a sharded queue: ``whole``'s limit, window and burst, the ``used`` of
+    ``parts`` (its shards) summed, the soonest ``next_in`` and the latest ``resets_in``."""
+    return RateLimit(
+        whole.limit,
+        whole.window_ms,
+        sum(p.used for p in parts),
+        max(p.resets_in for p in parts),
+        whole.burst,
+        min(p.next_in for p in parts),
+    )

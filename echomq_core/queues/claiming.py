@@ -35,9 +35,10 @@ def claim_call(
 
 
 def claimed_ids(reply: Sequence[Any]) -> tuple[float, list[str]]:
-    """What a ``claim`` call replied: the seconds until the rate window opens (0.0: it is
-    open), and the ids leased, in claim order."""
-    return int(reply[0]) / 1000, [i.decode() if type(i) is bytes else _s(i) for i in reply[1:]]
+    """What a ``claim`` call replied: the seconds until the queue's rate limit lets the next
+    start through (0.0: one may start now; the script says it in µs), and the ids leased, in
+    claim order."""
+    return int(reply[0]) / 1e6, [i.decode() if type(i) is bytes else _s(i) for i in reply[1:]]
 
 
 def claim_ahead(

@@ -8,7 +8,8 @@ Two sources, two kinds of metric:
 
 * **The server** (:class:`QueueCollector`, behind ``echomq dashboard``'s ``/metrics``): gauges
   read at scrape time - jobs per queue and state, outbox and poison lengths, root flows per
-  state, the Pump's lag, a rate-limited queue's limit and current window, and the flow
+  state, the Pump's lag, a rate-limited queue's limit and how far ahead its starts are booked,
+  and the flow
   controls of up to :data:`FLOW_GAUGES` held root flows per queue (:func:`read_controls`:
   three round trips, bounded by that number), the age of each queue's oldest pending job
   (:func:`~echomq_core.seeing.browse.oldest_pending`: two round trips, two commands per queue and
@@ -16,7 +17,7 @@ Two sources, two kinds of metric:
   two round trips, one HMGET per live worker, at most 1,000) and the build's version. The
   queues: one pipelined read per scrape,
   :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET, each O(1) or
-  O(log n)) plus one SMEMBERS for the
+  O(log n); a rate-limited queue's TIME and GET more) plus one SMEMBERS for the
   registry - whatever the number of jobs, so a queue of 10 jobs and one of 10,000,000 cost the
   same (tests/seeing/test_metrics.py counts them with ``INFO commandstats``).
 * **A worker or a Pump process** (:class:`~echomq_core.seeing.process_metrics.ProcessMetrics`,
@@ -59,10 +60,12 @@ if TYPE_CHECKING:
 #: The job states counted per queue (the zsets of the keyspace).
 JOB_STATES = reads.STATS[:5]  # then outbox and poison: reads.stat_calls reads all seven
 #: Commands one scrape sends per queue: 5 job-state ZCARDs, outbox and poison LLEN, the
-#: outbox head (LINDEX 0), 5 flow-index ZCARDs, and the rate limit with its current window's
-#: count (two HGETs: the window's key expires when the window ends, so a count read is the
-#: current window's).
+#: outbox head (LINDEX 0), 5 flow-index ZCARDs, and the rate script (its EVALSHA and its HGET
+#: of the limit; a rate-limited queue's TIME and GET of its TAT more: booked is measured on the
+#: server's clock, so it is read on the queue's slot).
 COMMANDS_PER_QUEUE = len(JOB_STATES) + 3 + len(FLOW_INDEXES) + 2
+#: Replies of one queue's read: the rate script is one call of its two commands.
+_REPLIES_PER_QUEUE = COMMANDS_PER_QUEUE - 1
 #: The most held root flows per queue whose flow controls (``max_running``, ``min_success``)
 #: a scrape reports - the newest; a gauge per flow, so the number of series stays bounded.
 FLOW_GAUGES = 20
@@ -83,12 +86,13 @@ class QueueReading:
     poison: int
     flows: dict[str, int]
     head_age: float = 0.0  # seconds the current outbox head has been seen there
-    rate: RateLimit | None = None  # the queue's rate limit; ``used``: starts in this window
+    rate: RateLimit | None = None  # the queue's rate limit and what its starts booked
 
     @property
     def rate_text(self) -> str:
-        """``used / limit`` of the current window (``37 / 100/s``), or '' without a limit."""
-        return f"{self.rate.used:,} / {self.rate.text}" if self.rate else ""
+        """The limit and how many may start now (``100/s, 1 ready``, ``100/s burst 20, 12
+        ready``), or '' without a limit."""
+        return f"{self.rate}, {self.rate.ready:,} ready" if self.rate else ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,21 +115,17 @@ def read_queues(ks: Keyspace, queues: Sequence[str]) -> Op[list[tuple[QueueReadi
             *reads.stat_calls(ks, q),
             Call.cmd("LINDEX", ks.outbox(q), 0),
             *(Call.cmd("ZCARD", ks.flows(q, state)) for state in FLOW_INDEXES),
-            Call.cmd("HGET", ks.config(q), rates.FIELD),
-            Call.cmd("HGET", ks.rate_window(q), "count"),
+            Call.lua("rate", [ks.config(q), ks.rate_tat(q)], []),
         ]
     if not calls:
         return []
     replies = yield calls
     out = []
     for i, q in enumerate(queues):
-        r = replies[i * COMMANDS_PER_QUEUE : (i + 1) * COMMANDS_PER_QUEUE]
+        r = replies[i * _REPLIES_PER_QUEUE : (i + 1) * _REPLIES_PER_QUEUE]
         jobs = {state: int(n) for state, n in zip(JOB_STATES, r[:5], strict=True)}
-        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:-2], strict=True)}
-        rate = None
-        if r[-2]:
-            limit, window = (int(x) for x in _s(r[-2]).split())
-            rate = RateLimit(limit, window, int(r[-1] or 0))
+        flows = {state: int(n) for state, n in zip(FLOW_INDEXES, r[8:-1], strict=True)}
+        rate = RateLimit.booked(r[-1][0], int(r[-1][1])) if r[-1] else None
         reading = QueueReading(q, jobs, int(r[5]), int(r[6]), flows, rate=rate)
         out.append((reading, bytes(r[7] or b"")))
     return out
@@ -159,7 +159,8 @@ def _rate_summed(parts: list[RateLimit | None]) -> RateLimit | None:
     found = [r for r in parts if r is not None]
     if not found:
         return None
-    return RateLimit(sum(r.limit for r in found), found[0].window_ms, sum(r.used for r in found))
+    limit, burst = sum(r.limit for r in found), sum(r.burst for r in found)
+    return rates.summed(found, RateLimit(limit, found[0].window_ms, burst=burst))
 
 
 @dataclass(slots=True)
@@ -374,15 +375,17 @@ class QueueCollector(Collector):
             "The queue's rate limit in job starts per second (queues with a limit only)",
             "queue",
         )
-        window = _gauge(
-            "echomq_queue_rate_window_starts",
-            "Job starts counted in the queue's current rate window (queues with a limit only)",
+        booked = _gauge(
+            "echomq_queue_rate_booked_seconds",
+            "How far ahead of the server's clock the queue's starts are booked by its rate "
+            "limit (TAT - now: 0 when idle, its whole burst may start; up to burst x interval "
+            "when busy; queues with a limit only)",
             "queue",
         )
         for r in readings:
             if r.rate is not None:
                 limit.add_metric([r.queue], r.rate.limit * 1000 / r.rate.window_ms)
-                window.add_metric([r.queue], r.rate.used)
+                booked.add_metric([r.queue], r.rate.resets_in)
             for state, n in r.jobs.items():
                 jobs.add_metric([r.queue, state], n)
             outbox.add_metric([r.queue], r.outbox)
@@ -394,7 +397,7 @@ class QueueCollector(Collector):
         yield from self._latency_and_workers([r.queue for r in readings])
         took = _gauge("echomq_scrape_duration_seconds", "How long the last read of the server took")
         took.add_metric([], time.perf_counter() - started)
-        yield from (up, jobs, outbox, poison, flows, lag, limit, window, took)
+        yield from (up, jobs, outbox, poison, flows, lag, limit, booked, took)
 
 
 __all__ = [

@@ -88,13 +88,15 @@ key                       type    holds
                                   the flow (forget.lua)
 ``config``                hash    this queue's retention settings (ages in ms, counts); absent
                                   fields take the defaults of :mod:`echomq_core.flows.retention`;
-                                  and its rate limit (``rate``: ``<limit> <window ms>``,
-                                  :mod:`echomq_core.control.rates`); a sharded queue's shard names
-                                  (``shards``, :mod:`echomq_core.flows.sharding`: shard i > 0 is the
-                                  queue ``<q>+s<i>.<n>``, a queue like any other)
-``rate:window``           hash    the current rate window's start (ms) and count of starts;
-                                  written by claims of a rate-limited queue, expires by itself
-                                  when its window ends
+                                  and its rate limit (``rate``: ``<limit> <window ms>``, and
+                                  `` <burst>`` above 1, :mod:`echomq_core.control.rates`); a
+                                  sharded queue's shard names (``shards``,
+                                  :mod:`echomq_core.flows.sharding`: shard i > 0 is the queue
+                                  ``<q>+s<i>.<n>``, a queue like any other)
+``rate:tat``              string  the rate limit's theoretical arrival time (GCRA, µs on the
+                                  server's clock); written by claims of a rate-limited queue
+                                  (claim.lua, its owner), expires by itself at that time, when
+                                  it no longer holds a start back
 ``fair``                  hash    turns between fairness groups (lua/includes/fair.lua):
                                   ``max`` (the highest tag given) and ``g:<group>`` (the tag
                                   of the group's last job); written by adds of grouped jobs
@@ -283,7 +285,7 @@ def _queue_keys(prefix: str, queue: str) -> tuple[str, ...]:
 @lru_cache(maxsize=4096)
 def _claim_keys(prefix: str, queue: str) -> tuple[str, ...]:
     base = f"{prefix}:{{{check_queue(queue)}}}:"
-    return (*_queue_keys(prefix, queue), base + "config", base + "rate:window")
+    return (*_queue_keys(prefix, queue), base + "config", base + "rate:tat")
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,8 +389,9 @@ class Keyspace:
         """The queue's fairness tags: turns between groups (lua/includes/fair.lua)."""
         return self.base(queue) + "fair"
 
-    def rate_window(self, queue: str) -> str:
-        return self.base(queue) + "rate:window"
+    def rate_tat(self, queue: str) -> str:
+        """The queue's rate limit's theoretical arrival time (claim.lua)."""
+        return self.base(queue) + "rate:tat"
 
     def minutes(self, queue: str) -> str:
         """The queue's per-minute tallies of completed and failed attempts (includes/tally.lua)."""
@@ -403,7 +406,7 @@ class Keyspace:
         return f"{self.prefix}:worker:{worker_id}"
 
     def claim_keys(self, queue: str) -> tuple[str, ...]:
-        """The keys of a claim: :meth:`queue_keys`, ``config`` and ``rate:window`` (cached)."""
+        """The keys of a claim: :meth:`queue_keys`, ``config`` and ``rate:tat`` (cached)."""
         return _claim_keys(self.prefix, queue)
 
     # -- per job --------------------------------------------------------------------------

@@ -52,18 +52,19 @@ SMOOTHING = 0.3
 #: GIL late (a runner busy on no-op jobs keeps it up to the 5 ms switch interval) does not
 #: stall the claims too.
 BEHIND = 4
-#: The longest an idle fetcher sleeps on a spent rate window before it claims again (s): the
-#: window's own end comes first for short windows; for long ones (``/min``, ``/h``) this bounds
+#: The longest an idle fetcher sleeps on a rate limit before it claims again (s): the next
+#: allowed start comes first for fast limits; for slow ones (``/min``, ``/h``) this bounds
 #: how late a removed or raised limit is seen. One claim per this, per queue: no spinning.
 RATE_RECHECK = 5.0
 
 
 class RateWindows:
-    """The queues a fetcher must not claim from yet: their rate window is spent (a claim said
-    so, :class:`~echomq_core.control.rates.Claimed`), until when (monotonic). The fetcher skips
-    them, and its idle wait neither blocks on their wake-up hints (a hint taken there would be one
-    another worker could use now, and is no use before the window opens) nor lasts past the
-    first opening: an idle worker sleeps until the window opens instead of polling."""
+    """The queues a fetcher must not claim from yet: their rate limit lets no start through
+    before a time a claim said (:class:`~echomq_core.control.rates.Claimed`), until when
+    (monotonic). The fetcher skips them, and its idle wait neither blocks on their wake-up
+    hints (a hint taken there would be one another worker could use now, and is no use before
+    then) nor lasts past the first such time: an idle worker sleeps until then instead of
+    polling. (The name is from the fixed windows the limit once counted.)"""
 
     def __init__(self) -> None:
         self.until: dict[str, float] = {}

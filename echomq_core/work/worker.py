@@ -91,10 +91,11 @@ class Worker(ThreadRunners):
       on different slots (a sharded queue's shards) blocks on each slot's hint, one waiter
       thread per slot (:class:`~echomq_core.queues.hints.HintWatch`). A sharded queue's handler
       serves every shard, claimed in turn. A
-      queue whose rate window is spent (:meth:`EchoMQ.set_rate_limit
+      queue whose rate limit lets no start through yet (:meth:`EchoMQ.set_rate_limit
       <echomq_core.EchoMQ.set_rate_limit>`) is not claimed from, nor its hint waited on,
-      until the claim's reported opening; with every queue spent the fetcher sleeps until the
-      first opens. Jobs in the local buffer were claimed: they count as starts.
+      until the claim's reported time of the next start; with every queue held so the
+      fetcher sleeps until the first of them. Jobs in the local buffer were claimed: they
+      count as starts.
     * ``grace`` (30 s): how long a graceful stop waits for running handlers.
     * ``timeout`` (None): the default handler time limit in seconds for every queue; a queue's
       own (``queue_options``) and a job's own win. None: no limit.

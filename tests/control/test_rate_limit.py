@@ -2,15 +2,18 @@
 script on the queue's slot, honoured by plain claims and by every worker - threads, asyncio and
 processes - standalone and on a Cluster.
 
-How starts are measured independently of the script's own counter: a claim scores each job in
-``active`` at (server time of the claim + lease), and the handlers here read that score back
-(lease 60 s: no heartbeat has moved it yet), so every start's server-side claim time is known
-and the starts per window are counted from it.
+How starts are measured independently of the script's own state (its TAT): a claim scores each
+job in ``active`` at (server time of the claim + lease), and the tests here read that score
+back (lease 60 s: no heartbeat has moved it yet), so every start's claim time on the server's
+clock is known - to the ms, floored; starts at least T apart stay at least T apart floored, so
+no span of the window holds more in ms than in µs - and the starts in every sliding span of the
+window are counted from it (:func:`most_in_a_window`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -57,20 +60,26 @@ def unextended(worker: Worker | AsyncWorker) -> None:
     worker.recheck = float("inf")
 
 
-def fresh_window(mq: EchoMQ, queue: str, margin: float) -> None:
-    """Wait (bounded) until ``queue``'s current window has at least ``margin`` s left, so the
-    claims of a test fall in one window. Windows are aligned to the server's clock (a 1-day
-    window ends at 00:00 UTC): when less than ``margin`` is left the next window is waited
-    for, so the bound is ``margin`` plus slack (CI at 23:5x UTC once waited 60 s in vain for
-    600 s of a day's window)."""
+def most_in_a_window(times: list[int], window_ms: int) -> int:
+    """The most starts (ms) in any span ``[t, t + window_ms)``, wherever it starts: the sliding
+    count a vendor's "N per window" sees (a span that holds the most starts can be moved to
+    begin at one of them)."""
+    times = sorted(times)
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= window_ms:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
-    def roomy() -> bool:
-        rate = mq.rate_limit(queue)
-        assert rate is not None
-        left = rate.window - (time_ms(mq) % rate.window_ms) / 1000
-        return left >= margin
 
-    eventually(roomy, margin + 30, f"a window with {margin} s left")
+def test_most_in_a_window_slides() -> None:
+    assert most_in_a_window([], 100) == 0
+    assert most_in_a_window([0, 99, 100, 199], 100) == 2
+    assert most_in_a_window([10, 20, 150, 160], 100) == 2
+    # two fixed windows of 2 each, but 4 in the span that straddles their boundary
+    assert most_in_a_window([80, 90, 110, 120], 100) == 4
+    assert most_in_a_window([0, 100, 200], 100) == 1
 
 
 def time_ms(mq: EchoMQ) -> int:
@@ -110,6 +119,41 @@ def test_rate_limit_round_trip(mq: EchoMQ) -> None:
     mq.set_rate_limit("api", None)
     assert mq.rate_limit("api") is None
     assert mq.retention("api")["completed_age"] == 30
+
+
+def test_a_burst_is_stored_with_the_rate(mq: EchoMQ) -> None:
+    mq.set_rate_limit("api", "100/s", burst=20)
+    assert cmd(mq, "HGET", mq.keys.config("api"), "rate") == b"100 1000 20"
+    rate = mq.rate_limit("api")
+    assert rate is not None and (rate.limit, rate.burst, rate.used, rate.ready) == (100, 20, 0, 20)
+    assert str(rate) == "100/s burst 20" and rate.text == "100/s" and rate.next_in == 0.0
+    mq.set_rate_limit("api", "100/s")  # no burst: 1, stored as before bursts existed
+    assert cmd(mq, "HGET", mq.keys.config("api"), "rate") == b"100 1000"
+    rate = mq.rate_limit("api")
+    assert rate is not None and rate.burst == 1 and str(rate) == "100/s"
+    mq.set_rate_limit("api", RateLimit(9, 2000, burst=3))  # a reading brings its burst
+    assert str(mq.rate_limit("api")) == "9/2s burst 3"
+    mq.set_rate_limit("api", RateLimit(9, 2000, burst=3), burst=1)
+    assert str(mq.rate_limit("api")) == "9/2s"
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "why"),
+    [("10/s", 0, "1.."), ("10/s", -3, "1.."), ("10/s", 1.5, "an int"), ("10/s", "3", "an int"),
+     ("10/s", True, "an int"), ("10/s", 10**9 + 1, "1.."), (None, 5, "needs a rate"),
+     ("none", 1, "needs a rate"), ("10/s", 2.0, "an int")],
+)  # fmt: skip
+def test_bad_bursts_are_refused_and_nothing_is_written(
+    mq: EchoMQ, rate: Any, burst: Any, why: str
+) -> None:
+    mq.set_rate_limit("api", "10/s", burst=2)
+    before = cmd(mq, "HGETALL", mq.keys.config("api"))
+    with pytest.raises(InvalidArgument, match=why):
+        mq.set_rate_limit("api", rate, burst=burst)
+    assert cmd(mq, "HGETALL", mq.keys.config("api")) == before
+    with pytest.raises(InvalidArgument):
+        mq.set_rate_limit("fresh", rate, burst=burst)
+    assert "fresh" not in mq.queues()
 
 
 @pytest.mark.parametrize(
@@ -152,67 +196,69 @@ def test_async_twins(backend: Backend, prefix: str) -> None:
     first, after, got = asyncio.run(main())
     assert first is not None and (first.limit, first.window_ms) == (4, 86_400_000)
     assert after is None
-    assert 1 <= got <= 4  # at most the window's allowance (4 unless a day turned meanwhile)
+    assert got == 1  # burst 1: one start now, the next a quarter of a day later
 
 
 # -- the claim ---------------------------------------------------------------------------------
 
 
-def test_claim_takes_at_most_the_window_and_says_when_it_opens(mq: EchoMQ) -> None:
+def test_a_claim_takes_one_start_and_says_when_the_next_conforms(mq: EchoMQ) -> None:
     q = mq.queue("api", lease=LEASE)
     q.add_bulk(range(30))
-    mq.set_rate_limit("api", "3/1h")
-    fresh_window(mq, "api", 60)
+    mq.set_rate_limit("api", "3/1h")  # one start per 20 minutes
     cmd(mq, "DEL", mq.keys.wake("api"))
     first = q.claim(3)
-    assert len(first) == 3
-    # the batch was full and jobs are left, but the window is spent: no wake-up passed on
+    assert len(first) == 1
+    # the batch was cut short by the rate: no wake-up passed on
     assert cmd(mq, "ZCARD", mq.keys.wake("api")) == 0
-    assert 60 <= first.opens_in <= 3600
+    assert 1190 <= first.opens_in <= 1200
     again = q.claim(10)
-    assert list(again) == [] and 60 <= again.opens_in <= first.opens_in
+    assert list(again) == [] and 1190 <= again.opens_in <= first.opens_in
     rate = mq.rate_limit("api")
-    assert rate is not None and rate.used == 3 and 0 < rate.resets_in <= first.opens_in
-    assert q.stats()["pending"] == 27
-    mq.set_rate_limit("api", "5/1h")  # raised: the same window has two more
-    more = q.claim(10)
-    assert len(more) == 2 and more.opens_in > 0
-    window = 3_600_000
-    starts = {claimed_at(mq, j) // window for j in [*first, *more]}
-    assert len(starts) == 1  # one window, on the server's clock
+    assert rate is not None and (rate.used, rate.ready) == (1, 0)
+    assert 1190 <= rate.next_in <= again.opens_in and rate.resets_in == rate.next_in
+    assert q.stats()["pending"] == 29
+    mq.set_rate_limit("api", "3600/1h")  # raised: the next start comes one new interval on
+    raised = q.claim(10)
+    assert list(raised) == [] and 0 < raised.opens_in <= 1.0
     mq.set_rate_limit("api", None)  # removed: the claim is the plain one again
     rest = q.claim(10)
     assert len(rest) == 10 and rest.opens_in == 0.0
 
 
-def test_a_claim_takes_what_is_left_of_the_window(mq: EchoMQ) -> None:
+def test_a_burst_starts_at_once_then_the_interval_holds(mq: EchoMQ) -> None:
     q = mq.queue("api", lease=LEASE)
     q.add_bulk(range(20))
-    mq.set_rate_limit("api", "7/1h")
-    fresh_window(mq, "api", 60)
+    mq.set_rate_limit("api", "6/1h", burst=5)  # one start per 10 minutes, 5 at once
     a = q.claim(4)
-    assert len(a) == 4 and a.opens_in == 0.0  # allowance left: no wait
+    assert len(a) == 4 and a.opens_in == 0.0  # one more conforms now: no wait
+    rate = mq.rate_limit("api")
+    assert rate is not None and (rate.used, rate.ready, rate.next_in) == (4, 1, 0.0)
+    assert 2390 <= rate.resets_in <= 2400  # four intervals booked
     b = q.claim(10)
-    assert len(b) == 3 and b.opens_in > 0
-    assert len(q.claim(1)) == 0
+    assert len(b) == 1 and 590 <= b.opens_in <= 600  # the burst spent: one interval
+    c = q.claim(1)
+    assert len(c) == 0 and 0 < c.opens_in <= b.opens_in
+    assert len({claimed_at(mq, j) // 1000 for j in [*a, *b]}) <= 2  # all at once
 
 
-def test_the_window_opens_again_and_its_key_deletes_itself(mq: EchoMQ) -> None:
+def test_starts_are_an_interval_apart_and_the_key_deletes_itself(mq: EchoMQ) -> None:
     q = mq.queue("api", lease=LEASE)
     q.add_bulk(range(10))
-    mq.set_rate_limit("api", "2/200ms")
-    window_key = mq.keys.rate_window("api")
+    mq.set_rate_limit("api", "2/200ms")  # one start per 100 ms
+    tat_key = mq.keys.rate_tat("api")
     got = list(q.claim(5))
-    assert len(got) == 2
-    # it expires with its window: a TTL of at most the window, or gone already (-2) when the
-    # claim came at the window's very end on a loaded machine (never -1: no expiry)
-    ttl = cmd(mq, "PTTL", window_key)
-    assert ttl == -2 or 0 <= ttl <= 200, ttl
-    eventually(lambda: len(got) >= 6 or got.extend(q.claim(5)), 10, "three windows")
-    per_window = Counter(claimed_at(mq, j) // 200 for j in got)
-    assert max(per_window.values()) <= 2
-    assert len(per_window) >= 3
-    eventually(lambda: cmd(mq, "EXISTS", window_key) == 0, 5, "the window key to expire")
+    assert len(got) == 1
+    # it expires at the TAT: a TTL of at most one interval (+ 1: the TAT in µs rounded up to
+    # the ms, the TTL counted from the ms the claim fell in), or gone already (-2) when the
+    # claim was slow to return on a loaded machine (never -1: no expiry)
+    ttl = cmd(mq, "PTTL", tat_key)
+    assert ttl == -2 or 0 <= ttl <= 101, ttl
+    eventually(lambda: len(got) >= 6 or got.extend(q.claim(5)), 10, "six starts")
+    times = sorted(claimed_at(mq, j) for j in got)
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 100, times
+    assert most_in_a_window(times, 200) <= 2
+    eventually(lambda: cmd(mq, "EXISTS", tat_key) == 0, 5, "the TAT key to expire")
 
 
 def test_no_rate_writes_nothing_new(mq: EchoMQ) -> None:
@@ -220,8 +266,50 @@ def test_no_rate_writes_nothing_new(mq: EchoMQ) -> None:
     q.add_bulk(range(5))
     got = q.claim(2)
     assert len(got) == 2 and got.opens_in == 0.0
-    assert cmd(mq, "EXISTS", mq.keys.rate_window("plain")) == 0
+    assert cmd(mq, "EXISTS", mq.keys.rate_tat("plain")) == 0
     assert cmd(mq, "EXISTS", mq.keys.config("plain")) == 0
+
+
+@pytest.mark.parametrize("burst", [1, 5])
+def test_claimers_on_three_connections_hold_every_sliding_window(
+    backend: Backend, prefix: str, burst: int
+) -> None:
+    """Three threads, each on its own connection, claim from a 20 per 200 ms queue as fast as
+    they are let (sleeping only the ``opens_in`` a claim returns) until 200 jobs started: no
+    span of 200 ms, wherever it starts, holds more than 20 starts (+ burst - 1), by the
+    server's clock (each job's claim time, read from its score in ``active``). A fixed window
+    lets up to 40 into a span that straddles a boundary."""
+    limit, window_ms, total = 20, 200, 200
+    mq = backend.client(prefix)
+    mq.set_rate_limit("api", f"{limit}/{window_ms}ms", burst=burst)
+    mq.queue("api", lease=LEASE).add_bulk(range(total))
+    clients = [backend.client(prefix) for _ in range(3)]
+    claimed: list[Job] = []
+    lock = threading.Lock()
+
+    def claimer(c: EchoMQ) -> None:
+        q = c.queue("api", lease=LEASE)
+        while len(claimed) < total:
+            got = q.claim(5)
+            with lock:
+                claimed.extend(got)
+            time.sleep(got.opens_in)
+
+    threads = [threading.Thread(target=claimer, args=(c,), daemon=True) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in clients:
+        c.close()
+    assert len(claimed) == total and not any(t.is_alive() for t in threads)
+    times = [claimed_at(mq, j) for j in claimed]
+    most = most_in_a_window(times, window_ms)
+    assert most <= limit + burst - 1, most
+    if burst == 1:
+        ordered = sorted(times)
+        assert min(b - a for a, b in itertools.pairwise(ordered)) >= 10
+    mq.close()
 
 
 # -- workers -----------------------------------------------------------------------------------
@@ -287,10 +375,8 @@ def test_worker_threads_never_exceed_the_limit(backend: Backend, prefix: str) ->
         aio.join(30)
         for c in clients:
             c.close()
-    per_window = Counter(at // window_ms for at in seen)
     assert len(seen) == total
-    assert max(per_window.values()) <= limit, sorted(per_window.items())
-    assert len(per_window) >= total // limit
+    assert most_in_a_window(seen, window_ms) <= limit, sorted(seen)
     assert mq.queue("api").stats()["completed"] == total
     mq.close()
 
@@ -339,9 +425,8 @@ def test_worker_processes_never_exceed_the_limit(
 
     eventually(lambda: started() >= total, 60, lambda: f"{started()} of {total} started")
     seen = [int(x) for x in cmd(mq, "LRANGE", seen_key, 0, -1)]
-    per_window = Counter(at // window_ms for at in seen)
     assert len(seen) == total
-    assert max(per_window.values()) <= limit, sorted(per_window.items())
+    assert most_in_a_window(seen, window_ms) <= limit, sorted(seen)
     workers = {int(x) for x in cmd(mq, "SMEMBERS", f"{prefix}:test:pids")}
     assert len(workers) >= 2  # the fleet shared the window, not one process alone
     mq.close()
@@ -350,12 +435,11 @@ def test_worker_processes_never_exceed_the_limit(
 def test_an_idle_rate_limited_worker_does_not_spin(backend: Backend, prefix: str) -> None:
     """A worker serves a spent rate-limited queue and a free one. Jobs keep arriving in both
     (each add sets the limited queue's wake-up hint): the worker runs the free ones and makes
-    no claim on the limited queue until its window could have opened, nor takes its hint."""
+    no claim on the limited queue until its next start could conform, nor takes its hint."""
     mq = backend.client(prefix)
     limited, free = backend.queues_on_distinct_nodes(2, "spin") if backend.cluster else (
         "spin-limited", "spin-free")  # fmt: skip
     mq.set_rate_limit(limited, "1/1d")
-    fresh_window(mq, limited, 120)
     mq.queue(limited).add_bulk(range(3))
     done: list[str] = []
     worker = Worker(mq, {limited: lambda j: done.append(j.queue), free: lambda j: done.append(
@@ -371,7 +455,7 @@ def test_an_idle_rate_limited_worker_does_not_spin(backend: Backend, prefix: str
         queue.claim_op = counted  # type: ignore[method-assign]
     worker.start()
     try:
-        eventually(lambda: done.count(limited) == 1, 20, "the window's one start")
+        eventually(lambda: done.count(limited) == 1, 20, "the day's one start")
         began, before = time.monotonic(), claims[limited]
         for i in range(20):
             mq.queue(limited).add(i)  # sets the hint a spinning worker would take
@@ -394,7 +478,6 @@ def test_an_idle_rate_limited_async_worker_does_not_spin(backend: Backend, prefi
     limited, free = backend.queues_on_distinct_nodes(2, "aspin") if backend.cluster else (
         "aspin-limited", "aspin-free")  # fmt: skip
     mq.set_rate_limit(limited, "1/1d")
-    fresh_window(mq, limited, 120)
     mq.queue(limited).add_bulk(range(3))
 
     async def main() -> tuple[list[str], Counter[str], float, int]:
@@ -456,35 +539,48 @@ def test_cli_sets_shows_and_removes_the_rate(
     status, out, err = run_cli(backend, prefix, capsys, "queue", "config", "api", "--rate",
                                "100/s")  # fmt: skip
     assert (status, err) == (0, "")
-    assert out.splitlines()[-1] == (
-        "rate limit of 'api': 100/s; 0 of 100 started in this window (set)"
-    )
+    assert out.splitlines()[-1] == "rate limit of 'api': 100/s; 1 may start now (set)"
     rate = mq.rate_limit("api")
     assert rate is not None and (rate.limit, rate.window_ms) == (100, 1000)
     status, out, _ = run_cli(backend, prefix, capsys, "queue", "config", "api", "--rate",
                              "6000/min", "--json")  # fmt: skip
     doc = json.loads(out)
     assert doc["changed"] == ["rate"]
-    assert doc["rate"] == {"limit": 6000, "window_s": 60.0, "text": "6000/min", "used": 0,
+    assert doc["rate"] == {"limit": 6000, "window_s": 60.0, "text": "6000/min", "burst": 1,
+                           "used": 0, "ready": 1, "next_in_s": 0.0,
                            "resets_in_s": 0.0}  # fmt: skip
+    status, out, _ = run_cli(backend, prefix, capsys, "queue", "config", "api", "--rate",
+                             "6/h", "--burst", "4")  # fmt: skip
+    assert out.splitlines()[-1] == "rate limit of 'api': 6/h burst 4; 4 may start now (set)"
     q = mq.queue("api")
     q.add_bulk(range(5))
-    fresh_window(mq, "api", 5)
-    q.claim(3)
+    assert len(q.claim(4)) == 4
     status, out, _ = run_cli(backend, prefix, capsys, "queue", "stats", "api")
     line = out.splitlines()[-1]
-    assert line.startswith("rate limit of 'api': 6000/min; 3 of 6,000 started in this window")
+    assert line.startswith("rate limit of 'api': 6/h burst 4; 0 may start now (the next in 5")
     doc = json.loads(run_cli(backend, prefix, capsys, "queue", "stats", "--json")[1])
-    assert doc["api"]["rate"]["used"] == 3 and doc["api"]["rate"]["limit"] == 6000
+    assert doc["api"]["rate"]["used"] == 4 and doc["api"]["rate"]["ready"] == 0
+    assert 2390 <= doc["api"]["rate"]["resets_in_s"] <= 2400  # 4 intervals of 10 min booked
+    assert 590 <= doc["api"]["rate"]["next_in_s"] <= 600
+    for bad in ("0", "x", "-2", "1.5"):
+        status, _, err = run_cli(backend, prefix, capsys, "queue", "config", "api", "--rate",
+                                 "6/h", f"--burst={bad}")  # fmt: skip
+        assert status == 2 and "burst" in err, err
+    status, _, err = run_cli(backend, prefix, capsys, "queue", "config", "api", "--burst", "3")
+    assert status == 1 and "--burst goes with --rate" in err
+    status, _, err = run_cli(backend, prefix, capsys, "queue", "config", "api", "--rate",
+                             "none", "--burst", "3")  # fmt: skip
+    assert status != 0 and "needs a rate" in err
+    assert str(mq.rate_limit("api")) == "6/h burst 4"
     # bad input: a usage error naming the value, nothing written
     status, out, err = run_cli(backend, prefix, capsys, "queue", "config", "api", "--rate",
                                "100/fortnight")  # fmt: skip
     assert status == 2 and "'100/fortnight'" in err and "unknown unit" in err
-    assert str(mq.rate_limit("api")) == "6000/min"
+    assert str(mq.rate_limit("api")) == "6/h burst 4"
     for bad in ("0/s", "-3/min", "x/s"):
         status, _, err = run_cli(backend, prefix, capsys, "queue", "config", "api", f"--rate={bad}")
         assert status == 2 and repr(bad) in err
-    assert str(mq.rate_limit("api")) == "6000/min"
+    assert str(mq.rate_limit("api")) == "6/h burst 4"
     status, out, _ = run_cli(backend, prefix, capsys, "queue", "config", "api", "--rate", "none")
     assert out.splitlines()[-1] == "rate limit of 'api': none (set)"
     assert mq.rate_limit("api") is None

@@ -1,5 +1,6 @@
-"""A rate limit over a sharded queue (echomq_core.control.rates): each shard counts its share, so
-the logical queue never starts more than the limit in a window; set before or after the shards.
+"""A rate limit over a sharded queue (echomq_core.control.rates): each shard spaces its starts by
+its share, so the logical queue never starts more than the limit in any span of the window; set
+before or after the shards.
 
 Starts are measured independently of the claim script's counter, as in test_rate_limit: a
 claim scores each job in its shard's ``active`` at (server time of the claim + lease), and the
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from echomq_core.wire.calls import Call
 
 from ..conftest import Backend
 from ..waiting import eventually
-from .test_rate_limit import WORKER_LEASE, unextended
+from .test_rate_limit import WORKER_LEASE, most_in_a_window, unextended
 
 
 def _config(mq: EchoMQ, queue: str, field: str) -> str | None:
@@ -57,6 +57,19 @@ def test_a_limit_set_after_the_shards_is_split_over_them(mq: EchoMQ) -> None:
     assert _rates(mq, names) == [None, None, None] and _config(mq, "rs", "rate_total") is None
 
 
+def test_a_burst_is_split_over_the_shards_at_least_one_each(mq: EchoMQ) -> None:
+    names = mq.set_shards("rsb", 3)
+    mq.set_rate_limit("rsb", "10/s", burst=5)
+    assert _rates(mq, names) == ["4 1000 2", "3 1000 2", "3 1000"]
+    assert _config(mq, "rsb", "rate_total") == "10 1000 5"
+    rate = mq.rate_limit("rsb")
+    assert rate is not None and str(rate) == "10/s burst 5" and rate.ready == 5
+    mq.set_rate_limit("rsb", "10/s", burst=2)  # below the shard count: each keeps 1
+    assert _rates(mq, names) == ["4 1000", "3 1000", "3 1000"]
+    back = mq.set_shards("rsb", 1)  # joined again: the whole burst with the limit
+    assert _rates(mq, back) == ["10 1000 2"]
+
+
 def test_a_limit_set_before_the_shards_is_split_and_joined_again(mq: EchoMQ) -> None:
     mq.set_rate_limit("rb", "12/500ms")
     mq.set_retention("rb", completed_count=5)
@@ -87,7 +100,7 @@ def test_a_limit_below_the_shard_count_is_refused_with_nothing_written(mq: EchoM
 
 def test_the_metrics_show_the_whole_limit(mq: EchoMQ) -> None:
     mq.set_shards("rm", 3)
-    mq.set_rate_limit("rm", "30/min")
+    mq.set_rate_limit("rm", "30/min", burst=30)  # 10 each: a shard starts all it has at once
     mq.queue("rm").add_bulk(list(range(9)))
     claimed = 0
     for _ in range(6):  # the shards in turn: each claim takes from one
@@ -95,9 +108,12 @@ def test_the_metrics_show_the_whole_limit(mq: EchoMQ) -> None:
     (reading,) = QueueCollector(mq, ["rm"]).read()
     assert reading.rate is not None
     assert (reading.rate.limit, reading.rate.window_ms, reading.rate.used) == (30, 60_000, 9)
+    assert (reading.rate.ready, reading.rate.next_in) == (21, 0.0)
     assert claimed == 9
     rate = mq.rate_limit("rm")
-    assert rate is not None and rate.used == 9 and rate.limit == 30
+    assert rate is not None and (rate.used, rate.limit, rate.burst, rate.ready) == (9, 30, 30, 21)
+    # the shard with the most jobs booked 6 s (its interval) for each
+    assert 0 < rate.resets_in <= 54.0 and rate.next_in == 0.0
 
 
 def _recorder(mq: EchoMQ, seen: list[tuple[int, str]], lock: threading.Lock) -> Any:
@@ -111,7 +127,7 @@ def _recorder(mq: EchoMQ, seen: list[tuple[int, str]], lock: threading.Lock) -> 
 
 def test_workers_never_exceed_the_limit_over_the_shards(backend: Backend, prefix: str) -> None:
     """Two threaded workers and an asyncio one share a 15 per 250 ms limit over 3 shards: no
-    window holds more than 15 starts in total, whichever shards they came from."""
+    span of 250 ms holds more than 15 starts in total, whichever shards they came from."""
     limit, window_ms, total = 15, 250, 180
     mq = backend.client(prefix)
     names = mq.set_shards("rapi", 3)
@@ -159,14 +175,13 @@ def test_workers_never_exceed_the_limit_over_the_shards(backend: Backend, prefix
         aio.join(30)
         for c in clients:
             c.close()
-    per_window = Counter(at // window_ms for at, _ in seen)
     assert len(seen) == total
-    assert max(per_window.values()) <= limit, sorted(per_window.items())
-    # every shard started jobs, and none more than its share in a window
-    per_shard = Counter((at // window_ms, shard) for at, shard in seen)
+    assert most_in_a_window([at for at, _ in seen], window_ms) <= limit, sorted(seen)
+    # every shard started jobs, and none more than its share in any span of the window
     assert {shard for _, shard in seen} == set(names)
-    assert max(per_shard.values()) <= limit // 3, sorted(per_shard.items())
-    assert len(per_window) >= total // limit
+    for name in names:
+        mine = [at for at, shard in seen if shard == name]
+        assert most_in_a_window(mine, window_ms) <= limit // 3, (name, sorted(mine))
     assert mq.queue("rapi").stats()["completed"] == total
     mq.close()
 

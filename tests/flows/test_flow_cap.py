@@ -420,7 +420,7 @@ def test_a_completion_hands_the_admitted_child_to_the_completing_worker(
     q.complete(second, "ok")
     assert counts(mq, work, parents, pid) == (2, 2, 2)
     # a rate-limited queue: no hand-off, the child goes to pending, claimed within the limit
-    mq.set_rate_limit(work, "1000/s")
+    mq.set_rate_limit(work, "1000/s", burst=10)  # both claimed at once
     third, fourth = q.claim(10)
     done = mq.perform(q.settle_completed_op(q.encode_results([(third, "ok")]), offer))
     assert done.handed == [] and counts(mq, work, parents, pid) == (1, 1, 2)

@@ -81,23 +81,23 @@ def test_collector_reports_jobs_flows_outbox_and_poison(backend: Backend, mq: Ec
     assert held.parent_id != doomed.parent_id
 
 
-def test_a_rate_limited_queue_reports_its_limit_and_window(backend: Backend, mq: EchoMQ) -> None:
-    """The limit in starts per second and the starts counted in the current window, read from
-    the server; a queue without a limit has neither sample."""
+def test_a_rate_limited_queue_reports_its_limit_and_booking(backend: Backend, mq: EchoMQ) -> None:
+    """The limit in starts per second and how far ahead the starts are booked (TAT - now), read
+    from the server; a queue without a limit has neither sample."""
     q = mq.queue("mx-rated")
     q.add_bulk([JobSpec(i) for i in range(5)])
     mq.queue("mx-free").add(1)
-    mq.set_rate_limit("mx-rated", "8640/d")  # a day's window: the claims below share it
+    mq.set_rate_limit("mx-rated", "8640/d", burst=5)  # one start per 10 s, 5 at once
     assert len(q.claim(3)) == 3
     registry = CollectorRegistry()
     registry.register(QueueCollector(mq, ["mx-rated", "mx-free"]))
     found = samples(registry)
     assert value(found, "echomq_queue_rate_limit_per_second", queue="mx-rated") == 0.1
-    assert value(found, "echomq_queue_rate_window_starts", queue="mx-rated") == 3
+    assert 29 < value(found, "echomq_queue_rate_booked_seconds", queue="mx-rated") <= 30
     names = {(name, labels) for name, labels in found}
     assert ("echomq_queue_rate_limit_per_second", (("queue", "mx-free"),)) not in names
     (reading,) = QueueCollector(mq, ["mx-rated"]).read()
-    assert reading.to_dict()["rate"] == "3 / 8640/d"
+    assert reading.to_dict()["rate"] == "8640/d burst 5, 2 ready"
 
 
 def test_flow_controls_of_held_flows_are_gauges(backend: Backend, mq: EchoMQ) -> None:
@@ -137,6 +137,7 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     mq = EchoMQ(standalone_server.url, prefix=prefix)
     raw = redis.Redis.from_url(standalone_server.url)
     costs = {}
+    list(QueueCollector(mq, ["mx-warm"]).collect())  # the scripts load once per server: now
     for n in (10, 10_000):
         queue = f"mx-size{n}"
         mq.queue(queue).add_bulk([JobSpec(i) for i in range(n)])
@@ -158,6 +159,7 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
             "cmdstat_zrange",  # the newest held flows (their flow controls) ...
             "cmdstat_hmget",  # ... one row read each: this flow has none
             "cmdstat_time",  # the oldest pending job's age is the server's clock minus ...
+            "cmdstat_evalsha",  # the rate script (its HGET of the limit: none here)
         }
     # with every registered queue (the default): one SMEMBERS more, per scrape
     raw.config_resetstat()
