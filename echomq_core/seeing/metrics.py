@@ -14,7 +14,9 @@ Two sources, two kinds of metric:
   three round trips, bounded by that number), the age of each queue's oldest pending job
   (:func:`~echomq_core.seeing.browse.oldest_pending`: two round trips, two commands per queue and
   one TIME), the live workers per queue (:func:`~echomq_core.queues.registry.read_workers`:
-  two round trips, one HMGET per live worker, at most 1,000) and the build's version. The
+  two round trips, one HMGET per live worker, at most 1,000), each queue's fairness groups
+  (:func:`~echomq_core.control.groups.load`: one script per queue, its HGET and - only for a
+  queue with groups - an HSCAN of them, at most 20,000 fields) and the build's version. The
   queues: one pipelined read per scrape,
   :data:`COMMANDS_PER_QUEUE` commands per queue (ZCARD/LLEN/LINDEX/HGET, each O(1) or
   O(log n); a rate-limited queue's TIME and GET more) plus one SMEMBERS for the
@@ -45,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from ..checks import text as _s
 from ..control import rates
+from ..control.groups import load
 from ..control.rates import RateLimit
 from ..errors import EchoMQError
 from ..flows import sharding
@@ -325,6 +328,33 @@ class QueueCollector(Collector):
             workers.add_metric([q], served.get(q, 0))
         yield from (build, oldest, workers)
 
+    def _groups(self, queues: list[str]) -> Iterable[Metric]:
+        """Two gauges per queue with fairness groups waiting - how many, and the busiest one's
+        jobs queued - never a series per group (100,000 groups would be 100,000 series)."""
+        waiting = _gauge(
+            "echomq_queue_groups_waiting",
+            "Fairness groups with work queued in the queue (they take turns)",
+            "queue",
+        )
+        busiest = _gauge(
+            "echomq_queue_group_busiest_queued",
+            "Jobs queued of the queue's busiest fairness group",
+            "queue",
+        )
+        ks = self.client.keys
+        by_queue = {n: [s for s, m in self._logical.items() if m == n] or [n] for n in queues}
+        try:
+            loads = self.client.perform(
+                sharding.together([load(ks, shards, top=1) for shards in by_queue.values()])
+            )
+        except EchoMQError:
+            loads = []  # the queue gauges were read: a scrape never raises
+        for queue, got in zip(by_queue, loads, strict=False):
+            if got.waiting:
+                waiting.add_metric([queue], got.waiting)
+                busiest.add_metric([queue], got.busiest[0][1])
+        yield from (waiting, busiest)
+
     def _shards_of(self, queues: list[str]) -> list[str]:
         """The physical queues of ``queues`` (logical names, as :meth:`read` returns them)."""
         return [s for s, n in self._logical.items() if n in set(queues)] or queues
@@ -394,6 +424,7 @@ class QueueCollector(Collector):
                 flows.add_metric([r.queue, state], n)
             lag.add_metric([r.queue], r.head_age)
         yield from self._controls([r.queue for r in readings])
+        yield from self._groups([r.queue for r in readings])
         yield from self._latency_and_workers([r.queue for r in readings])
         took = _gauge("echomq_scrape_duration_seconds", "How long the last read of the server took")
         took.add_metric([], time.perf_counter() - started)

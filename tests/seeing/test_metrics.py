@@ -132,8 +132,9 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     """The bound in the module doc, measured with INFO commandstats: COMMANDS_PER_QUEUE per
     queue plus one SMEMBERS, for flow controls one ZRANGE and one HMGET per held flow
     (at most FLOW_GAUGES), for the oldest pending age one ZRANGE and one HGET per queue and
-    one TIME, and for the workers one ZRANGE (plus one HMGET per live worker: none here),
-    whatever the number of jobs (and children) a queue holds."""
+    one TIME, for the workers one ZRANGE (plus one HMGET per live worker: none here), and
+    for the fairness groups one script and its HGET, whatever the number of jobs (and
+    children) a queue holds."""
     mq = EchoMQ(standalone_server.url, prefix=prefix)
     raw = redis.Redis.from_url(standalone_server.url)
     costs = {}
@@ -167,8 +168,9 @@ def test_a_scrape_costs_the_same_for_10_and_10000_jobs(
     everything = raw.info("commandstats")
     assert int(everything["cmdstat_smembers"]["calls"]) == 1
     print(f"commands per scrape per queue: 10 jobs {costs[10]}, 10,000 jobs {costs[10_000]}")
-    # + 2 flow controls, + 2 oldest pending (ZRANGE, HGET), + TIME, + the workers' ZRANGE
-    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE + 2 + 2 + 2 == 21
+    # + 2 flow controls, + 2 oldest pending (ZRANGE, HGET), + TIME, + the workers' ZRANGE,
+    # + the groups' script and its HGET (no groups here: nothing to scan)
+    assert costs[10] == costs[10_000] == COMMANDS_PER_QUEUE + 2 + 2 + 2 + 2 == 23
     raw.close()
     mq.close()
 
@@ -592,3 +594,25 @@ def test_batch_calls_are_timed_once_and_their_failed_jobs_counted_each(
     assert len(calls) < 13  # calls of several jobs happened
     assert value(found, "echomq_job_attempts_failed_total", queue="mx-b") == dead
     assert value(found, "echomq_jobs_dead_total", queue="mx-b") == dead
+
+
+def test_a_queue_with_groups_reports_two_series_however_many_groups(
+    backend: Backend, mq: EchoMQ
+) -> None:
+    """How many groups have work queued and the busiest one's jobs queued, per queue (a sharded
+    queue's shards read under its name); no series per group, none for a queue without."""
+    mq.set_shards("mx-groups", 2)
+    q = mq.queue("mx-groups")
+    q.add_bulk([JobSpec(i, group=f"tenant-{i % 40}") for i in range(400)])
+    q.add_bulk([JobSpec(i, group="whale") for i in range(90)])
+    mq.queue("mx-plain").add(1)
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(mq, ["mx-groups", "mx-plain"]))
+    found = samples(registry)
+    assert value(found, "echomq_queue_groups_waiting", queue="mx-groups") >= 41  # per shard
+    whale = value(found, "echomq_queue_group_busiest_queued", queue="mx-groups")
+    assert 0 < whale <= 90 and whale > 10  # the whale's share of one shard, not a tenant's 10
+    names = {name for name, _ in found}
+    per_group = [n for n, labels in found if dict(labels).get("group")]
+    assert not per_group and "echomq_queue_groups_waiting" in names
+    assert ("echomq_queue_groups_waiting", (("queue", "mx-plain"),)) not in set(found)
