@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from .client.async_client import AsyncEchoMQ
 from .client.clients import EchoMQ
-from .client.queue import JobSpec
+from .client.specs import JobSpec
 from .client.sync_queue import Queue
 from .control.groups import GroupLoad
 from .control.rates import RateLimit

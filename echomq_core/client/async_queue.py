@@ -18,7 +18,8 @@ from ..errors import LeaseLost
 from ..models import Job, JobInfo, Settlement
 from ..queues import adding
 from ..wire.calls import Op
-from .queue import DEAD, FailedAttempt, JobSpec, OpsClient, QueueOps
+from .queue import DEAD, FailedAttempt, OpsClient, QueueOps
+from .specs import JobSpec
 
 T = TypeVar("T")
 

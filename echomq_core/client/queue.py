@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..checks import (
     MAX_ATTEMPTS,
-    MAX_DELAY,
     MAX_LEASE,
     check_int,
     check_seconds,
@@ -29,7 +27,8 @@ from ..models import Backoff, Job, JobInfo, Serializer, Settlement, cut_tracebac
 from ..queues import adding, claiming, maintenance, reads, settling
 from ..queues.registry import lease_token
 from ..wire.calls import Op
-from ..wire.keyspace import Keyspace, check_group, check_job_id, check_queue
+from ..wire.keyspace import Keyspace, check_job_id, check_queue
+from .specs import GIVEN, rows_of
 
 
 class OpsClient(Protocol):
@@ -52,25 +51,6 @@ DEAD, RETRY = 2, 1
 #: A failed attempt as :meth:`Queue.fail_many` takes it: (job, error, retry?) or with the
 #: attempt's traceback as a fourth item.
 FailedAttempt = tuple[Job, str, bool] | tuple[Job, str, bool, str | None]
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """A job for :meth:`Queue.add_bulk` when per-job options are needed."""
-
-    payload: Any = None
-    id: str | None = None
-    delay: float = 0.0
-    priority: int = 0
-    max_attempts: int | None = None
-    timeout: float | None = None  # the handler's time limit (s); None: the queue's
-    #: The job's fairness group (a tenant, a vendor account, a region): a claim serves the
-    #: groups with waiting work in turn (docs/concepts/flow-control.md). None: no group.
-    group: str | None = None
-
-
-#: A job that named its own group: the queue's rule does not apply to it.
-_GIVEN = object()
 
 
 class QueueOps:
@@ -143,37 +123,10 @@ class QueueOps:
         the first add that lands."""
         if isinstance(jobs, str | bytes) or not isinstance(jobs, Iterable):
             raise InvalidArgument(f"add_bulk takes an iterable of jobs, got {type(jobs).__name__}")
-        rows: list[adding.Row] = []
-        # each row's payload object, for the queue's group rule (_GIVEN: the job named its own)
-        loose: list[Any] = []
-        check = False
-        encode, attempts_default = self.client.encode, self.max_attempts
         # generated ids: one random 96-bit stem per call and the item's index - unique like
         # an uuid4 per job, at a fraction of the cost of a bulk add, and shorter
         stem = f"JOB-{secrets.token_hex(12)}-"
-        for index, item in enumerate(jobs):
-            if not isinstance(item, JobSpec):  # a bare payload: every option is the default
-                row = (f"{stem}{index:x}", encode(item), attempts_default, 0, 0, None, None)
-                rows.append(row)
-                loose.append(item)
-                continue
-            spec = item
-            if spec.id is None:
-                job_id = f"{stem}{index:x}"
-            else:
-                job_id, check = check_job_id(spec.id), True
-            delay_ms = int(check_seconds("delay", spec.delay, 0.0, MAX_DELAY) * 1000)
-            priority = check_int("priority", spec.priority, 0, 800)
-            attempts = check_int(
-                "max_attempts",
-                self.max_attempts if spec.max_attempts is None else spec.max_attempts,
-                1,
-                MAX_ATTEMPTS,
-            )
-            limit = timeout_ms("timeout", spec.timeout)
-            group = None if spec.group is None else check_group(spec.group)
-            rows.append((job_id, encode(spec.payload), attempts, delay_ms, priority, limit, group))
-            loose.append(spec.payload if group is None else _GIVEN)
+        rows, loose, check = rows_of(jobs, self.client.encode, self.max_attempts, stem)
         if check and len({r[0] for r in rows}) != len(rows):  # generated ids never collide
             raise InvalidArgument("duplicate job ids in one add_bulk call")
         # every id generated (none given): the add sends the stem, not an id per job (adding.add)
@@ -195,7 +148,7 @@ class QueueOps:
         shards, rule = places[self.name], rules.get(self.name)
         if rule is not None:  # the queue names groups from payloads (control.groups)
             for i, payload in enumerate(loose):
-                if payload is not _GIVEN and (group := group_of(payload, rule)) is not None:
+                if payload is not GIVEN and (group := group_of(payload, rule)) is not None:
                     rows[i] = (*rows[i][:6], group)
         parts: dict[str, list[adding.Row]] = {}
         if len(shards) == 1:

@@ -146,6 +146,7 @@ class _Planner:
         "capped",
         "default_attempts",
         "dumps",
+        "good_groups",
         "good_queues",
         "max_payload",
         "root",
@@ -156,6 +157,7 @@ class _Planner:
 
     def __init__(self, root: _Node, default_attempts: int, dumps: Any, max_payload: int) -> None:
         self.root = root
+        # a replaced flow's generation n derives <root>.g<n>.<i>: never an old child's id
         self.root_stem = child_stem(root.id, root.gen)
         self.default_attempts = default_attempts
         self.dumps = dumps
@@ -164,6 +166,7 @@ class _Planner:
         self.seen_ids = {root.id}  # the root's and the explicit ids
         self.seen_nodes: set[int] = set()  # the sub-flows met (by object): a leaf may come twice
         self.good_queues = {root.queue}
+        self.good_groups: set[str] = set()
 
     def build(self, parent: _Node, specs: Sequence[Child], path: str, depth: int) -> None:
         """Plan ``parent``'s children ``specs`` (``path``: how errors name the parent), and
@@ -172,7 +175,6 @@ class _Planner:
             raise InvalidFlow(f"flow {self.root.id!r} is deeper than {MAX_DEPTH} levels")
         if not specs:
             raise InvalidFlow(f"flow node {path} has no children; a flow needs at least one")
-        # a replaced flow's generation n derives <root>.g<n>.<i>: never an old child's id
         stem = self.root_stem if parent is self.root else child_stem(parent.id)
         good_queues, dumps, max_payload = self.good_queues, self.dumps, self.max_payload
         default_attempts = self.default_attempts
@@ -221,7 +223,9 @@ class _Planner:
             node = _Node(
                 child_queue, child_id, body, attempts, parent, policy, (), spec.id is None, limit
             )
-            if spec.priority != 0 or spec.max_running is not None or spec.group is not None:
+            if spec.group is not None:
+                node.group = self.group(spec.group, node, bool(sub))
+            if spec.priority != 0 or spec.max_running is not None:
                 _options(node, spec, bool(sub))
                 if node.cap is not None:
                     self.capped.append(node)
@@ -244,6 +248,18 @@ class _Planner:
             if spec.min_success is not None:
                 _threshold(node, spec, bool(sub))
         parent.uniform = uniform
+
+    def group(self, group: Any, node: _Node, inner: bool) -> str:
+        """A leaf's fairness group, checked (each group once per plan: a flow of 100,000s
+        names a few thousand)."""
+        if inner:
+            raise InvalidArgument(
+                f"child {node.id}: group applies to a leaf, got group={group!r} on a child "
+                "with children"
+            )
+        if type(group) is not str or group not in self.good_groups:
+            self.good_groups.add(check_group(group, f"child {node.id} group"))
+        return cast(str, group)
 
     def given_id(self, given: str, parent: _Node, where: str) -> str:
         """A child's explicit id, checked: not its parent's, not one met before in the flow."""
@@ -343,14 +359,7 @@ def _cap(name: str, value: Any) -> int | None:
 
 
 def _options(node: _Node, spec: Child, inner: bool) -> None:
-    """A child's priority and group (a leaf's) and cap (a sub-flow's), checked."""
-    if spec.group is not None:
-        if inner:
-            raise InvalidArgument(
-                f"child {node.id}: group applies to a leaf, got group={spec.group!r} on a "
-                "child with children"
-            )
-        node.group = check_group(spec.group, f"child {node.id} group")
+    """A child's priority (a leaf's) and cap (a sub-flow's), checked."""
     if spec.priority != 0:
         if inner:
             raise InvalidArgument(

@@ -304,3 +304,17 @@ def test_groups_with_work_waiting_are_served_within_one_turn_of_each_other(
                 assert abs(run) <= 2, (a, b, served)
             else:
                 run = 0
+
+
+def test_a_grouped_spec_with_a_bad_option_is_still_refused(mq: EchoMQ) -> None:
+    """The add's fast path for specs that set only a payload and a group takes no bool for a
+    0 and no NaN for no delay."""
+    q = mq.queue("fg-fast")
+    for spec in (
+        JobSpec(1, group="g", priority=False),  # type: ignore[arg-type]
+        JobSpec(1, group="g", delay=float("nan")),
+        JobSpec(1, group="g", delay=False),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidArgument):
+            q.add_bulk([JobSpec(0, group="g"), spec])
+    assert q.stats()["pending"] == 0
