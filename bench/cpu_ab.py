@@ -104,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="W1=100000,W2=50000,W3=50000")
     parser.add_argument("--out", type=Path)
     parser.add_argument(
+        "--a-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for side A only; may repeat",
+    )
+    parser.add_argument(
         "--b-env",
         action="append",
         default=[],
@@ -121,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--a and --b are required")
     rounds: list[dict[str, Any]] = []
     for i in range(args.rounds):
+        a_env = dict(pair.split("=", 1) for pair in args.a_env)
         b_env = dict(pair.split("=", 1) for pair in args.b_env)
-        done = {"A": _spawn(args.a, args.sizes), "B": _spawn(args.b, args.sizes, b_env)}
+        done = {"A": _spawn(args.a, args.sizes, a_env), "B": _spawn(args.b, args.sizes, b_env)}
         rounds.append(done)
         line = {w: (done["A"][w]["server_us"], done["B"][w]["server_us"]) for w in done["A"]}
         print(f"round {i + 1}: server us/item (A, B) {line}", flush=True)

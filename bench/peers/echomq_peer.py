@@ -60,21 +60,37 @@ def _expected_sum(n: int) -> int:
 
 #: ECHOMQ_BENCH_GROUPS=K gives W1's jobs and W2/W3's children fairness groups k0..k(K-1), in
 #: turn (issue 50's cost of groups that bind nothing: bench/cpu_ab.py --b-env); unset: none.
+#: ECHOMQ_BENCH_KEYED=K instead makes every payload a mapping {"n": i, "tenant": "k<i % K>"}
+#: and, with ECHOMQ_BENCH_RULE=1, the queues take the group from "tenant" (set_group_rule):
+#: run both sides keyed, only B with the rule, for the cost of the rule and the groups alone.
 GROUPS = int(os.environ.get("ECHOMQ_BENCH_GROUPS", "0"))
+KEYED = int(os.environ.get("ECHOMQ_BENCH_KEYED", "0"))
+RULE = os.environ.get("ECHOMQ_BENCH_RULE") == "1"
+
+
+def _payload(i: int) -> Any:
+    return {"n": i, "tenant": f"k{i % KEYED}"} if KEYED else i
+
+
+def _rule(mq: EchoMQ, *queues: str) -> None:
+    """The group rule of ECHOMQ_BENCH_RULE, set before the measuring window."""
+    if RULE:
+        for queue in queues:
+            mq.set_group_rule(queue, "tenant")
 
 
 def _jobs(n: int) -> Any:
-    """W1's jobs: bare payloads, or with groups (GROUPS) JobSpecs naming them."""
-    if not GROUPS:
-        return range(n)
-    return [JobSpec(i, group=f"k{i % GROUPS}") for i in range(n)]
+    """W1's jobs: payloads, or with groups (GROUPS) JobSpecs naming them."""
+    if GROUPS:
+        return [JobSpec(i, group=f"k{i % GROUPS}") for i in range(n)]
+    return [_payload(i) for i in range(n)] if KEYED else range(n)
 
 
 def _children(n: int, queue: str) -> list[Child]:
     """W2/W3's children, with a group each when GROUPS is set."""
-    if not GROUPS:
-        return [Child(i, queue=queue) for i in range(n)]
-    return [Child(i, queue=queue, group=f"k{i % GROUPS}") for i in range(n)]
+    if GROUPS:
+        return [Child(i, queue=queue, group=f"k{i % GROUPS}") for i in range(n)]
+    return [Child(_payload(i), queue=queue) for i in range(n)]
 
 
 class EchoMQPeer(Peer):
@@ -113,6 +129,7 @@ class EchoMQPeer(Peer):
     def _flat(self, url: str, n: int, name: str) -> dict[str, Any]:
         mq, win = EchoMQ(url), Window(url)
         queue = mq.queue(name)
+        _rule(mq, name)
         completed = win.counted(lambda: queue.stats()["completed"])
         try:
             with Stopper() as procs:
@@ -147,6 +164,7 @@ class EchoMQPeer(Peer):
                 pump = Pump(pump_mq, [child_q]) if parent_q != child_q else None
                 if pump is not None:
                     pump.start()
+                _rule(mq, child_q)
                 try:
                     win.begin()
                     ref = mq.add_flow(parent_q, _children(n, child_q))
@@ -281,6 +299,8 @@ def read_in_process(url: str, queue: str, parent_id: str, mode: str) -> dict[str
 
 
 def _handle(job: Job) -> Any:
+    if isinstance(job.payload, dict):  # ECHOMQ_BENCH_KEYED's payloads
+        return job.payload["n"] * 2
     return job.payload * 2 if isinstance(job.payload, int) else None
 
 

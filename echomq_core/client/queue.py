@@ -147,8 +147,9 @@ class QueueOps:
         )
         shards, rule = places[self.name], rules.get(self.name)
         if rule is not None:  # the queue names groups from payloads (control.groups)
+            good: set[str] = set()
             for i, payload in enumerate(loose):
-                if payload is not GIVEN and (group := group_of(payload, rule)) is not None:
+                if payload is not GIVEN and (group := group_of(payload, rule, good)) is not None:
                     rows[i] = (*rows[i][:6], group)
         parts: dict[str, list[adding.Row]] = {}
         if len(shards) == 1:

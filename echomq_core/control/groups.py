@@ -121,16 +121,23 @@ class Rules:
             self.take(stale, (yield self.read_calls(ks, stale)))
 
 
-def group_of(payload: Any, rule: str) -> str | None:
+def group_of(payload: Any, rule: str, good: set[str] | None = None) -> str | None:
     """The group ``rule`` (a payload key) gives ``payload``: None when the payload is not a
     mapping, lacks the key, or holds a value that is neither a str nor an int there;
-    :class:`InvalidArgument` naming the key for a value that is not a valid group."""
-    if not isinstance(payload, Mapping):
+    :class:`InvalidArgument` naming the key for a value that is not a valid group. ``good``:
+    groups already checked (a bulk add names a few groups many times), added to."""
+    if type(payload) is not dict and not isinstance(payload, Mapping):
         return None
     value = payload.get(rule)
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        return None
-    return check_group(str(value), f"group (payload key {rule!r})")
+    if type(value) is not str:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None
+        value = str(value)
+    if good is None or value not in good:
+        check_group(value, f"group (payload key {rule!r})")
+        if good is not None:
+            good.add(value)
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,17 +120,20 @@ def plan(
     return root
 
 
-def apply_rules(node: _Node, specs: Sequence[Child], rules: Mapping[str, str]) -> None:
+def apply_rules(
+    node: _Node, specs: Sequence[Child], rules: Mapping[str, str], good: set[str] | None = None
+) -> None:
     """Give each leaf below ``node`` (planned from ``specs``) that has no group of its own the
     group its queue's rule takes from its payload (:mod:`echomq_core.control.groups`; ``rules``:
     logical queue -> payload key). Before :func:`~echomq_core.flows.sharding.place`: the
     queues are still the logical ones. :class:`InvalidArgument` naming the key for a value
     that is not a valid group."""
+    good = set() if good is None else good  # each group checked once
     for spec, kid in zip(specs, node.children, strict=True):
         if kid.children:
-            apply_rules(kid, cast(Sequence[Child], spec.children), rules)
+            apply_rules(kid, cast(Sequence[Child], spec.children), rules, good)
         elif kid.group is None and (rule := rules.get(kid.queue)) is not None:
-            kid.group = group_of(spec.payload, rule)
+            kid.group = group_of(spec.payload, rule, good)
 
 
 class _Planner:
