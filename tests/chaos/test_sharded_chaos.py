@@ -13,7 +13,9 @@ Two layouts, each on both backends:
 Three worker processes (given the logical name: each serves every shard) and two Pump processes
 (each drains every shard's outbox) run ``chaos_proc.py``; a driver SIGKILLs one at random every
 0.2-0.5 s and starts a replacement at once, from the first claim until the parent completed.
-About 1% of the children, and the parent, sleep 300-800 ms, so some are killed mid-run.
+About 1% of the children, and the parent, sleep 300-800 ms, so some are killed mid-run. The
+children carry fairness groups (17 tenants, and some without): every promise below holds with
+them.
 
 Afterwards, the checks of the plain-queue run: every child's value exactly once in
 ``children_values``, ``processed + ignored == N``, the raw ``:dependencies`` counter exactly 0,
@@ -59,7 +61,9 @@ def children(n: int, queue: str | None, rng: random.Random) -> list[Child]:
         payload: dict[str, Any] = {"n": i}
         if rng.random() < 0.01:
             payload["slow"] = rng.randint(300, 800)
-        out.append(Child(payload, queue=queue, max_attempts=2))
+        # fairness groups (one of 17 tenants, none for some): they order the claims only
+        group = None if i % 18 == 17 else f"tenant/{i % 18}"
+        out.append(Child(payload, queue=queue, max_attempts=2, group=group))
     return out
 
 
