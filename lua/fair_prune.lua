@@ -23,7 +23,8 @@ if head[2] then v = tonumber(head[2]) % 1099511627776 - 1 end
 local scan = redis.call('HSCAN', fk, ARGV[1], 'COUNT', tonumber(ARGV[2]))
 local flat, gone = scan[2], {}
 for i = 1, #flat, 2 do
-  if string.sub(flat[i], 1, 2) == 'g:' and tonumber(flat[i + 1]) <= v then
+  -- a weighted group's value is '<tag> <n>': its tag is the first number
+  if string.sub(flat[i], 1, 2) == 'g:' and tonumber(string.match(flat[i + 1], '^%d+')) <= v then
     gone[#gone + 1] = flat[i]
   end
 end

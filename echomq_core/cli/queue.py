@@ -13,15 +13,16 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import check_int
 from ..client.clients import EchoMQ
-from ..control.groups import LOAD_LIMIT, GroupLoad
+from ..control.groups import LOAD_LIMIT, MAX_WEIGHT, GroupLoad
 from ..control.rates import RateLimit, parse_burst, parse_rate
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidInput
 from ..flows import sharding
 from ..flows.retention import MAX_AGE, MAX_COUNT, SETTINGS
 from ..flows.sharding import MAX_SHARDS
 from ..seeing.inspection import MEMORY_SAMPLE, FlowMemory, flow_memory
-from ..wire.keyspace import FLOW_INDEXES, check_job_id, check_queue
+from ..wire.keyspace import FLOW_INDEXES, check_group, check_job_id, check_queue
 from .arguments import add_queue, add_queue_or_all, age_or_none, count_or_none, fmt_seconds
 from .common import CommandFailed, add_command, add_group, open_client
 from .printing import fmt_bytes, table
@@ -92,6 +93,15 @@ def _add_config(queue: Any) -> None:
         "removes the rule (default: none)",
     )
     config.add_argument(
+        "--group-weight",
+        dest="group_weight",
+        action="append",
+        type=_weight_arg,
+        default=argparse.SUPPRESS,
+        metavar="GROUP=W",
+        help="give GROUP W jobs per turn (1-1000; 1 is every group's default); may repeat",
+    )
+    config.add_argument(
         "--shards",
         type=int,
         default=argparse.SUPPRESS,
@@ -140,6 +150,18 @@ def _rate_arg(text: str) -> str:
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _weight_arg(text: str) -> tuple[str, int]:
+    """A ``--group-weight`` value, ``GROUP=W``, checked before anything is sent."""
+    group, sep, weight = text.rpartition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return check_group(group), check_int("weight", int(weight), 1, MAX_WEIGHT)
+    except (ValueError, InvalidInput) as exc:
+        why = f"invalid group weight {text!r:.80}: GROUP=W, W an int from 1 to {MAX_WEIGHT}"
+        raise argparse.ArgumentTypeError(f"{why} ({exc})" if str(exc) else why) from None
 
 
 def _burst_arg(text: str) -> int:
@@ -322,7 +344,7 @@ def _memory_cell(mem: FlowMemory) -> str:
 def run_queue_config(args: argparse.Namespace) -> int:
     check_queue(args.queue)
     changes = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
-    extra = [name for name in ("rate", "shards", "group_from") if hasattr(args, name)]
+    extra = [n for n in ("rate", "shards", "group_from", "group_weight") if hasattr(args, n)]
     if hasattr(args, "burst") and not hasattr(args, "rate"):
         raise CommandFailed("--burst goes with --rate (the burst is stored with the limit)")
     mq = open_client(args)
@@ -346,6 +368,8 @@ def run_queue_config(args: argparse.Namespace) -> int:
             mq.set_rate_limit(args.queue, args.rate, getattr(args, "burst", None))
         if hasattr(args, "group_from"):
             mq.set_group_rule(args.queue, args.group_from)
+        for group, weight in getattr(args, "group_weight", []):
+            mq.set_group_weight(args.queue, group, weight)
         shown = _Config(
             mq.retention(args.queue),
             mq.rate_limit(args.queue),

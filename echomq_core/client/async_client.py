@@ -83,6 +83,14 @@ class AsyncEchoMQ(_Client):
         """As :meth:`EchoMQ.group_load`."""
         return await self.perform(self._group_load_op(queue, top))
 
+    async def group_weight(self, queue: str, group: str) -> int:
+        """As :meth:`EchoMQ.group_weight`."""
+        return await self.perform(self._group_weight_op(queue, group))
+
+    async def set_group_weight(self, queue: str, group: str, weight: int | None) -> None:
+        """As :meth:`EchoMQ.set_group_weight`."""
+        await self.perform(self._set_group_weight_op(queue, group, weight))
+
     async def set_group_rule(self, queue: str, rule: str | None) -> None:
         """As :meth:`EchoMQ.set_group_rule`."""
         await self.perform(self._set_group_rule_op(queue, rule))

@@ -96,6 +96,15 @@ class _Client:
         shards = yield from self._shards_op(queue)
         return (yield from groups.load(self.keys, shards, top))
 
+    def _set_group_weight_op(self, queue: str, group: str, weight: int | None) -> Op[None]:
+        shards = yield from self._shards_op(queue)
+        yield from groups.set_weight(self.keys, shards, group, weight)
+        yield from self._register_queue_op(queue)
+
+    def _group_weight_op(self, queue: str, group: str) -> Op[int]:
+        shards = yield from self._shards_op(queue)
+        return (yield from groups.get_weight(self.keys, shards[0], group))
+
     def _set_group_rule_op(self, queue: str, rule: str | None) -> Op[None]:
         yield from groups.set_rule(self.keys, queue, rule)
         self.group_rules.forget(queue)

@@ -94,6 +94,16 @@ class EchoMQ(_Client):
         :class:`~echomq_core.control.groups.GroupLoad`)."""
         return self.perform(self._group_load_op(queue, top))
 
+    def group_weight(self, queue: str, group: str) -> int:
+        """How many of ``group``'s jobs one turn of ``queue`` holds (1 unless set)."""
+        return self.perform(self._group_weight_op(queue, group))
+
+    def set_group_weight(self, queue: str, group: str, weight: int | None) -> None:
+        """Give ``group`` ``weight`` jobs per turn of ``queue`` (1 to 1,000; None or 1: one, as
+        every group has): a tenant that pays for three times the share gets it. Checked before
+        anything is written (:class:`InvalidArgument`); it applies to the jobs added after it."""
+        self.perform(self._set_group_weight_op(queue, group, weight))
+
     def set_group_rule(self, queue: str, rule: str | None) -> None:
         """Take the fairness group of each job or child added to ``queue`` without one from its
         payload's key ``rule`` (``{"customer": "acme", ...}`` -> group ``"acme"``), or stop

@@ -7,11 +7,13 @@ Using::
     q.add({"customer": "acme", "day": "2026-12-07"})                     # group "acme"
     mq.group_rule("reports")                     # "customer"
     mq.set_group_rule("reports", None)           # no rule
+    mq.set_group_weight("reports", "acme", 3)    # acme gets 3 jobs per turn, the others 1
 
 A queue whose jobs carry groups is claimed in turns: one job of each group with waiting work
 per turn (lua/includes/fair.lua), so one tenant's 200,000-job backfill does not starve fifty
 tenants' 100-job daily runs in the same queue. Groups are not declared: there may be 100,000
-of them, most idle; what an idle one leaves behind is swept (lua/fair_prune.lua).
+of them, most idle; what an idle one leaves behind is swept (lua/fair_prune.lua). A group's
+weight (1 to :data:`MAX_WEIGHT`, 1 unless set) is how many of its jobs one turn holds.
 
 The rule lives in the queue's ``config`` hash (field ``group_from``: the name of a top-level
 key of a mapping payload). It is applied on the host when a job or a flow's child is added
@@ -72,6 +74,29 @@ def get_rule(ks: Keyspace, queue: str) -> Op[str | None]:
     check_queue(queue)
     (raw,) = yield [Call.cmd("HGET", ks.config(queue), RULE_FIELD)]
     return None if raw is None else _s(raw)
+
+
+#: The most jobs a group may get per turn.
+MAX_WEIGHT = 1000
+
+
+def set_weight(ks: Keyspace, shards: Sequence[str], group: Any, weight: Any) -> Op[None]:
+    """Give ``group`` ``weight`` jobs per turn in the queue of ``shards`` (every shard's turns
+    alike); None or 1 is the default, one per turn. :class:`InvalidArgument` for a bad group
+    or weight, before anything is written."""
+    group = check_group(group)
+    weight = 1 if weight is None else check_int("weight", weight, 1, MAX_WEIGHT)
+    field = "w:" + group
+    if weight == 1:
+        yield [Call.cmd("HDEL", ks.fair(q), field) for q in shards]
+    else:
+        yield [Call.cmd("HSET", ks.fair(q), field, weight) for q in shards]
+
+
+def get_weight(ks: Keyspace, shard: str, group: Any) -> Op[int]:
+    """``group``'s weight in ``shard`` (1 unless set)."""
+    (raw,) = yield [Call.cmd("HGET", ks.fair(shard), "w:" + check_group(group))]
+    return 1 if raw is None else int(raw)
 
 
 class Rules:
@@ -158,15 +183,19 @@ LOAD_LIMIT = 20_000
 
 def load(ks: Keyspace, shards: Sequence[str], top: int = 5) -> Op[GroupLoad]:
     """The :class:`GroupLoad` of a queue of ``shards`` (one step; each shard read on its slot,
-    lua/fair_top.lua): the counts added, the busiest of all shards kept."""
+    lua/fair_top.lua). Over several shards: ``waiting`` adds the shards' counts (a group with
+    work on k shards counts k times), and a group's jobs queued add up the shards where it is
+    among the ``top`` busiest."""
     top = check_int("top", top, 1, 1000)
     replies = yield [
         Call.lua("fair_top", [ks.fair(q), ks.pending(q)], [top, LOAD_LIMIT]) for q in shards
     ]
-    waiting, complete, busiest = 0, True, []
+    waiting, complete, queued = 0, True, dict[str, int]()
     for reply in replies:
         waiting += int(reply[0])
         complete = complete and int(reply[1]) == 1
-        busiest += [(_s(reply[i]), int(reply[i + 1])) for i in range(2, len(reply), 2)]
-    busiest.sort(key=lambda pair: (-pair[1], pair[0]))
+        for i in range(2, len(reply), 2):  # a group on several shards: its jobs added up
+            group = _s(reply[i])
+            queued[group] = queued.get(group, 0) + int(reply[i + 1])
+    busiest = sorted(queued.items(), key=lambda pair: (-pair[1], pair[0]))
     return GroupLoad(waiting, busiest[:top], complete)

@@ -430,6 +430,16 @@ def test_queue_config_sets_shows_and_removes_the_group_rule(
     status, _, err = cli("queue", "config", "cfg-g", "--group-from", "")
     assert status != 0 and "a group rule is the payload key" in err, err
     assert mq_standalone.group_rule("cfg-g") is None
+    doc = cli.json(
+        "queue", "config", "cfg-g", "--group-weight", "gold=3", "--group-weight", "a=b/c=2"
+    )
+    assert doc["changed"] == ["group_weight"]
+    assert mq_standalone.group_weight("cfg-g", "gold") == 3
+    assert mq_standalone.group_weight("cfg-g", "a=b/c") == 2  # the last '=' splits
+    for bad in ("gold", "gold=0", "gold=x", "=2", "gold=1001"):
+        status, _, err = cli("queue", "config", "cfg-g", "--group-weight", bad)
+        assert status != 0 and "invalid group weight" in err, (bad, err)
+    assert mq_standalone.group_weight("cfg-g", "gold") == 3
 
 
 def test_queue_stats_shows_the_groups_with_work_queued(mq_standalone: EchoMQ, cli: Cli) -> None:

@@ -269,15 +269,21 @@ STEP = st.one_of(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(steps=st.lists(STEP, min_size=1, max_size=25))
+@given(
+    steps=st.lists(STEP, min_size=1, max_size=25),
+    weights=st.fixed_dictionaries({g: st.sampled_from([1, 1, 2, 3]) for g in "abcd"}),
+)
 def test_groups_with_work_waiting_are_served_within_one_turn_of_each_other(
-    mq: EchoMQ, steps: list[tuple[Any, ...]]
+    mq: EchoMQ, steps: list[tuple[Any, ...]], weights: dict[str, int]
 ) -> None:
-    """Whatever the adds and claims: over any run of claims during which two groups both have
-    jobs waiting, their numbers of claimed jobs differ by at most 2 (a turn at each end) - and
-    nothing is claimed twice or lost. (Without groups - first in, first out - it fails.)"""
+    """Whatever the adds, claims and weights: over any run of claims during which two groups
+    both have jobs waiting, their claimed jobs, each divided by its group's weight, differ by
+    at most 2 turns (one at each end) - and nothing is claimed twice or lost. (Without groups -
+    first in, first out - it fails.)"""
     queue = f"fg-prop-{uuid.uuid4().hex[:8]}"
     q = mq.queue(queue)
+    for group, weight in weights.items():
+        mq.set_group_weight(queue, group, weight)
     waiting = dict.fromkeys("abcd", 0)
     served: list[tuple[str, dict[str, int]]] = []  # each claimed job, and who waited before it
     for step in [*steps, ("claim", 10_000)]:
@@ -300,8 +306,8 @@ def test_groups_with_work_waiting_are_served_within_one_turn_of_each_other(
         run = 0  # claims of a minus claims of b over the current run where both wait
         for group, before in served:
             if before[a] and before[b]:
-                run += (group == a) - (group == b)
-                assert abs(run) <= 2, (a, b, served)
+                run += (group == a) / weights[a] - (group == b) / weights[b]
+                assert abs(run) <= 2 + 1e-9, (a, b, weights, served)
             else:
                 run = 0
 
@@ -318,3 +324,54 @@ def test_a_grouped_spec_with_a_bad_option_is_still_refused(mq: EchoMQ) -> None:
         with pytest.raises(InvalidArgument):
             q.add_bulk([JobSpec(0, group="g"), spec])
     assert q.stats()["pending"] == 0
+
+
+def test_a_weighted_group_gets_its_weight_in_jobs_per_turn(mq: EchoMQ) -> None:
+    q = mq.queue("fg-weights")
+    mq.set_group_weight("fg-weights", "gold", 3)
+    assert mq.group_weight("fg-weights", "gold") == 3
+    assert mq.group_weight("fg-weights", "bronze") == 1
+    q.add_bulk([JobSpec({"g": "gold"}, group="gold") for _ in range(30)])
+    q.add_bulk([JobSpec({"g": "bronze"}, group="bronze") for _ in range(30)])
+    # each turn: 3 gold, 1 bronze
+    assert Counter(groups_of(mq, "fg-weights", 20)) == {"gold": 15, "bronze": 5}
+    load = mq.group_load("fg-weights")
+    assert dict(load.busiest) == {"gold": 15, "bronze": 25}  # jobs queued, weights counted
+    # an add split in two batches keeps the turn it was filling
+    q2 = mq.queue("fg-weights-2")
+    mq.set_group_weight("fg-weights-2", "gold", 2)
+    q2.add_bulk([JobSpec({"g": "gold"}, group="gold")])
+    q2.add_bulk([JobSpec({"g": "bronze"}, group="bronze") for _ in range(3)])
+    q2.add_bulk([JobSpec({"g": "gold"}, group="gold") for _ in range(3)])
+    assert groups_of(mq, "fg-weights-2", 3).count("gold") == 2  # turn 1: gold x2, bronze
+    mq.set_group_weight("fg-weights", "gold", None)  # back to one per turn
+    assert mq.group_weight("fg-weights", "gold") == 1
+    mq.set_group_weight("fg-weights", "gold", 1)  # the same
+    assert mq.group_weight("fg-weights", "gold") == 1
+
+
+@pytest.mark.parametrize(
+    ("group", "weight", "what"),
+    [("gold", 0, "weight must be an int between 1 and 1000"), ("gold", 1001, "between 1"),
+     ("gold", 2.5, "weight must be an int"), ("gold", True, "weight must be an int"),
+     ("", 2, "invalid group")],
+)  # fmt: skip
+def test_a_bad_weight_is_refused_before_anything_is_written(
+    mq: EchoMQ, group: str, weight: Any, what: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=what):
+        mq.set_group_weight("fg-bad-weight", group, weight)
+    assert mq.connection.execute([Call.cmd("EXISTS", mq.keys.fair("fg-bad-weight"))]) == [0]
+
+
+def test_weights_are_set_on_every_shard(mq: EchoMQ) -> None:
+    names = mq.set_shards("fg-w-sharded", 2)
+    mq.set_group_weight("fg-w-sharded", "gold", 4)
+    fields = [Call.cmd("HGET", mq.keys.fair(n), "w:gold") for n in names]
+    assert mq.connection.execute(fields) in ([b"4", b"4"], ["4", "4"])
+    ids = mq.queue("fg-w-sharded").add_bulk(
+        [JobSpec({"g": g}, group=g) for g in ["gold"] * 40 + ["tin"] * 40]
+    )
+    assert len(ids) == 80
+    load = mq.group_load("fg-w-sharded", top=2)
+    assert dict(load.busiest) == {"gold": 40, "tin": 40}  # both shards' jobs, added up
