@@ -46,6 +46,7 @@ from echomq_core.server import EmbeddedServer
 
 from .common import REPO, Proc, Stopper
 from .peers.echomq_peer import EchoMQPeer
+from .smooth_rate import most_in_a_window
 
 QUEUE = "rl"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -61,16 +62,6 @@ def cpu_ticks(pid: int) -> int:
 def server_ms(admin: redis.Redis) -> int:
     sec, micros = admin.time()
     return int(sec) * 1000 + int(micros) // 1000
-
-
-def most_in_a_window(times: list[int], window_ms: int) -> int:
-    """The most of ``times`` (ms, sorted) in any span ``[t, t + window_ms)``."""
-    most, first = 0, 0
-    for last, at in enumerate(times):
-        while at - times[first] >= window_ms:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def rate_held(url: str, rate: str, burst: int, workers: int, seconds: float) -> dict[str, Any]:
