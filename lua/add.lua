@@ -41,6 +41,9 @@
 --  nothing.
 -- Owner of what it writes: a row is removed by its completion (keep_completed off) or by the
 -- retention sweep of its end state.
+-- The 'fair' hash (grouped jobs, or a queue that has one): a group's 'g:' field is deleted by
+-- the Pump's retention sweep once it is behind the claims (fair_prune.lua); 'max' lives as
+-- long as the queue, as 'seq' does (includes/fair.lua). A row's 'group' field goes with the row.
 -- Returns: the number of jobs added (ids that existed are left untouched).
 -- Errors: EMQKIND a job id, the stem or the start is malformed (nothing written).
 local q = queue_keys(KEYS)

@@ -59,6 +59,9 @@
 --  nothing.
 -- Owner of what it writes: the rows are removed with their flow (the retention sweep); the
 -- gate's keys too (forget.lua), see includes/gate.lua.
+-- The 'fair' hash (grouped jobs, or a queue that has one): a group's 'g:' field is deleted by
+-- the Pump's retention sweep once it is behind the claims (fair_prune.lua); 'max' lives as
+-- long as the queue, as 'seq' does (includes/fair.lua). A row's 'group' field goes with the row.
 -- Returns: a list of 1 (landed) / 0 (existed), per child.
 -- Errors: EMQKIND bad id; EMQTAKEN <id> a child id that is taken (nothing written).
 local q = queue_keys(KEYS)
