@@ -1,5 +1,6 @@
 #!lua flags=allow-oom
 -- fair_prune: drop the turns of fairness groups that are behind the claims, a slice at a time.
+-- @include claims_turn
 --
 -- KEYS[1] fair     hash  the queue's fairness tags (includes/fair.lua)
 -- KEYS[2] pending  zset  the queue's pending jobs (what the claims take next)
@@ -17,9 +18,7 @@
 local fk, pending = KEYS[1], KEYS[2]
 local top = redis.call('HGET', fk, 'max')
 if not top then return {'0', 0} end
-local v = tonumber(top)
-local head = redis.call('ZRANGEBYSCORE', pending, '(0', '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
-if head[2] then v = tonumber(head[2]) % 1099511627776 - 1 end
+local v = claims_turn(pending, tonumber(top))
 local scan = redis.call('HSCAN', fk, ARGV[1], 'COUNT', tonumber(ARGV[2]))
 local flat, gone = scan[2], {}
 for i = 1, #flat, 2 do

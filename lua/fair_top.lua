@@ -1,5 +1,6 @@
 #!lua flags=no-writes
 -- fair_top: a read; a queue's fairness groups with work waiting, and the busiest of them.
+-- @include claims_turn
 --
 -- KEYS[1] fair     hash  the queue's fairness tags (includes/fair.lua)
 -- KEYS[2] pending  zset  the queue's pending jobs
@@ -19,9 +20,7 @@ local fk, pending = KEYS[1], KEYS[2]
 local top, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max = redis.call('HGET', fk, 'max')
 if not max then return {0, 1} end
-local v = tonumber(max)
-local head = redis.call('ZRANGEBYSCORE', pending, '(0', '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
-if head[2] then v = tonumber(head[2]) % 1099511627776 - 1 end
+local v = claims_turn(pending, tonumber(max))
 local waiting, weight, seen, cursor = {}, {}, 0, '0'
 repeat
   local scan = redis.call('HSCAN', fk, cursor, 'COUNT', 500)

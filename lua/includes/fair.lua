@@ -1,3 +1,4 @@
+-- @include claims_turn
 -- fair(fk, pending, seq, groups, n): the arrival tags of n jobs about to enter `pending`, taking
 -- turns between fairness groups (start-time fair queuing, kept in the pending score).
 --   fk      the queue's 'fair' hash: 'max' = the highest tag given so far, 'g:<group>' = the
@@ -25,12 +26,9 @@
 -- (control/groups.py deletes one when its weight goes back to 1).
 -- Returns: tags, a list of n numbers (add priority * 2^40 for the score).
 local function fair(fk, pending, seq, groups, n)
-  local v
-  local head = redis.call('ZRANGEBYSCORE', pending, '(0', '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
   local top = redis.call('HGET', fk, 'max')
   if top then top = tonumber(top) else top = tonumber(redis.call('GET', seq) or '0') end
-  -- v: the turn before the head's, so a group's first job shares the head's turn
-  if head[2] then v = tonumber(head[2]) % 1099511627776 - 1 else v = top end
+  local v = claims_turn(pending, top)
   local names, at, fields = {}, {}, {}
   for i = 1, n do
     local g = groups[i]
