@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from echomq_provider.flow_specs import flow_target, parent_id_for, to_children
 
-from echomq_core import Child, FlowRef, InvalidInput
+from echomq_core import Child, EchoMQ, FlowRef, InvalidInput
 from echomq_core.wire.keyspace import JOB_ID_RE
 
 
@@ -176,3 +176,19 @@ def test_a_flows_labeller_labels_as_child_label() -> None:
 def test_bad_keys_are_refused_by_name(specs: list[dict[str, object]], complaint: str) -> None:
     with pytest.raises(InvalidInput, match=complaint):
         to_children(specs, parent_id="JOB-p")
+
+
+def test_grouped_keyed_specs_land_under_the_providers_parent_id(mq: EchoMQ) -> None:
+    """Specs as a DAG's upstream task returns them - keyed, grouped - under the parent id the
+    provider derives (it holds '/'), added to a real server: each child lands under its keyed
+    id, names its group, and the groups take turns."""
+    parent = parent_id_for("tenants_daily", "scheduled__2026-12-07T00:00:00+00:00", "fan_out")
+    specs = [
+        {"payload": {"row": i}, "key": f"{tenant}/{i}", "group": tenant, "queue": "af-groups"}
+        for tenant, n in (("big-bank", 40), ("acme/eu", 2)) for i in range(n)
+    ]  # fmt: skip
+    ref = mq.add_flow("af-parents", to_children(specs, parent_id=parent), parent_id=parent)
+    assert "/" in ref.parent_id
+    q = mq.queue("af-groups")
+    first = [mq.get_job("af-groups", job.id) for job in q.claim(4)]
+    assert sorted(j.group for j in first if j) == ["acme/eu", "acme/eu", "big-bank", "big-bank"]
